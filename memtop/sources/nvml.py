@@ -1,0 +1,569 @@
+"""Device memory, utilisation and GPU processes as the NVIDIA driver reports them, through NVML.
+
+`NvmlSource.read()` is called by the sampler thread about once a second and never raises: every
+failure becomes data, either `NvmlReading(available=False, error=...)` when NVML as a whole is
+unusable (no driver, driver not loaded, no permission) or a `DeviceReading.error` line with the
+fields that could not be read set to None (GPU fallen off the bus, a query not supported, …).
+
+The NVML bindings are reached only through the module-like `lib` object given to `NvmlSource`
+(`pynvml` from nvidia-ml-py by default, imported lazily on the first read). Tests pass a fake and
+`memtop demo` passes a simulated NVML with the same function names. Errors are classified by the
+class name (`NVMLError_GpuIsLost`, …) or, failing that, by the NVML return code in the `value`
+attribute that pynvml's errors carry, so a lib may bring its own error classes.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from memtop.model import SOURCE_NVML, DeviceReading, GpuProcess, NvmlReading
+
+__all__ = ["DEFAULT_RETRY_INTERVAL", "NvmlSource", "nvml_error_line"]
+
+_LOG = logging.getLogger(__name__)
+
+# Seconds between attempts to initialise NVML after a failure, and between attempts to reopen a
+# device that was lost or could not be opened: slow enough not to hammer a sick driver.
+DEFAULT_RETRY_INTERVAL = 10.0
+
+# NVML return codes (nvml.h). They are part of the C ABI and stable across driver versions.
+_UNINITIALIZED = 1
+_INVALID_ARGUMENT = 2
+_NOT_SUPPORTED = 3
+_NO_PERMISSION = 4
+_NOT_FOUND = 6
+_INSUFFICIENT_POWER = 8
+_DRIVER_NOT_LOADED = 9
+_TIMEOUT = 10
+_IRQ_ISSUE = 11
+_LIBRARY_NOT_FOUND = 12
+_FUNCTION_NOT_FOUND = 13
+_CORRUPTED_INFOROM = 14
+_GPU_IS_LOST = 15
+_RESET_REQUIRED = 16
+_OPERATING_SYSTEM = 17
+_LIB_RM_VERSION_MISMATCH = 18
+_MEMORY = 20
+_ARGUMENT_VERSION_MISMATCH = 25
+_GPU_NOT_FOUND = 28
+_UNKNOWN = 999
+
+_CODE_BY_CLASS_NAME: dict[str, int] = {
+    "NVMLError_Uninitialized": _UNINITIALIZED,
+    "NVMLError_InvalidArgument": _INVALID_ARGUMENT,
+    "NVMLError_NotSupported": _NOT_SUPPORTED,
+    "NVMLError_NoPermission": _NO_PERMISSION,
+    "NVMLError_NotFound": _NOT_FOUND,
+    "NVMLError_InsufficientPower": _INSUFFICIENT_POWER,
+    "NVMLError_DriverNotLoaded": _DRIVER_NOT_LOADED,
+    "NVMLError_Timeout": _TIMEOUT,
+    "NVMLError_IrqIssue": _IRQ_ISSUE,
+    "NVMLError_LibraryNotFound": _LIBRARY_NOT_FOUND,
+    "NVMLError_FunctionNotFound": _FUNCTION_NOT_FOUND,
+    "NVMLError_CorruptedInforom": _CORRUPTED_INFOROM,
+    "NVMLError_GpuIsLost": _GPU_IS_LOST,
+    "NVMLError_ResetRequired": _RESET_REQUIRED,
+    "NVMLError_OperatingSystem": _OPERATING_SYSTEM,
+    "NVMLError_LibRmVersionMismatch": _LIB_RM_VERSION_MISMATCH,
+    "NVMLError_Memory": _MEMORY,
+    "NVMLError_ArgumentVersionMismatch": _ARGUMENT_VERSION_MISMATCH,
+    "NVMLError_GpuNotFound": _GPU_NOT_FOUND,
+    "NVMLError_Unknown": _UNKNOWN,
+    # Not an NVMLError: raised by nvidia-ml-py's unversioned wrappers (e.g.
+    # nvmlDeviceGetComputeRunningProcesses) when the driver lacks the versioned symbol they call.
+    "NVMLLibraryMismatchError": _FUNCTION_NOT_FOUND,
+}
+
+# The device cannot be queried any more until it is reset or re-enumerated.
+_LOST_CODES = frozenset({_GPU_IS_LOST, _RESET_REQUIRED, _GPU_NOT_FOUND})
+# NVML as a whole stopped working (driver unloaded or replaced, someone shut NVML down).
+_DOWN_CODES = frozenset(
+    {_UNINITIALIZED, _DRIVER_NOT_LOADED, _LIBRARY_NOT_FOUND, _LIB_RM_VERSION_MISMATCH}
+)
+# The query does not exist for this device or driver: stop asking.
+_ABSENT_CODES = frozenset({_NOT_SUPPORTED, _FUNCTION_NOT_FOUND})
+
+# NVML_VALUE_NOT_AVAILABLE for unsigned long long fields (e.g. usedGpuMemory under WDDM or in
+# some containers); recent nvidia-ml-py maps it to None, older versions pass it through.
+_VALUE_NOT_AVAILABLE = 2**64 - 1
+
+_LIBRARY_NAME = "nvml.dll" if sys.platform.startswith("win") else "libnvidia-ml.so.1"
+_MAX_LINE = 200
+
+_MESSAGES: dict[int, str] = {
+    _LIBRARY_NOT_FOUND: (
+        f"NVML not available: {_LIBRARY_NAME} not found (no NVIDIA driver on this machine)"
+    ),
+    _DRIVER_NOT_LOADED: "NVML: driver not loaded (the nvidia kernel module is not running)",
+    _NO_PERMISSION: "NVML: insufficient permissions",
+    _LIB_RM_VERSION_MISMATCH: (
+        "NVML: library and driver versions differ (driver updated without a reboot?)"
+    ),
+    _FUNCTION_NOT_FOUND: "NVML: function not found (nvidia-ml-py newer than the driver)",
+    _NOT_SUPPORTED: "not supported",
+    _UNINITIALIZED: "NVML: not initialised",
+    _GPU_IS_LOST: "GPU is lost (fallen off the bus)",
+    _RESET_REQUIRED: "GPU requires a reset",
+    _GPU_NOT_FOUND: "GPU not found (removed?)",
+    _TIMEOUT: "NVML: timed out",
+    _IRQ_ISSUE: "NVML: driver interrupt (IRQ) issue",
+    _CORRUPTED_INFOROM: "NVML: corrupted infoROM",
+    _OPERATING_SYSTEM: "NVML: request blocked by the operating system",
+    _INSUFFICIENT_POWER: "NVML: insufficient external power",
+    _MEMORY: "NVML: driver out of memory",
+    _ARGUMENT_VERSION_MISMATCH: "NVML: structure version not supported by the driver",
+}
+
+_PROCESS_QUERIES = (
+    ("compute", "nvmlDeviceGetComputeRunningProcesses"),
+    ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
+)
+
+
+def _error_code(exc: BaseException) -> int | None:
+    """The NVML return code behind `exc`, or None when it is not an NVML error."""
+    for cls in type(exc).__mro__:
+        code = _CODE_BY_CLASS_NAME.get(cls.__name__)
+        if code is not None:
+            return code
+    if any(cls.__name__ == "NVMLError" for cls in type(exc).__mro__):
+        value = getattr(exc, "value", None)
+        return value if isinstance(value, int) else _UNKNOWN
+    return None
+
+
+def _one_line(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= _MAX_LINE else line[: _MAX_LINE - 1] + "…"
+
+
+def _describe(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except Exception:  # pynvml's __str__ calls into the library, which may be gone
+        text = ""
+    return _one_line(text) or type(exc).__name__
+
+
+def nvml_error_line(exc: BaseException) -> str:
+    """One line, fit for a status bar, that says what an NVML failure means."""
+    code = _error_code(exc)
+    if code is not None:
+        message = _MESSAGES.get(code)
+        if message is not None:
+            return message
+        return f"NVML error: {_describe(exc)}"
+    if isinstance(exc, ImportError):
+        return "NVML not available: the nvidia-ml-py package (pynvml) is not installed"
+    return _one_line(f"NVML: unexpected {type(exc).__name__}: {_describe(exc)}")
+
+
+def _text(value: Any) -> str:
+    """Old bindings return bytes for names, UUIDs and versions; new ones return str."""
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode("utf-8", errors="replace").strip("\x00")
+    return str(value)
+
+
+def _u64(value: Any) -> int | None:
+    if value is None:
+        return None
+    number = int(value)
+    return None if number == _VALUE_NOT_AVAILABLE or number < 0 else number
+
+
+def _percent(value: Any) -> int | None:
+    number = _u64(value)
+    return None if number is None or number > 100 else number
+
+
+class _DeviceLost(Exception):
+    """Internal: the device stopped answering; stop querying it until a reopen attempt."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__(line)
+        self.line = line
+
+
+class _NvmlDown(Exception):
+    """Internal: NVML as a whole stopped working; re-initialise later."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__(line)
+        self.line = line
+
+
+@dataclass
+class _Device:
+    """What is cached about one device index between reads."""
+
+    index: int
+    handle: Any = None
+    identified: bool = False  # uuid and name fetched for the current handle
+    uuid: str = ""
+    name: str = ""
+    # True: nvmlDeviceGetMemoryInfo with version=nvmlMemory_v2 works; False: use v1; None: untried.
+    memory_v2: bool | None = None
+    # Queries that reported NotSupported / FunctionNotFound for this device.
+    absent: set[str] = field(default_factory=set)
+    # Why the handle is None (lost, could not be opened), and when to try again.
+    down_error: str | None = None
+    retry_at: float = 0.0
+
+
+class NvmlSource:
+    """Polls NVML for every device; see the module docstring.
+
+    `lib` is the module-like object with pynvml's functions and error classes (None: import
+    `pynvml` on the first read). `source` is copied into every reading. `clock` is the monotonic
+    clock that paces retries. `read()` and `close()` may be called from different threads.
+    """
+
+    def __init__(
+        self,
+        lib: Any | None = None,
+        source: str = SOURCE_NVML,
+        clock: Callable[[], float] = time.monotonic,
+        retry_interval: float = DEFAULT_RETRY_INTERVAL,
+    ) -> None:
+        self._lib: Any = lib  # None until resolved on the first read
+        self._source = source
+        self._clock = clock
+        self._retry_interval = retry_interval
+        self._lock = threading.Lock()
+        self._initialised = False
+        self._init_error: str | None = None
+        self._next_init_at: float | None = None  # None: try at once
+        self._driver_version: str | None = None
+        self._devices: list[_Device] = []
+        # Which variant of a process-list function works with this driver, by base name.
+        self._process_functions: dict[str, str] = {}
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    # -- public API ----------------------------------------------------------------------------
+
+    def read(self) -> NvmlReading:
+        """One poll of every device. Never raises."""
+        with self._lock:
+            try:
+                return self._read_locked()
+            except Exception as exc:
+                _LOG.debug("NVML read failed", exc_info=True)
+                return self._unavailable(nvml_error_line(exc))
+
+    def close(self) -> None:
+        """Shut NVML down if this source initialised it. Idempotent; a later read re-initialises."""
+        with self._lock:
+            self._shutdown()
+            self._next_init_at = None
+            self._init_error = None
+
+    # -- initialisation ------------------------------------------------------------------------
+
+    def _unavailable(self, error: str) -> NvmlReading:
+        return NvmlReading(
+            available=False,
+            driver_version=self._driver_version,
+            error=error,
+            source=self._source,
+        )
+
+    def _ensure_initialised(self) -> str | None:
+        """Initialise NVML if needed; the one-line reason when it is not usable (now)."""
+        if self._initialised:
+            return None
+        now = self._clock()
+        if self._next_init_at is not None and now < self._next_init_at:
+            return self._init_error or "NVML not available"
+        self._next_init_at = now + self._retry_interval
+        try:
+            if self._lib is None:
+                import pynvml
+
+                self._lib = pynvml
+            self._lib.nvmlInit()
+        except Exception as exc:
+            self._init_error = nvml_error_line(exc)
+            _LOG.debug("nvmlInit failed: %s", self._init_error)
+            return self._init_error
+        self._initialised = True
+        self._init_error = None
+        self._next_init_at = None
+        self._driver_version = None
+        query = getattr(self._lib, "nvmlSystemGetDriverVersion", None)
+        if query is not None:
+            try:
+                self._driver_version = _text(query())
+            except Exception:
+                _LOG.debug("nvmlSystemGetDriverVersion failed", exc_info=True)
+        return None
+
+    def _shutdown(self) -> None:
+        was_initialised = self._initialised
+        self._initialised = False
+        self._devices = []
+        self._process_functions = {}
+        shutdown = getattr(self._lib, "nvmlShutdown", None)
+        if was_initialised and shutdown is not None:
+            try:
+                shutdown()
+            except Exception:
+                _LOG.debug("nvmlShutdown failed", exc_info=True)
+
+    # -- one poll ------------------------------------------------------------------------------
+
+    def _read_locked(self) -> NvmlReading:
+        error = self._ensure_initialised()
+        if error is not None:
+            return self._unavailable(error)
+        try:
+            devices = self._enumerate()
+            readings = tuple(self._read_device(device) for device in devices)
+        except _NvmlDown as down:
+            # The driver went away under us: start over, at the retry pace.
+            self._shutdown()
+            self._init_error = down.line
+            self._next_init_at = self._clock() + self._retry_interval
+            return self._unavailable(down.line)
+        return NvmlReading(
+            available=True,
+            devices=readings,
+            driver_version=self._driver_version,
+            source=self._source,
+        )
+
+    def _enumerate(self) -> list[_Device]:
+        """The devices to read, re-enumerated when the count changes."""
+        try:
+            count = int(self._lib.nvmlDeviceGetCount())
+        except Exception as exc:
+            code = _error_code(exc)
+            if code in _DOWN_CODES or not self._devices:
+                raise _NvmlDown(nvml_error_line(exc)) from exc
+            # Keep the known devices: each one reports its own errors below.
+            return self._devices
+        if count != len(self._devices):
+            self._devices = [_Device(index) for index in range(count)]
+            self._process_functions = {}
+        return self._devices
+
+    def _read_device(self, device: _Device) -> DeviceReading:
+        now = self._clock()
+        if device.handle is None:
+            if now < device.retry_at:
+                return self._failed_device(device, device.down_error or "GPU not available")
+            if not self._open(device, now):
+                return self._failed_device(device, device.down_error or "GPU not available")
+        errors: list[str] = []
+        try:
+            if not device.identified:
+                self._identify(device, errors)
+            total, used, free = self._memory(device, errors)
+            processes = self._processes(device, errors)
+            rates = self._optional(device, "utilization", errors, "nvmlDeviceGetUtilizationRates")
+            temperature_sensor = getattr(self._lib, "NVML_TEMPERATURE_GPU", 0)
+            temperature = self._optional(
+                device, "temperature", errors, "nvmlDeviceGetTemperature", temperature_sensor
+            )
+        except _DeviceLost as lost:
+            device.handle = None
+            device.down_error = lost.line
+            device.retry_at = now + self._retry_interval
+            return self._failed_device(device, lost.line)
+        return DeviceReading(
+            index=device.index,
+            uuid=device.uuid,
+            name=device.name,
+            total_bytes=total,
+            used_bytes=used,
+            free_bytes=free,
+            utilization_percent=None if rates is None else _percent(getattr(rates, "gpu", None)),
+            memory_utilization_percent=(
+                None if rates is None else _percent(getattr(rates, "memory", None))
+            ),
+            temperature_c=None if temperature is None else _u64(temperature),
+            processes=processes,
+            source=self._source,
+            error="; ".join(dict.fromkeys(errors)) or None,
+        )
+
+    def _failed_device(self, device: _Device, error: str) -> DeviceReading:
+        return DeviceReading(
+            index=device.index,
+            uuid=device.uuid,
+            name=device.name,
+            total_bytes=None,
+            used_bytes=None,
+            source=self._source,
+            error=error,
+        )
+
+    def _open(self, device: _Device, now: float) -> bool:
+        """Get the handle of `device.index` (first read, or a retry after it was lost)."""
+        try:
+            handle = self._lib.nvmlDeviceGetHandleByIndex(device.index)
+        except Exception as exc:
+            code = _error_code(exc)
+            if code in _DOWN_CODES:
+                raise _NvmlDown(nvml_error_line(exc)) from exc
+            device.down_error = nvml_error_line(exc)
+            device.retry_at = now + self._retry_interval
+            return False
+        device.handle = handle
+        device.identified = False
+        device.down_error = None
+        return True
+
+    def _identify(self, device: _Device, errors: list[str]) -> None:
+        uuid = self._static(device, errors, "nvmlDeviceGetUUID")
+        name = self._static(device, errors, "nvmlDeviceGetName")
+        if uuid is not None and uuid != device.uuid:
+            # Another GPU now sits at this index: forget what was learnt about the old one.
+            device.memory_v2 = None
+            device.absent.clear()
+        device.uuid = uuid if uuid is not None else device.uuid
+        device.name = name if name is not None else device.name or f"GPU {device.index}"
+        device.identified = True
+
+    def _static(self, device: _Device, errors: list[str], function: str) -> str | None:
+        query = getattr(self._lib, function, None)
+        if query is None:
+            return None
+        try:
+            return _text(query(device.handle))
+        except Exception as exc:
+            self._check_fatal(exc)
+            if _error_code(exc) not in _ABSENT_CODES:
+                errors.append(nvml_error_line(exc))
+            return None
+
+    @staticmethod
+    def _check_fatal(exc: Exception) -> None:
+        """Turn a lost device or a dead NVML into the internal exceptions that unwind a read."""
+        code = _error_code(exc)
+        if code in _LOST_CODES:
+            raise _DeviceLost(nvml_error_line(exc)) from exc
+        if code in _DOWN_CODES:
+            raise _NvmlDown(nvml_error_line(exc)) from exc
+
+    def _memory(
+        self, device: _Device, errors: list[str]
+    ) -> tuple[int | None, int | None, int | None]:
+        """(total, used, free). v2 reports `reserved` separately and leaves it out of `used`."""
+        lib = self._lib
+        version = getattr(lib, "nvmlMemory_v2", None)
+        try:
+            if device.memory_v2 is not False and version is not None:
+                try:
+                    info = lib.nvmlDeviceGetMemoryInfo(device.handle, version=version)
+                except TypeError:
+                    # An old binding without the version argument.
+                    if device.memory_v2:
+                        raise
+                    device.memory_v2 = False
+                except Exception as exc:
+                    fallback = _error_code(exc) in (*_ABSENT_CODES, _ARGUMENT_VERSION_MISMATCH)
+                    if device.memory_v2 or not fallback:
+                        raise
+                    device.memory_v2 = False
+                else:
+                    device.memory_v2 = True
+                    return _u64(info.total), _u64(info.used), _u64(info.free)
+            device.memory_v2 = False
+            info = lib.nvmlDeviceGetMemoryInfo(device.handle)
+            return _u64(info.total), _u64(info.used), _u64(info.free)
+        except Exception as exc:
+            self._check_fatal(exc)
+            errors.append(f"memory: {nvml_error_line(exc)}")
+            return None, None, None
+
+    def _processes(self, device: _Device, errors: list[str]) -> tuple[GpuProcess, ...]:
+        """Compute and graphics processes merged by pid (the larger `used` wins)."""
+        merged: dict[int, GpuProcess] = {}
+        denied = False
+        for kind, function in _PROCESS_QUERIES:
+            if function in device.absent:
+                continue
+            try:
+                entries = self._process_list(function, device.handle)
+            except Exception as exc:
+                self._check_fatal(exc)
+                code = _error_code(exc)
+                if code == _NO_PERMISSION:
+                    denied = True
+                elif code in _ABSENT_CODES:
+                    device.absent.add(function)
+                else:
+                    errors.append(f"processes: {nvml_error_line(exc)}")
+                continue
+            if entries is None:
+                device.absent.add(function)
+                continue
+            for entry in entries:
+                pid = int(entry.pid)
+                used = _u64(getattr(entry, "usedGpuMemory", None))
+                known = merged.get(pid)
+                if known is None:
+                    merged[pid] = GpuProcess(pid=pid, used_bytes=used, kind=kind)
+                elif used is not None and (known.used_bytes is None or used > known.used_bytes):
+                    merged[pid] = GpuProcess(pid=pid, used_bytes=used, kind=known.kind)
+        if denied:
+            errors.append("no permission to list processes")
+            return ()
+        return tuple(merged[pid] for pid in sorted(merged))
+
+    def _process_list(self, function: str, handle: Any) -> list[Any] | None:
+        """Call `function`, falling back to its `_v2` variant on drivers that lack the newest.
+
+        nvidia-ml-py's unversioned wrapper calls the newest symbol (`_v3`) and raises
+        NVMLLibraryMismatchError when the driver does not export it (drivers before 510).
+        """
+        known = self._process_functions.get(function)
+        candidates = (known,) if known else (function, f"{function}_v2")
+        missing: Exception | None = None
+        for name in candidates:
+            query = getattr(self._lib, name, None)
+            if query is None:
+                continue
+            try:
+                result = query(handle)
+            except Exception as exc:
+                if _error_code(exc) == _FUNCTION_NOT_FOUND:
+                    missing = exc
+                    continue
+                raise
+            self._process_functions[function] = name
+            return list(result or ())
+        if missing is not None:
+            raise missing
+        return None  # the lib (a simulated one, say) does not have it
+
+    def _optional(
+        self, device: _Device, key: str, errors: list[str], function: str, *args: Any
+    ) -> Any:
+        """A query that may be unsupported (utilisation, temperature): None, silently, if so."""
+        if key in device.absent:
+            return None
+        query = getattr(self._lib, function, None)
+        if query is None:
+            device.absent.add(key)
+            return None
+        try:
+            return query(device.handle, *args)
+        except Exception as exc:
+            self._check_fatal(exc)
+            code = _error_code(exc)
+            if code in _ABSENT_CODES:
+                device.absent.add(key)
+            elif code not in (_NO_PERMISSION, _NOT_FOUND):
+                errors.append(f"{key}: {nvml_error_line(exc)}")
+            return None
