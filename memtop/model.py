@@ -1,0 +1,153 @@
+"""Plain data shared by the sources, the store, the analysis, the report and the UI.
+
+Everything here is immutable and free of I/O, so the sampler thread can hand objects to the UI
+thread without copying or locking them.  Sizes are integer bytes throughout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# Where a device reading came from: the driver (NVML), a simulated GPU of `memtop demo`, or,
+# with neither, what an agent reported through torch.cuda.mem_get_info.
+SOURCE_NVML = "nvml"
+SOURCE_SIM = "sim"
+SOURCE_AGENT = "agent"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """One process NVML lists on a device."""
+
+    pid: int
+    # None when the driver cannot say (NVML_VALUE_NOT_AVAILABLE, e.g. under WSL or in a container).
+    used_bytes: int | None
+    kind: str = "compute"  # "compute" or "graphics"
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceReading:
+    """What the driver reports for one GPU at one moment."""
+
+    index: int
+    uuid: str
+    name: str
+    total_bytes: int | None
+    used_bytes: int | None
+    free_bytes: int | None = None
+    utilization_percent: int | None = None
+    memory_utilization_percent: int | None = None
+    temperature_c: int | None = None
+    processes: tuple[GpuProcess, ...] = ()
+    source: str = SOURCE_NVML
+    # A one-line description of what failed for this device ("GPU is lost", "not supported: …").
+    # Fields that could not be read are None; the others are still valid.
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlReading:
+    """One poll of the driver: every device, or why there are none."""
+
+    available: bool
+    devices: tuple[DeviceReading, ...] = ()
+    driver_version: str | None = None
+    error: str | None = None
+    source: str = SOURCE_NVML
+
+
+@dataclass(frozen=True, slots=True)
+class AgentDevice:
+    """A device as an agent's `hello` describes it."""
+
+    index: int
+    uuid: str
+    name: str
+    total_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class AgentHello:
+    """The first reply of an agent: who it is and what it sees."""
+
+    protocol: int
+    pid: int
+    argv: tuple[str, ...]
+    python: str
+    torch: str | None
+    allocator_conf: str
+    devices: tuple[AgentDevice, ...]
+    # Anything else the agent volunteered (extra fields are allowed by the wire schema).
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _stat(stats: Mapping[str, Any], key: str) -> int:
+    value = stats.get(key, 0)
+    return int(value) if isinstance(value, int | float) else 0
+
+
+@dataclass(frozen=True, slots=True)
+class AgentDeviceSample:
+    """torch.cuda.memory_stats() of one device in one agent, with the metrics DESIGN §4 defines."""
+
+    index: int
+    stats: Mapping[str, int]
+    free_bytes: int
+    total_bytes: int
+
+    @property
+    def allocated(self) -> int:
+        return _stat(self.stats, "allocated_bytes.all.current")
+
+    @property
+    def reserved(self) -> int:
+        return _stat(self.stats, "reserved_bytes.all.current")
+
+    @property
+    def torch_peak(self) -> int:
+        return _stat(self.stats, "allocated_bytes.all.peak")
+
+    @property
+    def cached(self) -> int:
+        return max(0, self.reserved - self.allocated)
+
+    @property
+    def inactive_split(self) -> int:
+        return _stat(self.stats, "inactive_split_bytes.all.current")
+
+    @property
+    def fragmentation(self) -> float:
+        """Inactive split bytes of the large pool over its reserved bytes (0 when none reserved)."""
+        reserved_large = _stat(self.stats, "reserved_bytes.large_pool.current")
+        if reserved_large <= 0:
+            return 0.0
+        return _stat(self.stats, "inactive_split_bytes.large_pool.current") / reserved_large
+
+    @property
+    def num_alloc_retries(self) -> int:
+        return _stat(self.stats, "num_alloc_retries")
+
+    @property
+    def num_ooms(self) -> int:
+        return _stat(self.stats, "num_ooms")
+
+
+@dataclass(frozen=True, slots=True)
+class StepMark:
+    """Allocated bytes per device right after one optimizer step: the per-step baseline."""
+
+    step: int
+    time: float
+    allocated: Mapping[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSample:
+    """One `sample` reply."""
+
+    time: float
+    step: int | None
+    devices: tuple[AgentDeviceSample, ...]
+    step_marks: tuple[StepMark, ...] = ()
