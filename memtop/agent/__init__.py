@@ -1,0 +1,92 @@
+"""The in-trainer side of memtop: `start_agent()` and `step()`.
+
+Importing this package does not import torch; the torch probe is imported only when an agent
+starts without an explicit probe.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memtop.agent.probe import Probe
+    from memtop.agent.server import Agent
+
+_lock = threading.Lock()
+_agent: Agent | None = None
+
+
+def start_agent(
+    probe: Probe | None = None,
+    socket_dir: str | Path | None = None,
+    quiet: bool = True,
+    argv: list[str] | None = None,
+) -> Agent | None:
+    """Start the agent thread once per process; later calls return the running agent.
+
+    Never raises: if the agent cannot start (unsafe socket directory, no torch), it says why on
+    stderr once and the trainer goes on without it.
+    """
+    global _agent
+    with _lock:
+        if _agent is not None:
+            return _agent
+        try:
+            if probe is None:
+                from memtop.agent.torch_probe import TorchProbe
+
+                probe = TorchProbe()
+            from memtop.agent.server import Agent
+
+            agent = Agent(probe, Path(socket_dir) if socket_dir else None, argv=argv)
+            path = agent.start()
+            probe.install_step_hook(agent.on_step)
+        except Exception as exc:
+            print(f"memtop: agent not started: {exc}", file=sys.stderr)
+            return None
+        _agent = agent
+        atexit.register(_stop_at_exit)
+        if not quiet:
+            print(f"memtop: agent listening on {path}", file=sys.stderr)
+        return agent
+
+
+def step() -> None:
+    """Mark the end of a training step, for loops that do not use a torch optimizer."""
+    agent = _agent
+    if agent is not None:
+        agent.on_step(explicit=True)
+
+
+def current_agent() -> Agent | None:
+    return _agent
+
+
+def stop_agent() -> None:
+    global _agent
+    with _lock:
+        agent, _agent = _agent, None
+    if agent is not None:
+        agent.stop()
+
+
+def _stop_at_exit() -> None:
+    agent = _agent
+    if agent is not None and agent.pid == os.getpid():
+        agent.stop(timeout=0.5)
+
+
+def _forget_in_child() -> None:
+    # A forked child (a DataLoader worker, say) has no agent thread; it must not claim the
+    # parent's socket, and may start its own agent.
+    global _agent
+    _agent = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)

@@ -1,0 +1,283 @@
+"""Command line: argument parsing and dispatch only (DESIGN §7).
+
+Exit codes: 0 ok, 1 error (one line on stderr), 2 usage.  Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from memtop._version import __version__
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+
+class CliError(Exception):
+    """Shown as one line on stderr with exit code 1."""
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be greater than 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="memtop",
+        description="GPU memory dashboard for PyTorch: live allocator view, diagnosis, actions.",
+        epilog=(
+            "commands: memtop demo | memtop run [--] script.py args | memtop run -m module args"
+            " | memtop cleanup PID | memtop snapshot PID -o FILE"
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"memtop {__version__}")
+    parser.add_argument("--once", action="store_true", help="print one report and exit")
+    parser.add_argument("--json", action="store_true", help="with --once: print JSON")
+    parser.add_argument(
+        "--interval", type=_positive_float, default=1.0, help="refresh interval in seconds"
+    )
+    parser.add_argument("--socket-dir", type=Path, help=argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    demo = sub.add_parser("demo", help="simulated GPUs and trainers, then the dashboard")
+    demo.add_argument("--gpus", type=int, default=None, help="simulated GPUs (default 1; mixed: 2)")
+    demo.add_argument(
+        "--scenario",
+        default="mixed",
+        choices=["healthy", "leak", "fragment", "pressure", "mixed"],
+        help="workload the simulated trainers run (default mixed)",
+    )
+    demo.add_argument("--step-time", type=_positive_float, default=0.1, help="seconds per step")
+    demo.add_argument("--no-ui", action="store_true", help="only run the trainers until Ctrl-C")
+    demo.add_argument("--interval", type=_positive_float, default=None, help=argparse.SUPPRESS)
+
+    cleanup = sub.add_parser("cleanup", help="gc + empty_cache inside a trainer")
+    cleanup.add_argument("pid", type=int)
+    cleanup.add_argument("--json", action="store_true")
+
+    snapshot = sub.add_parser("snapshot", help="write a memory snapshot (memory_viz pickle)")
+    snapshot.add_argument("pid", type=int)
+    snapshot.add_argument("-o", "--output", required=True, type=Path)
+    snapshot.add_argument("--json", action="store_true")
+
+    sub.add_parser("run", help="run a Python program with the agent: run [--] script.py args")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] == "run":
+        return _run(args_list[1:])
+    parser = build_parser()
+    args = parser.parse_args(args_list)
+    if args.json and not args.once and args.command is None:
+        parser.error("--json needs --once")
+    try:
+        if args.command == "demo":
+            return _demo(args)
+        if args.command == "cleanup":
+            return _cleanup(args)
+        if args.command == "snapshot":
+            return _snapshot(args)
+        if args.once:
+            return _once(args)
+        return _watch(args, simulated_only=False)
+    except CliError as exc:
+        print(f"memtop: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+# ---------------------------------------------------------------------------------- commands
+
+
+def _run(rest: list[str]) -> int:
+    usage = "usage: memtop run [--] script.py [args...] | memtop run -m module [args...]"
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    if not rest or rest[0] in ("-h", "--help"):
+        print(usage, file=sys.stdout if rest else sys.stderr)
+        return EXIT_OK if rest else EXIT_USAGE
+    from memtop.agent.launcher import run_program
+
+    if rest[0] == "-m":
+        if len(rest) < 2:
+            print(usage, file=sys.stderr)
+            return EXIT_USAGE
+        target, args, as_module = rest[1], rest[2:], True
+    else:
+        target, args, as_module = rest[0], rest[1:], False
+        if not os.path.exists(target):
+            print(f"memtop: no such file: {target}", file=sys.stderr)
+            return EXIT_ERROR
+    try:
+        run_program(target, args, as_module)
+    except SystemExit as exc:
+        code = exc.code
+        if code is None:
+            return EXIT_OK
+        if isinstance(code, int):
+            return code
+        print(code, file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_OK
+
+
+def _make_sampler(args: argparse.Namespace, simulated_only: bool = False):  # type: ignore[no-untyped-def]
+    from memtop.sampler import Sampler
+    from memtop.sources.agents import AgentPool
+    from memtop.sources.devices import DefaultDeviceSource
+    from memtop.store import Store
+
+    store = Store()
+    devices = DefaultDeviceSource(args.socket_dir, simulated_only=simulated_only)
+    return Sampler(store, devices, AgentPool(args.socket_dir), interval=args.interval)
+
+
+def _once(args: argparse.Namespace) -> int:
+    from memtop import report
+
+    sampler = _make_sampler(args)
+    try:
+        sampler.sample_once()
+        data = report.build(sampler.store)
+    finally:
+        sampler.stop()
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        sys.stdout.write(report.render_text(data))
+    return EXIT_OK
+
+
+def _watch(args: argparse.Namespace, simulated_only: bool) -> int:
+    """A plain refreshing text view (until the Textual dashboard takes its place)."""
+    from memtop import report
+
+    sampler = _make_sampler(args, simulated_only)
+    sampler.start()
+    interactive = sys.stdout.isatty()
+    try:
+        while True:
+            time.sleep(min(args.interval, 0.5) if sampler.rounds == 0 else args.interval)
+            text = report.render_text(report.build(sampler.store))
+            if interactive:
+                sys.stdout.write("\x1b[H\x1b[2J" + text + "\n(Ctrl-C to quit)\n")
+            else:
+                sys.stdout.write(text + "\n")
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        return EXIT_OK
+    finally:
+        sampler.stop()
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from memtop.sim.demo import Demo
+
+    gpus = args.gpus if args.gpus is not None else (2 if args.scenario == "mixed" else 1)
+    try:
+        demo = Demo(gpus, args.scenario, args.step_time, socket_dir=args.socket_dir)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_signal)
+    try:
+        pids = demo.start()
+        if not demo.wait_ready():
+            raise CliError(f"simulated trainers failed to start (exited: {demo.failed()})")
+        if args.no_ui:
+            print(
+                f"memtop demo: {len(pids)} simulated trainer(s) ({args.scenario}) on {gpus} "
+                f"simulated GPU(s): pids {' '.join(map(str, pids))}. Ctrl-C stops them.",
+                flush=True,
+            )
+            while not stop.is_set():
+                stop.wait(0.5)
+                if demo.failed():
+                    raise CliError(f"simulated trainer(s) exited: {demo.failed()}")
+            return EXIT_OK
+        if args.interval is not None:
+            args.interval = args.interval
+        else:
+            args.interval = 1.0
+        return _watch(args, simulated_only=True)
+    except KeyboardInterrupt:
+        return EXIT_OK
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        demo.stop()
+
+
+def _action(pid: int, cmd: str, cmd_args: dict[str, object], socket_dir: Path | None) -> dict:  # type: ignore[type-arg]
+    from memtop.sources.agents import AgentClient, AgentError, AgentUnreachable
+
+    try:
+        with AgentClient(pid, socket_dir, timeout=15.0) as client:
+            client.connect()
+            return client.request(cmd, cmd_args or None, timeout=15.0)
+    except (AgentUnreachable, AgentError) as exc:
+        raise CliError(str(exc)) from None
+
+
+def _cleanup(args: argparse.Namespace) -> int:
+    from memtop.report import format_bytes
+
+    result = _action(args.pid, "cleanup", {}, args.socket_dir)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return EXIT_OK
+    released = result.get("released_bytes", {})
+    if not released:
+        print(f"pid {args.pid}: no CUDA devices in use; gc collected {result.get('gc_collected')}")
+    for index, n in sorted(released.items()):
+        after = result.get("reserved_after", {}).get(index)
+        print(
+            f"pid {args.pid} GPU {index}: released {format_bytes(n)} "
+            f"(reserved now {format_bytes(after)})"
+        )
+    return EXIT_OK
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    from memtop.report import format_bytes
+
+    path = args.output.resolve()
+    if not path.parent.is_dir():
+        raise CliError(f"no such directory: {path.parent}")
+    result = _action(args.pid, "snapshot", {"path": str(path)}, args.socket_dir)
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return EXIT_OK
+    print(f"wrote {path}  (open it at https://pytorch.org/memory_viz)")
+    for index, dev in sorted(result.get("devices", {}).items()):
+        print(
+            f"GPU {index}: {dev['segments']} segments, "
+            f"reserved {format_bytes(dev['reserved_bytes'])}, "
+            f"allocated {format_bytes(dev['allocated_bytes'])}, "
+            f"external fragmentation {dev['external_fragmentation']:.2f}"
+        )
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

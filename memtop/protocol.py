@@ -1,0 +1,366 @@
+"""The agent socket protocol (DESIGN §6): framing, schema checks, the socket directory, peers.
+
+Frames are a 4-byte big-endian length followed by one UTF-8 JSON object.  Both sides use this
+module, so a third-party agent (a JAX one, a test double) only has to match what is written here.
+Nothing in this module imports torch or touches the GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import socket
+import stat
+import struct
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from memtop.model import AgentDevice, AgentDeviceSample, AgentHello, AgentSample, StepMark
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 1 << 20
+_HEADER = struct.Struct(">I")
+
+# The closed command set: nothing else is ever executed on behalf of a peer.
+COMMANDS = frozenset({"hello", "sample", "breakdown", "snapshot", "cleanup", "reset_peak"})
+
+# Error codes carried in error frames.
+E_BAD_FRAME = "bad_frame"
+E_BAD_REQUEST = "bad_request"
+E_UNKNOWN_COMMAND = "unknown_command"
+E_FRAME_TOO_LARGE = "frame_too_large"
+E_RATE_LIMITED = "rate_limited"
+E_FAILED = "failed"
+E_UNAVAILABLE = "unavailable"
+
+
+class ProtocolError(Exception):
+    """A frame or message that does not follow the protocol; `code` is one of the E_* codes."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class ConnectionClosed(Exception):
+    """The peer closed the connection (cleanly or in the middle of a frame)."""
+
+
+class UnsafeSocketDir(Exception):
+    """The socket directory exists but is not safe to use (owner or permissions)."""
+
+
+# --------------------------------------------------------------------------------------------
+# Framing
+
+
+def encode_frame(message: Mapping[str, Any]) -> bytes:
+    body = json.dumps(message, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    if len(body) > MAX_FRAME_BYTES:
+        raise ProtocolError(E_FRAME_TOO_LARGE, f"frame of {len(body)} bytes exceeds 1 MiB")
+    return _HEADER.pack(len(body)) + body
+
+
+def decode_body(body: bytes) -> dict[str, Any]:
+    try:
+        message = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProtocolError(E_BAD_FRAME, f"frame is not UTF-8 JSON: {exc}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError(E_BAD_FRAME, "frame is not a JSON object")
+    return message
+
+
+class FrameDecoder:
+    """Incremental decoder: feed it bytes as they arrive, take whole messages out.
+
+    Used by the agent's non-blocking server loop, where a frame can arrive in pieces from
+    several viewers at once.
+    """
+
+    def __init__(self, max_frame: int = MAX_FRAME_BYTES) -> None:
+        self._buffer = bytearray()
+        self._max_frame = max_frame
+
+    def feed(self, data: bytes) -> Iterator[dict[str, Any]]:
+        """Yield each complete message; raise ProtocolError on an oversize or malformed frame."""
+        self._buffer += data
+        while len(self._buffer) >= _HEADER.size:
+            (length,) = _HEADER.unpack_from(self._buffer)
+            if length > self._max_frame:
+                raise ProtocolError(
+                    E_FRAME_TOO_LARGE, f"frame of {length} bytes exceeds {self._max_frame} bytes"
+                )
+            if len(self._buffer) < _HEADER.size + length:
+                return
+            body = bytes(self._buffer[_HEADER.size : _HEADER.size + length])
+            del self._buffer[: _HEADER.size + length]
+            yield decode_body(body)
+
+    @property
+    def pending_bytes(self) -> int:
+        return len(self._buffer)
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < size:
+        chunk = sock.recv(size - len(chunks))
+        if not chunk:
+            raise ConnectionClosed("connection closed by peer")
+        chunks += chunk
+    return bytes(chunks)
+
+
+def recv_message(sock: socket.socket, max_frame: int = MAX_FRAME_BYTES) -> dict[str, Any]:
+    """Read one frame from a blocking socket (the viewer side)."""
+    (length,) = _HEADER.unpack(_recv_exactly(sock, _HEADER.size))
+    if length > max_frame:
+        raise ProtocolError(E_FRAME_TOO_LARGE, f"frame of {length} bytes exceeds 1 MiB")
+    return decode_body(_recv_exactly(sock, length))
+
+
+def send_message(sock: socket.socket, message: Mapping[str, Any]) -> None:
+    sock.sendall(encode_frame(message))
+
+
+# --------------------------------------------------------------------------------------------
+# Requests and replies
+
+
+def error_reply(request_id: Any, code: str, message: str) -> dict[str, Any]:
+    return {"id": request_id, "error": {"code": code, "message": message}}
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    id: int | str
+    cmd: str
+    args: Mapping[str, Any]
+
+
+def parse_request(message: Mapping[str, Any]) -> Request:
+    """Check a request's shape; raise ProtocolError with the id-less code when it is wrong."""
+    request_id = message.get("id")
+    if isinstance(request_id, bool) or not isinstance(request_id, int | str):
+        raise ProtocolError(E_BAD_REQUEST, "request needs an integer or string 'id'")
+    cmd = message.get("cmd")
+    if not isinstance(cmd, str):
+        raise ProtocolError(E_BAD_REQUEST, "request needs a string 'cmd'")
+    if cmd not in COMMANDS:
+        raise ProtocolError(E_UNKNOWN_COMMAND, f"unknown command {cmd[:40]!r}")
+    args = message.get("args", {})
+    if not isinstance(args, dict):
+        raise ProtocolError(E_BAD_REQUEST, "'args' must be an object")
+    return Request(request_id, cmd, args)
+
+
+def _require(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    value = obj.get(key)
+    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _as_tuple(kind)):
+        raise ProtocolError("bad_reply", f"{where}: field {key!r} missing or of the wrong type")
+    return value
+
+
+def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def parse_hello(result: Mapping[str, Any]) -> AgentHello:
+    """Validate a `hello` result against the wire schema and turn it into an AgentHello."""
+    protocol = _require(result, "protocol", int, "hello")
+    pid = _require(result, "pid", int, "hello")
+    argv = _require(result, "argv", list, "hello")
+    python = _require(result, "python", str, "hello")
+    torch_version = result.get("torch")
+    if torch_version is not None and not isinstance(torch_version, str):
+        raise ProtocolError("bad_reply", "hello: field 'torch' must be a string or null")
+    conf = _require(result, "allocator_conf", str, "hello")
+    devices = []
+    for raw in _require(result, "devices", list, "hello"):
+        if not isinstance(raw, dict):
+            raise ProtocolError("bad_reply", "hello: each device must be an object")
+        devices.append(
+            AgentDevice(
+                index=_require(raw, "index", int, "hello device"),
+                uuid=_require(raw, "uuid", str, "hello device"),
+                name=_require(raw, "name", str, "hello device"),
+                total_bytes=_require(raw, "total_bytes", int, "hello device"),
+            )
+        )
+    known = {"protocol", "pid", "argv", "python", "torch", "allocator_conf", "devices"}
+    return AgentHello(
+        protocol=protocol,
+        pid=pid,
+        argv=tuple(str(a) for a in argv),
+        python=python,
+        torch=torch_version,
+        allocator_conf=conf,
+        devices=tuple(devices),
+        extra={k: v for k, v in result.items() if k not in known},
+    )
+
+
+def parse_sample(result: Mapping[str, Any]) -> AgentSample:
+    """Validate a `sample` result against the wire schema and turn it into an AgentSample."""
+    when = _require(result, "time", (int, float), "sample")
+    step = result.get("step")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+        raise ProtocolError("bad_reply", "sample: field 'step' must be an integer or null")
+    devices = []
+    for raw in _require(result, "devices", list, "sample"):
+        if not isinstance(raw, dict):
+            raise ProtocolError("bad_reply", "sample: each device must be an object")
+        stats = _require(raw, "stats", dict, "sample device")
+        devices.append(
+            AgentDeviceSample(
+                index=_require(raw, "index", int, "sample device"),
+                stats={
+                    str(k): int(v)
+                    for k, v in stats.items()
+                    if isinstance(v, int | float) and not isinstance(v, bool)
+                },
+                free_bytes=_require(raw, "free_bytes", int, "sample device"),
+                total_bytes=_require(raw, "total_bytes", int, "sample device"),
+            )
+        )
+    marks = []
+    for raw in result.get("step_marks") or []:
+        if not isinstance(raw, dict):
+            raise ProtocolError("bad_reply", "sample: each step mark must be an object")
+        allocated = _require(raw, "allocated_bytes", dict, "step mark")
+        marks.append(
+            StepMark(
+                step=_require(raw, "step", int, "step mark"),
+                time=float(_require(raw, "time", (int, float), "step mark")),
+                allocated={int(k): int(v) for k, v in allocated.items()},
+            )
+        )
+    return AgentSample(time=float(when), step=step, devices=tuple(devices), step_marks=tuple(marks))
+
+
+# --------------------------------------------------------------------------------------------
+# Socket directory and peers
+
+
+def socket_dir() -> Path:
+    """`$XDG_RUNTIME_DIR/memtop/`, else `/tmp/memtop-<uid>/` (override: MEMTOP_SOCKET_DIR)."""
+    override = os.environ.get("MEMTOP_SOCKET_DIR")
+    if override:
+        return Path(override)
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isdir(runtime):
+        return Path(runtime) / "memtop"
+    return Path(f"/tmp/memtop-{os.getuid()}")
+
+
+def check_socket_dir(path: Path) -> None:
+    """Refuse a directory another user owns or others could write into (socket hijacking)."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise UnsafeSocketDir(f"cannot inspect socket directory {path}: {exc.strerror}") from None
+    if not stat.S_ISDIR(info.st_mode):
+        raise UnsafeSocketDir(f"socket directory {path} is not a directory (or is a symlink)")
+    if info.st_uid != os.getuid():
+        raise UnsafeSocketDir(
+            f"socket directory {path} is owned by uid {info.st_uid}, not by you ({os.getuid()})"
+        )
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeSocketDir(
+            f"socket directory {path} is group- or world-writable "
+            f"(mode {stat.S_IMODE(info.st_mode):o}); expected 700"
+        )
+
+
+def ensure_socket_dir(path: Path | None = None) -> Path:
+    """Create the socket directory 0700 if needed and check it; raise UnsafeSocketDir if unsafe."""
+    path = path or socket_dir()
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise UnsafeSocketDir(f"cannot create socket directory {path}: {exc.strerror}") from None
+    check_socket_dir(path)
+    return path
+
+
+def socket_path(pid: int, directory: Path | None = None) -> Path:
+    return (directory or socket_dir()) / f"{pid}.sock"
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, belongs to someone else
+    return True
+
+
+def list_agent_sockets(directory: Path | None = None, remove_stale: bool = True) -> list[int]:
+    """Pids with a socket in the directory; sockets of dead pids are removed on the way."""
+    directory = directory or socket_dir()
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    pids = []
+    for name in names:
+        stem, dot, ext = name.partition(".")
+        if ext != "sock" or not dot or not stem.isdigit():
+            continue
+        pid = int(stem)
+        if pid_alive(pid):
+            pids.append(pid)
+        elif remove_stale:
+            with contextlib.suppress(OSError):
+                os.unlink(directory / name)
+    return sorted(pids)
+
+
+_PEERCRED = struct.Struct("3i")
+
+
+def peer_credentials(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of a connected AF_UNIX socket."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    pid, uid, gid = _PEERCRED.unpack(raw)
+    return pid, uid, gid
+
+
+def peer_allowed(uid: int) -> bool:
+    """Only the agent's own user, or root, may talk to it."""
+    return uid == os.getuid() or uid == 0
+
+
+def connect(pid: int, directory: Path | None = None, timeout: float = 2.0) -> socket.socket:
+    """Connect to the agent of `pid`; raises OSError (ENOENT, ECONNREFUSED, EACCES) as is."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(str(socket_path(pid, directory)))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def describe_connect_error(pid: int, exc: OSError) -> str:
+    """A one-line reason a viewer could not reach an agent."""
+    if exc.errno == errno.ENOENT:
+        return f"no agent socket for pid {pid} (is it running under `memtop run`?)"
+    if exc.errno == errno.ECONNREFUSED:
+        return f"agent of pid {pid} is not accepting connections (process exited?)"
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return f"permission denied on the agent socket of pid {pid} (another user's process)"
+    return f"cannot reach the agent of pid {pid}: {exc.strerror or exc}"

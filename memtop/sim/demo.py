@@ -1,0 +1,166 @@
+"""`memtop demo`: simulated GPUs and simulated trainer processes with real agents.
+
+The simulated GPUs live in a registry directory `sim-<demo pid>` beside the agent sockets, so a
+separate `memtop` (or `memtop --once`) finds them while the demo runs, and stops seeing them
+when it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from memtop import protocol
+from memtop.sim.device import SimGpuRegistry, simulated_gpu_specs
+from memtop.sim.scenarios import SCENARIOS
+
+DEMO_SCENARIOS = (*SCENARIOS, "mixed")
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class TrainerPlan:
+    gpu: int
+    scenario: str
+    scale: float = 1.0
+    seed: int = 0
+
+
+def plan(scenario: str, gpus: int) -> list[TrainerPlan]:
+    """Which trainer runs where.  `mixed`: one healthy rank per GPU (like DDP), plus a leaking
+    job sharing GPU 0 and a fragmenting one sharing the last GPU."""
+    if scenario != "mixed":
+        return [TrainerPlan(gpu, scenario, seed=gpu) for gpu in range(gpus)]
+    plans = [TrainerPlan(gpu, "healthy", scale=0.5, seed=gpu) for gpu in range(gpus)]
+    plans.append(TrainerPlan(0, "leak", scale=0.5, seed=100))
+    plans.append(TrainerPlan(gpus - 1, "fragment", scale=0.5, seed=101))
+    if gpus >= 3:
+        plans.append(TrainerPlan(1, "pressure", scale=0.55, seed=102))
+    return plans
+
+
+def registry_dir(socket_dir: Path, demo_pid: int) -> Path:
+    return socket_dir / f"sim-{demo_pid}"
+
+
+def live_registries(socket_dir: Path | None = None) -> list[Path]:
+    """Registries of demos still running (a dead demo's registry is removed on the way)."""
+    directory = socket_dir or protocol.socket_dir()
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in sorted(directory.iterdir()):
+            stem, _, pid = entry.name.partition("-")
+            if stem != "sim" or not pid.isdigit():
+                continue
+            if protocol.pid_alive(int(pid)):
+                found.append(entry)
+            else:
+                shutil.rmtree(entry, ignore_errors=True)
+    return found
+
+
+class Demo:
+    def __init__(
+        self,
+        gpus: int = 1,
+        scenario: str = "mixed",
+        step_time: float = 0.1,
+        total_bytes: int = 80 * GiB,
+        socket_dir: Path | None = None,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        if scenario not in DEMO_SCENARIOS:
+            raise ValueError(
+                f"unknown scenario {scenario!r}; choose from {', '.join(DEMO_SCENARIOS)}"
+            )
+        if gpus < 1:
+            raise ValueError("--gpus must be at least 1")
+        self.gpus = gpus
+        self.scenario = scenario
+        self.step_time = step_time
+        self.total_bytes = total_bytes
+        self.socket_dir = socket_dir
+        self.extra_env = extra_env or {}
+        self.registry: Path | None = None
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def start(self) -> list[int]:
+        directory = protocol.ensure_socket_dir(self.socket_dir)
+        self.registry = registry_dir(directory, os.getpid())
+        SimGpuRegistry(self.registry).create(
+            simulated_gpu_specs(self.gpus, self.total_bytes, seed=str(os.getpid()))
+        )
+        env = dict(os.environ, **self.extra_env)
+        if self.socket_dir is not None:
+            env["MEMTOP_SOCKET_DIR"] = str(self.socket_dir)
+        for trainer in plan(self.scenario, self.gpus):
+            command = [
+                sys.executable,
+                "-m",
+                "memtop.sim.trainer",
+                "--registry",
+                str(self.registry),
+                "--gpu",
+                str(trainer.gpu),
+                "--scenario",
+                trainer.scenario,
+                "--step-time",
+                str(self.step_time),
+                "--scale",
+                str(trainer.scale),
+                "--seed",
+                str(trainer.seed),
+            ]
+            self.processes.append(
+                subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+            )
+        return [p.pid for p in self.processes]
+
+    def wait_ready(self, timeout: float = 30.0) -> bool:
+        """True once every trainer's agent socket exists."""
+        directory = self.socket_dir or protocol.socket_dir()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            live = set(protocol.list_agent_sockets(directory, remove_stale=False))
+            if all(p.pid in live for p in self.processes):
+                return True
+            if any(p.poll() is not None for p in self.processes):
+                return False
+            time.sleep(0.05)
+        return False
+
+    def failed(self) -> list[int]:
+        return [p.pid for p in self.processes if p.poll() not in (None, 0)]
+
+    def stop(self, timeout: float = 5.0) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for process in self.processes:
+            try:
+                process.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        directory = self.socket_dir or protocol.socket_dir()
+        for process in self.processes:
+            with contextlib.suppress(OSError):
+                os.unlink(protocol.socket_path(process.pid, directory))
+        if self.registry is not None:
+            shutil.rmtree(self.registry, ignore_errors=True)
+
+    def __enter__(self) -> Demo:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

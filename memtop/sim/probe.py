@@ -1,0 +1,75 @@
+"""The simulated probe: the Probe interface over simulated caching allocators (no torch)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from memtop.agent.probe import Breakdown, ProbeDevice, StepCallback
+from memtop.sim.allocator import SimulatedCachingAllocator
+
+
+@dataclass
+class SimulatedGpu:
+    device: ProbeDevice
+    allocator: SimulatedCachingAllocator
+
+
+class SimulatedProbe:
+    def __init__(
+        self,
+        gpus: list[SimulatedGpu],
+        allocator_conf: str = "",
+        breakdown: Callable[[], dict[int, Breakdown]] | None = None,
+    ) -> None:
+        self._gpus = {gpu.device.index: gpu for gpu in gpus}
+        self._conf = allocator_conf
+        self._breakdown = breakdown
+
+    def _allocator(self, index: int) -> SimulatedCachingAllocator:
+        try:
+            return self._gpus[index].allocator
+        except KeyError:
+            raise ValueError(f"no simulated device {index} in this process") from None
+
+    def torch_version(self) -> str | None:
+        return None
+
+    def allocator_conf(self) -> str:
+        return self._conf
+
+    def devices(self) -> list[ProbeDevice]:
+        return [gpu.device for gpu in self._gpus.values()]
+
+    def memory_stats(self, index: int) -> dict[str, int]:
+        return self._allocator(index).memory_stats()
+
+    def memory_allocated(self, index: int) -> int:
+        return self._allocator(index).memory_allocated()
+
+    def mem_get_info(self, index: int) -> tuple[int, int]:
+        return self._allocator(index).mem_get_info()
+
+    def empty_cache(self, index: int) -> None:
+        self._allocator(index).empty_cache()
+
+    def reset_peak(self, index: int) -> None:
+        self._allocator(index).reset_peak_memory_stats()
+
+    def snapshot(self) -> dict[str, Any]:
+        segments: list[dict[str, Any]] = []
+        for gpu in self._gpus.values():
+            segments.extend(gpu.allocator.memory_snapshot())
+        return {
+            "segments": segments,
+            "device_traces": [[] for _ in self._gpus],
+            "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": self._conf},
+        }
+
+    def breakdown(self) -> dict[int, Breakdown]:
+        return self._breakdown() if self._breakdown is not None else {}
+
+    def install_step_hook(self, on_step: StepCallback) -> bool:
+        # The simulated trainer calls memtop.step() itself.
+        return False

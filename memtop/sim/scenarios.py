@@ -1,0 +1,229 @@
+"""Training workloads on the simulated allocator: the same allocation pattern a real trainer has.
+
+A step is: forward (activations allocated layer by layer), backward (activations freed in
+reverse, gradients allocated), optimizer step (Adam state created on the first step, a
+temporary per parameter), zero_grad(set_to_none=True) (gradients freed).  The scenarios bend
+that pattern the way real bugs and real data do:
+
+- healthy:  fixed shapes; a clean sawtooth that returns to the same baseline every step;
+- leak:     the loss is kept with its graph every step (`losses.append(loss)`), so part of the
+            activations survive: the baseline climbs by a fixed amount per step;
+- fragment: variable sequence lengths plus a long-lived buffer allocated mid-step, so freed
+            activations leave split blocks that later, larger requests cannot use;
+- pressure: a model sized to run at 90-97 % of the device with variable shapes, so the
+            allocator hits the free-cache-and-retry path and, now and then, OOM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from memtop.agent.probe import Breakdown
+from memtop.sim.allocator import SimulatedCachingAllocator, SimulatedOutOfMemoryError
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+SCENARIOS = ("healthy", "leak", "fragment", "pressure")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A transformer-ish model: `layers` blocks of `params_per_layer` bytes (fp32)."""
+
+    layers: int
+    params_per_layer: int  # bytes of parameters per layer, split over 4 tensors
+    activation_per_layer: int  # bytes of activations per layer at the base sequence length
+    embedding: int  # bytes of the embedding table
+
+
+def model_for(scenario: str, total_bytes: int, scale: float = 1.0) -> ModelShape:
+    """Size the model so each scenario sits where it should on a device of `total_bytes`."""
+    # Weights + grads + 2 Adam moments = 4 × parameters; activations come on top.
+    if scenario == "pressure":
+        static_share, activation_share = 0.70, 0.24
+    elif scenario == "leak":
+        static_share, activation_share = 0.30, 0.12
+    else:
+        static_share, activation_share = 0.36, 0.16
+    layers = 24
+    params = int(total_bytes * static_share * scale / 4)
+    embedding = params // 10
+    per_layer = (params - embedding) // layers
+    activation = int(total_bytes * activation_share * scale) // layers
+    return ModelShape(layers, per_layer, activation // 6 * 6, embedding)
+
+
+class Workload:
+    """One trainer's memory behaviour on one simulated device."""
+
+    def __init__(
+        self,
+        scenario: str,
+        allocator: SimulatedCachingAllocator,
+        shape: ModelShape,
+        seed: int = 0,
+        leak_bytes_per_step: int = 8 * MiB,
+        log: Callable[[str], None] | None = None,
+        pace: Callable[[], None] | None = None,
+    ) -> None:
+        if scenario not in SCENARIOS:
+            raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
+        self.scenario = scenario
+        self.alloc = allocator
+        self.shape = shape
+        self.rng = random.Random(seed)
+        self.leak_bytes_per_step = leak_bytes_per_step
+        self.log = log or (lambda message: None)
+        # Called between layers, so that the step's work is spread over the step time and an
+        # observer samples mid-step states, as it would on a GPU that is always busy.
+        self.pace = pace or (lambda: None)
+        self.steps = 0
+        self.ooms = 0
+        self.params: list[int] = []
+        self.grads: list[int] = []
+        self.optimizer_state: list[int] = []
+        self.retained: list[int] = []  # the leak: tensors kept alive by a user's list
+        self.long_lived: deque[int] = deque()  # fragment: buffers that outlive their step
+        self._param_sizes: list[int] = []
+        self._step_live: set[int] = set()
+        self._build_model()
+
+    # ------------------------------------------------------------------ model
+
+    def _tensor_sizes(self) -> list[int]:
+        # Per layer: qkv, proj, two MLP matrices (1 : 1/3 : 4/3 : 4/3 of the layer's bytes).
+        per = self.shape.params_per_layer
+        sizes = [self.shape.embedding]
+        for _ in range(self.shape.layers):
+            sizes += [per * 3 // 12, per * 1 // 12, per * 4 // 12, per * 4 // 12]
+            sizes += [16 * 1024, 16 * 1024]  # layer norms: tiny, small pool
+        return sizes
+
+    def _build_model(self) -> None:
+        self._param_sizes = self._tensor_sizes()
+        self.params = [self.alloc.malloc(size) for size in self._param_sizes]
+
+    # ------------------------------------------------------------------ one step
+
+    def _sequence_factor(self) -> float:
+        if self.scenario in ("fragment", "pressure"):
+            # Sequence lengths vary batch to batch (bucketed by 64 tokens of a 2048 max).
+            return self.rng.randrange(2, 33) / 32
+        return 1.0
+
+    def step(self) -> bool:
+        """Run one training step; False when it hit OOM (the batch was skipped)."""
+        try:
+            self._train_step()
+        except SimulatedOutOfMemoryError as exc:
+            self.ooms += 1
+            self._recover_from_oom(exc)
+            return False
+        self.steps += 1
+        return True
+
+    def _m(self, nbytes: float) -> int:
+        address = self.alloc.malloc(max(512, int(nbytes)))
+        self._step_live.add(address)
+        return address
+
+    def _f(self, address: int) -> None:
+        self._step_live.discard(address)
+        self.alloc.free(address)
+
+    def _train_step(self) -> None:
+        factor = self._sequence_factor()
+        self._step_live = set()
+        activations: list[int] = []
+        per_tensor = self.shape.activation_per_layer // 6
+        # forward: six saved tensors per layer, a transient workspace per layer
+        for _layer in range(self.shape.layers):
+            for _ in range(6):
+                activations.append(self._m(per_tensor * factor))
+            self._f(self._m(per_tensor * factor * 0.5))
+            self.pace()
+        logits = self._m(per_tensor * 2 * factor)
+        loss = self._m(512)
+        # backward: activations freed in reverse, gradients allocated (set_to_none zero_grad)
+        self._f(logits)
+        keep = self._leaked_tensors(activations)
+        for i, address in enumerate(reversed(activations)):
+            if address not in keep:
+                self._f(address)
+            if i % 6 == 5:
+                self.pace()
+        for size in reversed(self._param_sizes):
+            self.grads.append(self._m(size))
+        # optimizer step: Adam's two moments appear on the first step and stay
+        if not self.optimizer_state:
+            for size in self._param_sizes:
+                self.optimizer_state.append(self.alloc.malloc(size))
+                self.optimizer_state.append(self.alloc.malloc(size))
+        for size in self._param_sizes[:: max(1, len(self._param_sizes) // 8)]:
+            self._f(self._m(size))  # foreach temporaries, a few at a time
+        if self.scenario == "leak":
+            self._step_live.discard(loss)
+            self.retained.append(loss)  # `losses.append(loss)` keeps the graph alive
+        else:
+            self._f(loss)
+        for address in self.grads:
+            self._f(address)
+        self.grads = []
+        if self.scenario == "fragment":
+            # Per-layer outputs of this batch kept for a few steps (metrics, an EMA, a cache),
+            # allocated once the activations are free: best-fit carves them out of cached
+            # activation blocks and pins those segments split.
+            for _ in range(self.shape.layers):
+                buffer = self._m(self.rng.uniform(1.5, 8) * MiB)
+                self._step_live.discard(buffer)
+                self.long_lived.append(buffer)
+        while len(self.long_lived) > 4 * self.shape.layers:
+            self.alloc.free(self.long_lived.popleft())
+
+    def _leaked_tensors(self, activations: list[int]) -> set[int]:
+        if self.scenario != "leak" or not activations:
+            return set()
+        # The kept graph pins part of this step's saved activations: one tensor of exactly
+        # leak_bytes_per_step, so the scenario's true leak rate is known.
+        kept = self._m(self.leak_bytes_per_step)
+        self._step_live.discard(kept)
+        self.retained.append(kept)
+        return set()
+
+    def _recover_from_oom(self, exc: SimulatedOutOfMemoryError) -> None:
+        # What a real loop does: free what the failed step held, skip the batch.  A leaking
+        # trainer really dies here; the simulation "restarts" it by dropping what it leaked.
+        for address in list(self._step_live):
+            self._free_quietly(address)
+        self._step_live = set()
+        self.grads = []
+        if self.scenario == "leak":
+            self.log(f"OOM after {self.steps} steps (leak): {exc}; restarting from checkpoint")
+            for address in self.retained:
+                self._free_quietly(address)
+            self.retained = []
+        else:
+            self.log(f"OOM at step {self.steps}, batch skipped: {str(exc)[:120]}")
+
+    def _free_quietly(self, address: int) -> None:
+        with contextlib.suppress(ValueError):  # already freed before the OOM
+            self.alloc.free(address)
+
+    # ------------------------------------------------------------------ breakdown
+
+    def breakdown(self, index: int) -> dict[int, Breakdown]:
+        size = self.alloc.allocation_size
+        return {
+            index: Breakdown(
+                parameters=sum(size(a) for a in self.params),
+                gradients=sum(size(a) for a in self.grads),
+                optimizer_state=sum(size(a) for a in self.optimizer_state),
+                allocated=self.alloc.memory_allocated(),
+                fp32_parameter_bytes=sum(size(a) for a in self.params),
+            )
+        }

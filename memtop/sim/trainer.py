@@ -1,0 +1,104 @@
+"""A simulated trainer process: one scenario on one simulated GPU, with the real agent.
+
+Started by `memtop demo` as `python -m memtop.sim.trainer --registry DIR --gpu I --scenario S`.
+It behaves like a trainer under `memtop run`: the agent listens on the usual socket, steps are
+marked after every optimizer step, and SIGTERM/SIGINT stop it cleanly (socket and ledger entry
+removed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import memtop
+from memtop.agent.probe import ProbeDevice
+from memtop.sim.allocator import SimulatedCachingAllocator
+from memtop.sim.device import SimGpuRegistry
+from memtop.sim.probe import SimulatedGpu, SimulatedProbe
+from memtop.sim.scenarios import SCENARIOS, MiB, Workload, model_for
+
+# What a CUDA context, cuBLAS workspaces and friends take outside the caching allocator.
+CONTEXT_OVERHEAD_BYTES = 518 * MiB
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="memtop-sim-trainer")
+    parser.add_argument("--registry", required=True, type=Path)
+    parser.add_argument("--gpu", type=int, default=0)
+    parser.add_argument("--scenario", choices=SCENARIOS, default="healthy")
+    parser.add_argument("--step-time", type=float, default=0.1)
+    parser.add_argument("--scale", type=float, default=1.0, help="model size factor")
+    parser.add_argument("--leak-mib", type=float, default=8.0, help="leak per step (leak)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-steps", type=int, default=0, help="stop after N steps (0: never)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    registry = SimGpuRegistry(args.registry)
+    specs = {spec.index: spec for spec in registry.gpus()}
+    if args.gpu not in specs:
+        print(
+            f"memtop-sim-trainer: no simulated GPU {args.gpu} in {args.registry}", file=sys.stderr
+        )
+        return 1
+    spec = specs[args.gpu]
+    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF") or ""
+    memory = registry.memory(spec.index, os.getpid(), overhead_bytes=CONTEXT_OVERHEAD_BYTES)
+    allocator = SimulatedCachingAllocator(memory, spec.index, conf)
+    stop = threading.Event()
+    layer_pause = args.step_time * 0.8 / 48  # forward + backward visit 24 layers each
+
+    workload = Workload(
+        args.scenario,
+        allocator,
+        model_for(args.scenario, spec.total_bytes, args.scale),
+        seed=args.seed,
+        leak_bytes_per_step=int(args.leak_mib * MiB),
+        log=lambda message: print(f"[pid {os.getpid()}] {message}", file=sys.stderr, flush=True),
+        pace=lambda: None if stop.wait(layer_pause) else None,
+    )
+    probe = SimulatedProbe(
+        [SimulatedGpu(ProbeDevice(spec.index, spec.uuid, spec.name, spec.total_bytes), allocator)],
+        allocator_conf=conf,
+        breakdown=lambda: workload.breakdown(spec.index),
+    )
+    # What the process table shows: the workload, not the simulator's plumbing.
+    shown_argv = ["sim_train.py", f"--scenario={args.scenario}", f"--gpu={args.gpu}"]
+    agent = memtop.start_agent(probe=probe, argv=shown_argv)
+    if agent is None:
+        return 1
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    next_step = time.monotonic()
+    try:
+        while not stop.is_set():
+            if workload.step():
+                memtop.step()
+            if args.max_steps and workload.steps >= args.max_steps:
+                break
+            next_step += args.step_time * (0.9 + 0.2 * workload.rng.random())
+            delay = next_step - time.monotonic()
+            if delay > 0:
+                stop.wait(delay)
+            else:
+                next_step = time.monotonic()
+    finally:
+        memtop.agent.stop_agent()
+        memory.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

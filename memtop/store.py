@@ -1,0 +1,304 @@
+"""The thread-safe store of what the sampler read: latest values plus bounded history.
+
+The sampler thread is the only writer; the UI, the report and the exporters read copies.
+History lives in fixed-size columns of doubles (`Ring`), so an hour of 8 GPUs × 8 agents at 1 Hz
+costs a few MB and never grows.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from array import array
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from memtop.model import (
+    AgentDeviceSample,
+    AgentHello,
+    AgentSample,
+    NvmlReading,
+)
+from memtop.sources.agents import CONNECTED, EXITED, AgentPoll
+
+HISTORY_SAMPLES = 3600  # one hour at the default 1 s interval
+STEP_MARKS = 4096
+
+
+class Ring:
+    """A fixed-capacity table of float columns; the oldest row is overwritten when full."""
+
+    __slots__ = ("_columns", "_count", "_start", "capacity", "names")
+
+    def __init__(self, capacity: int, names: Sequence[str]) -> None:
+        self.capacity = capacity
+        self.names = tuple(names)
+        self._columns = [array("d", bytes(8 * capacity)) for _ in names]
+        self._start = 0
+        self._count = 0
+
+    def append(self, *values: float) -> None:
+        if self._count < self.capacity:
+            slot = (self._start + self._count) % self.capacity
+            self._count += 1
+        else:
+            slot = self._start
+            self._start = (self._start + 1) % self.capacity
+        for column, value in zip(self._columns, values, strict=True):
+            column[slot] = value
+
+    def __len__(self) -> int:
+        return self._count
+
+    def column(self, name: str, last: int | None = None) -> list[float]:
+        """Oldest first; `last` keeps only the newest rows."""
+        data = self._columns[self.names.index(name)]
+        count = self._count if last is None else min(last, self._count)
+        first = self._start + self._count - count
+        return [data[(first + i) % self.capacity] for i in range(count)]
+
+    def last(self, name: str) -> float | None:
+        if not self._count:
+            return None
+        return self._columns[self.names.index(name)][
+            (self._start + self._count - 1) % self.capacity
+        ]
+
+
+@dataclass
+class AgentDeviceState:
+    index: int
+    uuid: str
+    name: str
+    latest: AgentDeviceSample
+    peak_bytes: int
+    history: Ring
+    marks: Ring
+
+
+@dataclass
+class AgentState:
+    pid: int
+    state: str
+    hello: AgentHello | None
+    error: str | None = None
+    step: int | None = None
+    last_sample_time: float | None = None
+    last_step_time: float | None = None
+    first_seen: float = field(default_factory=time.time)
+    devices: dict[int, AgentDeviceState] = field(default_factory=dict)
+    breakdown: dict[int, dict[str, int]] | None = None
+    breakdown_time: float | None = None
+
+
+@dataclass(frozen=True)
+class AgentDeviceView:
+    """A copy of one agent device's latest values, safe to read off the sampler thread."""
+
+    index: int
+    uuid: str
+    name: str
+    latest: AgentDeviceSample
+    peak_bytes: int
+
+
+@dataclass(frozen=True)
+class AgentView:
+    pid: int
+    state: str
+    hello: AgentHello | None
+    error: str | None
+    step: int | None
+    last_sample_time: float | None
+    devices: tuple[AgentDeviceView, ...]
+    breakdown: dict[int, dict[str, int]] | None
+
+
+class Store:
+    def __init__(
+        self,
+        history: int = HISTORY_SAMPLES,
+        step_marks: int = STEP_MARKS,
+        keep_exited_s: float = 60.0,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._history = history
+        self._step_marks = step_marks
+        self._keep_exited_s = keep_exited_s
+        self._nvml: NvmlReading | None = None
+        self._nvml_time: float | None = None
+        self._device_used: dict[str, Ring] = {}
+        self._agents: dict[int, AgentState] = {}
+        self.events: deque[tuple[float, str]] = deque(maxlen=200)
+        self.generation = 0  # bumped on every write: the UI redraws only when it moved
+
+    # ------------------------------------------------------------------ writers (sampler)
+
+    def update_nvml(self, reading: NvmlReading, when: float | None = None) -> None:
+        when = when if when is not None else time.time()
+        with self._lock:
+            if self._nvml is not None and self._nvml.error != reading.error and reading.error:
+                self.events.append((when, reading.error))
+            self._nvml = reading
+            self._nvml_time = when
+            for device in reading.devices:
+                if device.used_bytes is None:
+                    continue
+                ring = self._device_used.get(device.uuid)
+                if ring is None:
+                    ring = self._device_used[device.uuid] = Ring(self._history, ("time", "used"))
+                ring.append(when, float(device.used_bytes))
+            self.generation += 1
+
+    def update_agents(self, polls: Iterable[AgentPoll], when: float | None = None) -> None:
+        when = when if when is not None else time.time()
+        with self._lock:
+            for poll in polls:
+                self._apply_poll(poll, when)
+            for pid, agent in list(self._agents.items()):
+                expired = agent.last_sample_time or agent.first_seen
+                if agent.state == EXITED and when - expired > self._keep_exited_s:
+                    del self._agents[pid]
+            self.generation += 1
+
+    def _apply_poll(self, poll: AgentPoll, when: float) -> None:
+        agent = self._agents.get(poll.pid)
+        if agent is None:
+            agent = self._agents[poll.pid] = AgentState(poll.pid, poll.state, poll.hello)
+            if poll.state == CONNECTED:
+                self.events.append((when, f"agent {poll.pid} attached"))
+        elif agent.state != poll.state:
+            message = f"agent {poll.pid} {poll.state}"
+            self.events.append((when, f"{message}: {poll.error}" if poll.error else message))
+        agent.state = poll.state
+        agent.error = poll.error
+        if poll.hello is not None:
+            agent.hello = poll.hello
+        if poll.sample is not None:
+            self._apply_sample(agent, poll.sample)
+
+    def _apply_sample(self, agent: AgentState, sample: AgentSample) -> None:
+        agent.step = sample.step
+        agent.last_sample_time = sample.time
+        uuids = {d.index: (d.uuid, d.name) for d in (agent.hello.devices if agent.hello else ())}
+        for device in sample.devices:
+            state = agent.devices.get(device.index)
+            if state is None:
+                uuid, name = uuids.get(device.index, ("", f"cuda:{device.index}"))
+                state = agent.devices[device.index] = AgentDeviceState(
+                    index=device.index,
+                    uuid=uuid,
+                    name=name,
+                    latest=device,
+                    peak_bytes=0,
+                    history=Ring(self._history, ("time", "allocated", "reserved", "torch_peak")),
+                    marks=Ring(self._step_marks, ("step", "time", "allocated")),
+                )
+            state.latest = device
+            state.peak_bytes = max(state.peak_bytes, device.allocated)
+            state.history.append(
+                sample.time,
+                float(device.allocated),
+                float(device.reserved),
+                float(device.torch_peak),
+            )
+        for mark in sample.step_marks:
+            for index, allocated in mark.allocated.items():
+                state = agent.devices.get(index)
+                if state is not None:
+                    state.marks.append(float(mark.step), mark.time, float(allocated))
+                    state.peak_bytes = max(state.peak_bytes, allocated)
+
+    def update_breakdown(self, pid: int, result: dict[str, Any], when: float | None = None) -> None:
+        devices = result.get("devices")
+        if not isinstance(devices, dict):
+            return
+        with self._lock:
+            agent = self._agents.get(pid)
+            if agent is None:
+                return
+            agent.breakdown = {
+                int(k): {str(n): int(v) for n, v in d.items() if isinstance(v, int)}
+                for k, d in devices.items()
+                if isinstance(d, dict)
+            }
+            agent.breakdown_time = when if when is not None else time.time()
+            self.generation += 1
+
+    def reset_peak(self, pid: int) -> None:
+        """memtop's own peak restarts from the current value (the `r` key)."""
+        with self._lock:
+            agent = self._agents.get(pid)
+            if agent is not None:
+                for device in agent.devices.values():
+                    device.peak_bytes = device.latest.allocated
+                self.generation += 1
+
+    def note(self, message: str, when: float | None = None) -> None:
+        with self._lock:
+            self.events.append((when if when is not None else time.time(), message))
+            self.generation += 1
+
+    # ------------------------------------------------------------------ readers
+
+    def nvml(self) -> NvmlReading | None:
+        with self._lock:
+            return self._nvml
+
+    def device_used_history(self, uuid: str, last: int | None = None) -> list[tuple[float, float]]:
+        with self._lock:
+            ring = self._device_used.get(uuid)
+            if ring is None:
+                return []
+            return list(zip(ring.column("time", last), ring.column("used", last), strict=True))
+
+    def agents(self) -> list[AgentView]:
+        with self._lock:
+            return [self._view(agent) for agent in sorted(self._agents.values(), key=_pid)]
+
+    def agent(self, pid: int) -> AgentView | None:
+        with self._lock:
+            agent = self._agents.get(pid)
+            return self._view(agent) if agent is not None else None
+
+    def history(self, pid: int, index: int, last: int | None = None) -> dict[str, list[float]]:
+        """Columns time/allocated/reserved/torch_peak of one agent device, oldest first."""
+        with self._lock:
+            device = self._device_state(pid, index)
+            if device is None:
+                return {}
+            return {name: device.history.column(name, last) for name in device.history.names}
+
+    def step_marks(self, pid: int, index: int, last: int | None = None) -> dict[str, list[float]]:
+        """Columns step/time/allocated of the per-step baselines, oldest first."""
+        with self._lock:
+            device = self._device_state(pid, index)
+            if device is None:
+                return {}
+            return {name: device.marks.column(name, last) for name in device.marks.names}
+
+    def _device_state(self, pid: int, index: int) -> AgentDeviceState | None:
+        agent = self._agents.get(pid)
+        return agent.devices.get(index) if agent is not None else None
+
+    @staticmethod
+    def _view(agent: AgentState) -> AgentView:
+        return AgentView(
+            pid=agent.pid,
+            state=agent.state,
+            hello=agent.hello,
+            error=agent.error,
+            step=agent.step,
+            last_sample_time=agent.last_sample_time,
+            devices=tuple(
+                AgentDeviceView(d.index, d.uuid, d.name, d.latest, d.peak_bytes)
+                for d in sorted(agent.devices.values(), key=lambda d: d.index)
+            ),
+            breakdown=None if agent.breakdown is None else dict(agent.breakdown),
+        )
+
+
+def _pid(agent: AgentState) -> int:
+    return agent.pid

@@ -1,0 +1,28 @@
+"""Shared fixtures: short private socket directories (AF_UNIX paths are limited to 108 bytes)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[Path]:
+    directory = Path(tempfile.mkdtemp(prefix="mt-"))
+    directory.chmod(0o700)
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _private_socket_dir_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # No test may see (or clean up) the sockets of real trainers on this machine.
+    monkeypatch.setenv("MEMTOP_SOCKET_DIR", str(tmp_path / "no-agents-here"))

@@ -1,0 +1,291 @@
+"""The agent over a real socket: commands, step marks, several viewers, bad peers."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from memtop import protocol
+from memtop.agent.probe import ProbeDevice
+from memtop.agent.server import Agent
+from memtop.sim.allocator import SimulatedCachingAllocator
+from memtop.sim.device import LocalDeviceMemory
+from memtop.sim.probe import SimulatedGpu, SimulatedProbe
+from memtop.sources.agents import AgentClient, AgentError, AgentUnreachable
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+@pytest.fixture
+def allocator() -> SimulatedCachingAllocator:
+    return SimulatedCachingAllocator(LocalDeviceMemory(8 * GiB), 0)
+
+
+@pytest.fixture
+def agent(socket_dir: Path, allocator: SimulatedCachingAllocator) -> Iterator[Agent]:
+    device = ProbeDevice(0, "GPU-00000000-0000-0000-0000-000000000001", "Sim GPU", 8 * GiB)
+    probe = SimulatedProbe([SimulatedGpu(device, allocator)], allocator_conf="max_split_size_mb:64")
+    server = Agent(probe, socket_dir, argv=["train.py", "--epochs", "3"])
+    server.start()
+    yield server
+    server.stop()
+
+
+def client_for(agent: Agent) -> AgentClient:
+    client = AgentClient(agent.pid, agent.directory, timeout=5.0)
+    client.connect()
+    return client
+
+
+def test_socket_is_private_and_named_after_the_pid(agent: Agent):
+    assert agent.path is not None and agent.path.name == f"{os.getpid()}.sock"
+    assert os.stat(agent.path).st_mode & 0o077 == 0
+
+
+def test_hello_follows_the_wire_schema(agent: Agent):
+    with client_for(agent) as client:
+        hello = client.hello
+    assert hello is not None
+    assert hello.protocol == 1 and hello.pid == os.getpid()
+    assert hello.argv == ("train.py", "--epochs", "3")
+    assert hello.allocator_conf == "max_split_size_mb:64"
+    assert [d.uuid for d in hello.devices] == ["GPU-00000000-0000-0000-0000-000000000001"]
+
+
+def test_sample_reports_the_allocator(agent: Agent, allocator: SimulatedCachingAllocator):
+    block = allocator.malloc(5 * MiB)
+    with client_for(agent) as client:
+        sample = client.sample()
+    device = sample.devices[0]
+    assert device.allocated == 5 * MiB
+    assert device.reserved == 20 * MiB
+    assert device.total_bytes == 8 * GiB and 0 < device.free_bytes < 8 * GiB
+    allocator.free(block)
+
+
+def test_step_marks_reach_every_viewer_once(agent: Agent, allocator: SimulatedCachingAllocator):
+    first = client_for(agent)
+    for i in range(1500):
+        allocator.malloc(4096) if i % 100 == 0 else None
+        agent.on_step(explicit=True)
+    second = client_for(agent)
+    a = first.sample()
+    b = second.sample()
+    # The first sample of each connection returns everything still buffered (≥ 1024 marks).
+    assert [m.step for m in a.step_marks] == list(range(1, 1501))
+    assert [m.step for m in b.step_marks] == list(range(1, 1501))
+    assert a.step == 1500 and a.step_marks[-1].allocated[0] == allocator.memory_allocated()
+    agent.on_step(explicit=True)
+    assert [m.step for m in first.sample().step_marks] == [1501]
+    assert first.sample().step_marks == ()
+    assert [m.step for m in second.sample().step_marks] == [1501]
+    first.close()
+    second.close()
+
+
+def test_optimizer_hook_steps_are_ignored_once_memtop_step_is_used(agent: Agent):
+    agent.on_step()
+    agent.on_step()
+    assert agent.step == 2
+    agent.on_step(explicit=True)
+    agent.on_step()  # the hook would double count now
+    assert agent.step == 3
+
+
+def test_viewer_can_reconnect(agent: Agent):
+    client = client_for(agent)
+    client.sample()
+    client.close()
+    with client_for(agent) as again:
+        assert again.sample().devices
+
+
+def test_cleanup_releases_cached_segments(agent: Agent, allocator: SimulatedCachingAllocator):
+    blocks = [allocator.malloc(30 * MiB) for _ in range(4)]
+    for block in blocks:
+        allocator.free(block)
+    assert allocator.memory_reserved() == 4 * 30 * MiB
+    with client_for(agent) as client:
+        result = client.request("cleanup", timeout=10)
+        assert result["released_bytes"] == {"0": 120 * MiB}
+        assert result["reserved_after"] == {"0": 0}
+        assert result["at_step_boundary"] is False  # no steps seen: runs at once
+        with pytest.raises(AgentError) as info:
+            client.request("cleanup")
+        assert info.value.code == protocol.E_RATE_LIMITED
+    assert allocator.memory_reserved() == 0
+
+
+def test_cleanup_waits_for_the_next_step_when_the_trainer_steps(
+    agent: Agent, allocator: SimulatedCachingAllocator
+):
+    agent.on_step(explicit=True)
+    allocator.free(allocator.malloc(40 * MiB))
+    import threading
+
+    stepper = threading.Timer(0.3, agent.on_step, kwargs={"explicit": True})
+    stepper.start()
+    started = time.monotonic()
+    with client_for(agent) as client:
+        result = client.request("cleanup", timeout=10)
+    stepper.join()
+    assert result["at_step_boundary"] is True
+    assert time.monotonic() - started >= 0.25
+    assert result["released_bytes"]["0"] == 40 * MiB
+
+
+def test_reset_peak(agent: Agent, allocator: SimulatedCachingAllocator):
+    allocator.free(allocator.malloc(50 * MiB))
+    assert allocator.memory_stats()["allocated_bytes.all.peak"] == 50 * MiB
+    with client_for(agent) as client:
+        assert client.request("reset_peak") == {"devices": [0]}
+    assert allocator.memory_stats()["allocated_bytes.all.peak"] == 0
+
+
+def test_snapshot_writes_a_pickle_and_summarises(
+    agent: Agent, allocator: SimulatedCachingAllocator
+):
+    keep = allocator.malloc(12 * MiB)
+    hole = allocator.malloc(6 * MiB)
+    allocator.malloc(3 * MiB)
+    allocator.free(hole)
+    path = agent.directory / "snap.pickle"  # type: ignore[operator]
+    with client_for(agent) as client:
+        result = client.request("snapshot", {"path": str(path)}, timeout=10)
+        with pytest.raises(AgentError) as info:
+            client.request("snapshot", {"path": "relative.pickle"})
+        assert info.value.code == protocol.E_BAD_REQUEST
+    with open(path, "rb") as fh:
+        data = pickle.load(fh)
+    assert sum(seg["total_size"] for seg in data["segments"]) == allocator.memory_reserved()
+    summary = result["devices"]["0"]
+    assert summary["reserved_bytes"] == allocator.memory_reserved()
+    assert summary["allocated_bytes"] == allocator.memory_allocated()
+    assert 0 < summary["external_fragmentation"] < 1
+    assert keep
+
+
+def test_breakdown_without_a_model_is_empty(agent: Agent):
+    with client_for(agent) as client:
+        assert client.request("breakdown")["devices"] == {}
+
+
+def test_several_viewers_at_once(agent: Agent):
+    clients = [client_for(agent) for _ in range(8)]
+    for _ in range(5):
+        for client in clients:
+            assert client.sample().devices[0].index == 0
+    for client in clients:
+        client.close()
+
+
+def test_unknown_command_gets_an_error_frame_and_the_connection_stays(agent: Agent):
+    with client_for(agent) as client:
+        with pytest.raises(AgentError) as info:
+            client.request("shutdown")
+        assert info.value.code == protocol.E_UNKNOWN_COMMAND
+        assert client.sample().devices
+
+
+def raw_connect(agent: Agent) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    sock.connect(str(agent.path))
+    return sock
+
+
+def test_garbage_frame_gets_an_error_and_a_hangup_and_others_are_served(agent: Agent):
+    with client_for(agent) as bystander:
+        sock = raw_connect(agent)
+        sock.sendall(struct.pack(">I", 9) + b"not json!")
+        reply = protocol.recv_message(sock)
+        assert reply["error"]["code"] == protocol.E_BAD_FRAME
+        with pytest.raises(protocol.ConnectionClosed):
+            protocol.recv_message(sock)
+        sock.close()
+        oversize = raw_connect(agent)
+        oversize.sendall(struct.pack(">I", 50 << 20))
+        assert protocol.recv_message(oversize)["error"]["code"] == protocol.E_FRAME_TOO_LARGE
+        oversize.close()
+        assert bystander.sample().devices
+
+
+def test_viewer_killed_mid_frame_does_not_hurt_the_agent(agent: Agent):
+    script = (
+        "import socket, struct, os, signal, sys\n"
+        "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
+        's.sendall(struct.pack(\'>I\', 5000) + b\'{"id": 1, "cmd": "sam\')\n'
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    victim = subprocess.run([sys.executable, "-c", script, str(agent.path)])
+    assert victim.returncode == -signal.SIGKILL
+    with client_for(agent) as client:
+        assert client.sample().devices
+    assert not agent.errors
+
+
+def test_viewer_that_never_reads_is_dropped_without_stalling_others(agent: Agent):
+    hog = raw_connect(agent)
+    request = protocol.encode_frame({"id": 1, "cmd": "hello"})
+    hog.sendall(request * 200)  # replies pile up unread
+    with client_for(agent) as client:
+        assert client.sample().devices
+    hog.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another uid")
+def test_peer_of_another_uid_is_refused(agent: Agent):
+    assert agent.directory is not None and agent.path is not None
+    # Let uid 65534 reach the socket at all, so that SO_PEERCRED is what refuses it.
+    agent.directory.chmod(0o711)
+    agent.path.chmod(0o777)
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - runs in the child
+        code = 3
+        try:
+            os.close(read_end)
+            os.setgid(65534)
+            os.setuid(65534)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(5)
+            sock.connect(str(agent.path))
+            protocol.send_message(sock, {"id": 1, "cmd": "hello"})
+            reply = protocol.recv_message(sock)
+            os.write(write_end, repr(reply).encode())
+            code = 0
+        except Exception as exc:
+            os.write(write_end, f"exception {exc!r}".encode())
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    _, status = os.waitpid(child, 0)
+    answer = os.read(read_end, 4096).decode()
+    os.close(read_end)
+    assert os.WEXITSTATUS(status) == 0, answer
+    assert "forbidden" in answer and "65534" in answer
+    assert "result" not in answer
+    with client_for(agent) as client:  # the owner is still served
+        assert client.sample().devices
+
+
+def test_stopped_agent_removes_its_socket(socket_dir: Path, allocator: SimulatedCachingAllocator):
+    probe = SimulatedProbe([SimulatedGpu(ProbeDevice(0, "GPU-x", "g", 1), allocator)])
+    server = Agent(probe, socket_dir)
+    path = server.start()
+    assert path.exists()
+    server.stop()
+    assert not path.exists()
+    with pytest.raises(AgentUnreachable):
+        AgentClient(os.getpid(), socket_dir).connect()

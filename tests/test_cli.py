@@ -1,0 +1,165 @@
+"""The command line as scripts use it: real subprocesses, real simulated trainers."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from memtop import protocol
+
+pytestmark = pytest.mark.slow
+
+
+def memtop(
+    *args: str, socket_dir: Path | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    if socket_dir is not None:
+        env["MEMTOP_SOCKET_DIR"] = str(socket_dir)
+    return subprocess.run(
+        [sys.executable, "-m", "memtop.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+
+
+def test_version_and_help():
+    from memtop import __version__
+
+    assert memtop("--version").stdout.strip() == f"memtop {__version__}"
+    helped = memtop("--help")
+    assert helped.returncode == 0 and "--once" in helped.stdout and "demo" in helped.stdout
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("--bogus",), ("--json",), ("demo", "--scenario", "nope"), ("--interval", "0"), ("run",)],
+)
+def test_usage_errors_exit_2(args):
+    result = memtop(*args)
+    assert result.returncode == 2
+    assert result.stderr.strip()
+
+
+def test_once_with_no_gpu_and_no_agents_says_so(socket_dir: Path):
+    result = memtop("--once", socket_dir=socket_dir)
+    assert result.returncode == 0
+    assert "No GPUs and no memtop agents found" in result.stdout
+    assert "memtop demo" in result.stdout and "memtop run" in result.stdout
+    data = json.loads(memtop("--once", "--json", socket_dir=socket_dir).stdout)
+    assert data["devices"] == [] and data["agents"] == []
+    assert data["nvml"]["available"] is False and "NVML" in data["nvml"]["error"]
+
+
+def test_actions_on_a_missing_pid_fail_with_one_line(socket_dir: Path):
+    for args in (("cleanup", "999999"), ("snapshot", "999999", "-o", str(socket_dir / "x"))):
+        result = memtop(*args, socket_dir=socket_dir)
+        assert result.returncode == 1
+        assert result.stderr.count("\n") == 1 and "999999" in result.stderr
+
+
+@pytest.fixture
+def leak_demo(socket_dir: Path) -> Iterator[subprocess.Popen[str]]:
+    env = dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir))
+    demo = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "memtop.cli",
+            "demo",
+            "--no-ui",
+            "--scenario",
+            "leak",
+            "--step-time",
+            "0.05",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert demo.stdout is not None
+    banner = demo.stdout.readline()
+    assert "simulated trainer" in banner, demo.stderr.read() if demo.stderr else ""
+    yield demo
+    if demo.poll() is None:
+        demo.send_signal(signal.SIGTERM)
+        demo.wait(15)
+
+
+def test_demo_no_ui_then_once_json_twice_shows_steps_increasing(leak_demo, socket_dir: Path):
+    time.sleep(1.0)
+    first = json.loads(memtop("--once", "--json", socket_dir=socket_dir).stdout)
+    time.sleep(1.0)
+    second = json.loads(memtop("--once", "--json", socket_dir=socket_dir).stdout)
+    for report in (first, second):
+        assert report["version"] and report["time"] > 0
+        assert len(report["agents"]) == 1
+        assert report["devices"] and report["devices"][0]["source"] == "sim"
+        device = report["devices"][0]
+        for key in ("index", "uuid", "name", "total_bytes", "used_bytes", "source", "processes"):
+            assert key in device
+        agent = report["agents"][0]
+        assert agent["devices"][0]["uuid"] == device["uuid"]  # joined by UUID
+        dev = agent["devices"][0]
+        for key in (
+            "index",
+            "uuid",
+            "allocated_bytes",
+            "reserved_bytes",
+            "peak_bytes",
+            "inactive_split_bytes",
+            "fragmentation",
+            "num_alloc_retries",
+            "num_ooms",
+            "step",
+        ):
+            assert key in dev, key
+        assert dev["allocated_bytes"] > 0
+        assert dev["reserved_bytes"] >= dev["allocated_bytes"]
+        assert dev["peak_bytes"] >= dev["allocated_bytes"]
+        # The simulated driver view counts the CUDA context on top of what torch reserved.
+        process = next(p for p in device["processes"] if p["pid"] == agent["pid"])
+        assert process["used_bytes"] > dev["reserved_bytes"]
+        assert dev["non_pytorch_bytes"] > 0
+    assert second["agents"][0]["step"] > first["agents"][0]["step"] > 0
+
+
+def test_demo_sigterm_leaves_no_process_or_socket(leak_demo, socket_dir: Path):
+    pids = protocol.list_agent_sockets(socket_dir)
+    assert len(pids) == 1
+    leak_demo.send_signal(signal.SIGTERM)
+    assert leak_demo.wait(15) == 0
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(protocol.pid_alive(p) for p in pids):
+        time.sleep(0.05)
+    assert not any(protocol.pid_alive(p) for p in pids)
+    assert [p.name for p in socket_dir.iterdir()] == []
+
+
+def test_cleanup_and_snapshot_commands(leak_demo, socket_dir: Path, tmp_path: Path):
+    (pid,) = protocol.list_agent_sockets(socket_dir)
+    out = tmp_path / "snap.pickle"
+    result = memtop("snapshot", str(pid), "-o", str(out), socket_dir=socket_dir)
+    assert result.returncode == 0, result.stderr
+    assert str(out) in result.stdout
+    with open(out, "rb") as fh:
+        data = pickle.load(fh)
+    assert data["segments"] and all("blocks" in seg for seg in data["segments"])
+    cleaned = memtop("cleanup", str(pid), "--json", socket_dir=socket_dir)
+    assert cleaned.returncode == 0, cleaned.stderr
+    payload = json.loads(cleaned.stdout)
+    released = payload["released_bytes"]["0"]
+    assert released == payload["reserved_before"]["0"] - payload["reserved_after"]["0"]
+    assert released >= 0

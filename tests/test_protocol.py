@@ -1,0 +1,208 @@
+"""Framing, schema checks and the socket directory rules of the agent protocol."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from memtop import protocol
+
+
+def test_frame_round_trip_over_a_socket_pair():
+    a, b = socket.socketpair()
+    with a, b:
+        protocol.send_message(a, {"id": 1, "cmd": "hello", "text": "héllo"})
+        assert protocol.recv_message(b) == {"id": 1, "cmd": "hello", "text": "héllo"}
+
+
+def test_frame_is_length_prefixed_big_endian_json():
+    frame = protocol.encode_frame({"id": 7, "cmd": "sample"})
+    (length,) = struct.unpack(">I", frame[:4])
+    assert length == len(frame) - 4
+    assert json.loads(frame[4:]) == {"id": 7, "cmd": "sample"}
+
+
+def test_decoder_reassembles_frames_split_at_every_byte():
+    frames = protocol.encode_frame({"id": 1, "cmd": "a"}) + protocol.encode_frame({"id": 2})
+    decoder = protocol.FrameDecoder()
+    messages = []
+    for i in range(len(frames)):
+        messages.extend(decoder.feed(frames[i : i + 1]))
+    assert messages == [{"id": 1, "cmd": "a"}, {"id": 2}]
+    assert decoder.pending_bytes == 0
+
+
+def test_decoder_refuses_oversize_frame_before_reading_it():
+    decoder = protocol.FrameDecoder()
+    with pytest.raises(protocol.ProtocolError) as info:
+        list(decoder.feed(struct.pack(">I", protocol.MAX_FRAME_BYTES + 1)))
+    assert info.value.code == protocol.E_FRAME_TOO_LARGE
+
+
+def test_encoder_refuses_oversize_message():
+    with pytest.raises(protocol.ProtocolError):
+        protocol.encode_frame({"blob": "x" * (protocol.MAX_FRAME_BYTES + 1)})
+
+
+@pytest.mark.parametrize("body", [b"\xff\xfe", b"not json", b"[1, 2]", b'"a string"', b"", b"NaN"])
+def test_decoder_rejects_bodies_that_are_not_json_objects(body):
+    decoder = protocol.FrameDecoder()
+    with pytest.raises(protocol.ProtocolError) as info:
+        list(decoder.feed(struct.pack(">I", len(body)) + body))
+    assert info.value.code == protocol.E_BAD_FRAME
+
+
+@pytest.mark.parametrize(
+    ("message", "code"),
+    [
+        ({"cmd": "hello"}, protocol.E_BAD_REQUEST),
+        ({"id": True, "cmd": "hello"}, protocol.E_BAD_REQUEST),
+        ({"id": 1.5, "cmd": "hello"}, protocol.E_BAD_REQUEST),
+        ({"id": 1}, protocol.E_BAD_REQUEST),
+        ({"id": 1, "cmd": 3}, protocol.E_BAD_REQUEST),
+        ({"id": 1, "cmd": "exec"}, protocol.E_UNKNOWN_COMMAND),
+        ({"id": 1, "cmd": "__import__"}, protocol.E_UNKNOWN_COMMAND),
+        ({"id": 1, "cmd": "sample", "args": [1]}, protocol.E_BAD_REQUEST),
+    ],
+)
+def test_bad_requests_are_named(message, code):
+    with pytest.raises(protocol.ProtocolError) as info:
+        protocol.parse_request(message)
+    assert info.value.code == code
+
+
+def test_good_request_parses():
+    request = protocol.parse_request({"id": "a", "cmd": "snapshot", "args": {"path": "/x"}})
+    assert (request.id, request.cmd, dict(request.args)) == ("a", "snapshot", {"path": "/x"})
+
+
+HELLO = {
+    "protocol": 1,
+    "pid": 42,
+    "argv": ["train.py", "--lr", "3e-4"],
+    "python": "3.11.7",
+    "torch": "2.13.0",
+    "allocator_conf": "expandable_segments:True",
+    "devices": [{"index": 0, "uuid": "GPU-abc", "name": "H100", "total_bytes": 80 << 30}],
+    "rank": 3,
+}
+
+
+def test_hello_schema_parses_and_keeps_extra_fields():
+    hello = protocol.parse_hello(HELLO)
+    assert hello.pid == 42 and hello.devices[0].uuid == "GPU-abc"
+    assert hello.extra == {"rank": 3}
+
+
+@pytest.mark.parametrize(
+    "field", ["protocol", "pid", "argv", "python", "allocator_conf", "devices"]
+)
+def test_hello_missing_required_field_is_refused(field):
+    broken = {k: v for k, v in HELLO.items() if k != field}
+    with pytest.raises(protocol.ProtocolError):
+        protocol.parse_hello(broken)
+
+
+def test_hello_device_of_wrong_type_is_refused():
+    broken = dict(HELLO, devices=[{"index": "0", "uuid": "x", "name": "y", "total_bytes": 1}])
+    with pytest.raises(protocol.ProtocolError):
+        protocol.parse_hello(broken)
+
+
+def test_sample_schema_parses_marks_and_metrics():
+    stats = {
+        "allocated_bytes.all.current": 300,
+        "reserved_bytes.all.current": 1000,
+        "reserved_bytes.large_pool.current": 800,
+        "inactive_split_bytes.large_pool.current": 200,
+        "num_alloc_retries": 2,
+    }
+    sample = protocol.parse_sample(
+        {
+            "time": 1.5,
+            "step": 10,
+            "devices": [{"index": 0, "stats": stats, "free_bytes": 5, "total_bytes": 10}],
+            "step_marks": [{"step": 10, "time": 1.0, "allocated_bytes": {"0": 300}}],
+        }
+    )
+    device = sample.devices[0]
+    assert (device.allocated, device.reserved, device.cached) == (300, 1000, 700)
+    assert device.fragmentation == pytest.approx(0.25)
+    assert device.num_alloc_retries == 2
+    assert sample.step_marks[0].allocated == {0: 300}
+
+
+def test_sample_with_bool_step_is_refused():
+    with pytest.raises(protocol.ProtocolError):
+        protocol.parse_sample({"time": 1.0, "step": True, "devices": []})
+
+
+# ------------------------------------------------------------------------- socket directory
+
+
+def test_socket_dir_is_created_private(tmp_path):
+    directory = protocol.ensure_socket_dir(tmp_path / "memtop")
+    assert os.stat(directory).st_mode & 0o777 == 0o700
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o707, 0o777, 0o720])
+def test_group_or_world_writable_socket_dir_is_refused(tmp_path, mode):
+    directory = tmp_path / "memtop"
+    directory.mkdir()
+    directory.chmod(mode)
+    with pytest.raises(protocol.UnsafeSocketDir, match="writable"):
+        protocol.ensure_socket_dir(directory)
+
+
+def test_symlinked_socket_dir_is_refused(tmp_path):
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    link = tmp_path / "memtop"
+    link.symlink_to(real)
+    with pytest.raises(protocol.UnsafeSocketDir, match="symlink"):
+        protocol.ensure_socket_dir(link)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to chown to another user")
+def test_socket_dir_owned_by_another_user_is_refused(tmp_path):
+    directory = tmp_path / "memtop"
+    directory.mkdir(mode=0o700)
+    os.chown(directory, 65534, 65534)
+    with pytest.raises(protocol.UnsafeSocketDir, match="owned by uid 65534"):
+        protocol.ensure_socket_dir(directory)
+
+
+def test_socket_dir_prefers_xdg_runtime_dir(tmp_path, monkeypatch):
+    monkeypatch.delenv("MEMTOP_SOCKET_DIR", raising=False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    assert protocol.socket_dir() == tmp_path / "memtop"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "missing"))
+    assert protocol.socket_dir().name == f"memtop-{os.getuid()}"
+
+
+def test_stale_sockets_of_dead_pids_are_removed(tmp_path):
+    directory = protocol.ensure_socket_dir(tmp_path / "memtop")
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True
+    )
+    dead_pid = int(dead.stdout)
+    (directory / f"{dead_pid}.sock").touch()
+    (directory / f"{os.getpid()}.sock").touch()
+    (directory / "notes.txt").touch()
+    assert protocol.list_agent_sockets(directory) == [os.getpid()]
+    assert not (directory / f"{dead_pid}.sock").exists()
+    assert (directory / "notes.txt").exists()
+
+
+def test_connect_errors_are_one_line(tmp_path):
+    directory = protocol.ensure_socket_dir(tmp_path / "memtop")
+    with pytest.raises(OSError) as info:
+        protocol.connect(999999, directory)
+    message = protocol.describe_connect_error(999999, info.value)
+    assert "999999" in message and "\n" not in message
