@@ -1,0 +1,115 @@
+"""Thousands of random and malformed frames against the agent of a stepping trainer process.
+
+The agent must answer or hang up, never die, and the trainer must keep stepping throughout.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from memtop import protocol
+from memtop.sim.demo import Demo
+from memtop.sources.agents import AgentClient
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def trainer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
+    import tempfile
+
+    directory = Path(tempfile.mkdtemp(prefix="mtf-"))
+    directory.chmod(0o700)
+    demo = Demo(gpus=1, scenario="healthy", step_time=0.02, socket_dir=directory)
+    demo.start()
+    assert demo.wait_ready(30)
+    yield demo.processes[0].pid, directory
+    demo.stop()
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=10,
+)
+
+requests = st.fixed_dictionaries(
+    {},
+    optional={
+        "id": st.one_of(
+            st.integers(), st.text(max_size=5), st.none(), st.booleans(), st.lists(st.integers())
+        ),
+        "cmd": st.one_of(
+            st.sampled_from(["hello", "sample", "breakdown", "reset_peak", "cleanup", "nope"]),
+            st.text(max_size=10),
+            st.integers(),
+        ),
+        "args": st.one_of(
+            st.dictionaries(st.text(max_size=5), json_values, max_size=3), json_values
+        ),
+    },
+)
+
+
+def framed(message: object) -> bytes:
+    body = json.dumps(message).encode()
+    return struct.pack(">I", len(body)) + body
+
+
+payloads = st.one_of(
+    requests.map(framed),
+    json_values.map(framed),
+    st.binary(max_size=64),  # raw garbage, including headers of absurd lengths
+    st.binary(min_size=1, max_size=40).map(lambda b: struct.pack(">I", len(b)) + b),
+    st.integers(min_value=0, max_value=2**32 - 1).map(lambda n: struct.pack(">I", n)),
+    requests.map(lambda m: framed(m)[: max(1, len(framed(m)) // 2)]),  # truncated
+)
+
+
+def exchange(path: Path, payload: bytes) -> None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(2.0)
+    try:
+        sock.connect(str(path))
+        sock.sendall(payload)
+        sock.shutdown(socket.SHUT_WR)
+        while sock.recv(65536):
+            pass
+    except (TimeoutError, ConnectionResetError, BrokenPipeError):
+        pass
+    finally:
+        sock.close()
+
+
+@settings(
+    max_examples=2500,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(payload=payloads)
+def test_random_frames_never_hurt_the_agent_or_the_trainer(trainer, payload):
+    pid, directory = trainer
+    exchange(protocol.socket_path(pid, directory), payload)
+
+
+def test_after_the_fuzzing_the_agent_serves_and_the_trainer_steps(trainer):
+    pid, directory = trainer
+    with AgentClient(pid, directory, timeout=5) as client:
+        client.connect()
+        first = client.sample()
+        time.sleep(0.5)
+        second = client.sample()
+    assert first.step is not None and second.step is not None
+    assert second.step > first.step
+    assert second.devices[0].allocated > 0

@@ -1,0 +1,143 @@
+"""The store's ring buffers and bookkeeping, and the sampler against real trainer processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from memtop.model import AgentDeviceSample, AgentHello, AgentSample, NvmlReading, StepMark
+from memtop.sampler import Sampler
+from memtop.sim.demo import Demo
+from memtop.sources.agents import CONNECTED, EXITED, AgentPoll, AgentPool
+from memtop.sources.devices import DefaultDeviceSource
+from memtop.store import Ring, Store
+
+MiB = 1 << 20
+
+
+def test_ring_keeps_the_newest_rows_in_order():
+    ring = Ring(3, ("t", "v"))
+    assert ring.last("v") is None and ring.column("v") == []
+    for i in range(5):
+        ring.append(i, i * 10)
+    assert len(ring) == 3
+    assert ring.column("t") == [2, 3, 4]
+    assert ring.column("v", last=2) == [30, 40]
+    assert ring.last("v") == 40
+
+
+def poll(pid: int, step: int, allocated: int, marks: tuple[StepMark, ...] = ()) -> AgentPoll:
+    stats = {"allocated_bytes.all.current": allocated, "reserved_bytes.all.current": 2 * allocated}
+    hello = AgentHello(1, pid, ("train.py",), "3.11", None, "", ())
+    sample = AgentSample(
+        time=time.time(),
+        step=step,
+        devices=(AgentDeviceSample(0, stats, 1000, 2000),),
+        step_marks=marks,
+    )
+    return AgentPoll(pid, CONNECTED, hello, sample)
+
+
+def test_store_tracks_peaks_marks_and_resets():
+    store = Store()
+    store.update_agents([poll(7, 1, 100 * MiB)])
+    marks = (StepMark(2, time.time(), {0: 300 * MiB}), StepMark(3, time.time(), {0: 120 * MiB}))
+    store.update_agents([poll(7, 3, 150 * MiB, marks)])
+    (agent,) = store.agents()
+    assert agent.step == 3
+    assert agent.devices[0].peak_bytes == 300 * MiB  # a step baseline counts towards the peak
+    assert store.step_marks(7, 0)["allocated"] == [300 * MiB, 120 * MiB]
+    assert store.history(7, 0)["allocated"] == [100 * MiB, 150 * MiB]
+    store.reset_peak(7)
+    assert store.agent(7).devices[0].peak_bytes == 150 * MiB  # type: ignore[union-attr]
+
+
+def test_store_marks_exited_agents_then_forgets_them():
+    store = Store(keep_exited_s=0.0)
+    store.update_agents([poll(7, 1, MiB)])
+    store.update_agents([AgentPoll(7, EXITED, None, error="process exited")], when=time.time() + 1)
+    assert store.agents() == []
+    assert any("agent 7 exited" in message for _, message in store.events)
+
+
+def test_store_keeps_device_history_by_uuid():
+    from memtop.model import DeviceReading
+
+    store = Store()
+    for used in (1, 2, 3):
+        reading = NvmlReading(True, (DeviceReading(0, "GPU-a", "g", 10, used),))
+        store.update_nvml(reading, when=float(used))
+    assert store.device_used_history("GPU-a") == [(1.0, 1.0), (2.0, 2.0), (3.0, 3.0)]
+
+
+@pytest.fixture
+def demo() -> Iterator[Demo]:
+    directory = Path(tempfile.mkdtemp(prefix="mts-"))
+    directory.chmod(0o700)
+    running = Demo(gpus=2, scenario="healthy", step_time=0.05, socket_dir=directory)
+    running.start()
+    assert running.wait_ready(30)
+    yield running
+    running.stop()
+
+
+@pytest.mark.slow
+def test_sampler_joins_devices_and_agents_and_notices_exits(demo: Demo):
+    directory = demo.socket_dir
+    store = Store()
+    sampler = Sampler(
+        store, DefaultDeviceSource(directory, simulated_only=True), AgentPool(directory)
+    )
+    sampler.sample_once()
+    reading = store.nvml()
+    assert reading is not None and reading.available and reading.source == "sim"
+    assert len(reading.devices) == 2
+    agents = store.agents()
+    assert {a.pid for a in agents} == {p.pid for p in demo.processes}
+    assert all(a.state == CONNECTED for a in agents)
+    uuids = {d.uuid for d in reading.devices}
+    assert {a.devices[0].uuid for a in agents} == uuids
+    assert all(a.breakdown and a.breakdown[a.devices[0].index]["parameters"] > 0 for a in agents)
+
+    victim = demo.processes[0]
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    sampler.sample_once()
+    states = {a.pid: a.state for a in store.agents()}
+    assert states[victim.pid] == EXITED
+    assert states[demo.processes[1].pid] == CONNECTED
+    sampler.stop()
+
+
+@pytest.mark.slow
+def test_sampler_thread_and_an_action(demo: Demo):
+    directory = demo.socket_dir
+    store = Store()
+    sampler = Sampler(
+        store,
+        DefaultDeviceSource(directory, simulated_only=True),
+        AgentPool(directory),
+        interval=0.1,
+    )
+    sampler.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and sampler.rounds < 5:
+        time.sleep(0.05)
+    assert sampler.rounds >= 5
+    pid = demo.processes[0].pid
+    assert len(store.history(pid, 0)["allocated"]) >= 4
+    result = sampler.run_action(pid, "cleanup").result(timeout=15)
+    assert result["released_bytes"]["0"] >= 0
+    assert result["at_step_boundary"] is True
+    sampler.pause(True)
+    time.sleep(0.3)  # a round already under way may finish
+    paused_at = sampler.rounds
+    time.sleep(0.4)
+    assert sampler.rounds == paused_at
+    sampler.stop()
