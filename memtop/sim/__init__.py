@@ -1,0 +1,1 @@
+"""Simulated backend: caching allocator, devices, probe, scenarios and trainer process."""

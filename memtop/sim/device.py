@@ -1,0 +1,425 @@
+"""Simulated GPUs: the device memory the simulated caching allocator reserves its segments from.
+
+`LocalDeviceMemory` is one process alone on a device.  `SharedDeviceMemory` is a device shared by
+several processes (the trainers `memtop demo` starts): each process's usage lives in one small
+JSON ledger, so one trainer's reservation shrinks what the others (and a memtop viewer playing
+NVML) see as free — the way cudaMalloc in one process makes cudaMemGetInfo smaller in another.
+`SimGpuRegistry` is the directory where those processes agree on which GPUs exist.
+
+Pure Python, no torch, no numpy: the memtop process imports this for its simulated NVML view.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Protocol, runtime_checkable
+
+__all__ = [
+    "DeviceMemory",
+    "LocalDeviceMemory",
+    "SharedDeviceMemory",
+    "SimGpuRegistry",
+    "SimGpuSpec",
+    "pid_alive",
+    "read_ledger",
+    "simulated_gpu_specs",
+]
+
+
+@runtime_checkable
+class DeviceMemory(Protocol):
+    """What the allocator needs from "the GPU": cudaMalloc, cudaFree and cudaMemGetInfo.
+
+    Implementations may also offer `pid: int` and `usage_by_pid() -> dict[int, int]`; the
+    allocator then lists per-process usage in its OOM message the way torch does through NVML.
+    """
+
+    total_bytes: int
+
+    def try_reserve(self, nbytes: int) -> bool: ...
+
+    def release(self, nbytes: int) -> None: ...
+
+    def free_bytes(self) -> int: ...
+
+
+def _check_nbytes(nbytes: int) -> int:
+    if nbytes < 0:
+        raise ValueError(f"byte count must be >= 0, got {nbytes}")
+    return int(nbytes)
+
+
+class LocalDeviceMemory:
+    """A device used by this process alone.
+
+    `overhead_bytes` stands for memory that is in use but not PyTorch's (CUDA context, cuBLAS
+    workspaces), so that free + reserved < total as on a real GPU.
+    """
+
+    def __init__(self, total_bytes: int, overhead_bytes: int = 0) -> None:
+        if total_bytes <= 0:
+            raise ValueError(f"total_bytes must be > 0, got {total_bytes}")
+        self.total_bytes = int(total_bytes)
+        self.overhead_bytes = _check_nbytes(overhead_bytes)
+        self.pid = os.getpid()
+        self._reserved = 0
+        # Several allocators (one per stream pool or test) may share one device object.
+        self._lock = threading.Lock()
+
+    @property
+    def used_bytes(self) -> int:
+        return self._reserved + self.overhead_bytes
+
+    def try_reserve(self, nbytes: int) -> bool:
+        nbytes = _check_nbytes(nbytes)
+        with self._lock:
+            if self._reserved + self.overhead_bytes + nbytes > self.total_bytes:
+                return False
+            self._reserved += nbytes
+            return True
+
+    def release(self, nbytes: int) -> None:
+        nbytes = _check_nbytes(nbytes)
+        with self._lock:
+            if nbytes > self._reserved:
+                raise ValueError(f"releasing {nbytes} bytes but only {self._reserved} reserved")
+            self._reserved -= nbytes
+
+    def free_bytes(self) -> int:
+        with self._lock:
+            return max(0, self.total_bytes - self._reserved - self.overhead_bytes)
+
+    def usage_by_pid(self) -> dict[int, int]:
+        with self._lock:
+            return {self.pid: self._reserved + self.overhead_bytes}
+
+
+# --------------------------------------------------------------------------------------------
+# The shared ledger
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether `pid` is a running process (zombies count as dead: the driver has freed their
+    memory, so NVML no longer lists them)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        # Exists, owned by someone else.
+        pass
+    except OSError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return True
+    # The state letter follows the last ')' (the command name may itself contain ')').
+    tail = stat[stat.rfind(b")") + 1 :].split()
+    return not (tail and tail[0] in (b"Z", b"X"))
+
+
+def _parse_ledger(text: str) -> dict[int, int]:
+    try:
+        raw = json.loads(text) if text.strip() else {}
+    except ValueError:
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    out: dict[int, int] = {}
+    for key, value in raw.items():
+        try:
+            pid = int(key)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            continue
+        out[pid] = value
+    return out
+
+
+def _read_ledger_file(path: Path) -> dict[int, int]:
+    try:
+        return _parse_ledger(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return {}
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    # A reader that takes no lock (a viewer on a read-only mount) must never see half a file.
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def _flocked(path: Path, exclusive: bool) -> Iterator[None]:
+    """Hold flock on `path`'s companion lock file.
+
+    The lock lives in a separate file because the ledger itself is replaced on every write,
+    and a lock on a replaced inode protects nothing.  Readers that cannot create the lock file
+    go on unlocked: writes are atomic renames, so they still see a whole ledger.
+    """
+    lock_path = path.with_name(path.name + ".lock")
+    lock_file: IO[bytes] | None
+    try:
+        lock_file = open(lock_path, "a+b")  # noqa: SIM115 - closed in finally
+    except OSError:
+        if exclusive:
+            raise
+        lock_file = None
+    try:
+        if lock_file is not None:
+            fcntl.flock(lock_file.fileno(), fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        yield
+    finally:
+        if lock_file is not None:
+            lock_file.close()  # closing drops the flock
+
+
+def read_ledger(path: Path, live_only: bool = True) -> dict[int, int]:
+    """{pid: used bytes} of a device ledger; entries of dead pids left out unless asked for.
+
+    Missing or corrupt ledgers read as empty: a viewer must not crash on a half-set-up demo.
+    """
+    path = Path(path)
+    if not path.exists():
+        return {}  # and leave no lock file behind for a GPU that does not exist
+    with _flocked(path, exclusive=False):
+        ledger = _read_ledger_file(path)
+    if live_only:
+        ledger = {pid: used for pid, used in ledger.items() if pid_alive(pid)}
+    return ledger
+
+
+class SharedDeviceMemory:
+    """A simulated GPU shared by several processes through a JSON ledger {"<pid>": used_bytes}.
+
+    free = total - sum(used of live pids).  This process's entry is its reserved segments plus
+    `overhead_bytes`; this object is the authority on it, the ledger only publishes it.  Use one
+    object per (process, GPU): two objects with the same pid would overwrite each other's entry.
+    """
+
+    def __init__(
+        self,
+        ledger_path: Path,
+        total_bytes: int,
+        pid: int | None = None,
+        overhead_bytes: int = 0,
+    ) -> None:
+        if total_bytes <= 0:
+            raise ValueError(f"total_bytes must be > 0, got {total_bytes}")
+        self.ledger_path = Path(ledger_path)
+        self.total_bytes = int(total_bytes)
+        self.pid = os.getpid() if pid is None else int(pid)
+        self.overhead_bytes = _check_nbytes(overhead_bytes)
+        self._reserved = 0
+        self._closed = False
+        self._lock = threading.Lock()
+        with self._lock, self._ledger(exclusive=True) as ledger:
+            self._publish(ledger)
+
+    # -- ledger plumbing ---------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _ledger(self, exclusive: bool) -> Iterator[dict[int, int]]:
+        with _flocked(self.ledger_path, exclusive):
+            yield _read_ledger_file(self.ledger_path)
+
+    def _others(self, ledger: dict[int, int]) -> dict[int, int]:
+        return {pid: used for pid, used in ledger.items() if pid != self.pid and pid_alive(pid)}
+
+    def _publish(self, ledger: dict[int, int]) -> None:
+        """Rewrite the ledger with this process's current entry and without dead pids.
+
+        Called with the exclusive lock held."""
+        out = self._others(ledger)
+        if not self._closed:
+            out[self.pid] = self._mine()
+        text = json.dumps({str(pid): used for pid, used in sorted(out.items())})
+        _write_atomically(self.ledger_path, text)
+
+    def _mine(self) -> int:
+        return self._reserved + self.overhead_bytes
+
+    # -- DeviceMemory --------------------------------------------------------------------------
+
+    @property
+    def used_bytes(self) -> int:
+        """This process's usage (what NVML would list for it)."""
+        return self._mine()
+
+    def try_reserve(self, nbytes: int) -> bool:
+        nbytes = _check_nbytes(nbytes)
+        with self._lock, self._ledger(exclusive=True) as ledger:
+            others = sum(self._others(ledger).values())
+            if others + self._mine() + nbytes > self.total_bytes:
+                return False
+            self._reserved += nbytes
+            self._closed = False
+            self._publish(ledger)
+            return True
+
+    def release(self, nbytes: int) -> None:
+        nbytes = _check_nbytes(nbytes)
+        with self._lock:
+            if nbytes > self._reserved:
+                raise ValueError(f"releasing {nbytes} bytes but only {self._reserved} reserved")
+            with self._ledger(exclusive=True) as ledger:
+                self._reserved -= nbytes
+                self._publish(ledger)
+
+    def free_bytes(self) -> int:
+        with self._lock, self._ledger(exclusive=False) as ledger:
+            used = sum(self._others(ledger).values()) + (0 if self._closed else self._mine())
+        return max(0, self.total_bytes - used)
+
+    def usage_by_pid(self) -> dict[int, int]:
+        """{pid: used bytes} of the live processes on this device, this one included."""
+        with self._lock, self._ledger(exclusive=False) as ledger:
+            out = self._others(ledger)
+            if not self._closed:
+                out[self.pid] = self._mine()
+        return dict(sorted(out.items()))
+
+    def close(self) -> None:
+        """Remove this process's entry (the process is done with the device)."""
+        with self._lock, self._ledger(exclusive=True) as ledger:
+            self._closed = True
+            self._publish(ledger)
+
+    def __enter__(self) -> SharedDeviceMemory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --------------------------------------------------------------------------------------------
+# The registry of simulated GPUs
+
+
+@dataclass(frozen=True)
+class SimGpuSpec:
+    index: int
+    uuid: str
+    name: str
+    total_bytes: int
+
+
+def simulated_gpu_specs(
+    count: int,
+    total_bytes: int = 80 * 2**30,
+    name: str = "Simulated H100 80GB HBM3",
+    seed: str = "",
+) -> list[SimGpuSpec]:
+    """`count` GPUs with deterministic UUIDs in NVML's format, GPU-xxxxxxxx-xxxx-…-xxxxxxxxxxxx.
+
+    The same seed gives the same UUIDs, so a viewer and trainers started separately match
+    devices by UUID as memtop does on real hardware.
+    """
+    if count < 0:
+        raise ValueError(f"count must be >= 0, got {count}")
+    specs = []
+    for index in range(count):
+        h = hashlib.sha256(f"memtop-sim:{seed}:{index}".encode()).hexdigest()
+        uuid = f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+        specs.append(SimGpuSpec(index=index, uuid=uuid, name=name, total_bytes=int(total_bytes)))
+    return specs
+
+
+def _spec_from_json(obj: Any) -> SimGpuSpec:
+    if not isinstance(obj, dict):
+        raise ValueError("gpu entry is not an object")
+    index, uuid, name, total = obj["index"], obj["uuid"], obj["name"], obj["total_bytes"]
+    for v in (index, total):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError("index and total_bytes must be integers")
+    if not isinstance(uuid, str) or not isinstance(name, str):
+        raise ValueError("uuid and name must be strings")
+    if index < 0 or total <= 0:
+        raise ValueError("index must be >= 0 and total_bytes > 0")
+    return SimGpuSpec(index=index, uuid=uuid, name=name, total_bytes=total)
+
+
+class SimGpuRegistry:
+    """root/gpus.json lists the simulated GPUs; root/gpu<index>.ledger.json is each one's ledger."""
+
+    FILE_NAME = "gpus.json"
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+
+    @property
+    def gpus_path(self) -> Path:
+        return self.root / self.FILE_NAME
+
+    def ledger_path(self, index: int) -> Path:
+        return self.root / f"gpu{index}.ledger.json"
+
+    def create(self, specs: Sequence[SimGpuSpec]) -> None:
+        """Publish `specs`.  Existing ledgers are kept: live processes' entries stay valid."""
+        indexes = [s.index for s in specs]
+        if len(set(indexes)) != len(indexes):
+            raise ValueError(f"duplicate GPU indexes in {indexes}")
+        self.root.mkdir(parents=True, exist_ok=True)
+        for spec in specs:
+            path = self.ledger_path(spec.index)
+            with _flocked(path, exclusive=True):
+                if not path.exists():
+                    _write_atomically(path, "{}")
+        doc = {
+            "version": 1,
+            "gpus": [
+                {"index": s.index, "uuid": s.uuid, "name": s.name, "total_bytes": s.total_bytes}
+                for s in sorted(specs, key=lambda s: s.index)
+            ],
+        }
+        _write_atomically(self.gpus_path, json.dumps(doc, indent=1))
+
+    def gpus(self) -> list[SimGpuSpec]:
+        """The registered GPUs by index; [] when the registry is absent or unreadable."""
+        try:
+            doc = json.loads(self.gpus_path.read_text(encoding="utf-8"))
+            specs = [_spec_from_json(g) for g in doc["gpus"]]
+        except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
+            return []
+        if len({s.index for s in specs}) != len(specs):
+            return []
+        return sorted(specs, key=lambda s: s.index)
+
+    def spec(self, index: int) -> SimGpuSpec:
+        for spec in self.gpus():
+            if spec.index == index:
+                return spec
+        raise KeyError(f"no simulated GPU {index} in {self.gpus_path}")
+
+    def memory(
+        self, index: int, pid: int | None = None, overhead_bytes: int = 0
+    ) -> SharedDeviceMemory:
+        spec = self.spec(index)
+        return SharedDeviceMemory(
+            self.ledger_path(index), spec.total_bytes, pid=pid, overhead_bytes=overhead_bytes
+        )
+
+    def usage_by_pid(self, index: int) -> dict[int, int]:
+        """{pid: used bytes} of live processes on GPU `index` ({} when unknown or unreadable)."""
+        return dict(sorted(read_ledger(self.ledger_path(index)).items()))

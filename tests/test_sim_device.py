@@ -1,0 +1,298 @@
+"""Simulated devices: the local device, the cross-process ledger and the GPU registry."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from memtop.sim.allocator import SimulatedCachingAllocator, SimulatedOutOfMemoryError
+from memtop.sim.device import (
+    DeviceMemory,
+    LocalDeviceMemory,
+    SharedDeviceMemory,
+    SimGpuRegistry,
+    SimGpuSpec,
+    pid_alive,
+    read_ledger,
+    simulated_gpu_specs,
+)
+
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+REPO = Path(__file__).resolve().parent.parent
+
+# A process that takes memory on a shared ledger, says so, and holds it until stdin closes.
+HOLDER = """
+import sys
+from pathlib import Path
+from memtop.sim.device import SharedDeviceMemory
+ledger, total, overhead, chunk, tries = sys.argv[1:6]
+m = SharedDeviceMemory(Path(ledger), int(total), overhead_bytes=int(overhead))
+got = sum(m.try_reserve(int(chunk)) for _ in range(int(tries)))
+print(got, flush=True)
+sys.stdin.read()
+"""
+
+
+def spawn_holder(
+    ledger: Path, total: int, overhead: int, chunk: int, tries: int = 1
+) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            HOLDER,
+            str(ledger),
+            str(total),
+            str(overhead),
+            str(chunk),
+            str(tries),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def finish(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.close()
+    assert proc.wait(timeout=10) == 0
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited and been reaped."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    assert not pid_alive(proc.pid)
+    return proc.pid
+
+
+@pytest.fixture
+def holder(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
+    """Another process holding 30 MiB (+2 MiB overhead) of a 100 MiB shared device."""
+    ledger = tmp_path / "gpu0.ledger.json"
+    proc = spawn_holder(ledger, 100 * MiB, 2 * MiB, 30 * MiB)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "1"
+    yield ledger, proc
+    if proc.poll() is None:
+        finish(proc)
+
+
+# --------------------------------------------------------------------------------------------
+# LocalDeviceMemory
+
+
+def test_local_device_accounts_reservations_and_overhead() -> None:
+    dev = LocalDeviceMemory(100 * MiB, overhead_bytes=10 * MiB)
+    assert isinstance(dev, DeviceMemory)
+    assert dev.free_bytes() == 90 * MiB
+    assert dev.try_reserve(60 * MiB)
+    assert not dev.try_reserve(31 * MiB)  # 30 MiB left
+    assert dev.try_reserve(30 * MiB)
+    assert dev.free_bytes() == 0
+    dev.release(60 * MiB)
+    assert dev.free_bytes() == 60 * MiB
+    assert dev.usage_by_pid() == {os.getpid(): 40 * MiB}
+    with pytest.raises(ValueError):
+        dev.release(31 * MiB)
+    with pytest.raises(ValueError):
+        dev.try_reserve(-1)
+    with pytest.raises(ValueError):
+        LocalDeviceMemory(0)
+
+
+# --------------------------------------------------------------------------------------------
+# SharedDeviceMemory
+
+
+def test_two_processes_see_each_others_usage(
+    holder: tuple[Path, subprocess.Popen[str]],
+) -> None:
+    ledger, proc = holder
+    mine = SharedDeviceMemory(ledger, 100 * MiB, overhead_bytes=4 * MiB)
+    assert mine.pid == os.getpid()
+    assert mine.free_bytes() == 100 * MiB - 32 * MiB - 4 * MiB
+    assert mine.usage_by_pid() == {proc.pid: 32 * MiB, os.getpid(): 4 * MiB}
+    assert not mine.try_reserve(65 * MiB)
+    assert mine.try_reserve(64 * MiB)
+    assert mine.free_bytes() == 0
+    assert read_ledger(ledger) == {proc.pid: 32 * MiB, os.getpid(): 68 * MiB}
+    mine.release(64 * MiB)
+    assert read_ledger(ledger)[os.getpid()] == 4 * MiB
+    mine.close()
+    assert read_ledger(ledger) == {proc.pid: 32 * MiB}
+    # When the other process is gone, its memory is free again, as the driver would free it.
+    finish(proc)
+    other = SharedDeviceMemory(ledger, 100 * MiB, pid=os.getppid())
+    assert other.free_bytes() == 100 * MiB
+    assert other.usage_by_pid() == {os.getppid(): 0}
+
+
+def test_dead_pids_are_ignored_and_pruned(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.json"
+    gone = dead_pid()
+    ledger.write_text(json.dumps({str(gone): 90 * MiB, "not-a-pid": 5, str(os.getppid()): "x"}))
+    assert read_ledger(ledger) == {}
+    assert read_ledger(ledger, live_only=False) == {gone: 90 * MiB}
+    dev = SharedDeviceMemory(ledger, 100 * MiB)
+    assert dev.free_bytes() == 100 * MiB
+    assert dev.try_reserve(95 * MiB)
+    on_disk = json.loads(ledger.read_text())
+    assert on_disk == {str(os.getpid()): 95 * MiB}
+
+
+def test_zombies_count_as_dead() -> None:
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child
+        os._exit(0)
+    try:
+        deadline = time.monotonic() + 10
+        while pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not pid_alive(pid)  # exited but not yet reaped
+    finally:
+        os.waitpid(pid, 0)
+    assert pid_alive(os.getpid())
+    assert not pid_alive(0)
+    assert not pid_alive(-5)
+
+
+def test_corrupt_or_missing_ledger_reads_as_empty(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.json"
+    assert read_ledger(ledger) == {}
+    assert read_ledger(tmp_path / "missing-dir" / "ledger.json") == {}
+    ledger.write_bytes(b"\x00\xff{garbage")
+    assert read_ledger(ledger) == {}
+    ledger.write_text("[1, 2]")
+    assert read_ledger(ledger) == {}
+    dev = SharedDeviceMemory(ledger, 10 * MiB, overhead_bytes=1 * MiB)
+    assert dev.free_bytes() == 9 * MiB
+    assert read_ledger(ledger) == {os.getpid(): 1 * MiB}
+
+
+def test_concurrent_processes_never_overcommit_the_device(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.json"
+    procs = [spawn_holder(ledger, 100 * MiB, 0, 1 * MiB, tries=60) for _ in range(4)]
+    try:
+        got = []
+        for p in procs:
+            assert p.stdout is not None
+            got.append(int(p.stdout.readline()))
+        # 240 attempts for 100 slots: the flock makes every slot go exactly once.
+        assert sum(got) == 100
+        assert sum(read_ledger(ledger).values()) == 100 * MiB
+        assert set(read_ledger(ledger)) == {p.pid for p in procs}
+    finally:
+        for p in procs:
+            finish(p)
+    assert read_ledger(ledger) == {}
+
+
+def test_allocator_on_a_shared_device_names_the_other_processes_in_its_oom(
+    holder: tuple[Path, subprocess.Popen[str]],
+) -> None:
+    ledger, proc = holder
+    dev = SharedDeviceMemory(ledger, 100 * MiB, overhead_bytes=4 * MiB)
+    a = SimulatedCachingAllocator(dev, device_index=0)
+    a.malloc(40 * MiB)
+    free, total = a.mem_get_info()
+    assert (free, total) == (24 * MiB, 100 * MiB)
+    with pytest.raises(SimulatedOutOfMemoryError) as info:
+        a.malloc(30 * MiB)
+    msg = str(info.value)
+    assert "GPU 0 has a total capacity of 100.00 MiB of which 24.00 MiB is free. " in msg
+    assert f"Process {proc.pid} has 32.00 MiB memory in use. " in msg
+    assert "Including non-PyTorch memory, this process has 44.00 MiB memory in use. " in msg
+    assert a.memory_stats()["num_ooms"] == 1
+    # Once the other process exits, the same request fits.
+    finish(proc)
+    a.malloc(30 * MiB)
+    assert a.memory_reserved() == 70 * MiB
+    assert read_ledger(ledger) == {os.getpid(): 74 * MiB}
+
+
+# --------------------------------------------------------------------------------------------
+# Registry
+
+
+def test_simulated_gpu_specs_have_deterministic_nvml_style_uuids() -> None:
+    specs = simulated_gpu_specs(4, seed="demo")
+    assert [s.index for s in specs] == [0, 1, 2, 3]
+    assert all(s.total_bytes == 80 * GiB for s in specs)
+    assert all(s.name == "Simulated H100 80GB HBM3" for s in specs)
+    pattern = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+    assert all(pattern.match(s.uuid) for s in specs)
+    assert len({s.uuid for s in specs}) == 4
+    assert simulated_gpu_specs(4, seed="demo") == specs
+    assert simulated_gpu_specs(4, seed="other")[0].uuid != specs[0].uuid
+    assert simulated_gpu_specs(0) == []
+
+
+def test_registry_round_trip(tmp_path: Path) -> None:
+    root = tmp_path / "sim" / "gpus"
+    reg = SimGpuRegistry(root)
+    assert reg.gpus() == []
+    specs = simulated_gpu_specs(2, total_bytes=16 * GiB, name="Sim A100", seed="t")
+    reg.create(specs)
+    assert reg.gpus() == specs
+    assert SimGpuRegistry(root).gpus() == specs  # another process's view
+    assert reg.ledger_path(0).exists() and reg.ledger_path(1).exists()
+    assert reg.usage_by_pid(1) == {}
+    mem = reg.memory(1, overhead_bytes=500 * MiB)
+    assert mem.total_bytes == 16 * GiB
+    assert mem.try_reserve(1 * GiB)
+    assert reg.usage_by_pid(1) == {os.getpid(): 1 * GiB + 500 * MiB}
+    assert reg.usage_by_pid(0) == {}
+    assert reg.usage_by_pid(7) == {}
+    # Re-creating the registry keeps what live processes hold.
+    reg.create(specs)
+    assert reg.usage_by_pid(1) == {os.getpid(): 1 * GiB + 500 * MiB}
+    with pytest.raises(KeyError):
+        reg.memory(5)
+    with pytest.raises(ValueError):
+        reg.create([specs[0], specs[0]])
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"",
+        b"not json",
+        b"\xff\xfe\x00",
+        b"[]",
+        b'{"gpus": 3}',
+        b'{"gpus": [{"index": "0", "uuid": "GPU-x", "name": "n", "total_bytes": 1}]}',
+        b'{"gpus": [{"index": 0, "uuid": "GPU-x", "name": "n"}]}',
+        b'{"gpus": [{"index": 0, "uuid": "GPU-x", "name": "n", "total_bytes": -1}]}',
+        b'{"gpus": [{"index": 0, "uuid": "a", "name": "n", "total_bytes": 1},'
+        b' {"index": 0, "uuid": "b", "name": "n", "total_bytes": 1}]}',
+    ],
+)
+def test_registry_tolerates_a_corrupt_gpus_json(tmp_path: Path, content: bytes) -> None:
+    reg = SimGpuRegistry(tmp_path)
+    reg.gpus_path.write_bytes(content)
+    assert reg.gpus() == []
+
+
+def test_registry_file_format(tmp_path: Path) -> None:
+    reg = SimGpuRegistry(tmp_path)
+    reg.create([SimGpuSpec(index=3, uuid="GPU-abc", name="X", total_bytes=123)])
+    doc = json.loads(reg.gpus_path.read_text())
+    assert doc["gpus"] == [{"index": 3, "uuid": "GPU-abc", "name": "X", "total_bytes": 123}]
+    # No temporary files are left behind by the atomic writes.
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")) == [
+        "gpu3.ledger.json",
+        "gpus.json",
+    ]
