@@ -259,8 +259,13 @@ def socket_dir() -> Path:
     return Path(f"/tmp/memtop-{os.getuid()}")
 
 
-def check_socket_dir(path: Path) -> None:
-    """Refuse a directory another user owns or others could write into (socket hijacking)."""
+def check_socket_dir(path: Path, owner: int | None = None) -> None:
+    """Refuse a directory another user owns or others could write into (socket hijacking).
+
+    `owner` is the uid the directory must belong to (default: ours; root viewing other users'
+    trainers passes theirs).
+    """
+    owner = os.getuid() if owner is None else owner
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -269,9 +274,10 @@ def check_socket_dir(path: Path) -> None:
         raise UnsafeSocketDir(f"cannot inspect socket directory {path}: {exc.strerror}") from None
     if not stat.S_ISDIR(info.st_mode):
         raise UnsafeSocketDir(f"socket directory {path} is not a directory (or is a symlink)")
-    if info.st_uid != os.getuid():
+    if info.st_uid != owner:
+        whom = "you" if owner == os.getuid() else "uid"
         raise UnsafeSocketDir(
-            f"socket directory {path} is owned by uid {info.st_uid}, not by you ({os.getuid()})"
+            f"socket directory {path} is owned by uid {info.st_uid}, not by {whom} ({owner})"
         )
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UnsafeSocketDir(
@@ -291,6 +297,27 @@ def ensure_socket_dir(path: Path | None = None) -> Path:
         raise UnsafeSocketDir(f"cannot create socket directory {path}: {exc.strerror}") from None
     check_socket_dir(path)
     return path
+
+
+def discovery_dirs() -> list[tuple[Path, int]]:
+    """Socket directories a viewer reads, each with the uid that must own it.
+
+    A normal user reads their own; root (who may attach to anyone's trainer) reads every
+    user's, so `sudo memtop` on a shared box sees all the agents.
+    """
+    mine = socket_dir()
+    if os.geteuid() != 0 or os.environ.get("MEMTOP_SOCKET_DIR"):
+        return [(mine, os.getuid())]
+    found = {mine: os.getuid()}
+    for pattern_root, prefix in ((Path("/tmp"), "memtop-"), (Path("/run/user"), "")):
+        with contextlib.suppress(OSError):
+            for entry in pattern_root.iterdir():
+                uid_text = entry.name[len(prefix) :] if entry.name.startswith(prefix) else ""
+                if not uid_text.isdigit():
+                    continue
+                path = entry if prefix else entry / "memtop"
+                found.setdefault(path, int(uid_text))
+    return sorted(found.items())
 
 
 def socket_path(pid: int, directory: Path | None = None) -> Path:

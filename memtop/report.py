@@ -37,6 +37,7 @@ def build(store: Store) -> dict[str, Any]:
         "devices": devices,
         "agents": [_agent(agent, used_by) for agent in agents],
         "suggestions": [],
+        "problems": store.problems(),
         "events": [message for _, message in list(store.events)[-20:]],
     }
 
@@ -164,6 +165,8 @@ def render_text(report: dict[str, Any]) -> str:
     agents = report["agents"]
     if not nvml["available"] and nvml["error"]:
         lines.append(f"devices: {nvml['error']}")
+    for problem in report.get("problems", []):
+        lines.append(f"! {problem}")
     if not devices and not agents:
         lines.append("")
         lines.append("No GPUs and no memtop agents found.")

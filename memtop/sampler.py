@@ -55,6 +55,7 @@ class Sampler:
         self.store.update_nvml(self.devices.read(), now)
         polls = self.agents.poll()
         self.store.update_agents(polls, time.time())
+        self.store.set_problems(self.agents.problems)
         for poll in polls:
             if poll.state == CONNECTED:
                 self._maybe_breakdown(poll.pid)
@@ -115,7 +116,7 @@ class Sampler:
     ) -> concurrent.futures.Future[dict[str, Any]]:
         """Run one agent command on a worker with its own connection; the future holds the
         result, or raises AgentError / AgentUnreachable with a one-line message."""
-        directory: Path | None = self.agents.directory
+        directory: Path | None = self.agents.directory_of(pid)
 
         def work() -> dict[str, Any]:
             with AgentClient(pid, directory, timeout) as client:

@@ -131,6 +131,7 @@ class Store:
         self._nvml_time: float | None = None
         self._device_used: dict[str, Ring] = {}
         self._agents: dict[int, AgentState] = {}
+        self._problems: list[str] = []
         self.events: deque[tuple[float, str]] = deque(maxlen=200)
         self.generation = 0  # bumped on every write: the UI redraws only when it moved
 
@@ -235,6 +236,20 @@ class Store:
                 for device in agent.devices.values():
                     device.peak_bytes = device.latest.allocated
                 self.generation += 1
+
+    def set_problems(self, problems: list[str]) -> None:
+        """Standing conditions (an unsafe socket directory, say) shown until they clear."""
+        with self._lock:
+            for problem in problems:
+                if problem not in self._problems:
+                    self.events.append((time.time(), problem))
+            if problems != self._problems:
+                self._problems = list(problems)
+                self.generation += 1
+
+    def problems(self) -> list[str]:
+        with self._lock:
+            return list(self._problems)
 
     def note(self, message: str, when: float | None = None) -> None:
         with self._lock:

@@ -141,3 +141,19 @@ def test_sampler_thread_and_an_action(demo: Demo):
     time.sleep(0.4)
     assert sampler.rounds == paused_at
     sampler.stop()
+
+
+def test_a_foreign_or_open_socket_dir_is_reported_not_used(socket_dir: Path):
+    from memtop import report
+
+    socket_dir.chmod(0o777)
+    store = Store()
+    sampler = Sampler(
+        store, DefaultDeviceSource(socket_dir, simulated_only=True), AgentPool(socket_dir)
+    )
+    sampler.sample_once()
+    sampler.stop()
+    (problem,) = store.problems()
+    assert "world-writable" in problem and str(socket_dir) in problem
+    text = report.render_text(report.build(store))
+    assert f"! ignoring agents: socket directory {socket_dir}" in text

@@ -69,7 +69,7 @@ class Workload:
         seed: int = 0,
         leak_bytes_per_step: int = 8 * MiB,
         log: Callable[[str], None] | None = None,
-        pace: Callable[[], None] | None = None,
+        pace: Callable[[], object] | None = None,
     ) -> None:
         if scenario not in SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")

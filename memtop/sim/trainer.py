@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         leak_bytes_per_step=int(args.leak_mib * MiB),
         log=lambda message: print(f"[pid {os.getpid()}] {message}", file=sys.stderr, flush=True),
-        pace=lambda: None if stop.wait(layer_pause) else None,
+        pace=lambda: stop.wait(layer_pause),
     )
     probe = SimulatedProbe(
         [SimulatedGpu(ProbeDevice(spec.index, spec.uuid, spec.name, spec.total_bytes), allocator)],

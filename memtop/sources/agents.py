@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import time
 from dataclasses import dataclass
@@ -132,26 +133,53 @@ class AgentPool:
     def __init__(self, directory: Path | None = None, timeout: float = 1.0) -> None:
         self.directory = directory
         self.timeout = timeout
+        # Why a socket directory was not read (owner, permissions), one line each, for the UI.
+        self.problems: list[str] = []
+        self._directory_of: dict[int, Path] = {}
         self._clients: dict[int, AgentClient] = {}
         self._failed_at: dict[int, tuple[float, str]] = {}
         self._hellos: dict[int, AgentHello] = {}
 
+    def _scan(self) -> dict[int, Path]:
+        directories = (
+            [(self.directory, os.getuid())] if self.directory else protocol.discovery_dirs()
+        )
+        found: dict[int, Path] = {}
+        problems = []
+        for directory, owner in directories:
+            try:
+                protocol.check_socket_dir(directory, owner)
+            except FileNotFoundError:
+                continue
+            except protocol.UnsafeSocketDir as exc:
+                problems.append(f"ignoring agents: {exc}")
+                continue
+            for pid in protocol.list_agent_sockets(directory):
+                found.setdefault(pid, directory)
+        self.problems = problems
+        return found
+
     def poll(self) -> list[AgentPoll]:
-        directory = self.directory or protocol.socket_dir()
-        found = set(protocol.list_agent_sockets(directory))
+        found = self._scan()
+        self._directory_of.update(found)
         results = []
-        for pid in sorted(found | set(self._clients) | set(self._failed_at)):
+        for pid in sorted(set(found) | set(self._clients) | set(self._failed_at)):
             if pid not in found:
                 results.append(self._gone(pid))
                 continue
-            results.append(self._poll_one(pid, directory))
+            results.append(self._poll_one(pid, found[pid]))
         return results
+
+    def directory_of(self, pid: int) -> Path | None:
+        """Where the socket of `pid` was found (for actions on a fresh connection)."""
+        return self._directory_of.get(pid, self.directory)
 
     def _gone(self, pid: int) -> AgentPoll:
         client = self._clients.pop(pid, None)
         if client is not None:
             client.close()
         self._failed_at.pop(pid, None)
+        self._directory_of.pop(pid, None)
         return AgentPoll(pid, EXITED, self._hellos.pop(pid, None), error="process exited")
 
     def _poll_one(self, pid: int, directory: Path) -> AgentPoll:
