@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -228,6 +229,7 @@ def trainer_main(args: argparse.Namespace) -> int:
     agent_steps = agent.step or 0
     errors = list(agent.errors)
     memtop.agent.stop_agent()
+    shutil.rmtree(socket_dir, ignore_errors=True)
 
     with_ms = 1000 * statistics.median(times[True])
     without_ms = 1000 * statistics.median(times[False])
