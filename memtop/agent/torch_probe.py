@@ -77,6 +77,8 @@ class TorchProbe:
         # Runs on the trainer's thread after every step.  torch.cuda.memory_allocated() flattens
         # all ~120 allocator stats into a sorted dict first (tens of µs, a measurable share of a
         # short step); the nested dict it flattens has the same number one lookup away.
+        if not torch.cuda.is_initialized():
+            return 0  # as torch.cuda.memory_allocated() says, without touching CUDA
         try:
             return int(torch._C._cuda_memoryStats(index)["allocated_bytes"]["all"]["current"])
         except (AttributeError, KeyError, TypeError):
@@ -101,6 +103,7 @@ class TorchProbe:
     def install_step_hook(self, on_step: StepCallback) -> bool:
         if _register_step_post_hook is None:
             return False
+        self.remove_step_hook()  # installing twice must not count every step twice
         # With several optimizers (a GAN, say) a training step is one step of the first one to
         # step.  It is held weakly: when it is gone (a new phase built a new optimizer), the next
         # optimizer to step takes its place, instead of steps going uncounted for good.
