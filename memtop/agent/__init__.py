@@ -45,10 +45,17 @@ def start_agent(
 
             agent = Agent(probe, Path(socket_dir) if socket_dir else None, argv=argv)
             path = agent.start()
-            probe.install_step_hook(agent.on_step)
         except Exception as exc:
             print(f"memtop: agent not started: {exc}", file=sys.stderr)
             return None
+        try:
+            probe.install_step_hook(agent.on_step)
+        except Exception as exc:
+            # The agent still serves memory; only automatic step counting is lost.
+            print(
+                f"memtop: steps not counted automatically ({exc}); call memtop.step()",
+                file=sys.stderr,
+            )
         _agent = agent
         atexit.register(_stop_at_exit)
         if not quiet:

@@ -13,12 +13,12 @@ from memtop.agent import start_agent
 def run_program(target: str, args: list[str], as_module: bool) -> None:
     """Start the agent, then run `target` as __main__; SystemExit propagates as from python."""
     os.environ["MEMTOP_AGENT"] = "1"
+    # The program's own argv, so that `hello` (and the process table) names the program.
+    sys.argv = [target, *args]
     start_agent(quiet=False)
     if as_module:
-        sys.argv = [target, *args]
         runpy.run_module(target, run_name="__main__", alter_sys=True)
     else:
-        sys.argv = [target, *args]
         # Like `python script.py`: the script's directory comes first on sys.path.
         sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
         runpy.run_path(target, run_name="__main__")

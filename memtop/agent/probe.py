@@ -85,3 +85,7 @@ class Probe(Protocol):
     def install_step_hook(self, on_step: StepCallback) -> bool:
         """Arrange for `on_step` after every optimizer step; False when there is no such hook."""
         ...
+
+    def remove_step_hook(self) -> None:
+        """Undo install_step_hook (torch's hook is process-global)."""
+        ...

@@ -113,6 +113,8 @@ class Agent:
         return path
 
     def stop(self, timeout: float = 2.0) -> None:
+        with contextlib.suppress(Exception):
+            self.probe.remove_step_hook()
         self._stopping.set()
         self._wake()
         if self._thread is not None and self._thread is not threading.current_thread():

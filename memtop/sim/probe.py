@@ -73,3 +73,6 @@ class SimulatedProbe:
     def install_step_hook(self, on_step: StepCallback) -> bool:
         # The simulated trainer calls memtop.step() itself.
         return False
+
+    def remove_step_hook(self) -> None:
+        pass
