@@ -176,7 +176,8 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append("  Try it without a GPU: memtop demo")
         return "\n".join(lines) + "\n"
     lines.append("")
-    lines.append(f"{'GPU':<4} {'name':<28} {'used':>10} {'total':>10} {'use%':>5}  source")
+    if devices:
+        lines.append(f"{'GPU':<4} {'name':<28} {'used':>10} {'total':>10} {'use%':>5}  source")
     for d in devices:
         total, used = d["total_bytes"], d["used_bytes"]
         share = f"{100 * used / total:4.0f}%" if total and used is not None else "  n/a"
@@ -197,8 +198,9 @@ def render_text(report: dict[str, Any]) -> str:
         )
         for a in agents:
             if not a["devices"]:
-                state = a["state"] if a["state"] != "connected" else "no CUDA devices in use yet"
-                lines.append(f"{a['pid']:<8} {'-':<4} {'':>7}  {state}  {_command(a['argv'])}")
+                state = a["state"] if a["state"] != "connected" else "no CUDA device in use"
+                step = "-" if a["step"] is None else str(a["step"])
+                lines.append(f"{a['pid']:<8} {'-':<4} {step:>7}  ({state})  {_command(a['argv'])}")
                 if a["error"]:
                     lines.append(f"         ! {a['error']}")
             for dev in a["devices"]:
