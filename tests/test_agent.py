@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
@@ -261,7 +262,9 @@ def test_peer_of_another_uid_is_refused(agent: Agent):
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(5)
             sock.connect(str(agent.path))
-            protocol.send_message(sock, {"id": 1, "cmd": "hello"})
+            # The agent may have said no and hung up before our request arrives.
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                protocol.send_message(sock, {"id": 1, "cmd": "hello"})
             reply = protocol.recv_message(sock)
             os.write(write_end, repr(reply).encode())
             code = 0
@@ -289,3 +292,27 @@ def test_stopped_agent_removes_its_socket(socket_dir: Path, allocator: Simulated
     assert not path.exists()
     with pytest.raises(AgentUnreachable):
         AgentClient(os.getpid(), socket_dir).connect()
+
+
+def test_first_sample_with_many_devices_and_full_mark_buffer_fits_a_frame(socket_dir: Path):
+    gpus = [
+        SimulatedGpu(
+            ProbeDevice(i, f"GPU-{i}", "Sim GPU", 8 * GiB),
+            SimulatedCachingAllocator(LocalDeviceMemory(8 * GiB), i),
+        )
+        for i in range(8)
+    ]
+    server = Agent(SimulatedProbe(gpus), socket_dir)
+    server.start()
+    try:
+        for _ in range(5000):
+            server.on_step(explicit=True)
+        with client_for(server) as client:
+            sample = client.sample()
+            assert 1024 <= len(sample.step_marks) < 5000
+            assert sample.step_marks[-1].step == 5000  # the newest are the ones kept
+            assert len(sample.step_marks[-1].allocated) == 8
+            server.on_step(explicit=True)
+            assert [m.step for m in client.sample().step_marks] == [5001]
+    finally:
+        server.stop()

@@ -385,8 +385,7 @@ class Agent:
                     "total_bytes": total,
                 }
             )
-        marks = [mark for seq, mark in list(self._marks) if seq > conn.mark_cursor]
-        conn.mark_cursor = self._mark_seq
+        marks = self._marks_since(conn, len(devices))
         return {
             "time": time.time(),
             "step": self.step,
@@ -394,6 +393,22 @@ class Agent:
             "step_marks": marks,
             "last_step_time": self.last_step_time,
         }
+
+    def _marks_since(self, conn: _Connection, device_count: int) -> list[dict[str, Any]]:
+        """The step marks this viewer has not seen, newest kept when they would not fit a frame.
+
+        list() of a deque is atomic under the GIL, so the trainer may append meanwhile; the
+        cursor moves to the last mark actually taken, so none is skipped.
+        """
+        taken = list(self._marks)
+        if not taken:
+            return []
+        last_seq = taken[-1][0]
+        new = max(0, last_seq - conn.mark_cursor)
+        # A mark costs ~60 bytes plus ~24 per device: stay well inside the 1 MiB frame.
+        fit = max(1024, 500_000 // (60 + 24 * max(1, device_count)))
+        conn.mark_cursor = last_seq
+        return [mark for _, mark in taken[len(taken) - min(new, fit, len(taken)) :]]
 
     def _cmd_breakdown(self) -> dict[str, Any]:
         now = time.monotonic()
