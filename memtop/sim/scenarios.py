@@ -1,17 +1,21 @@
 """Training workloads on the simulated allocator: the same allocation pattern a real trainer has.
 
-A step is: forward (activations allocated layer by layer), backward (activations freed in
-reverse, gradients allocated), optimizer step (Adam state created on the first step, a
-temporary per parameter), zero_grad(set_to_none=True) (gradients freed).  The scenarios bend
-that pattern the way real bugs and real data do:
+A step is: forward (activations allocated layer by layer, with transient workspaces between
+them), backward (layer by layer in reverse: the layer's gradients appear, its activations go),
+optimizer step (Adam state created on the first step, a few temporaries), zero_grad
+(set_to_none=True: gradients freed).  The work is paced over the step time, so an observer
+sees mid-step states as it would on a busy GPU.  The scenarios bend that pattern the way real
+bugs and real data do:
 
 - healthy:  fixed shapes; a clean sawtooth that returns to the same baseline every step;
-- leak:     the loss is kept with its graph every step (`losses.append(loss)`), so part of the
-            activations survive: the baseline climbs by a fixed amount per step;
-- fragment: variable sequence lengths plus a long-lived buffer allocated mid-step, so freed
-            activations leave split blocks that later, larger requests cannot use;
-- pressure: a model sized to run at 90-97 % of the device with variable shapes, so the
-            allocator hits the free-cache-and-retry path and, now and then, OOM.
+- leak:     the loss is kept with its graph every step (`losses.append(loss)`), pinning a fixed
+            number of bytes per step (`leak_bytes_per_step`): the baseline climbs steadily;
+- fragment: ragged batches of many medium (1-10 MiB) activations, plus per-layer outputs kept
+            for a few steps and allocated between the activations: freed activations leave
+            split segments around them (fragmentation gauge ~0.2-0.4; ~0 with
+            expandable_segments);
+- pressure: a model sized to run at 95-99 % of the device with variable sequence lengths, so
+            the allocator keeps hitting the free-cache-and-retry path (and may OOM).
 """
 
 from __future__ import annotations
@@ -45,9 +49,13 @@ def model_for(scenario: str, total_bytes: int, scale: float = 1.0) -> ModelShape
     """Size the model so each scenario sits where it should on a device of `total_bytes`."""
     # Weights + grads + 2 Adam moments = 4 × parameters; activations come on top.
     if scenario == "pressure":
-        static_share, activation_share = 0.70, 0.24
+        static_share, activation_share = 0.72, 0.38
     elif scenario == "leak":
         static_share, activation_share = 0.30, 0.12
+    elif scenario == "fragment":
+        # A small model: the gauge divides by all large-pool reserved bytes, so the split
+        # activation segments must not be drowned by weights (activation sizes are set apart).
+        static_share, activation_share = 0.01, 0.10
     else:
         static_share, activation_share = 0.36, 0.16
     layers = 24
@@ -91,6 +99,7 @@ class Workload:
         self.long_lived: deque[int] = deque()  # fragment: buffers that outlive their step
         self._param_sizes: list[int] = []
         self._step_live: set[int] = set()
+        self._grad_bytes = 0
         self._build_model()
 
     # ------------------------------------------------------------------ model
@@ -111,9 +120,12 @@ class Workload:
     # ------------------------------------------------------------------ one step
 
     def _sequence_factor(self) -> float:
-        if self.scenario in ("fragment", "pressure"):
-            # Sequence lengths vary batch to batch (bucketed by 64 tokens of a 2048 max).
-            return self.rng.randrange(2, 33) / 32
+        if self.scenario == "fragment":
+            return self.rng.uniform(0.3, 1.0)
+        if self.scenario == "pressure":
+            # Sequence lengths vary batch to batch (bucketed by 64 of 2048 tokens): each new
+            # length wants blocks the full cache does not have.
+            return self.rng.randrange(8, 33) / 32
         return 1.0
 
     def step(self) -> bool:
@@ -136,29 +148,55 @@ class Workload:
         self._step_live.discard(address)
         self.alloc.free(address)
 
+    def _layer_activation_sizes(self, factor: float) -> list[float]:
+        per_tensor = self.shape.activation_per_layer / 6
+        if self.scenario != "fragment":
+            return [per_tensor * factor] * 6
+        # Ragged batches: many medium tensors (1-10 MiB, the band served from shared 20 MiB
+        # segments) whose sizes differ tensor to tensor, as attention over ragged sequences does.
+        return [self.rng.uniform(1.2, 9.5) * MiB * factor for _ in range(16)]
+
     def _train_step(self) -> None:
         factor = self._sequence_factor()
         self._step_live = set()
-        activations: list[int] = []
-        per_tensor = self.shape.activation_per_layer // 6
-        # forward: six saved tensors per layer, a transient workspace per layer
+        layers: list[list[int]] = []
+        # forward: the saved tensors of each layer, and a transient workspace between them
         for _layer in range(self.shape.layers):
-            for _ in range(6):
-                activations.append(self._m(per_tensor * factor))
-            self._f(self._m(per_tensor * factor * 0.5))
+            saved = []
+            for i, size in enumerate(self._layer_activation_sizes(factor)):
+                workspace = self._m(size * 0.5) if i % 4 == 0 else None
+                saved.append(self._m(size))
+                if workspace is not None:
+                    self._f(workspace)  # leaves a hole between saved tensors
+            layers.append(saved)
+            if self.scenario == "fragment":
+                # Per-layer outputs kept for a few steps (metrics, an EMA, a cache), allocated
+                # between this layer's activations: when those are freed, each pins a
+                # segment that stays split around free space.
+                buffer = self._m(self.rng.uniform(1.1, 2.5) * MiB)
+                self._step_live.discard(buffer)
+                self.long_lived.append(buffer)
             self.pace()
+        activations = [address for saved in layers for address in saved]
+        per_tensor = self.shape.activation_per_layer // 6
         logits = self._m(per_tensor * 2 * factor)
         loss = self._m(512)
         # backward: activations freed in reverse, gradients allocated (set_to_none zero_grad)
         self._f(logits)
         keep = self._leaked_tensors(activations)
-        for i, address in enumerate(reversed(activations)):
-            if address not in keep:
-                self._f(address)
-            if i % 6 == 5:
-                self.pace()
-        for size in reversed(self._param_sizes):
-            self.grads.append(self._m(size))
+        # Layer by layer in reverse: the layer's gradients appear, then its saved tensors go.
+        per_layer_params = (len(self._param_sizes) - 1) // self.shape.layers
+        for layer in range(self.shape.layers - 1, -1, -1):
+            first = 1 + layer * per_layer_params
+            for size in self._param_sizes[first : first + per_layer_params]:
+                self.grads.append(self._m(size))
+                self._grad_bytes += size
+            for address in reversed(layers[layer]):
+                if address not in keep:
+                    self._f(address)
+            self.pace()
+        self.grads.append(self._m(self._param_sizes[0]))  # the embedding's, last
+        self._grad_bytes += self._param_sizes[0]
         # optimizer step: Adam's two moments appear on the first step and stay
         if not self.optimizer_state:
             for size in self._param_sizes:
@@ -174,15 +212,8 @@ class Workload:
         for address in self.grads:
             self._f(address)
         self.grads = []
-        if self.scenario == "fragment":
-            # Per-layer outputs of this batch kept for a few steps (metrics, an EMA, a cache),
-            # allocated once the activations are free: best-fit carves them out of cached
-            # activation blocks and pins those segments split.
-            for _ in range(self.shape.layers):
-                buffer = self._m(self.rng.uniform(1.5, 8) * MiB)
-                self._step_live.discard(buffer)
-                self.long_lived.append(buffer)
-        while len(self.long_lived) > 4 * self.shape.layers:
+        self._grad_bytes = 0
+        while len(self.long_lived) > 8 * self.shape.layers:
             self.alloc.free(self.long_lived.popleft())
 
     def _leaked_tensors(self, activations: list[int]) -> set[int]:
@@ -202,6 +233,7 @@ class Workload:
             self._free_quietly(address)
         self._step_live = set()
         self.grads = []
+        self._grad_bytes = 0
         if self.scenario == "leak":
             self.log(f"OOM after {self.steps} steps (leak): {exc}; restarting from checkpoint")
             for address in self.retained:
@@ -217,13 +249,17 @@ class Workload:
     # ------------------------------------------------------------------ breakdown
 
     def breakdown(self, index: int) -> dict[int, Breakdown]:
-        size = self.alloc.allocation_size
+        """Tensor bytes by role, as torch's storages would report them (requested sizes).
+
+        Called from the agent thread while the trainer steps: it reads counters only.
+        """
+        parameters = sum(self._param_sizes)
         return {
             index: Breakdown(
-                parameters=sum(size(a) for a in self.params),
-                gradients=sum(size(a) for a in self.grads),
-                optimizer_state=sum(size(a) for a in self.optimizer_state),
+                parameters=parameters,
+                gradients=self._grad_bytes,
+                optimizer_state=2 * parameters if self.optimizer_state else 0,
                 allocated=self.alloc.memory_allocated(),
-                fp32_parameter_bytes=sum(size(a) for a in self.params),
+                fp32_parameter_bytes=parameters,
             )
         }
