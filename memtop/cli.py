@@ -216,10 +216,7 @@ def _demo(args: argparse.Namespace) -> int:
                 if demo.failed():
                     raise CliError(f"simulated trainer(s) exited: {demo.failed()}")
             return EXIT_OK
-        if args.interval is not None:
-            args.interval = args.interval
-        else:
-            args.interval = 1.0
+        args.interval = args.interval or 1.0
         return _watch(args, simulated_only=True)
     except KeyboardInterrupt:
         return EXIT_OK

@@ -325,13 +325,26 @@ def socket_path(pid: int, directory: Path | None = None) -> Path:
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether `pid` is a running process.  Zombies count as dead: an exited trainer that its
+    parent has not reaped yet holds no GPU memory and serves no socket."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # exists, belongs to someone else
-    return True
+        pass  # exists, belongs to someone else
+    except OSError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            proc_stat = fh.read()
+    except OSError:
+        return True
+    # The state letter follows the last ')' (the command name may itself contain one).
+    tail = proc_stat[proc_stat.rfind(b")") + 1 :].split()
+    return not (tail and tail[0] in (b"Z", b"X"))
 
 
 def list_agent_sockets(directory: Path | None = None, remove_stale: bool = True) -> list[int]:

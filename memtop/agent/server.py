@@ -23,9 +23,10 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from types import MappingProxyType
+from typing import Any, ClassVar
 
 from memtop import protocol
 from memtop._version import __version__
@@ -51,6 +52,11 @@ class _Connection:
 
 
 class Agent:
+    # Commands that may take seconds: run on a worker so the loop keeps serving other viewers.
+    _SLOW_COMMANDS: ClassVar[Mapping[str, str]] = MappingProxyType(
+        {"snapshot": "_cmd_snapshot", "cleanup": "_cmd_cleanup"}
+    )
+
     def __init__(
         self,
         probe: Probe,
@@ -304,12 +310,9 @@ class Agent:
             self._queue(conn, protocol.error_reply(request_id, exc.code, exc.message))
             self._write(conn)
             return
-        slow: dict[str, Callable[[protocol.Request], dict[str, Any]]] = {
-            "snapshot": self._cmd_snapshot,
-            "cleanup": self._cmd_cleanup,
-        }
-        if request.cmd in slow:
-            self._run_in_worker(conn, request, slow[request.cmd])
+        if request.cmd in self._SLOW_COMMANDS:
+            handler = getattr(self, self._SLOW_COMMANDS[request.cmd])
+            self._run_in_worker(conn, request, handler)
             return
         self._queue(conn, self._execute(request, conn))
         self._write(conn)

@@ -23,13 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
+from memtop.protocol import pid_alive
+
 __all__ = [
     "DeviceMemory",
     "LocalDeviceMemory",
     "SharedDeviceMemory",
     "SimGpuRegistry",
     "SimGpuSpec",
-    "pid_alive",
     "read_ledger",
     "simulated_gpu_specs",
 ]
@@ -105,30 +106,6 @@ class LocalDeviceMemory:
 
 # --------------------------------------------------------------------------------------------
 # The shared ledger
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether `pid` is a running process (zombies count as dead: the driver has freed their
-    memory, so NVML no longer lists them)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        # Exists, owned by someone else.
-        pass
-    except OSError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return True
-    # The state letter follows the last ')' (the command name may itself contain ')').
-    tail = stat[stat.rfind(b")") + 1 :].split()
-    return not (tail and tail[0] in (b"Z", b"X"))
 
 
 def _parse_ledger(text: str) -> dict[int, int]:
