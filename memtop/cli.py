@@ -237,7 +237,7 @@ def _action(pid: int, cmd: str, cmd_args: dict[str, object], socket_dir: Path | 
 
 
 def _cleanup(args: argparse.Namespace) -> int:
-    from memtop.report import format_bytes
+    from memtop.units import format_bytes
 
     result = _action(args.pid, "cleanup", {}, args.socket_dir)
     if args.json:
@@ -256,7 +256,7 @@ def _cleanup(args: argparse.Namespace) -> int:
 
 
 def _snapshot(args: argparse.Namespace) -> int:
-    from memtop.report import format_bytes
+    from memtop.units import format_bytes
 
     path = args.output.resolve()
     if not path.parent.is_dir():

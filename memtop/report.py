@@ -11,14 +11,17 @@ import time
 from typing import Any
 
 from memtop._version import __version__
+from memtop.diagnosis import Diagnoser, Diagnosis
 from memtop.model import SOURCE_AGENT, NvmlReading
 from memtop.store import AgentView, Store
+from memtop.units import format_bytes
 
 
-def build(store: Store) -> dict[str, Any]:
+def build(store: Store, diagnosis: Diagnosis | None = None) -> dict[str, Any]:
     """The --once --json object, from whatever the sampler has put in the store."""
     reading = store.nvml() or NvmlReading(available=False, error="devices not read")
     agents = store.agents()
+    diagnosis = diagnosis or Diagnoser().diagnose(store)
     devices = _devices(reading, agents)
     used_by: dict[tuple[str, int], int | None] = {}
     for device in devices:
@@ -35,8 +38,8 @@ def build(store: Store) -> dict[str, Any]:
             "driver_version": reading.driver_version,
         },
         "devices": devices,
-        "agents": [_agent(agent, used_by) for agent in agents],
-        "suggestions": [],
+        "agents": [_agent(agent, used_by, diagnosis) for agent in agents],
+        "suggestions": [s.as_dict() for s in diagnosis.suggestions],
         "problems": store.problems(),
         "events": [message for _, message in list(store.events)[-20:]],
     }
@@ -87,13 +90,17 @@ def _devices(reading: NvmlReading, agents: list[AgentView]) -> list[dict[str, An
     return sorted(by_uuid.values(), key=lambda d: (d["index"], d["uuid"]))
 
 
-def _agent(agent: AgentView, used_by: dict[tuple[str, int], int | None]) -> dict[str, Any]:
+def _agent(
+    agent: AgentView, used_by: dict[tuple[str, int], int | None], diagnosis: Diagnosis
+) -> dict[str, Any]:
     hello = agent.hello
     devices = []
     for dev in agent.devices:
         latest = dev.latest
         nvml_used = used_by.get((dev.uuid, agent.pid))
         breakdown = (agent.breakdown or {}).get(dev.index)
+        found = diagnosis.device(agent.pid, dev.index)
+        frag = found.fragmentation if found else None
         devices.append(
             {
                 "index": dev.index,
@@ -114,11 +121,24 @@ def _agent(agent: AgentView, used_by: dict[tuple[str, int], int | None]) -> dict
                 "non_pytorch_bytes": (
                     max(0, nvml_used - latest.reserved) if nvml_used is not None else None
                 ),
-                "leak": None,
+                "leak": found.leak.as_dict() if found else None,
+                "fragmentation_smoothed": round(frag.gauge_smoothed, 4) if frag else None,
+                "external_fragmentation": (
+                    round(frag.external, 4) if frag and frag.external is not None else None
+                ),
+                "internal_fragmentation_bytes": frag.internal_bytes if frag else None,
+                "pressure": found.pressure.as_dict() if found else None,
+                "baseline_bytes": found.baseline_bytes if found else None,
                 "breakdown": (
                     {
                         k: breakdown[k]
-                        for k in ("parameters", "gradients", "optimizer_state", "other")
+                        for k in (
+                            "parameters",
+                            "gradients",
+                            "optimizer_state",
+                            "other",
+                            "fp32_parameter_bytes",
+                        )
                         if k in breakdown
                     }
                     if breakdown
@@ -140,17 +160,6 @@ def _agent(agent: AgentView, used_by: dict[tuple[str, int], int | None]) -> dict
 
 
 # ------------------------------------------------------------------------------------ text
-
-
-def format_bytes(n: int | float | None) -> str:
-    if n is None:
-        return "n/a"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"  # pragma: no cover
 
 
 def _command(argv: list[str]) -> str:
@@ -218,4 +227,7 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append("")
         for s in report["suggestions"]:
             lines.append(f"[{s['severity']}] pid {s['pid']} GPU {s['device']}: {s['title']}")
+            lines.append(f"    {s['evidence']}")
+            if s.get("fix"):
+                lines.append(f"    fix: {s['fix']}")
     return "\n".join(lines) + "\n"

@@ -33,15 +33,17 @@ class Sampler:
         agents: AgentPool,
         interval: float = 1.0,
         breakdown_interval: float = 10.0,
+        snapshot_interval: float = 60.0,
     ) -> None:
         self.store = store
         self.devices = devices
         self.agents = agents
         self.interval = interval
         self.breakdown_interval = breakdown_interval
+        self.snapshot_interval = snapshot_interval
         self.rounds = 0
         self.last_round_s = 0.0
-        self._breakdown_due: dict[int, float] = {}
+        self._due: dict[tuple[int, str], float] = {}
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._paused = threading.Event()
@@ -63,16 +65,24 @@ class Sampler:
         self.last_round_s = time.monotonic() - started
 
     def _maybe_breakdown(self, pid: int) -> None:
+        """The low-rate requests: the breakdown, and a trace-free snapshot whose summary gives
+        the external fragmentation (the agent walks every segment for it, so not every round).
+        """
         now = time.monotonic()
-        if now < self._breakdown_due.get(pid, 0.0):
-            return
-        self._breakdown_due[pid] = now + self.breakdown_interval
-        client = self.agents.client(pid)
-        if client is None:
-            return
-        # An agent without breakdown support is still a fine agent.
-        with contextlib.suppress(Exception):
-            self.store.update_breakdown(pid, client.request("breakdown"))
+        for cmd, interval, keep in (
+            ("breakdown", self.breakdown_interval, self.store.update_breakdown),
+            ("snapshot", self.snapshot_interval, self.store.update_snapshot_summary),
+        ):
+            if interval <= 0 or now < self._due.get((pid, cmd), 0.0):
+                continue
+            self._due[(pid, cmd)] = now + interval
+            client = self.agents.client(pid)
+            if client is None:
+                return
+            # An agent without the command (another implementation of the protocol) is still a
+            # fine agent: the dashboard just goes without that figure.
+            with contextlib.suppress(Exception):
+                keep(pid, client.request(cmd))
 
     # ------------------------------------------------------------------ thread
 

@@ -25,6 +25,17 @@ from memtop.sources.agents import CONNECTED, EXITED, AgentPoll
 
 HISTORY_SAMPLES = 3600  # one hour at the default 1 s interval
 STEP_MARKS = 4096
+# One agent device's sampled history; the pressure counters are kept so that their deltas over a
+# window can be read back.
+HISTORY_COLUMNS = (
+    "time",
+    "allocated",
+    "reserved",
+    "torch_peak",
+    "fragmentation",
+    "num_alloc_retries",
+    "num_ooms",
+)
 
 
 class Ring:
@@ -91,6 +102,9 @@ class AgentState:
     devices: dict[int, AgentDeviceState] = field(default_factory=dict)
     breakdown: dict[int, dict[str, int]] | None = None
     breakdown_time: float | None = None
+    # The latest trace-free snapshot summary per device (external fragmentation and friends).
+    snapshot_summary: dict[int, dict[str, Any]] | None = None
+    snapshot_time: float | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +128,8 @@ class AgentView:
     last_sample_time: float | None
     devices: tuple[AgentDeviceView, ...]
     breakdown: dict[int, dict[str, int]] | None
+    snapshot_summary: dict[int, dict[str, Any]] | None = None
+    snapshot_time: float | None = None
 
 
 class Store:
@@ -194,7 +210,7 @@ class Store:
                     name=name,
                     latest=device,
                     peak_bytes=0,
-                    history=Ring(self._history, ("time", "allocated", "reserved", "torch_peak")),
+                    history=Ring(self._history, HISTORY_COLUMNS),
                     marks=Ring(self._step_marks, ("step", "time", "allocated")),
                 )
             state.latest = device
@@ -204,6 +220,9 @@ class Store:
                 float(device.allocated),
                 float(device.reserved),
                 float(device.torch_peak),
+                device.fragmentation,
+                float(device.num_alloc_retries),
+                float(device.num_ooms),
             )
         for mark in sample.step_marks:
             for index, allocated in mark.allocated.items():
@@ -226,6 +245,23 @@ class Store:
                 if isinstance(d, dict)
             }
             agent.breakdown_time = when if when is not None else time.time()
+            self.generation += 1
+
+    def update_snapshot_summary(
+        self, pid: int, result: dict[str, Any], when: float | None = None
+    ) -> None:
+        """Keep the per-device summary of a `snapshot` reply (no file written)."""
+        devices = result.get("devices")
+        if not isinstance(devices, dict):
+            return
+        with self._lock:
+            agent = self._agents.get(pid)
+            if agent is None:
+                return
+            agent.snapshot_summary = {
+                int(k): dict(d) for k, d in devices.items() if isinstance(d, dict) and k.isdigit()
+            }
+            agent.snapshot_time = when if when is not None else time.time()
             self.generation += 1
 
     def reset_peak(self, pid: int) -> None:
@@ -279,7 +315,7 @@ class Store:
             return self._view(agent) if agent is not None else None
 
     def history(self, pid: int, index: int, last: int | None = None) -> dict[str, list[float]]:
-        """Columns time/allocated/reserved/torch_peak of one agent device, oldest first."""
+        """The HISTORY_COLUMNS of one agent device, oldest first."""
         with self._lock:
             device = self._device_state(pid, index)
             if device is None:
@@ -312,6 +348,10 @@ class Store:
                 for d in sorted(agent.devices.values(), key=lambda d: d.index)
             ),
             breakdown=None if agent.breakdown is None else dict(agent.breakdown),
+            snapshot_summary=(
+                None if agent.snapshot_summary is None else dict(agent.snapshot_summary)
+            ),
+            snapshot_time=agent.snapshot_time,
         )
 
 

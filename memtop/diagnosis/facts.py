@@ -1,0 +1,90 @@
+"""What the diagnosis knows about each agent device and each GPU: the input of the rules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from memtop.diagnosis.fragmentation import Fragmentation, Pressure
+from memtop.diagnosis.leak import LeakEstimate
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceDiagnosis:
+    """One device of one agent: the metrics behind every rule."""
+
+    pid: int
+    index: int
+    uuid: str
+    allocated_bytes: int
+    reserved_bytes: int
+    cached_bytes: int
+    peak_bytes: int  # the larger of memtop's own peak and torch's allocated peak
+    baseline_bytes: int | None  # allocated right after the newest step
+    free_bytes: int  # the device's free bytes as the agent's mem_get_info saw them
+    total_bytes: int
+    leak: LeakEstimate
+    fragmentation: Fragmentation
+    pressure: Pressure
+    breakdown: dict[str, int] | None
+    allocator_conf: str
+
+    @property
+    def transient_bytes(self) -> int | None:
+        """What one step adds on top of its baseline at its peak (activations, temporaries)."""
+        if self.baseline_bytes is None:
+            return None
+        return max(0, self.peak_bytes - self.baseline_bytes)
+
+    @property
+    def releasable_bytes(self) -> int:
+        """What empty_cache() could hand back: cached bytes not stuck in split segments."""
+        return max(0, self.cached_bytes - self.fragmentation.inactive_split_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuFacts:
+    """One physical GPU: the driver's view and every agent device on it."""
+
+    uuid: str
+    index: int
+    name: str
+    total_bytes: int
+    used_bytes: int | None
+    processes: tuple[tuple[int, int | None], ...]  # (pid, used bytes) from NVML
+    agents: tuple[DeviceDiagnosis, ...] = field(default=())
+
+    @property
+    def used_share(self) -> float | None:
+        if self.used_bytes is None or not self.total_bytes:
+            return None
+        return self.used_bytes / self.total_bytes
+
+    @property
+    def process_count(self) -> int:
+        pids = {pid for pid, _ in self.processes} | {a.pid for a in self.agents}
+        return len(pids)
+
+
+def parse_allocator_conf(conf: str) -> dict[str, str]:
+    """`PYTORCH_CUDA_ALLOC_CONF` ("key:value,key:value") as a dict, keys lower-cased."""
+    options: dict[str, str] = {}
+    for part in conf.split(","):
+        key, _, value = part.partition(":")
+        if key.strip():
+            options[key.strip().lower()] = value.strip()
+    return options
+
+
+def has_expandable_segments(conf: str) -> bool:
+    options = parse_allocator_conf(conf)
+    return options.get("expandable_segments", "").lower() in ("true", "1")
+
+
+def uses_async_backend(conf: str) -> bool:
+    """cudaMallocAsync replaces the caching allocator: its segment options do not apply."""
+    return parse_allocator_conf(conf).get("backend", "").lower() == "cudamallocasync"
+
+
+def as_json(value: Any) -> Any:
+    return value.as_dict() if hasattr(value, "as_dict") else value

@@ -1,0 +1,133 @@
+"""Fragmentation and allocator pressure of one agent device (DESIGN §4).
+
+- the gauge: inactive split bytes of the large pool over its reserved bytes.  It swings within a
+  step (a freed activation splits a segment until the next one reuses it), so the value judged
+  is the median of the recent samples;
+- external fragmentation: 1 − largest free block / all free bytes of the large pool, from the
+  agent's low-rate trace-free snapshot;
+- internal fragmentation: allocated − requested bytes (the allocator's rounding);
+- pressure: how many free-the-cache-and-retry rounds and OOMs the allocator went through, in
+  total and over the recent window.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from statistics import median
+from typing import Any
+
+from memtop.model import AgentDeviceSample
+
+GAUGE_SAMPLES = 10  # the gauge judged is the median of this many recent samples
+PRESSURE_WINDOW_S = 600.0  # "recent" retries and OOMs: the last 10 minutes
+
+
+@dataclass(frozen=True, slots=True)
+class Fragmentation:
+    gauge: float  # latest sample
+    gauge_smoothed: float  # median of the recent samples: the value rules judge
+    inactive_split_bytes: int
+    reserved_large_bytes: int
+    external: float | None  # from the latest snapshot summary, None before the first
+    largest_free_block_bytes: int | None
+    external_age_s: float | None
+    internal_bytes: int | None  # allocated − requested, None when torch does not report it
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "gauge": round(self.gauge, 4),
+            "gauge_smoothed": round(self.gauge_smoothed, 4),
+            "inactive_split_bytes": self.inactive_split_bytes,
+            "reserved_large_bytes": self.reserved_large_bytes,
+            "external": None if self.external is None else round(self.external, 4),
+            "largest_free_block_bytes": self.largest_free_block_bytes,
+            "external_age_s": (
+                None if self.external_age_s is None else round(self.external_age_s, 1)
+            ),
+            "internal_bytes": self.internal_bytes,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Pressure:
+    retries: int  # since the trainer started (torch's cumulative counters)
+    ooms: int
+    retries_recent: int | None  # over the last `window_s` of history; None with one sample
+    ooms_recent: int | None
+    window_s: float | None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "num_alloc_retries": self.retries,
+            "num_ooms": self.ooms,
+            "retries_recent": self.retries_recent,
+            "ooms_recent": self.ooms_recent,
+            "window_s": None if self.window_s is None else round(self.window_s, 1),
+        }
+
+
+def _stat(stats: Mapping[str, int], key: str) -> int | None:
+    value = stats.get(key)
+    return int(value) if isinstance(value, int | float) else None
+
+
+def fragmentation(
+    latest: AgentDeviceSample,
+    gauge_history: Sequence[float],
+    snapshot: Mapping[str, Any] | None,
+    snapshot_age_s: float | None,
+) -> Fragmentation:
+    recent = list(gauge_history[-GAUGE_SAMPLES:]) or [latest.fragmentation]
+    allocated = _stat(latest.stats, "allocated_bytes.all.current")
+    requested = _stat(latest.stats, "requested_bytes.all.current")
+    internal = (
+        max(0, allocated - requested) if allocated is not None and requested is not None else None
+    )
+    external = largest = None
+    if snapshot is not None:
+        value = snapshot.get("external_fragmentation")
+        external = float(value) if isinstance(value, int | float) else None
+        block = snapshot.get("largest_inactive_large_bytes")
+        largest = int(block) if isinstance(block, int) else None
+    return Fragmentation(
+        gauge=latest.fragmentation,
+        gauge_smoothed=median(recent),
+        inactive_split_bytes=_stat(latest.stats, "inactive_split_bytes.large_pool.current") or 0,
+        reserved_large_bytes=_stat(latest.stats, "reserved_bytes.large_pool.current") or 0,
+        external=external,
+        largest_free_block_bytes=largest,
+        external_age_s=snapshot_age_s if snapshot is not None else None,
+        internal_bytes=internal,
+    )
+
+
+def pressure(
+    latest: AgentDeviceSample,
+    times: Sequence[float],
+    retries: Sequence[float],
+    ooms: Sequence[float],
+    window_s: float = PRESSURE_WINDOW_S,
+) -> Pressure:
+    """Deltas over the window; a counter that went down (reset_peak_memory_stats resets it, or
+    the trainer restarted) counts from its new value."""
+    if len(times) < 2:
+        return Pressure(latest.num_alloc_retries, latest.num_ooms, None, None, None)
+    start = len(times) - 1
+    while start > 0 and times[-1] - times[start - 1] <= window_s:
+        start -= 1
+    return Pressure(
+        latest.num_alloc_retries,
+        latest.num_ooms,
+        _increase(retries[start:]),
+        _increase(ooms[start:]),
+        times[-1] - times[start],
+    )
+
+
+def _increase(values: Sequence[float]) -> int:
+    total = 0.0
+    for before, after in itertools.pairwise(values):
+        total += after - before if after >= before else after
+    return int(total)

@@ -1,0 +1,443 @@
+"""Leak detection: is the memory a trainer keeps between steps growing, and how fast?
+
+The signal is the per-step baseline: allocated bytes right after each optimizer step (DESIGN §5).
+Within a step memory rises and falls (the sawtooth of activations); between steps a healthy
+trainer comes back to the same level, and a leaking one does not.  Without step marks the
+baseline is approximated by the rolling minimum of the sampled allocated bytes over time.
+
+The test has to be right more than clever, so it is built from robust, boring pieces:
+
+- the series is reduced to at most `MAX_BINS` bin medians (or minima, for the time basis),
+  which removes single-step spikes and keeps every later step O(bins²);
+- regime changes (a level shift from a bigger batch or an OOM restart, the bend where a warm-up
+  ramp levels off or a leak starts) are found by comparing a line with a line that breaks;
+  analysis then continues on the regime after the newest break, so a one-off jump is not read
+  as a slope and a finished warm-up is not a leak;
+- the trend must be significant by the Mann–Kendall test over the regime and still rising in
+  its newest third;
+- the rate is the Theil–Sen slope (median of pairwise slopes), which a few outliers do not move;
+- the growth seen must be several times the baseline's own spread, and at least
+  `MIN_GROWTH_BYTES`, so a trainer that pins a few hundred
+  bytes per step is not flagged before it matters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from statistics import median
+from typing import Any
+
+MiB = 1 << 20
+
+MIN_MARKS = 30  # fewer per-step baselines than this say nothing about a trend
+MAX_MARKS = 1024  # the newest baselines looked at (minutes at typical step rates)
+MAX_BINS = 40
+MIN_BINS = 8
+MIN_GROWTH_BYTES = 1 * MiB
+Z_TREND = 3.09  # Mann–Kendall over the regime: one-sided p ≤ 0.001
+F_BREAK = 25.0  # a line with a break must beat a line by this F ratio to count as a regime change
+MAX_BREAKS = 3
+NOISE_MULTIPLE = 3.0  # growth seen must exceed this many times the baseline's own spread
+MIN_HISTORY_SECONDS = 60.0  # the time basis needs this much sampled history
+MIN_WINDOW_SECONDS = 10.0  # rolling-minimum window of the time basis
+
+
+@dataclass(frozen=True, slots=True)
+class LeakEstimate:
+    """The verdict on one agent device.  The rates are the measured trend of the baseline even
+    when it is not called a leak (then the time-to-full fields are None)."""
+
+    detected: bool
+    bytes_per_step: float | None
+    bytes_per_second: float | None
+    steps_to_full: int | None
+    seconds_to_full: float | None
+    confidence: float
+    basis: str  # "steps" (per-step baselines), "time" (rolling minimum), "none" (too little data)
+    samples: int
+    since: float | None  # where the analysed regime starts: a step number, or a unix time
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "detected": self.detected,
+            "bytes_per_step": _int_or_none(self.bytes_per_step),
+            "bytes_per_second": _int_or_none(self.bytes_per_second),
+            "steps_to_full": self.steps_to_full,
+            "seconds_to_full": (
+                None if self.seconds_to_full is None else round(self.seconds_to_full, 1)
+            ),
+            "confidence": round(self.confidence, 4),
+            "basis": self.basis,
+            "samples": self.samples,
+            "since": self.since,
+            "reason": self.reason,
+        }
+
+
+def _int_or_none(value: float | None) -> int | None:
+    return None if value is None else round(value)
+
+
+def not_enough(reason: str, samples: int = 0) -> LeakEstimate:
+    return LeakEstimate(False, None, None, None, None, 0.0, "none", samples, None, reason)
+
+
+# ------------------------------------------------------------------------------ entry points
+
+
+def detect(
+    marks_step: Sequence[float],
+    marks_time: Sequence[float],
+    marks_allocated: Sequence[float],
+    history_time: Sequence[float],
+    history_allocated: Sequence[float],
+    headroom_bytes: float | None,
+) -> LeakEstimate:
+    """Per-step baselines when there are enough of them, else the rolling minimum over time."""
+    if len(marks_step) >= MIN_MARKS:
+        return detect_from_steps(marks_step, marks_time, marks_allocated, headroom_bytes)
+    if history_time and history_time[-1] - history_time[0] >= MIN_HISTORY_SECONDS:
+        estimate = detect_from_history(history_time, history_allocated, headroom_bytes)
+        if marks_step:
+            # Steps are coming, just not enough yet: the time verdict stands, but say so.
+            return _replace_reason(
+                estimate, f"{estimate.reason} ({len(marks_step)}/{MIN_MARKS} steps so far)"
+            )
+        return estimate
+    if marks_step:
+        return not_enough(f"{len(marks_step)} of {MIN_MARKS} steps seen", len(marks_step))
+    span = history_time[-1] - history_time[0] if history_time else 0.0
+    return not_enough(
+        f"no steps seen; {span:.0f} of {MIN_HISTORY_SECONDS:.0f} s of history", len(history_time)
+    )
+
+
+def detect_from_steps(
+    steps: Sequence[float],
+    times: Sequence[float],
+    allocated: Sequence[float],
+    headroom_bytes: float | None,
+) -> LeakEstimate:
+    """Trend of the per-step baseline (x = step number; gaps from missed marks are fine)."""
+    steps, times, allocated = steps[-MAX_MARKS:], times[-MAX_MARKS:], allocated[-MAX_MARKS:]
+    n = len(steps)
+    if n < MIN_MARKS:
+        return not_enough(f"{n} of {MIN_MARKS} steps seen", n)
+
+    def reduce(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], list[float]]:
+        return _bin_medians(xs, ys, MAX_BINS)
+
+    first, trend = _analyse(steps, allocated, reduce, MIN_MARKS)
+    regime_marks = n - first
+    step_span = steps[-1] - steps[first]
+    time_span = times[-1] - times[first]
+    steps_per_second = step_span / time_span if time_span > 0 else None
+    if trend is None:
+        reason = (
+            f"regime changed at step {steps[first]:.0f}; {regime_marks} of {MIN_MARKS} steps since"
+        )
+        return LeakEstimate(False, None, None, None, None, 0.0, "steps", n, steps[first], reason)
+    per_step = trend.slope
+    per_second = per_step * steps_per_second if steps_per_second else None
+    detected, reason = _verdict(trend, per_step * step_span, "step")
+    steps_to_full = seconds_to_full = None
+    if detected and headroom_bytes is not None:
+        steps_to_full = max(0, int(headroom_bytes / per_step))
+        if steps_per_second:
+            seconds_to_full = steps_to_full / steps_per_second
+    return LeakEstimate(
+        detected,
+        per_step,
+        per_second,
+        steps_to_full,
+        seconds_to_full,
+        trend.confidence,
+        "steps",
+        n,
+        steps[first],
+        reason,
+    )
+
+
+def detect_from_history(
+    times: Sequence[float], allocated: Sequence[float], headroom_bytes: float | None
+) -> LeakEstimate:
+    """Without steps: the slope of the rolling minimum of allocated bytes over time."""
+    n = len(times)
+    span = times[-1] - times[0] if n >= 2 else 0.0
+    if span < MIN_HISTORY_SECONDS:
+        return not_enough(f"no steps seen; {span:.0f} of {MIN_HISTORY_SECONDS:.0f} s of history", n)
+
+    def reduce(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], list[float]]:
+        width = max(MIN_WINDOW_SECONDS, (xs[-1] - xs[0]) / MAX_BINS) if xs else 1.0
+        return _rolling_minimum(xs, ys, width)
+
+    first, trend = _analyse(times, allocated, reduce, 2)
+    if trend is None or times[-1] - times[first] < MIN_HISTORY_SECONDS / 2:
+        reason = f"regime changed {times[-1] - times[first]:.0f} s ago; watching the new level"
+        return LeakEstimate(False, None, None, None, None, 0.0, "time", n, times[first], reason)
+    per_second = trend.slope
+    detected, reason = _verdict(trend, per_second * (times[-1] - times[first]), "second")
+    seconds_to_full = None
+    if detected and headroom_bytes is not None:
+        seconds_to_full = max(0.0, headroom_bytes / per_second)
+    return LeakEstimate(
+        detected,
+        None,
+        per_second,
+        None,
+        seconds_to_full,
+        trend.confidence,
+        "time",
+        n,
+        times[first],
+        reason,
+    )
+
+
+def _replace_reason(estimate: LeakEstimate, reason: str) -> LeakEstimate:
+    values = {name: getattr(estimate, name) for name in LeakEstimate.__slots__}
+    values["reason"] = reason
+    return LeakEstimate(**values)
+
+
+# ------------------------------------------------------------------------------ the test
+
+
+@dataclass(frozen=True, slots=True)
+class _Trend:
+    xs: list[float]  # the bins of the analysed regime
+    ys: list[float]
+    slope: float
+    z: float
+    recent_z: float
+    recent_slope: float
+    step_like: bool  # one jump in level explains it as well as a slope
+    noise: float  # robust spread of the bins around the trend line
+
+    @property
+    def confidence(self) -> float:
+        if self.slope <= 0:
+            return 0.0
+        return _one_sided_confidence(self.z)
+
+
+def _analyse(
+    raw_x: Sequence[float],
+    raw_y: Sequence[float],
+    reduce: Callable[[Sequence[float], Sequence[float]], tuple[list[float], list[float]]],
+    min_raw: int,
+) -> tuple[int, _Trend | None]:
+    """Cut off everything before the newest regime change, then measure the trend.
+
+    Returns the index of the regime's first raw point, and its trend (None when the regime is
+    too short to judge yet).  After each cut the regime is binned again from the raw points, so
+    a short regime keeps its resolution.
+    """
+    first = 0
+    xs, ys = reduce(raw_x, raw_y)
+    for _ in range(MAX_BREAKS):
+        cut = _regime_change(xs, ys)
+        if cut is None:
+            break
+        boundary = (xs[cut - 1] + xs[cut]) / 2
+        first = max(first, _first_index_at_or_after(raw_x, boundary))
+        if len(raw_x) - first < min_raw:
+            return first, None
+        xs, ys = reduce(raw_x[first:], raw_y[first:])
+    if len(xs) < MIN_BINS:
+        return first, None
+    recent = max(5, len(xs) // 3)
+    rx, ry = xs[-recent:], ys[-recent:]
+    slope = _theil_sen(xs, ys)
+    return first, _Trend(
+        xs=xs,
+        ys=ys,
+        slope=slope,
+        z=_mann_kendall_z(ys),
+        recent_z=_mann_kendall_z(ry),
+        recent_slope=_theil_sen(rx, ry),
+        step_like=_a_jump_fits_as_well(xs, ys),
+        noise=_robust_spread(xs, ys, slope),
+    )
+
+
+def _verdict(trend: _Trend, growth: float, unit: str) -> tuple[bool, str]:
+    if trend.slope <= 0 or trend.z < Z_TREND:
+        return False, "no significant growth of the baseline"
+    if trend.step_like:
+        return False, "one step up in level, not a steady climb (yet)"
+    if trend.recent_slope <= 0:
+        return False, "grew earlier, flat lately (warm-up or a plateau)"
+    if growth < NOISE_MULTIPLE * trend.noise:
+        return False, "a slight rise, still within the noise"
+    if growth < MIN_GROWTH_BYTES:
+        return False, f"grows, but only {growth / 1024:.0f} KiB so far"
+    return True, f"baseline grows {trend.slope / MiB:.2f} MiB per {unit}"
+
+
+def _regime_change(xs: list[float], ys: list[float]) -> int | None:
+    """Index where the series changes regime, when a line with a break there fits much better
+    than one line: a jump in level (a bigger batch from now on, an OOM restart) or a bend in
+    slope (a warm-up ramp that levelled off, a leak that started)."""
+    k, gain, sse_line = _best_break(xs, ys, jumps=True, bends=True)
+    if k is None:
+        return None
+    scale = max(abs(y) for y in ys) or 1.0
+    sse_break = max(sse_line - gain, 1e-12 * scale * scale)
+    return k if gain / (sse_break / (len(xs) - 3)) >= F_BREAK else None
+
+
+def _a_jump_fits_as_well(xs: list[float], ys: list[float]) -> bool:
+    """True when one step in level explains the series at least as well as a steady slope:
+    a small level shift in noise looks like a slow trend, and is not called a leak until the
+    slope wins."""
+    k, _gain, sse_line = _best_break(xs, ys, jumps=True, bends=False)
+    if k is None:
+        return False
+    # line + jump vs jump alone: the jump alone leaves the slope's share of the fit unexplained.
+    jump_alone_sse = _sse_of_step_at(xs, ys, k)
+    return jump_alone_sse <= sse_line
+
+
+def _sse_of_step_at(xs: list[float], ys: list[float], k: int) -> float:
+    left, right = ys[:k], ys[k:]
+    ml, mr = sum(left) / len(left), sum(right) / len(right)
+    return sum((y - ml) ** 2 for y in left) + sum((y - mr) ** 2 for y in right)
+
+
+def _best_break(
+    xs: list[float], ys: list[float], jumps: bool, bends: bool
+) -> tuple[int | None, float, float]:
+    """(k, SSE reduction, SSE of the line) for the best single break added to a line.
+
+    Each break adds one regressor to the line; by Frisch–Waugh, with y and the regressor
+    residualised on x, its fit is a one-variable regression, so every candidate costs O(n).
+    """
+    n = len(xs)
+    ry = _residuals_on(xs, ys)
+    sse_line = sum(r * r for r in ry)
+    scale = max(abs(y) for y in ys) or 1.0
+    if n < 8 or sse_line <= n * (1e-9 * scale) ** 2:
+        return None, 0.0, sse_line  # a line already explains it (a noiseless leak, a flat run)
+    best_gain, best_k = 0.0, None
+    for k in range(2, n - 2):
+        knee = xs[k]
+        candidates = []
+        if jumps:
+            candidates.append([0.0 if x < knee else 1.0 for x in xs])
+        if bends:
+            candidates.append([max(0.0, x - knee) for x in xs])
+        for regressor in candidates:
+            rd = _residuals_on(xs, regressor)
+            sdd = sum(d * d for d in rd)
+            if sdd <= 0:
+                continue
+            sdy = sum(d * r for d, r in zip(rd, ry, strict=True))
+            gain = sdy * sdy / sdd
+            if gain > best_gain:
+                best_gain, best_k = gain, k
+    return best_k, best_gain, sse_line
+
+
+def _residuals_on(xs: Sequence[float], ys: Sequence[float]) -> list[float]:
+    n = len(xs)
+    mx = sum(xs) / n
+    my = sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
+    return [y - my - b * (x - mx) for x, y in zip(xs, ys, strict=True)]
+
+
+def _robust_spread(xs: Sequence[float], ys: Sequence[float], slope: float) -> float:
+    """1.4826 × the median absolute deviation around the Theil–Sen line (σ for Gaussian noise)."""
+    intercept = median(y - slope * x for x, y in zip(xs, ys, strict=True))
+    return 1.4826 * median(abs(y - slope * x - intercept) for x, y in zip(xs, ys, strict=True))
+
+
+def _theil_sen(xs: Sequence[float], ys: Sequence[float]) -> float:
+    slopes = [
+        (ys[j] - ys[i]) / (xs[j] - xs[i])
+        for i in range(len(xs))
+        for j in range(i + 1, len(xs))
+        if xs[j] != xs[i]
+    ]
+    return median(slopes) if slopes else 0.0
+
+
+def _mann_kendall_z(ys: Sequence[float]) -> float:
+    """The Mann–Kendall trend statistic as a z-score (ties corrected)."""
+    n = len(ys)
+    if n < 3:
+        return 0.0
+    s = 0
+    for i in range(n - 1):
+        yi = ys[i]
+        for j in range(i + 1, n):
+            if ys[j] > yi:
+                s += 1
+            elif ys[j] < yi:
+                s -= 1
+    ties: dict[float, int] = {}
+    for y in ys:
+        ties[y] = ties.get(y, 0) + 1
+    variance = (
+        n * (n - 1) * (2 * n + 5) - sum(t * (t - 1) * (2 * t + 5) for t in ties.values())
+    ) / 18
+    if variance <= 0 or s == 0:
+        return 0.0
+    return (s - 1 if s > 0 else s + 1) / math.sqrt(variance)
+
+
+def _one_sided_confidence(z: float) -> float:
+    return 1.0 - 0.5 * math.erfc(z / math.sqrt(2))
+
+
+# ------------------------------------------------------------------------------ reduction
+
+
+def _bin_medians(
+    xs: Sequence[float], ys: Sequence[float], max_bins: int
+) -> tuple[list[float], list[float]]:
+    """Equal-count bins, each reduced to its median x and median y (robust to spikes)."""
+    n = len(xs)
+    if n <= max_bins:
+        return list(xs), list(ys)
+    bx, by = [], []
+    for b in range(max_bins):
+        lo, hi = b * n // max_bins, (b + 1) * n // max_bins
+        bx.append(median(xs[lo:hi]))
+        by.append(median(ys[lo:hi]))
+    return bx, by
+
+
+def _rolling_minimum(
+    times: Sequence[float], values: Sequence[float], window: float
+) -> tuple[list[float], list[float]]:
+    """Minimum per window of `window` seconds, placed at the window's centre; empty windows
+    (samples missed) are skipped."""
+    start = times[0]
+    bins: dict[int, float] = {}
+    for t, v in zip(times, values, strict=True):
+        key = int((t - start) // window)
+        if key not in bins or v < bins[key]:
+            bins[key] = v
+    keys = sorted(bins)
+    # The newest window is usually partial; its minimum is biased up, so it waits.
+    if len(keys) > 1 and times[-1] - (start + keys[-1] * window) < window:
+        keys = keys[:-1]
+    return [start + (k + 0.5) * window for k in keys], [bins[k] for k in keys]
+
+
+def _first_index_at_or_after(xs: Sequence[float], x: float) -> int:
+    lo, hi = 0, len(xs)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if xs[mid] < x:
+            lo = mid + 1
+        else:
+            hi = mid
+    return min(lo, len(xs) - 1)

@@ -1,0 +1,423 @@
+"""The suggestions engine: rules that turn the diagnosis into what to do, with the evidence and
+the effect in bytes where it can be known (DESIGN §5).
+
+Every rule is a function of the facts about one GPU (`GpuFacts`, with the diagnosis of each
+agent device on it) returning zero or more suggestions.  Rules never suggest what the trainer
+already has: the allocator settings are read from the trainer's own environment through its
+agent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from memtop.diagnosis.facts import (
+    DeviceDiagnosis,
+    GpuFacts,
+    has_expandable_segments,
+    parse_allocator_conf,
+    uses_async_backend,
+)
+from memtop.units import format_bytes, format_duration
+
+INFO, WARNING, CRITICAL, EMERGENCY = "info", "warning", "critical", "emergency"
+SEVERITIES = (INFO, WARNING, CRITICAL, EMERGENCY)  # in rising order
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+USAGE_LEVELS = ((0.95, EMERGENCY), (0.90, CRITICAL), (0.85, WARNING))
+FRAGMENTATION_GAUGE = 0.2  # the smoothed gauge at which split segments are worth fixing
+FRAGMENTATION_MIN_BYTES = 128 * MiB  # ... when that much is stuck in them
+CLEANUP_MIN_BYTES = 512 * MiB
+OPTIMIZER_SHARE = 0.2  # optimizer state as a share of the peak worth an 8-bit optimizer
+FP32_SHARE = 0.1  # fp32 parameters as a share of the peak worth a bf16 model
+BIG_ENOUGH = 512 * MiB  # below this, a saving is not worth a suggestion
+ACTIVATION_SHARE = 0.5  # activations as a share of the peak worth checkpointing
+TIGHT_USAGE = 0.80  # checkpointing is suggested only when memory is this tight
+ROOMY_USAGE = 0.70  # a bigger batch is suggested only below this usage
+BATCH_FACTOR_MIN = 1.3
+SAFETY_SHARE = 0.05  # of the device kept free when sizing a bigger batch
+
+
+@dataclass(frozen=True, slots=True)
+class Suggestion:
+    rule: str
+    severity: str
+    pid: int | None
+    device: int | None  # the agent's device index (the NVML index for GPU-wide findings)
+    title: str
+    detail: str
+    evidence: str
+    fix: str | None = None  # one line a user can copy
+    effect_bytes: int | None = None  # bytes saved / freed / made usable, when known
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "severity": self.severity,
+            "pid": self.pid,
+            "device": self.device,
+            "title": self.title,
+            "detail": self.detail,
+            "rule": self.rule,
+            "evidence": self.evidence,
+            "fix": self.fix,
+            "effect_bytes": self.effect_bytes,
+        }
+
+
+Rule = Callable[[GpuFacts], Iterable[Suggestion]]
+
+
+def _pct(share: float) -> str:
+    return f"{100 * share:.1f} %"
+
+
+def _heaviest(gpu: GpuFacts) -> DeviceDiagnosis | None:
+    return max(gpu.agents, key=lambda a: a.reserved_bytes, default=None)
+
+
+# ------------------------------------------------------------------------------ the rules
+
+
+def usage(gpu: GpuFacts) -> Iterable[Suggestion]:
+    """85 % warning, 90 % critical, 95 % emergency of the device's memory in use."""
+    share = gpu.used_share
+    if share is None or gpu.used_bytes is None:
+        return
+    severity = next((level for limit, level in USAGE_LEVELS if share >= limit), None)
+    if severity is None:
+        return
+    heaviest = _heaviest(gpu)
+    evidence = f"{format_bytes(gpu.used_bytes)} of {format_bytes(gpu.total_bytes)} used"
+    if heaviest is not None:
+        evidence += (
+            f"; pid {heaviest.pid} reserves {format_bytes(heaviest.reserved_bytes)}"
+            f" ({format_bytes(heaviest.cached_bytes)} of it cached)"
+        )
+    cached = sorted(gpu.agents, key=lambda a: a.releasable_bytes, reverse=True)
+    if cached and cached[0].releasable_bytes >= CLEANUP_MIN_BYTES and gpu.process_count > 1:
+        detail = (
+            f"pid {cached[0].pid} holds {format_bytes(cached[0].releasable_bytes)} of cache it "
+            "could give back (c in the dashboard)."
+        )
+        fix: str | None = f"memtop cleanup {cached[0].pid}"
+    else:
+        detail = (
+            "The next larger batch or sequence may not fit: lower the batch size or sequence "
+            "length, or act on the other suggestions."
+        )
+        fix = None
+    yield Suggestion(
+        rule="usage",
+        severity=severity,
+        pid=heaviest.pid if heaviest else None,
+        device=heaviest.index if heaviest else gpu.index,
+        title=f"GPU {gpu.index} memory at {_pct(share)}",
+        detail=detail,
+        evidence=evidence,
+        fix=fix,
+        effect_bytes=max(0, gpu.used_bytes - int(0.85 * gpu.total_bytes)),
+    )
+
+
+def out_of_memory(gpu: GpuFacts) -> Iterable[Suggestion]:
+    for agent in gpu.agents:
+        p = agent.pressure
+        recent = p.ooms_recent if p.ooms_recent is not None else p.ooms
+        if recent <= 0:
+            continue
+        when = (
+            f"in the last {format_duration(p.window_s)}"
+            if p.ooms_recent is not None and p.window_s
+            else "since the trainer started"
+        )
+        yield Suggestion(
+            rule="oom",
+            severity=CRITICAL,
+            pid=agent.pid,
+            device=agent.index,
+            title=f"{recent} out-of-memory error{'s' if recent != 1 else ''} {when}",
+            detail=(
+                "The allocator ran out even after freeing its cache; batches were lost. "
+                "See the usage, leak and fragmentation findings for why."
+            ),
+            evidence=f"num_ooms {p.ooms}, num_alloc_retries {p.retries}",
+        )
+
+
+def expandable_segments(gpu: GpuFacts) -> Iterable[Suggestion]:
+    """Split segments or allocator retries → expandable_segments:True (not if already set)."""
+    for agent in gpu.agents:
+        conf = agent.allocator_conf
+        if has_expandable_segments(conf) or uses_async_backend(conf):
+            continue
+        frag = agent.fragmentation
+        p = agent.pressure
+        retries = p.retries_recent if p.retries_recent is not None else p.retries
+        fragmented = (
+            frag.gauge_smoothed >= FRAGMENTATION_GAUGE
+            and frag.inactive_split_bytes >= FRAGMENTATION_MIN_BYTES
+        )
+        if not fragmented and retries <= 0:
+            continue
+        evidence = [
+            f"fragmentation {frag.gauge_smoothed:.2f} "
+            f"({format_bytes(frag.inactive_split_bytes)} free inside split segments)"
+        ]
+        if frag.external is not None:
+            evidence.append(f"external fragmentation {frag.external:.2f}")
+        if retries > 0:
+            evidence.append(f"{retries} allocator retries (cache flushed to satisfy a request)")
+        share = gpu.used_share or 0.0
+        severity = CRITICAL if retries > 0 and share >= 0.90 else WARNING
+        options = parse_allocator_conf(conf)
+        options["expandable_segments"] = "True"
+        value = ",".join(f"{k}:{v}" for k, v in options.items())
+        yield Suggestion(
+            rule="expandable_segments",
+            severity=severity,
+            pid=agent.pid,
+            device=agent.index,
+            title=(
+                "Allocator retries: use expandable segments"
+                if retries > 0
+                else f"Fragmentation {frag.gauge_smoothed:.2f}: use expandable segments"
+            ),
+            detail=(
+                "Freed blocks inside partly used segments cannot serve larger requests. "
+                "Expandable segments grow one mapping per stream instead, so that space "
+                "becomes usable; set it in the trainer's environment and restart it."
+            ),
+            evidence="; ".join(evidence),
+            fix=f"PYTORCH_CUDA_ALLOC_CONF={value}",
+            effect_bytes=frag.inactive_split_bytes,
+        )
+
+
+LEAK_CULPRITS = (
+    "Usual culprits: a loss or output accumulated with its graph (`total += loss` instead of "
+    "`loss.item()`), tensors appended to a list every step, hooks that store tensors, "
+    "`backward(retain_graph=True)`, caches keyed by step or shape."
+)
+
+
+def leak(gpu: GpuFacts) -> Iterable[Suggestion]:
+    for agent in gpu.agents:
+        estimate = agent.leak
+        if not estimate.detected:
+            continue
+        seconds = estimate.seconds_to_full
+        if seconds is not None and seconds < 300:
+            severity = EMERGENCY
+        elif seconds is not None and seconds < 3600:
+            severity = CRITICAL
+        else:
+            severity = WARNING
+        if estimate.bytes_per_step is not None:
+            rate = f"+{format_bytes(estimate.bytes_per_step)} per step"
+            if estimate.bytes_per_second is not None:
+                rate += f" ({format_bytes(estimate.bytes_per_second * 60)}/min)"
+            since = f"since step {estimate.since:.0f}" if estimate.since is not None else ""
+        else:
+            rate = f"+{format_bytes((estimate.bytes_per_second or 0) * 60)}/min"
+            since = "over time (no steps seen)"
+        eta = f", full in ~{format_duration(seconds)}" if seconds is not None else ""
+        if estimate.steps_to_full is not None:
+            eta += f" ({estimate.steps_to_full} steps)"
+        yield Suggestion(
+            rule="leak",
+            severity=severity,
+            pid=agent.pid,
+            device=agent.index,
+            title=f"Leak: {rate}{eta}",
+            detail=LEAK_CULPRITS,
+            evidence=(
+                f"baseline after each step grows {rate} {since}, confidence "
+                f"{100 * estimate.confidence:.1f} % over {estimate.samples} samples"
+            ),
+            effect_bytes=(
+                round(estimate.bytes_per_second * 3600)
+                if estimate.bytes_per_second is not None
+                else None
+            ),
+        )
+
+
+def eight_bit_optimizer(gpu: GpuFacts) -> Iterable[Suggestion]:
+    for agent in gpu.agents:
+        state = (agent.breakdown or {}).get("optimizer_state", 0)
+        peak = agent.peak_bytes
+        if state < BIG_ENOUGH or peak <= 0 or state < OPTIMIZER_SHARE * peak:
+            continue
+        saving = state * 3 // 4  # fp32 moments (4 bytes) → 8-bit (1 byte)
+        yield Suggestion(
+            rule="8bit_optimizer",
+            severity=INFO,
+            pid=agent.pid,
+            device=agent.index,
+            title=f"Optimizer state is {_pct(state / agent.peak_bytes)} of the peak",
+            detail=(
+                f"An 8-bit optimizer keeps its moments in one byte instead of four: about "
+                f"{format_bytes(saving)} less, if the state is fp32 (Adam's usually is)."
+            ),
+            evidence=f"optimizer state {format_bytes(state)}, peak {format_bytes(peak)}",
+            fix="optimizer = bitsandbytes.optim.AdamW8bit(model.parameters(), lr=lr)",
+            effect_bytes=saving,
+        )
+
+
+def bf16_parameters(gpu: GpuFacts) -> Iterable[Suggestion]:
+    for agent in gpu.agents:
+        breakdown = agent.breakdown or {}
+        fp32 = breakdown.get("fp32_parameter_bytes", 0)
+        if fp32 < BIG_ENOUGH or agent.peak_bytes <= 0 or fp32 < FP32_SHARE * agent.peak_bytes:
+            continue
+        # Weights halve; their gradients, when they exist at the peak, halve with them.
+        saving = fp32 // 2 + min(breakdown.get("gradients", 0), fp32) // 2
+        yield Suggestion(
+            rule="bf16_parameters",
+            severity=INFO,
+            pid=agent.pid,
+            device=agent.index,
+            title=f"{format_bytes(fp32)} of parameters are fp32",
+            detail=(
+                f"bf16 weights (and gradients) take half: about {format_bytes(saving)} less. "
+                "Keep fp32 master weights in the optimizer if the model needs them."
+            ),
+            evidence=(
+                f"fp32 parameters {format_bytes(fp32)} of "
+                f"{format_bytes(breakdown.get('parameters', 0))}"
+            ),
+            fix="model.to(torch.bfloat16)",
+            effect_bytes=saving,
+        )
+
+
+def gradient_checkpointing(gpu: GpuFacts) -> Iterable[Suggestion]:
+    share_used = gpu.used_share or 0.0
+    for agent in gpu.agents:
+        breakdown = agent.breakdown
+        if breakdown is None or agent.peak_bytes <= 0:
+            continue
+        retries = agent.pressure.retries_recent or 0
+        if share_used < TIGHT_USAGE and retries <= 0:
+            continue  # memory is not short: recomputation would only cost time
+        static = breakdown.get("parameters", 0) + breakdown.get("optimizer_state", 0)
+        activations = agent.peak_bytes - static
+        if activations < BIG_ENOUGH or activations < ACTIVATION_SHARE * agent.peak_bytes:
+            continue
+        # Checkpointing every block keeps one input per block instead of all its
+        # intermediates; two thirds of the activations is a typical saving.
+        saving = activations * 2 // 3
+        yield Suggestion(
+            rule="gradient_checkpointing",
+            severity=WARNING if share_used >= 0.85 else INFO,
+            pid=agent.pid,
+            device=agent.index,
+            title=f"Activations are {_pct(activations / agent.peak_bytes)} of the peak",
+            detail=(
+                f"Gradient checkpointing recomputes them in backward (~30 % more compute): "
+                f"typically about {format_bytes(saving)} less at the peak."
+            ),
+            evidence=(
+                f"peak {format_bytes(agent.peak_bytes)} = parameters and optimizer state "
+                f"{format_bytes(static)} + activations and gradients {format_bytes(activations)}"
+            ),
+            fix="torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)",
+            effect_bytes=saving,
+        )
+
+
+def cleanup_for_neighbour(gpu: GpuFacts) -> Iterable[Suggestion]:
+    """Cache one process holds while another on the same GPU is short → cleanup."""
+    if gpu.process_count < 2:
+        return
+    short = [
+        a
+        for a in gpu.agents
+        if (a.pressure.retries_recent or 0) > 0 or (a.pressure.ooms_recent or 0) > 0
+    ]
+    device_short = (gpu.used_share or 0.0) >= 0.90
+    if not short and not device_short:
+        return
+    for agent in gpu.agents:
+        others = [a for a in short if a.pid != agent.pid]
+        if short and not others:
+            continue  # only this process is short: its own cache is already available to it
+        if agent.releasable_bytes < CLEANUP_MIN_BYTES:
+            continue
+        who = f"pid {others[0].pid}" if others else "other processes"
+        yield Suggestion(
+            rule="cleanup",
+            severity=WARNING,
+            pid=agent.pid,
+            device=agent.index,
+            title=f"pid {agent.pid} caches {format_bytes(agent.releasable_bytes)} {who} could use",
+            detail=(
+                "Cached memory is reusable only by the process that holds it. Cleanup runs "
+                "gc and empty_cache in the trainer at its next step boundary (c in the dashboard)."
+            ),
+            evidence=(
+                f"reserved {format_bytes(agent.reserved_bytes)}, allocated "
+                f"{format_bytes(agent.allocated_bytes)}; GPU {gpu.index} at "
+                f"{_pct(gpu.used_share or 0.0)}"
+            ),
+            fix=f"memtop cleanup {agent.pid}",
+            effect_bytes=agent.releasable_bytes,
+        )
+
+
+def bigger_batch(gpu: GpuFacts) -> Iterable[Suggestion]:
+    share = gpu.used_share
+    if share is None or share >= ROOMY_USAGE or gpu.process_count != 1 or len(gpu.agents) != 1:
+        return
+    agent = gpu.agents[0]
+    transient = agent.transient_bytes
+    if agent.leak.detected or transient is None or transient < 64 * MiB:
+        return
+    free = gpu.total_bytes - (gpu.used_bytes or 0)
+    headroom = free + agent.releasable_bytes - int(SAFETY_SHARE * gpu.total_bytes)
+    factor = 1 + headroom / transient
+    if factor < BATCH_FACTOR_MIN:
+        return
+    yield Suggestion(
+        rule="bigger_batch",
+        severity=INFO,
+        pid=agent.pid,
+        device=agent.index,
+        title=f"Room for a batch about {factor:.1f}× larger",
+        detail=(
+            f"Each step adds {format_bytes(transient)} on top of its baseline; "
+            f"{format_bytes(headroom)} is free (keeping {_pct(SAFETY_SHARE)} spare), if "
+            "activations grow with the batch."
+        ),
+        evidence=(
+            f"peak {format_bytes(agent.peak_bytes)}, baseline "
+            f"{format_bytes(agent.baseline_bytes)}, GPU {gpu.index} at {_pct(share)}"
+        ),
+        effect_bytes=headroom,
+    )
+
+
+RULES: tuple[Rule, ...] = (
+    usage,
+    out_of_memory,
+    leak,
+    expandable_segments,
+    cleanup_for_neighbour,
+    gradient_checkpointing,
+    eight_bit_optimizer,
+    bf16_parameters,
+    bigger_batch,
+)
+
+
+def suggest(gpus: Iterable[GpuFacts], rules: Iterable[Rule] = RULES) -> list[Suggestion]:
+    """Every rule over every GPU, most severe first."""
+    rules = tuple(rules)
+    found = [s for gpu in gpus for rule in rules for s in rule(gpu)]
+    rank = {severity: i for i, severity in enumerate(SEVERITIES)}
+    return sorted(found, key=lambda s: (-rank[s.severity], s.pid or 0, s.device or 0))
