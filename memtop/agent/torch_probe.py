@@ -8,10 +8,12 @@ Rules it keeps:
 
 from __future__ import annotations
 
+import operator
 import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,6 +27,140 @@ try:
     from torch.optim.optimizer import register_optimizer_step_post_hook as _register_step_post_hook
 except ImportError:  # torch < 2.0
     _register_step_post_hook = None
+
+
+_FakeTensor: type | None
+try:
+    # torch imports it itself, so this costs nothing; a fake tensor claims a real device (its
+    # `is_cpu` is True) but has no data, and asking for its data_ptr() warns.
+    from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
+except ImportError:
+    _FakeTensor = None
+
+
+@dataclass(frozen=True, slots=True)
+class RoleBytes:
+    """Bytes of one device held by optimizers' parameters, gradients and state."""
+
+    parameters: int = 0
+    gradients: int = 0
+    optimizer_state: int = 0
+    # The part of `parameters` stored in float32.
+    fp32_parameter_bytes: int = 0
+
+
+_PARAMETERS, _GRADIENTS, _STATE, _FP32 = range(4)
+
+
+def _device_test(device_type: str) -> Callable[[Any], bool]:
+    # `tensor.is_cuda` and friends are ~6x cheaper than `tensor.device.type`, which builds a
+    # torch.device for every tensor; this runs for every tensor of the model.
+    # Only names known to be device tests: `is_sparse` and the like are not.
+    if device_type in ("cuda", "cpu", "xpu", "mps", "meta") and hasattr(
+        torch.Tensor, f"is_{device_type}"
+    ):
+        return operator.attrgetter(f"is_{device_type}")
+    return lambda tensor: tensor.device.type == device_type
+
+
+def count_optimizer_memory(
+    optimizers: Iterable[Any], device_type: str = "cuda"
+) -> dict[int, RoleBytes]:
+    """Bytes of the tensors that `optimizers` reach, per device index, each storage counted once.
+
+    Walks every optimizer's `param_groups[*]["params"]` (parameters), their `.grad` (gradients)
+    and `optimizer.state[p]` (optimizer state: tensor values, and tensors one level down inside a
+    list, tuple or dict value).  Only tensors of `device_type` count.  A storage reached more
+    than once (tied weights, views, the same parameter in two optimizers) counts once, in the
+    first role of parameters > gradients > optimizer_state, whichever optimizer reaches it; its
+    bytes are `untyped_storage().nbytes()`.
+
+    The key is `tensor.get_device()`: the device index, or -1 for CPU tensors (torch's own
+    convention for "no index").  Tensors without a readable storage (sparse layouts, meta and
+    fake tensors, empty storages) are skipped.
+
+    Runs on the agent thread while the trainer may be in the middle of a step: containers are
+    copied before they are walked, and a failure of one optimizer only loses that optimizer.
+    """
+    # Snapshot first, one optimizer at a time, so that one that cannot be walked (a custom class,
+    # a concurrent add_param_group) loses only itself.
+    params: list[Any] = []
+    states: list[Any] = []
+    for optimizer in list(optimizers):
+        try:
+            mine = [p for group in list(optimizer.param_groups) for p in list(group["params"])]
+            state = list(optimizer.state.values())
+        except Exception:
+            continue
+        params += mine
+        states += state
+
+    on_device = _device_test(device_type)
+    seen: set[tuple[int, int]] = set()
+    totals: dict[int, list[int]] = {}
+    # Counted tensors are held until the end: a gradient freed by the trainer mid-count could
+    # otherwise hand its address to a new tensor that would then be taken for one already seen.
+    alive: list[Any] = []
+    tensor_types = (torch.Tensor, torch.nn.Parameter)
+
+    def add(tensor: Any, role: int) -> None:
+        if type(tensor) not in tensor_types and (
+            not isinstance(tensor, torch.Tensor)
+            or (_FakeTensor is not None and isinstance(tensor, _FakeTensor))
+        ):
+            return  # not a tensor, or a fake one
+        try:
+            if not on_device(tensor):
+                return
+            storage = tensor.untyped_storage()
+            address = storage.data_ptr()
+            if address == 0:
+                return  # meta or empty: no data, and no address to tell storages apart by
+            key = (tensor.get_device(), address)
+            if key in seen:
+                return
+            nbytes = storage.nbytes()
+        except Exception:  # sparse layouts have no single storage; never raise into the agent
+            return
+        seen.add(key)
+        alive.append(tensor)
+        bucket = totals.get(key[0])
+        if bucket is None:
+            bucket = totals[key[0]] = [0, 0, 0, 0]
+        bucket[role] += nbytes
+        if role == _PARAMETERS and tensor.dtype == torch.float32:
+            bucket[_FP32] += nbytes
+
+    # One pass per role over all optimizers, so that the priority holds across optimizers too.
+    for p in params:
+        add(p, _PARAMETERS)
+    for p in params:
+        add(getattr(p, "grad", None), _GRADIENTS)
+    for state in states:
+        if not isinstance(state, dict):
+            continue
+        try:
+            values = list(state.values())
+        except Exception:
+            continue
+        for value in values:
+            if isinstance(value, (list, tuple)):
+                for item in list(value):
+                    add(item, _STATE)
+            elif isinstance(value, dict):
+                for item in list(value.values()):
+                    add(item, _STATE)
+            else:
+                add(value, _STATE)
+    return {
+        index: RoleBytes(
+            parameters=bucket[_PARAMETERS],
+            gradients=bucket[_GRADIENTS],
+            optimizer_state=bucket[_STATE],
+            fp32_parameter_bytes=bucket[_FP32],
+        )
+        for index, bucket in totals.items()
+    }
 
 
 def _allocator_conf() -> str:
@@ -130,43 +266,24 @@ class TorchProbe:
         if handle is not None:
             handle.remove()
 
-    def breakdown(self) -> dict[int, Breakdown]:
-        """Bytes of parameters, gradients and optimizer state per device, each storage once."""
-        seen: set[tuple[int, int]] = set()
-        totals: dict[int, dict[str, int]] = {}
-
-        def add(tensor: Any, role: str) -> None:
-            if not isinstance(tensor, torch.Tensor) or not tensor.is_cuda:
-                return
-            storage = tensor.untyped_storage()
-            key = (tensor.device.index or 0, storage.data_ptr())
-            if key in seen:
-                return
-            seen.add(key)
-            bucket = totals.setdefault(key[0], {})
-            bucket[role] = bucket.get(role, 0) + storage.nbytes()
-            if role == "parameters" and tensor.dtype == torch.float32:
-                bucket["fp32"] = bucket.get("fp32", 0) + storage.nbytes()
-
+    def collected_optimizers(self) -> list[Any]:
+        """The optimizers the step hook has seen step and that are still alive."""
         with self._lock:
-            optimizers = list(self._optimizers)
-        for optimizer in optimizers:
-            params = [p for group in optimizer.param_groups for p in group["params"]]
-            for p in params:
-                add(p, "parameters")
-            for p in params:
-                add(p.grad, "gradients")
-            for state in list(optimizer.state.values()):
-                if isinstance(state, dict):
-                    for value in list(state.values()):
-                        add(value, "optimizer_state")
-        result = {}
-        for index, bucket in totals.items():
-            result[index] = Breakdown(
-                parameters=bucket.get("parameters", 0),
-                gradients=bucket.get("gradients", 0),
-                optimizer_state=bucket.get("optimizer_state", 0),
+            return list(self._optimizers)
+
+    def breakdown_by_device(self, device_type: str = "cuda") -> dict[int, RoleBytes]:
+        """count_optimizer_memory() over the collected optimizers (any device type)."""
+        return count_optimizer_memory(self.collected_optimizers(), device_type)
+
+    def breakdown(self) -> dict[int, Breakdown]:
+        """Bytes of parameters, gradients and optimizer state per CUDA device, each storage once."""
+        return {
+            index: Breakdown(
+                parameters=counts.parameters,
+                gradients=counts.gradients,
+                optimizer_state=counts.optimizer_state,
                 allocated=self.memory_allocated(index),
-                fp32_parameter_bytes=bucket.get("fp32", 0),
+                fp32_parameter_bytes=counts.fp32_parameter_bytes,
             )
-        return result
+            for index, counts in self.breakdown_by_device("cuda").items()
+        }
