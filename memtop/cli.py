@@ -148,12 +148,21 @@ def _make_sampler(args: argparse.Namespace, simulated_only: bool = False):  # ty
     return Sampler(store, devices, AgentPool(args.socket_dir), interval=args.interval)
 
 
+ONCE_EXTRA_ROUNDS = 4
+ONCE_ROUND_GAP_S = 0.07
+
+
 def _once(args: argparse.Namespace) -> int:
     from memtop import report
 
     sampler = _make_sampler(args)
     try:
         sampler.sample_once()
+        # The fragmentation gauge swings within a step; with agents attached, a few quick
+        # rounds let the report judge its median rather than one mid-step reading.
+        for _ in range(ONCE_EXTRA_ROUNDS if sampler.store.agents() else 0):
+            time.sleep(ONCE_ROUND_GAP_S)
+            sampler.sample_once()
         data = report.build(sampler.store)
     finally:
         sampler.stop()

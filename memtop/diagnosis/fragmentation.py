@@ -22,6 +22,7 @@ from memtop.model import AgentDeviceSample
 
 GAUGE_SAMPLES = 10  # the gauge judged is the median of this many recent samples
 PRESSURE_WINDOW_S = 600.0  # "recent" retries and OOMs: the last 10 minutes
+MIN_PRESSURE_WINDOW_S = 30.0  # with less history than this, judge the totals instead
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +55,7 @@ class Fragmentation:
 class Pressure:
     retries: int  # since the trainer started (torch's cumulative counters)
     ooms: int
-    retries_recent: int | None  # over the last `window_s` of history; None with one sample
+    retries_recent: int | None  # over the last `window_s` of history; None with too little
     ooms_recent: int | None
     window_s: float | None
 
@@ -112,7 +113,7 @@ def pressure(
 ) -> Pressure:
     """Deltas over the window; a counter that went down (reset_peak_memory_stats resets it, or
     the trainer restarted) counts from its new value."""
-    if len(times) < 2:
+    if len(times) < 2 or times[-1] - times[0] < MIN_PRESSURE_WINDOW_S:
         return Pressure(latest.num_alloc_retries, latest.num_ooms, None, None, None)
     start = len(times) - 1
     while start > 0 and times[-1] - times[start - 1] <= window_s:

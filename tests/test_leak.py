@@ -1,0 +1,172 @@
+"""The leak detector on synthetic per-step series and sampled sawtooths (DESIGN §5)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from memtop.diagnosis.leak import MIN_MARKS, detect, detect_from_history, detect_from_steps
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+T0 = 1_700_000_000.0
+
+
+def series(
+    n: int = 400,
+    rate: float = 0.0,
+    noise: float = 0.0,
+    seed: int = 0,
+    step_time: float = 0.1,
+    base: float = 10 * GiB,
+    extra=lambda step: 0.0,
+    keep: float = 1.0,
+) -> tuple[list[float], list[float], list[float]]:
+    rng = random.Random(seed)
+    steps, times, values = [], [], []
+    t = T0
+    for step in range(n):
+        t += step_time * rng.uniform(0.7, 1.3)
+        value = base + rate * step + extra(step) + (rng.gauss(0, noise) if noise else 0.0)
+        if rng.random() <= keep:
+            steps.append(float(step))
+            times.append(t)
+            values.append(float(int(value) // 512 * 512))
+    return steps, times, values
+
+
+def test_a_steady_leak_is_found_with_its_rate_and_time_to_full():
+    steps, times, values = series(rate=8 * MiB + 512, step_time=0.1)
+    estimate = detect_from_steps(steps, times, values, headroom_bytes=8 * GiB)
+    assert estimate.detected and estimate.basis == "steps"
+    assert estimate.bytes_per_step == pytest.approx(8 * MiB + 512, rel=0.01)
+    assert estimate.bytes_per_second == pytest.approx((8 * MiB + 512) * 10, rel=0.1)
+    assert estimate.steps_to_full == pytest.approx(1024, abs=2)  # 8 GiB / 8 MiB
+    assert estimate.seconds_to_full == pytest.approx(102.4, rel=0.1)
+    assert estimate.confidence > 0.999
+    as_json = estimate.as_dict()
+    assert set(as_json) >= {
+        "detected",
+        "bytes_per_step",
+        "bytes_per_second",
+        "steps_to_full",
+        "seconds_to_full",
+        "confidence",
+    }
+    assert isinstance(as_json["bytes_per_step"], int)
+
+
+def test_a_slow_leak_buried_in_noise_twenty_times_its_rate_is_found():
+    rate = 256 * KiB
+    steps, times, values = series(n=800, rate=rate, noise=20 * rate, seed=3)
+    estimate = detect_from_steps(steps, times, values, 4 * GiB)
+    assert estimate.detected
+    assert estimate.bytes_per_step == pytest.approx(rate, rel=0.3)
+
+
+@pytest.mark.parametrize("noise", [0.0, 4 * MiB, 64 * MiB])
+def test_a_flat_baseline_is_not_a_leak(noise: float):
+    for seed in range(5):
+        steps, times, values = series(noise=noise, seed=seed)
+        estimate = detect_from_steps(steps, times, values, 4 * GiB)
+        assert not estimate.detected, (seed, estimate.reason)
+        assert estimate.steps_to_full is None and estimate.seconds_to_full is None
+
+
+def test_a_warm_up_ramp_that_plateaus_is_not_a_leak():
+    ramp = lambda step: 2 * GiB * min(1.0, step / 100)  # noqa: E731
+    steps, times, values = series(n=400, noise=1 * MiB, extra=ramp)
+    estimate = detect_from_steps(steps, times, values, 4 * GiB)
+    assert not estimate.detected, estimate.reason
+
+
+def test_a_one_off_jump_is_not_a_leak_but_a_leak_after_it_is():
+    jump = lambda step: 1 * GiB if step >= 150 else 0.0  # noqa: E731
+    steps, times, values = series(n=400, noise=2 * MiB, extra=jump)
+    flat = detect_from_steps(steps, times, values, 4 * GiB)
+    assert not flat.detected, flat.reason
+    steps, times, values = series(n=400, rate=1 * MiB, noise=2 * MiB, extra=jump)
+    leaking = detect_from_steps(steps, times, values, 4 * GiB)
+    assert leaking.detected
+    assert leaking.bytes_per_step == pytest.approx(1 * MiB, rel=0.15)
+    assert leaking.since is not None and leaking.since >= 140  # analysed after the jump
+
+
+def test_a_jump_that_just_happened_is_not_called_a_leak():
+    jump = lambda step: 1 * GiB if step >= 390 else 0.0  # noqa: E731
+    steps, times, values = series(n=400, noise=2 * MiB, extra=jump)
+    assert not detect_from_steps(steps, times, values, 4 * GiB).detected
+
+
+def test_an_oom_restart_drops_the_level_and_the_leak_is_found_again_after_it():
+    # A leaking trainer that OOMed and restarted from a checkpoint: a sawtooth of leaks.
+    restart = lambda step: -300 * 4 * MiB if step >= 300 else 0.0  # noqa: E731
+    steps, times, values = series(n=400, rate=4 * MiB, extra=restart)
+    estimate = detect_from_steps(steps, times, values, 4 * GiB)
+    assert estimate.detected
+    assert estimate.bytes_per_step == pytest.approx(4 * MiB, rel=0.05)
+
+
+def test_spikes_from_a_bigger_batch_now_and_then_are_not_a_leak():
+    spikes = {50, 51, 200, 333, 390}
+    spike = lambda step: 3 * GiB if step in spikes else 0.0  # noqa: E731
+    steps, times, values = series(n=400, noise=1 * MiB, extra=spike)
+    assert not detect_from_steps(steps, times, values, 4 * GiB).detected
+
+
+def test_missing_marks_and_jittered_steps_do_not_bias_the_rate():
+    steps, times, values = series(n=600, rate=2 * MiB, noise=4 * MiB, keep=0.7, seed=9)
+    estimate = detect_from_steps(steps, times, values, 4 * GiB)
+    assert estimate.detected
+    assert estimate.bytes_per_step == pytest.approx(2 * MiB, rel=0.1)
+
+
+def test_tiny_growth_is_not_flagged_before_it_amounts_to_a_mebibyte():
+    steps, times, values = series(n=400, rate=512)  # one 512-byte tensor a step
+    estimate = detect_from_steps(steps, times, values, 4 * GiB)
+    assert not estimate.detected
+    assert "KiB" in estimate.reason
+
+
+def test_too_few_steps_say_so():
+    steps, times, values = series(n=MIN_MARKS - 1, rate=64 * MiB)
+    estimate = detect(steps, times, values, [], [], 4 * GiB)
+    assert not estimate.detected and estimate.basis == "none"
+    assert f"of {MIN_MARKS} steps" in estimate.reason
+
+
+def sampled_sawtooth(
+    seconds: float, leak_per_second: float, activations: float = 4 * GiB, step_time: float = 0.7
+) -> tuple[list[float], list[float]]:
+    """allocated sampled at ~1 Hz from a trainer whose steps memtop does not see."""
+    rng = random.Random(1)
+    times, values = [], []
+    t = T0
+    while t - T0 < seconds:
+        t += rng.uniform(0.9, 1.1)
+        phase = ((t - T0) / step_time) % 1.0
+        times.append(t)
+        values.append(10 * GiB + leak_per_second * (t - T0) + activations * phase)
+    return times, values
+
+
+def test_without_steps_the_rolling_minimum_finds_a_leak_under_a_sawtooth():
+    times, values = sampled_sawtooth(600, leak_per_second=16 * MiB)
+    estimate = detect([], [], [], times, values, 8 * GiB)
+    assert estimate.detected and estimate.basis == "time"
+    assert estimate.bytes_per_step is None
+    assert estimate.bytes_per_second == pytest.approx(16 * MiB, rel=0.2)
+    assert estimate.seconds_to_full == pytest.approx(8 * GiB / (16 * MiB), rel=0.2)
+
+
+def test_without_steps_a_healthy_sawtooth_is_not_a_leak():
+    times, values = sampled_sawtooth(900, leak_per_second=0.0)
+    estimate = detect_from_history(times, values, 8 * GiB)
+    assert not estimate.detected, estimate.reason
+
+
+def test_without_steps_a_minute_of_history_is_needed():
+    times, values = sampled_sawtooth(30, leak_per_second=64 * MiB)
+    estimate = detect([], [], [], times, values, 8 * GiB)
+    assert not estimate.detected and estimate.basis == "none"
+    assert "s of history" in estimate.reason

@@ -1,0 +1,270 @@
+"""Each suggestion rule: facts that must fire it, and facts that must not (DESIGN §5)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from memtop.diagnosis import suggestions as rules
+from memtop.diagnosis.facts import DeviceDiagnosis, GpuFacts, parse_allocator_conf
+from memtop.diagnosis.fragmentation import Fragmentation, Pressure
+from memtop.diagnosis.leak import LeakEstimate, not_enough
+
+MiB, GiB = 1 << 20, 1 << 30
+TOTAL = 80 * GiB
+
+
+def frag(gauge: float = 0.0, split: int = 0) -> Fragmentation:
+    return Fragmentation(gauge, gauge, split, 10 * GiB, None, None, None, 0)
+
+
+def device(
+    pid: int = 100,
+    allocated: int = 20 * GiB,
+    reserved: int = 24 * GiB,
+    peak: int = 30 * GiB,
+    baseline: int | None = 18 * GiB,
+    leak: LeakEstimate | None = None,
+    fragmentation: Fragmentation | None = None,
+    pressure: Pressure | None = None,
+    breakdown: dict[str, int] | None = None,
+    conf: str = "",
+) -> DeviceDiagnosis:
+    return DeviceDiagnosis(
+        pid=pid,
+        index=0,
+        uuid="GPU-1",
+        allocated_bytes=allocated,
+        reserved_bytes=reserved,
+        cached_bytes=reserved - allocated,
+        peak_bytes=peak,
+        baseline_bytes=baseline,
+        free_bytes=TOTAL - reserved,
+        total_bytes=TOTAL,
+        leak=leak or not_enough("no data"),
+        fragmentation=fragmentation or frag(),
+        pressure=pressure or Pressure(0, 0, 0, 0, 600.0),
+        breakdown=breakdown,
+        allocator_conf=conf,
+    )
+
+
+def gpu(*agents: DeviceDiagnosis, used: int | None = None, processes: Any = None) -> GpuFacts:
+    if used is None:
+        used = sum(a.reserved_bytes for a in agents) + 500 * MiB
+    if processes is None:
+        processes = tuple((a.pid, a.reserved_bytes) for a in agents)
+    return GpuFacts("GPU-1", 0, "Sim GPU", TOTAL, used, processes, agents)
+
+
+def fired(rule: rules.Rule, facts: GpuFacts) -> list[rules.Suggestion]:
+    return list(rule(facts))
+
+
+# ------------------------------------------------------------------------------ usage
+
+
+@pytest.mark.parametrize(
+    ("share", "severity"),
+    [(0.86, "warning"), (0.91, "critical"), (0.96, "emergency")],
+)
+def test_usage_thresholds(share: float, severity: str):
+    found = fired(rules.usage, gpu(device(), used=int(share * TOTAL)))
+    assert [s.severity for s in found] == [severity]
+    assert found[0].effect_bytes == int(share * TOTAL) - int(0.85 * TOTAL)
+    assert found[0].pid == 100
+
+
+def test_usage_below_85_percent_says_nothing():
+    assert fired(rules.usage, gpu(device(), used=int(0.84 * TOTAL))) == []
+
+
+def test_usage_points_at_a_neighbours_cache_when_there_is_one():
+    hog = device(pid=200, allocated=10 * GiB, reserved=30 * GiB)
+    found = fired(rules.usage, gpu(device(), hog, used=int(0.93 * TOTAL)))
+    assert found[0].fix == "memtop cleanup 200"
+
+
+# ------------------------------------------------------------------------------ OOM
+
+
+def test_recent_ooms_are_critical_and_old_ones_are_not_repeated():
+    found = fired(rules.out_of_memory, gpu(device(pressure=Pressure(5, 2, 1, 1, 600.0))))
+    assert [s.severity for s in found] == ["critical"] and "1 out-of-memory" in found[0].title
+    assert fired(rules.out_of_memory, gpu(device(pressure=Pressure(5, 2, 0, 0, 600.0)))) == []
+
+
+# ------------------------------------------------------------------------------ expandable
+
+
+def test_fragmentation_suggests_expandable_segments_keeping_other_options():
+    facts = gpu(device(fragmentation=frag(0.3, 2 * GiB), conf="max_split_size_mb:128"))
+    (found,) = fired(rules.expandable_segments, facts)
+    assert found.fix == "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128,expandable_segments:True"
+    assert found.effect_bytes == 2 * GiB
+    assert found.severity == "warning"
+
+
+def test_retries_under_pressure_make_it_critical():
+    facts = gpu(device(pressure=Pressure(9, 0, 9, 0, 600.0)), used=int(0.95 * TOTAL))
+    (found,) = fired(rules.expandable_segments, facts)
+    assert found.severity == "critical" and "retries" in found.evidence
+
+
+@pytest.mark.parametrize(
+    "conf", ["expandable_segments:True", "garbage_collection_threshold:0.6,expandable_segments:1"]
+)
+def test_expandable_segments_is_not_suggested_when_the_trainer_has_it(conf: str):
+    facts = gpu(device(fragmentation=frag(0.4, 4 * GiB), conf=conf))
+    assert fired(rules.expandable_segments, facts) == []
+
+
+def test_expandable_segments_is_not_suggested_without_fragmentation_or_retries():
+    assert fired(rules.expandable_segments, gpu(device(fragmentation=frag(0.1, 4 * GiB)))) == []
+    assert fired(rules.expandable_segments, gpu(device(fragmentation=frag(0.5, 16 * MiB)))) == []
+    async_backend = device(fragmentation=frag(0.5, 4 * GiB), conf="backend:cudaMallocAsync")
+    assert fired(rules.expandable_segments, gpu(async_backend)) == []
+
+
+def test_allocator_conf_parsing():
+    assert parse_allocator_conf(" Expandable_Segments:True , max_split_size_mb:64") == {
+        "expandable_segments": "True",
+        "max_split_size_mb": "64",
+    }
+
+
+# ------------------------------------------------------------------------------ leak
+
+
+def leak(seconds_to_full: float | None) -> LeakEstimate:
+    return LeakEstimate(
+        True, 8 * MiB, 80 * MiB, 1000, seconds_to_full, 0.999, "steps", 500, 10.0, "grows"
+    )
+
+
+@pytest.mark.parametrize(
+    ("seconds", "severity"), [(120, "emergency"), (1200, "critical"), (86_400, "warning")]
+)
+def test_a_leak_is_reported_with_rate_eta_and_culprits(seconds: float, severity: str):
+    (found,) = fired(rules.leak, gpu(device(leak=leak(seconds))))
+    assert found.severity == severity
+    assert "+8.0 MiB per step" in found.title and "full in" in found.title
+    assert "retain_graph" in found.detail
+    assert found.effect_bytes == 80 * MiB * 3600
+
+
+def test_no_leak_no_leak_suggestion():
+    not_a_leak = dataclasses.replace(leak(100), detected=False)
+    assert fired(rules.leak, gpu(device(leak=not_a_leak))) == []
+
+
+# ------------------------------------------------------------------------------ breakdown rules
+
+BREAKDOWN = {
+    "parameters": 6 * GiB,
+    "gradients": 6 * GiB,
+    "optimizer_state": 12 * GiB,
+    "fp32_parameter_bytes": 6 * GiB,
+}
+
+
+def test_a_large_optimizer_state_suggests_an_8bit_optimizer_with_the_saving():
+    (found,) = fired(rules.eight_bit_optimizer, gpu(device(breakdown=BREAKDOWN)))
+    assert found.effect_bytes == 9 * GiB  # 3/4 of 12 GiB
+
+
+def test_a_small_optimizer_state_does_not():
+    small = dict(BREAKDOWN, optimizer_state=2 * GiB)  # 2 of 30 GiB peak
+    assert fired(rules.eight_bit_optimizer, gpu(device(breakdown=small))) == []
+    assert fired(rules.eight_bit_optimizer, gpu(device(breakdown=None))) == []
+
+
+def test_fp32_parameters_suggest_bf16_with_the_saving():
+    (found,) = fired(rules.bf16_parameters, gpu(device(breakdown=BREAKDOWN)))
+    assert found.effect_bytes == 3 * GiB + 3 * GiB  # half the weights, half their gradients
+
+
+def test_bf16_parameters_do_not():
+    bf16 = dict(BREAKDOWN, fp32_parameter_bytes=0)
+    assert fired(rules.bf16_parameters, gpu(device(breakdown=bf16))) == []
+
+
+def test_activations_dominating_a_tight_peak_suggest_checkpointing():
+    breakdown = dict(BREAKDOWN, parameters=4 * GiB, optimizer_state=8 * GiB)
+    facts = gpu(device(peak=70 * GiB, breakdown=breakdown), used=int(0.9 * TOTAL))
+    (found,) = fired(rules.gradient_checkpointing, facts)
+    assert found.effect_bytes == (70 - 12) * GiB * 2 // 3
+    assert found.severity == "warning"
+
+
+def test_checkpointing_is_not_suggested_when_memory_is_not_short_or_activations_are_small():
+    breakdown = dict(BREAKDOWN, parameters=4 * GiB, optimizer_state=8 * GiB)
+    roomy = gpu(device(peak=70 * GiB, breakdown=breakdown), used=int(0.5 * TOTAL))
+    assert fired(rules.gradient_checkpointing, roomy) == []
+    static_heavy = gpu(device(peak=30 * GiB, breakdown=BREAKDOWN), used=int(0.9 * TOTAL))
+    assert fired(rules.gradient_checkpointing, static_heavy) == []
+
+
+# ------------------------------------------------------------------------------ cleanup
+
+
+def test_cache_held_while_a_neighbour_retries_suggests_cleanup():
+    hog = device(pid=200, allocated=10 * GiB, reserved=30 * GiB)
+    short = device(pid=300, pressure=Pressure(4, 0, 4, 0, 600.0))
+    found = fired(rules.cleanup_for_neighbour, gpu(hog, short, used=int(0.7 * TOTAL)))
+    assert [s.pid for s in found] == [200]
+    assert found[0].fix == "memtop cleanup 200"
+    assert found[0].effect_bytes == 20 * GiB
+
+
+def test_no_cleanup_when_alone_or_nobody_is_short():
+    hog = device(pid=200, allocated=10 * GiB, reserved=30 * GiB)
+    assert fired(rules.cleanup_for_neighbour, gpu(hog, used=int(0.95 * TOTAL))) == []
+    calm = device(pid=300)
+    assert fired(rules.cleanup_for_neighbour, gpu(hog, calm, used=int(0.6 * TOTAL))) == []
+    # Only the hog itself retries: its own cache is already open to it (and the calm
+    # neighbour caches too little to matter).
+    retrying_hog = dataclasses.replace(hog, pressure=Pressure(3, 0, 3, 0, 600.0))
+    lean = device(pid=300, allocated=20 * GiB, reserved=20 * GiB + 100 * MiB)
+    assert fired(rules.cleanup_for_neighbour, gpu(retrying_hog, lean, used=int(0.6 * TOTAL))) == []
+    # ... while a neighbour that does cache a lot is asked to give it back.
+    (found,) = fired(rules.cleanup_for_neighbour, gpu(retrying_hog, calm, used=int(0.6 * TOTAL)))
+    assert found.pid == 300 and found.effect_bytes == 4 * GiB
+
+
+# ------------------------------------------------------------------------------ bigger batch
+
+
+def test_headroom_says_how_much_larger_a_batch_fits():
+    alone = device(allocated=10 * GiB, reserved=12 * GiB, peak=14 * GiB, baseline=10 * GiB)
+    (found,) = fired(rules.bigger_batch, gpu(alone, used=13 * GiB))
+    # 4 GiB per step on top of the baseline; 67 GiB free + 2 GiB cache − 4 GiB spare = 65 GiB
+    assert found.effect_bytes == 67 * GiB + 2 * GiB - int(0.05 * TOTAL)
+    assert "17.2×" in found.title
+
+
+def test_no_batch_advice_when_full_shared_leaking_or_without_steps():
+    alone = device(allocated=10 * GiB, reserved=12 * GiB, peak=14 * GiB, baseline=10 * GiB)
+    assert fired(rules.bigger_batch, gpu(alone, used=int(0.75 * TOTAL))) == []
+    other = ((alone.pid, 12 * GiB), (999, 1 * GiB))
+    assert fired(rules.bigger_batch, gpu(alone, used=13 * GiB, processes=other)) == []
+    leaking = dataclasses.replace(alone, leak=leak(3600))
+    assert fired(rules.bigger_batch, gpu(leaking, used=13 * GiB)) == []
+    no_steps = dataclasses.replace(alone, baseline_bytes=None)
+    assert fired(rules.bigger_batch, gpu(no_steps, used=13 * GiB)) == []
+
+
+def test_suggestions_come_most_severe_first():
+    facts = gpu(
+        device(breakdown=BREAKDOWN, leak=leak(1200), fragmentation=frag(0.3, 2 * GiB)),
+        used=int(0.96 * TOTAL),
+    )
+    order = [s.severity for s in rules.suggest([facts])]
+    assert order[0] == "emergency"
+    ranks = [rules.SEVERITIES.index(s) for s in order]
+    assert ranks == sorted(ranks, reverse=True)
+    assert {"severity", "pid", "device", "title", "detail"} <= set(
+        rules.suggest([facts])[0].as_dict()
+    )
