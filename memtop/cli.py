@@ -148,8 +148,8 @@ def _make_sampler(args: argparse.Namespace, simulated_only: bool = False):  # ty
     return Sampler(store, devices, AgentPool(args.socket_dir), interval=args.interval)
 
 
-ONCE_EXTRA_ROUNDS = 4
-ONCE_ROUND_GAP_S = 0.07
+ONCE_EXTRA_ROUNDS = 6
+ONCE_ROUND_GAP_S = 0.05
 
 
 def _once(args: argparse.Namespace) -> int:
