@@ -61,6 +61,8 @@ class Sampler:
         for poll in polls:
             if poll.state == CONNECTED:
                 self._maybe_breakdown(poll.pid)
+        live = {poll.pid for poll in polls}
+        self._due = {key: due for key, due in self._due.items() if key[0] in live}
         self.rounds += 1
         self.last_round_s = time.monotonic() - started
 

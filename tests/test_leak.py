@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -170,3 +174,17 @@ def test_without_steps_a_minute_of_history_is_needed():
     estimate = detect([], [], [], times, values, 8 * GiB)
     assert not estimate.detected and estimate.basis == "none"
     assert "s of history" in estimate.reason
+
+
+def test_the_evaluation_harness_runs_and_reports_its_figures():
+    bench = Path(__file__).resolve().parent.parent / "bench" / "leak_eval.py"
+    out = subprocess.run(
+        [sys.executable, str(bench), "--series", "10", "--seed", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(result) >= {"detection_rate", "false_alarm_rate", "median_steps_to_detect"}
+    assert result["detection_rate"] >= 0.75 and result["false_alarm_rate"] <= 0.25
