@@ -176,14 +176,17 @@ def _once(args: argparse.Namespace) -> int:
 def _watch(args: argparse.Namespace, simulated_only: bool) -> int:
     """A plain refreshing text view (until the Textual dashboard takes its place)."""
     from memtop import report
+    from memtop.diagnosis import Diagnoser
 
     sampler = _make_sampler(args, simulated_only)
     sampler.start()
+    diagnoser = Diagnoser()  # keeps leak verdicts between refreshes (they cost ms each)
     interactive = sys.stdout.isatty()
     try:
         while True:
             time.sleep(min(args.interval, 0.5) if sampler.rounds == 0 else args.interval)
-            text = report.render_text(report.build(sampler.store))
+            data = report.build(sampler.store, diagnoser.diagnose(sampler.store))
+            text = report.render_text(data)
             if interactive:
                 sys.stdout.write("\x1b[H\x1b[2J" + text + "\n(Ctrl-C to quit)\n")
             else:
