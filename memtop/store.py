@@ -11,7 +11,7 @@ import threading
 import time
 from array import array
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -232,37 +232,41 @@ class Store:
                     state.peak_bytes = max(state.peak_bytes, allocated)
 
     def update_breakdown(self, pid: int, result: dict[str, Any], when: float | None = None) -> None:
-        devices = result.get("devices")
-        if not isinstance(devices, dict):
+        """Keep a `breakdown` reply: bytes by role per device."""
+        devices = _per_device(result)
+        if devices is None:
             return
-        with self._lock:
-            agent = self._agents.get(pid)
-            if agent is None:
-                return
-            agent.breakdown = {
-                int(k): {str(n): int(v) for n, v in d.items() if isinstance(v, int)}
-                for k, d in devices.items()
-                if isinstance(d, dict)
-            }
-            agent.breakdown_time = when if when is not None else time.time()
-            self.generation += 1
+        breakdown = {
+            index: {str(n): int(v) for n, v in d.items() if isinstance(v, int)}
+            for index, d in devices.items()
+        }
+        stamp = when if when is not None else time.time()
+
+        def apply(agent: AgentState) -> None:
+            agent.breakdown, agent.breakdown_time = breakdown, stamp
+
+        self._update_agent(pid, apply)
 
     def update_snapshot_summary(
         self, pid: int, result: dict[str, Any], when: float | None = None
     ) -> None:
         """Keep the per-device summary of a `snapshot` reply (no file written)."""
-        devices = result.get("devices")
-        if not isinstance(devices, dict):
+        summary = _per_device(result)
+        if summary is None:
             return
+        stamp = when if when is not None else time.time()
+
+        def apply(agent: AgentState) -> None:
+            agent.snapshot_summary, agent.snapshot_time = summary, stamp
+
+        self._update_agent(pid, apply)
+
+    def _update_agent(self, pid: int, apply: Callable[[AgentState], None]) -> None:
         with self._lock:
             agent = self._agents.get(pid)
-            if agent is None:
-                return
-            agent.snapshot_summary = {
-                int(k): dict(d) for k, d in devices.items() if isinstance(d, dict) and k.isdigit()
-            }
-            agent.snapshot_time = when if when is not None else time.time()
-            self.generation += 1
+            if agent is not None:
+                apply(agent)
+                self.generation += 1
 
     def reset_peak(self, pid: int) -> None:
         """memtop's own peak restarts from the current value (the `r` key)."""
@@ -353,6 +357,19 @@ class Store:
             ),
             snapshot_time=agent.snapshot_time,
         )
+
+
+def _per_device(result: dict[str, Any]) -> dict[int, dict[str, Any]] | None:
+    """`{"devices": {"<index>": {...}}}` of an agent reply, malformed entries left out; None
+    when the reply has no such map (what was kept before stays)."""
+    devices = result.get("devices")
+    if not isinstance(devices, dict):
+        return None
+    return {
+        int(k): dict(d)
+        for k, d in devices.items()
+        if isinstance(k, str) and k.isdigit() and isinstance(d, dict)
+    }
 
 
 def _pid(agent: AgentState) -> int:

@@ -56,11 +56,12 @@ class Diagnoser:
     def diagnose(self, store: Store, now: float | None = None) -> Diagnosis:
         now = time.time() if now is None else now
         devices: dict[tuple[int, int], DeviceDiagnosis] = {}
-        for agent in store.agents():
+        agents = store.agents()
+        for agent in agents:
             for dev in agent.devices:
                 devices[(agent.pid, dev.index)] = self._device(store, agent, dev, now)
         self._leaks = {k: v for k, v in self._leaks.items() if k in devices}
-        live = {agent.pid for agent in store.agents() if agent.state == CONNECTED}
+        live = {agent.pid for agent in agents if agent.state == CONNECTED}
         gpus = _gpus(store.nvml(), [d for key, d in devices.items() if key[0] in live])
         return Diagnosis(now, devices, tuple(gpus), tuple(suggest(gpus)))
 
@@ -69,13 +70,15 @@ class Diagnoser:
     ) -> DeviceDiagnosis:
         latest = dev.latest
         key = (agent.pid, dev.index)
-        marks = store.step_marks(agent.pid, dev.index, last=MAX_MARKS)
         history = store.history(agent.pid, dev.index)
-        mark_count = len(marks.get("step", ()))
+        # The baseline is the newest step mark; all of them are read only when the leak
+        # verdict is due again.
+        newest = store.step_marks(agent.pid, dev.index, last=1).get("allocated", [])
         cached = self._leaks.get(key)
         if cached is not None and 0 <= now - cached[0] < self.leak_refresh_s:
             leak = cached[1]
         else:
+            marks = store.step_marks(agent.pid, dev.index, last=MAX_MARKS)
             leak = detect(
                 marks.get("step", []),
                 marks.get("time", []),
@@ -95,7 +98,7 @@ class Diagnoser:
             reserved_bytes=latest.reserved,
             cached_bytes=latest.cached,
             peak_bytes=max(dev.peak_bytes, latest.torch_peak),
-            baseline_bytes=int(marks["allocated"][-1]) if mark_count else None,
+            baseline_bytes=int(newest[-1]) if newest else None,
             free_bytes=latest.free_bytes,
             total_bytes=latest.total_bytes,
             leak=leak,

@@ -239,8 +239,10 @@ def _analyse(
     """
     first = 0
     xs, ys = reduce(raw_x, raw_y)
+    breaks = None  # the breaks of the current xs, ys once looked for
     for _ in range(MAX_BREAKS):
-        cut = _regime_change(xs, ys)
+        breaks = _find_breaks(xs, ys)
+        cut = _regime_change(breaks, ys)
         if cut is None:
             break
         boundary = (xs[cut - 1] + xs[cut]) / 2
@@ -248,6 +250,9 @@ def _analyse(
         if len(raw_x) - first < min_raw:
             return first, None
         xs, ys = reduce(raw_x[first:], raw_y[first:])
+        breaks = None
+    if breaks is None:
+        breaks = _find_breaks(xs, ys)
     if len(xs) < MIN_BINS:
         return first, None
     recent = max(5, len(xs) // 3)
@@ -260,7 +265,7 @@ def _analyse(
         z=_mann_kendall_z(ys),
         recent_z=_mann_kendall_z(ry),
         recent_slope=_theil_sen(rx, ry),
-        step_like=_a_jump_fits_as_well(xs, ys),
+        step_like=_a_jump_fits_as_well(breaks, ys),
         noise=_robust_spread(xs, ys, slope),
     )
 
@@ -279,68 +284,74 @@ def _verdict(trend: _Trend, growth: float, unit: str) -> tuple[bool, str]:
     return True, f"baseline grows {trend.slope / MiB:.2f} MiB per {unit}"
 
 
-def _regime_change(xs: list[float], ys: list[float]) -> int | None:
+@dataclass(frozen=True, slots=True)
+class _Breaks:
+    """The best single break of each kind added to a line, from one pass over the bins."""
+
+    sse_line: float
+    jump_at: int | None  # a step in level from this bin on
+    jump_gain: float  # how much SSE the jump removes from the line's
+    bend_at: int | None  # a change of slope from this bin on
+    bend_gain: float
+
+
+def _regime_change(breaks: _Breaks, ys: list[float]) -> int | None:
     """Index where the series changes regime, when a line with a break there fits much better
     than one line: a jump in level (a bigger batch from now on, an OOM restart) or a bend in
     slope (a warm-up ramp that levelled off, a leak that started)."""
-    k, gain, sse_line = _best_break(xs, ys, jumps=True, bends=True)
+    if breaks.bend_gain > breaks.jump_gain:
+        k, gain = breaks.bend_at, breaks.bend_gain
+    else:
+        k, gain = breaks.jump_at, breaks.jump_gain
     if k is None:
         return None
     scale = max(abs(y) for y in ys) or 1.0
-    sse_break = max(sse_line - gain, 1e-12 * scale * scale)
-    return k if gain / (sse_break / (len(xs) - 3)) >= F_BREAK else None
+    sse_break = max(breaks.sse_line - gain, 1e-12 * scale * scale)
+    return k if gain / (sse_break / (len(ys) - 3)) >= F_BREAK else None
 
 
-def _a_jump_fits_as_well(xs: list[float], ys: list[float]) -> bool:
+def _a_jump_fits_as_well(breaks: _Breaks, ys: list[float]) -> bool:
     """True when one step in level explains the series at least as well as a steady slope:
     a small level shift in noise looks like a slow trend, and is not called a leak until the
     slope wins."""
-    k, _gain, sse_line = _best_break(xs, ys, jumps=True, bends=False)
-    if k is None:
+    if breaks.jump_at is None:
         return False
-    # line + jump vs jump alone: the jump alone leaves the slope's share of the fit unexplained.
-    jump_alone_sse = _sse_of_step_at(xs, ys, k)
-    return jump_alone_sse <= sse_line
+    # The jump alone (two flat levels) against the line: the slope's share is unexplained.
+    return _sse_of_step_at(ys, breaks.jump_at) <= breaks.sse_line
 
 
-def _sse_of_step_at(xs: list[float], ys: list[float], k: int) -> float:
+def _sse_of_step_at(ys: list[float], k: int) -> float:
     left, right = ys[:k], ys[k:]
     ml, mr = sum(left) / len(left), sum(right) / len(right)
     return sum((y - ml) ** 2 for y in left) + sum((y - mr) ** 2 for y in right)
 
 
-def _best_break(
-    xs: list[float], ys: list[float], jumps: bool, bends: bool
-) -> tuple[int | None, float, float]:
-    """(k, SSE reduction, SSE of the line) for the best single break added to a line.
-
-    Each break adds one regressor to the line; by Frisch–Waugh, with y and the regressor
-    residualised on x, its fit is a one-variable regression, so every candidate costs O(n).
-    """
+def _find_breaks(xs: list[float], ys: list[float]) -> _Breaks:
+    """Each break adds one regressor to the line; by Frisch–Waugh, with y and the regressor
+    residualised on x, its fit is a one-variable regression, so every candidate costs O(n)."""
     n = len(xs)
     ry = _residuals_on(xs, ys)
     sse_line = sum(r * r for r in ry)
     scale = max(abs(y) for y in ys) or 1.0
     if n < 8 or sse_line <= n * (1e-9 * scale) ** 2:
-        return None, 0.0, sse_line  # a line already explains it (a noiseless leak, a flat run)
-    best_gain, best_k = 0.0, None
+        # A line already explains it (a noiseless leak, a flat run).
+        return _Breaks(sse_line, None, 0.0, None, 0.0)
+    best: dict[str, tuple[int | None, float]] = {"jump": (None, 0.0), "bend": (None, 0.0)}
     for k in range(2, n - 2):
         knee = xs[k]
-        candidates = []
-        if jumps:
-            candidates.append([0.0 if x < knee else 1.0 for x in xs])
-        if bends:
-            candidates.append([max(0.0, x - knee) for x in xs])
-        for regressor in candidates:
+        for kind, regressor in (
+            ("jump", [0.0 if x < knee else 1.0 for x in xs]),
+            ("bend", [max(0.0, x - knee) for x in xs]),
+        ):
             rd = _residuals_on(xs, regressor)
             sdd = sum(d * d for d in rd)
             if sdd <= 0:
                 continue
             sdy = sum(d * r for d, r in zip(rd, ry, strict=True))
             gain = sdy * sdy / sdd
-            if gain > best_gain:
-                best_gain, best_k = gain, k
-    return best_k, best_gain, sse_line
+            if gain > best[kind][1]:
+                best[kind] = (k, gain)
+    return _Breaks(sse_line, best["jump"][0], best["jump"][1], best["bend"][0], best["bend"][1])
 
 
 def _residuals_on(xs: Sequence[float], ys: Sequence[float]) -> list[float]:
