@@ -174,7 +174,26 @@ def _once(args: argparse.Namespace) -> int:
 
 
 def _watch(args: argparse.Namespace, simulated_only: bool) -> int:
-    """A plain refreshing text view (until the Textual dashboard takes its place)."""
+    """The dashboard on a terminal; the plain text view when stdout is not one."""
+    if sys.stdout.isatty() and sys.stdin.isatty():
+        return _dashboard(args, simulated_only)
+    return _text_view(args, simulated_only)
+
+
+def _dashboard(args: argparse.Namespace, simulated_only: bool) -> int:
+    from memtop.ui.app import MemtopApp
+
+    sampler = _make_sampler(args, simulated_only)
+    sampler.start()
+    try:
+        MemtopApp(sampler.store, sampler, interval=args.interval).run()
+    finally:
+        sampler.stop()
+    return EXIT_OK
+
+
+def _text_view(args: argparse.Namespace, simulated_only: bool) -> int:
+    """A plain refreshing text report, for a pipe or a log file."""
     from memtop import report
     from memtop.diagnosis import Diagnoser
 

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from memtop.model import NvmlReading
 from memtop.sources.agents import CONNECTED, AgentClient, AgentPool
+from memtop.sources.processes import ProcessDirectory
 from memtop.store import Store
 
 
@@ -44,6 +45,7 @@ class Sampler:
         self.rounds = 0
         self.last_round_s = 0.0
         self._due: dict[tuple[int, str], float] = {}
+        self.processes = ProcessDirectory()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._paused = threading.Event()
@@ -54,10 +56,13 @@ class Sampler:
     def sample_once(self) -> None:
         started = time.monotonic()
         now = time.time()
-        self.store.update_nvml(self.devices.read(), now)
+        reading = self.devices.read()
+        self.store.update_nvml(reading, now)
         polls = self.agents.poll()
         self.store.update_agents(polls, time.time())
         self.store.set_problems(self.agents.problems)
+        pids = {p.pid for d in reading.devices for p in d.processes} | {p.pid for p in polls}
+        self.store.update_processes(self.processes.lookup(pids))
         for poll in polls:
             if poll.state == CONNECTED:
                 self._maybe_breakdown(poll.pid)

@@ -22,6 +22,7 @@ from memtop.model import (
     NvmlReading,
 )
 from memtop.sources.agents import CONNECTED, EXITED, AgentPoll
+from memtop.sources.processes import ProcessInfo
 
 HISTORY_SAMPLES = 3600  # one hour at the default 1 s interval
 STEP_MARKS = 4096
@@ -69,6 +70,18 @@ class Ring:
         count = self._count if last is None else min(last, self._count)
         first = self._start + self._count - count
         return [data[(first + i) % self.capacity] for i in range(count)]
+
+    def count_since(self, name: str, since: float) -> int:
+        """How many of the newest rows have `name` >= since (the column must be ascending)."""
+        data = self._columns[self.names.index(name)]
+        low, high = 0, self._count  # rows [low, high) in age order; find the first >= since
+        while low < high:
+            middle = (low + high) // 2
+            if data[(self._start + middle) % self.capacity] < since:
+                low = middle + 1
+            else:
+                high = middle
+        return self._count - low
 
     def last(self, name: str) -> float | None:
         if not self._count:
@@ -147,6 +160,7 @@ class Store:
         self._nvml_time: float | None = None
         self._device_used: dict[str, Ring] = {}
         self._agents: dict[int, AgentState] = {}
+        self._processes: dict[int, ProcessInfo] = {}
         self._problems: list[str] = []
         self.events: deque[tuple[float, str]] = deque(maxlen=200)
         self.generation = 0  # bumped on every write: the UI redraws only when it moved
@@ -268,6 +282,13 @@ class Store:
                 apply(agent)
                 self.generation += 1
 
+    def update_processes(self, processes: dict[int, ProcessInfo]) -> None:
+        """Owner and command line of every pid in view (read by the sampler)."""
+        with self._lock:
+            if processes != self._processes:
+                self._processes = dict(processes)
+                self.generation += 1
+
     def reset_peak(self, pid: int) -> None:
         """memtop's own peak restarts from the current value (the `r` key)."""
         with self._lock:
@@ -318,13 +339,29 @@ class Store:
             agent = self._agents.get(pid)
             return self._view(agent) if agent is not None else None
 
-    def history(self, pid: int, index: int, last: int | None = None) -> dict[str, list[float]]:
-        """The HISTORY_COLUMNS of one agent device, oldest first."""
+    def processes(self) -> dict[int, ProcessInfo]:
+        with self._lock:
+            return dict(self._processes)
+
+    def history(
+        self,
+        pid: int,
+        index: int,
+        last: int | None = None,
+        since: float | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> dict[str, list[float]]:
+        """HISTORY_COLUMNS of one agent device, oldest first: all rows, the newest `last`, or
+        those sampled at or after `since` (whichever is fewer), and only `columns` if given."""
         with self._lock:
             device = self._device_state(pid, index)
             if device is None:
                 return {}
-            return {name: device.history.column(name, last) for name in device.history.names}
+            ring = device.history
+            if since is not None:
+                recent = ring.count_since("time", since)
+                last = recent if last is None else min(last, recent)
+            return {name: ring.column(name, last) for name in (columns or ring.names)}
 
     def step_marks(self, pid: int, index: int, last: int | None = None) -> dict[str, list[float]]:
         """Columns step/time/allocated of the per-step baselines, oldest first."""

@@ -11,7 +11,12 @@ import time
 from dataclasses import dataclass, field
 
 from memtop.diagnosis.facts import DeviceDiagnosis, GpuFacts
-from memtop.diagnosis.fragmentation import fragmentation, pressure
+from memtop.diagnosis.fragmentation import (
+    GAUGE_SAMPLES,
+    PRESSURE_WINDOW_S,
+    fragmentation,
+    pressure,
+)
 from memtop.diagnosis.leak import MAX_MARKS, LeakEstimate, detect
 from memtop.diagnosis.suggestions import Suggestion, suggest
 from memtop.model import NvmlReading
@@ -70,15 +75,25 @@ class Diagnoser:
     ) -> DeviceDiagnosis:
         latest = dev.latest
         key = (agent.pid, dev.index)
-        history = store.history(agent.pid, dev.index)
-        # The baseline is the newest step mark; all of them are read only when the leak
-        # verdict is due again.
+        # Only the rows each measure needs: the gauge's median and the pressure window, read every
+        # time; the whole allocated history only when the leak verdict is due again (a dashboard
+        # diagnoses every second, and an hour of history is 3600 rows per device).
+        newest_sample = agent.last_sample_time if agent.last_sample_time is not None else now
+        recent = store.history(
+            agent.pid,
+            dev.index,
+            since=newest_sample - PRESSURE_WINDOW_S,
+            columns=("time", "num_alloc_retries", "num_ooms"),
+        )
+        gauge = store.history(agent.pid, dev.index, last=GAUGE_SAMPLES, columns=("fragmentation",))
+        # The baseline is the newest step mark.
         newest = store.step_marks(agent.pid, dev.index, last=1).get("allocated", [])
         cached = self._leaks.get(key)
         if cached is not None and 0 <= now - cached[0] < self.leak_refresh_s:
             leak = cached[1]
         else:
             marks = store.step_marks(agent.pid, dev.index, last=MAX_MARKS)
+            history = store.history(agent.pid, dev.index, columns=("time", "allocated"))
             leak = detect(
                 marks.get("step", []),
                 marks.get("time", []),
@@ -103,13 +118,13 @@ class Diagnoser:
             total_bytes=latest.total_bytes,
             leak=leak,
             fragmentation=fragmentation(
-                latest, history.get("fragmentation", []), summaries.get(dev.index), snapshot_age
+                latest, gauge.get("fragmentation", []), summaries.get(dev.index), snapshot_age
             ),
             pressure=pressure(
                 latest,
-                history.get("time", []),
-                history.get("num_alloc_retries", []),
-                history.get("num_ooms", []),
+                recent.get("time", []),
+                recent.get("num_alloc_retries", []),
+                recent.get("num_ooms", []),
             ),
             breakdown=(agent.breakdown or {}).get(dev.index),
             allocator_conf=agent.hello.allocator_conf if agent.hello else "",

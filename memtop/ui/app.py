@@ -1,0 +1,423 @@
+"""The Textual dashboard (DESIGN §8).
+
+The app renders from the store at the refresh interval and never does I/O on its own thread:
+agent commands run on the sampler's action workers, terminating a process on a thread worker,
+and their outcomes come back as notifications.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Footer, OptionList, Static
+
+from memtop.diagnosis import Diagnoser, Diagnosis
+from memtop.sampler import Sampler
+from memtop.sources.agents import AgentError, AgentUnreachable
+from memtop.sources.processes import TerminateRefused, terminate
+from memtop.store import Store
+from memtop.ui import view
+from memtop.ui.render import FREE
+from memtop.ui.screens.confirm import ConfirmScreen
+from memtop.ui.screens.detail import DetailScreen
+from memtop.ui.screens.help import HelpScreen
+from memtop.ui.widgets.gpu_panel import GpuPanel
+from memtop.ui.widgets.process_table import ProcessTable
+from memtop.ui.widgets.suggestions import SuggestionsPane
+from memtop.units import format_bytes
+
+COMPACT_WIDTH = 100  # narrower than this: short numbers, fewer columns
+COMPACT_HEIGHT = 30
+ACTION_TIMEOUT_S = 15.0
+MEMORY_VIZ = "https://pytorch.org/memory_viz"
+PROCESS_ACTIONS = {"cleanup", "reset_peak", "snapshot", "terminate", "copy_fix", "pause"}
+
+
+class MemtopApp(App[None]):
+    TITLE = "memtop"
+    CSS_PATH = "memtop.tcss"
+    ENABLE_COMMAND_PALETTE = False
+    BINDINGS = [
+        Binding("c", "cleanup", "Cleanup"),
+        Binding("r", "reset_peak", "Reset peak"),
+        Binding("s", "snapshot", "Snapshot"),
+        Binding("k", "terminate", "Kill"),
+        Binding("y", "copy_fix", "Copy fix"),
+        Binding("p", "pause", "Pause"),
+        Binding("question_mark", "help", "Help", key_display="?"),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(
+        self,
+        store: Store,
+        sampler: Sampler | None = None,
+        *,
+        interval: float = 1.0,
+        snapshot_dir: Path | None = None,
+        clock: Callable[[], float] = time.time,
+        host: str | None = None,
+        my_uid: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.store = store
+        self.sampler = sampler
+        self.interval = interval
+        self.snapshot_dir = snapshot_dir or Path.cwd()
+        self.clock = clock
+        self.host = host
+        self.my_uid = os.getuid() if my_uid is None else my_uid
+        self.diagnoser = Diagnoser()  # one for the app's life: it caches the leak verdicts
+        self.dashboard: view.Dashboard | None = None
+        self.diagnosis: Diagnosis | None = None
+        self._generation = -1
+        self._layout: tuple[bool, bool] | None = None
+        self.refreshes = 0
+
+    # ------------------------------------------------------------------ layout
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="header")
+        with Vertical(id="main"):
+            yield GpuPanel(id="gpus")
+            yield ProcessTable()
+            yield SuggestionsPane()
+        yield Static(id="empty")
+        yield Static(id="status")
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.query_one(GpuPanel).can_focus = False
+        self.query_one(ProcessTable).focus()
+        self.refresh_view()
+        self.set_interval(self.interval, self.refresh_view)
+        if self.sampler is not None and self.sampler.rounds == 0:
+            # The first frame goes out before the first sampling round; look again as soon as
+            # that round lands rather than a whole interval later.
+            self._early = self.set_interval(0.05, self._refresh_when_sampled)
+
+    def _refresh_when_sampled(self) -> None:
+        if self.sampler is None or self.sampler.rounds > 0:
+            self._early.stop()
+            self.refresh_view()
+
+    def on_resize(self) -> None:
+        self._generation = -1
+        self.refresh_view()
+
+    # ------------------------------------------------------------------ rendering
+
+    def refresh_view(self) -> None:
+        """Rebuild the view from the store, if anything was written since the last time."""
+        generation = self.store.generation
+        if generation == self._generation:
+            return
+        self._generation = generation
+        self.refreshes += 1
+        now = self.clock()
+        self.diagnosis = self.diagnoser.diagnose(self.store, now=now)
+        sampled = self.sampler is None or self.sampler.rounds > 0
+        dash = view.build(
+            self.store, self.diagnosis, sampled=sampled, my_uid=self.my_uid, host=self.host
+        )
+        self.dashboard = dash
+        compact = self.size.width < COMPACT_WIDTH or self.size.height < COMPACT_HEIGHT
+        dense = len(dash.gpus) * 2 > max(4, int(self.size.height * 0.3))
+        if self._layout != (compact, dense):
+            self._layout = (compact, dense)
+            self.set_class(compact, "-compact")
+        self._set(self.query_one("#header", Static), self._header(dash))
+        self._set(self.query_one("#status", Static), self._status(dash))
+        empty = dash.state == view.EMPTY
+        self.query_one("#main").display = not empty
+        self.query_one("#empty").display = empty
+        if empty:
+            self._set(self.query_one("#empty", Static), _empty_text(dash))
+        else:
+            self.query_one(GpuPanel).show(dash.gpus, dense)
+            self.query_one(ProcessTable).show(dash.processes, compact)
+            self.query_one(SuggestionsPane).show(dash.suggestions, compact)
+        if isinstance(self.screen, DetailScreen):
+            self._show_detail(self.screen)
+
+    def _set(self, widget: Static, content: Text) -> None:
+        # Static.update repaints even when nothing changed; compare first.
+        if getattr(widget, "_memtop_shown", None) != (content.plain, content.spans):
+            widget._memtop_shown = (content.plain, content.spans)  # type: ignore[attr-defined]
+            widget.update(content)
+
+    def _header(self, dash: view.Dashboard) -> Text:
+        text = Text.assemble((" memtop ", "bold reverse"), " ", (dash.host, "bold"))
+        parts = [
+            dash.source,
+            f"{len(dash.gpus)} GPU{'s' if len(dash.gpus) != 1 else ''}",
+            f"{dash.agents} agent{'s' if dash.agents != 1 else ''}",
+            f"every {self.interval:g} s",
+        ]
+        text.append("  " + "  ·  ".join(parts), style=FREE)
+        if self.sampler is not None and self.sampler.paused:
+            text.append("   PAUSED (p resumes) ", style="bold black on yellow")
+        return text
+
+    def _status(self, dash: view.Dashboard) -> Text:
+        if dash.problems:
+            return Text(" " + dash.problems[-1], style="bold red")
+        if dash.nvml_error and dash.state != view.EMPTY:
+            return Text(f" NVML: {dash.nvml_error}", style="yellow")
+        if dash.state == view.WAITING:
+            return Text(" reading devices and agents…", style=FREE)
+        if dash.last_event:
+            return Text(" " + dash.last_event, style=FREE)
+        return Text(" ")
+
+    # ------------------------------------------------------------------ selection
+
+    def selected_row(self) -> view.ProcessRow | None:
+        if isinstance(self.screen, DetailScreen):
+            return self.screen.row
+        focused = self.focused
+        if isinstance(focused, SuggestionsPane):
+            item = focused.selected()
+            if item is not None and item.pid is not None:
+                return self._row_of(item.pid, item.device)
+        return self.query_one(ProcessTable).selected()
+
+    def _row_of(self, pid: int, device: int | None) -> view.ProcessRow | None:
+        rows = [r for r in (self.dashboard.processes if self.dashboard else ()) if r.pid == pid]
+        exact = [r for r in rows if r.device == device]
+        return (exact or rows)[0] if rows else None
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        row = self.query_one(ProcessTable).selected()
+        if row is not None:
+            self._open_detail(row)
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        item = self.query_one(SuggestionsPane).selected()
+        if item is not None and item.pid is not None:
+            row = self._row_of(item.pid, item.device)
+            if row is not None:
+                self._open_detail(row)
+
+    def _open_detail(self, row: view.ProcessRow) -> None:
+        screen = DetailScreen(row, self._gpu_uuid(row))
+        self.push_screen(screen)
+        self.call_after_refresh(self._show_detail, screen)
+
+    def _gpu_uuid(self, row: view.ProcessRow) -> str | None:
+        for gpu in self.dashboard.gpus if self.dashboard else ():
+            if gpu.index == row.gpu:
+                return gpu.uuid
+        return None
+
+    def _show_detail(self, screen: DetailScreen) -> None:
+        if self.diagnosis is None or not screen.is_mounted:
+            return
+        # Follow the process across refreshes (its step and state change; its key does not).
+        current = {r.key: r for r in (self.dashboard.processes if self.dashboard else ())}
+        row = current.get(screen.row.key, screen.row)
+        screen.show(view.build_detail(self.store, self.diagnosis, row, screen.gpu_uuid))
+
+    # ------------------------------------------------------------------ actions
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        # Behind a modal (help, confirmation) the dashboard's keys are asleep.
+        return not (action in PROCESS_ACTIONS and isinstance(self.screen, ModalScreen))
+
+    def _agent_target(self, verb: str) -> view.ProcessRow | None:
+        """The selected process if `verb` can be done in it; otherwise say why not."""
+        row = self.selected_row()
+        if row is None:
+            self.notify("No process selected: move to one with ↑/↓.", severity="warning")
+            return None
+        if self.sampler is None:
+            self.notify("This view is not live: it cannot act on processes.", severity="warning")
+            return None
+        if row.state == "exited":
+            self.notify(f"pid {row.pid} has exited: nothing to {verb}.", severity="warning")
+            return None
+        if row.state == "no agent":
+            self.notify(
+                f"pid {row.pid} has no memtop agent, so memtop cannot {verb} in it. Start it "
+                "with `memtop run` (or call memtop.start_agent() in it).",
+                severity="warning",
+                timeout=8,
+            )
+            return None
+        if row.state != "agent":
+            agent = self.store.agent(row.pid)
+            why = agent.error if agent is not None and agent.error else row.state
+            self.notify(f"Cannot reach the agent of pid {row.pid}: {why}", severity="error")
+            return None
+        return row
+
+    def _run_agent_command(
+        self,
+        row: view.ProcessRow,
+        cmd: str,
+        args: dict[str, Any],
+        done: Callable[[view.ProcessRow, dict[str, Any]], None],
+    ) -> None:
+        assert self.sampler is not None
+        future = self.sampler.run_action(row.pid, cmd, args, timeout=ACTION_TIMEOUT_S)
+
+        def wait() -> None:
+            try:
+                result = future.result(timeout=ACTION_TIMEOUT_S + 1)
+            except (AgentError, AgentUnreachable) as exc:
+                self.call_from_thread(self._failed, row, cmd, str(exc))
+            except concurrent.futures.TimeoutError:
+                self.call_from_thread(self._failed, row, cmd, "no answer in time")
+            except Exception as exc:  # a bug must not take the dashboard down
+                self.call_from_thread(self._failed, row, cmd, f"{type(exc).__name__}: {exc}")
+            else:
+                self.call_from_thread(done, row, result)
+
+        self.run_worker(wait, thread=True, exit_on_error=False, group="actions")
+
+    def _failed(self, row: view.ProcessRow, cmd: str, why: str) -> None:
+        self.notify(f"{cmd} in pid {row.pid} failed: {why}", severity="error", timeout=8)
+
+    def action_cleanup(self) -> None:
+        row = self._agent_target("clean up")
+        if row is not None:
+            self.notify(f"Cleaning up in pid {row.pid}…", timeout=2)
+            self._run_agent_command(row, "cleanup", {}, self._cleanup_done)
+
+    def _cleanup_done(self, row: view.ProcessRow, result: dict[str, Any]) -> None:
+        released = result.get("released_bytes") or {}
+        before = result.get("reserved_before") or {}
+        after = result.get("reserved_after") or {}
+        lines = []
+        for index in sorted(released, key=lambda k: int(k) if str(k).isdigit() else 0):
+            lines.append(
+                f"{self._gpu_name(row.pid, index)}: released {format_bytes(released[index])} "
+                f"(reserved {format_bytes(before.get(index))} → {format_bytes(after.get(index))})"
+            )
+        if not lines:
+            lines.append("no CUDA device in use")
+        lines.append(f"gc collected {result.get('gc_collected', 0)} objects")
+        self.notify("\n".join(lines), title=f"Cleanup in pid {row.pid}", timeout=10)
+
+    def _gpu_name(self, pid: int, index: str | int) -> str:
+        """`GPU n` as the driver numbers it, for an agent's own device index."""
+        for r in self.dashboard.processes if self.dashboard else ():
+            if r.pid == pid and str(r.device) == str(index) and r.gpu is not None:
+                return f"GPU {r.gpu}"
+        return f"cuda:{index}"
+
+    def action_reset_peak(self) -> None:
+        row = self._agent_target("reset the peak")
+        if row is not None:
+            self._run_agent_command(row, "reset_peak", {}, self._reset_done)
+
+    def _reset_done(self, row: view.ProcessRow, result: dict[str, Any]) -> None:
+        self.store.reset_peak(row.pid)
+        devices = ", ".join(self._gpu_name(row.pid, i) for i in result.get("devices", []))
+        self.notify(f"Peak reset in pid {row.pid} ({devices or 'no devices'}).", timeout=5)
+
+    def action_snapshot(self) -> None:
+        row = self._agent_target("take a snapshot")
+        if row is None:
+            return
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.clock()))
+        path = (self.snapshot_dir / f"memtop-snapshot-{row.pid}-{stamp}.pickle").resolve()
+        self.notify(f"Writing a snapshot of pid {row.pid}…", timeout=2)
+        self._run_agent_command(row, "snapshot", {"path": str(path)}, self._snapshot_done)
+
+    def _snapshot_done(self, row: view.ProcessRow, result: dict[str, Any]) -> None:
+        self.notify(
+            f"{result.get('path')}\nopen it at {MEMORY_VIZ}",
+            title=f"Snapshot of pid {row.pid} written",
+            timeout=15,
+        )
+
+    def action_terminate(self) -> None:
+        row = self.selected_row()
+        if row is None:
+            self.notify("No process selected: move to one with ↑/↓.", severity="warning")
+            return
+        if row.state == "exited":
+            self.notify(f"pid {row.pid} has already exited.", severity="warning")
+            return
+        info = self.store.processes().get(row.pid)
+        if info is None or not info.visible:
+            self.notify(f"pid {row.pid} is not visible from here.", severity="error")
+            return
+        if info.uid != self.my_uid:
+            self.notify(
+                f"pid {row.pid} belongs to {info.user}: memtop terminates only your own processes.",
+                severity="error",
+            )
+            return
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.run_worker(
+                    lambda: self._terminate(row.pid, info), thread=True, exit_on_error=False
+                )
+
+        command = info.command
+        self.push_screen(
+            ConfirmScreen(
+                f"Terminate pid {row.pid}?",
+                f"{command[:200]}\n\nmemtop sends SIGTERM; the process may save and exit.",
+            ),
+            answered,
+        )
+
+    def _terminate(self, pid: int, info: Any) -> None:
+        try:
+            message = terminate(pid, expected=info)
+        except TerminateRefused as exc:
+            self.call_from_thread(self.notify, str(exc), severity="error")
+        else:
+            self.call_from_thread(self.notify, message)
+
+    def action_pause(self) -> None:
+        if self.sampler is None:
+            return
+        self.sampler.pause(not self.sampler.paused)
+        self._generation = -1
+        self.refresh_view()
+        self.notify("Sampling paused." if self.sampler.paused else "Sampling resumed.", timeout=2)
+
+    def action_copy_fix(self) -> None:
+        pane = self.query_one(SuggestionsPane)
+        item = pane.selected() if self.focused is pane else None
+        candidates = [item] if item is not None else list(pane.items)
+        fix = next((i.fix for i in candidates if i is not None and i.fix), None)
+        if fix is None:
+            self.notify("No suggestion with a fix to copy.", severity="warning")
+            return
+        self.copy_to_clipboard(fix)
+        self.notify(f"Copied: {fix}", timeout=4)
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+
+def _empty_text(dash: view.Dashboard) -> Text:
+    text = Text()
+    text.append("No GPUs and no PyTorch processes found.\n\n", style="bold")
+    if dash.nvml_error:
+        text.append(f"NVML: {dash.nvml_error}\n\n", style="yellow")
+    for problem in dash.problems:
+        text.append(f"{problem}\n\n", style="red")
+    text.append("To watch a training run, start it with the agent:\n\n")
+    text.append("    memtop run train.py --your-args\n\n", style="bold cyan")
+    text.append("or try memtop on simulated GPUs with leaking and fragmenting trainers:\n\n")
+    text.append("    memtop demo\n\n", style="bold cyan")
+    text.append("memtop keeps looking; anything that appears shows up here.", style=FREE)
+    return text

@@ -1,0 +1,132 @@
+"""Rich Text builders for the dashboard's one-line graphics: memory bars, sparklines, gauges.
+
+Pure functions of numbers and a width, so their look is tested without a terminal.  Colours are
+few and fixed (every colour change costs escape bytes on the wire).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.text import Text
+
+ALLOCATED = "green"
+CACHED = "yellow"
+OTHER = "magenta"
+FREE = "bright_black"
+PEAK = "bold bright_white"
+SPARK = " ▁▂▃▄▅▆▇█"
+
+SEVERITY_STYLES = {
+    "emergency": "bold white on red",
+    "critical": "bold red",
+    "warning": "bold yellow",
+    "info": "cyan",
+}
+
+
+def short_bytes(n: int | float | None) -> str:
+    """Byte counts in at most 6 characters: 512B, 8.0K, 263M, 30.2G, 1.5T."""
+    if n is None:
+        return "—"
+    value = float(n)
+    for unit in ("B", "K", "M", "G", "T"):
+        if abs(value) < 1024 or unit == "T":
+            if unit == "B":
+                return f"{int(value)}B"
+            return f"{value:.1f}{unit}" if abs(value) < 100 else f"{value:.0f}{unit}"
+        value /= 1024
+    return f"{value:.1f}T"  # pragma: no cover - the loop always returns
+
+
+def memory_bar(
+    width: int,
+    total: int | None,
+    allocated: int,
+    reserved: int,
+    other: int | None,
+    peak: int | None,
+    used: int | None = None,
+) -> Text:
+    """`width` cells: allocated, then the cache PyTorch holds unallocated, then memory outside
+    PyTorch's caches, then free; the peak of allocated as a bright mark.  Without agents, the
+    driver's used memory fills the bar as `other`."""
+    text = Text()
+    if width <= 0:
+        return text
+    if not total:
+        return Text("·" * width, style=FREE)
+    if other is None and not reserved:
+        other = used or 0
+
+    def cells(n: int | float) -> int:
+        return max(0, min(width, round(width * n / total)))
+
+    a = cells(allocated)
+    c = max(0, cells(reserved) - a)
+    o = max(0, min(width - a - c, cells(other or 0)))
+    f = width - a - c - o
+    glyphs = ["█"] * (a + c + o) + ["·"] * f
+    styles = [ALLOCATED] * a + [CACHED] * c + [OTHER] * o + [FREE] * f
+    if peak:
+        mark = min(width - 1, max(0, cells(peak) - 1))
+        glyphs[mark] = "┃"
+        styles[mark] = PEAK
+    # One span per run of a style: far fewer escape sequences than one per cell.
+    start = 0
+    for i in range(1, width + 1):
+        if i == width or styles[i] != styles[start] or glyphs[i] != glyphs[start]:
+            text.append("".join(glyphs[start:i]), style=styles[start])
+            start = i
+    return text
+
+
+def sparkline(values: Sequence[float], width: int, floor: float, span: float) -> str:
+    """One row of block glyphs, the newest value at the right; fewer values than cells are
+    right-aligned (the left stays blank until history fills it)."""
+    if width <= 0:
+        return ""
+    if not values:
+        return " " * width
+    if len(values) > width:
+        points = []
+        for i in range(width):
+            start = i * len(values) // width
+            end = (i + 1) * len(values) // width
+            points.append(min(values[start:end]))
+    else:
+        points = list(values)
+    span = span if span > 0 else 1.0
+    top = len(SPARK) - 1
+    glyphs = [SPARK[max(1, min(top, 1 + round((v - floor) / span * (top - 1))))] for v in points]
+    return " " * (width - len(glyphs)) + "".join(glyphs)
+
+
+def fragmentation_style(gauge: float | None) -> str:
+    if gauge is None:
+        return FREE
+    if gauge >= 0.2:
+        return "bold red"
+    if gauge >= 0.1:
+        return "yellow"
+    return "green"
+
+
+def usage_style(share: float | None) -> str:
+    if share is None:
+        return ""
+    if share >= 0.95:
+        return "bold white on red"
+    if share >= 0.90:
+        return "bold red"
+    if share >= 0.85:
+        return "yellow"
+    return ""
+
+
+def gauge(value: float, width: int) -> str:
+    """A small horizontal gauge of a 0..1 value in eighths of a cell."""
+    eighths = round(max(0.0, min(1.0, value)) * width * 8)
+    full, part = divmod(eighths, 8)
+    partial = " ▏▎▍▌▋▊▉"[part] if part else ""
+    return ("█" * full + partial).ljust(width)

@@ -1,0 +1,80 @@
+"""The `?` screen: every key, the legend of the bars, and what the numbers mean."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from memtop.ui.render import ALLOCATED, CACHED, FREE, OTHER, PEAK
+
+KEYS = (
+    ("↑ ↓  tab", "move between processes; tab moves between the table and the suggestions"),
+    ("enter", "open the detail screen of the selected process (history chart, breakdown)"),
+    ("c", "cleanup in the selected trainer: gc.collect() + torch.cuda.empty_cache()"),
+    ("r", "reset the peak (torch's peak stats and memtop's own)"),
+    ("s", "write a memory snapshot file; open it at https://pytorch.org/memory_viz"),
+    ("k", "terminate the selected process (SIGTERM, asks first; your own processes only)"),
+    ("y", "copy the highlighted suggestion's fix to the clipboard"),
+    ("p", "pause / resume sampling"),
+    ("esc", "back from a detail or help screen"),
+    ("q", "quit (memtop demo also stops its simulated trainers)"),
+)
+
+TERMS = (
+    ("allocated", "bytes in live tensors (torch.cuda.memory_allocated)"),
+    ("reserved", "bytes the caching allocator holds from the driver, allocated + cached"),
+    (
+        "outside PyTorch",
+        "what the driver charges beyond the agents' reserved bytes: CUDA "
+        "context, NCCL, other libraries, processes without an agent",
+    ),
+    ("peak", "the highest allocated since start or the last reset"),
+    (
+        "frag",
+        "inactive split bytes / reserved bytes of the large pool, median of 10 samples; "
+        "≥ 0.20 is worth fixing",
+    ),
+    ("trend", "allocated right after each step (the baseline); a leak is a rising staircase"),
+)
+
+
+def help_text() -> Text:
+    text = Text()
+    text.append("Keys\n", style="bold underline")
+    for key, what in KEYS:
+        text.append(f"  {key:<10}", style="bold cyan")
+        text.append(f"{what}\n")
+    text.append("\nThe GPU bar\n", style="bold underline")
+    text.append("  ")
+    for glyph, style, name in (
+        ("█", ALLOCATED, "allocated  "),
+        ("█", CACHED, "cached (reserved, not allocated)  "),
+        ("█", OTHER, "outside PyTorch  "),
+        ("·", FREE, "free  "),
+        ("┃", PEAK, "peak"),
+    ):
+        text.append(glyph, style=style)
+        text.append(f" {name}")
+    text.append("\n\nTerms\n", style="bold underline")
+    for term, meaning in TERMS:
+        text.append(f"  {term:<16}", style="bold")
+        text.append(f"{meaning}\n")
+    return text
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS = [
+        Binding("escape,q,question_mark", "dismiss", "Close"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="help"):
+            yield Static(help_text())
+
+    def on_mount(self) -> None:
+        self.query_one("#help").border_title = "memtop help"
+        self.query_one("#help").border_subtitle = "esc to close"

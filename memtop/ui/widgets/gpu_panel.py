@@ -1,0 +1,183 @@
+"""The per-GPU panel: one card per GPU with its memory bar, numbers, fragmentation and trend."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.widget import Widget
+from textual.widgets import Static
+
+from memtop.ui.render import (
+    ALLOCATED,
+    CACHED,
+    FREE,
+    OTHER,
+    PEAK,
+    fragmentation_style,
+    memory_bar,
+    short_bytes,
+    sparkline,
+    usage_style,
+)
+from memtop.ui.view import GpuRow
+from memtop.units import format_bytes
+
+# Below this width the second line uses short sizes (30.2G), so the trend keeps its room.
+WIDE_NUMBERS = 136
+
+LEGEND = Text.assemble(
+    ("█", ALLOCATED),
+    " allocated ",
+    ("█", CACHED),
+    " cached ",
+    ("█", OTHER),
+    " other (outside PyTorch) ",
+    ("┃", PEAK),
+    " peak",
+)
+
+
+class GpuCard(Widget):
+    """Two lines for one GPU.  It repaints only when its row changed (rows compare by value)."""
+
+    DEFAULT_CSS = """
+    GpuCard { height: 2; }
+    GpuCard.-dense { height: 1; }
+    """
+
+    def __init__(self, row: GpuRow) -> None:
+        super().__init__()
+        self.row = row
+
+    def show(self, row: GpuRow) -> None:
+        if row != self.row:
+            self.row = row
+            self.refresh()
+
+    def render(self) -> Text:
+        width = self.size.width
+        compact = width < 100
+        first = self._first_line(width, compact)
+        if self.has_class("-dense"):
+            return first
+        return Text("\n").join([first, self._second_line(width, compact)])
+
+    def _first_line(self, width: int, compact: bool) -> Text:
+        row = self.row
+        dense = self.has_class("-dense")
+        label = f"GPU{row.index} " if compact else f"GPU {row.index}  {row.name[:26]} "
+        head = Text(label, style="bold")
+        if row.error and row.used is None:
+            return head + Text(row.error, style="bold red")
+        share = row.used_share
+        if compact:
+            numbers = f" {short_bytes(row.used)}/{short_bytes(row.total)}"
+        else:
+            numbers = f" {format_bytes(row.used)} / {format_bytes(row.total)}"
+        pct = Text(f" {100 * share:5.1f} %" if share is not None else "    — ", usage_style(share))
+        tail = Text(numbers) + pct
+        if (compact or dense) and row.agents:
+            tail += self._fragmentation(" ")
+        if dense:
+            tail += Text(" ") + self._trend(28, short=True)
+        bar_width = max(8, width - len(head) - len(tail) - 2)
+        bar = memory_bar(
+            bar_width, row.total, row.allocated, row.reserved, row.other, row.peak, row.used
+        )
+        line = head + Text("▕", FREE) + bar + Text("▏", FREE) + tail
+        if row.error:
+            line.append(f"  {row.error}", style="red")
+        line.truncate(width)
+        return line
+
+    def _second_line(self, width: int, compact: bool) -> Text:
+        row = self.row
+        indent = "     " if compact else "        "
+        trend_min = 9 + len(row.trend.label())
+        if row.agents:
+            line = self._numbers(indent, format_bytes, "  ", with_fragmentation=not compact)
+            if compact or width < WIDE_NUMBERS:
+                line = self._numbers(indent, short_bytes, " ", with_fragmentation=not compact)
+        else:
+            processes = f"{row.processes} process{'es' if row.processes != 1 else ''}"
+            line = Text(f"{indent}{processes}, no PyTorch agent", style=FREE)
+        room = width - len(line) - 2
+        if room >= 10:
+            line.append("  ")
+            line += self._trend(room, short=room < trend_min)
+        line.truncate(width)
+        return line
+
+    def _numbers(
+        self, indent: str, fmt: Callable[[int | None], str], gap: str, with_fragmentation: bool
+    ) -> Text:
+        row = self.row
+        line = Text(indent)
+        for name, value in (
+            ("alloc " if fmt is short_bytes else "allocated ", row.allocated),
+            ("rsvd " if fmt is short_bytes else "reserved ", row.reserved),
+            ("other ", row.other),
+            ("peak ", row.peak),
+        ):
+            line.append(name, style=FREE)
+            line.append(fmt(value) + gap)
+        if with_fragmentation:
+            line += self._fragmentation("")
+        return line
+
+    def _fragmentation(self, lead: str) -> Text:
+        frag = self.row.fragmentation
+        return Text.assemble(
+            (f"{lead}frag ", FREE),
+            (f"{frag:.2f}" if frag is not None else "—", fragmentation_style(frag)),
+        )
+
+    def _trend(self, room: int, short: bool) -> Text:
+        trend = self.row.trend
+        label = trend.label(short)
+        spark_width = max(6, min(32, room - len(label) - 1))
+        style = "bold red" if trend.leak else ("cyan" if trend.values else FREE)
+        text = Text(sparkline(trend.values, spark_width, trend.floor, trend.span), style=style)
+        text.append(" ")
+        text.append(label, style="bold red" if trend.leak else FREE)
+        return text
+
+
+class GpuPanel(VerticalScroll):
+    """Cards keyed by GPU UUID; cards are added and removed as GPUs come and go."""
+
+    DEFAULT_CSS = """
+    GpuPanel { height: auto; max-height: 50%; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static("Reading devices and agents…", id="gpu-waiting", classes="muted")
+
+    def on_mount(self) -> None:
+        self.border_title = "GPUs"
+        self.border_subtitle = LEGEND
+
+    def show(self, gpus: tuple[GpuRow, ...], dense: bool) -> None:
+        waiting = self.query("#gpu-waiting")
+        if gpus and waiting:
+            waiting.remove()
+        cards = {card.row.uuid: card for card in self.query(GpuCard)}
+        wanted = {row.uuid for row in gpus}
+        for uuid, card in cards.items():
+            if uuid not in wanted:
+                card.remove()
+        new: list[GpuCard] = []
+        for row in gpus:
+            existing = cards.get(row.uuid)
+            if existing is None:
+                card = GpuCard(row)
+                new.append(card)
+            else:
+                card = existing
+                card.show(row)
+            card.set_class(dense, "-dense")
+        if new:
+            self.mount_all(new)
