@@ -192,9 +192,9 @@ class MemtopApp(App[None]):
                 return self._row_of(item.pid, item.device)
         return self.query_one(ProcessTable).selected()
 
-    def _row_of(self, pid: int, device: int | None) -> view.ProcessRow | None:
+    def _row_of(self, pid: int, gpu: int | None) -> view.ProcessRow | None:
         rows = [r for r in (self.dashboard.processes if self.dashboard else ()) if r.pid == pid]
-        exact = [r for r in rows if r.device == device]
+        exact = [r for r in rows if r.gpu == gpu]
         return (exact or rows)[0] if rows else None
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
@@ -240,9 +240,6 @@ class MemtopApp(App[None]):
         if row is None:
             self.notify("No process selected: move to one with ↑/↓.", severity="warning")
             return None
-        if self.sampler is None:
-            self.notify("This view is not live: it cannot act on processes.", severity="warning")
-            return None
         if row.state == "exited":
             self.notify(f"pid {row.pid} has exited: nothing to {verb}.", severity="warning")
             return None
@@ -253,6 +250,9 @@ class MemtopApp(App[None]):
                 severity="warning",
                 timeout=8,
             )
+            return None
+        if self.sampler is None:
+            self.notify("This view is not live: it cannot act on processes.", severity="warning")
             return None
         if row.state != "agent":
             agent = self.store.agent(row.pid)
@@ -393,11 +393,15 @@ class MemtopApp(App[None]):
         self.notify("Sampling paused." if self.sampler.paused else "Sampling resumed.", timeout=2)
 
     def action_copy_fix(self) -> None:
+        """Copy the highlighted suggestion's fix (OSC 52: works over SSH in most terminals);
+        from the table, the most severe suggestion that has one."""
         pane = self.query_one(SuggestionsPane)
         item = pane.selected() if self.focused is pane else None
-        candidates = [item] if item is not None else list(pane.items)
-        fix = next((i.fix for i in candidates if i is not None and i.fix), None)
-        if fix is None:
+        if item is not None and not item.fix:
+            self.notify(f"“{item.title}” has no one-line fix.", severity="warning")
+            return
+        fix = item.fix if item is not None else next((i.fix for i in pane.items if i.fix), None)
+        if not fix:
             self.notify("No suggestion with a fix to copy.", severity="warning")
             return
         self.copy_to_clipboard(fix)

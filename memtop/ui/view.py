@@ -156,7 +156,7 @@ def build(
         nvml_error=None if reading.available else reading.error,
         gpus=gpus,
         processes=processes,
-        suggestions=suggestion_items(diagnosis.suggestions, bool(agents)),
+        suggestions=suggestion_items(diagnosis.suggestions, bool(agents), _gpu_numbers(processes)),
         problems=tuple(store.problems()),
         last_event=events[-1][1] if events else None,
         agents=len(live_agents),
@@ -440,11 +440,28 @@ def _user(info: ProcessInfo | None) -> str:
 # ---------------------------------------------------------------------------- suggestions
 
 
+def _gpu_numbers(processes: Sequence[ProcessRow]) -> dict[tuple[int, int], int]:
+    """(pid, the agent's device index) → the GPU as the driver numbers it."""
+    return {
+        (r.pid, r.device): r.gpu for r in processes if r.device is not None and r.gpu is not None
+    }
+
+
 def suggestion_items(
-    suggestions: Sequence[Suggestion], have_agents: bool
+    suggestions: Sequence[Suggestion],
+    have_agents: bool,
+    gpu_numbers: dict[tuple[int, int], int] | None = None,
 ) -> tuple[SuggestionItem, ...]:
     """Warnings and worse one by one; the info-level tips of one process folded into one item
-    (a healthy 8-rank job would otherwise fill the pane with the same two tips)."""
+    (a healthy 8-rank job would otherwise fill the pane with the same two tips).  A process's
+    suggestion names its GPU as the driver numbers it, not by the trainer's own cuda index."""
+    numbers = gpu_numbers or {}
+    suggestions = [
+        replace(s, device=numbers.get((s.pid, s.device), s.device))
+        if s.pid is not None and s.device is not None
+        else s
+        for s in suggestions
+    ]
     items: list[SuggestionItem] = []
     tips: dict[int | None, list[Suggestion]] = {}
     for s in suggestions:
@@ -590,7 +607,11 @@ def build_detail(
             times = [t for t, _ in used]
             series.append(_series("GPU used", times, [v for _, v in used], times[-1]))
     # Every suggestion in full here: the info tips are not folded as in the main pane.
-    items = tuple(_item(s) for s in diagnosis.suggestions_for(row.pid))
+    items = tuple(
+        _item(s if row.gpu is None else replace(s, device=row.gpu))
+        for s in diagnosis.suggestions_for(row.pid)
+        if s.device in (None, row.device)
+    )
     return Detail(row, tuple(series), trend_line, device, items, conf)
 
 

@@ -11,7 +11,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 from textual_plotext import PlotextPlot
 
-from memtop.ui.render import FREE, fragmentation_style, gauge
+from memtop.ui.render import FREE, fragmentation_style, gauge, short_bytes
 from memtop.ui.view import Detail, ProcessRow
 from memtop.ui.widgets.suggestions import suggestion_text
 from memtop.units import format_bytes, format_duration
@@ -28,8 +28,8 @@ COLOURS = {
 BREAKDOWN_ROLES = (
     ("parameters", "parameters"),
     ("gradients", "gradients"),
-    ("optimizer_state", "optimizer state"),
-    ("other", "activations & other"),
+    ("optimizer_state", "optimizer"),
+    ("other", "activations"),  # and everything else allocated: temporaries, buffers, caches
 )
 
 
@@ -120,9 +120,9 @@ def _breakdown(detail: Detail) -> Text:
     text = Text()
     for key, name in BREAKDOWN_ROLES:
         value = roles.get(key, 0)
-        text.append(f"{name:<20}")
-        text.append(gauge(value / total, 12), style="cyan")
-        text.append(f" {format_bytes(value):>10}  {100 * value / total:4.1f} %\n")
+        text.append(f"{name:<12}{short_bytes(value):>6} {100 * value / total:3.0f} % ")
+        text.append(gauge(value / total, 10), style="cyan")
+        text.append("\n")
     fp32 = roles.get("fp32_parameter_bytes")
     if fp32:
         text.append(f"fp32 parameters {format_bytes(fp32)}\n", style=FREE)
