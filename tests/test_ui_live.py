@@ -1,0 +1,208 @@
+"""The dashboard against real simulated trainers: every key pressed, its effect checked in the
+trainer (through the agent) or on the screen."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from ui_helpers import notifications, screen_text, wait_for
+
+from memtop.sampler import Sampler
+from memtop.sim.demo import Demo
+from memtop.sources.agents import AgentPool
+from memtop.sources.devices import DefaultDeviceSource
+from memtop.store import Store
+from memtop.ui.app import MemtopApp
+from memtop.ui.screens.confirm import ConfirmScreen
+from memtop.ui.screens.detail import DetailScreen
+from memtop.ui.view import ProcessRow
+from memtop.ui.widgets.process_table import ProcessTable
+from memtop.units import format_bytes
+
+pytestmark = pytest.mark.slow
+
+INTERVAL = 0.25
+
+
+@pytest.fixture(scope="module")
+def module_socket_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("ui")
+    short = Path("/tmp") / f"mtui-{directory.name[-6:]}"
+    short.mkdir(mode=0o700, exist_ok=True)
+    return short
+
+
+@pytest.fixture(scope="module")
+def mixed_demo(module_socket_dir: Path) -> Iterator[Demo]:
+    demo = Demo(gpus=2, scenario="mixed", step_time=0.05, socket_dir=module_socket_dir)
+    demo.start()
+    try:
+        assert demo.wait_ready(), f"trainers failed: {demo.failed()}"
+        yield demo
+    finally:
+        demo.stop()
+
+
+def live_app(socket_dir: Path, snapshot_dir: Path | None = None) -> tuple[MemtopApp, Sampler]:
+    store = Store()
+    sampler = Sampler(
+        store,
+        DefaultDeviceSource(socket_dir, simulated_only=True),
+        AgentPool(socket_dir),
+        interval=INTERVAL,
+    )
+    sampler.start()
+    return MemtopApp(store, sampler, interval=INTERVAL, snapshot_dir=snapshot_dir), sampler
+
+
+def agent_rows(app: MemtopApp) -> list[ProcessRow]:
+    return [r for r in app.query_one(ProcessTable).rows_by_key.values() if r.state == "agent"]
+
+
+async def select(app: MemtopApp, pid: int) -> None:
+    table = app.query_one(ProcessTable)
+    key = next(k for k, r in table.rows_by_key.items() if r.pid == pid)
+    table.move_cursor(row=table.get_row_index(key))
+
+
+def run(coro_factory, socket_dir: Path, snapshot_dir: Path | None = None) -> MemtopApp:  # type: ignore[no-untyped-def]
+    app, sampler = live_app(socket_dir, snapshot_dir)
+
+    async def main() -> None:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_for(pilot, lambda: len(agent_rows(app)) >= 1)
+            await coro_factory(app, pilot)
+
+    try:
+        asyncio.run(main())
+    finally:
+        sampler.stop()
+    return app
+
+
+def test_every_panel_shows_live_numbers(mixed_demo: Demo, module_socket_dir: Path) -> None:
+    async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
+        await wait_for(pilot, lambda: len(agent_rows(app)) == 4)
+        await wait_for(pilot, lambda: any(g.trend.leak for g in app.dashboard.gpus), 30)
+        text = screen_text(app.export_screenshot())
+        assert "simulated GPUs" in text and "4 agents" in text
+        assert "GPU 0" in text and "GPU 1" in text
+        assert "/step · full in" in text  # the leak trend with its ETA
+        assert "Leak:" in text  # the suggestion
+        for pid in mixed_demo.processes:
+            assert str(pid.pid) in text
+
+    run(body, module_socket_dir)
+
+
+def test_cleanup_releases_cache_and_says_how_much(
+    mixed_demo: Demo, module_socket_dir: Path
+) -> None:
+    async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
+        await wait_for(pilot, lambda: len(agent_rows(app)) == 4)
+        # The healthy trainer on GPU 0 keeps its activations' blocks cached between steps.
+        healthy = mixed_demo.processes[0].pid
+        await select(app, healthy)
+        await wait_for(pilot, lambda: (app.store.agent(healthy).devices[0].latest.cached > 0))
+        await pilot.press("c")
+        await wait_for(pilot, lambda: any("Cleanup in pid" in n for n in notifications(app)))
+        said = next(n for n in notifications(app) if "Cleanup in pid" in n)
+        assert f"Cleanup in pid {healthy}" in said and "GPU 0: released" in said
+        released = said.split("released ", 1)[1].split(" (", 1)[0]
+        before, after = said.split("(reserved ", 1)[1].split(")", 1)[0].split(" → ")
+        assert released != "0 B"
+        # What the notification says is what the trainer's allocator reports afterwards.
+        await wait_for(
+            pilot,
+            lambda: format_bytes(app.store.agent(healthy).devices[0].latest.reserved) != before,
+        )
+        assert after != before
+
+    run(body, module_socket_dir)
+
+
+def test_reset_peak_and_snapshot(
+    mixed_demo: Demo, module_socket_dir: Path, tmp_path: Path
+) -> None:
+    async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
+        leak = mixed_demo.processes[2].pid  # sharing GPU 0
+        await wait_for(pilot, lambda: any(r.pid == leak for r in agent_rows(app)))
+        await select(app, leak)
+        await pilot.press("r")
+        await wait_for(pilot, lambda: any("Peak reset in pid" in n for n in notifications(app)))
+        assert f"Peak reset in pid {leak} (GPU 0)" in " ".join(notifications(app))
+        await pilot.press("s")
+        await wait_for(pilot, lambda: any("written" in n for n in notifications(app)))
+        said = next(n for n in notifications(app) if "written" in n)
+        path = Path(said.split(": ", 1)[1].splitlines()[0])
+        assert path.parent == tmp_path.resolve() and path.name.startswith(f"memtop-snapshot-{leak}")
+        assert "memory_viz" in said
+        with path.open("rb") as fh:
+            snapshot = pickle.load(fh)
+        assert snapshot["segments"], "the snapshot has the allocator's segments"
+
+    run(body, module_socket_dir, tmp_path)
+
+
+def test_pause_detail_help_and_quit(mixed_demo: Demo, module_socket_dir: Path) -> None:
+    async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
+        sampler = app.sampler
+        assert sampler is not None
+        await pilot.press("p")
+        assert sampler.paused
+        rounds = sampler.rounds
+        await pilot.pause(3 * INTERVAL)
+        assert sampler.rounds <= rounds + 1  # at most the round in flight
+        assert "PAUSED" in screen_text(app.export_screenshot()).splitlines()[0]
+        await pilot.press("p")
+        assert not sampler.paused
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, DetailScreen))
+        await wait_for(pilot, lambda: app.screen.detail is not None and app.screen.detail.series)
+        await pilot.press("escape")
+        await pilot.press("question_mark")
+        assert "Keys" in screen_text(app.export_screenshot())
+        await pilot.press("escape")
+        await pilot.press("q")
+
+    app = run(body, module_socket_dir)
+    assert app.return_code == 0
+
+
+def test_terminate_asks_then_signals_and_marks_exited(
+    socket_dir: Path, tmp_path: Path
+) -> None:
+    demo = Demo(gpus=1, scenario="healthy", step_time=0.05, socket_dir=socket_dir)
+    demo.start()
+    try:
+        assert demo.wait_ready()
+        victim = demo.processes[0]
+
+        async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
+            await select(app, victim.pid)
+            await pilot.press("k")
+            assert isinstance(app.screen, ConfirmScreen)
+            await pilot.press("n")  # "no" leaves it running
+            await pilot.pause(0.3)
+            assert victim.poll() is None
+            await pilot.press("k")
+            await pilot.press("y")
+            await wait_for(pilot, lambda: any("SIGTERM" in n for n in notifications(app)))
+            await wait_for(pilot, lambda: victim.poll() is not None)
+            table = app.query_one(ProcessTable)
+            await wait_for(
+                pilot,
+                lambda: any(
+                    r.pid == victim.pid and r.state == "exited" for r in table.rows_by_key.values()
+                ),
+            )
+            await pilot.press("c")
+            assert f"pid {victim.pid} has exited" in " ".join(notifications(app))
+
+        run(body, socket_dir, tmp_path)
+    finally:
+        demo.stop()
