@@ -107,7 +107,7 @@ def test_cleanup_releases_cache_and_says_how_much(
         # The healthy trainer on GPU 0 keeps its activations' blocks cached between steps.
         healthy = mixed_demo.processes[0].pid
         await select(app, healthy)
-        await wait_for(pilot, lambda: (app.store.agent(healthy).devices[0].latest.cached > 0))
+        await wait_for(pilot, lambda: app.store.agent(healthy).devices[0].latest.cached > 0)
         await pilot.press("c")
         await wait_for(pilot, lambda: any("Cleanup in pid" in n for n in notifications(app)))
         said = next(n for n in notifications(app) if "Cleanup in pid" in n)
@@ -125,9 +125,7 @@ def test_cleanup_releases_cache_and_says_how_much(
     run(body, module_socket_dir)
 
 
-def test_reset_peak_and_snapshot(
-    mixed_demo: Demo, module_socket_dir: Path, tmp_path: Path
-) -> None:
+def test_reset_peak_and_snapshot(mixed_demo: Demo, module_socket_dir: Path, tmp_path: Path) -> None:
     async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
         leak = mixed_demo.processes[2].pid  # sharing GPU 0
         await wait_for(pilot, lambda: any(r.pid == leak for r in agent_rows(app)))
@@ -173,9 +171,7 @@ def test_pause_detail_help_and_quit(mixed_demo: Demo, module_socket_dir: Path) -
     assert app.return_code == 0
 
 
-def test_terminate_asks_then_signals_and_marks_exited(
-    socket_dir: Path, tmp_path: Path
-) -> None:
+def test_terminate_asks_then_signals_and_marks_exited(socket_dir: Path, tmp_path: Path) -> None:
     demo = Demo(gpus=1, scenario="healthy", step_time=0.05, socket_dir=socket_dir)
     demo.start()
     try:

@@ -157,7 +157,7 @@ class MemtopApp(App[None]):
             widget.update(content)
 
     def _header(self, dash: view.Dashboard) -> Text:
-        text = Text.assemble((" memtop ", "bold reverse"), " ", (dash.host, "bold"))
+        text = Text.assemble((" memtop ", "bold black on cyan"), " ", (dash.host, "bold white"))
         parts = [
             dash.source,
             f"{len(dash.gpus)} GPU{'s' if len(dash.gpus) != 1 else ''}",

@@ -22,7 +22,7 @@ COLOURS = {
     "peak": "red",
     "allocated": "green",
     "baseline": "cyan",
-    "leak trend": "magenta",
+    "leak trend": "white",
     "GPU used": "magenta",
 }
 BREAKDOWN_ROLES = (
@@ -94,7 +94,7 @@ class DetailScreen(Screen[None]):
 
 def _title(row: ProcessRow) -> Text:
     text = Text.assemble(
-        (f" pid {row.pid} ", "bold reverse"),
+        (f" pid {row.pid} ", "bold black on cyan"),
         f"  GPU {row.gpu if row.gpu is not None else '—'}",
         ("  ·  ", FREE),
         (row.state, "yellow" if row.state == "exited" else "green"),

@@ -1,0 +1,104 @@
+"""`memtop demo` and `memtop` open the dashboard on a terminal; quitting stops the demo's
+trainers.  Run in a real pseudo-terminal, as a user would."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import select
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pytest
+
+from memtop import protocol
+
+pytestmark = pytest.mark.slow
+
+
+def spawn_in_pty(args: list[str], socket_dir: Path, size: tuple[int, int] = (120, 36)):  # type: ignore[no-untyped-def]
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", size[1], size[0], 0, 0))
+    env = dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir), TERM="xterm-256color")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "memtop", *args],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+        start_new_session=True,
+    )
+    os.close(slave)
+    return process, master
+
+
+def read_until(master: int, needle: bytes, timeout: float = 30.0) -> bytes:
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while needle not in seen:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"{needle!r} not seen; last output: {seen[-400:]!r}")
+        ready, _, _ = select.select([master], [], [], min(left, 0.5))
+        if ready:
+            try:
+                seen += os.read(master, 65536)
+            except OSError:
+                break
+    return seen
+
+
+def drain(master: int, process: subprocess.Popen[bytes], timeout: float = 15.0) -> int:
+    deadline = time.monotonic() + timeout
+    while process.poll() is None and time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.2)
+        if ready:
+            try:
+                os.read(master, 65536)
+            except OSError:
+                pass
+    if process.poll() is None:
+        process.kill()
+        raise AssertionError("the dashboard did not quit on q")
+    return process.returncode
+
+
+def test_demo_opens_the_dashboard_and_quit_stops_trainers(socket_dir: Path) -> None:
+    process, master = spawn_in_pty(["demo", "--gpus", "1", "--scenario", "healthy"], socket_dir)
+    try:
+        read_until(master, b"sim_train.py", timeout=60)  # the trainer's row in the table
+        assert protocol.list_agent_sockets(socket_dir, remove_stale=False)
+        os.write(master, b"q")
+        assert drain(master, process) == 0
+        # The demo took its trainers down with it: no agent socket, no simulated GPU left.
+        assert not protocol.list_agent_sockets(socket_dir, remove_stale=False)
+        assert not list(socket_dir.glob("sim-*"))
+    finally:
+        if process.poll() is None:
+            process.kill()
+        os.close(master)
+
+
+def test_dashboard_with_nothing_to_show_explains_itself(socket_dir: Path) -> None:
+    from memtop.sources.nvml import NvmlSource
+
+    source = NvmlSource()
+    try:
+        if source.read().available:
+            pytest.skip("this machine has GPUs: the dashboard is not empty here")
+    finally:
+        source.close()
+    process, master = spawn_in_pty([], socket_dir, size=(80, 24))
+    try:
+        out = read_until(master, b"memtop demo", timeout=30)
+        assert b"No GPUs and no PyTorch" in out
+        os.write(master, b"q")
+        assert drain(master, process) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        os.close(master)
