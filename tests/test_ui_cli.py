@@ -3,6 +3,7 @@ trainers.  Run in a real pseudo-terminal, as a user would."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import select
@@ -57,10 +58,8 @@ def drain(master: int, process: subprocess.Popen[bytes], timeout: float = 15.0) 
     while process.poll() is None and time.monotonic() < deadline:
         ready, _, _ = select.select([master], [], [], 0.2)
         if ready:
-            try:
+            with contextlib.suppress(OSError):
                 os.read(master, 65536)
-            except OSError:
-                pass
     if process.poll() is None:
         process.kill()
         raise AssertionError("the dashboard did not quit on q")
