@@ -184,8 +184,8 @@ def _dashboard(args: argparse.Namespace, simulated_only: bool) -> int:
     from memtop.ui.app import MemtopApp
 
     sampler = _make_sampler(args, simulated_only)
-    sampler.start()
     try:
+        # The app starts the sampler once its first frame is out (start-up budget, DESIGN §9).
         MemtopApp(sampler.store, sampler, interval=args.interval).run()
     finally:
         sampler.stop()

@@ -12,14 +12,14 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import DataTable, Footer, OptionList, Static
+from textual.widgets import Footer, OptionList, Static
 
 from memtop.diagnosis import Diagnoser, Diagnosis
 from memtop.sampler import Sampler
@@ -28,13 +28,13 @@ from memtop.sources.processes import TerminateRefused, terminate
 from memtop.store import Store
 from memtop.ui import view
 from memtop.ui.render import FREE
-from memtop.ui.screens.confirm import ConfirmScreen
-from memtop.ui.screens.detail import DetailScreen
-from memtop.ui.screens.help import HelpScreen
 from memtop.ui.widgets.gpu_panel import GpuPanel
 from memtop.ui.widgets.process_table import ProcessTable
 from memtop.ui.widgets.suggestions import SuggestionsPane
 from memtop.units import format_bytes
+
+if TYPE_CHECKING:
+    from memtop.ui.screens.detail import DetailScreen
 
 COMPACT_WIDTH = 100  # narrower than this: short numbers, fewer columns
 COMPACT_HEIGHT = 30
@@ -87,7 +87,7 @@ class MemtopApp(App[None]):
     # ------------------------------------------------------------------ layout
 
     def compose(self) -> ComposeResult:
-        yield Static(id="header")
+        yield Static(Text(" memtop ", "bold black on cyan"), id="header")
         with Vertical(id="main"):
             yield GpuPanel(id="gpus")
             yield ProcessTable()
@@ -101,6 +101,8 @@ class MemtopApp(App[None]):
         self.query_one(ProcessTable).focus()
         self.refresh_view()
         self.set_interval(self.interval, self.refresh_view)
+        if self.sampler is not None:
+            self.call_after_refresh(self.sampler.start)  # idempotent; after the first frame
         if self.sampler is not None and self.sampler.rounds == 0:
             # The first frame goes out before the first sampling round; look again as soon as
             # that round lands rather than a whole interval later.
@@ -147,8 +149,9 @@ class MemtopApp(App[None]):
             self.query_one(GpuPanel).show(dash.gpus, dense)
             self.query_one(ProcessTable).show(dash.processes, compact)
             self.query_one(SuggestionsPane).show(dash.suggestions, compact)
-        if isinstance(self.screen, DetailScreen):
-            self._show_detail(self.screen)
+        detail = self._detail_screen()
+        if detail is not None:
+            self._show_detail(detail)
 
     def _set(self, widget: Static, content: Text) -> None:
         # Static.update repaints even when nothing changed; compare first.
@@ -182,9 +185,15 @@ class MemtopApp(App[None]):
 
     # ------------------------------------------------------------------ selection
 
+    def _detail_screen(self) -> DetailScreen | None:
+        # The screens' modules load on first use (plotext is slow to import): the first frame
+        # must not wait for them.
+        return self.screen if getattr(self.screen, "shows_process", False) else None  # type: ignore[return-value]
+
     def selected_row(self) -> view.ProcessRow | None:
-        if isinstance(self.screen, DetailScreen):
-            return self.screen.row
+        detail = self._detail_screen()
+        if detail is not None:
+            return detail.row
         focused = self.focused
         if isinstance(focused, SuggestionsPane):
             item = focused.selected()
@@ -197,10 +206,8 @@ class MemtopApp(App[None]):
         exact = [r for r in rows if r.gpu == gpu]
         return (exact or rows)[0] if rows else None
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
-        row = self.query_one(ProcessTable).selected()
-        if row is not None:
-            self._open_detail(row)
+    def on_process_table_row_chosen(self, event: ProcessTable.RowChosen) -> None:
+        self._open_detail(event.row)
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         item = self.query_one(SuggestionsPane).selected()
@@ -210,6 +217,8 @@ class MemtopApp(App[None]):
                 self._open_detail(row)
 
     def _open_detail(self, row: view.ProcessRow) -> None:
+        from memtop.ui.screens.detail import DetailScreen
+
         screen = DetailScreen(row, self._gpu_uuid(row))
         self.push_screen(screen)
         self.call_after_refresh(self._show_detail, screen)
@@ -367,6 +376,8 @@ class MemtopApp(App[None]):
                     lambda: self._terminate(row.pid, info), thread=True, exit_on_error=False
                 )
 
+        from memtop.ui.screens.confirm import ConfirmScreen
+
         command = info.command
         self.push_screen(
             ConfirmScreen(
@@ -408,6 +419,8 @@ class MemtopApp(App[None]):
         self.notify(f"Copied: {fix}", timeout=4)
 
     def action_help(self) -> None:
+        from memtop.ui.screens.help import HelpScreen
+
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen())
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from rich.text import Text
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
@@ -42,22 +44,39 @@ def suggestion_text(item: SuggestionItem, compact: bool, width: int | None = Non
     return Text("\n").join(lines)
 
 
+# A suggestion's wording carries live figures ("full in ~9 min (5672 steps)"); rewording it
+# every second costs a repaint of the pane for news nobody reads that fast.  New, gone or
+# re-ranked suggestions show at once; changed figures at most this often.
+REWORD_S = 5.0
+
+
 class SuggestionsPane(OptionList):
-    """Rebuilt only when the items changed; the highlight follows its item by key."""
+    """Rebuilt when the set of suggestions changes; the highlight follows its item by key."""
 
     def __init__(self) -> None:
         super().__init__(id="suggestions")
         self.items: tuple[SuggestionItem, ...] = ()
         self._compact: bool | None = None
         self._width = 0
+        self._worded_at = 0.0
 
     def on_mount(self) -> None:
         self.border_title = "Suggestions"
 
     def show(self, items: tuple[SuggestionItem, ...], compact: bool) -> None:
         width = self.scrollable_content_region.width - 1
-        if items == self.items and compact == self._compact and width == self._width:
+        same_set = [(i.key, i.severity) for i in items] == [(i.key, i.severity) for i in self.items]
+        if same_set and compact == self._compact and width == self._width:
+            now = time.monotonic()
+            if items == self.items or now - self._worded_at < REWORD_S:
+                return
+            self._worded_at = now
+            for index, (new, old) in enumerate(zip(items, self.items, strict=True)):
+                if new != old:
+                    self.replace_option_prompt_at_index(index, suggestion_text(new, compact, width))
+            self.items = items
             return
+        self._worded_at = time.monotonic()
         selected = self.selected()
         self.items = items
         self._compact = compact
