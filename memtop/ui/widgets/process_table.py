@@ -85,7 +85,7 @@ class ProcessTable(Widget, can_focus=True):
         Binding("pagedown", "move(10)", show=False),
         Binding("home", "move(-1000000)", show=False),
         Binding("end", "move(1000000)", show=False),
-        Binding("enter", "choose", "Detail"),
+        Binding("enter", "choose", "Detail", show=False),
     ]
 
     class RowChosen(Message):
