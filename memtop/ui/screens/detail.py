@@ -3,6 +3,7 @@ breakdown of its memory, fragmentation and pressure, and its suggestions in full
 
 from __future__ import annotations
 
+from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -11,9 +12,9 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 from textual_plotext import PlotextPlot
 
-from memtop.ui.render import FREE, fragmentation_style, gauge, short_bytes
+from memtop.ui.render import FREE, SEVERITY_STYLES, fragmentation_style, gauge, short_bytes
 from memtop.ui.view import Detail, ProcessRow
-from memtop.ui.widgets.suggestions import suggestion_text
+from memtop.ui.widgets.suggestions import BADGES
 from memtop.units import format_bytes, format_duration
 
 GiB = float(1 << 30)
@@ -67,10 +68,7 @@ class DetailScreen(Screen[None]):
         self._chart(detail)
         self.query_one("#breakdown", Static).update(_breakdown(detail))
         self.query_one("#facts", Static).update(_facts(detail))
-        items = [suggestion_text(item, compact=False) for item in detail.suggestions]
-        self.query_one("#detail-suggestions", Static).update(
-            Text("\n").join(items) if items else Text("Nothing to suggest.", FREE)
-        )
+        self.query_one("#detail-suggestions", Static).update(_suggestions(detail))
 
     def _chart(self, detail: Detail) -> None:
         plot = self.query_one(PlotextPlot)
@@ -105,6 +103,28 @@ def _title(row: ProcessRow) -> Text:
     text.append(f"  ·  {row.user}  ·  ", style=FREE)
     text.append(row.command)
     return text
+
+
+def _suggestions(detail: Detail) -> Table | Text:
+    """Every suggestion in full: a badge column, and the text wrapping beside it."""
+    if not detail.suggestions:
+        return Text("Nothing to suggest.", FREE)
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(no_wrap=True)
+    grid.add_column(ratio=1)
+    for item in detail.suggestions:
+        badge = Text(f" {BADGES.get(item.severity, item.severity)[:5]:<5} ")
+        badge.stylize(SEVERITY_STYLES.get(item.severity, ""))
+        body = Text(item.title, style="bold")
+        if item.effect:
+            body.append(f"  {item.effect}", style="green")
+        if item.evidence:
+            body.append(f"\n{item.evidence}", style=FREE)
+        if item.fix:
+            body.append("\n$ ", style=FREE)
+            body.append(item.fix, style="bold cyan")
+        grid.add_row(badge, body)
+    return grid
 
 
 def _breakdown(detail: Detail) -> Text:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from rich.console import Group
+from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -42,14 +44,14 @@ TERMS = (
 )
 
 
-def help_text() -> Text:
-    text = Text()
-    text.append("Keys\n", style="bold underline")
+def help_text() -> Group:
+    """Keys, the bar's legend and the terms, in grids whose second column wraps in place."""
+    keys = Table.grid(padding=(0, 2))
+    keys.add_column(style="bold cyan", no_wrap=True)
+    keys.add_column(ratio=1)
     for key, what in KEYS:
-        text.append(f"  {key:<10}", style="bold cyan")
-        text.append(f"{what}\n")
-    text.append("\nThe GPU bar\n", style="bold underline")
-    text.append("  ")
+        keys.add_row(key, what)
+    legend = Text("  ")
     for glyph, style, name in (
         ("█", ALLOCATED, "allocated  "),
         ("█", CACHED, "cached (reserved, not allocated)  "),
@@ -57,13 +59,21 @@ def help_text() -> Text:
         ("·", FREE, "free  "),
         ("┃", PEAK, "peak"),
     ):
-        text.append(glyph, style=style)
-        text.append(f" {name}")
-    text.append("\n\nTerms\n", style="bold underline")
+        legend.append(glyph, style=style)
+        legend.append(f" {name}")
+    terms = Table.grid(padding=(0, 2))
+    terms.add_column(style="bold", no_wrap=True)
+    terms.add_column(ratio=1)
     for term, meaning in TERMS:
-        text.append(f"  {term:<16}", style="bold")
-        text.append(f"{meaning}\n")
-    return text
+        terms.add_row(term, meaning)
+    return Group(
+        Text("Keys", style="bold underline"),
+        keys,
+        Text("\nThe GPU bar", style="bold underline"),
+        legend,
+        Text("\nTerms", style="bold underline"),
+        terms,
+    )
 
 
 class HelpScreen(ModalScreen[None]):
