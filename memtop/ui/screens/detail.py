@@ -84,7 +84,7 @@ class DetailScreen(Screen[None]):
                 [y / GiB for y in series.ys],
                 label=series.name,
                 color=COLOURS.get(series.name, "white"),
-                marker="braille",
+                marker="hd",  # quadrant blocks: in more fonts than braille
             )
         if not lines:
             plt.title("no history yet")
