@@ -81,6 +81,18 @@ def memory_bar(
     return text
 
 
+def bin_reduce(values: Sequence[float], points: int, reduce=min) -> list[float]:  # type: ignore[no-untyped-def]
+    """At most `points` values, each the reduction of one equal bin (oldest first)."""
+    if len(values) <= points:
+        return list(values)
+    out = []
+    for i in range(points):
+        start = i * len(values) // points
+        end = (i + 1) * len(values) // points
+        out.append(reduce(values[start:end]))
+    return out
+
+
 def sparkline(values: Sequence[float], width: int, floor: float, span: float) -> str:
     """One row of block glyphs, the newest value at the right; fewer values than cells are
     right-aligned (the left stays blank until history fills it)."""
@@ -88,14 +100,7 @@ def sparkline(values: Sequence[float], width: int, floor: float, span: float) ->
         return ""
     if not values:
         return " " * width
-    if len(values) > width:
-        points = []
-        for i in range(width):
-            start = i * len(values) // width
-            end = (i + 1) * len(values) // width
-            points.append(min(values[start:end]))
-    else:
-        points = list(values)
+    points = bin_reduce(values, width, min)
     span = span if span > 0 else 1.0
     top = len(SPARK) - 1
     glyphs = [SPARK[max(1, min(top, 1 + round((v - floor) / span * (top - 1))))] for v in points]

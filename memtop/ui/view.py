@@ -18,7 +18,7 @@ from memtop.model import SOURCE_AGENT, SOURCE_SIM, NvmlReading
 from memtop.sources.agents import CONNECTED, EXITED
 from memtop.sources.processes import ProcessInfo
 from memtop.store import AgentView, Store
-from memtop.ui.render import short_bytes
+from memtop.ui.render import bin_reduce, short_bytes
 from memtop.units import format_bytes, format_duration
 
 TREND_POINTS = 120  # the sparkline's resolution before a widget fits it to its width
@@ -320,18 +320,6 @@ def _scaled(values: list[float], total: int | None, trend: Trend) -> Trend:
     low, high = min(values), max(values)
     least = (total or 0) / 50 or 1.0
     return replace(trend, values=tuple(values), floor=low, span=max(high - low, least))
-
-
-def bin_reduce(values: Sequence[float], points: int, reduce=min) -> list[float]:  # type: ignore[no-untyped-def]
-    """At most `points` values, each the reduction of one equal bin (oldest first)."""
-    if len(values) <= points:
-        return list(values)
-    out = []
-    for i in range(points):
-        start = i * len(values) // points
-        end = (i + 1) * len(values) // points
-        out.append(reduce(values[start:end]))
-    return out
 
 
 # ------------------------------------------------------------------------------ processes

@@ -1,0 +1,50 @@
+"""The dashboard's one-line graphics, checked cell by cell."""
+
+from __future__ import annotations
+
+from memtop.ui.render import bin_reduce, gauge, memory_bar, short_bytes, sparkline
+
+GiB = 1 << 30
+
+
+def test_memory_bar_segments_and_peak_mark() -> None:
+    bar = memory_bar(
+        40, 80 * GiB, allocated=20 * GiB, reserved=30 * GiB, other=10 * GiB, peak=26 * GiB
+    )
+    assert len(bar.plain) == 40
+    # 10 cells allocated, 5 cached, 5 outside PyTorch, 20 free; the peak mark in cell 12.
+    assert bar.plain == "█" * 12 + "┃" + "█" * 7 + "·" * 20
+
+    def style_at(cell: int) -> str:
+        return next(str(s.style) for s in bar.spans if s.start <= cell < s.end)
+
+    assert [style_at(i) for i in (0, 9, 10, 12, 14, 17, 25)] == [
+        "green",
+        "green",
+        "yellow",
+        "bold bright_white",
+        "yellow",
+        "magenta",
+        "bright_black",
+    ]
+
+
+def test_memory_bar_without_agents_shows_driver_usage() -> None:
+    bar = memory_bar(10, 10 * GiB, allocated=0, reserved=0, other=None, peak=None, used=5 * GiB)
+    assert bar.plain == "█" * 5 + "·" * 5
+
+
+def test_sparkline_scale_and_alignment() -> None:
+    assert sparkline([0, 1, 2, 3], 6, floor=0, span=3) == "  ▁▃▆█"
+    # More values than cells: each cell is the minimum of its bin (the baseline, not spikes).
+    assert sparkline([0, 9, 0, 9, 3, 9, 3, 9], 4, floor=0, span=3) == "▁▁██"
+    assert sparkline([], 3, 0, 1) == "   "
+
+
+def test_bin_reduce_and_small_helpers() -> None:
+    assert bin_reduce(list(range(10)), 5, max) == [1, 3, 5, 7, 9]
+    assert bin_reduce([1, 2], 5, min) == [1, 2]
+    assert short_bytes(512) == "512B"
+    assert short_bytes(30.2 * GiB) == "30.2G"
+    assert short_bytes(263 * (1 << 20)) == "263M"
+    assert gauge(0.5, 4) == "██  "
