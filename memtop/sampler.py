@@ -57,12 +57,15 @@ class Sampler:
         started = time.monotonic()
         now = time.time()
         reading = self.devices.read()
-        self.store.update_nvml(reading, now)
         polls = self.agents.poll()
-        self.store.update_agents(polls, time.time())
-        self.store.set_problems(self.agents.problems)
+        polled = time.time()
+        # Owners and command lines first: a row must never be on screen before its owner is
+        # known (the kill key checks it).
         pids = {p.pid for d in reading.devices for p in d.processes} | {p.pid for p in polls}
         self.store.update_processes(self.processes.lookup(pids))
+        self.store.update_nvml(reading, now)
+        self.store.update_agents(polls, polled)
+        self.store.set_problems(self.agents.problems)
         for poll in polls:
             if poll.state == CONNECTED:
                 self._maybe_breakdown(poll.pid)

@@ -38,6 +38,10 @@ def shoot(app: MemtopApp, size: tuple[int, int], keys: tuple[str, ...] = ()) -> 
     async def run() -> str:
         async with app.run_test(size=size) as pilot:
             await pilot.pause(0.2)
+            # The footer fills in its keys a moment after the first frame; on a loaded machine
+            # 0.2 s is not always enough.
+            await wait_for(pilot, lambda: len(app.query("FooterKey")) > 0)
+            await pilot.pause(0.1)
             for key in keys:
                 await pilot.press(key)
                 await pilot.pause(0.2)
@@ -152,7 +156,8 @@ def test_gpu_error_is_shown_on_its_card() -> None:
 def test_permission_problem_in_status_line() -> None:
     problem = "/tmp/memtop-0 is owned by uid 0, not you: agents there are not read"
     text = screen_text(shoot(frozen_app(frozen_store(problem=problem)), (120, 36)))
-    assert problem in text.splitlines()[-2]
+    status = text.splitlines()[-2]  # above the footer
+    assert problem in status
 
 
 def test_refusals_for_processes_without_agent_or_of_another_user() -> None:

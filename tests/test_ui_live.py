@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,11 +31,12 @@ INTERVAL = 0.25
 
 
 @pytest.fixture(scope="module")
-def module_socket_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("ui")
-    short = Path("/tmp") / f"mtui-{directory.name[-6:]}"
-    short.mkdir(mode=0o700, exist_ok=True)
-    return short
+def module_socket_dir() -> Iterator[Path]:
+    # Short (AF_UNIX paths are limited to 108 bytes) and unique to this run.
+    directory = Path(tempfile.mkdtemp(prefix="mtui-", dir="/tmp"))
+    directory.chmod(0o700)
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
