@@ -363,13 +363,22 @@ class Store:
                 last = recent if last is None else min(last, recent)
             return {name: ring.column(name, last) for name in (columns or ring.names)}
 
-    def step_marks(self, pid: int, index: int, last: int | None = None) -> dict[str, list[float]]:
-        """Columns step/time/allocated of the per-step baselines, oldest first."""
+    def step_marks(
+        self,
+        pid: int,
+        index: int,
+        last: int | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> dict[str, list[float]]:
+        """Columns step/time/allocated (or only `columns`) of the per-step baselines, oldest
+        first."""
         with self._lock:
             device = self._device_state(pid, index)
             if device is None:
                 return {}
-            return {name: device.marks.column(name, last) for name in device.marks.names}
+            return {
+                name: device.marks.column(name, last) for name in (columns or device.marks.names)
+            }
 
     def _device_state(self, pid: int, index: int) -> AgentDeviceState | None:
         agent = self._agents.get(pid)

@@ -11,6 +11,9 @@ from textual.pilot import Pilot
 
 from memtop.ui.app import MemtopApp
 
+# Rich's SVG export places each run of text at x = column × 0.61 × its 20 px font.
+CHAR_WIDTH = 12.2
+
 
 async def wait_for(pilot: Pilot, predicate: Callable[[], object], timeout: float = 15.0) -> None:
     deadline = time.monotonic() + timeout
@@ -32,18 +35,11 @@ def screen_text(svg: str) -> str:
     ):
         x, y, content = float(match.group(1)), float(match.group(2)), match.group(3)
         rows.setdefault(y, []).append((x, html.unescape(content).replace("\xa0", " ")))
-    char_width = _char_width(svg)
     lines = []
     for y in sorted(rows):
         line = ""
         for x, text in sorted(rows[y]):
-            column = round(x / char_width)
+            column = round(x / CHAR_WIDTH)
             line = line.ljust(column) + text
         lines.append(line.rstrip())
     return "\n".join(lines)
-
-
-def _char_width(svg: str) -> float:
-    # Rich places each run at x = column × char_width; the smallest positive gap between two
-    # runs on the same row is a multiple of it, and 0.61 × the 20 px font is what Rich uses.
-    return 12.2

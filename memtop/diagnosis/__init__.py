@@ -87,7 +87,9 @@ class Diagnoser:
         )
         gauge = store.history(agent.pid, dev.index, last=GAUGE_SAMPLES, columns=("fragmentation",))
         # The baseline is the newest step mark.
-        newest = store.step_marks(agent.pid, dev.index, last=1).get("allocated", [])
+        newest = store.step_marks(agent.pid, dev.index, last=1, columns=("allocated",)).get(
+            "allocated", []
+        )
         cached = self._leaks.get(key)
         if cached is not None and 0 <= now - cached[0] < self.leak_refresh_s:
             leak = cached[1]

@@ -82,6 +82,8 @@ class MemtopApp(App[None]):
         self.diagnosis: Diagnosis | None = None
         self._generation = -1
         self._layout: tuple[bool, bool] | None = None
+        self._shown: dict[str | None, tuple[object, ...]] = {}  # what each Static shows now
+        self._mounted = False  # the first Resize arrives before on_mount
         self.refreshes = 0
 
     # ------------------------------------------------------------------ layout
@@ -97,8 +99,17 @@ class MemtopApp(App[None]):
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
-        self.query_one(GpuPanel).can_focus = False
-        self.query_one(ProcessTable).focus()
+        # The widgets a refresh touches, looked up once rather than every second.
+        self.header_bar = self.query_one("#header", Static)
+        self.status_line = self.query_one("#status", Static)
+        self.empty_state = self.query_one("#empty", Static)
+        self.main_panels = self.query_one("#main")
+        self.gpu_panel = self.query_one(GpuPanel)
+        self.table = self.query_one(ProcessTable)
+        self.suggestions = self.query_one(SuggestionsPane)
+        self.gpu_panel.can_focus = False
+        self.table.focus()
+        self._mounted = True
         self.refresh_view()
         self.set_interval(self.interval, self.refresh_view)
         if self.sampler is not None:
@@ -114,8 +125,9 @@ class MemtopApp(App[None]):
             self.refresh_view()
 
     def on_resize(self) -> None:
-        self._generation = -1
-        self.refresh_view()
+        if self._mounted:
+            self._generation = -1
+            self.refresh_view()
 
     # ------------------------------------------------------------------ rendering
 
@@ -138,25 +150,26 @@ class MemtopApp(App[None]):
         if self._layout != (compact, dense):
             self._layout = (compact, dense)
             self.set_class(compact, "-compact")
-        self._set(self.query_one("#header", Static), self._header(dash))
-        self._set(self.query_one("#status", Static), self._status(dash))
+        self._set(self.header_bar, self._header(dash))
+        self._set(self.status_line, self._status(dash))
         empty = dash.state == view.EMPTY
-        self.query_one("#main").display = not empty
-        self.query_one("#empty").display = empty
+        self.main_panels.display = not empty
+        self.empty_state.display = empty
         if empty:
-            self._set(self.query_one("#empty", Static), _empty_text(dash))
+            self._set(self.empty_state, _empty_text(dash))
         else:
-            self.query_one(GpuPanel).show(dash.gpus, dense)
-            self.query_one(ProcessTable).show(dash.processes, compact)
-            self.query_one(SuggestionsPane).show(dash.suggestions, compact)
+            self.gpu_panel.show(dash.gpus, dense)
+            self.table.show(dash.processes, compact)
+            self.suggestions.show(dash.suggestions, compact)
         detail = self._detail_screen()
         if detail is not None:
             self._show_detail(detail)
 
     def _set(self, widget: Static, content: Text) -> None:
         # Static.update repaints even when nothing changed; compare first.
-        if getattr(widget, "_memtop_shown", None) != (content.plain, content.spans):
-            widget._memtop_shown = (content.plain, content.spans)  # type: ignore[attr-defined]
+        shown = (content.plain, content.spans)
+        if self._shown.get(widget.id) != shown:
+            self._shown[widget.id] = shown
             widget.update(content)
 
     def _header(self, dash: view.Dashboard) -> Text:
@@ -199,7 +212,7 @@ class MemtopApp(App[None]):
             item = focused.selected()
             if item is not None and item.pid is not None:
                 return self._row_of(item.pid, item.device)
-        return self.query_one(ProcessTable).selected()
+        return self.table.selected()
 
     def _row_of(self, pid: int, gpu: int | None) -> view.ProcessRow | None:
         rows = [r for r in (self.dashboard.processes if self.dashboard else ()) if r.pid == pid]
@@ -210,7 +223,7 @@ class MemtopApp(App[None]):
         self._open_detail(event.row)
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
-        item = self.query_one(SuggestionsPane).selected()
+        item = self.suggestions.selected()
         if item is not None and item.pid is not None:
             row = self._row_of(item.pid, item.device)
             if row is not None:
@@ -406,7 +419,7 @@ class MemtopApp(App[None]):
     def action_copy_fix(self) -> None:
         """Copy the highlighted suggestion's fix (OSC 52: works over SSH in most terminals);
         from the table, the most severe suggestion that has one."""
-        pane = self.query_one(SuggestionsPane)
+        pane = self.suggestions
         item = pane.selected() if self.focused is pane else None
         if item is not None and not item.fix:
             self.notify(f"“{item.title}” has no one-line fix.", severity="warning")

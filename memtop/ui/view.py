@@ -267,7 +267,9 @@ def _trend(store: Store, uuid: str, on_it: list[DeviceDiagnosis]) -> Trend:
         used = [v for _, v in store.device_used_history(uuid, last=TREND_SAMPLES)]
         values = bin_reduce(used, TREND_POINTS, min)
         return _scaled(values, None, Trend((), 0, 1, "no PyTorch agent", None))
-    marks = store.step_marks(focus.pid, focus.index, last=TREND_MARKS).get("allocated", [])
+    marks = store.step_marks(focus.pid, focus.index, last=TREND_MARKS, columns=("allocated",)).get(
+        "allocated", []
+    )
     if len(marks) < 2:
         sampled = store.history(
             focus.pid, focus.index, last=TREND_SAMPLES, columns=("allocated",)

@@ -153,6 +153,10 @@ class GpuPanel(VerticalScroll):
     GpuPanel { height: auto; max-height: 50%; }
     """
 
+    def __init__(self, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._cards: dict[str, GpuCard] = {}  # by GPU UUID
+
     def compose(self) -> ComposeResult:
         yield Static("Reading devices and agents…", id="gpu-waiting", classes="muted")
 
@@ -161,22 +165,18 @@ class GpuPanel(VerticalScroll):
         self.border_subtitle = LEGEND
 
     def show(self, gpus: tuple[GpuRow, ...], dense: bool) -> None:
-        waiting = self.query("#gpu-waiting")
-        if gpus and waiting:
-            waiting.remove()
-        cards = {card.row.uuid: card for card in self.query(GpuCard)}
+        if gpus and not self._cards:
+            self.query("#gpu-waiting").remove()
         wanted = {row.uuid for row in gpus}
-        for uuid, card in cards.items():
-            if uuid not in wanted:
-                card.remove()
+        for uuid in [uuid for uuid in self._cards if uuid not in wanted]:
+            self._cards.pop(uuid).remove()
         new: list[GpuCard] = []
         for row in gpus:
-            existing = cards.get(row.uuid)
-            if existing is None:
-                card = GpuCard(row)
+            card = self._cards.get(row.uuid)
+            if card is None:
+                card = self._cards[row.uuid] = GpuCard(row)
                 new.append(card)
             else:
-                card = existing
                 card.show(row)
             card.set_class(dense, "-dense")
         if new:

@@ -176,11 +176,11 @@ class ProcessTable(Widget, can_focus=True):
         index = self._top + y - 1
         if index >= len(self._lines):
             return Strip.blank(width, base)
-        strip = _strip(self.app.console, self._lines[index], width, base)
         if index == self.cursor_row:
+            # Under the row's own styles, so a red trend keeps its colour on the cursor.
             name = "process-table--cursor" if self.has_focus else "process-table--cursor-blurred"
-            strip = strip.apply_style(self.get_component_rich_style(name))
-        return strip
+            base = base + self.get_component_rich_style(name)
+        return _strip(self.app.console, self._lines[index], width, base)
 
     def _refresh_row(self, index: int) -> None:
         y = index - self._top + 1
