@@ -6,6 +6,7 @@ Exit codes: 0 ok, 1 error (one line on stderr), 2 usage.  Nothing here imports t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from memtop._version import __version__
+from memtop.protocol import UnsafeSocketDir
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -78,6 +80,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # `memtop | head -1`: the reader left.  End quietly, as `cat` would, and keep Python's
+        # final flush of stdout from raising again.
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list and args_list[0] == "run":
         return _run(args_list[1:])
@@ -96,6 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _once(args)
         return _watch(args, simulated_only=False)
     except CliError as exc:
+        print(f"memtop: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except UnsafeSocketDir as exc:
         print(f"memtop: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
@@ -150,20 +167,29 @@ def _make_sampler(args: argparse.Namespace, simulated_only: bool = False):  # ty
 
 ONCE_EXTRA_ROUNDS = 6
 ONCE_ROUND_GAP_S = 0.05
+# --once waits at most this long for agents in all (a stopped or hostile agent included), then
+# reports whatever answered; each agent request has its own deadline within it.
+ONCE_BUDGET_S = 1.5
+ONCE_EXTRA_ROUND_S = 0.15
 
 
 def _once(args: argparse.Namespace) -> int:
     from memtop import report
+    from memtop.observation import Observer
 
     sampler = _make_sampler(args)
+    deadline = time.monotonic() + ONCE_BUDGET_S
     try:
         sampler.sample_once()
         # The fragmentation gauge swings within a step; with agents attached, a few quick
         # rounds let the report judge its median rather than one mid-step reading.
         for _ in range(ONCE_EXTRA_ROUNDS if sampler.store.agents() else 0):
+            left = deadline - time.monotonic() - ONCE_ROUND_GAP_S
+            if left <= 0.02:
+                break
             time.sleep(ONCE_ROUND_GAP_S)
-            sampler.sample_once()
-        data = report.build(sampler.store)
+            sampler.sample_once(budget=min(ONCE_EXTRA_ROUND_S, left))
+        data = report.build(Observer(sampler.store).latest())
     finally:
         sampler.stop()
     if args.json:
@@ -195,16 +221,16 @@ def _dashboard(args: argparse.Namespace, simulated_only: bool) -> int:
 def _text_view(args: argparse.Namespace, simulated_only: bool) -> int:
     """A plain refreshing text report, for a pipe or a log file."""
     from memtop import report
-    from memtop.diagnosis import Diagnoser
+    from memtop.observation import Observer
 
     sampler = _make_sampler(args, simulated_only)
     sampler.start()
-    diagnoser = Diagnoser()  # keeps leak verdicts between refreshes (they cost ms each)
+    observer = Observer(sampler.store)  # one for the run: it keeps the leak verdicts
     interactive = sys.stdout.isatty()
     try:
         while True:
             time.sleep(min(args.interval, 0.5) if sampler.rounds == 0 else args.interval)
-            data = report.build(sampler.store, diagnoser.diagnose(sampler.store))
+            data = report.build(observer.latest())
             text = report.render_text(data)
             if interactive:
                 sys.stdout.write("\x1b[H\x1b[2J" + text + "\n(Ctrl-C to quit)\n")
@@ -218,9 +244,12 @@ def _text_view(args: argparse.Namespace, simulated_only: bool) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from memtop import protocol
     from memtop.sim.demo import Demo
 
     gpus = args.gpus if args.gpus is not None else (2 if args.scenario == "mixed" else 1)
+    # The trainers would refuse an unsafe socket directory one by one: say it once, up front.
+    protocol.ensure_socket_dir(args.socket_dir)
     try:
         demo = Demo(gpus, args.scenario, args.step_time, socket_dir=args.socket_dir)
     except ValueError as exc:
@@ -256,12 +285,33 @@ def _demo(args: argparse.Namespace) -> int:
         demo.stop()
 
 
+def _agent_location(pid: int, socket_dir: Path | None) -> tuple[Path, int]:
+    """The socket directory of `pid` and the uid that must own it: ours, or as root the
+    directory of the user who runs `pid` (never another user's socket for that pid)."""
+    from memtop import protocol
+
+    if socket_dir is not None or os.geteuid() != 0 or os.environ.get("MEMTOP_SOCKET_DIR"):
+        return socket_dir or protocol.socket_dir(), os.getuid()
+    process_owner = protocol.pid_owner(pid)
+    if process_owner is None:
+        raise CliError(f"no process {pid}")
+    for directory, owner in protocol.discovery_dirs():
+        if owner == process_owner and os.path.lexists(protocol.socket_path(pid, directory)):
+            return directory, owner
+    raise CliError(
+        f"no agent socket for pid {pid} in the socket directory of its owner (uid "
+        f"{process_owner}); is it running under `memtop run`?"
+    )
+
+
 def _action(pid: int, cmd: str, cmd_args: dict[str, object], socket_dir: Path | None) -> dict:  # type: ignore[type-arg]
     from memtop.sources.agents import AgentClient, AgentError, AgentUnreachable
 
+    directory, owner = _agent_location(pid, socket_dir)
     try:
-        with AgentClient(pid, socket_dir, timeout=15.0) as client:
-            client.connect()
+        # The same checks as the dashboard: lstat, no symlink, SO_PEERCRED pid and uid, hello.
+        with AgentClient(pid, directory, timeout=15.0, owner=owner) as client:
+            client.connect(timeout=5.0)
             return client.request(cmd, cmd_args or None, timeout=15.0)
     except (AgentUnreachable, AgentError) as exc:
         raise CliError(str(exc)) from None
@@ -293,6 +343,10 @@ def _snapshot(args: argparse.Namespace) -> int:
     if not path.parent.is_dir():
         raise CliError(f"no such directory: {path.parent}")
     result = _action(args.pid, "snapshot", {"path": str(path)}, args.socket_dir)
+    # Believe the file system, not the agent: say "wrote" only for a file that is there.
+    written = os.path.lexists(path) and os.path.isfile(path) and not os.path.islink(path)
+    if not written:
+        raise CliError(f"the agent of pid {args.pid} answered, but no snapshot file is at {path}")
     if args.json:
         print(json.dumps(result, indent=2))
         return EXIT_OK

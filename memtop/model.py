@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 # Where a device reading came from: the driver (NVML), a simulated GPU of `memtop demo`, or,
@@ -15,6 +16,45 @@ from typing import Any
 SOURCE_NVML = "nvml"
 SOURCE_SIM = "sim"
 SOURCE_AGENT = "agent"
+
+
+class AgentStatus(str, Enum):
+    """An agent as the viewer sees it.  A str enum, so the values compare and serialise as the
+    plain strings the JSON report has always carried."""
+
+    CONNECTED = "connected"  # answering; its numbers are used
+    EXITED = "exited"  # the process is gone (kept on screen a while, dimmed)
+    UNREACHABLE = "unreachable"  # alive, but its socket refuses or breaks; retried with back-off
+    HUNG = "hung"  # connected but missed its deadline (stopped, deadlocked, flooding frames)
+    INCONSISTENT = "inconsistent"  # answers, but its numbers break sanity rules; not summed
+    REFUSED = "refused"  # failed authentication (wrong peer pid/uid, symlink, foreign directory)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Severity(str, Enum):
+    """How urgent a suggestion is, in rising order.  A str enum: the JSON carries the plain
+    strings it always has ("info", "warning", "critical", "emergency")."""
+
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+    EMERGENCY = "emergency"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @property
+    def rank(self) -> int:
+        """0 for info … 3 for emergency."""
+        return _SEVERITY_RANK[self]
+
+
+_SEVERITY_RANK = {severity: i for i, severity in enumerate(Severity)}
 
 
 @dataclass(frozen=True, slots=True)

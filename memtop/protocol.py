@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
+import re
 import socket
 import stat
 import struct
@@ -23,6 +25,9 @@ from memtop.model import AgentDevice, AgentDeviceSample, AgentHello, AgentSample
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 1 << 20
+# Deepest nesting of arrays/objects a frame may carry.  The wire schema needs 4 levels; the limit
+# keeps json (and everything that walks the result) far from the interpreter's recursion limit.
+MAX_DEPTH = 64
 _HEADER = struct.Struct(">I")
 
 # The closed command set: nothing else is ever executed on behalf of a peer.
@@ -55,6 +60,11 @@ class UnsafeSocketDir(Exception):
     """The socket directory exists but is not safe to use (owner or permissions)."""
 
 
+class PeerRefused(Exception):
+    """The process serving an agent socket is not who the socket says it is (or the socket or
+    its directory is not what a real agent makes); the message is one line."""
+
+
 # --------------------------------------------------------------------------------------------
 # Framing
 
@@ -66,11 +76,45 @@ def encode_frame(message: Mapping[str, Any]) -> bytes:
     return _HEADER.pack(len(body)) + body
 
 
+_STRINGS = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+_NOT_BRACKETS = re.compile(rb"[^\[\]{}]+")
+_INNERMOST = re.compile(rb"\[\]|\{\}")
+
+
+def _check_depth(body: bytes, limit: int = MAX_DEPTH) -> None:
+    """Refuse nesting deeper than `limit` before json sees it (json recurses once per level).
+
+    Strings are blanked, then innermost bracket pairs are peeled off a level per pass: all in
+    C, about 1 ms for a 1 MiB frame of small arrays.
+    """
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return
+    brackets = _NOT_BRACKETS.sub(b"", _STRINGS.sub(b"", body))
+    for _ in range(limit):
+        peeled = _INNERMOST.sub(b"", brackets)
+        if len(peeled) == len(brackets):
+            return  # nothing left, or unbalanced (json will say so)
+        brackets = peeled
+    if brackets and len(_INNERMOST.sub(b"", brackets)) < len(brackets):
+        raise ProtocolError(E_BAD_FRAME, f"frame nests deeper than {limit} levels")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
 def decode_body(body: bytes) -> dict[str, Any]:
+    """One frame's JSON object; ProtocolError for anything else (too large, too deep, NaN,
+    invalid UTF-8), never another exception."""
+    if len(body) > MAX_FRAME_BYTES:
+        raise ProtocolError(E_FRAME_TOO_LARGE, f"frame of {len(body)} bytes exceeds 1 MiB")
+    _check_depth(body)
     try:
-        message = json.loads(body.decode("utf-8"))
+        message = json.loads(body.decode("utf-8"), parse_constant=_no_constant)
     except (UnicodeDecodeError, ValueError) as exc:
-        raise ProtocolError(E_BAD_FRAME, f"frame is not UTF-8 JSON: {exc}") from None
+        raise ProtocolError(E_BAD_FRAME, f"frame is not UTF-8 JSON: {exc}"[:200]) from None
+    except RecursionError:
+        raise ProtocolError(E_BAD_FRAME, "frame nests too deeply") from None
     if not isinstance(message, dict):
         raise ProtocolError(E_BAD_FRAME, "frame is not a JSON object")
     return message
@@ -130,6 +174,35 @@ def send_message(sock: socket.socket, message: Mapping[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------------------------
+# Text from a peer
+
+# C0 and C1 controls, DEL, and the format characters that reorder or hide text (bidi overrides
+# and isolates, zero-width characters): none of them may reach a terminal from an agent.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
+MAX_TEXT = 4096
+
+
+def clean_text(value: object, limit: int = MAX_TEXT) -> str:
+    """A peer's string made inert for any terminal: control characters become `?`, and it is
+    cut at `limit` characters.  Every string memtop takes from an agent passes through here."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return _CONTROL.sub("?", text)
+
+
+def clean_value(value: Any, depth: int = 0) -> Any:
+    """A decoded reply with every string (keys included) passed through clean_text."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        return {clean_text(k): clean_value(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [clean_value(v, depth + 1) for v in value]
+    return value
+
+
+# --------------------------------------------------------------------------------------------
 # Requests and replies
 
 
@@ -171,77 +244,124 @@ def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
     return kind if isinstance(kind, tuple) else (kind,)
 
 
+MAX_DEVICES = 64
+MAX_ARGV = 256
+MAX_STATS = 1024
+MAX_MARKS = 8192
+
+
+def _bounded(items: list[Any], limit: int, what: str) -> list[Any]:
+    if len(items) > limit:
+        raise ProtocolError("bad_reply", f"{what}: {len(items)} entries, more than {limit}")
+    return items
+
+
+def _count(obj: Mapping[str, Any], key: str, where: str) -> int:
+    value = _require(obj, key, int, where)
+    if value < 0:
+        raise ProtocolError("bad_reply", f"{where}: field {key!r} is negative")
+    return int(value)
+
+
 def parse_hello(result: Mapping[str, Any]) -> AgentHello:
-    """Validate a `hello` result against the wire schema and turn it into an AgentHello."""
+    """Validate a `hello` result against the wire schema and turn it into an AgentHello.
+
+    Every string is cleaned of control characters here (clean_text), so whatever shows it, in
+    whatever output mode, shows inert text.
+    """
     protocol = _require(result, "protocol", int, "hello")
     pid = _require(result, "pid", int, "hello")
-    argv = _require(result, "argv", list, "hello")
+    argv = _bounded(_require(result, "argv", list, "hello"), MAX_ARGV, "hello argv")
     python = _require(result, "python", str, "hello")
     torch_version = result.get("torch")
     if torch_version is not None and not isinstance(torch_version, str):
         raise ProtocolError("bad_reply", "hello: field 'torch' must be a string or null")
     conf = _require(result, "allocator_conf", str, "hello")
     devices = []
-    for raw in _require(result, "devices", list, "hello"):
+    for raw in _bounded(_require(result, "devices", list, "hello"), MAX_DEVICES, "hello devices"):
         if not isinstance(raw, dict):
             raise ProtocolError("bad_reply", "hello: each device must be an object")
         devices.append(
             AgentDevice(
-                index=_require(raw, "index", int, "hello device"),
-                uuid=_require(raw, "uuid", str, "hello device"),
-                name=_require(raw, "name", str, "hello device"),
-                total_bytes=_require(raw, "total_bytes", int, "hello device"),
+                index=_count(raw, "index", "hello device"),
+                uuid=clean_text(_require(raw, "uuid", str, "hello device"), 96),
+                name=clean_text(_require(raw, "name", str, "hello device"), 96),
+                total_bytes=_count(raw, "total_bytes", "hello device"),
             )
         )
     known = {"protocol", "pid", "argv", "python", "torch", "allocator_conf", "devices"}
     return AgentHello(
         protocol=protocol,
         pid=pid,
-        argv=tuple(str(a) for a in argv),
-        python=python,
-        torch=torch_version,
-        allocator_conf=conf,
+        argv=tuple(clean_text(a) for a in argv),
+        python=clean_text(python, 200),
+        torch=None if torch_version is None else clean_text(torch_version, 200),
+        allocator_conf=clean_text(conf, 1000),
         devices=tuple(devices),
-        extra={k: v for k, v in result.items() if k not in known},
+        extra={clean_text(k, 100): clean_value(v) for k, v in result.items() if k not in known},
     )
 
 
+def _finite(obj: Mapping[str, Any], key: str, where: str) -> float:
+    value = float(_require(obj, key, (int, float), where))
+    if not math.isfinite(value):
+        raise ProtocolError("bad_reply", f"{where}: field {key!r} is not a finite number")
+    return value
+
+
 def parse_sample(result: Mapping[str, Any]) -> AgentSample:
-    """Validate a `sample` result against the wire schema and turn it into an AgentSample."""
-    when = _require(result, "time", (int, float), "sample")
+    """Validate a `sample` result against the wire schema and turn it into an AgentSample.
+
+    The shape is checked here (types, bounds, no negative sizes); whether the numbers make sense
+    together (allocated <= reserved <= total, counters that only grow) is the viewer's call, see
+    memtop.sources.agents.
+    """
+    when = _finite(result, "time", "sample")
     step = result.get("step")
     if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
         raise ProtocolError("bad_reply", "sample: field 'step' must be an integer or null")
     devices = []
-    for raw in _require(result, "devices", list, "sample"):
+    for raw in _bounded(_require(result, "devices", list, "sample"), MAX_DEVICES, "sample devices"):
         if not isinstance(raw, dict):
             raise ProtocolError("bad_reply", "sample: each device must be an object")
         stats = _require(raw, "stats", dict, "sample device")
+        if len(stats) > MAX_STATS:
+            raise ProtocolError("bad_reply", f"sample: more than {MAX_STATS} stats")
         devices.append(
             AgentDeviceSample(
-                index=_require(raw, "index", int, "sample device"),
+                index=_count(raw, "index", "sample device"),
                 stats={
-                    str(k): int(v)
+                    clean_text(k, 200): int(v)
                     for k, v in stats.items()
-                    if isinstance(v, int | float) and not isinstance(v, bool)
+                    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
                 },
-                free_bytes=_require(raw, "free_bytes", int, "sample device"),
-                total_bytes=_require(raw, "total_bytes", int, "sample device"),
+                free_bytes=_count(raw, "free_bytes", "sample device"),
+                total_bytes=_count(raw, "total_bytes", "sample device"),
             )
         )
     marks = []
-    for raw in result.get("step_marks") or []:
+    raw_marks = result.get("step_marks") or []
+    if not isinstance(raw_marks, list):
+        raise ProtocolError("bad_reply", "sample: 'step_marks' must be a list")
+    for raw in _bounded(raw_marks, MAX_MARKS, "sample step_marks"):
         if not isinstance(raw, dict):
             raise ProtocolError("bad_reply", "sample: each step mark must be an object")
         allocated = _require(raw, "allocated_bytes", dict, "step mark")
+        if len(allocated) > MAX_DEVICES:
+            raise ProtocolError("bad_reply", "step mark: too many devices")
+        per_device = {}
+        for k, v in allocated.items():
+            if not k.isdigit() or isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ProtocolError("bad_reply", "step mark: bad 'allocated_bytes'")
+            per_device[int(k)] = v
         marks.append(
             StepMark(
                 step=_require(raw, "step", int, "step mark"),
-                time=float(_require(raw, "time", (int, float), "step mark")),
-                allocated={int(k): int(v) for k, v in allocated.items()},
+                time=_finite(raw, "time", "step mark"),
+                allocated=per_device,
             )
         )
-    return AgentSample(time=float(when), step=step, devices=tuple(devices), step_marks=tuple(marks))
+    return AgentSample(time=when, step=step, devices=tuple(devices), step_marks=tuple(marks))
 
 
 # --------------------------------------------------------------------------------------------
@@ -384,7 +504,8 @@ def peer_allowed(uid: int) -> bool:
 
 
 def connect(pid: int, directory: Path | None = None, timeout: float = 2.0) -> socket.socket:
-    """Connect to the agent of `pid`; raises OSError (ENOENT, ECONNREFUSED, EACCES) as is."""
+    """Connect to the agent of `pid` without checking who serves it (tests, the agent's own
+    checks); viewers use connect_agent.  Raises OSError (ENOENT, ECONNREFUSED, EACCES) as is."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(timeout)
     try:
@@ -395,12 +516,79 @@ def connect(pid: int, directory: Path | None = None, timeout: float = 2.0) -> so
     return sock
 
 
+def pid_owner(pid: int) -> int | None:
+    """The real uid owning `pid` as /proc shows it (None: no such process visible here)."""
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except (OSError, ValueError):
+        return None
+
+
+def check_socket_entry(path: Path, owner: int) -> None:
+    """lstat one `<pid>.sock`: it must be a socket (not a symlink, not a file) owned by `owner`.
+    Raises PeerRefused with the reason, or OSError (ENOENT) when it is not there."""
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode):
+        raise PeerRefused(f"{path} is a symlink; memtop never follows one")
+    if not stat.S_ISSOCK(info.st_mode):
+        raise PeerRefused(f"{path} is not a socket")
+    if info.st_uid != owner:
+        raise PeerRefused(f"{path} belongs to uid {info.st_uid}, not to the directory's ({owner})")
+
+
+def check_peer(sock: socket.socket, pid: int, owner: int) -> None:
+    """The server at the other end must be process `pid` running as `owner` (SO_PEERCRED)."""
+    try:
+        peer_pid, peer_uid, _ = peer_credentials(sock)
+    except OSError as exc:
+        raise PeerRefused(f"cannot read the credentials of the agent of pid {pid}: {exc}") from None
+    if peer_pid != pid:
+        raise PeerRefused(f"the socket of pid {pid} is served by pid {peer_pid}: impersonation")
+    if peer_uid != owner:
+        raise PeerRefused(
+            f"the agent of pid {pid} runs as uid {peer_uid}, not as the directory's owner {owner}"
+        )
+
+
+def connect_agent(
+    pid: int, directory: Path, owner: int | None = None, timeout: float = 2.0
+) -> socket.socket:
+    """Connect to the agent of `pid` in `directory` (owned by `owner`, default: us) and make
+    sure it is that agent: the directory and the socket are checked with lstat (no symlink
+    followed), and the server's SO_PEERCRED must show pid `pid` and uid `owner`.  Nothing is
+    sent before these checks pass.  Raises UnsafeSocketDir or PeerRefused (refused) or OSError
+    (not reachable)."""
+    owner = os.getuid() if owner is None else owner
+    check_socket_dir(directory, owner)
+    path = socket_path(pid, directory)
+    check_socket_entry(path, owner)
+    process_owner = pid_owner(pid)
+    if process_owner is not None and process_owner != owner:
+        raise PeerRefused(
+            f"pid {pid} belongs to uid {process_owner}; a socket in uid {owner}'s directory "
+            "cannot speak for it"
+        )
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(str(path))
+        # The socket could have been swapped between lstat and connect (only by the directory's
+        # owner, who could equally run a fake agent): the peer's credentials settle it.
+        check_peer(sock, pid, owner)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def describe_connect_error(pid: int, exc: OSError) -> str:
-    """A one-line reason a viewer could not reach an agent."""
+    """A one-line reason a viewer could not reach an agent (only what is known)."""
     if exc.errno == errno.ENOENT:
         return f"no agent socket for pid {pid} (is it running under `memtop run`?)"
     if exc.errno == errno.ECONNREFUSED:
-        return f"agent of pid {pid} is not accepting connections (process exited?)"
+        return f"nothing listens on the agent socket of pid {pid}: not reachable"
     if exc.errno in (errno.EACCES, errno.EPERM):
         return f"permission denied on the agent socket of pid {pid} (another user's process)"
+    if isinstance(exc, TimeoutError):
+        return f"the agent of pid {pid} did not accept the connection in time: not reachable"
     return f"cannot reach the agent of pid {pid}: {exc.strerror or exc}"

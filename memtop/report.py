@@ -1,4 +1,6 @@
-"""`memtop --once`: one report of devices, processes, agents and diagnosis, as JSON or text.
+"""`memtop --once`: one observation (devices, processes, agents, diagnosis) as JSON or text.
+
+Only a renderer: the join and the diagnosis are done once in `memtop.observation`.
 
 The JSON shape is a contract (DESIGN §7): fields may be added, never renamed or dropped.
 """
@@ -6,110 +8,76 @@ The JSON shape is a contract (DESIGN §7): fields may be added, never renamed or
 from __future__ import annotations
 
 import os
-import socket
 import time
 from typing import Any
 
 from memtop._version import __version__
-from memtop.diagnosis import Diagnoser, Diagnosis
-from memtop.model import SOURCE_AGENT, NvmlReading
-from memtop.store import AgentView, Store
+from memtop.observation import AgentObservation, GpuObservation, Observation
 from memtop.units import format_bytes
 
+BREAKDOWN_KEYS = ("parameters", "gradients", "optimizer_state", "other", "fp32_parameter_bytes")
 
-def build(store: Store, diagnosis: Diagnosis | None = None) -> dict[str, Any]:
-    """The --once --json object, from whatever the sampler has put in the store."""
-    reading = store.nvml() or NvmlReading(available=False, error="devices not read")
-    agents = store.agents()
-    diagnosis = diagnosis or Diagnoser().diagnose(store)
-    devices = _devices(reading, agents)
-    used_by: dict[tuple[str, int], int | None] = {}
-    for device in devices:
-        for process in device["processes"]:
-            used_by[(device["uuid"], process["pid"])] = process["used_bytes"]
+
+def build(observation: Observation) -> dict[str, Any]:
+    """The --once --json object: one observation, serialised."""
+    obs = observation
     return {
         "version": __version__,
-        "time": time.time(),
-        "host": socket.gethostname(),
+        "time": obs.time,
+        "host": obs.host,
         "nvml": {
-            "available": reading.available,
-            "source": reading.source,
-            "error": reading.error,
-            "driver_version": reading.driver_version,
+            "available": obs.nvml_available,
+            "source": obs.nvml_source,
+            "error": obs.nvml_error,
+            "driver_version": obs.driver_version,
         },
-        "devices": devices,
-        "agents": [_agent(agent, used_by, diagnosis) for agent in agents],
-        "suggestions": [s.as_dict() for s in diagnosis.suggestions],
-        "problems": store.problems(),
-        "events": [message for _, message in list(store.events)[-20:]],
+        "devices": [_device(gpu) for gpu in obs.gpus],
+        "agents": [_agent(agent) for agent in obs.agents],
+        "suggestions": [s.as_dict() for s in obs.suggestions],
+        "problems": list(obs.problems),
+        "events": list(obs.events),
     }
 
 
-def _devices(reading: NvmlReading, agents: list[AgentView]) -> list[dict[str, Any]]:
-    if reading.available:
-        return [
-            {
-                "index": d.index,
-                "uuid": d.uuid,
-                "name": d.name,
-                "total_bytes": d.total_bytes,
-                "used_bytes": d.used_bytes,
-                "free_bytes": d.free_bytes,
-                "utilization_percent": d.utilization_percent,
-                "temperature_c": d.temperature_c,
-                "source": d.source,
-                "error": d.error,
-                "processes": [
-                    {"pid": p.pid, "used_bytes": p.used_bytes, "kind": p.kind} for p in d.processes
-                ],
-            }
-            for d in reading.devices
-        ]
-    # Without a driver view, the agents' own mem_get_info is the best account of each device.
-    by_uuid: dict[str, dict[str, Any]] = {}
-    for agent in agents:
-        for dev in agent.devices:
-            key = dev.uuid or f"{agent.pid}:{dev.index}"
-            entry = by_uuid.setdefault(
-                key,
-                {
-                    "index": dev.index,
-                    "uuid": dev.uuid,
-                    "name": dev.name,
-                    "total_bytes": dev.latest.total_bytes,
-                    "used_bytes": dev.latest.total_bytes - dev.latest.free_bytes,
-                    "free_bytes": dev.latest.free_bytes,
-                    "utilization_percent": None,
-                    "temperature_c": None,
-                    "source": SOURCE_AGENT,
-                    "error": None,
-                    "processes": [],
-                },
-            )
-            entry["processes"].append({"pid": agent.pid, "used_bytes": None, "kind": "compute"})
-    return sorted(by_uuid.values(), key=lambda d: (d["index"], d["uuid"]))
+def _device(gpu: GpuObservation) -> dict[str, Any]:
+    return {
+        "index": gpu.index,
+        "uuid": gpu.uuid,
+        "name": gpu.name,
+        "total_bytes": gpu.total_bytes,
+        "used_bytes": gpu.used_bytes,
+        "free_bytes": gpu.free_bytes,
+        "utilization_percent": gpu.utilization_percent,
+        "temperature_c": gpu.temperature_c,
+        "source": gpu.source,
+        "error": gpu.error,
+        "processes": [
+            {"pid": p.pid, "used_bytes": p.used_bytes, "kind": p.kind} for p in gpu.processes
+        ],
+        # The sum of the true peaks of the PyTorch processes on it (each its own moment).
+        "peak_sum_bytes": gpu.peak_sum_bytes if gpu.agents else None,
+    }
 
 
-def _agent(
-    agent: AgentView, used_by: dict[tuple[str, int], int | None], diagnosis: Diagnosis
-) -> dict[str, Any]:
+def _agent(agent: AgentObservation) -> dict[str, Any]:
     hello = agent.hello
     devices = []
     for dev in agent.devices:
-        latest = dev.latest
-        nvml_used = used_by.get((dev.uuid, agent.pid))
-        breakdown = (agent.breakdown or {}).get(dev.index)
-        found = diagnosis.device(agent.pid, dev.index)
-        frag = found.fragmentation if found else None
+        latest = dev.sample
+        found = dev.diagnosis
+        frag = found.fragmentation
+        breakdown = found.breakdown
         devices.append(
             {
                 "index": dev.index,
                 "uuid": dev.uuid,
                 "name": dev.name,
+                "gpu": dev.gpu,
                 "allocated_bytes": latest.allocated,
                 "reserved_bytes": latest.reserved,
                 "peak_bytes": dev.peak_bytes,
-                "torch_peak_bytes": latest.torch_peak,
+                "torch_peak_bytes": dev.torch_peak_bytes,
+                "sampled_peak_bytes": dev.sampled_peak_bytes,
                 "cached_bytes": latest.cached,
                 "inactive_split_bytes": latest.inactive_split,
                 "fragmentation": round(latest.fragmentation, 4),
@@ -118,29 +86,19 @@ def _agent(
                 "step": agent.step,
                 "free_bytes": latest.free_bytes,
                 "total_bytes": latest.total_bytes,
-                "non_pytorch_bytes": (
-                    max(0, nvml_used - latest.reserved) if nvml_used is not None else None
-                ),
-                "leak": found.leak.as_dict() if found else None,
-                "fragmentation_smoothed": round(frag.gauge_smoothed, 4) if frag else None,
+                "non_pytorch_bytes": dev.non_pytorch_bytes,
+                "leak": found.leak.as_dict(),
+                "fragmentation_smoothed": round(frag.gauge_smoothed, 4),
                 "external_fragmentation": (
-                    round(frag.external, 4) if frag and frag.external is not None else None
+                    round(frag.external, 4) if frag.external is not None else None
                 ),
-                "internal_fragmentation_bytes": frag.internal_bytes if frag else None,
-                "pressure": found.pressure.as_dict() if found else None,
-                "baseline_bytes": found.baseline_bytes if found else None,
+                "stranded_bytes": frag.stranded_bytes,
+                "largest_cached_request_bytes": frag.largest_free_block_bytes,
+                "internal_fragmentation_bytes": frag.internal_bytes,
+                "pressure": found.pressure.as_dict(),
+                "baseline_bytes": found.baseline_bytes,
                 "breakdown": (
-                    {
-                        k: breakdown[k]
-                        for k in (
-                            "parameters",
-                            "gradients",
-                            "optimizer_state",
-                            "other",
-                            "fp32_parameter_bytes",
-                        )
-                        if k in breakdown
-                    }
+                    {k: breakdown[k] for k in BREAKDOWN_KEYS if k in breakdown}
                     if breakdown
                     else None
                 ),
@@ -148,9 +106,9 @@ def _agent(
         )
     return {
         "pid": agent.pid,
-        "state": agent.state,
+        "state": agent.status.value,
         "error": agent.error,
-        "argv": list(hello.argv) if hello else [],
+        "argv": list(agent.argv),
         "python": hello.python if hello else None,
         "torch": hello.torch if hello else None,
         "allocator_conf": hello.allocator_conf if hello else None,
@@ -168,7 +126,8 @@ def _command(argv: list[str]) -> str:
 
 
 def render_text(report: dict[str, Any]) -> str:
-    lines = [f"memtop {report['version']} on {report['host']}  {time.strftime('%H:%M:%S')}"]
+    stamp = time.strftime("%H:%M:%S", time.localtime(report["time"]))
+    lines = [f"memtop {report['version']} on {report['host']}  {stamp}"]
     nvml = report["nvml"]
     devices = report["devices"]
     agents = report["agents"]
@@ -215,7 +174,7 @@ def render_text(report: dict[str, Any]) -> str:
             for dev in a["devices"]:
                 step = "-" if dev["step"] is None else str(dev["step"])
                 lines.append(
-                    f"{a['pid']:<8} {dev['index']:<4} {step:>7} "
+                    f"{a['pid']:<8} {dev.get('gpu', dev['index']):<4} {step:>7} "
                     f"{format_bytes(dev['allocated_bytes']):>10} "
                     f"{format_bytes(dev['reserved_bytes']):>10} "
                     f"{format_bytes(dev['peak_bytes']):>10} "

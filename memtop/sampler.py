@@ -3,19 +3,22 @@
 Each round it reads the devices (NVML, or the simulated GPUs of a demo), polls every agent, and
 writes what it got into the store.  The UI never waits on it; actions a key triggers run on a
 small worker pool with their own connection, so a 3-second cleanup does not stall sampling.
+
+A round ends on time whatever the sources do: agents are polled concurrently, each request with
+its own deadline (memtop.sources.agents), and the device read runs on a thread of its own, so a
+driver call that hangs leaves the last reading on screen and the agents sampled.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import threading
 import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from memtop.model import NvmlReading
-from memtop.sources.agents import CONNECTED, AgentClient, AgentPool
+from memtop.model import SOURCE_AGENT, AgentStatus, NvmlReading
+from memtop.sources.agents import AgentClient, AgentPool
 from memtop.sources.processes import ProcessDirectory
 from memtop.store import Store
 
@@ -24,6 +27,54 @@ class DeviceSource(Protocol):
     def read(self) -> NvmlReading: ...
 
     def close(self) -> None: ...
+
+
+class IsolatedDevices:
+    """Runs `read()` of a device source on a thread of its own: a read that hangs (a wedged
+    driver) costs a round at most `wait` seconds, after which the last reading stands in."""
+
+    def __init__(self, source: DeviceSource) -> None:
+        self.source = source
+        self._done = threading.Event()
+        self._result: NvmlReading | None = None
+        self._error: BaseException | None = None
+        self._running_since: float | None = None  # wall time of the read in flight
+        self._latest: NvmlReading | None = None
+        self.stalled_since: float | None = None
+
+    def read(self, wait: float) -> NvmlReading:
+        if self._running_since is None:
+            self._done.clear()
+            self._running_since = time.time()
+            threading.Thread(target=self._read, name="memtop-devices", daemon=True).start()
+        if self._done.wait(wait):
+            self._running_since = None
+            self.stalled_since = None
+            if self._result is not None:
+                self._latest = self._result
+            else:
+                self._latest = NvmlReading(available=False, error=f"device read: {self._error}")
+            return self._latest
+        self.stalled_since = self._running_since
+        if self._latest is not None:
+            return self._latest
+        since = time.strftime("%H:%M:%S", time.localtime(self._running_since))
+        return NvmlReading(
+            available=False, error=f"the GPU driver is not answering (since {since})"
+        )
+
+    def _read(self) -> None:
+        try:
+            self._result, self._error = self.source.read(), None
+        except Exception as exc:
+            self._result, self._error = None, exc
+        self._done.set()
+
+    def close(self) -> None:
+        # A hung read holds the source's lock: close on a daemon thread, never wait for it.
+        closer = threading.Thread(target=self.source.close, name="memtop-close", daemon=True)
+        closer.start()
+        closer.join(timeout=1.0)
 
 
 class Sampler:
@@ -37,27 +88,50 @@ class Sampler:
         snapshot_interval: float = 60.0,
     ) -> None:
         self.store = store
-        self.devices = devices
+        self.devices = IsolatedDevices(devices)
         self.agents = agents
         self.interval = interval
         self.breakdown_interval = breakdown_interval
         self.snapshot_interval = snapshot_interval
+        # The low-rate requests: the breakdown, and a trace-free snapshot whose summary gives the
+        # external fragmentation (the agent walks every segment for it, so not every round).
+        agents.low_rate = {"breakdown": breakdown_interval, "snapshot": snapshot_interval}
         self.rounds = 0
         self.last_round_s = 0.0
-        self._due: dict[tuple[int, str], float] = {}
         self.processes = ProcessDirectory()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._paused = threading.Event()
+        self._device_stall_noted: float | None = None
         self._actions = concurrent.futures.ThreadPoolExecutor(
             max_workers=2, thread_name_prefix="memtop-action"
         )
 
-    def sample_once(self) -> None:
+    def round_budget(self) -> float:
+        """How long one round may wait for answers: the first, a whole request deadline (every
+        agent is new); later ones half the interval, so sampling keeps its pace."""
+        if self.rounds == 0:
+            return self.agents.timeout + 0.2
+        return max(0.1, min(0.5 * self.interval, self.agents.timeout))
+
+    def sample_once(self, budget: float | None = None) -> None:
         started = time.monotonic()
+        budget = self.round_budget() if budget is None else budget
         now = time.time()
-        reading = self.devices.read()
-        polls = self.agents.poll()
+        reading = self.devices.read(wait=min(budget, 0.5) if self.rounds else budget)
+        stalled = self.devices.stalled_since
+        if stalled is not None and self._device_stall_noted != stalled:
+            self._device_stall_noted = stalled
+            self.store.note("the GPU driver is not answering: showing its last reading")
+        known = None
+        if reading.available and reading.source != SOURCE_AGENT:
+            known = {
+                d.uuid: d.total_bytes
+                for d in reading.devices
+                if d.uuid and d.total_bytes is not None
+            }
+        remaining = max(0.05, budget - (time.monotonic() - started))
+        polls = self.agents.poll(known, budget=remaining)
         polled = time.time()
         # Owners and command lines first: a row must never be on screen before its owner is
         # known (the kill key checks it).
@@ -67,32 +141,30 @@ class Sampler:
         self.store.update_agents(polls, polled)
         self.store.set_problems(self.agents.problems)
         for poll in polls:
-            if poll.state == CONNECTED:
-                self._maybe_breakdown(poll.pid)
-        live = {poll.pid for poll in polls}
-        self._due = {key: due for key, due in self._due.items() if key[0] in live}
+            if "breakdown" in poll.replies:
+                self.store.update_breakdown(poll.pid, poll.replies["breakdown"])
+            if "snapshot" in poll.replies:
+                self.store.update_snapshot_summary(poll.pid, poll.replies["snapshot"])
         self.rounds += 1
         self.last_round_s = time.monotonic() - started
 
-    def _maybe_breakdown(self, pid: int) -> None:
-        """The low-rate requests: the breakdown, and a trace-free snapshot whose summary gives
-        the external fragmentation (the agent walks every segment for it, so not every round).
-        """
-        now = time.monotonic()
-        for cmd, interval, keep in (
-            ("breakdown", self.breakdown_interval, self.store.update_breakdown),
-            ("snapshot", self.snapshot_interval, self.store.update_snapshot_summary),
-        ):
-            if interval <= 0 or now < self._due.get((pid, cmd), 0.0):
-                continue
-            self._due[(pid, cmd)] = now + interval
-            client = self.agents.client(pid)
-            if client is None:
-                return
-            # An agent without the command (another implementation of the protocol) is still a
-            # fine agent: the dashboard just goes without that figure.
-            with contextlib.suppress(Exception):
-                keep(pid, client.request(cmd))
+    def may_signal(self, pid: int) -> str | None:
+        """Why the kill key must not signal `pid` (None: it may, after the usual owner check).
+
+        A pid qualifies when the driver lists it, or when an agent serving as that pid passed
+        authentication (SO_PEERCRED) since the viewer started.  A socket that merely carries a
+        pid's number in its name qualifies nothing."""
+        reading = self.store.nvml()
+        if reading is not None and reading.source != SOURCE_AGENT:
+            listed = {p.pid for d in reading.devices for p in d.processes}
+            if pid in listed:
+                return None
+        state = self.agents.state_of(pid)
+        if state == AgentStatus.REFUSED:
+            return f"the agent socket of pid {pid} failed authentication; memtop sends it nothing"
+        if not self.agents.verified(pid):
+            return f"pid {pid} was never verified as the process behind its agent socket"
+        return None
 
     # ------------------------------------------------------------------ thread
 
@@ -137,9 +209,11 @@ class Sampler:
         """Run one agent command on a worker with its own connection; the future holds the
         result, or raises AgentError / AgentUnreachable with a one-line message."""
         directory: Path | None = self.agents.directory_of(pid)
+        owner = self.agents.owner_of(pid)
 
         def work() -> dict[str, Any]:
-            with AgentClient(pid, directory, timeout) as client:
+            # A fresh connection, authenticated like every other (peer pid and uid).
+            with AgentClient(pid, directory, timeout, owner) as client:
                 client.connect()
                 return client.request(cmd, args, timeout)
 

@@ -67,9 +67,12 @@ class Ring:
     def column(self, name: str, last: int | None = None) -> list[float]:
         """Oldest first; `last` keeps only the newest rows."""
         data = self._columns[self.names.index(name)]
-        count = self._count if last is None else min(last, self._count)
-        first = self._start + self._count - count
-        return [data[(first + i) % self.capacity] for i in range(count)]
+        count = self._count if last is None else max(0, min(last, self._count))
+        first = (self._start + self._count - count) % self.capacity
+        end = first + count
+        if end <= self.capacity:  # one slice (C speed), or two where the ring wraps
+            return data[first:end].tolist()
+        return data[first:].tolist() + data[: end - self.capacity].tolist()
 
     def count_since(self, name: str, since: float) -> int:
         """How many of the newest rows have `name` >= since (the column must be ascending)."""
@@ -97,7 +100,7 @@ class AgentDeviceState:
     uuid: str
     name: str
     latest: AgentDeviceSample
-    peak_bytes: int
+    peak_bytes: int  # memtop's own maximum of what it sampled (the observation's sampled peak)
     history: Ring
     marks: Ring
 
@@ -200,6 +203,9 @@ class Store:
             agent = self._agents[poll.pid] = AgentState(poll.pid, poll.state, poll.hello)
             if poll.state == CONNECTED:
                 self.events.append((when, f"agent {poll.pid} attached"))
+            else:  # found hung, refused, …: said once, with why
+                message = f"agent {poll.pid} {poll.state}"
+                self.events.append((when, f"{message}: {poll.error}" if poll.error else message))
         elif agent.state != poll.state:
             message = f"agent {poll.pid} {poll.state}"
             self.events.append((when, f"{message}: {poll.error}" if poll.error else message))

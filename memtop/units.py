@@ -1,9 +1,16 @@
-"""How sizes and durations are written for people (the JSON keeps integer bytes and seconds)."""
+"""The unit constants and how sizes and durations are written for people (the JSON keeps
+integer bytes and seconds).  Every module takes its KiB/MiB/GiB from here."""
 
 from __future__ import annotations
 
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+TiB = 1 << 40
+
 
 def format_bytes(n: int | float | None) -> str:
+    """512 B, 8.0 KiB, 263.0 MiB, 30.2 GiB; "n/a" for None."""
     if n is None:
         return "n/a"
     value = float(n)
@@ -12,6 +19,20 @@ def format_bytes(n: int | float | None) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{value:.1f} TiB"  # pragma: no cover
+
+
+def short_bytes(n: int | float | None) -> str:
+    """Byte counts in at most 6 characters: 512B, 8.0K, 263M, 30.2G, 1.5T; "—" for None."""
+    if n is None:
+        return "—"
+    value = float(n)
+    for unit in ("B", "K", "M", "G", "T"):
+        if abs(value) < 1024 or unit == "T":
+            if unit == "B":
+                return f"{int(value)}B"
+            return f"{value:.1f}{unit}" if abs(value) < 100 else f"{value:.0f}{unit}"
+        value /= 1024
+    return f"{value:.1f}T"  # pragma: no cover - the loop always returns
 
 
 def format_duration(seconds: float | None) -> str:

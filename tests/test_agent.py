@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from stepping import Stepper
 
 from memtop import protocol
 from memtop.agent.probe import ProbeDevice
@@ -76,6 +77,7 @@ def test_sample_reports_the_allocator(agent: Agent, allocator: SimulatedCachingA
 
 
 def test_step_marks_reach_every_viewer_once(agent: Agent, allocator: SimulatedCachingAllocator):
+    agent.boundary.mark_interval_s = 0.0  # a mark at every step, to check delivery
     first = client_for(agent)
     for i in range(1500):
         allocator.malloc(4096) if i % 100 == 0 else None
@@ -117,15 +119,22 @@ def test_cleanup_releases_cached_segments(agent: Agent, allocator: SimulatedCach
     for block in blocks:
         allocator.free(block)
     assert allocator.memory_reserved() == 4 * 30 * MiB
-    with client_for(agent) as client:
+    with client_for(agent) as client, Stepper(agent):
         result = client.request("cleanup", timeout=10)
         assert result["released_bytes"] == {"0": 120 * MiB}
         assert result["reserved_after"] == {"0": 0}
-        assert result["at_step_boundary"] is False  # no steps seen: runs at once
+        assert result["at_step_boundary"] is True
         with pytest.raises(AgentError) as info:
             client.request("cleanup")
         assert info.value.code == protocol.E_RATE_LIMITED
     assert allocator.memory_reserved() == 0
+
+
+def test_cleanup_without_steps_is_refused_with_the_reason(agent: Agent):
+    with client_for(agent) as client, pytest.raises(AgentError) as info:
+        client.request("cleanup")
+    assert info.value.code == protocol.E_UNAVAILABLE
+    assert "no training step has been seen" in info.value.message
 
 
 def test_cleanup_waits_for_the_next_step_when_the_trainer_steps(
@@ -142,8 +151,19 @@ def test_cleanup_waits_for_the_next_step_when_the_trainer_steps(
         result = client.request("cleanup", timeout=10)
     stepper.join()
     assert result["at_step_boundary"] is True
+    assert result["after_step"] == 2
     assert time.monotonic() - started >= 0.25
     assert result["released_bytes"]["0"] == 40 * MiB
+
+
+def test_cleanup_when_no_step_comes_in_time_says_so(agent: Agent):
+    agent.on_step(explicit=True)
+    with client_for(agent) as client, pytest.raises(AgentError) as info:
+        client.request("cleanup", {"wait_s": 0.5}, timeout=5)
+    assert info.value.code == protocol.E_UNAVAILABLE
+    assert "no step ended in time" in info.value.message
+    agent.on_step(explicit=True)  # the expired job must not run late
+    assert agent.boundary.jobs_run == 0
 
 
 def test_reset_peak(agent: Agent, allocator: SimulatedCachingAllocator):
@@ -162,7 +182,7 @@ def test_snapshot_writes_a_pickle_and_summarises(
     allocator.malloc(3 * MiB)
     allocator.free(hole)
     path = agent.directory / "snap.pickle"  # type: ignore[operator]
-    with client_for(agent) as client:
+    with client_for(agent) as client, Stepper(agent):
         result = client.request("snapshot", {"path": str(path)}, timeout=10)
         with pytest.raises(AgentError) as info:
             client.request("snapshot", {"path": "relative.pickle"})
@@ -174,12 +194,20 @@ def test_snapshot_writes_a_pickle_and_summarises(
     assert summary["reserved_bytes"] == allocator.memory_reserved()
     assert summary["allocated_bytes"] == allocator.memory_allocated()
     assert 0 < summary["external_fragmentation"] < 1
+    assert result["bytes"] == path.stat().st_size and path.stat().st_mode & 0o777 == 0o600
     assert keep
 
 
 def test_breakdown_without_a_model_is_empty(agent: Agent):
-    with client_for(agent) as client:
-        assert client.request("breakdown")["devices"] == {}
+    with client_for(agent) as client, Stepper(agent):
+        reply = client.request("breakdown", {"wait_s": 5})
+    assert reply["devices"] == {} and reply["measured"] == "after_step" and reply["step"] >= 1
+
+
+def test_breakdown_without_steps_is_refused_with_the_reason(agent: Agent):
+    with client_for(agent) as client, pytest.raises(AgentError) as info:
+        client.request("breakdown")
+    assert info.value.code == protocol.E_UNAVAILABLE
 
 
 def test_several_viewers_at_once(agent: Agent):
@@ -303,6 +331,7 @@ def test_first_sample_with_many_devices_and_full_mark_buffer_fits_a_frame(socket
         for i in range(8)
     ]
     server = Agent(SimulatedProbe(gpus), socket_dir)
+    server.boundary.mark_interval_s = 0.0
     server.start()
     try:
         for _ in range(5000):

@@ -92,6 +92,15 @@ def leak_demo(socket_dir: Path) -> Iterator[subprocess.Popen[str]]:
     assert demo.stdout is not None
     banner = demo.stdout.readline()
     assert "simulated trainer" in banner, demo.stderr.read() if demo.stderr else ""
+    # Actions run at the trainer's step boundaries: wait for its first step.
+    from memtop.sources.agents import AgentClient
+
+    (pid,) = protocol.list_agent_sockets(socket_dir)
+    deadline = time.monotonic() + 30
+    with AgentClient(pid, socket_dir, timeout=5) as client:
+        client.connect()
+        while not client.sample().step and time.monotonic() < deadline:
+            time.sleep(0.05)
     yield demo
     if demo.poll() is None:
         demo.send_signal(signal.SIGTERM)

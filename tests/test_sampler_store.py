@@ -14,7 +14,7 @@ import pytest
 from memtop.model import AgentDeviceSample, AgentHello, AgentSample, NvmlReading, StepMark
 from memtop.sampler import Sampler
 from memtop.sim.demo import Demo
-from memtop.sources.agents import CONNECTED, EXITED, AgentPoll, AgentPool
+from memtop.sources.agents import CONNECTED, EXITED, AgentClient, AgentPoll, AgentPool
 from memtop.sources.devices import DefaultDeviceSource
 from memtop.store import Ring, Store
 
@@ -83,6 +83,13 @@ def demo() -> Iterator[Demo]:
     running = Demo(gpus=2, scenario="healthy", step_time=0.05, socket_dir=directory)
     running.start()
     assert running.wait_ready(30)
+    # The agent measures breakdowns and runs actions at step boundaries: wait for the first.
+    deadline = time.monotonic() + 30
+    for process in running.processes:
+        with AgentClient(process.pid, directory, timeout=5) as client:
+            client.connect()
+            while not client.sample().step and time.monotonic() < deadline:
+                time.sleep(0.05)
     yield running
     running.stop()
 
@@ -95,6 +102,12 @@ def test_sampler_joins_devices_and_agents_and_notices_exits(demo: Demo):
         store, DefaultDeviceSource(directory, simulated_only=True), AgentPool(directory)
     )
     sampler.sample_once()
+    # A breakdown is measured at the trainer's next step ("pending" first): a few rounds.
+    for _ in range(40):
+        if all(a.breakdown for a in store.agents()):
+            break
+        time.sleep(0.05)
+        sampler.sample_once()
     reading = store.nvml()
     assert reading is not None and reading.available and reading.source == "sim"
     assert len(reading.devices) == 2
@@ -145,6 +158,7 @@ def test_sampler_thread_and_an_action(demo: Demo):
 
 def test_a_foreign_or_open_socket_dir_is_reported_not_used(socket_dir: Path):
     from memtop import report
+    from memtop.observation import observe
 
     socket_dir.chmod(0o777)
     store = Store()
@@ -155,5 +169,5 @@ def test_a_foreign_or_open_socket_dir_is_reported_not_used(socket_dir: Path):
     sampler.stop()
     (problem,) = store.problems()
     assert "world-writable" in problem and str(socket_dir) in problem
-    text = report.render_text(report.build(store))
+    text = report.render_text(report.build(observe(store)))
     assert f"! ignoring agents: socket directory {socket_dir}" in text

@@ -48,39 +48,84 @@ class Breakdown:
 
 StepCallback = Callable[[], None]
 
+# The documented subset of torch.cuda.memory_stats() keys that `sample` carries (DESIGN §6):
+# every key memtop's viewer, its JSON report and its exporters read, and a few that explain them.
+# Building only these is what keeps a `sample` cheap on the trainer's GIL.
+SAMPLE_STAT_KEYS: tuple[str, ...] = (
+    "allocated_bytes.all.current",
+    "allocated_bytes.all.peak",
+    "reserved_bytes.all.current",
+    "reserved_bytes.all.peak",
+    "reserved_bytes.large_pool.current",
+    "active_bytes.all.current",
+    "requested_bytes.all.current",
+    "inactive_split_bytes.all.current",
+    "inactive_split_bytes.large_pool.current",
+    "allocation.all.current",
+    "segment.all.current",
+    "num_alloc_retries",
+    "num_ooms",
+    "num_device_alloc",
+    "num_device_free",
+)
+
 
 class Probe(Protocol):
-    """What the agent needs from an allocator.  Every method may be called from the agent thread
-    while the trainer runs; none may create a CUDA context on a device the trainer has not used.
+    """What the agent needs from an allocator.
+
+    Two kinds of method (DESIGN §6, "thread discipline"):
+    - *any thread*: host-side reads that touch no tensor and make no CUDA call that could
+      synchronise or disturb a graph capture (versions, the allocator's own counters, the
+      devices the trainer already uses).  The agent thread calls these while the trainer runs.
+    - *trainer's thread only*: everything else (`mem_get_info`, `empty_cache`, `snapshot`,
+      `breakdown`, `is_capturing`).  The agent runs them from the step boundary.
+    None may create a CUDA context on a device the trainer has not used.
     """
 
-    def torch_version(self) -> str | None: ...
-
-    def allocator_conf(self) -> str: ...
-
-    def devices(self) -> list[ProbeDevice]:
-        """Devices the trainer has used so far (possibly none yet)."""
+    def torch_version(self) -> str | None:
+        """Any thread."""
         ...
 
-    def memory_stats(self, index: int) -> dict[str, int]: ...
+    def allocator_conf(self) -> str:
+        """Any thread."""
+        ...
+
+    def devices(self) -> list[ProbeDevice]:
+        """Any thread.  Devices the trainer has used so far (possibly none yet)."""
+        ...
+
+    def memory_stats(self, index: int) -> dict[str, int]:
+        """Any thread: the allocator's host-side counters, at least SAMPLE_STAT_KEYS."""
+        ...
 
     def memory_allocated(self, index: int) -> int:
-        """Cheap: called on every training step by the step hook."""
+        """Any thread.  Cheap: read behind step marks by the step hook."""
+        ...
+
+    def reset_peak(self, index: int) -> None:
+        """Any thread: resets a host-side counter."""
+        ...
+
+    def is_capturing(self) -> bool:
+        """Trainer's thread: whether a CUDA graph is being captured on its current stream."""
         ...
 
     def mem_get_info(self, index: int) -> tuple[int, int]:
-        """(free, total) bytes of the device as the driver sees it."""
+        """Trainer's thread.  (free, total) bytes of the device as the driver sees it."""
         ...
 
-    def empty_cache(self, index: int) -> None: ...
-
-    def reset_peak(self, index: int) -> None: ...
+    def empty_cache(self, index: int) -> None:
+        """Trainer's thread."""
+        ...
 
     def snapshot(self) -> dict[str, Any]:
-        """torch.cuda.memory._snapshot()'s format: {"segments": [...], "device_traces": [...]}."""
+        """Trainer's thread.  torch.cuda.memory._snapshot()'s format: {"segments": [...],
+        "device_traces": [...]}."""
         ...
 
-    def breakdown(self) -> dict[int, Breakdown]: ...
+    def breakdown(self) -> dict[int, Breakdown]:
+        """Trainer's thread, right after an optimizer step (gradients alive)."""
+        ...
 
     def install_step_hook(self, on_step: StepCallback) -> bool:
         """Arrange for `on_step` after every optimizer step; False when there is no such hook."""

@@ -1,18 +1,22 @@
 """The agent: a daemon thread inside the trainer that serves viewers over a local socket.
 
-Design constraints (DESIGN §6):
-- it never raises into the trainer and never blocks it: the trainer only ever runs `on_step`,
-  which appends to a bounded deque; everything else happens on the agent's own threads;
-- one selector loop serves every viewer, so several can attach at once and a slow or dead one
-  cannot stall the others; slow commands (snapshot, cleanup) run on short-lived worker threads
-  and post their reply back through a queue;
+Someone else's house (DESIGN §6).  What this thread may do, and what it may not:
+- it never touches a tensor, an optimizer, a module or the CUDA runtime.  Breakdowns, cleanups,
+  snapshots and `mem_get_info` are queued as jobs for the trainer's own thread, which runs them
+  at the next step boundary (`memtop.agent.boundary`); this thread serves what was measured
+  there, plus the allocator's host-side counters;
+- it never raises into the trainer and never blocks it: the trainer only runs `on_step`;
+- its costs are bounded: one selector loop serves every viewer; one long-lived worker thread
+  writes files; connections are capped, idle ones and stalled partial frames time out, every
+  connection has a request-rate budget and small buffers, and every bad request gets an error
+  frame;
 - only peers of the same uid (or root) are served, checked with SO_PEERCRED on accept.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
+import errno
 import gc
 import os
 import pickle
@@ -23,40 +27,157 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any
 
 from memtop import protocol
 from memtop._version import __version__
-from memtop.agent.probe import Probe
+from memtop.agent import files
+from memtop.agent.boundary import MARK_BUFFER, StepBoundary, TrainerJob
+from memtop.agent.probe import SAMPLE_STAT_KEYS, Probe
+from memtop.agent.snapshot_summary import summarize_snapshot
 
-MARK_BUFFER = 4096  # step marks kept for viewers; the wire contract promises at least 1024
-MAX_OUTBOUND = 8 << 20  # a viewer that stops reading is dropped past this many queued bytes
-CLEANUP_MIN_INTERVAL_S = 2.0
-BREAKDOWN_MIN_INTERVAL_S = 5.0
-STEP_RECENT_S = 5.0  # steps seen within this window: cleanup waits for the next boundary
-CLEANUP_STEP_WAIT_MAX_S = 3.0
+__all__ = ["MARK_BUFFER", "Agent", "summarize_snapshot"]
+
+# ------------------------------------------------------------------ limits (DESIGN §6, §9)
+MAX_CONNECTIONS = 32
+MAX_REQUEST_BYTES = 64 << 10  # requests are small; a viewer never needs more
+MAX_OUTBOUND = 2 << 20  # a viewer that stops reading is dropped past this many queued bytes
+IDLE_TIMEOUT_S = 120.0  # no request for this long: hang up (a paused viewer reconnects)
+PARTIAL_FRAME_TIMEOUT_S = 10.0  # a frame begun and not finished within this: hang up
+REQUEST_BURST = 40  # per-connection token bucket: burst ...
+REQUESTS_PER_S = 20.0  # ... and sustained rate (a dashboard needs 1-10); over it, backpressure:
+# the connection is not read until its budget refills, so a flood costs the trainer nothing
+RECV_BYTES = 4096  # one read: at most ~100 small requests handled in a row
+MAX_PENDING_PER_CONNECTION = 8  # replies a viewer may be waiting for at once
+ACCEPT_BACKOFF_S = 1.0  # out of file descriptors: stop accepting for this long
+SWEEP_INTERVAL_S = 0.5
+
+# ------------------------------------------------------------------ trainer-thread work
+STEP_STALE_S = 60.0  # no step for this long: the trainer's thread is not coming back soon
+BREAKDOWN_MIN_INTERVAL_S = 10.0  # at most one walk of the optimizers per this many seconds
+BREAKDOWN_MAX_SHARE = 0.001  # ... and at most this share of wall time, however big the model
+SUMMARY_MIN_INTERVAL_S = 30.0  # trace-free snapshot for the fragmentation summary
+HISTORY_BACKOFF_S = 600.0  # memory history recording seen on: no periodic snapshots for this long
+CLEANUP_MIN_INTERVAL_S = 5.0
+SNAPSHOT_MIN_INTERVAL_S = 5.0
+# gc.collect() takes ~120 ms in a process that imported torch (measured on this repo's CI
+# machine): a cleanup or a snapshot file may take at most this share of the trainer's time,
+# however often viewers ask; the interval after each grows with what it cost.
+ON_DEMAND_MAX_SHARE = 0.002
+DEFAULT_WAIT_S = 8.0  # how long a cleanup / snapshot waits for a step boundary by default
+MAX_WAIT_S = 60.0
+WORKER_QUEUE = 4
+
+
+class _Unavailable(protocol.ProtocolError):
+    def __init__(self, message: str) -> None:
+        super().__init__(protocol.E_UNAVAILABLE, message)
 
 
 class _Connection:
-    __slots__ = ("decoder", "mark_cursor", "outbound", "peer_pid", "sock")
+    __slots__ = (
+        "closed",
+        "decoder",
+        "interest",
+        "last_request",
+        "mark_cursor",
+        "outbound",
+        "partial_since",
+        "peer_pid",
+        "pending",
+        "refilled",
+        "resume_at",
+        "sock",
+        "tokens",
+    )
 
     def __init__(self, sock: socket.socket, peer_pid: int) -> None:
+        now = time.monotonic()
         self.sock = sock
         self.peer_pid = peer_pid
-        self.decoder = protocol.FrameDecoder()
+        self.decoder = protocol.FrameDecoder(max_frame=MAX_REQUEST_BYTES)
         self.outbound = bytearray()
         self.mark_cursor = 0  # sequence number of the last step mark this viewer has seen
+        self.last_request = now
+        self.partial_since: float | None = None
+        self.pending = 0  # deferred replies this viewer is waiting for
+        self.tokens = float(REQUEST_BURST)
+        self.refilled = now
+        self.resume_at: float | None = None  # reading paused (over budget) until then
+        self.interest = 0  # the selector events registered now (0: not registered)
+        self.closed = False
+
+    def spend(self, now: float, requests: int) -> None:
+        """Charge `requests` to the budget; pause reading while it is overdrawn."""
+        self.tokens = min(REQUEST_BURST, self.tokens + (now - self.refilled) * REQUESTS_PER_S)
+        self.refilled = now
+        self.tokens -= requests
+        if self.tokens < 0:
+            self.resume_at = now + (-self.tokens) / REQUESTS_PER_S
+
+
+class _Cooldown:
+    """When an on-demand action may run again: `minimum` after it last started, and late enough
+    that what it cost (measured where it ran) stays under ON_DEMAND_MAX_SHARE of the time."""
+
+    def __init__(self, what: str, minimum: float) -> None:
+        self.what = what
+        self.minimum = minimum
+        self.started_at = -1e9
+        self.ready_at = 0.0
+
+    def check(self) -> None:
+        wait = self.ready_at - time.monotonic()
+        if wait > 0:
+            raise protocol.ProtocolError(
+                protocol.E_RATE_LIMITED,
+                f"{self.what} ran moments ago; it can run again in {max(1.0, wait):.0f} s",
+            )
+
+    def start(self) -> None:
+        self.started_at = time.monotonic()
+        self.ready_at = self.started_at + self.minimum
+
+    def cost(self, seconds: float) -> None:
+        self.ready_at = max(self.ready_at, self.started_at + seconds / ON_DEMAND_MAX_SHARE)
+
+
+class _Worker:
+    """One long-lived thread for slow work that touches no tensor (pickling and writing a
+    snapshot file), so the selector loop keeps serving; a bounded queue, never a thread per
+    request."""
+
+    def __init__(self) -> None:
+        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue(maxsize=WORKER_QUEUE)
+        self._thread: threading.Thread | None = None
+
+    def submit(self, work: Callable[[], None]) -> bool:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="memtop-agent-io", daemon=True)
+            self._thread.start()
+        try:
+            self._queue.put_nowait(work)
+        except queue.Full:
+            return False
+        return True
+
+    def _run(self) -> None:
+        while True:
+            work = self._queue.get()
+            if work is None:
+                return
+            with contextlib.suppress(Exception):
+                work()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            with contextlib.suppress(queue.Full):
+                self._queue.put_nowait(None)
 
 
 class Agent:
-    # Commands that may take seconds: run on a worker so the loop keeps serving other viewers.
-    _SLOW_COMMANDS: ClassVar[Mapping[str, str]] = MappingProxyType(
-        {"snapshot": "_cmd_snapshot", "cleanup": "_cmd_cleanup"}
-    )
-
     def __init__(
         self,
         probe: Probe,
@@ -65,31 +186,57 @@ class Agent:
         argv: list[str] | None = None,
     ) -> None:
         self.probe = probe
+        self.boundary = StepBoundary(probe)
         self.pid = pid or os.getpid()
         self.argv = list(argv if argv is not None else sys.argv)
         self.directory = directory
         self.path: Path | None = None
         self.started_at = time.time()
-        self.step: int | None = None
-        self.explicit_steps = False
-        self.last_step_time: float | None = None
-        self._marks: collections.deque[tuple[int, dict[str, Any]]] = collections.deque(
-            maxlen=MARK_BUFFER
-        )
-        self._mark_seq = 0
-        self._mark_indices: list[int] = []
-        self._mark_indices_at = 0.0
         self._selector: selectors.BaseSelector | None = None
         self._listener: socket.socket | None = None
+        self._listening = False
+        self._accept_again_at = 0.0
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
         self._replies: queue.SimpleQueue[tuple[_Connection, dict[str, Any]]] = queue.SimpleQueue()
         self._connections: dict[int, _Connection] = {}
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
-        self._last_cleanup = 0.0
-        self._breakdown_cache: tuple[float, dict[str, Any]] | None = None
-        self.errors: collections.deque[str] = collections.deque(maxlen=50)
+        self._worker = _Worker()
+        # Jobs queued for the trainer's thread that a viewer is waiting on, with how to answer
+        # if the deadline passes first.
+        self._waiting: list[tuple[TrainerJob, _Connection, Any]] = []
+        self._background: list[TrainerJob] = []
+        self._last_sweep = 0.0
+        self._cleanup_cooldown = _Cooldown("cleanup", CLEANUP_MIN_INTERVAL_S)
+        self._snapshot_cooldown = _Cooldown("a snapshot", SNAPSHOT_MIN_INTERVAL_S)
+        # Measured on the trainer's thread, served from here.
+        self._breakdown: dict[str, Any] | None = None
+        self._breakdown_job: TrainerJob | None = None
+        self._breakdown_interval = BREAKDOWN_MIN_INTERVAL_S
+        self._summary: dict[str, Any] | None = None
+        self._summary_job: TrainerJob | None = None
+        self._history_seen_at: float | None = None
+        self.errors = self.boundary.errors
+        self.refused_requests = 0
+
+    # ---------------------------------------------------------------- trainer side
+
+    def on_step(self, explicit: bool = False) -> None:
+        """The end of a training step (optimizer hook or memtop.step()); the trainer's thread."""
+        self.boundary.on_step(explicit)
+
+    @property
+    def step(self) -> int | None:
+        return self.boundary.step
+
+    @property
+    def last_step_time(self) -> float | None:
+        return self.boundary.last_step_time
+
+    @property
+    def explicit_steps(self) -> bool:
+        return self.boundary.explicit_steps
 
     # ---------------------------------------------------------------- life cycle
 
@@ -113,6 +260,7 @@ class Agent:
         self._wake_w.setblocking(False)
         self._selector = selectors.DefaultSelector()
         self._selector.register(listener, selectors.EVENT_READ, "accept")
+        self._listening = True
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._thread = threading.Thread(target=self._run, name="memtop-agent", daemon=True)
         self._thread.start()
@@ -125,7 +273,12 @@ class Agent:
         self._wake()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        self._worker.stop()
         self._remove_socket()
+
+    @property
+    def thread_native_id(self) -> int | None:
+        return self._thread.native_id if self._thread is not None else None
 
     def _remove_socket(self) -> None:
         # Only the process that created the socket removes it (not a forked child).
@@ -138,41 +291,26 @@ class Agent:
             with contextlib.suppress(OSError):
                 self._wake_w.send(b"\0")
 
-    # ---------------------------------------------------------------- trainer side
-
-    def on_step(self, explicit: bool = False) -> None:
-        """Record a training step.  Runs on the trainer's thread: cheap, and never raises."""
-        try:
-            if explicit:
-                self.explicit_steps = True
-            elif self.explicit_steps:
-                return  # memtop.step() is counting; the optimizer hook would count twice
-            now = time.time()
-            self.step = (self.step or 0) + 1
-            self.last_step_time = now
-            if now - self._mark_indices_at > 1.0:
-                self._mark_indices = [d.index for d in self.probe.devices()]
-                self._mark_indices_at = now
-            allocated = {str(i): self.probe.memory_allocated(i) for i in self._mark_indices}
-            self._mark_seq += 1
-            self._marks.append(
-                (self._mark_seq, {"step": self.step, "time": now, "allocated_bytes": allocated})
-            )
-        except Exception as exc:  # the trainer must never see our failures
-            self.errors.append(f"step hook: {exc!r}")
-
     # ---------------------------------------------------------------- server loop
 
     def _run(self) -> None:
         assert self._selector is not None
         try:
             while not self._stopping.is_set():
-                for key, events in self._selector.select(timeout=0.5):
+                for key, events in self._selector.select(timeout=self._select_timeout()):
                     try:
                         self._dispatch(key, events)
                     except Exception as exc:
                         self.errors.append(f"agent loop: {exc!r}")
-                self._flush_worker_replies()
+                self._flush_replies()
+                now = time.monotonic()
+                self._resume_reading(now)
+                if now - self._last_sweep >= SWEEP_INTERVAL_S:
+                    self._last_sweep = now
+                    try:
+                        self._sweep(now)
+                    except Exception as exc:
+                        self.errors.append(f"agent sweep: {exc!r}")
         finally:
             for conn in list(self._connections.values()):
                 self._close(conn)
@@ -181,6 +319,23 @@ class Agent:
                     with contextlib.suppress(OSError):
                         sock.close()
             self._selector.close()
+
+    def _select_timeout(self) -> float:
+        timeout = SWEEP_INTERVAL_S
+        now = time.monotonic()
+        if self._waiting:
+            soonest = min(job.deadline for job, _, _ in self._waiting)
+            timeout = min(timeout, max(0.0, soonest - now))
+        for conn in self._connections.values():
+            if conn.resume_at is not None:
+                timeout = min(timeout, max(0.0, conn.resume_at - now))
+        return timeout
+
+    def _resume_reading(self, now: float) -> None:
+        for conn in list(self._connections.values()):
+            if conn.resume_at is not None and now >= conn.resume_at:
+                conn.resume_at = None
+                self._update_interest(conn)
 
     def _dispatch(self, key: selectors.SelectorKey, events: int) -> None:
         if key.data == "accept":
@@ -193,8 +348,71 @@ class Agent:
             conn: _Connection = key.data
             if events & selectors.EVENT_READ:
                 self._read(conn)
-            if events & selectors.EVENT_WRITE and conn.sock.fileno() >= 0:
+            if events & selectors.EVENT_WRITE and not conn.closed:
                 self._write(conn)
+
+    def _sweep(self, now: float) -> None:
+        """Deadlines: jobs no step came for, idle viewers, stalled frames, paused accepting."""
+        if self._waiting:
+            still = []
+            for job, conn, request_id in self._waiting:
+                if job.claimed:
+                    continue  # the trainer ran it; its reply is on its way
+                if now >= job.deadline and job.claim():
+                    conn.pending = max(0, conn.pending - 1)
+                    self._reply(conn, protocol.error_reply(request_id, *self._no_step(job)))
+                else:
+                    still.append((job, conn, request_id))
+            self._waiting = still
+        for conn in list(self._connections.values()):
+            if (
+                conn.pending == 0
+                and conn.resume_at is None
+                and now - conn.last_request > IDLE_TIMEOUT_S
+            ):
+                self._close(conn)
+            elif conn.partial_since is not None and now - conn.partial_since > (
+                PARTIAL_FRAME_TIMEOUT_S
+            ):
+                self._queue(
+                    conn,
+                    protocol.error_reply(
+                        None,
+                        protocol.E_BAD_FRAME,
+                        f"frame not completed within {PARTIAL_FRAME_TIMEOUT_S:.0f} s",
+                    ),
+                )
+                self._write(conn)
+                self._close(conn)
+        if self._background:
+            for job in self._background:
+                if not job.claimed and now >= job.deadline and job.claim():
+                    # No step came: let the next request schedule a fresh measurement.
+                    if job is self._breakdown_job:
+                        self._breakdown_job = None
+                    if job is self._summary_job:
+                        self._summary_job = None
+            self._background = [j for j in self._background if not j.claimed]
+        if not self._listening and now >= self._accept_again_at:
+            self._listen(True)
+
+    def _no_step(self, job: TrainerJob) -> tuple[str, str]:
+        last = self.boundary.last_step_time
+        since = f"; the last step ended {time.time() - last:.0f} s ago" if last else ""
+        return (
+            protocol.E_UNAVAILABLE,
+            f"{job.name} runs between training steps on the trainer's thread, and no step "
+            f"ended in time{since}",
+        )
+
+    def _listen(self, on: bool) -> None:
+        if self._selector is None or self._listener is None or on == self._listening:
+            return
+        if on:
+            self._selector.register(self._listener, selectors.EVENT_READ, "accept")
+        else:
+            self._selector.unregister(self._listener)
+        self._listening = on
 
     def _accept(self) -> None:
         assert self._listener is not None and self._selector is not None
@@ -204,6 +422,11 @@ class Agent:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    # Out of descriptors: the listener stays readable, so select() would spin.
+                    # Stop listening for a moment; the trainer's own files come first.
+                    self._listen(False)
+                    self._accept_again_at = time.monotonic() + ACCEPT_BACKOFF_S
                 self.errors.append(f"accept: {exc!r}")
                 return
             try:
@@ -211,26 +434,30 @@ class Agent:
             except OSError:
                 sock.close()
                 continue
+            refusal = None
             if not protocol.peer_allowed(peer_uid):
-                # Say why, then hang up; a blocking best-effort send of one small frame.
-                with contextlib.suppress(OSError):
-                    sock.settimeout(0.2)
-                    protocol.send_message(
-                        sock,
-                        protocol.error_reply(
-                            None, "forbidden", f"uid {peer_uid} may not attach to this agent"
-                        ),
-                    )
+                refusal = ("forbidden", f"uid {peer_uid} may not attach to this agent")
+            elif len(self._connections) >= MAX_CONNECTIONS:
+                refusal = (
+                    protocol.E_UNAVAILABLE,
+                    f"agent busy: it serves at most {MAX_CONNECTIONS} viewers at once",
+                )
+            if refusal is not None:
+                self.refused_requests += 1
+                # Say why, then hang up; a best-effort send of one small frame, never waiting.
+                with contextlib.suppress(OSError, protocol.ProtocolError):
+                    sock.setblocking(False)
+                    sock.send(protocol.encode_frame(protocol.error_reply(None, *refusal)))
                 sock.close()
                 continue
             sock.setblocking(False)
             conn = _Connection(sock, peer_pid)
             self._connections[sock.fileno()] = conn
-            self._selector.register(sock, selectors.EVENT_READ, conn)
+            self._update_interest(conn)
 
     def _read(self, conn: _Connection) -> None:
         try:
-            data = conn.sock.recv(65536)
+            data = conn.sock.recv(RECV_BYTES)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -239,14 +466,31 @@ class Agent:
         if not data:
             self._close(conn)
             return
+        handled = 0
         try:
             for message in conn.decoder.feed(data):
+                handled += 1
                 self._handle(conn, message)
+                if conn.closed:
+                    return
         except protocol.ProtocolError as exc:
             # The byte stream can no longer be trusted: say why and hang up.
-            self._queue(conn, protocol.error_reply(None, exc.code, exc.message))
-            self._write(conn)
-            self._close(conn)
+            self._hang_up(conn, exc.code, exc.message)
+            return
+        except RecursionError:
+            self._hang_up(conn, protocol.E_BAD_FRAME, "frame nests too deeply")
+            return
+        now = time.monotonic()
+        conn.partial_since = (conn.partial_since or now) if conn.decoder.pending_bytes else None
+        if handled:
+            conn.spend(now, handled)
+            if conn.resume_at is not None:
+                self._update_interest(conn)
+
+    def _hang_up(self, conn: _Connection, code: str, message: str) -> None:
+        self._queue(conn, protocol.error_reply(None, code, message))
+        self._write(conn)
+        self._close(conn)
 
     def _write(self, conn: _Connection) -> None:
         if conn.outbound:
@@ -261,13 +505,26 @@ class Agent:
         self._update_interest(conn)
 
     def _update_interest(self, conn: _Connection) -> None:
-        if self._selector is None or conn.sock.fileno() < 0:
+        """Register what the connection waits for; a syscall only when that changes."""
+        if self._selector is None or conn.closed:
             return
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if conn.outbound else 0)
-        with contextlib.suppress(KeyError, ValueError):
-            self._selector.modify(conn.sock, events, conn)
+        events = (selectors.EVENT_READ if conn.resume_at is None else 0) | (
+            selectors.EVENT_WRITE if conn.outbound else 0
+        )
+        if events == conn.interest:
+            return
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            if conn.interest == 0:
+                self._selector.register(conn.sock, events, conn)
+            elif events == 0:
+                self._selector.unregister(conn.sock)
+            else:
+                self._selector.modify(conn.sock, events, conn)
+        conn.interest = events
 
     def _queue(self, conn: _Connection, reply: dict[str, Any]) -> None:
+        if conn.closed:
+            return
         try:
             frame = protocol.encode_frame(reply)
         except (protocol.ProtocolError, TypeError, ValueError) as exc:
@@ -279,82 +536,146 @@ class Agent:
             return
         conn.outbound += frame
 
+    def _reply(self, conn: _Connection, reply: dict[str, Any]) -> None:
+        self._queue(conn, reply)
+        if not conn.closed:
+            self._write(conn)
+
     def _close(self, conn: _Connection) -> None:
-        fileno = conn.sock.fileno()
-        if fileno >= 0 and self._selector is not None:
-            with contextlib.suppress(KeyError, ValueError):
+        if conn.closed:
+            return
+        conn.closed = True
+        if self._selector is not None and conn.interest:
+            with contextlib.suppress(KeyError, ValueError, OSError):
                 self._selector.unregister(conn.sock)
-        self._connections.pop(fileno, None)
+            conn.interest = 0
+        for fileno, known in list(self._connections.items()):
+            if known is conn:
+                del self._connections[fileno]
         with contextlib.suppress(OSError):
             conn.sock.close()
 
-    def _flush_worker_replies(self) -> None:
+    def _post(self, conn: _Connection, reply: dict[str, Any]) -> None:
+        """Hand a deferred reply to the loop (from the trainer's thread or the worker)."""
+        self._replies.put((conn, reply))
+        self._wake()
+
+    def _flush_replies(self) -> None:
         while True:
             try:
                 conn, reply = self._replies.get_nowait()
             except queue.Empty:
                 return
-            if conn.sock.fileno() >= 0:
-                self._queue(conn, reply)
-                self._write(conn)
+            conn.pending = max(0, conn.pending - 1)
+            self._reply(conn, reply)
 
     # ---------------------------------------------------------------- commands
 
     def _handle(self, conn: _Connection, message: dict[str, Any]) -> None:
+        now = time.monotonic()
+        conn.last_request = now
         try:
             request = protocol.parse_request(message)
         except protocol.ProtocolError as exc:
             request_id = message.get("id")
             if not isinstance(request_id, int | str) or isinstance(request_id, bool):
                 request_id = None
-            self._queue(conn, protocol.error_reply(request_id, exc.code, exc.message))
-            self._write(conn)
+            self._reply(conn, protocol.error_reply(request_id, exc.code, exc.message))
             return
-        if request.cmd in self._SLOW_COMMANDS:
-            handler = getattr(self, self._SLOW_COMMANDS[request.cmd])
-            self._run_in_worker(conn, request, handler)
-            return
-        self._queue(conn, self._execute(request, conn))
-        self._write(conn)
-
-    def _execute(
-        self,
-        request: protocol.Request,
-        conn: _Connection,
-        handler: Callable[[protocol.Request], dict[str, Any]] | None = None,
-    ) -> dict[str, Any]:
         try:
-            if handler is not None:
-                result = handler(request)
-            elif request.cmd == "hello":
-                result = self._cmd_hello()
-            elif request.cmd == "sample":
-                result = self._cmd_sample(conn)
-            elif request.cmd == "breakdown":
-                result = self._cmd_breakdown()
-            elif request.cmd == "reset_peak":
-                result = self._cmd_reset_peak()
-            else:  # parse_request only lets the closed set through
-                raise protocol.ProtocolError(protocol.E_UNKNOWN_COMMAND, request.cmd)
+            result = self._execute(conn, request)
         except protocol.ProtocolError as exc:
-            return protocol.error_reply(request.id, exc.code, exc.message)
+            reply = protocol.error_reply(request.id, exc.code, exc.message)
         except Exception as exc:
-            return protocol.error_reply(
+            reply = protocol.error_reply(
                 request.id, protocol.E_FAILED, f"{type(exc).__name__}: {exc}"[:500]
             )
-        return {"id": request.id, "result": result}
+        else:
+            if result is None:
+                return  # deferred: the reply comes when the trainer's thread has done the work
+            reply = {"id": request.id, "result": result}
+        self._reply(conn, reply)
 
-    def _run_in_worker(
+    def _execute(self, conn: _Connection, request: protocol.Request) -> dict[str, Any] | None:
+        cmd = request.cmd
+        if cmd == "sample":
+            return self._cmd_sample(conn)
+        if cmd == "hello":
+            return self._cmd_hello()
+        if cmd == "breakdown":
+            return self._cmd_breakdown(conn, request)
+        if cmd == "snapshot":
+            return self._cmd_snapshot(conn, request)
+        if cmd == "cleanup":
+            return self._cmd_cleanup(conn, request)
+        if cmd == "reset_peak":
+            return self._cmd_reset_peak()
+        # parse_request only lets the closed set through
+        raise protocol.ProtocolError(protocol.E_UNKNOWN_COMMAND, cmd)
+
+    def _defer(
         self,
         conn: _Connection,
         request: protocol.Request,
-        handler: Callable[[protocol.Request], dict[str, Any]],
-    ) -> None:
-        def work() -> None:
-            self._replies.put((conn, self._execute(request, conn, handler)))
-            self._wake()
+        name: str,
+        run: Callable[[], Any],
+        finish: Callable[[Any], dict[str, Any] | None],
+        wait_s: float,
+    ) -> TrainerJob:
+        """Queue `run` for the trainer's thread; the viewer's reply is `finish(result)`.
 
-        threading.Thread(target=work, name=f"memtop-agent-{request.cmd}", daemon=True).start()
+        `finish` runs on the trainer's thread too, so it must be cheap; it may return None to
+        say it handed the reply on (to the worker), which then posts exactly one reply.
+        """
+        if conn.pending >= MAX_PENDING_PER_CONNECTION:
+            raise protocol.ProtocolError(
+                protocol.E_RATE_LIMITED,
+                f"{MAX_PENDING_PER_CONNECTION} requests of this viewer are already waiting",
+            )
+        request_id = request.id
+
+        def done(job: TrainerJob) -> None:
+            if job.error is not None:
+                err = job.error
+                code = err.code if isinstance(err, protocol.ProtocolError) else protocol.E_FAILED
+                text = err.message if isinstance(err, protocol.ProtocolError) else repr(err)
+                self._post(conn, protocol.error_reply(request_id, code, text[:500]))
+                return
+            try:
+                result = finish(job.result)
+                if result is None:
+                    return
+                reply = {"id": request_id, "result": result}
+            except protocol.ProtocolError as exc:
+                reply = protocol.error_reply(request_id, exc.code, exc.message)
+            except Exception as exc:
+                reply = protocol.error_reply(request_id, protocol.E_FAILED, repr(exc)[:500])
+            self._post(conn, reply)
+
+        job = TrainerJob(name, run, time.monotonic() + wait_s, done)
+        conn.pending += 1
+        self._waiting.append((job, conn, request_id))
+        self.boundary.submit(job)
+        return job
+
+    def _require_steps(self, what: str) -> None:
+        if not self.boundary.stepping(STEP_STALE_S):
+            why = (
+                "no training step has been seen"
+                if self.boundary.step is None
+                else f"no step for over {STEP_STALE_S:.0f} s"
+            )
+            raise _Unavailable(
+                f"{what} runs between steps on the trainer's thread and {why} "
+                "(steps are counted at optimizer.step() or memtop.step())"
+            )
+
+    @staticmethod
+    def _wait_arg(request: protocol.Request, default: float) -> float:
+        wait = request.args.get("wait_s", default)
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or wait < 0:
+            raise protocol.ProtocolError(protocol.E_BAD_REQUEST, "'wait_s' must be seconds >= 0")
+        return min(float(wait), MAX_WAIT_S)
 
     def _cmd_hello(self) -> dict[str, Any]:
         return {
@@ -370,31 +691,54 @@ class Agent:
             ],
             "agent_version": __version__,
             "started": self.started_at,
-            "step": self.step,
+            "step": self.boundary.step,
             "cwd": os.getcwd(),
+            "agent_thread_id": self.thread_native_id,
+            "rank": _env_int("RANK"),
+            "local_rank": _env_int("LOCAL_RANK"),
+            "world_size": _env_int("WORLD_SIZE"),
         }
 
     def _cmd_sample(self, conn: _Connection) -> dict[str, Any]:
+        boundary = self.boundary
+        boundary.want_mem_info()
         devices = []
         for device in self.probe.devices():
-            free, total = self.probe.mem_get_info(device.index)
+            stats = self.probe.memory_stats(device.index)
+            if len(stats) > len(SAMPLE_STAT_KEYS):  # a probe that returns everything
+                stats = {k: stats[k] for k in SAMPLE_STAT_KEYS if k in stats}
+            measured = boundary.mem_info.get(device.index)
+            if measured is not None:
+                free, total, when = measured
+            else:
+                # Not measured on the trainer's thread yet (or the trainer does not step): what
+                # this process alone leaves free, an upper bound.  NVML has the real figure.
+                total = device.total_bytes
+                free = max(0, total - stats.get("reserved_bytes.all.current", 0))
+                when = None
             devices.append(
                 {
                     "index": device.index,
                     "uuid": device.uuid,
                     "name": device.name,
-                    "stats": self.probe.memory_stats(device.index),
+                    "stats": stats,
                     "free_bytes": free,
                     "total_bytes": total,
+                    "free_measured_at": when,
                 }
             )
         marks = self._marks_since(conn, len(devices))
         return {
             "time": time.time(),
-            "step": self.step,
+            "step": boundary.step,
             "devices": devices,
             "step_marks": marks,
-            "last_step_time": self.last_step_time,
+            "last_step_time": boundary.last_step_time,
+            "agent": {
+                **boundary.costs(),
+                "connections": len(self._connections),
+                "refused_requests": self.refused_requests,
+            },
         }
 
     def _marks_since(self, conn: _Connection, device_count: int) -> list[dict[str, Any]]:
@@ -403,7 +747,7 @@ class Agent:
         list() of a deque is atomic under the GIL, so the trainer may append meanwhile; the
         cursor moves to the last mark actually taken, so none is skipped.
         """
-        taken = list(self._marks)
+        taken = list(self.boundary.marks)
         if not taken:
             return []
         last_seq = taken[-1][0]
@@ -413,45 +757,185 @@ class Agent:
         conn.mark_cursor = last_seq
         return [mark for _, mark in taken[len(taken) - min(new, fit, len(taken)) :]]
 
-    def _cmd_breakdown(self) -> dict[str, Any]:
-        now = time.monotonic()
-        cached = self._breakdown_cache
-        if cached is not None and now - cached[0] < BREAKDOWN_MIN_INTERVAL_S:
-            return cached[1]
-        result = {
-            "time": time.time(),
-            "devices": {str(i): b.as_dict() for i, b in self.probe.breakdown().items()},
-        }
-        self._breakdown_cache = (now, result)
-        return result
+    # -- breakdown: measured on the trainer's thread right after a step, served from here
 
-    def _cmd_reset_peak(self) -> dict[str, Any]:
-        indices = [d.index for d in self.probe.devices()]
-        for index in indices:
-            self.probe.reset_peak(index)
-        return {"devices": indices}
+    def _cmd_breakdown(self, conn: _Connection, request: protocol.Request) -> dict[str, Any] | None:
+        wait = self._wait_arg(request, 0.0)
+        latest = self._breakdown
+        if not self.boundary.stepping(STEP_STALE_S):
+            if latest is not None:
+                return {**latest, "stale": True}
+            self._require_steps("the breakdown")
+        age = time.time() - latest["time"] if latest is not None else None
+        if (age is None or age >= self._breakdown_interval) and self._breakdown_job is None:
+            self._breakdown_job = self._schedule_breakdown()
+        if latest is None:
+            job = self._breakdown_job
+            if wait > 0 and job is not None:
+                # Answer when the first measurement lands (or the wait runs out).
+                # A job queued after the measurement runs right after it, at the same boundary.
+                self._defer(
+                    conn,
+                    request,
+                    "the breakdown",
+                    lambda: None,
+                    lambda _: self._breakdown or _pending_breakdown(),
+                    wait,
+                )
+                return None
+            return _pending_breakdown()
+        return latest
 
-    def _cmd_snapshot(self, request: protocol.Request) -> dict[str, Any]:
+    def _schedule_breakdown(self) -> TrainerJob:
+        def measure() -> dict[str, Any]:
+            started = time.perf_counter()
+            parts = self.probe.breakdown()
+            took = time.perf_counter() - started
+            return {
+                "time": time.time(),
+                "step": self.boundary.step,
+                "measured": "after_step",
+                "took_s": took,
+                "devices": {str(i): b.as_dict() for i, b in parts.items()},
+            }
+
+        def done(job: TrainerJob) -> None:
+            self._breakdown_job = None
+            if job.error is None and job.result is not None:
+                self._breakdown = job.result
+                # However big the model, the walk takes at most BREAKDOWN_MAX_SHARE of the time.
+                self._breakdown_interval = max(
+                    BREAKDOWN_MIN_INTERVAL_S, job.result["took_s"] / BREAKDOWN_MAX_SHARE
+                )
+            elif job.error is not None:
+                self.errors.append(f"breakdown: {job.error!r}")
+
+        job = TrainerJob("the breakdown", measure, time.monotonic() + MAX_WAIT_S, done)
+        self.boundary.submit(job)
+        self._expire_later(job)
+        return job
+
+    def _expire_later(self, job: TrainerJob) -> None:
+        """A job nobody waits on (a periodic measurement): forgotten at its deadline."""
+        self._background.append(job)
+
+    # -- snapshot: the data is taken on the trainer's thread; the file is written by the worker
+
+    def _cmd_snapshot(self, conn: _Connection, request: protocol.Request) -> dict[str, Any] | None:
         path = request.args.get("path")
-        if path is not None and (not isinstance(path, str) or not os.path.isabs(path)):
+        if path is None:
+            return self._snapshot_summary()
+        if not isinstance(path, str) or not os.path.isabs(path) or "\0" in path:
             raise protocol.ProtocolError(protocol.E_BAD_REQUEST, "'path' must be an absolute path")
-        data = self.probe.snapshot()
-        if path is not None:
-            tmp = f"{path}.tmp-{os.getpid()}"
-            with open(tmp, "wb") as fh:
-                pickle.dump(data, fh)
-            os.replace(tmp, path)
-        return {"path": path, "devices": summarize_snapshot(data.get("segments", []))}
+        overwrite = request.args.get("overwrite", False)
+        if not isinstance(overwrite, bool):
+            raise protocol.ProtocolError(protocol.E_BAD_REQUEST, "'overwrite' must be a boolean")
+        self._snapshot_cooldown.check()
+        self._require_steps("a snapshot")
+        try:
+            files.check_target(path, overwrite)  # refuse early, before the trainer pays
+        except files.UnsafeTarget as exc:
+            raise protocol.ProtocolError(protocol.E_BAD_REQUEST, str(exc)) from None
+        self._snapshot_cooldown.start()
+        request_id = request.id
+        wait = self._wait_arg(request, DEFAULT_WAIT_S)
 
-    def _cmd_cleanup(self, request: protocol.Request) -> dict[str, Any]:
-        now = time.monotonic()
-        if now - self._last_cleanup < CLEANUP_MIN_INTERVAL_S:
-            raise protocol.ProtocolError(
-                protocol.E_RATE_LIMITED,
-                f"cleanup ran less than {CLEANUP_MIN_INTERVAL_S:.0f} s ago; try again shortly",
+        def hand_to_worker(data: dict[str, Any]) -> None:
+            # On the trainer's thread only the data was taken; pickling and writing happen on
+            # the worker, which answers the viewer itself.
+            def write() -> None:
+                started = time.perf_counter()
+                try:
+                    size = files.write_private_file(
+                        path, pickle.dumps(data, protocol=4), overwrite=overwrite
+                    )
+                except files.UnsafeTarget as exc:
+                    reply = protocol.error_reply(request_id, protocol.E_BAD_REQUEST, str(exc))
+                except OSError as exc:
+                    reply = protocol.error_reply(
+                        request_id, protocol.E_FAILED, f"cannot write {path}: {exc.strerror}"
+                    )
+                else:
+                    summary = summarize_snapshot(data.get("segments", []))
+                    reply = {
+                        "id": request_id,
+                        "result": {"path": path, "bytes": size, "devices": summary},
+                    }
+                self._snapshot_cooldown.cost(time.perf_counter() - started)
+                self._post(conn, reply)
+
+            if not self._worker.submit(write):
+                raise protocol.ProtocolError(protocol.E_RATE_LIMITED, "snapshot writer is busy")
+            return None
+
+        self._defer(conn, request, "a snapshot", self.probe.snapshot, hand_to_worker, wait)
+        return None
+
+    def _snapshot_summary(self) -> dict[str, Any]:
+        """The fragmentation summary of a trace-free snapshot taken on the trainer's thread at a
+        low rate; served at once (the viewer asks now and then and must never wait)."""
+        latest = self._summary
+        age = time.time() - latest["time"] if latest is not None else None
+        history_off = (
+            self._history_seen_at is None
+            or time.monotonic() - self._history_seen_at > HISTORY_BACKOFF_S
+        )
+        if (
+            (age is None or age >= SUMMARY_MIN_INTERVAL_S)
+            and self._summary_job is None
+            and history_off
+            and self.boundary.stepping(STEP_STALE_S)
+        ):
+            self._summary_job = self._schedule_summary()
+        if latest is None:
+            return {"path": None, "time": None, "devices": {}, "pending": True}
+        return {**latest, "history_recording": not history_off}
+
+    def _schedule_summary(self) -> TrainerJob:
+        def measure() -> dict[str, Any]:
+            data = self.probe.snapshot()
+            traced = any(data.get("device_traces") or ()) or any(
+                block.get("frames")
+                for seg in data.get("segments", ())
+                for block in seg.get("blocks", ())
             )
-        self._last_cleanup = now
-        at_boundary = self._wait_for_step_boundary()
+            return {
+                "path": None,
+                "time": time.time(),
+                "step": self.boundary.step,
+                "traced": traced,
+                "devices": summarize_snapshot(data.get("segments", [])),
+            }
+
+        def done(job: TrainerJob) -> None:
+            self._summary_job = None
+            if job.error is None and job.result is not None:
+                if job.result.pop("traced"):
+                    # The trainer records memory history: every snapshot now carries stack
+                    # traces and costs hundreds of ms.  Stop the periodic ones for a while.
+                    self._history_seen_at = time.monotonic()
+                self._summary = job.result
+            elif job.error is not None:
+                self.errors.append(f"snapshot summary: {job.error!r}")
+
+        job = TrainerJob("a snapshot", measure, time.monotonic() + MAX_WAIT_S, done)
+        self.boundary.submit(job)
+        self._expire_later(job)
+        return job
+
+    # -- cleanup: gc + empty_cache, on the trainer's thread between two steps
+
+    def _cmd_cleanup(self, conn: _Connection, request: protocol.Request) -> dict[str, Any] | None:
+        self._cleanup_cooldown.check()
+        self._require_steps("cleanup")
+        wait = self._wait_arg(request, DEFAULT_WAIT_S)
+        self._cleanup_cooldown.start()
+        self._defer(conn, request, "cleanup", self._cleanup_now, lambda result: result, wait)
+        return None
+
+    def _cleanup_now(self) -> dict[str, Any]:
+        """Runs on the trainer's thread, right after a step."""
+        started = time.perf_counter()
         indices = [d.index for d in self.probe.devices()]
         before = {
             i: self.probe.memory_stats(i).get("reserved_bytes.all.current", 0) for i in indices
@@ -462,55 +946,32 @@ class Agent:
         after = {
             i: self.probe.memory_stats(i).get("reserved_bytes.all.current", 0) for i in indices
         }
+        took = time.perf_counter() - started
+        self._cleanup_cooldown.cost(took)
         return {
             "released_bytes": {str(i): max(0, before[i] - after[i]) for i in indices},
             "reserved_before": {str(i): before[i] for i in indices},
             "reserved_after": {str(i): after[i] for i in indices},
             "gc_collected": collected,
-            "at_step_boundary": at_boundary,
+            "at_step_boundary": True,
+            "after_step": self.boundary.step,
+            "thread": threading.current_thread().name,
+            "thread_ident": threading.get_ident(),
+            "took_s": took,
         }
 
-    def _wait_for_step_boundary(self) -> bool:
-        """Wait (bounded) for the next step when the trainer is stepping; True if one came."""
-        last = self.last_step_time
-        if last is None or time.time() - last > STEP_RECENT_S:
-            return False
-        start_seq = self._mark_seq
-        deadline = time.monotonic() + CLEANUP_STEP_WAIT_MAX_S
-        while time.monotonic() < deadline:
-            if self._mark_seq != start_seq:
-                return True
-            time.sleep(0.002)
-        return False
+    def _cmd_reset_peak(self) -> dict[str, Any]:
+        # A host-side counter reset: safe from this thread.
+        indices = [d.index for d in self.probe.devices()]
+        for index in indices:
+            self.probe.reset_peak(index)
+        return {"devices": indices}
 
 
-def summarize_snapshot(segments: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per device: reserved, allocated, inactive (large pool), largest inactive block, and the
-    external fragmentation 1 − largest inactive / total inactive (DESIGN §4)."""
-    out: dict[str, dict[str, Any]] = {}
-    for seg in segments:
-        dev = out.setdefault(
-            str(seg.get("device", 0)),
-            {
-                "segments": 0,
-                "reserved_bytes": 0,
-                "allocated_bytes": 0,
-                "inactive_large_bytes": 0,
-                "largest_inactive_large_bytes": 0,
-            },
-        )
-        dev["segments"] += 1
-        dev["reserved_bytes"] += int(seg.get("total_size", 0))
-        large = seg.get("segment_type") == "large"
-        for block in seg.get("blocks", []):
-            size = int(block.get("size", 0))
-            if block.get("state") == "active_allocated":
-                dev["allocated_bytes"] += size
-            elif block.get("state") == "inactive" and large:
-                dev["inactive_large_bytes"] += size
-                dev["largest_inactive_large_bytes"] = max(dev["largest_inactive_large_bytes"], size)
-    for dev in out.values():
-        inactive = dev["inactive_large_bytes"]
-        largest = dev["largest_inactive_large_bytes"]
-        dev["external_fragmentation"] = (1.0 - largest / inactive) if inactive else 0.0
-    return out
+def _pending_breakdown() -> dict[str, Any]:
+    return {"time": None, "step": None, "devices": {}, "pending": True}
+
+
+def _env_int(name: str) -> int | None:
+    text = os.environ.get(name, "")
+    return int(text) if text.strip().isdigit() else None

@@ -1,14 +1,16 @@
 """Diagnosis: from what the sampler stored to answers (DESIGN §4–5).
 
-`Diagnoser.diagnose(store)` returns one `Diagnosis`: per agent device the leak estimate,
-fragmentation, pressure and breakdown, per GPU the facts the rules judge, and the suggestions.
-The `--once --json` report and the dashboard both render these same objects.
+`Diagnoser.diagnose_devices` judges each agent device (leak estimate, fragmentation, pressure,
+breakdown); `suggestions.suggest` turns the facts of each GPU into what to do.  Joining devices,
+processes and agents is not done here: `memtop.observation` does it once per round and
+assembles the `Diagnosis` every consumer renders.
 """
 
 from __future__ import annotations
 
-import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from memtop.diagnosis.facts import DeviceDiagnosis, GpuFacts
 from memtop.diagnosis.fragmentation import (
@@ -18,10 +20,10 @@ from memtop.diagnosis.fragmentation import (
     pressure,
 )
 from memtop.diagnosis.leak import MAX_MARKS, LeakEstimate, detect
-from memtop.diagnosis.suggestions import Suggestion, suggest
-from memtop.model import NvmlReading
-from memtop.sources.agents import CONNECTED
-from memtop.store import AgentDeviceView, AgentView, Store
+from memtop.diagnosis.suggestions import Suggestion
+
+if TYPE_CHECKING:  # the store is only read through its methods: the package stays light
+    from memtop.store import AgentDeviceView, AgentView, Store
 
 __all__ = [
     "DeviceDiagnosis",
@@ -58,17 +60,16 @@ class Diagnoser:
     leak_refresh_s: float = LEAK_REFRESH_S
     _leaks: dict[tuple[int, int], tuple[float, LeakEstimate]] = field(default_factory=dict)
 
-    def diagnose(self, store: Store, now: float | None = None) -> Diagnosis:
-        now = time.time() if now is None else now
+    def diagnose_devices(
+        self, store: Store, agents: Sequence[AgentView], now: float
+    ) -> dict[tuple[int, int], DeviceDiagnosis]:
+        """Every device of `agents` (as read from `store`), by (pid, device index)."""
         devices: dict[tuple[int, int], DeviceDiagnosis] = {}
-        agents = store.agents()
         for agent in agents:
             for dev in agent.devices:
                 devices[(agent.pid, dev.index)] = self._device(store, agent, dev, now)
         self._leaks = {k: v for k, v in self._leaks.items() if k in devices}
-        live = {agent.pid for agent in agents if agent.state == CONNECTED}
-        gpus = _gpus(store.nvml(), [d for key, d in devices.items() if key[0] in live])
-        return Diagnosis(now, devices, tuple(gpus), tuple(suggest(gpus)))
+        return devices
 
     def _device(
         self, store: Store, agent: AgentView, dev: AgentDeviceView, now: float
@@ -114,7 +115,7 @@ class Diagnoser:
             allocated_bytes=latest.allocated,
             reserved_bytes=latest.reserved,
             cached_bytes=latest.cached,
-            peak_bytes=max(dev.peak_bytes, latest.torch_peak),
+            peak_bytes=latest.torch_peak,
             baseline_bytes=int(newest[-1]) if newest else None,
             free_bytes=latest.free_bytes,
             total_bytes=latest.total_bytes,
@@ -131,41 +132,3 @@ class Diagnoser:
             breakdown=(agent.breakdown or {}).get(dev.index),
             allocator_conf=agent.hello.allocator_conf if agent.hello else "",
         )
-
-
-def _gpus(reading: NvmlReading | None, devices: list[DeviceDiagnosis]) -> list[GpuFacts]:
-    """One GpuFacts per physical GPU: the driver's view when there is one, joined with the agent
-    devices on it by UUID (never by index: CUDA_VISIBLE_DEVICES renumbers)."""
-    by_uuid: dict[str, list[DeviceDiagnosis]] = {}
-    for device in devices:
-        by_uuid.setdefault(device.uuid or f"pid{device.pid}:{device.index}", []).append(device)
-    gpus = []
-    if reading is not None and reading.available:
-        for d in reading.devices:
-            on_it = by_uuid.pop(d.uuid, [])
-            gpus.append(
-                GpuFacts(
-                    uuid=d.uuid,
-                    index=d.index,
-                    name=d.name,
-                    total_bytes=d.total_bytes or (on_it[0].total_bytes if on_it else 0),
-                    used_bytes=d.used_bytes,
-                    processes=tuple((p.pid, p.used_bytes) for p in d.processes),
-                    agents=tuple(on_it),
-                )
-            )
-    # GPUs only agents know about (no NVML): their own mem_get_info is the device's account.
-    for uuid, on_it in by_uuid.items():
-        first = on_it[0]
-        gpus.append(
-            GpuFacts(
-                uuid=uuid,
-                index=first.index,
-                name="",
-                total_bytes=first.total_bytes,
-                used_bytes=first.total_bytes - first.free_bytes,
-                processes=(),
-                agents=tuple(on_it),
-            )
-        )
-    return gpus

@@ -19,7 +19,7 @@ class DeviceDiagnosis:
     allocated_bytes: int
     reserved_bytes: int
     cached_bytes: int
-    peak_bytes: int  # the larger of memtop's own peak and torch's allocated peak
+    peak_bytes: int  # torch's allocated_bytes.all.peak: the true peak (since start or `r`)
     baseline_bytes: int | None  # allocated right after the newest step
     free_bytes: int  # the device's free bytes as the agent's mem_get_info saw them
     total_bytes: int

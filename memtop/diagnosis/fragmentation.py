@@ -3,8 +3,11 @@
 - the gauge: inactive split bytes of the large pool over its reserved bytes.  It swings within a
   step (a freed activation splits a segment until the next one reuses it), so the value judged
   is the median of the recent samples;
-- external fragmentation: 1 − largest free block / all free bytes of the large pool, from the
-  agent's low-rate trace-free snapshot;
+- from the agent's low-rate trace-free snapshot (memtop.segments): the bytes a split
+  strands (free blocks inside large-pool segments that also hold live blocks), their share of
+  the large pool (the "external fragmentation"), and the largest request the cache can serve
+  without a new cudaMalloc.  Whole free cached segments are not fragmentation: any request up
+  to their size reuses them;
 - internal fragmentation: allocated − requested bytes (the allocator's rounding);
 - pressure: how many free-the-cache-and-retry rounds and OOMs the allocator went through, in
   total and over the recent window.
@@ -31,10 +34,11 @@ class Fragmentation:
     gauge_smoothed: float  # median of the recent samples: the value rules judge
     inactive_split_bytes: int
     reserved_large_bytes: int
-    external: float | None  # from the latest snapshot summary, None before the first
-    largest_free_block_bytes: int | None
+    external: float | None  # stranded / reserved large pool, from the latest snapshot summary
+    largest_free_block_bytes: int | None  # the largest request the cache serves as it is
     external_age_s: float | None
     internal_bytes: int | None  # allocated − requested, None when torch does not report it
+    stranded_bytes: int | None = None  # free inside segments that hold live blocks (snapshot)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -48,6 +52,7 @@ class Fragmentation:
                 None if self.external_age_s is None else round(self.external_age_s, 1)
             ),
             "internal_bytes": self.internal_bytes,
+            "stranded_bytes": self.stranded_bytes,
         }
 
 
@@ -86,12 +91,9 @@ def fragmentation(
     internal = (
         max(0, allocated - requested) if allocated is not None and requested is not None else None
     )
-    external = largest = None
+    external = largest = stranded = None
     if snapshot is not None:
-        value = snapshot.get("external_fragmentation")
-        external = float(value) if isinstance(value, int | float) else None
-        block = snapshot.get("largest_inactive_large_bytes")
-        largest = int(block) if isinstance(block, int) else None
+        external, largest, stranded = snapshot_figures(snapshot)
     return Fragmentation(
         gauge=latest.fragmentation,
         gauge_smoothed=median(recent),
@@ -101,7 +103,34 @@ def fragmentation(
         largest_free_block_bytes=largest,
         external_age_s=snapshot_age_s if snapshot is not None else None,
         internal_bytes=internal,
+        stranded_bytes=stranded,
     )
+
+
+def snapshot_figures(summary: Mapping[str, Any]) -> tuple[float | None, int | None, int | None]:
+    """(external fragmentation, largest request served from the cache, stranded bytes) of one
+    device's snapshot summary, from whichever fields it has: an agent that sends the figures of
+    `summarize_segments` gives the exact ones; an older summary (inactive bytes of the large
+    pool and its largest block) gives the largest block, but no stranded figure, since it
+    cannot tell a stranded block from a wholly free segment."""
+
+    def number(key: str) -> int | None:
+        value = summary.get(key)
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+    stranded = number("stranded_bytes")
+    largest = number("largest_request_bytes")
+    if largest is None:
+        largest = number("largest_inactive_large_bytes")
+    reserved_large = number("reserved_large_bytes")
+    external: float | None = None
+    if stranded is not None and reserved_large is not None:
+        external = stranded / reserved_large if reserved_large > 0 else 0.0
+    return external, largest, stranded
+
+
+def _int(value: Any) -> int:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
 
 
 def pressure(

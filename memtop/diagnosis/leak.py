@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
-MiB = 1 << 20
+from memtop.units import MiB
 
 MIN_MARKS = 30  # fewer per-step baselines than this say nothing about a trend
 MAX_MARKS = 1024  # the newest baselines looked at (minutes at typical step rates)

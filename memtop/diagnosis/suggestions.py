@@ -20,13 +20,16 @@ from memtop.diagnosis.facts import (
     parse_allocator_conf,
     uses_async_backend,
 )
-from memtop.units import format_bytes, format_duration
+from memtop.model import Severity
+from memtop.units import MiB, format_bytes, format_duration
 
-INFO, WARNING, CRITICAL, EMERGENCY = "info", "warning", "critical", "emergency"
-SEVERITIES = (INFO, WARNING, CRITICAL, EMERGENCY)  # in rising order
-
-MiB = 1 << 20
-GiB = 1 << 30
+INFO, WARNING, CRITICAL, EMERGENCY = (
+    Severity.INFO,
+    Severity.WARNING,
+    Severity.CRITICAL,
+    Severity.EMERGENCY,
+)
+SEVERITIES = tuple(Severity)  # in rising order
 
 USAGE_LEVELS = ((0.95, EMERGENCY), (0.90, CRITICAL), (0.85, WARNING))
 FRAGMENTATION_GAUGE = 0.2  # the smoothed gauge at which split segments are worth fixing
@@ -45,7 +48,7 @@ SAFETY_SHARE = 0.05  # of the device kept free when sizing a bigger batch
 @dataclass(frozen=True, slots=True)
 class Suggestion:
     rule: str
-    severity: str
+    severity: Severity
     pid: int | None
     device: int | None  # the agent's device index (the NVML index for GPU-wide findings)
     title: str
@@ -56,7 +59,7 @@ class Suggestion:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "severity": self.severity,
+            "severity": Severity(self.severity).value,
             "pid": self.pid,
             "device": self.device,
             "title": self.title,
@@ -419,5 +422,4 @@ def suggest(gpus: Iterable[GpuFacts], rules: Iterable[Rule] = RULES) -> list[Sug
     """Every rule over every GPU, most severe first."""
     rules = tuple(rules)
     found = [s for gpu in gpus for rule in rules for s in rule(gpu)]
-    rank = {severity: i for i, severity in enumerate(SEVERITIES)}
-    return sorted(found, key=lambda s: (-rank[s.severity], s.pid or 0, s.device or 0))
+    return sorted(found, key=lambda s: (-Severity(s.severity).rank, s.pid or 0, s.device or 0))

@@ -45,6 +45,9 @@ class SimulatedProbe:
     def memory_stats(self, index: int) -> dict[str, int]:
         return self._allocator(index).memory_stats()
 
+    def is_capturing(self) -> bool:
+        return False  # the simulator has no CUDA graphs
+
     def memory_allocated(self, index: int) -> int:
         return self._allocator(index).memory_allocated()
 

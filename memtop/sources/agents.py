@@ -1,17 +1,35 @@
-"""What the memtop process reads from agents: discovery of sockets and one client per agent."""
+"""What the memtop process reads from agents: discovery of sockets and one client per agent.
+
+The viewer trusts no agent (DESIGN §6, issue 10):
+
+- every connection is authenticated before a byte is sent: the directory and the socket are
+  checked with lstat (no symlink followed), and the server's SO_PEERCRED must show the pid in the
+  socket's name running as the directory's owner; `hello` must name the same pid;
+- every request has one overall deadline that no stream of frames can extend, and agents are
+  polled concurrently on a few worker threads, so a stopped, slow or flooding agent costs the
+  others nothing and a round ends on time;
+- replies are decoded with depth and size limits (protocol.decode_body), checked against the
+  schema, and every string in them is made inert (protocol.clean_text) before anything shows it;
+- the numbers must make sense (allocated <= reserved <= total, counters that never go backwards,
+  a GPU the driver knows); an agent breaking that is `inconsistent` and its numbers are not used.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import queue
 import socket
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, wait
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from memtop import protocol
-from memtop.model import AgentHello, AgentSample
+from memtop.model import AgentHello, AgentSample, AgentStatus
 
 
 class AgentError(Exception):
@@ -27,24 +45,88 @@ class AgentUnreachable(Exception):
     """The agent cannot be reached or the connection broke; the message is one line."""
 
 
-class AgentClient:
-    """A blocking connection to one agent.  Used from the sampler thread or an action worker."""
+class AgentRefused(AgentUnreachable):
+    """The socket or the process serving it failed authentication; the message is one line."""
 
-    def __init__(self, pid: int, directory: Path | None = None, timeout: float = 2.0) -> None:
+
+class AgentTimeout(AgentUnreachable):
+    """The agent did not answer within its deadline (stopped, deadlocked, flooding frames)."""
+
+
+# Frames with another id a reply may be preceded by before the agent counts as flooding.
+MAX_STRAY_FRAMES = 32
+
+
+def _recv_exactly(sock: socket.socket, size: int, deadline: float) -> bytes:
+    chunks = bytearray()
+    while len(chunks) < size:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        sock.settimeout(remaining)
+        chunk = sock.recv(min(size - len(chunks), 1 << 20))
+        if not chunk:
+            raise protocol.ConnectionClosed("connection closed by the agent")
+        chunks += chunk
+    return bytes(chunks)
+
+
+def recv_message(sock: socket.socket, deadline: float) -> dict[str, Any]:
+    """One frame, read before `deadline` (time.monotonic) however slowly it trickles in."""
+    (length,) = protocol._HEADER.unpack(_recv_exactly(sock, protocol._HEADER.size, deadline))
+    if length > protocol.MAX_FRAME_BYTES:
+        raise protocol.ProtocolError(
+            protocol.E_FRAME_TOO_LARGE, f"frame of {length} bytes exceeds 1 MiB"
+        )
+    return protocol.decode_body(_recv_exactly(sock, length, deadline))
+
+
+class AgentClient:
+    """A blocking connection to one agent.  Used from a sampler worker or an action worker.
+
+    `owner` is the uid that must own the socket directory and run the agent (default: ours).
+    """
+
+    def __init__(
+        self,
+        pid: int,
+        directory: Path | None = None,
+        timeout: float = 2.0,
+        owner: int | None = None,
+    ) -> None:
         self.pid = pid
         self.directory = directory
         self.timeout = timeout
+        self.owner = os.getuid() if owner is None else owner
         self._sock: socket.socket | None = None
         self._next_id = 1
         self.hello: AgentHello | None = None
 
-    def connect(self) -> AgentHello:
+    def connect(self, timeout: float | None = None) -> AgentHello:
+        """Connect, authenticate the server and read its `hello`, all within `timeout`."""
+        limit = timeout or self.timeout
+        deadline = time.monotonic() + limit
+        directory = self.directory or protocol.socket_dir()
         try:
-            self._sock = protocol.connect(self.pid, self.directory, self.timeout)
+            self._sock = protocol.connect_agent(self.pid, directory, self.owner, limit)
+        except (protocol.PeerRefused, protocol.UnsafeSocketDir) as exc:
+            raise AgentRefused(f"refused: {exc}") from None
+        except FileNotFoundError as exc:
+            raise AgentUnreachable(protocol.describe_connect_error(self.pid, exc)) from None
         except OSError as exc:
             raise AgentUnreachable(protocol.describe_connect_error(self.pid, exc)) from None
-        self.hello = protocol.parse_hello(self.request("hello"))
-        return self.hello
+        try:
+            hello = protocol.parse_hello(self._request("hello", None, deadline))
+        except protocol.ProtocolError as exc:
+            self.close()
+            raise AgentUnreachable(f"bad hello from the agent of pid {self.pid}: {exc}") from None
+        if hello.pid != self.pid:
+            self.close()
+            raise AgentRefused(
+                f"refused: the agent behind the socket of pid {self.pid} says it is pid {hello.pid}"
+            )
+        self.hello = hello
+        return hello
 
     @property
     def connected(self) -> bool:
@@ -53,43 +135,78 @@ class AgentClient:
     def request(
         self, cmd: str, args: dict[str, Any] | None = None, timeout: float | None = None
     ) -> dict[str, Any]:
-        """Send one command and wait for its reply; returns `result` or raises AgentError."""
-        if self._sock is None:
+        """Send one command and wait for its reply, at most `timeout` seconds in all; returns
+        `result` (every string in it cleaned) or raises AgentError / AgentUnreachable."""
+        return self._request(cmd, args, time.monotonic() + (timeout or self.timeout))
+
+    def _request(self, cmd: str, args: dict[str, Any] | None, deadline: float) -> dict[str, Any]:
+        sock = self._sock
+        if sock is None:
             raise AgentUnreachable(f"not connected to the agent of pid {self.pid}")
         request_id = self._next_id
         self._next_id += 1
         message: dict[str, Any] = {"id": request_id, "cmd": cmd}
         if args:
             message["args"] = args
+        stray = 0
         try:
-            self._sock.settimeout(timeout or self.timeout)
-            protocol.send_message(self._sock, message)
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            protocol.send_message(sock, message)
             while True:
-                reply = protocol.recv_message(self._sock)
-                if reply.get("id") == request_id or reply.get("id") is None:
+                reply = recv_message(sock, deadline)
+                reply_id = reply.get("id")
+                if reply_id == request_id or (reply_id is None and "error" in reply):
                     break
+                stray += 1
+                if stray >= MAX_STRAY_FRAMES:
+                    self.close()
+                    raise AgentTimeout(
+                        f"floods the connection: {stray} frames that answer no request"
+                    )
+        except AgentTimeout:
+            raise
+        except TimeoutError:
+            self.close()
+            extra = f" ({stray} frames with other ids)" if stray else ""
+            raise AgentTimeout(f"no reply to {cmd!r} within {self.timeout:g} s{extra}") from None
         except (OSError, protocol.ConnectionClosed) as exc:
             self.close()
-            reason = "timed out" if isinstance(exc, socket.timeout) else str(exc) or "closed"
+            reason = str(exc) or type(exc).__name__
             raise AgentUnreachable(f"agent of pid {self.pid}: {reason}") from None
         except protocol.ProtocolError as exc:
             self.close()
             raise AgentUnreachable(f"agent of pid {self.pid} sent a bad frame: {exc}") from None
+        except Exception as exc:  # RecursionError, MemoryError on a hostile reply, …
+            self.close()
+            raise AgentUnreachable(
+                f"agent of pid {self.pid} sent an unreadable reply ({type(exc).__name__})"
+            ) from None
         error = reply.get("error")
         if error is not None:
             if not isinstance(error, dict):
                 error = {"code": "bad_reply", "message": str(error)}
-            raise AgentError(str(error.get("code", "error")), str(error.get("message", "")))
+            raise AgentError(
+                protocol.clean_text(error.get("code", "error"), 40),
+                protocol.clean_text(error.get("message", ""), 300),
+            )
         result = reply.get("result")
         if not isinstance(result, dict):
             raise AgentError("bad_reply", f"reply to {cmd!r} carries no result object")
-        return result
+        cleaned: dict[str, Any] = protocol.clean_value(result)
+        return cleaned
 
-    def sample(self) -> AgentSample:
+    def sample(self, timeout: float | None = None) -> AgentSample:
         try:
-            return protocol.parse_sample(self.request("sample"))
+            return protocol.parse_sample(self.request("sample", None, timeout))
         except protocol.ProtocolError as exc:
             raise AgentError(exc.code, exc.message) from None
+
+    def abort(self) -> None:
+        """Wake a request blocked in another thread (it fails at once); used on shutdown."""
+        sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
         if self._sock is not None:
@@ -104,10 +221,13 @@ class AgentClient:
         self.close()
 
 
-# States of an agent as the viewer sees it.
-CONNECTED = "connected"
-EXITED = "exited"
-UNREACHABLE = "unreachable"
+# States of an agent as the viewer sees it (kept as names here for existing importers).
+CONNECTED = AgentStatus.CONNECTED
+EXITED = AgentStatus.EXITED
+UNREACHABLE = AgentStatus.UNREACHABLE
+HUNG = AgentStatus.HUNG
+INCONSISTENT = AgentStatus.INCONSISTENT
+REFUSED = AgentStatus.REFUSED
 
 
 @dataclass
@@ -115,102 +235,430 @@ class AgentPoll:
     """The outcome of polling one agent once."""
 
     pid: int
-    state: str
+    state: AgentStatus
     hello: AgentHello | None = None
     sample: AgentSample | None = None
     error: str | None = None
+    # Replies to the low-rate commands (breakdown, snapshot) that arrived this round.
+    replies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The uid owning the socket directory (who runs the agent).
+    owner: int | None = None
+
+
+class _Workers:
+    """A few daemon threads running jobs: a job blocked on a hung agent never delays exit."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._threads: list[threading.Thread] = []
+
+    def submit(self, job: Callable[[], Any]) -> Future[Any]:
+        if len(self._threads) < self._size:
+            thread = threading.Thread(target=self._run, name="memtop-agents", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        future: Future[Any] = Future()
+        self._jobs.put((future, job))
+        return future
+
+    def _run(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            future, job = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(job())
+            except BaseException as exc:  # handed to the poll thread, never lost
+                future.set_exception(exc)
+
+    def close(self) -> None:
+        for _ in self._threads:
+            self._jobs.put(None)
+        self._threads = []
+
+
+@dataclass
+class _Agent:
+    """What the pool keeps about one agent socket between rounds."""
+
+    pid: int
+    directory: Path
+    owner: int
+    client: AgentClient | None = None
+    hello: AgentHello | None = None
+    state: AgentStatus | None = None
+    error: str | None = None
+    job: Future[Any] | None = None
+    # What the job in flight has received so far: ("hello"|"sample"|cmd, value); the job appends,
+    # the poll thread takes (list.append and slicing are atomic).
+    inbox: list[tuple[str, Any]] = field(default_factory=list)
+    retry_at: float = 0.0
+    backoff: float = 0.0
+    hung_since: float | None = None  # wall time
+    counters: dict[str, int] = field(default_factory=dict)
+    inconsistent_until: float = 0.0
+    last_violation: str | None = None
+
+
+# Counters that only ever grow in a trainer (per device; the step per agent).
+MONOTONIC_STATS = ("num_alloc_retries", "num_ooms")
+
+
+def sanity_problem(
+    hello: AgentHello | None,
+    sample: AgentSample,
+    known_devices: Mapping[str, int] | None,
+    counters: dict[str, int],
+) -> str | None:
+    """Why the numbers of `sample` cannot be true, or None.  `counters` holds the previous
+    values of the monotonic counters and is updated in place."""
+    problem = None
+    by_index = {d.index: d for d in (hello.devices if hello else ())}
+    for device in sample.devices:
+        where = f"cuda:{device.index}"
+        declared = by_index.get(device.index)
+        if declared is None:
+            problem = problem or f"{where} is not among the devices its hello listed"
+        negative = next((k for k, v in device.stats.items() if v < 0), None)
+        if negative is not None:
+            problem = problem or f"{where}: negative {negative}"
+        allocated, reserved, total = device.allocated, device.reserved, device.total_bytes
+        if allocated > reserved:
+            problem = problem or f"{where}: allocated {allocated} > reserved {reserved}"
+        if reserved > total or device.free_bytes > total:
+            problem = problem or f"{where}: reserved {reserved} or free exceeds total {total}"
+        if declared is not None and known_devices is not None:
+            driver_total = known_devices.get(declared.uuid)
+            if driver_total is None and not declared.uuid.startswith("MIG-"):
+                problem = problem or f"{where}: GPU {declared.uuid!r} is unknown to the driver"
+            elif driver_total is not None and total > driver_total * 1.01:
+                problem = problem or (
+                    f"{where}: claims {total} bytes on a GPU of {driver_total} bytes"
+                )
+        for key in MONOTONIC_STATS:
+            value = device.stats.get(key)
+            if value is None:
+                continue
+            name = f"{device.index}:{key}"
+            before = counters.get(name)
+            if before is not None and value < before:
+                problem = problem or f"{where}: {key} went backwards ({before} -> {value})"
+            counters[name] = value
+    if sample.step is not None:
+        before = counters.get("step")
+        if sample.step < 0 or (before is not None and sample.step < before):
+            problem = problem or f"step went backwards ({before} -> {sample.step})"
+        counters["step"] = sample.step
+    return problem
 
 
 class AgentPool:
-    """Finds agent sockets, keeps one connection to each, samples them all.
+    """Finds agent sockets, keeps one authenticated connection to each, samples them all
+    concurrently.
 
-    An agent whose socket disappears is reported once as exited; one that cannot be reached
-    is retried at a low rate, with the reason kept for the UI.
+    `timeout` is each request's overall deadline.  `poll()` returns within its budget whatever
+    any agent does: an agent still busy when the round ends keeps its job and is harvested in a
+    later round; one that misses its deadline is marked hung (once, with since when) and retried
+    with back-off; one that fails authentication is refused and retried rarely.
     """
 
-    RETRY_S = 5.0
+    RETRY_S = 5.0  # an unreachable agent is retried this often
+    HUNG_BACKOFF_MAX_S = 30.0
+    REFUSED_RETRY_S = 30.0
+    INCONSISTENT_HOLD_S = 30.0  # an agent caught lying stays marked this long
+    MAX_AGENTS_PER_USER = 64
+    MAX_REFUSED_ROWS = 16
+    WORKERS = 8
+    LOW_RATE_RETRY_S = 1.0  # a low-rate command the agent could not answer yet
+    PENDING_RETRY_S = 0.1  # one the agent answered "pending" (measured at the next step)
 
     def __init__(self, directory: Path | None = None, timeout: float = 1.0) -> None:
         self.directory = directory
         self.timeout = timeout
-        # Why a socket directory was not read (owner, permissions), one line each, for the UI.
+        # Why a socket directory (or entries in it) was not read, one line each, for the UI.
         self.problems: list[str] = []
-        self._directory_of: dict[int, Path] = {}
-        self._clients: dict[int, AgentClient] = {}
-        self._failed_at: dict[int, tuple[float, str]] = {}
-        self._hellos: dict[int, AgentHello] = {}
+        # Low-rate commands sent to a connected agent after its sample: cmd -> seconds.
+        self.low_rate: dict[str, float] = {}
+        self._agents: dict[int, _Agent] = {}
+        self._due: dict[tuple[int, str], float] = {}
+        self._workers = _Workers(self.WORKERS)
+        # Pids whose server passed authentication since the viewer started (the kill key).
+        self._verified: set[int] = set()
+        self._refused_gone: set[int] = set()
 
-    def _scan(self) -> dict[int, Path]:
+    # ------------------------------------------------------------------ discovery
+
+    def _scan(self) -> tuple[dict[int, tuple[Path, int]], dict[int, tuple[str, int]]]:
+        """Sockets worth talking to, by pid; and those refused on sight, with why."""
         directories = (
             [(self.directory, os.getuid())] if self.directory else protocol.discovery_dirs()
         )
-        found: dict[int, Path] = {}
+        found: dict[int, tuple[Path, int]] = {}
+        refused: dict[int, tuple[str, int]] = {}
         problems = []
         for directory, owner in directories:
             try:
                 protocol.check_socket_dir(directory, owner)
+                names = os.listdir(directory)
             except FileNotFoundError:
                 continue
             except protocol.UnsafeSocketDir as exc:
                 problems.append(f"ignoring agents: {exc}")
                 continue
-            for pid in protocol.list_agent_sockets(directory):
-                found.setdefault(pid, directory)
-        self.problems = problems
-        return found
-
-    def poll(self) -> list[AgentPoll]:
-        found = self._scan()
-        self._directory_of.update(found)
-        results = []
-        for pid in sorted(set(found) | set(self._clients) | set(self._failed_at)):
-            if pid not in found:
-                results.append(self._gone(pid))
+            except OSError as exc:
+                problems.append(f"ignoring agents: cannot list {directory}: {exc.strerror}")
                 continue
-            results.append(self._poll_one(pid, found[pid]))
-        return results
+            candidates = []
+            for name in names:
+                stem, dot, ext = name.partition(".")
+                if ext != "sock" or not dot or not stem.isdigit() or len(stem) > 9:
+                    continue
+                pid = int(stem)
+                path = directory / name
+                if not protocol.pid_alive(pid):
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)  # stale (unlink never follows a symlink)
+                    continue
+                try:
+                    protocol.check_socket_entry(path, owner)
+                except protocol.PeerRefused as exc:
+                    refused.setdefault(pid, (f"refused: {exc}", owner))
+                    continue
+                except OSError:
+                    continue
+                process_owner = protocol.pid_owner(pid)
+                if process_owner is not None and process_owner != owner:
+                    refused.setdefault(
+                        pid,
+                        (
+                            f"refused: {path} is in uid {owner}'s directory but pid {pid} "
+                            f"belongs to uid {process_owner}",
+                            owner,
+                        ),
+                    )
+                    continue
+                candidates.append(pid)
+            candidates.sort()
+            if len(candidates) > self.MAX_AGENTS_PER_USER:
+                problems.append(
+                    f"uid {owner}: {len(candidates)} agent sockets in {directory}; reading the "
+                    f"first {self.MAX_AGENTS_PER_USER}"
+                )
+                candidates = candidates[: self.MAX_AGENTS_PER_USER]
+            for pid in candidates:
+                found.setdefault(pid, (directory, owner))
+        # A refused socket that claims the pid of an agent found where it belongs never stands
+        # for it: it is only mentioned.
+        for pid in sorted(set(refused) & set(found))[: self.MAX_REFUSED_ROWS]:
+            problems.append(f"pid {pid}: {refused[pid][0]}")
+        refused = {pid: why for pid, why in refused.items() if pid not in found}
+        if len(refused) > self.MAX_REFUSED_ROWS:
+            problems.append(
+                f"{len(refused)} agent sockets refused (wrong owner, symlinks, not sockets); "
+                f"showing {self.MAX_REFUSED_ROWS}"
+            )
+            refused = dict(sorted(refused.items())[: self.MAX_REFUSED_ROWS])
+        self.problems = problems
+        return found, refused
+
+    # ------------------------------------------------------------------ polling
+
+    def poll(
+        self, known_devices: Mapping[str, int] | None = None, budget: float | None = None
+    ) -> list[AgentPoll]:
+        """One round.  `known_devices`: GPU UUID -> total bytes as the driver reports them
+        (None: no driver view).  `budget`: the most this call waits for answers (default: the
+        request timeout)."""
+        started = time.monotonic()
+        budget = self.timeout if budget is None else budget
+        found, refused = self._scan()
+        results: dict[int, AgentPoll] = {}
+        for pid in list(self._agents):
+            if pid not in found:
+                results[pid] = self._gone(self._agents.pop(pid))
+        waiting: list[Future[Any]] = []
+        for pid, (directory, owner) in found.items():
+            agent = self._agents.get(pid)
+            if agent is None or (agent.directory, agent.owner) != (directory, owner):
+                if agent is not None:
+                    self._drop_client(agent)
+                agent = self._agents[pid] = _Agent(pid, directory, owner)
+            if agent.job is None and started >= agent.retry_at:
+                agent.job = self._workers.submit(self._job_for(agent))
+            if agent.job is not None and agent.state != HUNG:
+                waiting.append(agent.job)
+        if waiting:
+            remaining = budget - (time.monotonic() - started)
+            wait(waiting, timeout=max(0.0, remaining))
+        for pid in found:
+            poll = self._harvest(self._agents[pid], known_devices)
+            if poll is not None:
+                results[pid] = poll
+        for pid, (why, owner) in refused.items():
+            results[pid] = AgentPoll(pid, REFUSED, error=why, owner=owner)
+        self._refused_gone = set(refused)
+        return [results[pid] for pid in sorted(results)]
+
+    def _job_for(self, agent: _Agent) -> Callable[[], None]:
+        now = time.monotonic()
+        extras = [
+            cmd
+            for cmd, interval in self.low_rate.items()
+            if interval > 0 and now >= self._due.get((agent.pid, cmd), 0.0)
+        ]
+        for cmd in extras:
+            self._due[(agent.pid, cmd)] = now + self.low_rate[cmd]
+        client = agent.client
+        if client is None:
+            client = agent.client = AgentClient(
+                agent.pid, agent.directory, self.timeout, agent.owner
+            )
+        inbox = agent.inbox
+
+        def job() -> None:
+            if not client.connected:
+                inbox.append(("hello", client.connect()))
+            inbox.append(("sample", client.sample()))
+            for cmd in extras:
+                # An agent without the command (another implementation of the protocol) is
+                # still a fine agent: the dashboard just goes without that figure.
+                try:
+                    reply = client.request(cmd)
+                except AgentError:
+                    inbox.append(("retry", cmd))  # not ready yet (no step seen): ask again soon
+                    continue
+                if reply.get("pending") is True:
+                    # Measured at the trainer's next step boundary: ask again shortly.
+                    inbox.append(("pending", cmd))
+                else:
+                    inbox.append((cmd, reply))
+
+        return job
+
+    def _harvest(self, agent: _Agent, known_devices: Mapping[str, int] | None) -> AgentPoll | None:
+        """Apply what the agent's job delivered; the row for this round (None: nothing known
+        yet about an agent still answering its first request)."""
+        received = agent.inbox[:]
+        del agent.inbox[: len(received)]
+        sample: AgentSample | None = None
+        replies: dict[str, dict[str, Any]] = {}
+        for kind, value in received:
+            if kind == "hello":
+                agent.hello = value
+                self._verified.add(agent.pid)
+            elif kind == "sample":
+                sample = value
+            elif kind == "retry":
+                self._due[(agent.pid, value)] = time.monotonic() + self.LOW_RATE_RETRY_S
+            elif kind == "pending":
+                self._due[(agent.pid, value)] = time.monotonic() + self.PENDING_RETRY_S
+            else:
+                replies[kind] = value
+        job = agent.job
+        if job is not None and job.done():
+            agent.job = None
+            exc = job.exception()
+            if exc is not None:
+                self._failed(agent, exc)
+                sample, replies = None, {}
+        if sample is not None:
+            now = time.monotonic()
+            problem = sanity_problem(agent.hello, sample, known_devices, agent.counters)
+            if problem is not None:
+                agent.inconsistent_until = now + self.INCONSISTENT_HOLD_S
+                agent.last_violation = problem
+            agent.hung_since = None
+            agent.backoff = 0.0
+            if now < agent.inconsistent_until:
+                # Its numbers are neither kept nor summed nor used for suggestions.
+                agent.state = INCONSISTENT
+                agent.error = f"numbers that cannot be true: {agent.last_violation}"
+                sample, replies = None, {}
+            else:
+                agent.state, agent.error = CONNECTED, None
+        if agent.state is None:
+            return None
+        return AgentPoll(
+            agent.pid,
+            agent.state,
+            agent.hello,
+            sample=sample,
+            error=agent.error,
+            replies=replies,
+            owner=agent.owner,
+        )
+
+    def _failed(self, agent: _Agent, exc: BaseException) -> None:
+        self._drop_client(agent)
+        now = time.monotonic()
+        if isinstance(exc, AgentRefused):
+            agent.state, agent.error = REFUSED, str(exc)
+            agent.retry_at = now + self.REFUSED_RETRY_S
+        elif isinstance(exc, AgentTimeout):
+            if agent.hung_since is None:
+                agent.hung_since = time.time()
+            agent.backoff = min(self.HUNG_BACKOFF_MAX_S, max(1.0, agent.backoff * 2))
+            since = time.strftime("%H:%M:%S", time.localtime(agent.hung_since))
+            agent.state = HUNG
+            agent.error = f"hung since {since}: {exc}"
+            agent.retry_at = now + agent.backoff
+        else:
+            alive = protocol.pid_alive(agent.pid)
+            agent.state = UNREACHABLE if alive else EXITED
+            agent.error = (str(exc) or type(exc).__name__) if alive else "process exited"
+            if not isinstance(exc, AgentUnreachable | AgentError):
+                agent.error = f"agent of pid {agent.pid}: {type(exc).__name__}: {exc}"[:300]
+            agent.retry_at = now + self.RETRY_S
+
+    def _gone(self, agent: _Agent) -> AgentPoll:
+        self._drop_client(agent)
+        self._due = {k: v for k, v in self._due.items() if k[0] != agent.pid}
+        alive = protocol.pid_alive(agent.pid)
+        why = "agent stopped (its socket was removed)" if alive else "process exited"
+        return AgentPoll(agent.pid, EXITED, agent.hello, error=why, owner=agent.owner)
+
+    def _drop_client(self, agent: _Agent) -> None:
+        client = agent.client
+        agent.client = None
+        if client is None:
+            return
+        if agent.job is not None and not agent.job.done():
+            client.abort()  # the job fails at once and closes it
+        else:
+            client.close()
+
+    # ------------------------------------------------------------------ for actions
 
     def directory_of(self, pid: int) -> Path | None:
         """Where the socket of `pid` was found (for actions on a fresh connection)."""
-        return self._directory_of.get(pid, self.directory)
+        agent = self._agents.get(pid)
+        return agent.directory if agent is not None else self.directory
 
-    def _gone(self, pid: int) -> AgentPoll:
-        client = self._clients.pop(pid, None)
-        if client is not None:
-            client.close()
-        self._failed_at.pop(pid, None)
-        self._directory_of.pop(pid, None)
-        return AgentPoll(pid, EXITED, self._hellos.pop(pid, None), error="process exited")
+    def owner_of(self, pid: int) -> int | None:
+        agent = self._agents.get(pid)
+        return agent.owner if agent is not None else None
 
-    def _poll_one(self, pid: int, directory: Path) -> AgentPoll:
-        client = self._clients.get(pid)
-        if client is None:
-            failed = self._failed_at.get(pid)
-            if failed is not None and time.monotonic() - failed[0] < self.RETRY_S:
-                return AgentPoll(pid, UNREACHABLE, self._hellos.get(pid), error=failed[1])
-            client = AgentClient(pid, directory, self.timeout)
-            try:
-                self._hellos[pid] = client.connect()
-            except (AgentUnreachable, AgentError) as exc:
-                client.close()
-                self._failed_at[pid] = (time.monotonic(), str(exc))
-                return AgentPoll(pid, UNREACHABLE, self._hellos.get(pid), error=str(exc))
-            self._clients[pid] = client
-            self._failed_at.pop(pid, None)
-        try:
-            sample = client.sample()
-        except (AgentUnreachable, AgentError) as exc:
-            client.close()
-            self._clients.pop(pid, None)
-            self._failed_at[pid] = (time.monotonic(), str(exc))
-            state = EXITED if not protocol.pid_alive(pid) else UNREACHABLE
-            return AgentPoll(pid, state, self._hellos.get(pid), error=str(exc))
-        return AgentPoll(pid, CONNECTED, self._hellos.get(pid), sample=sample)
+    def verified(self, pid: int) -> bool:
+        """Whether an agent serving as `pid` passed authentication since the viewer started."""
+        return pid in self._verified
+
+    def state_of(self, pid: int) -> AgentStatus | None:
+        agent = self._agents.get(pid)
+        if agent is not None:
+            return agent.state
+        return REFUSED if pid in self._refused_gone else None
 
     def client(self, pid: int) -> AgentClient | None:
-        return self._clients.get(pid)
+        agent = self._agents.get(pid)
+        return agent.client if agent is not None and agent.job is None else None
 
     def close(self) -> None:
-        for client in self._clients.values():
-            client.close()
-        self._clients.clear()
+        for agent in self._agents.values():
+            self._drop_client(agent)
+        self._workers.close()

@@ -14,14 +14,18 @@ from dataclasses import dataclass
 
 import psutil
 
+from memtop.protocol import clean_text
+
 
 @dataclass(frozen=True, slots=True)
 class ProcessInfo:
     pid: int
     uid: int | None  # None when the process is not visible here
     user: str | None
-    cmdline: tuple[str, ...]
+    cmdline: tuple[str, ...]  # cleaned of control characters (any user's argv may carry some)
     name: str
+    # When the process started (psutil's create_time): tells a reused pid from the original.
+    create_time: float | None = None
 
     @property
     def command(self) -> str:
@@ -42,13 +46,14 @@ def read_process(pid: int) -> ProcessInfo:
             except (KeyError, psutil.Error):  # a uid with no passwd entry (containers)
                 user = str(uid)
             try:
-                cmdline = tuple(process.cmdline())
+                cmdline = tuple(clean_text(a) for a in process.cmdline()[:256])
             except psutil.AccessDenied:
                 cmdline = ()
-            name = process.name()
+            name = clean_text(process.name(), 100)
+            created: float | None = process.create_time()
     except psutil.Error:
         return ProcessInfo(pid, None, None, (), "?")
-    return ProcessInfo(pid, uid, user, cmdline, name)
+    return ProcessInfo(pid, uid, user, cmdline, name, created)
 
 
 class ProcessDirectory:
@@ -82,7 +87,18 @@ def terminate(pid: int, expected: ProcessInfo | None = None) -> str:
         raise TerminateRefused(
             f"pid {pid} belongs to {now.user}: memtop terminates only your own processes"
         )
-    if expected is not None and expected.visible and expected.cmdline != now.cmdline:
+    if (
+        expected is not None
+        and expected.visible
+        and (
+            expected.cmdline != now.cmdline
+            or (
+                expected.create_time is not None
+                and now.create_time is not None
+                and abs(expected.create_time - now.create_time) > 0.01
+            )
+        )
+    ):
         raise TerminateRefused(f"pid {pid} now runs something else; nothing sent")
     try:
         os.kill(pid, signal.SIGTERM)

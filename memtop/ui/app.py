@@ -21,7 +21,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Footer, OptionList, Static
 
-from memtop.diagnosis import Diagnoser, Diagnosis
+from memtop.observation import Observation, Observer
 from memtop.sampler import Sampler
 from memtop.sources.agents import AgentError, AgentUnreachable
 from memtop.sources.processes import TerminateRefused, terminate
@@ -68,6 +68,7 @@ class MemtopApp(App[None]):
         clock: Callable[[], float] = time.time,
         host: str | None = None,
         my_uid: int | None = None,
+        observer: Observer | None = None,
     ) -> None:
         super().__init__()
         self.store = store
@@ -77,9 +78,11 @@ class MemtopApp(App[None]):
         self.clock = clock
         self.host = host
         self.my_uid = os.getuid() if my_uid is None else my_uid
-        self.diagnoser = Diagnoser()  # one for the app's life: it caches the leak verdicts
+        # One observer for the app's life (it holds the one Diagnoser and its leak verdicts);
+        # every panel and screen renders the one observation it builds per store generation.
+        self.observer = observer or Observer(store, clock=clock, host=host, uid=self.my_uid)
         self.dashboard: view.Dashboard | None = None
-        self.diagnosis: Diagnosis | None = None
+        self.observation: Observation | None = None
         self._generation = -1
         self._layout: tuple[bool, bool] | None = None
         self._shown: dict[str | None, tuple[object, ...]] = {}  # what each Static shows now
@@ -132,18 +135,15 @@ class MemtopApp(App[None]):
     # ------------------------------------------------------------------ rendering
 
     def refresh_view(self) -> None:
-        """Rebuild the view from the store, if anything was written since the last time."""
+        """Render the newest observation, if anything was written since the last time."""
         generation = self.store.generation
         if generation == self._generation:
             return
         self._generation = generation
         self.refreshes += 1
-        now = self.clock()
-        self.diagnosis = self.diagnoser.diagnose(self.store, now=now)
+        self.observation = self.observer.latest()
         sampled = self.sampler is None or self.sampler.rounds > 0
-        dash = view.build(
-            self.store, self.diagnosis, sampled=sampled, my_uid=self.my_uid, host=self.host
-        )
+        dash = view.build(self.observation, sampled=sampled, my_uid=self.my_uid, host=self.host)
         self.dashboard = dash
         compact = self.size.width < COMPACT_WIDTH or self.size.height < COMPACT_HEIGHT
         dense = len(dash.gpus) * 2 > max(4, int(self.size.height * 0.3))
@@ -243,12 +243,12 @@ class MemtopApp(App[None]):
         return None
 
     def _show_detail(self, screen: DetailScreen) -> None:
-        if self.diagnosis is None or not screen.is_mounted:
+        if self.observation is None or not screen.is_mounted:
             return
         # Follow the process across refreshes (its step and state change; its key does not).
         current = {r.key: r for r in (self.dashboard.processes if self.dashboard else ())}
         row = current.get(screen.row.key, screen.row)
-        screen.show(view.build_detail(self.store, self.diagnosis, row, screen.gpu_uuid))
+        screen.show(view.build_detail(self.observation, row, screen.gpu_uuid))
 
     # ------------------------------------------------------------------ actions
 
@@ -277,7 +277,7 @@ class MemtopApp(App[None]):
             self.notify("This view is not live: it cannot act on processes.", severity="warning")
             return None
         if row.state != "agent":
-            agent = self.store.agent(row.pid)
+            agent = self.observation.agent(row.pid) if self.observation else None
             why = agent.error if agent is not None and agent.error else row.state
             self.notify(f"Cannot reach the agent of pid {row.pid}: {why}", severity="error")
             return None
@@ -382,6 +382,12 @@ class MemtopApp(App[None]):
                 severity="error",
             )
             return
+        # Only a pid the driver lists, or whose agent passed authentication (SO_PEERCRED): a
+        # socket named after a pid proves nothing about it.
+        refusal = self.sampler.may_signal(row.pid) if self.sampler is not None else None
+        if refusal is not None:
+            self.notify(refusal, severity="error", timeout=8)
+            return
 
         def answered(yes: bool | None) -> None:
             if yes:
@@ -402,6 +408,10 @@ class MemtopApp(App[None]):
 
     def _terminate(self, pid: int, info: Any) -> None:
         try:
+            # Checked again just before the signal (terminate re-reads owner, command, start).
+            refusal = self.sampler.may_signal(pid) if self.sampler is not None else None
+            if refusal is not None:
+                raise TerminateRefused(refusal)
             message = terminate(pid, expected=info)
         except TerminateRefused as exc:
             self.call_from_thread(self.notify, str(exc), severity="error")

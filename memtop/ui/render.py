@@ -10,6 +10,10 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
+from memtop.units import short_bytes
+
+__all__ = ["short_bytes"]  # re-exported: widgets take it from here with the other builders
+
 ALLOCATED = "green"
 CACHED = "yellow"
 OTHER = "magenta"
@@ -23,20 +27,6 @@ SEVERITY_STYLES = {
     "warning": "bold yellow",
     "info": "cyan",
 }
-
-
-def short_bytes(n: int | float | None) -> str:
-    """Byte counts in at most 6 characters: 512B, 8.0K, 263M, 30.2G, 1.5T."""
-    if n is None:
-        return "—"
-    value = float(n)
-    for unit in ("B", "K", "M", "G", "T"):
-        if abs(value) < 1024 or unit == "T":
-            if unit == "B":
-                return f"{int(value)}B"
-            return f"{value:.1f}{unit}" if abs(value) < 100 else f"{value:.0f}{unit}"
-        value /= 1024
-    return f"{value:.1f}T"  # pragma: no cover - the loop always returns
 
 
 def memory_bar(

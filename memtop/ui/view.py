@@ -1,4 +1,4 @@
-"""What the dashboard shows, as plain frozen data built from the store and the diagnosis.
+"""What the dashboard shows, as plain frozen data rendered from one `Observation`.
 
 Widgets only render these objects, and only when one of them changed (they compare equal when
 nothing visible moved), which is what keeps the bytes written to the terminal low.  Building
@@ -7,19 +7,24 @@ them needs no Textual, so tests can check the joins and the wording without a te
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from memtop.diagnosis import DeviceDiagnosis, Diagnosis, Suggestion
-from memtop.diagnosis.suggestions import INFO, SEVERITIES
-from memtop.model import SOURCE_AGENT, SOURCE_SIM, NvmlReading
-from memtop.sources.agents import CONNECTED, EXITED
-from memtop.sources.processes import ProcessInfo
-from memtop.store import AgentView, Store
+from memtop.diagnosis import DeviceDiagnosis, Suggestion
+from memtop.model import SOURCE_AGENT, SOURCE_SIM, AgentStatus, Severity
+from memtop.observation import (
+    AgentDeviceObservation,
+    DeviceHistory,
+    GpuObservation,
+    Observation,
+    ProcessEntry,
+)
 from memtop.ui.render import bin_reduce, short_bytes
 from memtop.units import format_bytes, format_duration
+
+if TYPE_CHECKING:
+    from memtop.sources.processes import ProcessInfo
 
 TREND_POINTS = 120  # the sparkline's resolution before a widget fits it to its width
 TREND_MARKS = 1024  # per-step baselines the sparkline summarises
@@ -64,7 +69,7 @@ class GpuRow:
     used: int | None
     allocated: int  # summed over the PyTorch processes (agents) on it
     reserved: int
-    peak: int
+    peak: int  # the sum of the true peaks of the PyTorch processes on it
     other: int | None  # used − reserved of the agents: memory outside PyTorch's caches
     agents: int
     processes: int
@@ -90,7 +95,7 @@ class ProcessRow:
     used: int | None  # what the driver charges to the process
     allocated: int | None
     reserved: int | None
-    peak: int | None
+    peak: int | None  # torch's allocated_bytes.all.peak
     step: int | None
     state: str  # "agent", "exited", "unreachable", "no agent"
     trend: str  # "+8.0 MiB/step" for a leak, "" otherwise
@@ -104,7 +109,7 @@ class ProcessRow:
 @dataclass(frozen=True, slots=True)
 class SuggestionItem:
     key: str
-    severity: str
+    severity: Severity
     pid: int | None
     device: int | None
     title: str
@@ -128,156 +133,91 @@ class Dashboard:
 
 
 def build(
-    store: Store,
-    diagnosis: Diagnosis,
+    obs: Observation,
     sampled: bool = True,
     my_uid: int | None = None,
     host: str | None = None,
 ) -> Dashboard:
-    """The whole dashboard from one consistent read of the store."""
-    my_uid = os.getuid() if my_uid is None else my_uid
-    reading = store.nvml() or NvmlReading(available=False, error=None)
-    agents = store.agents()
-    infos = store.processes()
-    live_agents = [a for a in agents if a.state == CONNECTED]
-    gpus = _gpus(store, reading, live_agents, diagnosis)
-    processes = _processes(reading, agents, infos, diagnosis, my_uid)
-    events = list(store.events)
+    """The whole dashboard from one observation."""
+    my_uid = obs.uid if my_uid is None else my_uid
+    gpus = tuple(_gpu_row(gpu) for gpu in obs.gpus)
+    processes = tuple(_process_row(entry, my_uid) for entry in obs.entries)
     if not sampled:
         state = WAITING
-    elif not gpus and not agents:
+    elif not gpus and not obs.agents:
         state = EMPTY
     else:
         state = READY
     return Dashboard(
         state=state,
-        host=host if host is not None else socket.gethostname(),
-        source=_source(reading, agents),
-        nvml_error=None if reading.available else reading.error,
+        host=host if host is not None else obs.host,
+        source=_source(obs),
+        nvml_error=None if obs.nvml_available else obs.nvml_error,
         gpus=gpus,
         processes=processes,
-        suggestions=suggestion_items(diagnosis.suggestions, bool(agents), _gpu_numbers(processes)),
-        problems=tuple(store.problems()),
-        last_event=events[-1][1] if events else None,
-        agents=len(live_agents),
+        suggestions=suggestion_items(obs.suggestions, bool(obs.agents), _gpu_numbers(obs)),
+        problems=obs.problems,
+        last_event=obs.events[-1] if obs.events else None,
+        agents=len(obs.live_agents),
     )
 
 
-def _source(reading: NvmlReading, agents: Sequence[AgentView]) -> str:
-    if reading.available:
-        if reading.source == SOURCE_SIM:
+def _source(obs: Observation) -> str:
+    if obs.nvml_available:
+        if obs.nvml_source == SOURCE_SIM:
             return "simulated GPUs"
-        return f"NVML {reading.driver_version}" if reading.driver_version else "NVML"
-    return "agents only" if agents else "no devices"
+        return f"NVML {obs.driver_version}" if obs.driver_version else "NVML"
+    return "agents only" if obs.agents else "no devices"
 
 
 # ----------------------------------------------------------------------------------- GPUs
 
 
-def _gpus(
-    store: Store, reading: NvmlReading, agents: Sequence[AgentView], diagnosis: Diagnosis
-) -> tuple[GpuRow, ...]:
-    """One row per GPU; agent devices join the driver's GPUs by UUID (CUDA_VISIBLE_DEVICES
-    renumbers, so indices cannot be trusted)."""
-    on_gpu: dict[str, list[DeviceDiagnosis]] = {}
-    for agent in agents:
-        for dev in agent.devices:
-            found = diagnosis.device(agent.pid, dev.index)
-            if found is not None:
-                on_gpu.setdefault(dev.uuid or f"{agent.pid}:{dev.index}", []).append(found)
-    rows = []
-    if reading.available:
-        for d in reading.devices:
-            rows.append(
-                _gpu_row(
-                    store,
-                    index=d.index,
-                    uuid=d.uuid,
-                    name=d.name,
-                    total=d.total_bytes,
-                    used=d.used_bytes,
-                    processes=len(d.processes),
-                    on_it=on_gpu.pop(d.uuid, []),
-                    error=d.error,
-                )
-            )
-    for uuid, on_it in on_gpu.items():  # GPUs only agents know about
-        first = on_it[0]
-        names = [dev.name for a in agents for dev in a.devices if dev.uuid == first.uuid]
-        rows.append(
-            _gpu_row(
-                store,
-                index=first.index,
-                uuid=uuid,
-                name=names[0] if names else f"cuda:{first.index}",
-                total=first.total_bytes,
-                used=first.total_bytes - first.free_bytes,
-                processes=len(on_it),
-                on_it=on_it,
-                error=None,
-            )
-        )
-    return tuple(rows)
-
-
-def _gpu_row(
-    store: Store,
-    *,
-    index: int,
-    uuid: str,
-    name: str,
-    total: int | None,
-    used: int | None,
-    processes: int,
-    on_it: list[DeviceDiagnosis],
-    error: str | None,
-) -> GpuRow:
-    allocated = sum(d.allocated_bytes for d in on_it)
+def _gpu_row(gpu: GpuObservation) -> GpuRow:
+    on_it = gpu.agents
     reserved = sum(d.reserved_bytes for d in on_it)
+    used = gpu.used_bytes
     return GpuRow(
-        index=index,
-        uuid=uuid,
-        name=name,
-        total=total,
+        index=gpu.index,
+        uuid=gpu.uuid,
+        name=gpu.name if gpu.name or gpu.source != SOURCE_AGENT else f"cuda:{gpu.index}",
+        total=gpu.total_bytes,
         used=used,
-        allocated=allocated,
+        allocated=sum(d.allocated_bytes for d in on_it),
         reserved=reserved,
-        peak=sum(d.peak_bytes for d in on_it),
+        peak=gpu.peak_sum_bytes,
         other=None if used is None or not on_it else max(0, used - reserved),
         agents=len(on_it),
-        processes=max(processes, len({d.pid for d in on_it})),
-        fragmentation=max((d.fragmentation.gauge_smoothed for d in on_it), default=None),
-        trend=_trend(store, uuid, on_it),
-        error=error,
+        processes=gpu.process_count,
+        fragmentation=max((d.diagnosis.fragmentation.gauge_smoothed for d in on_it), default=None),
+        trend=_trend(gpu),
+        error=gpu.error,
     )
 
 
-def _trend(store: Store, uuid: str, on_it: list[DeviceDiagnosis]) -> Trend:
+def _trend(gpu: GpuObservation) -> Trend:
     """The sparkline follows the device most worth watching: the fastest leak on the GPU, else
     the largest PyTorch process, else the driver's used memory.  It draws the per-step
     baseline (allocated right after each step), where a leak is a staircase and the
     activations' sawtooth is gone; without step marks, the minimum of sampled allocated."""
-    leaking = [d for d in on_it if d.leak.detected]
-    focus: DeviceDiagnosis | None
+    on_it = gpu.agents
+    leaking = [d for d in on_it if d.diagnosis.leak.detected]
+    focus: AgentDeviceObservation | None
     if leaking:
-        focus = max(leaking, key=lambda d: d.leak.bytes_per_second or 0.0)
+        focus = max(leaking, key=lambda d: d.diagnosis.leak.bytes_per_second or 0.0)
     else:
         focus = max(on_it, key=lambda d: d.reserved_bytes, default=None)
     if focus is None:
-        used = [v for _, v in store.device_used_history(uuid, last=TREND_SAMPLES)]
+        used = gpu.used_history[1][-TREND_SAMPLES:]
         values = bin_reduce(used, TREND_POINTS, min)
         return _scaled(values, None, Trend((), 0, 1, "no PyTorch agent", None))
-    marks = store.step_marks(focus.pid, focus.index, last=TREND_MARKS, columns=("allocated",)).get(
-        "allocated", []
-    )
+    history = focus.history
+    marks = history.mark_allocated[-TREND_MARKS:]
     if len(marks) < 2:
-        sampled = store.history(
-            focus.pid, focus.index, last=TREND_SAMPLES, columns=("allocated",)
-        ).get("allocated", [])
-        values = bin_reduce(sampled, TREND_POINTS, min)
+        values = bin_reduce(history.allocated[-TREND_SAMPLES:], TREND_POINTS, min)
     else:
         values = bin_reduce(marks, TREND_POINTS, min)
-    leak = focus.leak
+    leak = focus.diagnosis.leak
     if leak.detected:
         status = "leak"
     elif leak.basis == "none":
@@ -294,7 +234,7 @@ def _trend(store: Store, uuid: str, on_it: list[DeviceDiagnosis]) -> Trend:
         leak.bytes_per_second if leak.detected else None,
         leak.seconds_to_full if leak.detected else None,
     )
-    return _scaled(values, focus.total_bytes, trend)
+    return _scaled(values, focus.sample.total_bytes, trend)
 
 
 def leak_label(
@@ -326,101 +266,69 @@ def _scaled(values: list[float], total: int | None, trend: Trend) -> Trend:
 
 # ------------------------------------------------------------------------------ processes
 
+STATE_LABELS = {AgentStatus.CONNECTED: "agent", AgentStatus.EXITED: "exited"}
 
-def _processes(
-    reading: NvmlReading,
-    agents: Sequence[AgentView],
-    infos: dict[int, ProcessInfo],
-    diagnosis: Diagnosis,
-    my_uid: int,
-) -> tuple[ProcessRow, ...]:
-    """NVML's processes joined with the agents' devices on (pid, GPU UUID)."""
-    gpu_index = {d.uuid: d.index for d in reading.devices} if reading.available else {}
-    used: dict[tuple[int, str], int | None] = {}
-    if reading.available and reading.source != SOURCE_AGENT:
-        for d in reading.devices:
-            for p in d.processes:
-                used[(p.pid, d.uuid)] = p.used_bytes
-    rows: list[ProcessRow] = []
-    seen: set[tuple[int, str]] = set()
-    for agent in agents:
-        info = infos.get(agent.pid)
-        argv = agent.hello.argv if agent.hello is not None else ()
-        command = " ".join(argv) if argv else (info.command if info else "?")
-        state = {CONNECTED: "agent", EXITED: "exited"}.get(agent.state, agent.state)
-        devices = agent.devices or ()
-        for dev in devices:
-            key = (agent.pid, dev.uuid)
-            seen.add(key)
-            found = diagnosis.device(agent.pid, dev.index)
-            trend = ""
-            if found is not None and found.leak.detected and state == "agent":
-                leak = found.leak
-                trend = leak_label(leak.bytes_per_step, leak.bytes_per_second, None, short=True)
-            latest = dev.latest
-            rows.append(
-                ProcessRow(
-                    key=f"{agent.pid}:{dev.uuid or dev.index}",
-                    pid=agent.pid,
-                    user=_user(info),
-                    command=command,
-                    gpu=gpu_index.get(dev.uuid, dev.index),
-                    device=dev.index,
-                    used=used.get(key),
-                    allocated=latest.allocated,
-                    reserved=latest.reserved,
-                    peak=max(dev.peak_bytes, latest.torch_peak),
-                    step=agent.step,
-                    state=state,
-                    trend=trend,
-                    own=info is not None and info.uid == my_uid,
-                )
-            )
-        if not devices:  # an agent that has not sampled yet, or cannot be reached
-            rows.append(
-                ProcessRow(
-                    key=f"{agent.pid}:-",
-                    pid=agent.pid,
-                    user=_user(info),
-                    command=command,
-                    gpu=None,
-                    device=None,
-                    used=None,
-                    allocated=None,
-                    reserved=None,
-                    peak=None,
-                    step=agent.step,
-                    state=state,
-                    trend="",
-                    own=info is not None and info.uid == my_uid,
-                )
-            )
-    if reading.available:
-        for d in reading.devices:
-            for p in d.processes:
-                if (p.pid, d.uuid) in seen:
-                    continue
-                info = infos.get(p.pid)
-                rows.append(
-                    ProcessRow(
-                        key=f"{p.pid}:{d.uuid}",
-                        pid=p.pid,
-                        user=_user(info),
-                        command=info.command if info and info.visible else "?",
-                        gpu=d.index,
-                        device=None,
-                        used=p.used_bytes,
-                        allocated=None,
-                        reserved=None,
-                        peak=None,
-                        step=None,
-                        state="no agent",
-                        trend="",
-                        own=info is not None and info.uid == my_uid,
-                    )
-                )
-    rows.sort(key=lambda r: (r.gpu if r.gpu is not None else 1 << 30, r.pid))
-    return tuple(rows)
+
+def _process_row(entry: ProcessEntry, my_uid: int) -> ProcessRow:
+    info = entry.info
+    own = info is not None and info.uid == my_uid
+    agent, dev = entry.agent, entry.device
+    if agent is None:
+        return ProcessRow(
+            key=f"{entry.pid}:{entry.uuid}",
+            pid=entry.pid,
+            user=_user(info),
+            command=info.command if info and info.visible else "?",
+            gpu=entry.gpu,
+            device=None,
+            used=entry.used_bytes,
+            allocated=None,
+            reserved=None,
+            peak=None,
+            step=None,
+            state="no agent",
+            trend="",
+            own=own,
+        )
+    command = " ".join(agent.argv) if agent.argv else (info.command if info else "?")
+    state = STATE_LABELS.get(agent.status, str(agent.status))
+    if dev is None:  # an agent that has not sampled yet, or cannot be reached
+        return ProcessRow(
+            key=f"{agent.pid}:-",
+            pid=agent.pid,
+            user=_user(info),
+            command=command,
+            gpu=None,
+            device=None,
+            used=None,
+            allocated=None,
+            reserved=None,
+            peak=None,
+            step=agent.step,
+            state=state,
+            trend="",
+            own=own,
+        )
+    leak = dev.diagnosis.leak
+    trend = ""
+    if leak.detected and state == "agent":
+        trend = leak_label(leak.bytes_per_step, leak.bytes_per_second, None, short=True)
+    return ProcessRow(
+        key=f"{agent.pid}:{dev.uuid or dev.index}",
+        pid=agent.pid,
+        user=_user(info),
+        command=command,
+        gpu=dev.gpu,
+        device=dev.index,
+        used=entry.used_bytes,
+        allocated=dev.allocated_bytes,
+        reserved=dev.reserved_bytes,
+        peak=dev.peak_bytes,
+        step=agent.step,
+        state=state,
+        trend=trend,
+        own=own,
+    )
 
 
 def _user(info: ProcessInfo | None) -> str:
@@ -430,11 +338,9 @@ def _user(info: ProcessInfo | None) -> str:
 # ---------------------------------------------------------------------------- suggestions
 
 
-def _gpu_numbers(processes: Sequence[ProcessRow]) -> dict[tuple[int, int], int]:
+def _gpu_numbers(obs: Observation) -> dict[tuple[int, int], int]:
     """(pid, the agent's device index) → the GPU as the driver numbers it."""
-    return {
-        (r.pid, r.device): r.gpu for r in processes if r.device is not None and r.gpu is not None
-    }
+    return {(d.pid, d.index): d.gpu for a in obs.agents for d in a.devices}
 
 
 def suggestion_items(
@@ -455,7 +361,7 @@ def suggestion_items(
     items: list[SuggestionItem] = []
     tips: dict[int | None, list[Suggestion]] = {}
     for s in suggestions:
-        if s.severity == INFO:
+        if s.severity == Severity.INFO:
             tips.setdefault(s.pid, []).append(s)
             continue
         items.append(_item(s))
@@ -468,7 +374,7 @@ def suggestion_items(
         items.append(
             SuggestionItem(
                 key=f"tips:{pid}",
-                severity=INFO,
+                severity=Severity.INFO,
                 pid=pid,
                 device=None,
                 title=f"{len(group)} tips: {names}",
@@ -481,7 +387,7 @@ def suggestion_items(
         items.append(
             SuggestionItem(
                 key="no-agents",
-                severity=INFO,
+                severity=Severity.INFO,
                 pid=None,
                 device=None,
                 title="No PyTorch process is attached: the allocator view needs the agent",
@@ -491,8 +397,7 @@ def suggestion_items(
                 effect=None,
             )
         )
-    order = {name: i for i, name in enumerate(SEVERITIES)}
-    items.sort(key=lambda i: -order.get(i.severity, 0))
+    items.sort(key=lambda i: -Severity(i.severity).rank)
     return tuple(items)
 
 
@@ -557,49 +462,45 @@ class Detail:
     allocator_conf: str
 
 
-def build_detail(
-    store: Store, diagnosis: Diagnosis, row: ProcessRow, gpu_uuid: str | None
-) -> Detail:
+def build_detail(obs: Observation, row: ProcessRow, gpu_uuid: str | None) -> Detail:
     series: list[Series] = []
-    device = diagnosis.device(row.pid, row.device) if row.device is not None else None
+    dev = obs.device(row.pid, row.device) if row.device is not None else None
+    device = dev.diagnosis if dev is not None else None
     trend_line = None
     conf = ""
-    if row.device is not None:
-        history = store.history(
-            row.pid,
-            row.device,
-            last=DETAIL_SAMPLES,
-            columns=("time", "allocated", "reserved", "torch_peak"),
-        )
-        times = history.get("time", [])
+    if dev is not None:
+        history = dev.history
+        times = history.time[-DETAIL_SAMPLES:]
         if times:
             newest = times[-1]
-            for column, name in (
-                ("reserved", "reserved"),
-                ("torch_peak", "peak"),
-                ("allocated", "allocated"),
+            skip = len(history.time) - len(times)
+            for values, name in (
+                (history.reserved, "reserved"),
+                (history.torch_peak, "peak"),
+                (history.allocated, "allocated"),
             ):
-                series.append(_series(name, times, history[column], newest))
-            marks = store.step_marks(row.pid, row.device, last=TREND_MARKS)
-            mark_times = [t for t in marks.get("time", []) if t >= times[0]]
+                series.append(_series(name, times, values[skip:], newest))
+            marks = history
+            mark_times = [t for t in marks.mark_time if t >= times[0]]
             if mark_times:
-                skip = len(marks["time"]) - len(mark_times)
+                first = len(marks.mark_time) - len(mark_times)
                 series.append(
-                    _series("baseline", mark_times, marks["allocated"][skip:], newest, min)
+                    _series("baseline", mark_times, marks.mark_allocated[first:], newest, min)
                 )
-            if device is not None and device.leak.detected:
-                trend_line = _trend_line(marks, device, newest, times[0])
-        agent = store.agent(row.pid)
-        conf = agent.hello.allocator_conf if agent and agent.hello else ""
+            if dev.diagnosis.leak.detected:
+                trend_line = _trend_line(history, dev.diagnosis, newest, times[0])
+        agent = obs.agent(row.pid)
+        conf = agent.allocator_conf if agent is not None else ""
     elif gpu_uuid is not None:
-        used = store.device_used_history(gpu_uuid, last=DETAIL_SAMPLES)
-        if used:
-            times = [t for t, _ in used]
-            series.append(_series("GPU used", times, [v for _, v in used], times[-1]))
+        gpu = obs.gpu(gpu_uuid)
+        if gpu is not None and gpu.used_history[0]:
+            times, used = gpu.used_history
+            times, used = times[-DETAIL_SAMPLES:], used[-DETAIL_SAMPLES:]
+            series.append(_series("GPU used", times, used, times[-1]))
     # Every suggestion in full here: the info tips are not folded as in the main pane.
     items = tuple(
         _item(s if row.gpu is None else replace(s, device=row.gpu))
-        for s in diagnosis.suggestions_for(row.pid)
+        for s in obs.diagnosis.suggestions_for(row.pid)
         if s.device in (None, row.device)
     )
     return Detail(row, tuple(series), trend_line, device, items, conf)
@@ -612,16 +513,12 @@ def _series(name, times, values, newest, reduce=max) -> Series:  # type: ignore[
 
 
 def _trend_line(
-    marks: dict[str, list[float]], device: DeviceDiagnosis, newest: float, oldest: float
+    marks: DeviceHistory, device: DeviceDiagnosis, newest: float, oldest: float
 ) -> Series | None:
     """The leak's fitted line over the analysed regime: its slope is the reported rate, its
     level the median offset of the baselines from that slope."""
     leak = device.leak
-    steps, times, allocated = (
-        marks.get("step", []),
-        marks.get("time", []),
-        marks.get("allocated", []),
-    )
+    steps, times, allocated = marks.mark_step, marks.mark_time, marks.mark_allocated
     if leak.basis != "steps" or leak.bytes_per_step is None or not steps:
         return None
     since = leak.since if leak.since is not None else steps[0]

@@ -15,9 +15,8 @@ from textual_plotext import PlotextPlot
 from memtop.ui.render import FREE, SEVERITY_STYLES, fragmentation_style, gauge, short_bytes
 from memtop.ui.view import Detail, ProcessRow
 from memtop.ui.widgets.suggestions import BADGES
-from memtop.units import format_bytes, format_duration
+from memtop.units import GiB, format_bytes, format_duration
 
-GiB = float(1 << 30)
 COLOURS = {
     "reserved": "yellow",
     "peak": "red",
@@ -161,11 +160,12 @@ def _facts(detail: Detail) -> Text:
     text.append("fragmentation ")
     text.append(f"{frag.gauge_smoothed:.2f}", style=fragmentation_style(frag.gauge_smoothed))
     text.append(f" (now {frag.gauge:.2f}), split {format_bytes(frag.inactive_split_bytes)}\n")
-    if frag.external is not None:
+    if frag.external is not None and frag.stranded_bytes is not None:
         text.append(
-            f"external {frag.external:.2f}, largest free block "
-            f"{format_bytes(frag.largest_free_block_bytes)}\n"
+            f"stranded by splits {format_bytes(frag.stranded_bytes)} ({frag.external:.2f})\n"
         )
+    if frag.largest_free_block_bytes is not None:
+        text.append(f"largest request from cache {format_bytes(frag.largest_free_block_bytes)}\n")
     if frag.internal_bytes is not None:
         text.append(f"internal (rounding) {format_bytes(frag.internal_bytes)}\n")
     p = device.pressure

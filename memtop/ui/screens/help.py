@@ -34,7 +34,11 @@ TERMS = (
         "what the driver charges beyond the agents' reserved bytes: CUDA "
         "context, NCCL, other libraries, processes without an agent",
     ),
-    ("peak", "the highest allocated since start or the last reset"),
+    (
+        "peak",
+        "torch's highest allocated since start or the last reset (exact, not sampled); "
+        "a GPU card's Σpeak adds up its processes' peaks",
+    ),
     (
         "frag",
         "inactive split bytes / reserved bytes of the large pool, median of 10 samples; "

@@ -36,7 +36,7 @@ LEGEND = Text.assemble(
     ("█", OTHER),
     " other (outside PyTorch) ",
     ("┃", PEAK),
-    " peak",
+    " Σ peaks",  # the card's peak is the sum of its processes' true (torch) peaks
 )
 
 
@@ -120,7 +120,7 @@ class GpuCard(Widget):
             ("alloc " if fmt is short_bytes else "allocated ", row.allocated),
             ("rsvd " if fmt is short_bytes else "reserved ", row.reserved),
             ("other ", row.other),
-            ("peak ", row.peak),
+            ("Σpeak ", row.peak),
         ):
             line.append(name, style=FREE)
             line.append(fmt(value) + gap)

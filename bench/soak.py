@@ -1,0 +1,387 @@
+"""Soak: real torch trainers under `memtop run`, hammered by viewers, beside a control group.
+
+    .venv/bin/python bench/soak.py [--trainers 4] [--viewers 4] [--seconds 300] [--device cpu|cuda]
+
+What it runs, all at once for `--seconds`:
+- N trainers under `memtop run` (the agent inside), and N control trainers without an agent.
+  Each is a real training loop (an MLP, AdamW, `zero_grad(set_to_none=True)`, one torch
+  thread) with PYTHONFAULTHANDLER=1, so a crash leaves its C stack on stderr.  On CPU the agent
+  is told to count CPU tensors in its breakdown (MEMTOP_BREAKDOWN_DEVICE=cpu), so the walk over
+  the optimizer's tensors that once crashed trainers really runs.
+- M viewer processes (they never import torch, like memtop): each keeps one connection to every
+  agent and sends `sample` at 10 Hz, and between samples `breakdown`, `snapshot` (to a file),
+  `cleanup` and `reset_peak` as fast as the agent allows (it answers `rate_limited` when not).
+
+What it prints, JSON last:
+- trainer crashes (a non-zero exit, a signal or a faulthandler dump): must be 0;
+- step rate of the agent group over the control group (mean steps/s): must be >= 0.99;
+- every breakdown checked against the truth the trainer knows: gradients equal the trainable
+  parameters' bytes, and parameters + gradients + optimizer state + other == allocated;
+- replies by kind and error code, the agent threads' CPU time as a share of their trainer's,
+  trainer threads and fds at the start and the end (must stay flat).
+
+`--inject-race` adds, in the agent group, a thread that walks the optimizer's tensors in a loop,
+as the agent's breakdown once did on its own thread (shared/gpu/race.py): the soak must report
+crashes then.  That is how we know it can see one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SAMPLE_HZ = 10.0
+CRASH_MARKERS = ("Fatal Python error", "Segmentation fault", "Aborted", "INTERNAL ASSERT")
+
+
+# ---------------------------------------------------------------------------------- trainer
+
+
+def trainer_main(seconds: float, device: str, inject_race: bool, width: int) -> int:
+    """A training loop; prints one JSON line with its step count, parameter bytes and rate."""
+    import torch
+
+    torch.set_num_threads(1)
+    torch.manual_seed(os.getpid())
+    layers: list[Any] = []
+    for _ in range(6):
+        layers += [torch.nn.Linear(width, width), torch.nn.GELU()]
+    model = torch.nn.Sequential(*layers).to(device)
+    for p in model[0].parameters():
+        p.requires_grad_(False)  # frozen layers: gradients must equal the *trainable* bytes
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=1e-4)
+    if inject_race:
+        from memtop.agent.torch_probe import count_optimizer_memory
+
+        def walker() -> None:
+            while True:
+                count_optimizer_memory([optimizer], device)
+                time.sleep(0.0005)
+
+        threading.Thread(target=walker, daemon=True).start()
+    batch = torch.randn(64, width, device=device)
+    steps = 0
+    started = time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(batch).square().mean()
+        loss.backward()
+        optimizer.step()
+        steps += 1
+    elapsed = time.perf_counter() - started
+    if device == "cuda":
+        torch.cuda.synchronize()
+    truth = {
+        "steps": steps,
+        "seconds": elapsed,
+        "trainable_bytes": sum(p.numel() * p.element_size() for p in trainable),
+        "parameter_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
+    }
+    print(json.dumps(truth), flush=True)
+    return 0
+
+
+# ---------------------------------------------------------------------------------- viewer
+
+
+def viewer_main(pids: list[int], directory: Path, seconds: float, out_dir: Path) -> int:
+    """Hammer every agent; print one JSON line of counts and breakdowns seen."""
+    from memtop.sources.agents import AgentClient, AgentError, AgentUnreachable
+
+    counts: Counter[str] = Counter()
+    breakdowns: dict[int, list[dict[str, Any]]] = {pid: [] for pid in pids}
+    clients: dict[int, AgentClient] = {}
+    deadline = time.monotonic() + seconds
+    next_sample = time.monotonic()
+    extra = ("breakdown", "snapshot", "cleanup", "reset_peak")
+    turn = 0
+    while time.monotonic() < deadline:
+        for pid in pids:
+            client = clients.get(pid)
+            if client is None:
+                client = AgentClient(pid, directory, timeout=5.0)
+                try:
+                    client.connect()
+                except (AgentUnreachable, AgentError) as exc:
+                    counts[f"connect:{type(exc).__name__}"] += 1
+                    continue
+                clients[pid] = client
+            sampling = time.monotonic() >= next_sample
+            cmd = "sample" if sampling else extra[turn % len(extra)]
+            args: dict[str, Any] = {}
+            if cmd == "snapshot":
+                args = {"path": str(out_dir / f"snap-{pid}.pickle"), "overwrite": True}
+            if cmd == "cleanup":
+                args = {"wait_s": 2.0}
+            try:
+                result = client.request(cmd, args or None, timeout=5.0)
+            except AgentError as exc:
+                counts[f"{cmd}:{exc.code}"] += 1
+                continue
+            except AgentUnreachable:
+                counts[f"{cmd}:unreachable"] += 1
+                client.close()
+                clients.pop(pid, None)
+                continue
+            counts[f"{cmd}:ok"] += 1
+            fresh = cmd == "breakdown" and result.get("devices") and not result.get("pending")
+            if fresh and (not breakdowns[pid] or breakdowns[pid][-1]["time"] != result["time"]):
+                breakdowns[pid].append(result)
+        if time.monotonic() >= next_sample:
+            next_sample += 1.0 / SAMPLE_HZ
+        turn += 1
+        time.sleep(0.002)  # as fast as allowed, without spinning a core on rate_limited
+    for client in clients.values():
+        client.close()
+    print(json.dumps({"counts": counts, "breakdowns": breakdowns}), flush=True)
+    return 0
+
+
+# ---------------------------------------------------------------------------------- driver
+
+
+def _proc_counts(pid: int) -> tuple[int, int] | None:
+    try:
+        return len(os.listdir(f"/proc/{pid}/task")), len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
+
+
+def _cpu_ticks(path: str) -> int:
+    try:
+        with open(path) as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def _agent_threads(pid: int) -> list[int]:
+    """The agent's threads: every thread of the trainer but its main one."""
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid]
+    except OSError:
+        return []
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="mt-soak-"))
+    sockets = work / "s"
+    sockets.mkdir(mode=0o700)
+    env = dict(os.environ, PYTHONFAULTHANDLER="1", PYTHONWARNINGS="ignore")
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["MEMTOP_SOCKET_DIR"] = str(sockets)
+    if args.device == "cpu":
+        env["MEMTOP_BREAKDOWN_DEVICE"] = "cpu"
+    me = [sys.executable, str(Path(__file__).resolve())]
+    trainer_args = ["--trainer", "--seconds", str(args.seconds), "--device", args.device]
+    trainer_args += ["--width", str(args.width)]
+    if args.inject_race:
+        trainer_args.append("--inject-race")
+    agents = []
+    controls = []
+    for _ in range(args.trainers):
+        command = [sys.executable, "-m", "memtop", "run", str(Path(__file__).resolve())]
+        agents.append(_spawn(command + trainer_args, env, work))
+        controls.append(_spawn(me + trainer_args, env, work))
+    pids = [p.pid for p in agents]
+    deadline = time.monotonic() + 60
+    while not all((sockets / f"{pid}.sock").exists() for pid in pids):
+        if time.monotonic() > deadline or any(p.poll() is not None for p in agents):
+            break
+        time.sleep(0.05)
+    time.sleep(1.0)  # the agents' threads are up
+    start_counts = {pid: _proc_counts(pid) for pid in pids}
+    viewer_command = [*me, "--viewer", "--seconds", str(args.seconds - 2), "--socket-dir"]
+    viewer_command += [str(sockets), "--out", str(work), "--pids", ",".join(map(str, pids))]
+    viewers = [_spawn(viewer_command, env, work) for _ in range(args.viewers)]
+    # Thread and fd counts, and agent CPU, sampled while the soak runs.
+    end_counts: dict[int, tuple[int, int] | None] = {}
+    max_counts: dict[int, tuple[int, int]] = {}
+    agent_ticks: dict[int, dict[int, int]] = {pid: {} for pid in pids}
+    while any(p.poll() is None for p in agents + controls):
+        for pid in pids:
+            counts = _proc_counts(pid)
+            if counts is not None:
+                end_counts[pid] = counts
+                old = max_counts.get(pid, (0, 0))
+                max_counts[pid] = (max(old[0], counts[0]), max(old[1], counts[1]))
+                for tid in _agent_threads(pid):
+                    ticks = _cpu_ticks(f"/proc/{pid}/task/{tid}/stat")
+                    if ticks:
+                        agent_ticks[pid][tid] = ticks
+                total = _cpu_ticks(f"/proc/{pid}/stat")
+                if total:
+                    agent_ticks[pid][0] = total
+        time.sleep(0.5)
+    results = {"agent": [_finish(p) for p in agents], "control": [_finish(p) for p in controls]}
+    viewer_out = [_finish(p, timeout=30) for p in viewers]
+    shutil.rmtree(work, ignore_errors=True)
+    return _report(args, results, viewer_out, start_counts, end_counts, max_counts, agent_ticks)
+
+
+def _spawn(command: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        command, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float = 120) -> dict[str, Any]:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    parsed: dict[str, Any] = {}
+    for line in reversed(out.strip().splitlines()):
+        try:
+            parsed = json.loads(line)
+            break
+        except ValueError:
+            continue
+    crashed = proc.returncode != 0 or any(marker in err for marker in CRASH_MARKERS)
+    why = ""
+    if crashed:
+        code = proc.returncode
+        why = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
+        why += ": " + " | ".join(err.strip().splitlines()[-3:])[:300]
+    return {"pid": proc.pid, "crashed": crashed, "why": why, **parsed}
+
+
+def _report(
+    args: argparse.Namespace,
+    results: dict[str, list[dict[str, Any]]],
+    viewers: list[dict[str, Any]],
+    start_counts: dict[int, tuple[int, int] | None],
+    end_counts: dict[int, tuple[int, int] | None],
+    max_counts: dict[int, tuple[int, int]],
+    agent_ticks: dict[int, dict[int, int]],
+) -> dict[str, Any]:
+    def rate(group: str) -> float:
+        rates = [r["steps"] / r["seconds"] for r in results[group] if "steps" in r]
+        return statistics.fmean(rates) if rates else 0.0
+
+    crashes = [r for group in results.values() for r in group if r["crashed"]]
+    counts: Counter[str] = Counter()
+    bad_breakdowns = []
+    checked = 0
+    by_pid = {r["pid"]: r for r in results["agent"]}
+    for viewer in viewers:
+        counts.update(viewer.get("counts", {}))
+        for pid_text, seen in viewer.get("breakdowns", {}).items():
+            truth = by_pid.get(int(pid_text), {})
+            for breakdown in seen:
+                for parts in breakdown["devices"].values():
+                    checked += 1
+                    total = (
+                        parts["parameters"]
+                        + parts["gradients"]
+                        + parts["optimizer_state"]
+                        + parts["other"]
+                    )
+                    # The optimizer holds only the trainable parameters: frozen ones are
+                    # "other" to it.  Gradients exist exactly for the trainable ones.
+                    ok = parts["gradients"] == truth.get("trainable_bytes") and (
+                        parts["parameters"] == truth.get("trainable_bytes")
+                    )
+                    if args.device == "cuda":
+                        ok = ok and total == parts["allocated"]
+                    if not ok:
+                        bad_breakdowns.append(parts)
+    shares = []
+    for ticks in agent_ticks.values():
+        total = ticks.pop(0, 0)
+        if total:
+            shares.append(sum(ticks.values()) / total)
+    control_rate, agent_rate = rate("control"), rate("agent")
+    ratio = agent_rate / control_rate if control_rate else 0.0
+    errors = {k: v for k, v in counts.items() if not k.endswith(":ok")}
+    return {
+        "device": args.device,
+        "trainers": args.trainers,
+        "viewers": args.viewers,
+        "seconds": args.seconds,
+        "inject_race": args.inject_race,
+        "crashes": len(crashes),
+        "crash_reasons": [c["why"] for c in crashes][:8],
+        "step_rate_agent": round(agent_rate, 2),
+        "step_rate_control": round(control_rate, 2),
+        "step_rate_ratio": round(ratio, 4),
+        "replies_ok": {k: v for k, v in counts.items() if k.endswith(":ok")},
+        "replies_refused": errors,
+        "breakdowns_checked": checked,
+        "breakdowns_wrong": len(bad_breakdowns),
+        "breakdown_wrong_example": bad_breakdowns[:1],
+        "agent_cpu_share_pct": round(100 * statistics.fmean(shares), 3) if shares else None,
+        "threads_fds_start": [list(v) if v else None for v in start_counts.values()],
+        "threads_fds_end": [list(v) if v else None for v in end_counts.values()],
+        "threads_fds_max": [list(v) for v in max_counts.values()],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trainers", type=int, default=4)
+    parser.add_argument("--viewers", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=300.0)
+    parser.add_argument("--device", default="cuda" if _cuda_here() else "cpu")
+    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--inject-race", action="store_true")
+    parser.add_argument("--trainer", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--viewer", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--socket-dir", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--pids", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.trainer:
+        return trainer_main(args.seconds, args.device, args.inject_race, args.width)
+    if args.viewer:
+        pids = [int(p) for p in args.pids.split(",") if p]
+        return viewer_main(pids, args.socket_dir, args.seconds, args.out)
+    report = run(args)
+    print(f"trainer crashes      {report['crashes']}  {report['crash_reasons'][:2]}")
+    print(
+        f"step rate            {report['step_rate_agent']}/s with agents, "
+        f"{report['step_rate_control']}/s without: ratio {report['step_rate_ratio']}"
+    )
+    print(
+        f"breakdowns checked   {report['breakdowns_checked']}, wrong {report['breakdowns_wrong']}"
+    )
+    print(f"replies ok           {report['replies_ok']}")
+    print(f"replies refused      {report['replies_refused']}")
+    print(f"agent CPU share      {report['agent_cpu_share_pct']} % of its trainer's CPU")
+    print(
+        f"threads, fds         start {report['threads_fds_start']} "
+        f"max {report['threads_fds_max']} end {report['threads_fds_end']}"
+    )
+    print(json.dumps(report))
+    return 0
+
+
+def _cuda_here() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())

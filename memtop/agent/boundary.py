@@ -1,0 +1,213 @@
+"""What the agent does on the trainer's own thread, at the end of each training step.
+
+The hard-won rule (DESIGN §6): whatever touches tensors, optimizers, modules or the CUDA runtime
+runs here, on the trainer's thread, between steps, never on the agent's thread.  On torch 2.11
+CUDA and 2.13 CPU, walking an optimizer's tensors from another thread while the trainer runs
+`zero_grad(set_to_none=True)` kills the trainer within seconds; `empty_cache`, `mem_get_info` or
+a snapshot from another thread can invalidate a CUDA graph the trainer is capturing.
+
+So the agent thread only *asks*: it queues a `TrainerJob`, and `StepBoundary.on_step` (called by
+torch's optimizer step post-hook or by `memtop.step()`) runs it right after the step, when
+gradients are alive and nothing is mid-flight.  The hot path is O(1): a counter, a clock read,
+and two attribute tests; the allocator read behind a step mark is rate-limited by time, so the
+step count stays exact at any step rate while the cost per step falls as the rate rises.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from memtop.agent.probe import Probe
+
+MARK_BUFFER = 4096  # step marks kept for viewers; the wire contract promises at least 1024
+MARK_MIN_INTERVAL_S = 0.05  # at most 20 step marks a second: one allocator read each
+DEVICES_REFRESH_S = 1.0  # how often the hot path re-reads which devices the trainer uses
+MEM_INFO_INTERVAL_S = 1.0  # mem_get_info (a CUDA call) at most this often, and only when wanted
+
+
+class TrainerJob:
+    """One piece of work for the trainer's thread, with a deadline.
+
+    Exactly one party gets to act on a job: the trainer (it runs it) or the agent loop (the
+    deadline passed, it answers "no step came").  `claim()` decides who, under a lock.
+    """
+
+    __slots__ = ("_claimed", "_lock", "deadline", "error", "name", "on_done", "result", "run")
+
+    def __init__(
+        self,
+        name: str,
+        run: Callable[[], Any],
+        deadline: float,
+        on_done: Callable[[TrainerJob], None] | None = None,
+    ) -> None:
+        self.name = name
+        self.run = run
+        self.deadline = deadline  # time.monotonic()
+        self.on_done = on_done
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self._claimed = False
+        self._lock = threading.Lock()
+
+    def claim(self) -> bool:
+        with self._lock:
+            if self._claimed:
+                return False
+            self._claimed = True
+            return True
+
+    @property
+    def claimed(self) -> bool:
+        return self._claimed
+
+
+class StepBoundary:
+    """Step counting, step marks and trainer-thread jobs.  Only `on_step` runs on the trainer's
+    thread; everything else is called from the agent's thread and never touches torch."""
+
+    def __init__(
+        self,
+        probe: Probe,
+        mark_interval_s: float = MARK_MIN_INTERVAL_S,
+        mem_info_interval_s: float = MEM_INFO_INTERVAL_S,
+    ) -> None:
+        self.probe = probe
+        self.mark_interval_s = mark_interval_s
+        self.mem_info_interval_s = mem_info_interval_s
+        self.step: int | None = None
+        self.explicit_steps = False
+        self.last_step_time: float | None = None
+        self.trainer_thread_ident: int | None = None
+        self.marks: collections.deque[tuple[int, dict[str, Any]]] = collections.deque(
+            maxlen=MARK_BUFFER
+        )
+        self.mark_seq = 0
+        self._mark_due = 0.0
+        self._indices: list[int] = []
+        self._indices_due = 0.0
+        # Jobs: the agent thread appends under the lock and raises the flag; the hot path reads
+        # only the flag (a plain attribute read), so an idle boundary costs nothing.
+        self._jobs: list[TrainerJob] = []
+        self._jobs_lock = threading.Lock()
+        self._has_jobs = False
+        # (free, total, when) per device, measured here; served by the agent thread.
+        self.mem_info: dict[int, tuple[int, int, float]] = {}
+        self._mem_info_wanted_until = 0.0
+        self._mem_info_due = 0.0
+        # What it costs the trainer, measured where it is spent.
+        self.hook_calls = 0
+        self.hook_ns = 0
+        self.work_ns = 0
+        self.jobs_run = 0
+        self.deferred_while_capturing = 0
+        self.errors: collections.deque[str] = collections.deque(maxlen=50)
+
+    # ------------------------------------------------------------ trainer's thread
+
+    def on_step(self, explicit: bool = False) -> None:
+        """The end of a training step.  Runs on the trainer's thread: cheap, and never raises."""
+        started = time.perf_counter_ns()
+        try:
+            if explicit:
+                self.explicit_steps = True
+            elif self.explicit_steps:
+                return  # memtop.step() is counting; the optimizer hook would count twice
+            now = time.time()
+            self.step = (self.step or 0) + 1
+            self.last_step_time = now
+            self.trainer_thread_ident = threading.get_ident()
+            if now >= self._mark_due:
+                self._mark_due = now + self.mark_interval_s
+                self._mark(now)
+            if self._has_jobs or self._mem_info_due <= now < self._mem_info_wanted_until:
+                self._boundary_work(now)
+        except Exception as exc:  # the trainer must never see our failures
+            self.errors.append(f"step hook: {exc!r}")
+        finally:
+            self.hook_calls += 1
+            self.hook_ns += time.perf_counter_ns() - started
+
+    def _mark(self, now: float) -> None:
+        if now >= self._indices_due:
+            self._indices = [d.index for d in self.probe.devices()]
+            self._indices_due = now + DEVICES_REFRESH_S
+        allocated = {str(i): self.probe.memory_allocated(i) for i in self._indices}
+        self.mark_seq += 1
+        self.marks.append(
+            (self.mark_seq, {"step": self.step, "time": now, "allocated_bytes": allocated})
+        )
+
+    def _boundary_work(self, now: float) -> None:
+        started = time.perf_counter_ns()
+        try:
+            if self.probe.is_capturing():
+                # A CUDA graph is being captured on this thread: any CUDA call now could
+                # invalidate it.  Try again after the next step.
+                self.deferred_while_capturing += 1
+                return
+            if self._mem_info_due <= now < self._mem_info_wanted_until:
+                self._mem_info_due = now + self.mem_info_interval_s
+                for index in self._indices:
+                    free, total = self.probe.mem_get_info(index)
+                    self.mem_info[index] = (free, total, now)
+            if self._has_jobs:
+                with self._jobs_lock:
+                    jobs, self._jobs = self._jobs, []
+                    self._has_jobs = False
+                for job in jobs:
+                    if job.claim():
+                        self._run_job(job)
+        finally:
+            self.work_ns += time.perf_counter_ns() - started
+
+    def _run_job(self, job: TrainerJob) -> None:
+        try:
+            job.result = job.run()
+        except Exception as exc:
+            job.error = exc
+        except BaseException as exc:
+            # A Ctrl-C or SystemExit that lands while our job runs is the trainer's, not ours:
+            # answer the viewer, then let it go on its way.
+            job.error = exc
+            self._finish(job)
+            raise
+        self._finish(job)
+
+    def _finish(self, job: TrainerJob) -> None:
+        self.jobs_run += 1
+        if job.on_done is not None:
+            try:
+                job.on_done(job)
+            except Exception as exc:
+                self.errors.append(f"job {job.name}: {exc!r}")
+
+    # ------------------------------------------------------------ agent's thread
+
+    def submit(self, job: TrainerJob) -> None:
+        with self._jobs_lock:
+            self._jobs.append(job)
+            self._has_jobs = True
+
+    def want_mem_info(self, for_s: float = 5.0) -> None:
+        """A viewer is sampling: refresh (free, total) at the next steps, for a while."""
+        self._mem_info_wanted_until = time.time() + for_s
+
+    def stepping(self, within_s: float) -> bool:
+        """Whether a step ended within the last `within_s` seconds."""
+        last = self.last_step_time
+        return last is not None and time.time() - last <= within_s
+
+    def costs(self) -> dict[str, Any]:
+        return {
+            "hook_calls": self.hook_calls,
+            "hook_ns": self.hook_ns,
+            "boundary_work_ns": self.work_ns,
+            "jobs_run": self.jobs_run,
+            "deferred_while_capturing": self.deferred_while_capturing,
+            "errors": len(self.errors),
+        }

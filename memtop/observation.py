@@ -1,0 +1,455 @@
+"""One observation per sampler round: the whole picture, joined and diagnosed once.
+
+`Observer.latest()` reads the store once per store generation and builds one immutable
+`Observation`: every GPU with the processes the driver lists on it and the agent devices on it
+(joined by GPU UUID, never by index: CUDA_VISIBLE_DEVICES renumbers), every agent with each of
+its devices' metrics, the history windows the screens draw, the diagnosis and the suggestions.
+The dashboard, the detail screen, `--once` (text and JSON) and any exporter only render it.
+
+This module is the only place that joins NVML devices, NVML processes and agents; one `Diagnoser`
+lives in each `Observer`, and a running memtop has one `Observer`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuFacts
+from memtop.diagnosis.suggestions import suggest
+from memtop.model import (
+    SOURCE_AGENT,
+    AgentDeviceSample,
+    AgentHello,
+    AgentStatus,
+    GpuProcess,
+    NvmlReading,
+)
+from memtop.sources.processes import ProcessInfo
+from memtop.store import AgentDeviceView, AgentView, Store
+
+# The history windows the screens draw (the store keeps an hour).
+HISTORY_ROWS = 900  # sampled rows: 15 minutes at the default 1 s interval
+MARK_ROWS = 1024  # per-step baselines
+EVENTS = 20  # the newest event messages kept
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceHistory:
+    """The newest sampled rows and step marks of one agent device, oldest first."""
+
+    time: tuple[float, ...] = ()
+    allocated: tuple[float, ...] = ()
+    reserved: tuple[float, ...] = ()
+    torch_peak: tuple[float, ...] = ()
+    mark_step: tuple[float, ...] = ()
+    mark_time: tuple[float, ...] = ()
+    mark_allocated: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AgentDeviceObservation:
+    """One CUDA device of one agent, with the metrics of DESIGN §4."""
+
+    pid: int
+    index: int  # the agent's own cuda index (actions and the detail screen use it)
+    uuid: str
+    name: str
+    gpu: int  # the GPU as the driver numbers it (the agent's index without a driver view)
+    sample: AgentDeviceSample
+    peak_bytes: int  # torch's allocated_bytes.all.peak: the true peak (since start or `r`)
+    sampled_peak_bytes: int  # memtop's own maximum of what it sampled (misses step peaks)
+    nvml_used_bytes: int | None  # what the driver charges this process on this GPU
+    diagnosis: DeviceDiagnosis
+    history: DeviceHistory
+
+    @property
+    def allocated_bytes(self) -> int:
+        return self.sample.allocated
+
+    @property
+    def reserved_bytes(self) -> int:
+        return self.sample.reserved
+
+    @property
+    def torch_peak_bytes(self) -> int:
+        return self.peak_bytes
+
+    @property
+    def non_pytorch_bytes(self) -> int | None:
+        """Driver-charged bytes outside PyTorch's caches (CUDA context, NCCL, workspaces)."""
+        if self.nvml_used_bytes is None:
+            return None
+        return max(0, self.nvml_used_bytes - self.sample.reserved)
+
+
+@dataclass(frozen=True, slots=True)
+class AgentObservation:
+    pid: int
+    status: AgentStatus
+    error: str | None
+    hello: AgentHello | None
+    step: int | None
+    devices: tuple[AgentDeviceObservation, ...]
+    info: ProcessInfo | None  # owner and command line, when visible
+
+    @property
+    def live(self) -> bool:
+        return self.status == AgentStatus.CONNECTED
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return self.hello.argv if self.hello is not None else ()
+
+    @property
+    def allocator_conf(self) -> str:
+        return self.hello.allocator_conf if self.hello is not None else ""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuObservation:
+    """One physical GPU: the driver's view (or, without one, the agents'), the processes the
+    driver lists on it, and the devices of live agents on it."""
+
+    index: int
+    uuid: str
+    name: str
+    total_bytes: int | None
+    used_bytes: int | None
+    free_bytes: int | None
+    utilization_percent: int | None
+    temperature_c: int | None
+    source: str
+    error: str | None
+    processes: tuple[GpuProcess, ...]  # as the driver lists them (agents' pids without one)
+    agents: tuple[AgentDeviceObservation, ...]
+    used_history: tuple[tuple[float, ...], tuple[float, ...]] = ((), ())  # times, used bytes
+
+    @property
+    def peak_sum_bytes(self) -> int:
+        """The sum of the true peaks of the PyTorch processes on it (they need not coincide)."""
+        return sum(a.peak_bytes for a in self.agents)
+
+    @property
+    def process_count(self) -> int:
+        return len({p.pid for p in self.processes} | {a.pid for a in self.agents})
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessEntry:
+    """One line of the process table: an agent device, an agent that has no device yet, or a
+    process the driver lists without an agent — joined on (pid, GPU UUID)."""
+
+    pid: int
+    gpu: int | None  # the driver's number of the GPU
+    uuid: str | None
+    used_bytes: int | None  # what the driver charges it on that GPU
+    agent: AgentObservation | None
+    device: AgentDeviceObservation | None
+    info: ProcessInfo | None
+
+
+@dataclass(frozen=True)
+class Observation:
+    time: float
+    generation: int  # the store generation it was built from
+    host: str
+    uid: int  # the viewer's own uid (whose processes may be terminated)
+    nvml_available: bool
+    nvml_source: str
+    nvml_error: str | None
+    driver_version: str | None
+    gpus: tuple[GpuObservation, ...]
+    agents: tuple[AgentObservation, ...]  # every agent in view, in any state, by pid
+    entries: tuple[ProcessEntry, ...]  # the process table, by GPU then pid
+    diagnosis: Diagnosis
+    problems: tuple[str, ...] = ()
+    events: tuple[str, ...] = ()  # newest last
+    processes: Mapping[int, ProcessInfo] = field(default_factory=dict)
+
+    @property
+    def suggestions(self) -> tuple:  # type: ignore[type-arg]
+        return self.diagnosis.suggestions
+
+    @property
+    def live_agents(self) -> tuple[AgentObservation, ...]:
+        return tuple(a for a in self.agents if a.live)
+
+    def agent(self, pid: int) -> AgentObservation | None:
+        return next((a for a in self.agents if a.pid == pid), None)
+
+    def device(self, pid: int, index: int) -> AgentDeviceObservation | None:
+        agent = self.agent(pid)
+        if agent is None:
+            return None
+        return next((d for d in agent.devices if d.index == index), None)
+
+    def gpu(self, uuid: str) -> GpuObservation | None:
+        return next((g for g in self.gpus if g.uuid == uuid), None)
+
+
+class Observer:
+    """Builds the observation of the store's newest generation, at most once per generation.
+
+    One per running memtop (it holds the one `Diagnoser`, whose leak verdicts are cached between
+    rounds).  Safe to call from any thread.  `publish()` builds at once: a sampler can call it
+    at the end of each round so that the consumers never build on their own thread.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        diagnoser: Diagnoser | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        host: str | None = None,
+        uid: int | None = None,
+    ) -> None:
+        self.store = store
+        self.diagnoser = diagnoser if diagnoser is not None else Diagnoser()
+        self.clock = clock
+        self.host = host if host is not None else os.uname().nodename
+        self.uid = os.getuid() if uid is None else uid
+        self.builds = 0
+        self._lock = threading.Lock()
+        self._latest: Observation | None = None
+
+    def latest(self) -> Observation:
+        with self._lock:
+            generation = self.store.generation
+            if self._latest is None or self._latest.generation != generation:
+                self._latest = self._build(generation)
+            return self._latest
+
+    def publish(self) -> Observation:
+        """Build now (the sampler's end-of-round hook); later `latest()` calls reuse it."""
+        with self._lock:
+            self._latest = self._build(self.store.generation)
+            return self._latest
+
+    # ------------------------------------------------------------------ the one join
+
+    def _build(self, generation: int) -> Observation:
+        store = self.store
+        now = self.clock()
+        reading = store.nvml() or NvmlReading(available=False, error="devices not read")
+        views = store.agents()
+        infos = store.processes()
+        diagnosed = self.diagnoser.diagnose_devices(store, views, now)
+        driver = reading.available and reading.source != SOURCE_AGENT
+        # The driver's number and per-process charge of each GPU, by UUID.
+        gpu_number = {d.uuid: d.index for d in reading.devices} if reading.available else {}
+        charged: dict[tuple[int, str], int | None] = {}
+        if driver:
+            for d in reading.devices:
+                for p in d.processes:
+                    charged[(p.pid, d.uuid)] = p.used_bytes
+
+        agents = []
+        for view in views:
+            devices = tuple(
+                _agent_device(
+                    store,
+                    view,
+                    dev,
+                    gpu_number.get(dev.uuid, dev.index),
+                    charged.get((view.pid, dev.uuid)),
+                    diagnosed[(view.pid, dev.index)],
+                )
+                for dev in view.devices
+            )
+            agents.append(
+                AgentObservation(
+                    pid=view.pid,
+                    status=AgentStatus(view.state),
+                    error=view.error,
+                    hello=view.hello,
+                    step=view.step,
+                    devices=devices,
+                    info=infos.get(view.pid),
+                )
+            )
+
+        gpus = _gpus(store, reading, [d for a in agents if a.live for d in a.devices])
+        facts = tuple(_facts(g) for g in gpus)
+        diagnosis = Diagnosis(
+            time=now,
+            devices={(d.pid, d.index): d for d in diagnosed.values()},
+            gpus=facts,
+            suggestions=tuple(suggest(facts)),
+        )
+        self.builds += 1
+        return Observation(
+            time=now,
+            generation=generation,
+            host=self.host,
+            uid=self.uid,
+            nvml_available=reading.available,
+            nvml_source=reading.source,
+            nvml_error=reading.error,
+            driver_version=reading.driver_version,
+            gpus=gpus,
+            agents=tuple(agents),
+            entries=_entries(reading, agents, infos),
+            diagnosis=diagnosis,
+            problems=tuple(store.problems()),
+            events=tuple(message for _, message in list(store.events)[-EVENTS:]),
+            processes=infos,
+        )
+
+
+def _agent_device(
+    store: Store,
+    agent: AgentView,
+    dev: AgentDeviceView,
+    gpu: int,
+    nvml_used: int | None,
+    diagnosis: DeviceDiagnosis,
+) -> AgentDeviceObservation:
+    rows = store.history(
+        agent.pid,
+        dev.index,
+        last=HISTORY_ROWS,
+        columns=("time", "allocated", "reserved", "torch_peak"),
+    )
+    marks = store.step_marks(agent.pid, dev.index, last=MARK_ROWS)
+    history = DeviceHistory(
+        time=tuple(rows.get("time", ())),
+        allocated=tuple(rows.get("allocated", ())),
+        reserved=tuple(rows.get("reserved", ())),
+        torch_peak=tuple(rows.get("torch_peak", ())),
+        mark_step=tuple(marks.get("step", ())),
+        mark_time=tuple(marks.get("time", ())),
+        mark_allocated=tuple(marks.get("allocated", ())),
+    )
+    return AgentDeviceObservation(
+        pid=agent.pid,
+        index=dev.index,
+        uuid=dev.uuid,
+        name=dev.name,
+        gpu=gpu,
+        sample=dev.latest,
+        peak_bytes=dev.latest.torch_peak,
+        sampled_peak_bytes=dev.peak_bytes,
+        nvml_used_bytes=nvml_used,
+        diagnosis=diagnosis,
+        history=history,
+    )
+
+
+def _used_history(store: Store, uuid: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    rows = store.device_used_history(uuid, last=HISTORY_ROWS)
+    return tuple(t for t, _ in rows), tuple(v for _, v in rows)
+
+
+def _gpus(
+    store: Store, reading: NvmlReading, devices: Sequence[AgentDeviceObservation]
+) -> tuple[GpuObservation, ...]:
+    """The driver's GPUs, each with the live agent devices on it (by UUID); then the GPUs only
+    agents know about (no driver view, or a UUID the driver does not list), whose account is
+    the agents' own mem_get_info."""
+    on_gpu: dict[str, list[AgentDeviceObservation]] = {}
+    for dev in devices:
+        on_gpu.setdefault(dev.uuid or f"{dev.pid}:{dev.index}", []).append(dev)
+    gpus = []
+    if reading.available:
+        for d in reading.devices:
+            on_it = on_gpu.pop(d.uuid, [])
+            gpus.append(
+                GpuObservation(
+                    index=d.index,
+                    uuid=d.uuid,
+                    name=d.name,
+                    total_bytes=d.total_bytes,
+                    used_bytes=d.used_bytes,
+                    free_bytes=d.free_bytes,
+                    utilization_percent=d.utilization_percent,
+                    temperature_c=d.temperature_c,
+                    source=d.source,
+                    error=d.error,
+                    processes=d.processes,
+                    agents=tuple(on_it),
+                    used_history=_used_history(store, d.uuid),
+                )
+            )
+    for uuid, on_it in on_gpu.items():
+        first = on_it[0].sample
+        gpus.append(
+            GpuObservation(
+                index=on_it[0].index,
+                uuid=on_it[0].uuid,
+                name=on_it[0].name,
+                total_bytes=first.total_bytes,
+                used_bytes=first.total_bytes - first.free_bytes,
+                free_bytes=first.free_bytes,
+                utilization_percent=None,
+                temperature_c=None,
+                source=SOURCE_AGENT,
+                error=None,
+                processes=tuple(GpuProcess(a.pid, None) for a in on_it),
+                agents=tuple(on_it),
+                used_history=_used_history(store, uuid),
+            )
+        )
+    gpus.sort(key=lambda g: (g.source == SOURCE_AGENT, g.index, g.uuid))
+    return tuple(gpus)
+
+
+def _facts(gpu: GpuObservation) -> GpuFacts:
+    """What the suggestion rules judge about one GPU."""
+    first = gpu.agents[0].diagnosis if gpu.agents else None
+    return GpuFacts(
+        uuid=gpu.uuid,
+        index=gpu.index,
+        name=gpu.name,
+        total_bytes=gpu.total_bytes or (first.total_bytes if first else 0),
+        used_bytes=gpu.used_bytes,
+        processes=tuple((p.pid, p.used_bytes) for p in gpu.processes if gpu.source != SOURCE_AGENT),
+        agents=tuple(a.diagnosis for a in gpu.agents),
+    )
+
+
+def _entries(
+    reading: NvmlReading,
+    agents: Sequence[AgentObservation],
+    infos: Mapping[int, ProcessInfo],
+) -> tuple[ProcessEntry, ...]:
+    """Agent devices joined with the driver's processes on (pid, GPU UUID); then the driver's
+    processes that have no agent."""
+    entries: list[ProcessEntry] = []
+    seen: set[tuple[int, str]] = set()
+    for agent in agents:
+        for dev in agent.devices:
+            seen.add((agent.pid, dev.uuid))
+            entries.append(
+                ProcessEntry(
+                    pid=agent.pid,
+                    gpu=dev.gpu,
+                    uuid=dev.uuid,
+                    used_bytes=dev.nvml_used_bytes,
+                    agent=agent,
+                    device=dev,
+                    info=agent.info,
+                )
+            )
+        if not agent.devices:  # not sampled yet, or unreachable
+            entries.append(ProcessEntry(agent.pid, None, None, None, agent, None, agent.info))
+    if reading.available:
+        for d in reading.devices:
+            for p in d.processes:
+                if (p.pid, d.uuid) not in seen:
+                    entries.append(
+                        ProcessEntry(
+                            p.pid, d.index, d.uuid, p.used_bytes, None, None, infos.get(p.pid)
+                        )
+                    )
+    entries.sort(key=lambda e: (e.gpu if e.gpu is not None else 1 << 30, e.pid))
+    return tuple(entries)
+
+
+def observe(store: Store, **kwargs: object) -> Observation:
+    """One observation of a store, with a fresh Diagnoser (a one-shot report)."""
+    return Observer(store, **kwargs).latest()  # type: ignore[arg-type]

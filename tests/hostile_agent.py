@@ -1,0 +1,211 @@
+"""Hostile agents for the viewer's tests: small socket servers that speak the wire protocol badly
+on purpose.  Run as a process of its own:
+
+    python tests/hostile_agent.py KIND DIRECTORY [--as-pid PID] [--uuid U] [--total N] [--log F]
+
+It binds `<pid>.sock` in DIRECTORY (its own pid, or `--as-pid`), prints "ready" and serves until
+killed.  KIND is one of:
+
+  deep       a `sample` reply nested 5000 levels deep (well under the 1 MiB frame cap)
+  wrongid    answers every request with an endless stream of frames carrying other ids
+  silent     accepts and reads, never answers
+  slow       answers correctly, 0.3 s late every time
+  impersonate  serves `<--as-pid>.sock` and says it is that pid, with 79 GiB and 99 OOMs
+  liar       says allocated > reserved > the device's total, and counters going backwards
+  escape     an honest agent whose argv carries terminal escape sequences
+  counter    a plain listener that only counts connections (into --log): a symlink target
+
+Every connection accepted is appended to `--log` (one line each) so a test can prove that the
+viewer never connected (or never sent a byte).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+
+HEADER = struct.Struct(">I")
+GiB = 1 << 30
+
+ESCAPE_ARGV = [
+    "train.py",
+    "\x1b]0;pwned-title\x07",  # window title
+    "\x1b[2J\x1b[H",  # clear screen
+    "\x1b]52;c;ZWNobyBwd25lZA==\x07",  # OSC 52 clipboard write
+    "\u202eevil",  # right-to-left override
+    "\x9b31m",  # C1 CSI
+]
+
+
+def frame(obj: object) -> bytes:
+    body = json.dumps(obj).encode() if not isinstance(obj, bytes) else obj
+    return HEADER.pack(len(body)) + body
+
+
+def read_frame(conn: socket.socket) -> dict | None:
+    header = b""
+    while len(header) < 4:
+        chunk = conn.recv(4 - len(header))
+        if not chunk:
+            return None
+        header += chunk
+    (length,) = HEADER.unpack(header)
+    body = b""
+    while len(body) < length:
+        chunk = conn.recv(length - len(body))
+        if not chunk:
+            return None
+        body += chunk
+    return json.loads(body)
+
+
+def stats(allocated: int, reserved: int, ooms: int = 0, retries: int = 0) -> dict[str, int]:
+    return {
+        "allocated_bytes.all.current": allocated,
+        "allocated_bytes.all.peak": allocated,
+        "reserved_bytes.all.current": reserved,
+        "reserved_bytes.large_pool.current": reserved,
+        "inactive_split_bytes.all.current": 0,
+        "inactive_split_bytes.large_pool.current": 0,
+        "num_alloc_retries": retries,
+        "num_ooms": ooms,
+    }
+
+
+class Hostile:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.kind = args.kind
+        self.pid = args.as_pid or os.getpid()
+        self.uuid = args.uuid
+        self.total = args.total
+        self.log = args.log
+        self.samples = 0
+        self.lock = threading.Lock()
+
+    def hello(self) -> dict:
+        argv = ESCAPE_ARGV if self.kind == "escape" else [f"hostile-{self.kind}.py"]
+        return {
+            "protocol": 1,
+            "pid": self.pid,
+            "argv": argv,
+            "python": "3.11",
+            "torch": "2.13",
+            "allocator_conf": "",
+            "devices": [
+                {"index": 0, "uuid": self.uuid, "name": "Sim GPU", "total_bytes": self.total}
+            ],
+        }
+
+    def sample(self) -> dict:
+        with self.lock:
+            self.samples += 1
+            n = self.samples
+        if self.kind == "impersonate":
+            device = {
+                "index": 0,
+                "stats": stats(79 * GiB, 79 * GiB, ooms=99),
+                "free_bytes": 0,
+                "total_bytes": self.total,
+            }
+        elif self.kind == "liar":
+            device = {
+                "index": 0,
+                "stats": stats(10 * self.total, 5 * self.total, ooms=max(0, 99 - n)),
+                "free_bytes": 0,
+                "total_bytes": self.total,
+            }
+        else:
+            device = {
+                "index": 0,
+                "stats": stats(GiB, 2 * GiB),
+                "free_bytes": self.total - 3 * GiB,
+                "total_bytes": self.total,
+            }
+        return {"time": time.time(), "step": n, "devices": [device], "step_marks": []}
+
+    def serve(self, conn: socket.socket) -> None:
+        try:
+            while True:
+                request = read_frame(conn)
+                if request is None:
+                    return
+                rid, cmd = request.get("id"), request.get("cmd")
+                if self.kind == "silent":
+                    continue
+                if self.kind == "wrongid":
+                    n = 0
+                    while True:
+                        n += 1
+                        conn.sendall(frame({"id": f"not-{rid}-{n}", "result": {}}))
+                        time.sleep(0.001)
+                if self.kind == "slow":
+                    time.sleep(0.3)
+                if cmd == "hello":
+                    result = self.hello()
+                elif cmd == "sample":
+                    if self.kind == "deep":
+                        depth = 5000
+                        conn.sendall(
+                            frame(b'{"id":%d,"result":' % rid + b"[" * depth + b"]" * depth + b"}")
+                        )
+                        continue
+                    result = self.sample()
+                elif cmd == "snapshot" and self.kind in ("escape", "slow"):
+                    # Claims success without writing anything.
+                    result = {"path": (request.get("args") or {}).get("path"), "devices": {}}
+                else:
+                    conn.sendall(
+                        frame({"id": rid, "error": {"code": "unavailable", "message": "no"}})
+                    )
+                    continue
+                conn.sendall(frame({"id": rid, "result": result}))
+        except OSError:
+            return
+        finally:
+            conn.close()
+
+    def run(self, directory: str) -> None:
+        path = os.path.join(directory, f"{self.pid}.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(64)
+        print("ready", flush=True)
+        while True:
+            conn, _ = listener.accept()
+            if self.log:
+                with open(self.log, "a") as fh:
+                    fh.write("connect\n")
+            if self.kind == "counter":
+                conn.settimeout(0.5)
+                try:
+                    data = conn.recv(65536)
+                except OSError:
+                    data = b""
+                if data and self.log:
+                    with open(self.log, "a") as fh:
+                        fh.write(f"bytes {len(data)}\n")
+                conn.close()
+                continue
+            threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("kind")
+    parser.add_argument("directory")
+    parser.add_argument("--as-pid", type=int, default=0)
+    parser.add_argument("--uuid", default="GPU-00000000-0000-0000-0000-000000000000")
+    parser.add_argument("--total", type=int, default=80 * GiB)
+    parser.add_argument("--log", default="")
+    args = parser.parse_args()
+    Hostile(args).run(args.directory)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
