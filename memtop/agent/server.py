@@ -335,6 +335,9 @@ class Agent:
         for conn in list(self._connections.values()):
             if conn.resume_at is not None and now >= conn.resume_at:
                 conn.resume_at = None
+                if conn.partial_since is not None:
+                    # We paused reading, not the viewer: its frame's clock restarts now.
+                    conn.partial_since = now
                 self._update_interest(conn)
 
     def _dispatch(self, key: selectors.SelectorKey, events: int) -> None:
@@ -371,8 +374,10 @@ class Agent:
                 and now - conn.last_request > IDLE_TIMEOUT_S
             ):
                 self._close(conn)
-            elif conn.partial_since is not None and now - conn.partial_since > (
-                PARTIAL_FRAME_TIMEOUT_S
+            elif (
+                conn.partial_since is not None
+                and conn.resume_at is None
+                and now - conn.partial_since > PARTIAL_FRAME_TIMEOUT_S
             ):
                 self._queue(
                     conn,
