@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuFacts
-from memtop.diagnosis.suggestions import suggest
+from memtop.diagnosis.stability import Stabilizer
 from memtop.model import (
     SOURCE_AGENT,
     AgentDeviceSample,
@@ -210,6 +210,8 @@ class Observer:
     ) -> None:
         self.store = store
         self.diagnoser = diagnoser if diagnoser is not None else Diagnoser()
+        # Suggestions with hysteresis and a minimum time on screen (no flicker, no reflow).
+        self.stabilizer = Stabilizer()
         self.clock = clock
         self.host = host if host is not None else os.uname().nodename
         self.uid = os.getuid() if uid is None else uid
@@ -279,7 +281,7 @@ class Observer:
             time=now,
             devices={(d.pid, d.index): d for d in diagnosed.values()},
             gpus=facts,
-            suggestions=tuple(suggest(facts)),
+            suggestions=tuple(self.stabilizer.suggest(facts, now)),
         )
         self.builds += 1
         return Observation(

@@ -9,7 +9,7 @@ agent.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +44,30 @@ ROOMY_USAGE = 0.70  # a bigger batch is suggested only below this usage
 BATCH_FACTOR_MIN = 1.3
 SAFETY_SHARE = 0.05  # of the device kept free when sizing a bigger batch
 
+# Hysteresis: a suggestion already on screen ("held") stays until its measure is clearly back,
+# not merely a hair under the line it crossed; a gauge hovering at 0.20 must not flap.  Shares
+# of the device move by HOLD_SHARE, other limits by HOLD_FACTOR of themselves.  The minimum
+# time on screen is memtop.diagnosis.stability's.
+HOLD_SHARE = 0.03
+HOLD_FACTOR = 0.15
+
+Key = tuple[str, int | None, int | None]  # (rule, pid, device): a suggestion's identity
+NOTHING_HELD: frozenset[Key] = frozenset()
+
+
+def _at_least(value: float, limit: float, held: bool, share: bool = False) -> bool:
+    """value ≥ limit, or for a held suggestion ≥ the lower exit limit."""
+    if held:
+        limit = limit - HOLD_SHARE if share else limit * (1 - HOLD_FACTOR)
+    return value >= limit
+
+
+def _below(value: float, limit: float, held: bool, share: bool = False) -> bool:
+    """value < limit, or for a held suggestion < the higher exit limit."""
+    if held:
+        limit = limit + HOLD_SHARE if share else limit * (1 + HOLD_FACTOR)
+    return value < limit
+
 
 @dataclass(frozen=True, slots=True)
 class Suggestion:
@@ -70,8 +94,13 @@ class Suggestion:
             "effect_bytes": self.effect_bytes,
         }
 
+    @property
+    def key(self) -> Key:
+        return (self.rule, self.pid, self.device)
 
-Rule = Callable[[GpuFacts], Iterable[Suggestion]]
+
+# A rule judges one GPU; `held` holds the keys of the suggestions on screen now (hysteresis).
+Rule = Callable[..., Iterable[Suggestion]]
 
 
 def _pct(share: float) -> str:
@@ -85,15 +114,19 @@ def _heaviest(gpu: GpuFacts) -> DeviceDiagnosis | None:
 # ------------------------------------------------------------------------------ the rules
 
 
-def usage(gpu: GpuFacts) -> Iterable[Suggestion]:
+def usage(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable[Suggestion]:
     """85 % warning, 90 % critical, 95 % emergency of the device's memory in use."""
     share = gpu.used_share
     if share is None or gpu.used_bytes is None:
         return
-    severity = next((level for limit, level in USAGE_LEVELS if share >= limit), None)
+    heaviest = _heaviest(gpu)
+    key = ("usage", heaviest.pid if heaviest else None, heaviest.index if heaviest else gpu.index)
+    was = key in held
+    severity = next(
+        (level for limit, level in USAGE_LEVELS if _at_least(share, limit, was, share=True)), None
+    )
     if severity is None:
         return
-    heaviest = _heaviest(gpu)
     evidence = f"{format_bytes(gpu.used_bytes)} of {format_bytes(gpu.total_bytes)} used"
     if heaviest is not None:
         evidence += (
@@ -126,7 +159,7 @@ def usage(gpu: GpuFacts) -> Iterable[Suggestion]:
     )
 
 
-def out_of_memory(gpu: GpuFacts) -> Iterable[Suggestion]:
+def out_of_memory(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable[Suggestion]:
     for agent in gpu.agents:
         p = agent.pressure
         recent = p.ooms_recent if p.ooms_recent is not None else p.ooms
@@ -151,18 +184,18 @@ def out_of_memory(gpu: GpuFacts) -> Iterable[Suggestion]:
         )
 
 
-def expandable_segments(gpu: GpuFacts) -> Iterable[Suggestion]:
+def expandable_segments(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable[Suggestion]:
     """Split segments or allocator retries → expandable_segments:True (not if already set)."""
     for agent in gpu.agents:
+        was = ("expandable_segments", agent.pid, agent.index) in held
         conf = agent.allocator_conf
         if has_expandable_segments(conf) or uses_async_backend(conf):
             continue
         frag = agent.fragmentation
         p = agent.pressure
         retries = p.retries_recent if p.retries_recent is not None else p.retries
-        fragmented = (
-            frag.gauge_smoothed >= FRAGMENTATION_GAUGE
-            and frag.inactive_split_bytes >= FRAGMENTATION_MIN_BYTES
+        fragmented = _at_least(frag.gauge_smoothed, FRAGMENTATION_GAUGE, was) and _at_least(
+            frag.inactive_split_bytes, FRAGMENTATION_MIN_BYTES, was
         )
         if not fragmented and retries <= 0:
             continue
@@ -175,7 +208,7 @@ def expandable_segments(gpu: GpuFacts) -> Iterable[Suggestion]:
         if retries > 0:
             evidence.append(f"{retries} allocator retries (cache flushed to satisfy a request)")
         share = gpu.used_share or 0.0
-        severity = CRITICAL if retries > 0 and share >= 0.90 else WARNING
+        severity = CRITICAL if retries > 0 and _at_least(share, 0.90, was, share=True) else WARNING
         options = parse_allocator_conf(conf)
         options["expandable_segments"] = "True"
         value = ",".join(f"{k}:{v}" for k, v in options.items())
@@ -207,7 +240,7 @@ LEAK_CULPRITS = (
 )
 
 
-def leak(gpu: GpuFacts) -> Iterable[Suggestion]:
+def leak(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable[Suggestion]:
     for agent in gpu.agents:
         estimate = agent.leak
         if not estimate.detected:
@@ -249,11 +282,12 @@ def leak(gpu: GpuFacts) -> Iterable[Suggestion]:
         )
 
 
-def eight_bit_optimizer(gpu: GpuFacts) -> Iterable[Suggestion]:
+def eight_bit_optimizer(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable[Suggestion]:
     for agent in gpu.agents:
+        was = ("8bit_optimizer", agent.pid, agent.index) in held
         state = (agent.breakdown or {}).get("optimizer_state", 0)
         peak = agent.peak_bytes
-        if state < BIG_ENOUGH or peak <= 0 or state < OPTIMIZER_SHARE * peak:
+        if peak <= 0 or not _at_least(state, max(BIG_ENOUGH, OPTIMIZER_SHARE * peak), was):
             continue
         saving = state * 3 // 4  # fp32 moments (4 bytes) → 8-bit (1 byte)
         yield Suggestion(
@@ -272,11 +306,13 @@ def eight_bit_optimizer(gpu: GpuFacts) -> Iterable[Suggestion]:
         )
 
 
-def bf16_parameters(gpu: GpuFacts) -> Iterable[Suggestion]:
+def bf16_parameters(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable[Suggestion]:
     for agent in gpu.agents:
+        was = ("bf16_parameters", agent.pid, agent.index) in held
         breakdown = agent.breakdown or {}
         fp32 = breakdown.get("fp32_parameter_bytes", 0)
-        if fp32 < BIG_ENOUGH or agent.peak_bytes <= 0 or fp32 < FP32_SHARE * agent.peak_bytes:
+        limit = max(BIG_ENOUGH, FP32_SHARE * agent.peak_bytes)
+        if agent.peak_bytes <= 0 or not _at_least(fp32, limit, was):
             continue
         # Weights halve; their gradients, when they exist at the peak, halve with them.
         saving = fp32 // 2 + min(breakdown.get("gradients", 0), fp32) // 2
@@ -299,25 +335,29 @@ def bf16_parameters(gpu: GpuFacts) -> Iterable[Suggestion]:
         )
 
 
-def gradient_checkpointing(gpu: GpuFacts) -> Iterable[Suggestion]:
+def gradient_checkpointing(
+    gpu: GpuFacts, held: Container[Key] = NOTHING_HELD
+) -> Iterable[Suggestion]:
     share_used = gpu.used_share or 0.0
     for agent in gpu.agents:
+        was = ("gradient_checkpointing", agent.pid, agent.index) in held
         breakdown = agent.breakdown
         if breakdown is None or agent.peak_bytes <= 0:
             continue
         retries = agent.pressure.retries_recent or 0
-        if share_used < TIGHT_USAGE and retries <= 0:
+        if not _at_least(share_used, TIGHT_USAGE, was, share=True) and retries <= 0:
             continue  # memory is not short: recomputation would only cost time
         static = breakdown.get("parameters", 0) + breakdown.get("optimizer_state", 0)
         activations = agent.peak_bytes - static
-        if activations < BIG_ENOUGH or activations < ACTIVATION_SHARE * agent.peak_bytes:
+        limit = max(BIG_ENOUGH, ACTIVATION_SHARE * agent.peak_bytes)
+        if not _at_least(activations, limit, was):
             continue
         # Checkpointing every block keeps one input per block instead of all its
         # intermediates; two thirds of the activations is a typical saving.
         saving = activations * 2 // 3
         yield Suggestion(
             rule="gradient_checkpointing",
-            severity=WARNING if share_used >= 0.85 else INFO,
+            severity=WARNING if _at_least(share_used, 0.85, was, share=True) else INFO,
             pid=agent.pid,
             device=agent.index,
             title=f"Activations are {_pct(activations / agent.peak_bytes)} of the peak",
@@ -334,7 +374,9 @@ def gradient_checkpointing(gpu: GpuFacts) -> Iterable[Suggestion]:
         )
 
 
-def cleanup_for_neighbour(gpu: GpuFacts) -> Iterable[Suggestion]:
+def cleanup_for_neighbour(
+    gpu: GpuFacts, held: Container[Key] = NOTHING_HELD
+) -> Iterable[Suggestion]:
     """Cache one process holds while another on the same GPU is short → cleanup."""
     if gpu.process_count < 2:
         return
@@ -343,14 +385,16 @@ def cleanup_for_neighbour(gpu: GpuFacts) -> Iterable[Suggestion]:
         for a in gpu.agents
         if (a.pressure.retries_recent or 0) > 0 or (a.pressure.ooms_recent or 0) > 0
     ]
-    device_short = (gpu.used_share or 0.0) >= 0.90
+    any_held = any(("cleanup", a.pid, a.index) in held for a in gpu.agents)
+    device_short = _at_least(gpu.used_share or 0.0, 0.90, any_held, share=True)
     if not short and not device_short:
         return
     for agent in gpu.agents:
+        was = ("cleanup", agent.pid, agent.index) in held
         others = [a for a in short if a.pid != agent.pid]
         if short and not others:
             continue  # only this process is short: its own cache is already available to it
-        if agent.releasable_bytes < CLEANUP_MIN_BYTES:
+        if not _at_least(agent.releasable_bytes, CLEANUP_MIN_BYTES, was):
             continue
         who = f"pid {others[0].pid}" if others else "other processes"
         yield Suggestion(
@@ -373,18 +417,21 @@ def cleanup_for_neighbour(gpu: GpuFacts) -> Iterable[Suggestion]:
         )
 
 
-def bigger_batch(gpu: GpuFacts) -> Iterable[Suggestion]:
+def bigger_batch(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable[Suggestion]:
     share = gpu.used_share
-    if share is None or share >= ROOMY_USAGE or gpu.process_count != 1 or len(gpu.agents) != 1:
+    if share is None or gpu.process_count != 1 or len(gpu.agents) != 1:
         return
     agent = gpu.agents[0]
+    was = ("bigger_batch", agent.pid, agent.index) in held
+    if not _below(share, ROOMY_USAGE, was, share=True):
+        return
     transient = agent.transient_bytes
     if agent.leak.detected or transient is None or transient < 64 * MiB:
         return
     free = gpu.total_bytes - (gpu.used_bytes or 0)
     headroom = free + agent.releasable_bytes - int(SAFETY_SHARE * gpu.total_bytes)
     factor = 1 + headroom / transient
-    if factor < BATCH_FACTOR_MIN:
+    if not _at_least(factor - 1, BATCH_FACTOR_MIN - 1, was):
         return
     yield Suggestion(
         rule="bigger_batch",
@@ -418,8 +465,13 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def suggest(gpus: Iterable[GpuFacts], rules: Iterable[Rule] = RULES) -> list[Suggestion]:
-    """Every rule over every GPU, most severe first."""
+def suggest(
+    gpus: Iterable[GpuFacts],
+    rules: Iterable[Rule] = RULES,
+    held: Container[Key] = NOTHING_HELD,
+) -> list[Suggestion]:
+    """Every rule over every GPU, most severe first.  `held`: the suggestions on screen now,
+    judged against their exit limits (hysteresis)."""
     rules = tuple(rules)
-    found = [s for gpu in gpus for rule in rules for s in rule(gpu)]
+    found = [s for gpu in gpus for rule in rules for s in rule(gpu, held=held)]
     return sorted(found, key=lambda s: (-Severity(s.severity).rank, s.pid or 0, s.device or 0))

@@ -1,0 +1,92 @@
+"""Suggestions that neither flicker nor reflow the list (issue 12).
+
+The rules judge one round at a time; a measure hovering at a threshold (a fragmentation gauge
+around 0.20, usage around 85 %) would switch its suggestion on and off every few seconds, and
+a severity that changes re-sorts the pane under the user's cursor.  `Stabilizer` sits between
+the rules and every consumer:
+
+- hysteresis: a suggestion on screen is judged against its rule's exit limit (the rules take
+  `held`, see `suggestions._at_least`), not the entry limit;
+- minimum dwell: once shown, a suggestion stays at least MIN_DWELL_S, and GRACE_S after its
+  rule last fired (with the figures of that last firing);
+- severity falls only after it has held MIN_DWELL_S at the higher level (it rises at once).
+
+A suggestion of a process that is gone goes at once: there is nothing left to act on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+
+from memtop.diagnosis.facts import GpuFacts
+from memtop.diagnosis.suggestions import RULES, Key, Rule, Suggestion, suggest
+from memtop.model import Severity
+
+MIN_DWELL_S = 60.0
+GRACE_S = 30.0
+
+
+@dataclass
+class _Shown:
+    suggestion: Suggestion
+    since: float  # when it appeared
+    fired: float  # when its rule last fired
+    severity_since: float  # when its shown severity was last raised (or set)
+
+
+class Stabilizer:
+    """Keeps what is on screen from one round to the next; one per running viewer."""
+
+    def __init__(
+        self,
+        rules: Iterable[Rule] = RULES,
+        min_dwell_s: float = MIN_DWELL_S,
+        grace_s: float = GRACE_S,
+    ) -> None:
+        self.rules = tuple(rules)
+        self.min_dwell_s = min_dwell_s
+        self.grace_s = grace_s
+        self._shown: dict[Key, _Shown] = {}
+
+    def suggest(self, gpus: Iterable[GpuFacts], now: float) -> list[Suggestion]:
+        gpus = tuple(gpus)
+        live = {(a.pid, a.index) for g in gpus for a in g.agents}
+        gpu_indexes = {g.index for g in gpus}
+        fired = {s.key: s for s in suggest(gpus, self.rules, held=self._shown.keys())}
+        shown: dict[Key, _Shown] = {}
+        for key, new in fired.items():
+            old = self._shown.get(key)
+            if old is None:
+                shown[key] = _Shown(new, now, now, now)
+                continue
+            rank_new, rank_old = Severity(new.severity).rank, Severity(old.suggestion.severity).rank
+            if rank_new >= rank_old:
+                raised = now if rank_new > rank_old else old.severity_since
+                shown[key] = _Shown(new, old.since, now, raised)
+            elif now - old.severity_since < self.min_dwell_s:
+                # Lower now, but the higher level has not held its dwell: keep it.
+                kept = replace(new, severity=old.suggestion.severity)
+                shown[key] = _Shown(kept, old.since, now, old.severity_since)
+            else:
+                shown[key] = _Shown(new, old.since, now, now)
+        for key, old in self._shown.items():
+            if key in shown:
+                continue
+            s = old.suggestion
+            gone = (s.pid is not None and (s.pid, s.device) not in live) or (
+                s.pid is None and s.device is not None and s.device not in gpu_indexes
+            )
+            if gone:
+                continue
+            if now - old.since < self.min_dwell_s or now - old.fired < self.grace_s:
+                shown[key] = old
+        self._shown = shown
+        ordered = [entry.suggestion for entry in shown.values()]
+        # The same order as `suggest`, with first appearance breaking ties: a list that only
+        # grows at the end of its severity never moves the row under the cursor.
+        since = {key: entry.since for key, entry in shown.items()}
+        return sorted(
+            ordered,
+            key=lambda s: (-Severity(s.severity).rank, s.pid or 0, s.device or 0, since[s.key]),
+        )

@@ -1,0 +1,104 @@
+"""Suggestions neither flicker nor reflow (issue 12): hysteresis in every threshold rule and a
+minimum time on screen, on synthetic facts and over 3 simulated minutes of the fragment
+scenario (a real trainer, the real agent and sampler; the viewer's clock runs 10× fast)."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from test_suggestions import GiB, device, frag, gpu
+
+from memtop.diagnosis import Diagnoser
+from memtop.diagnosis import suggestions as rules
+from memtop.diagnosis.stability import MIN_DWELL_S, Stabilizer
+from memtop.observation import Observer
+from memtop.sampler import Sampler
+from memtop.sim.demo import Demo
+from memtop.sources.agents import AgentPool
+from memtop.sources.devices import DefaultDeviceSource
+from memtop.store import Store
+
+
+def fragmented(gauge: float):
+    return gpu(device(fragmentation=frag(gauge, 2 * GiB)))
+
+
+def flips(history: list[set[tuple]]) -> dict[tuple, int]:
+    """How many times each suggestion appeared or disappeared after its first appearance."""
+    counts: dict[tuple, int] = defaultdict(int)
+    for before, after in zip(history, history[1:], strict=False):
+        for key in before ^ after:
+            counts[key] += 1
+    return counts
+
+
+def test_gauge_hovering_at_the_line_flaps_raw_but_not_stabilized():
+    gauges = [0.21, 0.19, 0.205, 0.18, 0.22, 0.19] * 10  # one reading a second for a minute
+    raw = [{s.key for s in rules.suggest([fragmented(g)])} for g in gauges]
+    stable = Stabilizer()
+    shown = [{s.key for s in stable.suggest([fragmented(g)], t)} for t, g in enumerate(gauges)]
+    assert max(flips(raw).values()) > 10  # the raw rules do flap
+    assert all(keys == shown[0] for keys in shown) and shown[0]
+
+
+def test_hysteresis_keeps_a_held_suggestion_until_clearly_below():
+    key = ("expandable_segments", 100, 0)
+    assert not list(rules.expandable_segments(fragmented(0.18)))
+    assert list(rules.expandable_segments(fragmented(0.18), held={key}))
+    assert not list(rules.expandable_segments(fragmented(0.15), held={key}))
+    usage = gpu(device(reserved=67 * GiB), used=67 * GiB)  # 83.75 %: under 85 %
+    assert not list(rules.usage(usage))
+    assert list(rules.usage(usage, held={("usage", 100, 0)}))
+
+
+def test_a_suggestion_goes_after_its_dwell_and_a_gone_process_at_once():
+    stable = Stabilizer(rules=[rules.expandable_segments])
+    assert stable.suggest([fragmented(0.3)], 0.0)
+    assert stable.suggest([fragmented(0.05)], 10.0)  # dwell: still shown
+    assert not stable.suggest([fragmented(0.05)], MIN_DWELL_S + 1)
+    assert stable.suggest([fragmented(0.3)], 100.0)
+    assert not stable.suggest([gpu(used=GiB)], 101.0)  # its process is gone
+
+
+def test_severity_falls_only_after_its_dwell():
+    stable = Stabilizer(rules=[rules.usage])
+    high = gpu(device(reserved=77 * GiB), used=77 * GiB)  # 96 %: emergency
+    low = gpu(device(reserved=73 * GiB), used=73 * GiB)  # 91 %: critical
+    assert stable.suggest([high], 0)[0].severity == "emergency"
+    assert stable.suggest([low], 5)[0].severity == "emergency"
+    assert stable.suggest([low], MIN_DWELL_S + 1)[0].severity == "critical"
+
+
+@pytest.mark.slow
+def test_three_minutes_of_the_fragment_scenario_flip_each_suggestion_at_most_once(
+    socket_dir: Path,
+):
+    demo = Demo(gpus=1, scenario="fragment", step_time=0.02, socket_dir=socket_dir)
+    demo.start()
+    store = Store()
+    sampler = Sampler(
+        store, DefaultDeviceSource(socket_dir, simulated_only=True), AgentPool(socket_dir)
+    )
+    clock = [time.time()]
+    observer = Observer(store, Diagnoser(leak_refresh_s=0.0), clock=lambda: clock[0])
+    try:
+        assert demo.wait_ready(30)
+        shown: list[set[tuple]] = []
+        raw: list[set[tuple]] = []
+        for _ in range(180):  # 3 minutes at one round a simulated second
+            sampler.sample_once()
+            obs = observer.latest()
+            shown.append({s.key for s in obs.diagnosis.suggestions})
+            raw.append({s.key for s in rules.suggest(obs.diagnosis.gpus)})
+            clock[0] += 1.0
+            time.sleep(0.1)  # 5 trainer steps between rounds
+    finally:
+        sampler.stop()
+        demo.stop()
+    assert any(shown), "the fragment scenario suggested nothing"
+    counts = flips(shown)
+    print(f"raw flips {dict(flips(raw))}, stabilized {dict(counts)}")
+    assert all(n <= 1 for n in counts.values()), counts
