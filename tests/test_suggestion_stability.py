@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,7 @@ def fragmented(gauge: float):
 def flips(history: list[set[tuple]]) -> dict[tuple, int]:
     """How many times each suggestion appeared or disappeared after its first appearance."""
     counts: dict[tuple, int] = defaultdict(int)
-    for before, after in zip(history, history[1:], strict=False):
+    for before, after in pairwise(history):
         for key in before ^ after:
             counts[key] += 1
     return counts
