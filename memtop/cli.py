@@ -129,7 +129,7 @@ def _run(rest: list[str]) -> int:
     if not rest or rest[0] in ("-h", "--help"):
         print(usage, file=sys.stdout if rest else sys.stderr)
         return EXIT_OK if rest else EXIT_USAGE
-    from memtop.agent.launcher import run_program
+    from memtop.agent.launcher import LaunchError, run_program
 
     if rest[0] == "-m":
         if len(rest) < 2:
@@ -138,11 +138,12 @@ def _run(rest: list[str]) -> int:
         target, args, as_module = rest[1], rest[2:], True
     else:
         target, args, as_module = rest[0], rest[1:], False
-        if not os.path.exists(target):
-            print(f"memtop: no such file: {target}", file=sys.stderr)
-            return EXIT_ERROR
     try:
-        run_program(target, args, as_module)
+        return run_program(target, args, as_module)
+    except LaunchError as exc:
+        # Python's own one line (and exit code) for a target it cannot run.
+        print(f"memtop run: {exc}", file=sys.stderr)
+        return exc.code
     except SystemExit as exc:
         code = exc.code
         if code is None:
@@ -151,7 +152,6 @@ def _run(rest: list[str]) -> int:
             return code
         print(code, file=sys.stderr)
         return EXIT_ERROR
-    return EXIT_OK
 
 
 def _make_sampler(args: argparse.Namespace, simulated_only: bool = False):  # type: ignore[no-untyped-def]

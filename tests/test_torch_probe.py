@@ -337,6 +337,12 @@ def test_memtop_run_example_is_visible_to_a_viewer(socket_dir: Path):
         with AgentClient(trainer.pid, directory=socket_dir) as client:
             hello = client.connect()
             assert hello.pid == trainer.pid
+            # The agent starts before the program imports torch (memtop run loads no torch
+            # itself); its hello names torch once the program has imported it.
+            while hello.torch is None:
+                assert time.monotonic() < deadline, "hello never named torch"
+                time.sleep(0.1)
+                hello = client.refresh_hello()
             assert hello.torch == torch.__version__
             assert hello.devices == ()
             assert hello.argv[0] == "examples/train_cpu.py"  # the program, not memtop

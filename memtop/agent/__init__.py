@@ -38,9 +38,10 @@ def start_agent(
             return _agent
         try:
             if probe is None:
-                from memtop.agent.torch_probe import TorchProbe
+                # torch is loaded when the program loads it, not before (`memtop run`, attach).
+                from memtop.agent.lazy_probe import LazyTorchProbe
 
-                probe = TorchProbe()
+                probe = LazyTorchProbe()
             from memtop.agent.server import Agent
 
             agent = Agent(probe, Path(socket_dir) if socket_dir else None, argv=argv)

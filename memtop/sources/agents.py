@@ -55,6 +55,8 @@ class AgentTimeout(AgentUnreachable):
 
 # Frames with another id a reply may be preceded by before the agent counts as flooding.
 MAX_STRAY_FRAMES = 32
+# An agent that had no torch yet when it said hello is asked again this often.
+HELLO_REFRESH_S = 5.0
 
 
 def _recv_exactly(sock: socket.socket, size: int, deadline: float) -> bytes:
@@ -101,6 +103,7 @@ class AgentClient:
         self._sock: socket.socket | None = None
         self._next_id = 1
         self.hello: AgentHello | None = None
+        self.hello_at = 0.0
 
     def connect(self, timeout: float | None = None) -> AgentHello:
         """Connect, authenticate the server and read its `hello`, all within `timeout`."""
@@ -126,6 +129,35 @@ class AgentClient:
                 f"refused: the agent behind the socket of pid {self.pid} says it is pid {hello.pid}"
             )
         self.hello = hello
+        self.hello_at = time.monotonic()
+        return hello
+
+    def hello_is_stale(self, sample: AgentSample) -> bool:
+        """Whether the agent has changed since its hello: it uses a device the hello did not
+        list (CUDA initialised after the agent started), or it had no torch yet (an agent
+        started before the program imported torch: asked again every HELLO_REFRESH_S)."""
+        hello = self.hello
+        if hello is None:
+            return False
+        listed = {d.index for d in hello.devices}
+        if any(d.index not in listed for d in sample.devices):
+            return True
+        return hello.torch is None and time.monotonic() - self.hello_at >= HELLO_REFRESH_S
+
+    def refresh_hello(self, timeout: float | None = None) -> AgentHello:
+        """Ask for `hello` again on this connection (same pid checks as on connect)."""
+        try:
+            hello = protocol.parse_hello(self.request("hello", None, timeout))
+        except protocol.ProtocolError as exc:
+            self.close()
+            raise AgentUnreachable(f"bad hello from the agent of pid {self.pid}: {exc}") from None
+        if hello.pid != self.pid:
+            self.close()
+            raise AgentRefused(
+                f"refused: the agent behind the socket of pid {self.pid} says it is pid {hello.pid}"
+            )
+        self.hello = hello
+        self.hello_at = time.monotonic()
         return hello
 
     @property
@@ -524,7 +556,10 @@ class AgentPool:
         def job() -> None:
             if not client.connected:
                 inbox.append(("hello", client.connect()))
-            inbox.append(("sample", client.sample()))
+            sample = client.sample()
+            if client.hello_is_stale(sample):
+                inbox.append(("hello", client.refresh_hello()))
+            inbox.append(("sample", sample))
             for cmd in extras:
                 # An agent without the command (another implementation of the protocol) is
                 # still a fine agent: the dashboard just goes without that figure.
