@@ -76,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     snapshot.add_argument("--json", action="store_true")
 
     sub.add_parser("run", help="run a Python program with the agent: run [--] script.py args")
+
+    from memtop.estimate.command import add_arguments as add_estimate_arguments
+
+    add_estimate_arguments(
+        sub.add_parser("estimate", help="will a training run fit: memory per GPU, before the run")
+    )
     return parser
 
 
@@ -106,6 +112,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return _cleanup(args)
         if args.command == "snapshot":
             return _snapshot(args)
+        if args.command == "estimate":
+            return _estimate(args)
         if args.once:
             return _once(args)
         return _watch(args, simulated_only=False)
@@ -359,6 +367,15 @@ def _snapshot(args: argparse.Namespace) -> int:
             f"external fragmentation {dev['external_fragmentation']:.2f}"
         )
     return EXIT_OK
+
+
+def _estimate(args: argparse.Namespace) -> int:
+    from memtop.estimate.command import EstimateError, run
+
+    try:
+        return run(args)
+    except EstimateError as exc:
+        raise CliError(str(exc)) from None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,153 @@
+"""`memtop estimate`: its arguments and what it prints.  The arithmetic is in memory.py; this
+module only turns arguments into a Setup, finds the GPUs to fit in and prints."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from memtop.estimate.architecture import (
+    PRESETS,
+    Architecture,
+    ArchitectureError,
+    assumed_shape,
+    load_hf_config,
+    parse_count,
+)
+from memtop.estimate.gpus import NAMED_GPUS, named_gpu
+from memtop.estimate.memory import (
+    ATTENTION,
+    CHECKPOINTING,
+    DTYPE_BYTES,
+    OPTIMIZERS,
+    Setup,
+    estimate,
+)
+from memtop.estimate.render import Target, to_json, to_text
+
+
+class EstimateError(Exception):
+    """One line for the user (exit code 1)."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    model = parser.add_mutually_exclusive_group(required=True)
+    model.add_argument("--preset", choices=sorted(PRESETS), help="a known architecture")
+    model.add_argument("--config", type=Path, help="a local Hugging Face config.json (or its dir)")
+    model.add_argument("--params", help="a parameter count (7e9, 7B, 134M); the shape is assumed")
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPE_BYTES))
+    parser.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
+    parser.add_argument(
+        "--master-weights", action="store_true", help="an fp32 copy of 16-bit trainable weights"
+    )
+    parser.add_argument(
+        "--autocast", action="store_true", help="fp32 weights, 16-bit activations (torch.autocast)"
+    )
+    parser.add_argument("--lora-rank", type=int, default=0, help="train LoRA adapters of this rank")
+    parser.add_argument(
+        "--lora-targets",
+        default="",
+        help="comma-separated matrices (q_proj,v_proj,... or all-linear; default PEFT's)",
+    )
+    parser.add_argument(
+        "--qlora", action="store_true", help="4-bit NF4 base under LoRA (default rank 16)"
+    )
+    parser.add_argument("--quantize-base", choices=["4bit", "8bit"], default=None)
+    parser.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage")
+    parser.add_argument("--gpus", type=int, default=1, help="data-parallel GPUs (for ZeRO)")
+    parser.add_argument(
+        "--checkpointing", default="none", choices=CHECKPOINTING, help="activation recomputation"
+    )
+    parser.add_argument(
+        "--attention",
+        default="sdpa",
+        choices=ATTENTION,
+        help="sdpa (fused, the default of torch and transformers) or eager (stores the scores)",
+    )
+    parser.add_argument("--batch", type=int, default=1, help="micro-batch per GPU")
+    parser.add_argument("--seq", type=int, default=2048, help="sequence length in tokens")
+    parser.add_argument(
+        "--gpu",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help=f"fit in this GPU ({', '.join(NAMED_GPUS)}); default: this machine's GPUs",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON")
+
+
+def architecture(args: argparse.Namespace) -> Architecture:
+    if args.preset:
+        return PRESETS[args.preset]
+    if args.config is not None:
+        return load_hf_config(args.config)
+    return assumed_shape(parse_count(args.params))
+
+
+def setup_from(args: argparse.Namespace) -> Setup:
+    rank = args.lora_rank
+    quantize = args.quantize_base
+    if args.qlora:
+        quantize = quantize or "4bit"
+        rank = rank or 16
+    targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
+    if targets and not rank:
+        raise EstimateError("--lora-targets needs --lora-rank")
+    return Setup(
+        dtype=args.dtype,
+        optimizer=args.optimizer,
+        master_weights=args.master_weights,
+        autocast=args.autocast,
+        lora_rank=rank,
+        lora_targets=targets,
+        quantize_base=quantize,
+        zero_stage=args.zero,
+        gpus=args.gpus,
+        checkpointing=args.checkpointing,
+        attention=args.attention,
+        batch=args.batch,
+        seq=args.seq,
+    )
+
+
+def targets_from(names: list[str]) -> list[Target]:
+    if names:
+        targets = []
+        for name in names:
+            found = named_gpu(name)
+            if found is None:
+                raise EstimateError(f"unknown GPU {name!r}; known: {', '.join(NAMED_GPUS)}")
+            targets.append(Target(found[0], found[1], "named"))
+        return targets
+    return local_gpus()
+
+
+def local_gpus() -> list[Target]:
+    """This machine's GPUs through NVML; none (no verdict) when there is no driver."""
+    from memtop.sources.nvml import NvmlSource
+
+    source = NvmlSource()
+    try:
+        reading = source.read()
+    finally:
+        source.close()
+    return [
+        Target(d.name, d.total_bytes, "nvml", d.index) for d in reading.devices if d.total_bytes
+    ]
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        arch = architecture(args)
+        est = estimate(arch, setup_from(args))
+    except ArchitectureError as exc:
+        raise EstimateError(str(exc)) from None
+    targets = targets_from(args.gpu)
+    if args.json:
+        print(json.dumps(to_json(est, targets), indent=2))
+    else:
+        print(to_text(est, targets))
+        if not targets:
+            print("no GPU found here: name one with --gpu (e.g. --gpu h100-80gb)")
+    return 0

@@ -1,0 +1,31 @@
+"""Capacities of GPUs by name, as the driver reports their total memory (nvidia-smi's MiB)."""
+
+from __future__ import annotations
+
+from memtop.units import MiB
+
+# The H100's figure is what its driver reported in shared/traces/cuda-h100; the others are
+# nvidia-smi's "Total" of each board.
+NAMED_GPUS: dict[str, int] = {
+    "h100-80gb": 85_017_493_504,
+    "h100-94gb": 95_830 * MiB,
+    "h200": 143_771 * MiB,
+    "a100-80gb": 81_920 * MiB,
+    "a100-40gb": 40_960 * MiB,
+    "l40s": 46_068 * MiB,
+    "a10g": 23_028 * MiB,
+    "l4": 23_034 * MiB,
+    "rtx4090": 24_564 * MiB,
+    "rtx3090": 24_576 * MiB,
+    "v100-32gb": 32_768 * MiB,
+    "v100-16gb": 16_384 * MiB,
+    "t4": 15_360 * MiB,
+}
+ALIASES = {"h100": "h100-80gb", "a100": "a100-80gb", "v100": "v100-32gb"}
+
+
+def named_gpu(name: str) -> tuple[str, int] | None:
+    key = name.strip().lower().replace("_", "-")
+    key = ALIASES.get(key, key)
+    capacity = NAMED_GPUS.get(key)
+    return (key, capacity) if capacity is not None else None

@@ -1,0 +1,260 @@
+"""Bytes per GPU of one training setup: weights, gradients, optimizer state, activations and
+what CUDA itself takes, and the largest micro-batch that fits.
+
+The model states follow the ZeRO paper's accounting (Rajbhandari et al. 2020): stage 1
+partitions the optimizer state (fp32 master weights included) over the data-parallel GPUs,
+stage 2 the gradients too, stage 3 the parameters too.  Activations follow Korthikanti et al.
+2022, "Reducing Activation Recomputation in Large Transformer Models", eq. 1: per layer
+s·b·h·(34 + 5·a·s/h) bytes in 16-bit (the 5·a·s/h term is the attention score matrices, which
+fused attention - SDPA / FlashAttention, the default of PyTorch and transformers - never stores),
+and 2·s·b·h per layer with full recomputation plus one layer's activations recomputed at a time.
+Added to that: the logits and the loss's fp32 copies, which dominate at large vocabularies
+and which the paper leaves out, and autocast's cache of 16-bit weight copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from memtop.estimate.architecture import Architecture, ArchitectureError
+from memtop.units import MiB
+
+DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
+# QLoRA's NF4 with double quantization: 4 bits + 8-bit absmax per 64 values + an fp32 second
+# level constant per 256 blocks = 4.127 bits a parameter (Dettmers et al. 2023, §3).
+QUANT_BYTES = {"4bit": (4 + 8 / 64 + 32 / (64 * 256)) / 8, "8bit": 1.0}
+OPTIMIZERS = ("adamw", "adam", "adamw-8bit", "sgd", "sgd-momentum", "adafactor", "lion")
+ATTENTION = ("sdpa", "eager")
+CHECKPOINTING = ("none", "full")
+
+CUDA_CONTEXT_BYTES = 512 * MiB  # the CUDA context and kernels of torch (lazy loading), measured
+WORKSPACE_BYTES = 32 * MiB  # cuBLAS workspace of one stream on Hopper (4 MiB × 8)
+NCCL_BYTES = 512 * MiB  # NCCL communicators and buffers when several GPUs train together
+# What the caching allocator's rounding and fragmentation keep out of reach: memtop calls a
+# setup that needs more than this share of the GPU "does not fit".
+USABLE_SHARE = 0.95
+BNB_BLOCK = 2048  # bitsandbytes' 8-bit optimizers: one fp32 absmax per 2048 values per state
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """How the model is trained.  `batch` is the micro-batch per GPU."""
+
+    dtype: str = "bf16"  # the trainable parameters (and so their gradients)
+    optimizer: str = "adamw"
+    master_weights: bool = False  # an fp32 copy of 16-bit trainable parameters
+    autocast: bool = False  # fp32 parameters, 16-bit activations (torch.autocast)
+    lora_rank: int = 0
+    lora_targets: tuple[str, ...] = ()
+    quantize_base: str | None = None  # "4bit" (QLoRA) or "8bit"
+    zero_stage: int = 0
+    gpus: int = 1
+    checkpointing: str = "none"
+    attention: str = "sdpa"
+    batch: int = 1
+    seq: int = 2048
+    context_bytes: int = CUDA_CONTEXT_BYTES
+
+    def check(self) -> None:
+        problems = []
+        if self.dtype not in DTYPE_BYTES:
+            problems.append(f"dtype must be one of {', '.join(DTYPE_BYTES)}")
+        if self.optimizer not in OPTIMIZERS:
+            problems.append(f"optimizer must be one of {', '.join(OPTIMIZERS)}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            problems.append("ZeRO stage must be 0, 1, 2 or 3")
+        if self.gpus < 1:
+            problems.append("GPU count must be at least 1")
+        if self.batch < 1 or self.seq < 1:
+            problems.append("batch and sequence length must be at least 1")
+        if self.lora_rank < 0:
+            problems.append("LoRA rank must be >= 0")
+        if self.quantize_base is not None and self.quantize_base not in QUANT_BYTES:
+            problems.append(f"quantized base must be one of {', '.join(QUANT_BYTES)}")
+        if self.quantize_base is not None and self.lora_rank == 0:
+            problems.append("a quantized base trains only adapters: give a LoRA rank")
+        if self.autocast and self.dtype != "fp32":
+            problems.append("autocast keeps fp32 parameters: use --dtype fp32 with it")
+        if self.checkpointing not in CHECKPOINTING:
+            problems.append(f"checkpointing must be one of {', '.join(CHECKPOINTING)}")
+        if self.attention not in ATTENTION:
+            problems.append(f"attention must be one of {', '.join(ATTENTION)}")
+        if problems:
+            raise ArchitectureError("; ".join(problems))
+
+    @property
+    def lora(self) -> bool:
+        return self.lora_rank > 0
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """Bytes per GPU; `details` names the terms each part is made of."""
+
+    arch: Architecture
+    setup: Setup
+    parameters_count: int
+    trainable_parameters_count: int
+    weights_bytes: int
+    gradients_bytes: int
+    optimizer_state_bytes: int
+    activations_bytes: int
+    overhead_bytes: int
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def model_states_bytes(self) -> int:
+        return self.weights_bytes + self.gradients_bytes + self.optimizer_state_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.model_states_bytes + self.activations_bytes + self.overhead_bytes
+
+
+def optimizer_state_per_param(arch: Architecture, setup: Setup, trainable: int) -> float:
+    """Bytes of optimizer state (master weights apart) of `trainable` parameters, before ZeRO."""
+    name = setup.optimizer
+    if name in ("adamw", "adam"):
+        return 8.0 * trainable  # two fp32 moments (mixed-precision trainers keep them fp32)
+    if name in ("sgd-momentum", "lion"):
+        return 4.0 * trainable  # one fp32 buffer
+    if name == "sgd":
+        return 0.0  # torch's default SGD has no momentum buffer
+    if name == "adamw-8bit":
+        # bitsandbytes: two 8-bit states with one fp32 absmax per block; tensors under 4096
+        # values (norms, biases) stay 32-bit.
+        vectors = 0 if setup.lora else arch.vector_params()
+        return (trainable - vectors) * (2 + 8 / BNB_BLOCK) + vectors * 8.0
+    # Adafactor (no first moment, the default): a row and a column statistic per matrix,
+    # a full fp32 second moment per vector.
+    if setup.lora:
+        rank = setup.lora_rank
+        shapes = arch.linear_shapes()
+        per_layer = sum((shapes[t][0] + rank) + (rank + shapes[t][1]) for t in setup.lora_targets)
+        return 4.0 * per_layer * arch.layers
+    factored = sum((rows + cols) * n for rows, cols, n in arch.matrices()) * arch.scale()
+    return 4.0 * (factored + arch.vector_params())
+
+
+def activation_parts(arch: Architecture, setup: Setup, batch: int) -> dict[str, int]:
+    """Activation bytes of one micro-batch, by term (before the dtype factor)."""
+    s, b, h, a, L = setup.seq, batch, arch.hidden, arch.heads, arch.layers
+    sbh = s * b * h
+    per_layer_linear = 34 * sbh  # Korthikanti et al. eq. 1, without the score matrices
+    scores = 5 * a * s * s * b if setup.attention == "eager" else 0
+    per_layer = per_layer_linear + scores
+    # With full recomputation each layer's input is kept, and during the backward one layer's
+    # activations are recomputed at a time.
+    layers = 2 * sbh * L + per_layer if setup.checkpointing == "full" else per_layer * L
+    # The 16-bit logits, their fp32 copy for the loss and the loss's fp32 log-softmax.
+    logits = 10 * s * b * arch.vocab
+    # `layers` includes the score matrices; they are named apart for the details.
+    kept_scores = scores if setup.checkpointing == "full" else scores * L
+    return {"layers": layers, "attention_scores": kept_scores, "logits": logits}
+
+
+def estimate(arch: Architecture, setup: Setup) -> Estimate:
+    setup.check()
+    if setup.lora:
+        targets = arch.resolve_targets(setup.lora_targets)
+        setup = _with_targets(setup, targets)
+    n = setup.gpus
+    total_params = arch.parameter_count()
+    param_bytes = DTYPE_BYTES[setup.dtype]
+    details: dict[str, Any] = {}
+
+    if setup.lora:
+        trainable = round(arch.lora_params(setup.lora_rank, setup.lora_targets) * arch.scale())
+        # PEFT keeps adapters in fp32 (autocast_adapter_dtype) whatever the base's dtype.
+        adapter_bytes = 4.0
+        if setup.quantize_base:
+            quantized = arch.block_linear_params()
+            rest = total_params - quantized
+            base = quantized * QUANT_BYTES[setup.quantize_base] + rest * 2.0
+            details["base_quantized_params"] = quantized
+        else:
+            base = total_params * param_bytes
+        details["base_bytes"] = round(base)
+        details["adapter_bytes"] = round(trainable * adapter_bytes)
+        weights = base + trainable * adapter_bytes
+        grads = trainable * adapter_bytes
+        master = 0.0
+    else:
+        trainable = total_params
+        weights = total_params * param_bytes
+        grads = total_params * param_bytes
+        master = 4.0 * total_params if setup.master_weights and param_bytes < 4 else 0.0
+
+    state = optimizer_state_per_param(arch, setup, trainable)
+    details["master_weights_bytes"] = round(master)
+    details["optimizer_moments_bytes"] = round(state)
+    optimizer = state + master
+
+    # ZeRO partitions model states over the data-parallel GPUs.
+    if setup.zero_stage >= 1:
+        optimizer /= n
+    if setup.zero_stage >= 2:
+        grads /= n
+    if setup.zero_stage >= 3:
+        weights /= n
+
+    parts = activation_parts(arch, setup, setup.batch)
+    act_factor = 1.0 if (param_bytes < 4 or setup.autocast) else 2.0  # fp32 activations
+    activations = parts["layers"] * act_factor + parts["logits"]
+    cast_cache = 0
+    if setup.autocast:
+        # autocast keeps a 16-bit copy of every weight it casts until the forward ends.
+        cast_cache = 2 * round(arch.block_linear_params() + arch.head_params() * arch.scale())
+        activations += cast_cache
+    details["activation_layers_bytes"] = round(parts["layers"] * act_factor)
+    details["activation_scores_bytes"] = round(parts["attention_scores"] * act_factor)
+    details["logits_bytes"] = parts["logits"]
+    details["autocast_cache_bytes"] = cast_cache
+
+    overhead = setup.context_bytes + WORKSPACE_BYTES
+    if n > 1:
+        overhead += NCCL_BYTES
+    if setup.zero_stage == 3:
+        # The largest module is gathered whole (DeepSpeed counts 4 bytes a parameter for it).
+        gather = 4 * arch.largest_layer_params()
+        overhead += gather
+        details["zero3_gather_bytes"] = gather
+    details["lora_targets"] = list(setup.lora_targets)
+
+    return Estimate(
+        arch=arch,
+        setup=setup,
+        parameters_count=total_params,
+        trainable_parameters_count=trainable,
+        weights_bytes=round(weights),
+        gradients_bytes=round(grads),
+        optimizer_state_bytes=round(optimizer),
+        activations_bytes=round(activations),
+        overhead_bytes=round(overhead),
+        details=details,
+    )
+
+
+def _with_targets(setup: Setup, targets: tuple[str, ...]) -> Setup:
+    from dataclasses import replace
+
+    return replace(setup, lora_targets=targets)
+
+
+def usable_bytes(capacity: int) -> int:
+    return int(capacity * USABLE_SHARE)
+
+
+def max_batch(arch: Architecture, setup: Setup, capacity: int) -> int:
+    """The largest micro-batch whose estimate fits in `capacity` bytes (0: not even one)."""
+    from dataclasses import replace
+
+    one = estimate(arch, replace(setup, batch=1))
+    two = estimate(arch, replace(setup, batch=2))
+    fixed = one.total_bytes - (two.activations_bytes - one.activations_bytes)
+    per_sample = two.activations_bytes - one.activations_bytes
+    room = usable_bytes(capacity) - fixed
+    if room < per_sample:
+        return 0
+    return int(room // per_sample) if per_sample > 0 else 1 << 20

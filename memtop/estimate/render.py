@@ -1,0 +1,143 @@
+"""The estimate as a table for people and as one JSON object (DESIGN §11: `weights_bytes`,
+`gradients_bytes`, `optimizer_state_bytes`, `activations_bytes`, `overhead_bytes`,
+`total_bytes`, `parameters_count`, `fits`, `max_batch`; sizes are integer bytes per GPU)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from memtop.estimate.architecture import Architecture
+from memtop.estimate.memory import Estimate, Setup, max_batch, usable_bytes
+from memtop.estimate.reference import deepspeed_zero2_gpu_bytes, deepspeed_zero3_gpu_bytes
+from memtop.units import format_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A GPU to fit in: a named one, or one of this machine's (source "nvml")."""
+
+    name: str
+    total_bytes: int
+    source: str  # "named" | "nvml"
+    index: int | None = None
+
+
+def verdicts(est: Estimate, targets: list[Target]) -> list[dict[str, Any]]:
+    out = []
+    for target in targets:
+        usable = usable_bytes(target.total_bytes)
+        out.append(
+            {
+                "name": target.name,
+                "index": target.index,
+                "source": target.source,
+                "total_bytes": target.total_bytes,
+                "usable_bytes": usable,
+                "fits": est.total_bytes <= usable,
+                "free_bytes": usable - est.total_bytes,
+                "max_batch": max_batch(est.arch, est.setup, target.total_bytes),
+            }
+        )
+    return out
+
+
+def reference(est: Estimate) -> dict[str, Any]:
+    setup = est.setup
+    ref: dict[str, Any] = {}
+    if setup.zero_stage in (1, 2) and not setup.lora:
+        ref["deepspeed_zero2_model_states_bytes"] = deepspeed_zero2_gpu_bytes(
+            est.parameters_count, setup.gpus
+        )
+    if setup.zero_stage == 3 and not setup.lora:
+        ref["deepspeed_zero3_model_states_bytes"] = deepspeed_zero3_gpu_bytes(
+            est.parameters_count, est.arch.largest_layer_params(), setup.gpus
+        )
+    return ref
+
+
+def to_json(est: Estimate, targets: list[Target]) -> dict[str, Any]:
+    checks = verdicts(est, targets)
+    setup = asdict(est.setup)
+    setup["lora_targets"] = list(est.setup.lora_targets)
+    return {
+        "model": est.arch.as_dict(),
+        "setup": setup,
+        "parameters_count": est.parameters_count,
+        "trainable_parameters_count": est.trainable_parameters_count,
+        "weights_bytes": est.weights_bytes,
+        "gradients_bytes": est.gradients_bytes,
+        "optimizer_state_bytes": est.optimizer_state_bytes,
+        "activations_bytes": est.activations_bytes,
+        "overhead_bytes": est.overhead_bytes,
+        "model_states_bytes": est.model_states_bytes,
+        "total_bytes": est.total_bytes,
+        "details": est.details,
+        "reference": reference(est),
+        # The first target decides the top-level verdict; every target is listed.
+        "fits": all(c["fits"] for c in checks) if checks else None,
+        "max_batch": min(c["max_batch"] for c in checks) if checks else None,
+        "targets": checks,
+    }
+
+
+def _describe_setup(arch: Architecture, setup: Setup) -> str:
+    parts = [setup.dtype + (" + autocast" if setup.autocast else ""), setup.optimizer]
+    if setup.master_weights:
+        parts.append("fp32 master weights")
+    if setup.lora:
+        base = f"{setup.quantize_base} base" if setup.quantize_base else "LoRA"
+        parts.append(f"{base} r={setup.lora_rank} on {','.join(setup.lora_targets)}")
+    if setup.zero_stage:
+        parts.append(f"ZeRO-{setup.zero_stage}")
+    if setup.gpus > 1:
+        parts.append(f"{setup.gpus} GPUs")
+    if setup.checkpointing != "none":
+        parts.append(f"{setup.checkpointing} checkpointing")
+    parts.append(f"batch {setup.batch} × {setup.seq} tokens, {setup.attention} attention")
+    return ", ".join(parts)
+
+
+def to_text(est: Estimate, targets: list[Target]) -> str:
+    arch, setup = est.arch, est.setup
+    shape = (
+        f"{arch.layers} layers, hidden {arch.hidden}, {arch.heads} heads, vocab {arch.vocab}"
+        + (" (shape assumed from the count)" if arch.assumed else "")
+    )
+    trainable = (
+        f", {est.trainable_parameters_count / 1e6:,.1f} M trainable"
+        if est.trainable_parameters_count != est.parameters_count
+        else ""
+    )
+    lines = [
+        f"{arch.name}: {est.parameters_count / 1e9:.3f} B parameters{trainable}; {shape}",
+        _describe_setup(arch, setup),
+        "",
+        f"{'per GPU':<20}{'bytes':>12}",
+    ]
+    rows = [
+        ("weights", est.weights_bytes),
+        ("gradients", est.gradients_bytes),
+        ("optimizer state", est.optimizer_state_bytes),
+        ("activations", est.activations_bytes),
+        ("CUDA context etc.", est.overhead_bytes),
+    ]
+    lines += [f"  {name:<18}{format_bytes(value):>12}" for name, value in rows]
+    lines.append(f"  {'total':<18}{format_bytes(est.total_bytes):>12}")
+    for name, value in reference(est).items():
+        lines.append(f"  (DeepSpeed's estimator, model states: {format_bytes(value)}; {name})")
+    for check in verdicts(est, targets):
+        where = check["name"] + (f" (GPU {check['index']})" if check["index"] is not None else "")
+        room = format_bytes(abs(check["free_bytes"]))
+        verdict = (
+            f"fits, {room} to spare"
+            if check["fits"]
+            else f"does not fit: {room} over the usable {format_bytes(check['usable_bytes'])}"
+        )
+        batch = (
+            f"largest micro-batch that fits: {check['max_batch']}"
+            if check["max_batch"]
+            else "not even a micro-batch of 1 fits"
+        )
+        lines.append(f"{where}: {verdict}; {batch}")
+    return "\n".join(lines)
