@@ -82,6 +82,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_estimate_arguments(
         sub.add_parser("estimate", help="will a training run fit: memory per GPU, before the run")
     )
+
+    export = sub.add_parser("export", help="serve Prometheus metrics on /metrics")
+    export.add_argument(
+        "--listen",
+        default="127.0.0.1:9482",
+        metavar="HOST:PORT",
+        help="address to serve on (default 127.0.0.1:9482; 0.0.0.0:PORT exposes it)",
+    )
+    export.add_argument("--job", help="the job label (default: each trainer's command)")
+    export.add_argument("--hostname", help="the hostname label (default: this node's name)")
+    export.add_argument(
+        "--web-config", type=Path, metavar="FILE", help="JSON file with TLS and basic auth"
+    )
+    export.add_argument("--interval", type=_positive_float, default=argparse.SUPPRESS)
     return parser
 
 
@@ -114,6 +128,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return _snapshot(args)
         if args.command == "estimate":
             return _estimate(args)
+        if args.command == "export":
+            return _export(args)
         if args.once:
             return _once(args)
         return _watch(args, simulated_only=False)
@@ -291,6 +307,47 @@ def _demo(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         demo.stop()
+
+
+def _export(args: argparse.Namespace) -> int:
+    from memtop.export.server import ExportError, Exporter, load_web_config
+
+    try:
+        config = load_web_config(args.web_config) if args.web_config else None
+        exporter = Exporter(
+            _make_sampler(args), args.listen, host=args.hostname, job=args.job, web_config=config
+        )
+    except ExportError as exc:
+        raise CliError(str(exc)) from None
+    try:
+        host, port = exporter.start_http()  # a port in use fails before any sampling
+    except ExportError as exc:
+        exporter.sampler.stop()
+        raise CliError(str(exc)) from None
+    scheme = "https" if config is not None and config.tls else "http"
+    print(f"memtop export: serving {scheme}://{host}:{port}/metrics", flush=True)
+    if exporter.exposed:
+        print(
+            f"memtop export: warning: {host} is not loopback; anyone who reaches port {port} "
+            "reads this host's process ids, commands and memory"
+            + ("" if config is not None and config.users else " (no basic auth: see --web-config)"),
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def on_signal(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_signal)
+    try:
+        exporter.run(args.interval)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        exporter.stop()
+        exporter.sampler.stop()
+    return EXIT_OK
 
 
 def _agent_location(pid: int, socket_dir: Path | None) -> tuple[Path, int]:

@@ -1,0 +1,325 @@
+"""One `Observation` as Prometheus metric families (the names are a contract: DESIGN §11).
+
+Only a renderer, like `memtop.report`: what it writes was joined and diagnosed once in
+`memtop.observation`.  Conventions (https://prometheus.io/docs/practices/naming/): the `memtop_`
+prefix, base units (bytes, seconds, ratios 0–1), `_bytes` / `_seconds` suffixes, `_total` for
+counters and no `_created` series.  Labels join with the DCGM exporter's: `hostname` (lower
+case), `UUID`, `gpu` (the driver's number) and `modelName`; the per-process series add `pid`,
+`rank` (RANK, else LOCAL_RANK, of the trainer) and `job` (`--job`, else the trainer command's
+basename).
+
+`memtop.fleet` reads these names back from Prometheus: change both together.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from memtop.export.text import exposition
+from memtop.model import AgentStatus
+from memtop.observation import AgentDeviceObservation, AgentObservation, Observation
+
+GPU_LABELS = ("hostname", "UUID", "gpu", "modelName")
+PROCESS_LABELS = (*GPU_LABELS, "pid", "rank", "job")
+AGENT_LABELS = ("hostname", "pid", "rank", "job")
+INFO_LABELS = (*AGENT_LABELS, "state", "command", "python", "torch", "allocator_conf")
+BREAKDOWN_PARTS = ("parameters", "gradients", "optimizer_state", "other")
+COMMAND_CHARS = 200  # a label value is stored with every sample: keep the command line short
+
+
+def hostname(name: str | None = None) -> str:
+    """DCGM exporter's `hostname` label: the node name, lower case."""
+    return (name or os.uname().nodename).lower()
+
+
+def job_name(argv: Iterable[str]) -> str:
+    """The trainer's command as a job name: `train.py` for `python train.py`, the module for
+    `python -m pkg.train`, `torchrun` for torchrun."""
+    args = list(argv)
+    if not args:
+        return ""
+    first = os.path.basename(args[0])
+    if first.startswith("python") and len(args) > 1:
+        if args[1] == "-m" and len(args) > 2:
+            return args[2]
+        if not args[1].startswith("-"):
+            return os.path.basename(args[1])
+    return first
+
+
+def rank_of(agent: AgentObservation) -> str:
+    extra = agent.hello.extra if agent.hello is not None else {}
+    for key in ("rank", "local_rank"):
+        value = extra.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+    return ""
+
+
+class ObservationCollector(Collector):
+    """A custom collector over the newest published observation.
+
+    `observe()` is called by whoever builds observations (the exporter's loop, once per sampler
+    round); a scrape only renders the one it holds, so it never waits for agents or NVML.
+    """
+
+    def __init__(self, *, host: str | None = None, job: str | None = None) -> None:
+        self.host = hostname(host)
+        self.job = job
+        self._observation: Observation | None = None
+        self._body: tuple[Observation | None, bytes] = (None, b"")
+        self._lock = threading.Lock()
+
+    def observe(self, observation: Observation) -> None:
+        self._observation = observation  # one reference swap: atomic for the scraping thread
+
+    def body(self) -> bytes:
+        """The text exposition of the newest observation, rendered at most once per
+        observation however many scrapers ask (`memtop.export.text`)."""
+        with self._lock:
+            observation = self._observation
+            if self._body[0] is not observation:
+                self._body = (observation, exposition(self.collect()))
+            return self._body[1]
+
+    def describe(self) -> Iterator[Metric]:
+        # Registering must not build an observation: no families up front.
+        return iter(())
+
+    def collect(self) -> Iterator[Metric]:
+        observation = self._observation
+        if observation is None:
+            return iter(())
+        return iter(render(observation, host=self.host, job=self.job))
+
+
+def render(
+    observation: Observation, *, host: str | None = None, job: str | None = None
+) -> list[Metric]:
+    """Every metric family of one observation."""
+    host = hostname(host or observation.host)
+    obs = observation
+
+    def gauge(name: str, text: str, labels: tuple[str, ...]) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, text, labels=labels)
+
+    def counter(name: str, text: str, labels: tuple[str, ...]) -> CounterMetricFamily:
+        return CounterMetricFamily(name, text, labels=labels)
+
+    time_g = gauge(
+        "memtop_observation_time_seconds", "Unix time of the observation.", ("hostname",)
+    )
+    time_g.add_metric([host], obs.time)
+    gpu_used = gauge(
+        "memtop_gpu_memory_used_bytes",
+        "Device memory in use (NVML, or the agents' mem_get_info).",
+        GPU_LABELS,
+    )
+    gpu_total = gauge("memtop_gpu_memory_total_bytes", "Device memory in all.", GPU_LABELS)
+    gpu_free = gauge("memtop_gpu_memory_free_bytes", "Device memory free.", GPU_LABELS)
+    gpu_processes = gauge(
+        "memtop_gpu_process_used_bytes",
+        "Device memory the driver charges one process (NVML per-process used).",
+        (*GPU_LABELS, "pid"),
+    )
+    gpu_info = gauge(
+        "memtop_gpu_info",
+        "One per GPU in view: where its numbers come from.",
+        (*GPU_LABELS, "source"),
+    )
+    for gpu in obs.gpus:
+        labels = [host, gpu.uuid, str(gpu.index), gpu.name]
+        gpu_info.add_metric([*labels, gpu.source], 1)
+        if gpu.used_bytes is not None:
+            gpu_used.add_metric(labels, gpu.used_bytes)
+        if gpu.total_bytes is not None:
+            gpu_total.add_metric(labels, gpu.total_bytes)
+        if gpu.free_bytes is not None:
+            gpu_free.add_metric(labels, gpu.free_bytes)
+        for process in gpu.processes:
+            if process.used_bytes is not None:
+                gpu_processes.add_metric([*labels, str(process.pid)], process.used_bytes)
+
+    info = gauge(
+        "memtop_agent_info",
+        "One per memtop agent in view (any state), with its command line and versions.",
+        INFO_LABELS,
+    )
+    steps = counter("memtop_steps", "Training steps the agent counted.", AGENT_LABELS)
+    names = {
+        "allocated": ("memtop_allocated_bytes", "torch allocated_bytes.all.current."),
+        "reserved": ("memtop_reserved_bytes", "torch reserved_bytes.all.current."),
+        "peak": (
+            "memtop_peak_bytes",
+            "torch allocated_bytes.all.peak: the true peak since start or reset.",
+        ),
+        "sampled_peak": (
+            "memtop_sampled_peak_bytes",
+            "The highest allocated bytes memtop sampled.",
+        ),
+        "cached": ("memtop_cached_bytes", "Reserved minus allocated: reusable by this process."),
+        "inactive_split": (
+            "memtop_inactive_split_bytes",
+            "torch inactive_split_bytes.all.current.",
+        ),
+        "large_split": (
+            "memtop_large_pool_inactive_split_bytes",
+            "torch inactive_split_bytes.large_pool.current.",
+        ),
+        "large_reserved": (
+            "memtop_large_pool_reserved_bytes",
+            "torch reserved_bytes.large_pool.current.",
+        ),
+        "fragmentation": (
+            "memtop_fragmentation_ratio",
+            "Inactive split over reserved bytes of the large pool (latest sample).",
+        ),
+        "fragmentation_smoothed": (
+            "memtop_fragmentation_smoothed_ratio",
+            "Median of the recent fragmentation samples (what rules judge).",
+        ),
+        "external": (
+            "memtop_external_fragmentation_ratio",
+            "Stranded over reserved large-pool bytes, from the newest snapshot summary.",
+        ),
+        "stranded": (
+            "memtop_stranded_bytes",
+            "Free bytes inside large segments that also hold live blocks.",
+        ),
+        "largest": (
+            "memtop_largest_cached_request_bytes",
+            "The largest request the cache can serve without a new cudaMalloc.",
+        ),
+        "non_pytorch": (
+            "memtop_non_pytorch_bytes",
+            "Driver-charged bytes outside PyTorch's caches (context, NCCL, ...).",
+        ),
+        "cuda_free": (
+            "memtop_cuda_free_bytes",
+            "The device's free bytes as the agent's mem_get_info saw them.",
+        ),
+        "cuda_total": ("memtop_cuda_total_bytes", "The device's bytes as the agent sees them."),
+        "baseline": ("memtop_step_baseline_bytes", "Allocated bytes right after the newest step."),
+        "leak_step": ("memtop_leak_bytes_per_step", "Trend of the per-step baseline (bytes/step)."),
+        "leak_second": (
+            "memtop_leak_bytes_per_second",
+            "Trend of the baseline in bytes per second.",
+        ),
+        "leak_detected": ("memtop_leak_detected", "1 when the trend is called a leak."),
+        "leak_confidence": ("memtop_leak_confidence_ratio", "Confidence of the leak verdict."),
+        "leak_samples": ("memtop_leak_samples", "Baselines or samples the verdict rests on."),
+        "to_full": (
+            "memtop_time_to_full_seconds",
+            "Seconds until the device is full at the leak's rate (only while a leak is detected).",
+        ),
+        "steps_to_full": (
+            "memtop_steps_to_full",
+            "Steps until the device is full at the leak's rate (only while a leak is detected).",
+        ),
+    }
+    families = {key: gauge(name, text, PROCESS_LABELS) for key, (name, text) in names.items()}
+    breakdown = gauge(
+        "memtop_breakdown_bytes",
+        "Allocated bytes by role: parameters, gradients, optimizer state, other (activations).",
+        (*PROCESS_LABELS, "part"),
+    )
+    retries = counter(
+        "memtop_alloc_retries",
+        "torch num_alloc_retries: free-the-cache-and-retry rounds.",
+        PROCESS_LABELS,
+    )
+    ooms = counter("memtop_ooms", "torch num_ooms: out-of-memory errors raised.", PROCESS_LABELS)
+
+    for agent in obs.agents:
+        rank = rank_of(agent)
+        agent_job = job or job_name(agent.argv)
+        agent_labels = [host, str(agent.pid), rank, agent_job]
+        info.add_metric(
+            [
+                *agent_labels,
+                agent.status.value,
+                " ".join(agent.argv)[:COMMAND_CHARS],
+                agent.hello.python if agent.hello else "",
+                (agent.hello.torch or "") if agent.hello else "",
+                agent.allocator_conf[:COMMAND_CHARS],
+            ],
+            1,
+        )
+        if agent.step is not None:
+            steps.add_metric(agent_labels, agent.step)
+        if agent.status != AgentStatus.CONNECTED:
+            continue  # an exited or hung agent's last numbers are not the present
+        for dev in agent.devices:
+            labels = [host, dev.uuid, str(dev.gpu), dev.name, str(agent.pid), rank, agent_job]
+            for key, value in _device_values(dev):
+                if value is not None:
+                    families[key].add_metric(labels, value)
+            retries.add_metric(labels, dev.sample.num_alloc_retries)
+            ooms.add_metric(labels, dev.sample.num_ooms)
+            parts = dev.diagnosis.breakdown or {}
+            for part in BREAKDOWN_PARTS:
+                if part in parts:
+                    breakdown.add_metric([*labels, part], parts[part])
+
+    suggestions = gauge(
+        "memtop_suggestions",
+        "Suggestions standing now, by severity and rule.",
+        ("hostname", "severity", "rule"),
+    )
+    counts: dict[tuple[str, str], int] = {}
+    for suggestion in obs.suggestions:
+        found = (str(suggestion.severity), suggestion.rule)
+        counts[found] = counts.get(found, 0) + 1
+    for (severity, rule), n in sorted(counts.items()):
+        suggestions.add_metric([host, severity, rule], n)
+
+    return [
+        time_g,
+        gpu_info,
+        gpu_used,
+        gpu_total,
+        gpu_free,
+        gpu_processes,
+        info,
+        steps,
+        *families.values(),
+        breakdown,
+        retries,
+        ooms,
+        suggestions,
+    ]
+
+
+def _device_values(dev: AgentDeviceObservation) -> Iterator[tuple[str, float | None]]:
+    sample, found = dev.sample, dev.diagnosis
+    frag, leak = found.fragmentation, found.leak
+    stats = sample.stats
+    yield "allocated", sample.allocated
+    yield "reserved", sample.reserved
+    yield "peak", dev.peak_bytes
+    yield "sampled_peak", dev.sampled_peak_bytes
+    yield "cached", sample.cached
+    yield "inactive_split", sample.inactive_split
+    yield "large_split", stats.get("inactive_split_bytes.large_pool.current")
+    yield "large_reserved", stats.get("reserved_bytes.large_pool.current")
+    yield "fragmentation", sample.fragmentation
+    yield "fragmentation_smoothed", frag.gauge_smoothed
+    yield "external", frag.external
+    yield "stranded", frag.stranded_bytes
+    yield "largest", frag.largest_free_block_bytes
+    yield "non_pytorch", dev.non_pytorch_bytes
+    yield "cuda_free", sample.free_bytes
+    yield "cuda_total", sample.total_bytes
+    yield "baseline", found.baseline_bytes
+    yield "leak_step", leak.bytes_per_step
+    yield "leak_second", leak.bytes_per_second
+    yield "leak_detected", 1 if leak.detected else 0 if leak.basis != "none" else None
+    yield "leak_confidence", leak.confidence if leak.basis != "none" else None
+    yield "leak_samples", leak.samples
+    yield "to_full", leak.seconds_to_full
+    yield "steps_to_full", leak.steps_to_full
