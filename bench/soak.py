@@ -106,14 +106,21 @@ def viewer_main(pids: list[int], directory: Path, seconds: float, out_dir: Path)
 
     counts: Counter[str] = Counter()
     breakdowns: dict[int, list[dict[str, Any]]] = {pid: [] for pid in pids}
-    clients: dict[int, AgentClient] = {}
+    # Two connections per agent, as a dashboard plus a script would be: samples at 10 Hz on
+    # one, the hammering on the other (the agent meters each connection on its own, so the
+    # hammer's backpressure does not starve the samples).
+    clients: dict[tuple[int, str], AgentClient] = {}
     deadline = time.monotonic() + seconds
     next_sample = time.monotonic()
     extra = ("breakdown", "snapshot", "cleanup", "reset_peak")
     turn = 0
     while time.monotonic() < deadline:
+        sampling = time.monotonic() >= next_sample
+        if sampling:
+            next_sample = max(next_sample + 1.0 / SAMPLE_HZ, time.monotonic())
         for pid in pids:
-            client = clients.get(pid)
+            role = "sample" if sampling else "hammer"
+            client = clients.get((pid, role))
             if client is None:
                 client = AgentClient(pid, directory, timeout=5.0)
                 try:
@@ -121,8 +128,7 @@ def viewer_main(pids: list[int], directory: Path, seconds: float, out_dir: Path)
                 except (AgentUnreachable, AgentError) as exc:
                     counts[f"connect:{type(exc).__name__}"] += 1
                     continue
-                clients[pid] = client
-            sampling = time.monotonic() >= next_sample
+                clients[(pid, role)] = client
             cmd = "sample" if sampling else extra[turn % len(extra)]
             args: dict[str, Any] = {}
             if cmd == "snapshot":
@@ -137,15 +143,14 @@ def viewer_main(pids: list[int], directory: Path, seconds: float, out_dir: Path)
             except AgentUnreachable:
                 counts[f"{cmd}:unreachable"] += 1
                 client.close()
-                clients.pop(pid, None)
+                clients.pop((pid, role), None)
                 continue
             counts[f"{cmd}:ok"] += 1
             fresh = cmd == "breakdown" and result.get("devices") and not result.get("pending")
             if fresh and (not breakdowns[pid] or breakdowns[pid][-1]["time"] != result["time"]):
                 breakdowns[pid].append(result)
-        if time.monotonic() >= next_sample:
-            next_sample += 1.0 / SAMPLE_HZ
-        turn += 1
+        if not sampling:
+            turn += 1
         time.sleep(0.002)  # as fast as allowed, without spinning a core on rate_limited
     for client in clients.values():
         client.close()

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from memtop._version import __version__
+from memtop.commands import CommandError
 from memtop.protocol import UnsafeSocketDir
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
@@ -69,13 +70,32 @@ def build_parser() -> argparse.ArgumentParser:
     cleanup = sub.add_parser("cleanup", help="gc + empty_cache inside a trainer")
     cleanup.add_argument("pid", type=int)
     cleanup.add_argument("--json", action="store_true")
+    cleanup.add_argument(
+        "--wait",
+        type=float,
+        default=8.0,
+        metavar="SECONDS",
+        help="how long to wait for the trainer's next step boundary (default 8)",
+    )
 
     snapshot = sub.add_parser("snapshot", help="write a memory snapshot (memory_viz pickle)")
     snapshot.add_argument("pid", type=int)
     snapshot.add_argument("-o", "--output", required=True, type=Path)
     snapshot.add_argument("--json", action="store_true")
+    snapshot.add_argument("--force", action="store_true", help="overwrite an existing file")
+    snapshot.add_argument(
+        "--wait",
+        type=float,
+        default=8.0,
+        metavar="SECONDS",
+        help="how long to wait for the trainer's next step boundary (default 8)",
+    )
 
     sub.add_parser("run", help="run a Python program with the agent: run [--] script.py args")
+
+    from memtop.commands import replay as replay_command
+
+    replay_command.add_parser(sub)
 
     from memtop.estimate.command import add_arguments as add_estimate_arguments
 
@@ -126,6 +146,10 @@ def _main(argv: Sequence[str] | None) -> int:
             return _cleanup(args)
         if args.command == "snapshot":
             return _snapshot(args)
+        if args.command == "replay":
+            from memtop.commands import replay as replay_command
+
+            return replay_command.run(args)
         if args.command == "estimate":
             return _estimate(args)
         if args.command == "export":
@@ -137,6 +161,9 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"memtop: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except UnsafeSocketDir as exc:
+        print(f"memtop: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except CommandError as exc:
         print(f"memtop: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
@@ -373,11 +400,14 @@ def _action(pid: int, cmd: str, cmd_args: dict[str, object], socket_dir: Path | 
     from memtop.sources.agents import AgentClient, AgentError, AgentUnreachable
 
     directory, owner = _agent_location(pid, socket_dir)
+    # The agent answers within its wait for a step boundary; give the reply time to come.
+    wait = cmd_args.get("wait_s", 0.0)
+    timeout = 15.0 + (float(wait) if isinstance(wait, int | float) else 0.0)
     try:
         # The same checks as the dashboard: lstat, no symlink, SO_PEERCRED pid and uid, hello.
-        with AgentClient(pid, directory, timeout=15.0, owner=owner) as client:
+        with AgentClient(pid, directory, timeout=timeout, owner=owner) as client:
             client.connect(timeout=5.0)
-            return client.request(cmd, cmd_args or None, timeout=15.0)
+            return client.request(cmd, cmd_args or None, timeout=timeout)
     except (AgentUnreachable, AgentError) as exc:
         raise CliError(str(exc)) from None
 
@@ -385,10 +415,17 @@ def _action(pid: int, cmd: str, cmd_args: dict[str, object], socket_dir: Path | 
 def _cleanup(args: argparse.Namespace) -> int:
     from memtop.units import format_bytes
 
-    result = _action(args.pid, "cleanup", {}, args.socket_dir)
+    if args.wait < 0:
+        raise CliError("--wait must be seconds >= 0")
+    result = _action(args.pid, "cleanup", {"wait_s": args.wait}, args.socket_dir)
     if args.json:
         print(json.dumps(result, indent=2))
         return EXIT_OK
+    if result.get("after_step") is not None:
+        print(
+            f"pid {args.pid}: ran on the trainer's thread after step {result['after_step']}, "
+            f"before the next one ({result.get('took_s', 0) * 1000:.0f} ms)"
+        )
     released = result.get("released_bytes", {})
     if not released:
         print(f"pid {args.pid}: no CUDA devices in use; gc collected {result.get('gc_collected')}")
@@ -407,7 +444,14 @@ def _snapshot(args: argparse.Namespace) -> int:
     path = args.output.resolve()
     if not path.parent.is_dir():
         raise CliError(f"no such directory: {path.parent}")
-    result = _action(args.pid, "snapshot", {"path": str(path)}, args.socket_dir)
+    if args.wait < 0:
+        raise CliError("--wait must be seconds >= 0")
+    if os.path.lexists(path) and not args.force:
+        raise CliError(f"{path} exists; add --force to overwrite it")
+    request: dict[str, object] = {"path": str(path), "wait_s": args.wait}
+    if args.force:
+        request["overwrite"] = True
+    result = _action(args.pid, "snapshot", request, args.socket_dir)
     # Believe the file system, not the agent: say "wrote" only for a file that is there.
     written = os.path.lexists(path) and os.path.isfile(path) and not os.path.islink(path)
     if not written:

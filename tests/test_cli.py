@@ -167,9 +167,22 @@ def test_cleanup_and_snapshot_commands(leak_demo, socket_dir: Path, tmp_path: Pa
     with open(out, "rb") as fh:
         data = pickle.load(fh)
     assert data["segments"] and all("blocks" in seg for seg in data["segments"])
+    # The file is there now: a second snapshot refuses it unless told to overwrite.
+    again = memtop("snapshot", str(pid), "-o", str(out), socket_dir=socket_dir)
+    assert again.returncode != 0 and "--force" in again.stderr
+    assert again.stderr.count("\n") == 1  # one line, no traceback
+    time.sleep(5.1)  # the agent's snapshot cooldown
+    forced = memtop("snapshot", str(pid), "-o", str(out), "--force", socket_dir=socket_dir)
+    assert forced.returncode == 0, forced.stderr
+    assert pickle.loads(out.read_bytes())["segments"]
     cleaned = memtop("cleanup", str(pid), "--json", socket_dir=socket_dir)
     assert cleaned.returncode == 0, cleaned.stderr
     payload = json.loads(cleaned.stdout)
     released = payload["released_bytes"]["0"]
     assert released == payload["reserved_before"]["0"] - payload["reserved_after"]["0"]
     assert released >= 0
+    assert payload["at_step_boundary"] is True and payload["after_step"] >= 1
+    # A second cleanup right away is refused by the agent's cost-driven cooldown, in one line.
+    soon = memtop("cleanup", str(pid), socket_dir=socket_dir)
+    assert soon.returncode != 0 and "can run again in" in soon.stderr
+    assert soon.stderr.count("\n") == 1

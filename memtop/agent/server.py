@@ -739,6 +739,8 @@ class Agent:
             "devices": devices,
             "step_marks": marks,
             "last_step_time": boundary.last_step_time,
+            "phase": boundary.phase,
+            "phase_since": boundary.phase_since,
             "agent": {
                 **boundary.costs(),
                 "connections": len(self._connections),
