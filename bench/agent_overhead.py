@@ -157,7 +157,7 @@ def trainer_main(args: argparse.Namespace) -> int:
     hook_us = 1e6 * (time.perf_counter() - started) / calls
 
     socket_dir = Path(tempfile.mkdtemp(prefix="mt-bench-"))
-    agent = memtop.agent.start_agent(socket_dir=socket_dir)
+    agent = memtop.agent.start_agent(probe=TorchProbe(), socket_dir=socket_dir)
     if agent is None:
         print("agent did not start", file=sys.stderr)
         return 1
