@@ -170,6 +170,19 @@ class Store:
 
     # ------------------------------------------------------------------ writers (sampler)
 
+    def reset(self) -> None:
+        """Forget everything read so far (a replay that seeks back starts over).  The
+        generation keeps counting up, so that no reader takes the old picture for the new."""
+        with self._lock:
+            self._nvml = None
+            self._nvml_time = None
+            self._device_used.clear()
+            self._agents.clear()
+            self._processes = {}
+            self._problems = []
+            self.events.clear()
+            self.generation += 1
+
     def update_nvml(self, reading: NvmlReading, when: float | None = None) -> None:
         when = when if when is not None else time.time()
         with self._lock:

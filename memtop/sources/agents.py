@@ -340,6 +340,9 @@ class _Agent:
 
 # Counters that only ever grow in a trainer (per device; the step per agent).
 MONOTONIC_STATS = ("num_alloc_retries", "num_ooms")
+# torch's memory_stats() keys that may rightly be negative: max_split_size is -1 when unset
+# (an agent sending all of memory_stats(), as the wire contract allows, sends it).
+SIGNED_STATS = frozenset({"max_split_size"})
 
 
 def sanity_problem(
@@ -357,7 +360,9 @@ def sanity_problem(
         declared = by_index.get(device.index)
         if declared is None:
             problem = problem or f"{where} is not among the devices its hello listed"
-        negative = next((k for k, v in device.stats.items() if v < 0), None)
+        negative = next(
+            (k for k, v in device.stats.items() if v < 0 and k not in SIGNED_STATS), None
+        )
         if negative is not None:
             problem = problem or f"{where}: negative {negative}"
         allocated, reserved, total = device.allocated, device.reserved, device.total_bytes

@@ -1,0 +1,124 @@
+"""`memtop replay FILE|DIR`: a recording on the dashboard with a time cursor, or one report.
+
+`--once [--json] [--at SECONDS]` prints the report as `memtop --once` would have printed it at
+that moment of the recording (default: its end).  The report carries an extra `replay` object
+(files, duration, the moment shown).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from memtop.commands import CommandError
+
+if TYPE_CHECKING:  # loaded when the command runs, not when the parser is built
+    from memtop.playback import Player
+    from memtop.sources.replay import Recording
+    from memtop.store import Store
+
+
+class ReplayError(CommandError):
+    """One line for the user, exit code 1."""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    replay = sub.add_parser(
+        "replay",
+        help="play a recording (memtop record file, agent wire recordings, or a folder of them)",
+    )
+    replay.add_argument("path", type=Path, metavar="FILE|DIR")
+    replay.add_argument("--once", action="store_true", help="print one report and exit")
+    replay.add_argument("--json", action="store_true", help="with --once: print JSON")
+    replay.add_argument(
+        "--at",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="the moment to show, in seconds from the start (default: the end with --once)",
+    )
+    replay.add_argument(
+        "--speed", type=float, default=1.0, help="playback speed on the dashboard (default 1)"
+    )
+
+
+def open_recording(path: Path) -> Recording:
+    from memtop.sources.recording import RecordError
+    from memtop.sources.replay import load
+
+    try:
+        recording = load(path)
+    except RecordError as exc:
+        raise ReplayError(str(exc)) from None
+    if not recording.events:
+        raise ReplayError(f"{path}: the recording holds nothing to replay")
+    return recording
+
+
+def moment(recording: Recording, at: float | None, default_end: bool) -> float:
+    """Unix time of `--at SECONDS` (from the start), checked against the recording."""
+    if at is None:
+        return recording.end if default_end else recording.start
+    if at < 0 or at > recording.duration + 1e-6:
+        raise ReplayError(f"--at {at:g} is outside the recording (0 to {recording.duration:.1f} s)")
+    return recording.start + at
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.json and not args.once:
+        raise ReplayError("--json needs --once")
+    from memtop.playback import Player
+    from memtop.store import Store
+
+    recording = open_recording(args.path)
+    store = Store()
+    player = Player(store, recording, interval=getattr(args, "interval", 1.0) or 1.0)
+    if args.once:
+        return _once(args, recording, store, player)
+    return _dashboard(args, recording, store, player)
+
+
+def _host(recording: Recording) -> str:
+    host = recording.header.get("host")
+    return str(host) if isinstance(host, str) and host else "replay"
+
+
+def _once(args: argparse.Namespace, recording: Recording, store: Store, player: Player) -> int:
+    from memtop import report
+    from memtop.observation import Observer
+
+    player.seek(moment(recording, args.at, default_end=True))
+    observer = Observer(store, clock=player.clock, host=_host(recording))
+    data = report.build(observer.latest())
+    data["replay"] = {
+        "files": [str(f) for f in recording.files],
+        "kind": recording.kind,
+        "started": recording.start,
+        "duration_s": round(recording.duration, 3),
+        "at_s": round(player.offset, 3),
+        "skipped_lines": len(recording.skipped),
+    }
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        at = f"replay of {', '.join(f.name for f in recording.files)} at {player.offset:.1f} s"
+        sys.stdout.write(f"{at} of {recording.duration:.1f} s\n" + report.render_text(data))
+    return 0
+
+
+def _dashboard(args: argparse.Namespace, recording: Recording, store: Store, player: Player) -> int:
+    from memtop.ui.replay_app import ReplayApp
+
+    if not (sys.stdout.isatty() and sys.stdin.isatty()):
+        raise ReplayError("the replay dashboard needs a terminal; use --once [--json] [--at S]")
+    player.seek(moment(recording, args.at, default_end=False))
+    if args.speed > 0:
+        player.speed = args.speed
+    try:
+        ReplayApp(store, player, recording, host=_host(recording)).run()
+    finally:
+        player.stop()
+    return 0

@@ -1,0 +1,173 @@
+"""Playback: a recording written into a store, as the sampler would have written it live.
+
+`Player` stands where the `Sampler` stands: it owns the store's writes, through the same store
+calls in the same order per thing read (process owners, then the driver reading, then the agent
+polls and their low-rate replies).  The `Observer` built on the store and its diagnosis see
+exactly what they would have seen at that moment of the run; their clock is the cursor.
+
+The dashboard drives a Player like a Sampler (start, stop, pause, rounds) plus a time cursor:
+`seek`, `step_by` and `speed`.  Seeking back replays from the start into a fresh store state
+(a few thousand events take milliseconds).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from typing import Any
+
+from memtop.model import AgentHello, AgentStatus, NvmlReading
+from memtop.sources.agents import CONNECTED, AgentPoll, sanity_problem
+from memtop.sources.replay import Recording, ReplayEvent
+from memtop.store import Store
+
+NO_DEVICES = "this recording holds no driver readings (agent wire recordings)"
+SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+TICK_S = 0.1
+
+
+class Player:
+    def __init__(self, store: Store, recording: Recording, interval: float = 1.0) -> None:
+        self.store = store
+        self.recording = recording
+        self.interval = interval
+        self.cursor = recording.start  # unix time of the recording shown now
+        self.speed = 1.0
+        self.rounds = 0
+        self._next = 0  # index of the first event not yet applied
+        self._hellos: dict[int, AgentHello] = {}
+        self._counters: dict[int, dict[str, int]] = {}
+        self._lock = threading.RLock()
+        self._paused = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if not recording.has_devices:
+            store.update_nvml(NvmlReading(available=False, error=NO_DEVICES), recording.start)
+
+    # ------------------------------------------------------------------ the cursor
+
+    @property
+    def offset(self) -> float:
+        """Seconds since the recording's start."""
+        return self.cursor - self.recording.start
+
+    @property
+    def at_end(self) -> bool:
+        return self._next >= len(self.recording.events)
+
+    def clock(self) -> float:
+        """The Observer's clock: the cursor, not the wall."""
+        return self.cursor
+
+    def seek(self, when: float) -> None:
+        """Show the recording as it was at unix time `when` (clamped to the recording)."""
+        when = min(max(when, self.recording.start), self.recording.end)
+        with self._lock:
+            if when < self.cursor:
+                self._restart()
+            self.cursor = when
+            self._apply_until(when)
+            self.rounds += 1
+
+    def seek_offset(self, seconds: float) -> None:
+        self.seek(self.recording.start + seconds)
+
+    def step_by(self, seconds: float) -> None:
+        self.seek(self.cursor + seconds)
+
+    def faster(self, up: bool) -> float:
+        index = SPEEDS.index(self.speed) if self.speed in SPEEDS else SPEEDS.index(1.0)
+        index = min(len(SPEEDS) - 1, index + 1) if up else max(0, index - 1)
+        self.speed = SPEEDS[index]
+        return self.speed
+
+    def _restart(self) -> None:
+        self.store.reset()
+        self._next = 0
+        self._hellos.clear()
+        self._counters.clear()
+        if not self.recording.has_devices:
+            self.store.update_nvml(
+                NvmlReading(available=False, error=NO_DEVICES), self.recording.start
+            )
+
+    def _apply_until(self, when: float) -> None:
+        events = self.recording.events
+        while self._next < len(events) and events[self._next].t <= when:
+            self._apply(events[self._next])
+            self._next += 1
+
+    def _apply(self, event: ReplayEvent) -> None:
+        store, pid = self.store, event.pid
+        if event.kind == "nvml":
+            store.update_nvml(event.value, event.t)
+        elif event.kind == "processes":
+            store.update_processes(event.value)
+        elif pid is None:
+            return
+        elif event.kind == "hello":
+            self._hellos[pid] = event.value
+            store.update_agents([AgentPoll(pid, CONNECTED, event.value)], event.t)
+        elif event.kind == "sample":
+            hello = self._hellos.get(pid)
+            counters = self._counters.setdefault(pid, {})
+            problem = sanity_problem(hello, event.value, None, counters)
+            if problem is not None:  # the live viewer kept none of these numbers either
+                poll = AgentPoll(pid, AgentStatus.INCONSISTENT, hello, error=problem)
+            else:
+                poll = AgentPoll(pid, CONNECTED, hello, sample=event.value)
+            store.update_agents([poll], event.t)
+        elif event.kind == "breakdown":
+            store.update_breakdown(pid, event.value, event.t)
+        elif event.kind == "snapshot":
+            store.update_snapshot_summary(pid, event.value, event.t)
+        elif event.kind == "state":
+            state, error = event.value
+            store.update_agents(
+                [AgentPoll(pid, state, self._hellos.get(pid), error=error)], event.t
+            )
+
+    # ------------------------------------------------------------------ as a Sampler
+
+    def sample_once(self, budget: float | None = None) -> None:
+        """One tick of playback: the cursor moves on by the wall time times the speed."""
+        self.step_by(self.interval * self.speed)
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="memtop-replay", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        while not self._stop.wait(TICK_S):
+            now = time.monotonic()
+            if not self._paused.is_set() and not self.at_end:
+                self.step_by((now - last) * self.speed)
+            last = now
+
+    def pause(self, paused: bool) -> None:
+        if paused:
+            self._paused.set()
+        else:
+            self._paused.clear()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused.is_set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+    def may_signal(self, pid: int) -> str | None:
+        return "this is a replay: there is no process to signal"
+
+    def run_action(
+        self, pid: int, cmd: str, args: dict[str, Any] | None = None, timeout: float = 10.0
+    ) -> concurrent.futures.Future[dict[str, Any]]:
+        future: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
+        future.set_exception(RuntimeError("this is a replay: there is no agent to act on"))
+        return future

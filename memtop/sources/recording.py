@@ -1,0 +1,239 @@
+"""The record file: everything the sampler read, with timestamps (DESIGN §11).
+
+One gzip stream of JSON lines, written as it goes.  Line 1 is a header
+`{"memtop_record": 1, "version", "host", "started"}`; every other line is one thing the sampler
+read, with `t` (unix seconds) and `src`:
+
+- `{"t", "src": "nvml", "reading": {...NvmlReading...}}` — a driver (or stand-in) reading;
+- `{"t", "src": "processes", "processes": [{...ProcessInfo...}]}` — owners and command lines;
+- `{"t", "src": "agent", "pid", "cmd": "hello"|"sample"|"breakdown"|"snapshot", "reply":
+  {"result": {...}}}` — an agent's reply as it came over the wire;
+- `{"t", "src": "agent", "pid", "state": "exited"|..., "error"}` — an agent that went away.
+
+The writer flushes the compressor (a zlib sync flush) at least every FLUSH_S seconds, so a crash
+loses at most that much; the reader takes a stream cut anywhere (no gzip trailer, half a line)
+and returns every whole line before the cut.  `gzip -dc` reads a cleanly closed file.
+
+The agent wire recordings of `shared/traces` (one file per agent, lines `{"t", "cmd", "reply"}`,
+or `{"t", "error"}` when the trainer died) are read by the same reader.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import socket
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from memtop._version import __version__
+from memtop.model import DeviceReading, GpuProcess, NvmlReading
+from memtop.sources.processes import ProcessInfo
+
+RECORD_FORMAT = 1
+FLUSH_S = 1.0
+READ_CHUNK = 1 << 16
+MAX_LINE = 8 << 20  # a line longer than this is not one of ours
+
+
+class RecordError(Exception):
+    """A file that is not a recording memtop can read (one line, for the user)."""
+
+
+# ------------------------------------------------------------------ writing
+
+
+class RecordWriter:
+    """Appends lines to a gzip stream; thread-safe (agent replies arrive on worker threads)."""
+
+    def __init__(self, path: Path, *, overwrite: bool = False, flush_s: float = FLUSH_S) -> None:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+        if not overwrite:
+            flags |= os.O_EXCL
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileExistsError:
+            raise RecordError(f"{path} exists; add --force to overwrite it") from None
+        except OSError as exc:
+            raise RecordError(f"cannot write {path}: {exc.strerror or exc}") from None
+        self.path = path
+        self._file: IO[bytes] = os.fdopen(fd, "wb")
+        self._compressor = zlib.compressobj(6, zlib.DEFLATED, 31)  # 31: a gzip wrapper
+        self._lock = threading.Lock()
+        self._flush_s = flush_s
+        self._last_flush = time.monotonic()
+        self._closed = False
+        self.lines = 0
+        self.write(
+            {
+                "memtop_record": RECORD_FORMAT,
+                "version": __version__,
+                "host": socket.gethostname(),
+                "started": time.time(),
+            }
+        )
+        self.flush()
+
+    def write(self, line: dict[str, Any]) -> None:
+        data = (json.dumps(line, separators=(",", ":")) + "\n").encode()
+        with self._lock:
+            if self._closed:
+                return
+            self._file.write(self._compressor.compress(data))
+            self.lines += 1
+            if time.monotonic() - self._last_flush >= self._flush_s:
+                self._flush_locked()
+
+    def flush(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        # A sync flush ends the deflate block on a byte boundary: everything written so far can
+        # be decompressed from the file as it is now.
+        self._file.write(self._compressor.flush(zlib.Z_SYNC_FLUSH))
+        self._file.flush()
+        self._last_flush = time.monotonic()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._file.write(self._compressor.flush(zlib.Z_FINISH))
+            self._file.close()
+
+    # What the sampler read, in the record's line shapes.
+
+    def nvml(self, when: float, reading: NvmlReading) -> None:
+        self.write({"t": when, "src": "nvml", "reading": dataclasses.asdict(reading)})
+
+    def processes(self, when: float, processes: dict[int, ProcessInfo]) -> None:
+        rows = [dataclasses.asdict(p) for p in processes.values()]
+        self.write({"t": when, "src": "processes", "processes": rows})
+
+    def agent_reply(self, pid: int, cmd: str, result: dict[str, Any]) -> None:
+        self.write(
+            {"t": time.time(), "src": "agent", "pid": pid, "cmd": cmd, "reply": {"result": result}}
+        )
+
+    def agent_state(self, when: float, pid: int, state: str, error: str | None) -> None:
+        self.write({"t": when, "src": "agent", "pid": pid, "state": state, "error": error})
+
+
+# ------------------------------------------------------------------ reading
+
+
+def read_lines(path: Path) -> Iterator[dict[str, Any]]:
+    """Every whole JSON line of a gzip'd (or plain) JSON-lines file, tolerating a cut tail.
+
+    Concatenated gzip members are read one after the other; a member cut short (a recorder that
+    crashed) yields what was flushed before the cut.  A line that is not a JSON object ends the
+    file if it is the last one (half-written), else is an error.
+    """
+    try:
+        handle = open(path, "rb")  # noqa: SIM115 - closed by the with below
+    except OSError as exc:
+        raise RecordError(f"cannot read {path}: {exc.strerror or exc}") from None
+    with handle:
+        head = handle.read(2)
+        handle.seek(0)
+        chunks = (
+            _gunzip(handle, path)
+            if head == b"\x1f\x8b"
+            else iter(lambda: handle.read(READ_CHUNK), b"")
+        )
+        pending = b""
+        number = 0
+        for chunk in chunks:
+            pending += chunk
+            *whole, pending = pending.split(b"\n")
+            if len(pending) > MAX_LINE:
+                raise RecordError(f"{path}: a line longer than {MAX_LINE} bytes")
+            for raw in whole:
+                number += 1
+                if raw.strip():
+                    yield _parse_line(raw, path, number)
+        # A last line without its newline: whole if it parses, else the cut of a crash.
+        if pending.strip():
+            with contextlib.suppress(RecordError):
+                yield _parse_line(pending, path, number + 1)
+
+
+def _parse_line(raw: bytes, path: Path, number: int) -> dict[str, Any]:
+    try:
+        line = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise RecordError(f"{path}: line {number} is not JSON") from None
+    if not isinstance(line, dict):
+        raise RecordError(f"{path}: line {number} is not a JSON object")
+    return line
+
+
+def _gunzip(handle: IO[bytes], path: Path) -> Iterator[bytes]:
+    decompressor = zlib.decompressobj(31)
+    while True:
+        data = handle.read(READ_CHUNK)
+        if not data:
+            return  # a cut stream: what was decompressed so far is all there is
+        while data:
+            try:
+                out = decompressor.decompress(data)
+            except zlib.error as exc:
+                raise RecordError(f"{path}: not a readable gzip file ({exc})") from None
+            if out:
+                yield out
+            if decompressor.eof:
+                data = decompressor.unused_data
+                decompressor = zlib.decompressobj(31)
+                if data[:2] not in (b"", b"\x1f\x8b"):
+                    return  # trailing garbage after the last member: ignore, as gzip does
+            else:
+                data = b""
+
+
+# ------------------------------------------------------------------ decoding what was recorded
+
+
+def decode_reading(data: dict[str, Any]) -> NvmlReading:
+    devices = tuple(
+        DeviceReading(
+            **{
+                **{k: v for k, v in d.items() if k in _DEVICE_FIELDS},
+                "processes": tuple(
+                    GpuProcess(**{k: v for k, v in p.items() if k in _PROCESS_FIELDS})
+                    for p in d.get("processes", ())
+                ),
+            }
+        )
+        for d in data.get("devices", ())
+    )
+    return NvmlReading(
+        **{
+            **{k: v for k, v in data.items() if k in _READING_FIELDS},
+            "devices": devices,
+        }
+    )
+
+
+def decode_processes(rows: list[dict[str, Any]]) -> dict[int, ProcessInfo]:
+    out = {}
+    for row in rows:
+        fields = {k: v for k, v in row.items() if k in _INFO_FIELDS}
+        fields["cmdline"] = tuple(fields.get("cmdline", ()))
+        info = ProcessInfo(**fields)
+        out[info.pid] = info
+    return out
+
+
+_DEVICE_FIELDS = {f.name for f in dataclasses.fields(DeviceReading)}
+_PROCESS_FIELDS = {f.name for f in dataclasses.fields(GpuProcess)}
+_READING_FIELDS = {f.name for f in dataclasses.fields(NvmlReading)}
+_INFO_FIELDS = {f.name for f in dataclasses.fields(ProcessInfo)}

@@ -1,0 +1,236 @@
+"""Replay: what the sampler once read, as a source.
+
+A recording is read into one time-ordered list of `ReplayEvent`s, each a thing the sampler read
+live: a driver reading, a process list, an agent's `hello` / `sample` / `breakdown` / `snapshot`
+reply (parsed and checked by the same protocol code as a live reply), or an agent going away.
+`memtop.playback` writes them into a store through the sampler's own store calls, so the
+observation and the diagnosis cannot tell a replay from a live run.
+
+Two kinds of recording are read:
+- a `memtop record` file (memtop.sources.recording: header line, then lines with `src`);
+- agent wire recordings (`shared/traces`): one gzip'd JSON-lines file per agent, lines
+  `{"t", "cmd", "reply": {"id", "result"}}`, `{"t", "error"}` when the trainer died; a folder
+  of them plays every agent together.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memtop import protocol
+from memtop.model import AgentDevice, AgentHello, AgentSample, AgentStatus
+from memtop.sources.recording import RecordError, decode_processes, decode_reading, read_lines
+
+AGENT_COMMANDS = ("hello", "sample", "breakdown", "snapshot")
+RECORDING_SUFFIXES = (".memtop", ".jsonl.gz", ".jsonl", ".gz")
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayEvent:
+    t: float
+    kind: str  # "nvml", "processes", "hello", "sample", "breakdown", "snapshot", "state"
+    pid: int | None = None
+    # NvmlReading | dict[int, ProcessInfo] | AgentHello | AgentSample | reply dict |
+    # (AgentStatus, error)
+    value: Any = None
+
+
+@dataclass(slots=True)
+class Recording:
+    events: list[ReplayEvent]
+    files: list[Path]
+    kind: str  # "record" (memtop record) or "wire" (agent wire recordings)
+    # Lines that were skipped, with why (a reply that fails the wire schema, say).
+    skipped: list[str] = field(default_factory=list)
+    header: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def start(self) -> float:
+        return self.events[0].t if self.events else 0.0
+
+    @property
+    def end(self) -> float:
+        return self.events[-1].t if self.events else 0.0
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    @property
+    def has_devices(self) -> bool:
+        return any(e.kind == "nvml" for e in self.events)
+
+
+def load(path: Path) -> Recording:
+    """A record file, one wire recording, or a folder of either; raises RecordError."""
+    if path.is_dir():
+        files = sorted(
+            p for p in path.iterdir() if p.is_file() and p.name.endswith(RECORDING_SUFFIXES)
+        )
+        if not files:
+            raise RecordError(f"no recordings in {path} (*.memtop, *.jsonl.gz)")
+    elif path.exists():
+        files = [path]
+    else:
+        raise RecordError(f"no such file or directory: {path}")
+    events: list[ReplayEvent] = []
+    skipped: list[str] = []
+    kinds = set()
+    header: dict[str, Any] = {}
+    taken: set[int] = set()
+    for file in files:
+        lines = read_lines(file)
+        first = next(lines, None)
+        if first is None:
+            raise RecordError(f"{file}: empty")
+        if "memtop_record" in first:
+            if first["memtop_record"] != 1:
+                raise RecordError(f"{file}: record format {first['memtop_record']!r} is newer")
+            kinds.add("record")
+            header = header or first
+            mine = list(_record_events(lines, file, skipped))
+        elif first.get("cmd") == "hello":
+            kinds.add("wire")
+            mine = list(_wire_events(first, lines, file, skipped))
+        else:
+            raise RecordError(f"{file}: neither a memtop record nor an agent wire recording")
+        # Two recordings from different machines may share a pid: keep them apart.
+        pids = {e.pid for e in mine if e.pid is not None}
+        clash = pids & taken
+        if clash:
+            shift = (max(taken | pids) // 1_000_000 + 1) * 1_000_000
+            mine = [_shift_pid(e, shift) if e.pid in clash else e for e in mine]
+            pids = {e.pid for e in mine if e.pid is not None}
+        taken |= pids
+        events += mine
+    events.sort(key=lambda e: e.t)
+    return Recording(events, files, "+".join(sorted(kinds)), skipped, header)
+
+
+def _shift_pid(event: ReplayEvent, shift: int) -> ReplayEvent:
+    assert event.pid is not None
+    return ReplayEvent(event.t, event.kind, event.pid + shift, event.value)
+
+
+def _time(line: dict[str, Any]) -> float | None:
+    t = line.get("t")
+    return float(t) if isinstance(t, int | float) and not isinstance(t, bool) else None
+
+
+def _agent_event(
+    t: float, pid: int, cmd: str, result: Any, where: str, skipped: list[str]
+) -> ReplayEvent | None:
+    if not isinstance(result, dict):
+        skipped.append(f"{where}: {cmd} without a result")
+        return None
+    result = protocol.clean_value(result)  # as the live client does to every reply
+    try:
+        if cmd == "hello":
+            hello: AgentHello = protocol.parse_hello(result)
+            return ReplayEvent(t, "hello", pid, hello)
+        if cmd == "sample":
+            sample: AgentSample = protocol.parse_sample(result)
+            return ReplayEvent(t, "sample", pid, sample)
+    except protocol.ProtocolError as exc:
+        skipped.append(f"{where}: {cmd}: {exc}")
+        return None
+    if cmd in ("breakdown", "snapshot"):
+        if result.get("pending") is True:
+            return None
+        return ReplayEvent(t, cmd, pid, result)
+    return None
+
+
+def _wire_events(
+    first: dict[str, Any], lines: Iterable[dict[str, Any]], file: Path, skipped: list[str]
+) -> Iterable[ReplayEvent]:
+    result = (first.get("reply") or {}).get("result")
+    pid = result.get("pid") if isinstance(result, dict) else None
+    t0 = _time(first)
+    if not isinstance(pid, int) or t0 is None:
+        raise RecordError(f"{file}: the hello line names no pid or time")
+    event = _agent_event(t0, pid, "hello", result, f"{file}:1", skipped)
+    if event is None:
+        raise RecordError(f"{file}: bad hello ({skipped[-1]})")
+    yield event
+    hello: AgentHello = event.value
+    for number, line in enumerate(lines, start=2):
+        t = _time(line)
+        if t is None:
+            skipped.append(f"{file}:{number}: no time")
+            continue
+        if "error" in line and "cmd" not in line:
+            yield ReplayEvent(t, "state", pid, (AgentStatus.EXITED, str(line["error"])))
+            continue
+        cmd = line.get("cmd")
+        reply = line.get("reply")
+        if cmd not in AGENT_COMMANDS or not isinstance(reply, dict):
+            continue
+        if "error" in reply:
+            continue  # a refused or failed request: the live viewer keeps nothing of it either
+        event = _agent_event(t, pid, cmd, reply.get("result"), f"{file}:{number}", skipped)
+        if event is None:
+            continue
+        if event.kind == "sample":
+            # A trainer that initialised CUDA after its agent said hello: the live viewer asks
+            # for hello again; a wire recording has the one hello, so the devices its samples
+            # describe (index, uuid, name, total) are added to it here.
+            renewed = _hello_with_sampled_devices(hello, reply["result"])
+            if renewed is not None:
+                hello = renewed
+                yield ReplayEvent(t, "hello", pid, hello)
+        yield event
+
+
+def _hello_with_sampled_devices(hello: AgentHello, result: dict[str, Any]) -> AgentHello | None:
+    listed = {d.index for d in hello.devices}
+    added = []
+    for raw in result.get("devices") or ():
+        index, uuid = raw.get("index"), raw.get("uuid")
+        if not isinstance(index, int) or index in listed or not isinstance(uuid, str):
+            continue
+        name = protocol.clean_text(str(raw.get("name") or f"cuda:{index}"))
+        total = raw.get("total_bytes")
+        if isinstance(total, int):
+            added.append(AgentDevice(index, protocol.clean_text(uuid), name, total))
+            listed.add(index)
+    if not added:
+        return None
+    return dataclasses.replace(hello, devices=(*hello.devices, *added))
+
+
+def _record_events(
+    lines: Iterable[dict[str, Any]], file: Path, skipped: list[str]
+) -> Iterable[ReplayEvent]:
+    for number, line in enumerate(lines, start=2):
+        t = _time(line)
+        src = line.get("src")
+        where = f"{file}:{number}"
+        if t is None:
+            skipped.append(f"{where}: no time")
+            continue
+        try:
+            if src == "nvml":
+                yield ReplayEvent(t, "nvml", None, decode_reading(line["reading"]))
+            elif src == "processes":
+                yield ReplayEvent(t, "processes", None, decode_processes(line["processes"]))
+            elif src == "agent":
+                pid = line.get("pid")
+                if not isinstance(pid, int):
+                    skipped.append(f"{where}: agent line without a pid")
+                elif "state" in line:
+                    state = AgentStatus(line["state"])
+                    yield ReplayEvent(t, "state", pid, (state, line.get("error")))
+                else:
+                    cmd = line.get("cmd")
+                    result = (line.get("reply") or {}).get("result")
+                    if cmd in AGENT_COMMANDS:
+                        event = _agent_event(t, pid, cmd, result, where, skipped)
+                        if event is not None:
+                            yield event
+        except (KeyError, TypeError, ValueError) as exc:
+            skipped.append(f"{where}: {src}: {type(exc).__name__}: {exc}")

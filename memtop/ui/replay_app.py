@@ -1,0 +1,79 @@
+"""The dashboard on a recording: the live app, with a time cursor instead of actions.
+
+space pauses, ←/→ seek 10 s (shift: 60 s), [ / ] halve / double the speed, home / end jump to
+the start / end.  Actions that would reach a process (cleanup, snapshot, kill, …) are not
+offered: there is none.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from rich.text import Text
+from textual.binding import Binding
+
+from memtop.playback import Player
+from memtop.sampler import Sampler
+from memtop.sources.replay import Recording
+from memtop.store import Store
+from memtop.ui import view
+from memtop.ui.app import MemtopApp
+
+SEEK_S = 10.0
+BIG_SEEK_S = 60.0
+LIVE_ONLY = {"cleanup", "reset_peak", "snapshot", "kill", "pause"}
+
+
+def _clock_text(seconds: float) -> str:
+    minutes, secs = divmod(max(0, int(seconds)), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
+
+
+class ReplayApp(MemtopApp):
+    BINDINGS = [
+        *(b for b in MemtopApp.BINDINGS if not (isinstance(b, Binding) and b.id in LIVE_ONLY)),
+        Binding("space", "toggle_play", "Play/pause", id="replay.play", priority=True),
+        Binding("left", "seek(-1)", "Back", key_display="←", id="replay.back", priority=True),
+        Binding("right", "seek(1)", "Forward", key_display="→", id="replay.forward", priority=True),
+        Binding("shift+left", "seek(-6)", "Back 60 s", show=False, id="replay.back_more"),
+        Binding("shift+right", "seek(6)", "Forward 60 s", show=False, id="replay.forward_more"),
+        Binding("left_square_bracket", "speed(0)", "Slower", key_display="[", id="replay.slower"),
+        Binding("right_square_bracket", "speed(1)", "Faster", key_display="]", id="replay.faster"),
+    ]
+
+    def __init__(self, store: Store, player: Player, recording: Recording, **kwargs: Any) -> None:
+        # The Player stands where the Sampler stands (start, stop, pause, rounds).
+        super().__init__(store, cast(Sampler, player), clock=player.clock, **kwargs)
+        self.player = player
+        self.recording = recording
+
+    def _header(self, dash: view.Dashboard) -> Text:
+        text = super()._header(dash)
+        player = self.player
+        state = "PAUSED" if player.paused else ("END" if player.at_end else "▶")
+        text.append(
+            f"   REPLAY {_clock_text(player.offset)} / {_clock_text(self.recording.duration)}"
+            f"  ×{player.speed:g}  {state} ",
+            style="bold black on magenta",
+        )
+        return text
+
+    def refresh_view(self) -> None:
+        # The cursor moves even where nothing was recorded: keep the header's clock true.
+        super().refresh_view()
+        if self._mounted and self.dashboard is not None:
+            self._set(self.header_bar, self._header(self.dashboard))
+
+    def action_toggle_play(self) -> None:
+        self.player.pause(not self.player.paused)
+        self.refresh_view()
+
+    def action_seek(self, direction: int) -> None:
+        self.player.step_by(direction * SEEK_S)
+        self.refresh_view()
+
+    def action_speed(self, up: int) -> None:
+        speed = self.player.faster(bool(up))
+        self.notify(f"speed ×{speed:g}", timeout=1.5)
+        self.refresh_view()
