@@ -52,6 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--interval", type=_positive_float, default=1.0, help="refresh interval in seconds"
     )
+    parser.add_argument(
+        "--only",
+        type=_gpu_list,
+        default=None,
+        metavar="0,2",
+        help="the dashboard shows only these GPUs (the driver's numbers)",
+    )
     parser.add_argument("--socket-dir", type=Path, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
@@ -66,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--step-time", type=_positive_float, default=0.1, help="seconds per step")
     demo.add_argument("--no-ui", action="store_true", help="only run the trainers until Ctrl-C")
     demo.add_argument("--interval", type=_positive_float, default=None, help=argparse.SUPPRESS)
+    demo.add_argument("--only", type=_gpu_list, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     cleanup = sub.add_parser("cleanup", help="gc + empty_cache inside a trainer")
     cleanup.add_argument("pid", type=int)
@@ -92,10 +100,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     sub.add_parser("run", help="run a Python program with the agent: run [--] script.py args")
-
-    from memtop.commands import replay as replay_command
-
-    replay_command.add_parser(sub)
 
     from memtop.commands import replay as replay_command
 
@@ -154,10 +158,6 @@ def _main(argv: Sequence[str] | None) -> int:
             from memtop.commands import replay as replay_command
 
             return replay_command.run(args)
-        if args.command == "replay":
-            from memtop.commands import replay as replay_command
-
-            return replay_command.run(args)
         if args.command == "estimate":
             return _estimate(args)
         if args.command == "export":
@@ -169,9 +169,6 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"memtop: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except UnsafeSocketDir as exc:
-        print(f"memtop: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    except CommandError as exc:
         print(f"memtop: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except CommandError as exc:
@@ -268,13 +265,31 @@ def _watch(args: argparse.Namespace, simulated_only: bool) -> int:
     return _text_view(args, simulated_only)
 
 
+def _gpu_list(text: str) -> frozenset[int]:
+    """`--only 0,2`: GPU numbers as the driver numbers them."""
+    try:
+        numbers = frozenset(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected GPU numbers like 0,2, got {text!r}") from None
+    if not numbers or min(numbers) < 0:
+        raise argparse.ArgumentTypeError(f"expected GPU numbers like 0,2, got {text!r}")
+    return numbers
+
+
 def _dashboard(args: argparse.Namespace, simulated_only: bool) -> int:
+    from memtop.ui import config
     from memtop.ui.app import MemtopApp
 
     sampler = _make_sampler(args, simulated_only)
     try:
         # The app starts the sampler once its first frame is out (start-up budget, DESIGN §9).
-        MemtopApp(sampler.store, sampler, interval=args.interval).run()
+        MemtopApp(
+            sampler.store,
+            sampler,
+            interval=args.interval,
+            only=getattr(args, "only", None),
+            config=config.load(),
+        ).run()
     finally:
         sampler.stop()
     return EXIT_OK

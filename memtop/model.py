@@ -85,6 +85,7 @@ class DeviceReading:
     # A one-line description of what failed for this device ("GPU is lost", "not supported: …").
     # Fields that could not be read are None; the others are still valid.
     error: str | None = None
+    power_watts: float | None = None  # board power draw (nvmlDeviceGetPowerUsage)
 
 
 @dataclass(frozen=True, slots=True)

@@ -127,6 +127,7 @@ class GpuObservation:
     processes: tuple[GpuProcess, ...]  # as the driver lists them (agents' pids without one)
     agents: tuple[AgentDeviceObservation, ...]
     used_history: tuple[tuple[float, ...], tuple[float, ...]] = ((), ())  # times, used bytes
+    power_watts: float | None = None
 
     @property
     def peak_sum_bytes(self) -> int:
@@ -370,6 +371,7 @@ def _gpus(
                     free_bytes=d.free_bytes,
                     utilization_percent=d.utilization_percent,
                     temperature_c=d.temperature_c,
+                    power_watts=d.power_watts,
                     source=d.source,
                     error=d.error,
                     processes=d.processes,

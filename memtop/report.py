@@ -187,6 +187,8 @@ def render_text(report: dict[str, Any]) -> str:
         for s in report["suggestions"]:
             lines.append(f"[{s['severity']}] pid {s['pid']} GPU {s['device']}: {s['title']}")
             lines.append(f"    {s['evidence']}")
+            if s.get("detail"):  # what to do, in prose (a leak's usual culprits)
+                lines.append(f"    what to do: {s['detail']}")
             if s.get("fix"):
                 lines.append(f"    fix: {s['fix']}")
     return "\n".join(lines) + "\n"

@@ -185,12 +185,17 @@ def test_terminate_asks_then_signals_and_marks_exited(socket_dir: Path, tmp_path
             await select(app, victim.pid)
             await pilot.press("k")
             assert isinstance(app.screen, ConfirmScreen)
-            await pilot.press("n")  # "no" leaves it running
+            await pilot.press("q")  # q cancels the dialog (it does not quit, nor do nothing)
+            await pilot.pause(0.3)
+            assert not isinstance(app.screen, ConfirmScreen)
+            assert victim.poll() is None and app.is_running
+            await pilot.press("k")
+            await pilot.press("n")  # so does n
             await pilot.pause(0.3)
             assert victim.poll() is None
             await pilot.press("k")
-            await pilot.press("y")
-            await wait_for(pilot, lambda: any("SIGTERM" in n for n in notifications(app)))
+            await pilot.press("9")  # the dialog offers TERM (t), INT (i) and KILL (9)
+            await wait_for(pilot, lambda: any("SIGKILL" in n for n in notifications(app)))
             await wait_for(pilot, lambda: victim.poll() is not None)
             table = app.query_one(ProcessTable)
             await wait_for(

@@ -270,9 +270,11 @@ def leak(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable[Suggest
             device=agent.index,
             title=f"Leak: {rate}{eta}",
             detail=LEAK_CULPRITS,
+            # The rate is in the title: the evidence says how sure, so a narrow pane that cuts
+            # it still shows the confidence and the sample count.
             evidence=(
-                f"baseline after each step grows {rate} {since}, confidence "
-                f"{100 * estimate.confidence:.1f} % over {estimate.samples} samples"
+                f"confidence {100 * estimate.confidence:.1f} % over {estimate.samples} samples; "
+                f"the baseline after each step grows {since}"
             ),
             effect_bytes=(
                 round(estimate.bytes_per_second * 3600)

@@ -31,6 +31,8 @@ class TrainerPlan:
     scenario: str
     scale: float = 1.0
     seed: int = 0
+    rank: int | None = None  # a rank of a DDP job: RANK / LOCAL_RANK / WORLD_SIZE set for it
+    world_size: int | None = None
 
 
 def plan(scenario: str, gpus: int) -> list[TrainerPlan]:
@@ -38,7 +40,18 @@ def plan(scenario: str, gpus: int) -> list[TrainerPlan]:
     job sharing GPU 0 and a fragmenting one sharing the last GPU."""
     if scenario != "mixed":
         return [TrainerPlan(gpu, scenario, seed=gpu) for gpu in range(gpus)]
-    plans = [TrainerPlan(gpu, "healthy", scale=0.5, seed=gpu) for gpu in range(gpus)]
+    ranked = gpus >= 2  # a job of one rank per GPU, as torchrun would start it
+    plans = [
+        TrainerPlan(
+            gpu,
+            "healthy",
+            scale=0.5,
+            seed=gpu,
+            rank=gpu if ranked else None,
+            world_size=gpus if ranked else None,
+        )
+        for gpu in range(gpus)
+    ]
     plans.append(TrainerPlan(0, "leak", scale=0.5, seed=100))
     plans.append(TrainerPlan(gpus - 1, "fragment", scale=0.5, seed=101))
     if gpus >= 3:
@@ -118,8 +131,20 @@ class Demo:
                 "--seed",
                 str(trainer.seed),
             ]
+            rank_env = {}
+            if trainer.rank is not None:
+                rank_env = {
+                    "RANK": str(trainer.rank),
+                    "LOCAL_RANK": str(trainer.rank),
+                    "WORLD_SIZE": str(trainer.world_size),
+                }
             self.processes.append(
-                subprocess.Popen(command, env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+                subprocess.Popen(
+                    command,
+                    env={**env, **rank_env},
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
             )
         return [p.pid for p in self.processes]
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import time
 from pathlib import Path
 
 from memtop.model import SOURCE_SIM, DeviceReading, GpuProcess, NvmlReading
@@ -22,6 +24,7 @@ class SimulatedDeviceSource:
             for spec in registry.gpus():
                 usage = registry.usage_by_pid(spec.index)
                 used = sum(usage.values())
+                util, temperature, power = _plausible_load(spec.index, len(usage))
                 devices.append(
                     DeviceReading(
                         index=spec.index,
@@ -32,6 +35,9 @@ class SimulatedDeviceSource:
                         free_bytes=max(0, spec.total_bytes - used),
                         processes=tuple(GpuProcess(pid, n) for pid, n in sorted(usage.items())),
                         source=SOURCE_SIM,
+                        utilization_percent=util,
+                        temperature_c=temperature,
+                        power_watts=power,
                     )
                 )
         if not devices:
@@ -40,3 +46,15 @@ class SimulatedDeviceSource:
 
     def close(self) -> None:
         pass
+
+
+def _plausible_load(index: int, processes: int) -> tuple[int, int, float]:
+    """Utilisation, temperature and power an H100 shows under this many trainers: busy GPUs
+    at 80-99 %, 45-75 °C, up to ~700 W; idle ones at 0 %, ~32 °C, ~70 W.  They drift slowly
+    (a new value every 5 s), as a real board's do between kernels."""
+    if processes == 0:
+        return 0, 32 + index % 3, 70.0
+    phase = int(time.time() // 5) / 3 + index
+    util = min(99, 80 + 5 * min(processes, 3) - 3 + round(4 * math.sin(phase)))
+    temperature = 45 + util * 3 // 10 + index % 4
+    return util, temperature, round(90 + util * 6.1 + 10 * math.cos(phase), 0)

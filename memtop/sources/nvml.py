@@ -374,6 +374,7 @@ class NvmlSource:
             temperature = self._optional(
                 device, "temperature", errors, "nvmlDeviceGetTemperature", temperature_sensor
             )
+            milliwatts = self._optional(device, "power", errors, "nvmlDeviceGetPowerUsage")
         except _DeviceLost as lost:
             device.handle = None
             device.down_error = lost.line
@@ -392,6 +393,7 @@ class NvmlSource:
             ),
             temperature_c=None if temperature is None else _u64(temperature),
             processes=processes,
+            power_watts=None if _u64(milliwatts) is None else (_u64(milliwatts) or 0) / 1000,
             source=self._source,
             error="; ".join(dict.fromkeys(errors)) or None,
         )

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psutil
 
@@ -26,6 +27,10 @@ class ProcessInfo:
     name: str
     # When the process started (psutil's create_time): tells a reused pid from the original.
     create_time: float | None = None
+    ppid: int | None = None  # the launcher of a torchrun rank
+    # Host usage, refreshed every USAGE_EVERY_S (the dashboard's CPU% and RSS columns).
+    cpu_percent: float | None = None
+    rss: int | None = None
 
     @property
     def command(self) -> str:
@@ -51,31 +56,63 @@ def read_process(pid: int) -> ProcessInfo:
                 cmdline = ()
             name = clean_text(process.name(), 100)
             created: float | None = process.create_time()
+            ppid: int | None = process.ppid()
     except psutil.Error:
         return ProcessInfo(pid, None, None, (), "?")
-    return ProcessInfo(pid, uid, user, cmdline, name, created)
+    return ProcessInfo(pid, uid, user, cmdline, name, created, ppid)
+
+
+USAGE_EVERY_S = 3.0  # host CPU % and RSS: a slow column, re-read at most this often
 
 
 class ProcessDirectory:
-    """A per-pid cache of ProcessInfo, refreshed for pids it has not seen."""
+    """A per-pid cache of ProcessInfo, refreshed for pids it has not seen; host CPU % and RSS
+    of the visible ones re-read every USAGE_EVERY_S (psutil keeps the CPU-time baseline in its
+    Process object, so those are kept too)."""
 
     def __init__(self) -> None:
         self._known: dict[int, ProcessInfo] = {}
+        self._handles: dict[int, psutil.Process] = {}
+        self._usage_at = 0.0
 
     def lookup(self, pids: Iterable[int]) -> dict[int, ProcessInfo]:
         wanted = set(pids)
         self._known = {pid: info for pid, info in self._known.items() if pid in wanted}
+        self._handles = {pid: h for pid, h in self._handles.items() if pid in wanted}
         for pid in wanted - self._known.keys():
             self._known[pid] = read_process(pid)
+        now = time.monotonic()
+        if now - self._usage_at >= USAGE_EVERY_S:
+            self._usage_at = now
+            for pid, info in self._known.items():
+                if info.visible:
+                    self._known[pid] = self._usage(info)
         return dict(self._known)
+
+    def _usage(self, info: ProcessInfo) -> ProcessInfo:
+        try:
+            handle = self._handles.get(info.pid)
+            if handle is None:
+                handle = self._handles[info.pid] = psutil.Process(info.pid)
+                handle.cpu_percent(None)  # the baseline; the next call measures from here
+                cpu = None
+            else:
+                cpu = handle.cpu_percent(None)
+            rss = handle.memory_info().rss
+        except psutil.Error:
+            return info
+        return replace(info, cpu_percent=cpu, rss=rss)
 
 
 class TerminateRefused(Exception):
     """Why a process was not signalled, in one line."""
 
 
-def terminate(pid: int, expected: ProcessInfo | None = None) -> str:
-    """Send SIGTERM to one of the current user's own processes; returns what was done.
+def terminate(
+    pid: int, expected: ProcessInfo | None = None, sig: signal.Signals = signal.SIGTERM
+) -> str:
+    """Send `sig` (SIGTERM unless the user chose INT or KILL) to one of the current user's own
+    processes; returns what was done.
 
     `expected` is what the user saw when confirming: if the pid now runs something else (it
     exited and the number was reused), nothing is sent.
@@ -101,9 +138,9 @@ def terminate(pid: int, expected: ProcessInfo | None = None) -> str:
     ):
         raise TerminateRefused(f"pid {pid} now runs something else; nothing sent")
     try:
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, sig)
     except ProcessLookupError:
         raise TerminateRefused(f"pid {pid} exited before the signal") from None
     except PermissionError:
         raise TerminateRefused(f"not permitted to signal pid {pid}") from None
-    return f"sent SIGTERM to pid {pid} ({now.name})"
+    return f"sent {sig.name} to pid {pid} ({now.name})"

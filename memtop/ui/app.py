@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Footer, OptionList, Static
+from textual.widgets import Footer, Input, OptionList, Static
 
 from memtop.observation import Observation, Observer
 from memtop.sampler import Sampler
@@ -27,6 +28,7 @@ from memtop.sources.agents import AgentError, AgentUnreachable
 from memtop.sources.processes import TerminateRefused, terminate
 from memtop.store import Store
 from memtop.ui import view
+from memtop.ui.config import UiConfig
 from memtop.ui.render import FREE
 from memtop.ui.widgets.gpu_panel import GpuPanel
 from memtop.ui.widgets.process_table import ProcessTable
@@ -40,22 +42,40 @@ COMPACT_WIDTH = 100  # narrower than this: short numbers, fewer columns
 COMPACT_HEIGHT = 30
 ACTION_TIMEOUT_S = 15.0
 MEMORY_VIZ = "https://pytorch.org/memory_viz"
-PROCESS_ACTIONS = {"cleanup", "reset_peak", "snapshot", "terminate", "copy_fix", "pause"}
+PROCESS_ACTIONS = {
+    "cleanup",
+    "reset_peak",
+    "snapshot",
+    "terminate",
+    "copy_fix",
+    "pause",
+    "filter",
+}
+EVENT_SHOW_S = 8.0  # "agent N attached" and the like stay this long in the status line
+# The signals `k` offers, in its dialog's order: (key, name, signal, what it does).
+SIGNALS = (
+    ("t", "TERM", signal.SIGTERM, "ask it to stop (it may save and exit)"),
+    ("i", "INT", signal.SIGINT, "as Ctrl-C in its terminal (KeyboardInterrupt)"),
+    ("9", "KILL", signal.SIGKILL, "stop it at once (nothing saved)"),
+)
 
 
 class MemtopApp(App[None]):
     TITLE = "memtop"
     CSS_PATH = "memtop.tcss"
     ENABLE_COMMAND_PALETTE = False
+    # Every binding has an id: the user's keymap (config.toml [keys]) rebinds by id, and the
+    # help screen is generated from these (memtop.ui.screens.help).
     BINDINGS = [
-        Binding("c", "cleanup", "Cleanup"),
-        Binding("r", "reset_peak", "Reset peak"),
-        Binding("s", "snapshot", "Snapshot"),
-        Binding("k", "terminate", "Kill"),
-        Binding("y", "copy_fix", "Copy fix"),
-        Binding("p", "pause", "Pause"),
-        Binding("question_mark", "help", "Help", key_display="?"),
-        Binding("q", "quit", "Quit"),
+        Binding("c", "cleanup", "Cleanup", id="cleanup", tooltip="gc.collect() + empty_cache()"),
+        Binding("r", "reset_peak", "Reset", id="reset_peak", tooltip="reset the peak"),
+        Binding("s", "snapshot", "Snapshot", id="snapshot"),
+        Binding("k", "terminate", "Kill", id="kill"),
+        Binding("y", "copy_fix", "Copy fix", id="copy_fix"),
+        Binding("slash", "filter", "Filter", key_display="/", id="filter"),
+        Binding("p", "pause", "Pause", id="pause"),
+        Binding("question_mark,f1", "help", "Help", key_display="?", id="help"),
+        Binding("q,f10", "quit", "Quit", id="quit"),
     ]
 
     def __init__(
@@ -69,6 +89,8 @@ class MemtopApp(App[None]):
         host: str | None = None,
         my_uid: int | None = None,
         observer: Observer | None = None,
+        only: set[int] | frozenset[int] | None = None,
+        config: UiConfig | None = None,
     ) -> None:
         super().__init__()
         self.store = store
@@ -88,6 +110,10 @@ class MemtopApp(App[None]):
         self._shown: dict[str | None, tuple[object, ...]] = {}  # what each Static shows now
         self._mounted = False  # the first Resize arrives before on_mount
         self.refreshes = 0
+        self.only = frozenset(only) if only else None  # GPUs to show (--only 0,2)
+        self.config = config or UiConfig()
+        self._users: dict[int, str] = {}  # pid → owner, remembered past the process's exit
+        self._event: tuple[str | None, float] = (None, 0.0)  # status message, when first seen
 
     # ------------------------------------------------------------------ layout
 
@@ -98,8 +124,31 @@ class MemtopApp(App[None]):
             yield ProcessTable()
             yield SuggestionsPane()
         yield Static(id="empty")
+        yield Input(
+            placeholder="filter: pid, user, command, gpu0…  (enter keeps, esc clears)", id="filter"
+        )
         yield Static(id="status")
         yield Footer(compact=True)
+
+    def on_load(self) -> None:
+        from memtop.ui.themes import apply_theme
+
+        problems = list(self.config.problems)
+        why = apply_theme(self, self.config.theme)
+        if why:
+            problems.append(why)
+        if self.config.keys:
+            known = {b.id for b in self._bindings_with_ids()}
+            unknown = sorted(set(self.config.keys) - known)
+            if unknown:
+                problems.append(f"config: no binding with id {', '.join(unknown)} (see ? help)")
+            self.set_keymap({k: v for k, v in self.config.keys.items() if k in known})
+        self._config_problems = problems
+
+    def _bindings_with_ids(self) -> list[Binding]:
+        return [
+            b for b in (*self.BINDINGS, *ProcessTable.BINDINGS) if isinstance(b, Binding) and b.id
+        ]
 
     def on_mount(self) -> None:
         # The widgets a refresh touches, looked up once rather than every second.
@@ -110,8 +159,12 @@ class MemtopApp(App[None]):
         self.gpu_panel = self.query_one(GpuPanel)
         self.table = self.query_one(ProcessTable)
         self.suggestions = self.query_one(SuggestionsPane)
+        self.filter_input = self.query_one("#filter", Input)
+        self.filter_input.display = False
         self.gpu_panel.can_focus = False
         self.table.focus()
+        for problem in self._config_problems:
+            self.notify(problem, severity="warning", timeout=10)
         self._mounted = True
         self.refresh_view()
         self.set_interval(self.interval, self.refresh_view)
@@ -138,12 +191,18 @@ class MemtopApp(App[None]):
         """Render the newest observation, if anything was written since the last time."""
         generation = self.store.generation
         if generation == self._generation:
+            if self.dashboard is not None and self._event[0] and self._mounted:
+                self._set(self.status_line, self._status(self.dashboard))  # let it expire
             return
         self._generation = generation
         self.refreshes += 1
         self.observation = self.observer.latest()
         sampled = self.sampler is None or self.sampler.rounds > 0
-        dash = view.build(self.observation, sampled=sampled, my_uid=self.my_uid, host=self.host)
+        dash = view.build(
+            self.observation, sampled=sampled, my_uid=self.my_uid, host=self.host, users=self._users
+        )
+        if self.only is not None:
+            dash = view.only_gpus(dash, self.only)
         self.dashboard = dash
         compact = self.size.width < COMPACT_WIDTH or self.size.height < COMPACT_HEIGHT
         dense = len(dash.gpus) * 2 > max(4, int(self.size.height * 0.3))
@@ -180,6 +239,8 @@ class MemtopApp(App[None]):
             f"{dash.agents} agent{'s' if dash.agents != 1 else ''}",
             f"every {self.interval:g} s",
         ]
+        if self.only is not None:
+            parts.insert(1, "only GPU " + ",".join(str(i) for i in sorted(self.only)))
         text.append("  " + "  ·  ".join(parts), style=FREE)
         if self.sampler is not None and self.sampler.paused:
             text.append("   PAUSED (p resumes) ", style="bold black on yellow")
@@ -192,7 +253,10 @@ class MemtopApp(App[None]):
             return Text(f" NVML: {dash.nvml_error}", style="yellow")
         if dash.state == view.WAITING:
             return Text(" reading devices and agents…", style=FREE)
-        if dash.last_event:
+        # An event ("agent 4201 attached") is news for a few seconds, not a status.
+        if dash.last_event != self._event[0]:
+            self._event = (dash.last_event, time.monotonic())
+        if dash.last_event and time.monotonic() - self._event[1] < EVENT_SHOW_S:
             return Text(" " + dash.last_event, style=FREE)
         return Text(" ")
 
@@ -254,7 +318,11 @@ class MemtopApp(App[None]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         # Behind a modal (help, confirmation) the dashboard's keys are asleep.
-        return not (action in PROCESS_ACTIONS and isinstance(self.screen, ModalScreen))
+        if action in PROCESS_ACTIONS and isinstance(self.screen, ModalScreen):
+            return False
+        # On the detail screen, keys that mean nothing there leave the footer (at 80 columns
+        # it must show its last key, q Quit, whole).
+        return not (action in ("pause", "filter") and self._detail_screen() is not None)
 
     def _agent_target(self, verb: str) -> view.ProcessRow | None:
         """The selected process if `verb` can be done in it; otherwise say why not."""
@@ -389,10 +457,11 @@ class MemtopApp(App[None]):
             self.notify(refusal, severity="error", timeout=8)
             return
 
-        def answered(yes: bool | None) -> None:
-            if yes:
+        def answered(choice: object) -> None:
+            sig = signal.SIGTERM if choice is True else choice
+            if isinstance(sig, signal.Signals):
                 self.run_worker(
-                    lambda: self._terminate(row.pid, info), thread=True, exit_on_error=False
+                    lambda: self._terminate(row.pid, info, sig), thread=True, exit_on_error=False
                 )
 
         from memtop.ui.screens.confirm import ConfirmScreen
@@ -400,19 +469,20 @@ class MemtopApp(App[None]):
         command = info.command
         self.push_screen(
             ConfirmScreen(
-                f"Terminate pid {row.pid}?",
-                f"{command[:200]}\n\nmemtop sends SIGTERM; the process may save and exit.",
+                f"Signal pid {row.pid}?",
+                f"{command[:200]}",
+                choices=[(key, f"{name} ({key})", sig, what) for key, name, sig, what in SIGNALS],
             ),
             answered,
         )
 
-    def _terminate(self, pid: int, info: Any) -> None:
+    def _terminate(self, pid: int, info: Any, sig: signal.Signals = signal.SIGTERM) -> None:
         try:
             # Checked again just before the signal (terminate re-reads owner, command, start).
             refusal = self.sampler.may_signal(pid) if self.sampler is not None else None
             if refusal is not None:
                 raise TerminateRefused(refusal)
-            message = terminate(pid, expected=info)
+            message = terminate(pid, expected=info, sig=sig)
         except TerminateRefused as exc:
             self.call_from_thread(self.notify, str(exc), severity="error")
         else:
@@ -427,19 +497,61 @@ class MemtopApp(App[None]):
         self.notify("Sampling paused." if self.sampler.paused else "Sampling resumed.", timeout=2)
 
     def action_copy_fix(self) -> None:
-        """Copy the highlighted suggestion's fix (OSC 52: works over SSH in most terminals);
-        from the table, the most severe suggestion that has one."""
+        """Copy a fix (OSC 52: works over SSH in most terminals): the focused suggestion's; from
+        the table or the detail screen, the most severe fix for the selected process — never
+        another process's."""
         pane = self.suggestions
-        item = pane.selected() if self.focused is pane else None
-        if item is not None and not item.fix:
-            self.notify(f"“{item.title}” has no one-line fix.", severity="warning")
-            return
-        fix = item.fix if item is not None else next((i.fix for i in pane.items if i.fix), None)
-        if not fix:
-            self.notify("No suggestion with a fix to copy.", severity="warning")
-            return
+        if self.focused is pane and self._detail_screen() is None:
+            item = pane.selected()
+            if item is None:
+                self.notify("No suggestion highlighted.", severity="warning")
+                return
+            if not item.fix:
+                self.notify(f"“{item.title}” has no one-line fix.", severity="warning")
+                return
+            fix = item.fix or ""
+        else:
+            row = self.selected_row()
+            if row is None:
+                self.notify("No process selected: move to one with ↑/↓.", severity="warning")
+                return
+            mine = [i for i in self._items_of(row) if i.fix]
+            if not mine:
+                self.notify(f"No suggestion for pid {row.pid} has a fix.", severity="warning")
+                return
+            fix = mine[0].fix or ""  # most severe first
         self.copy_to_clipboard(fix)
         self.notify(f"Copied: {fix}", timeout=4)
+
+    def _items_of(self, row: view.ProcessRow) -> list[view.SuggestionItem]:
+        items = self.dashboard.suggestions if self.dashboard else ()
+        return [i for i in items if i.pid == row.pid and i.device in (None, row.gpu)]
+
+    def action_filter(self) -> None:
+        if self._detail_screen() is not None:
+            return
+        self.filter_input.display = True
+        self.filter_input.value = self.table.filter
+        self.filter_input.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input is self.filter_input:
+            self.table.set_filter(event.value)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input is self.filter_input:
+            self._close_filter(keep=True)
+
+    def _close_filter(self, keep: bool) -> None:
+        if not keep:
+            self.table.set_filter("")
+        self.filter_input.display = False
+        self.table.focus()
+
+    def on_key(self, event: Any) -> None:
+        if event.key == "escape" and self.focused is self.filter_input:
+            event.stop()
+            self._close_filter(keep=False)
 
     def action_help(self) -> None:
         from memtop.ui.screens.help import HelpScreen

@@ -7,9 +7,10 @@ them needs no Textual, so tests can check the joins and the wording without a te
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from memtop.diagnosis import DeviceDiagnosis, Suggestion
 from memtop.model import SOURCE_AGENT, SOURCE_SIM, AgentStatus, Severity
@@ -76,6 +77,11 @@ class GpuRow:
     fragmentation: float | None  # the worst smoothed gauge of its agents
     trend: Trend
     error: str | None
+    # Red only when the gauge is judged worth fixing (a suggestion says so), not at a bare 0.20.
+    fragmentation_flagged: bool = False
+    utilization: int | None = None  # percent, NVML
+    temperature: int | None = None  # °C
+    power_watts: float | None = None
 
     @property
     def used_share(self) -> float | None:
@@ -100,6 +106,19 @@ class ProcessRow:
     state: str  # "agent", "exited", "unreachable", "no agent"
     trend: str  # "+8.0 MiB/step" for a leak, "" otherwise
     own: bool
+    full_command: str = ""  # the whole command line (the table shows `command`: basename + args)
+    rank: int | None = None  # RANK / LOCAL_RANK / WORLD_SIZE from the agent's hello
+    local_rank: int | None = None
+    world_size: int | None = None
+    launcher: int | None = None  # the parent pid of a rank (torchrun): the group it sits in
+    cpu_percent: float | None = None  # host CPU of the process
+    rss: int | None = None  # host resident memory
+    started: float | None = None  # unix time the process started
+
+    @property
+    def last_known(self) -> bool:
+        """Its memory figures are the last ones seen, not live (the process has exited)."""
+        return self.state == "exited"
 
     @property
     def has_agent(self) -> bool:
@@ -116,6 +135,9 @@ class SuggestionItem:
     evidence: str
     fix: str | None
     effect: str | None
+    detail: str = ""  # what to do / why, in prose (a leak's usual culprits)
+    effect_kind: str = "saving"  # "saving" (green), "growth" (red), "excess" (yellow), "room"
+    rule: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,11 +159,15 @@ def build(
     sampled: bool = True,
     my_uid: int | None = None,
     host: str | None = None,
+    users: MutableMapping[int, str] | None = None,
 ) -> Dashboard:
-    """The whole dashboard from one observation."""
+    """The whole dashboard from one observation.  `users`, kept by the caller between builds,
+    remembers each pid's owner so that an exited process still names its user."""
     my_uid = obs.uid if my_uid is None else my_uid
-    gpus = tuple(_gpu_row(gpu) for gpu in obs.gpus)
-    processes = tuple(_process_row(entry, my_uid) for entry in obs.entries)
+    flagged = {(s.pid, s.device) for s in obs.suggestions if s.rule == "expandable_segments"}
+    gpus = tuple(_gpu_row(gpu, flagged) for gpu in obs.gpus)
+    users = users if users is not None else {}
+    processes = tuple(_process_row(entry, my_uid, users) for entry in obs.entries)
     if not sampled:
         state = WAITING
     elif not gpus and not obs.agents:
@@ -173,7 +199,7 @@ def _source(obs: Observation) -> str:
 # ----------------------------------------------------------------------------------- GPUs
 
 
-def _gpu_row(gpu: GpuObservation) -> GpuRow:
+def _gpu_row(gpu: GpuObservation, flagged: set[tuple[int | None, int | None]]) -> GpuRow:
     on_it = gpu.agents
     reserved = sum(d.reserved_bytes for d in on_it)
     used = gpu.used_bytes
@@ -192,6 +218,10 @@ def _gpu_row(gpu: GpuObservation) -> GpuRow:
         fragmentation=max((d.diagnosis.fragmentation.gauge_smoothed for d in on_it), default=None),
         trend=_trend(gpu),
         error=gpu.error,
+        fragmentation_flagged=any((d.pid, d.index) in flagged for d in on_it),
+        utilization=gpu.utilization_percent,
+        temperature=gpu.temperature_c,
+        power_watts=getattr(gpu, "power_watts", None),
     )
 
 
@@ -269,16 +299,36 @@ def _scaled(values: list[float], total: int | None, trend: Trend) -> Trend:
 STATE_LABELS = {AgentStatus.CONNECTED: "agent", AgentStatus.EXITED: "exited"}
 
 
-def _process_row(entry: ProcessEntry, my_uid: int) -> ProcessRow:
+def short_command(argv: Sequence[str]) -> str:
+    """`train_gpt.py --mode leak …`: the program's basename and its arguments (the arguments
+    tell runs apart; the directory rarely does).  An interpreter in front of a script goes."""
+    args = list(argv)
+    if not args:
+        return "?"
+    program = os.path.basename(args[0])
+    if program.startswith("python") and len(args) > 1 and not args[1].startswith("-"):
+        args = args[1:]
+        program = os.path.basename(args[0])
+    return " ".join([program, *args[1:]])
+
+
+def _process_row(entry: ProcessEntry, my_uid: int, users: MutableMapping[int, str]) -> ProcessRow:
     info = entry.info
     own = info is not None and info.uid == my_uid
+    if info is not None and info.user:
+        users[entry.pid] = info.user
+    user = users.get(entry.pid, "?")
+    host = _host_usage(info)
     agent, dev = entry.agent, entry.device
     if agent is None:
+        argv = info.cmdline if info and info.visible and info.cmdline else ()
         return ProcessRow(
             key=f"{entry.pid}:{entry.uuid}",
             pid=entry.pid,
-            user=_user(info),
-            command=info.command if info and info.visible else "?",
+            user=user,
+            command=short_command(argv) if argv else (info.name if info and info.visible else "?"),
+            full_command=info.command if info and info.visible else "?",
+            **host,
             gpu=entry.gpu,
             device=None,
             used=entry.used_bytes,
@@ -290,14 +340,26 @@ def _process_row(entry: ProcessEntry, my_uid: int) -> ProcessRow:
             trend="",
             own=own,
         )
-    command = " ".join(agent.argv) if agent.argv else (info.command if info else "?")
+    argv = agent.argv or (info.cmdline if info else ())
+    command = short_command(argv) if argv else "?"
+    full = " ".join(argv) if argv else "?"
+    extra = agent.hello.extra if agent.hello is not None else {}
+    ranks = {
+        "rank": _int_or_none(extra.get("rank")),
+        "local_rank": _int_or_none(extra.get("local_rank")),
+        "world_size": _int_or_none(extra.get("world_size")),
+        "launcher": getattr(info, "ppid", None) if extra.get("rank") is not None else None,
+    }
     state = STATE_LABELS.get(agent.status, str(agent.status))
     if dev is None:  # an agent that has not sampled yet, or cannot be reached
         return ProcessRow(
             key=f"{agent.pid}:-",
             pid=agent.pid,
-            user=_user(info),
+            user=user,
             command=command,
+            full_command=full,
+            **ranks,
+            **host,
             gpu=None,
             device=None,
             used=None,
@@ -316,8 +378,11 @@ def _process_row(entry: ProcessEntry, my_uid: int) -> ProcessRow:
     return ProcessRow(
         key=f"{agent.pid}:{dev.uuid or dev.index}",
         pid=agent.pid,
-        user=_user(info),
+        user=user,
         command=command,
+        full_command=full,
+        **ranks,
+        **host,
         gpu=dev.gpu,
         device=dev.index,
         used=entry.used_bytes,
@@ -331,8 +396,17 @@ def _process_row(entry: ProcessEntry, my_uid: int) -> ProcessRow:
     )
 
 
-def _user(info: ProcessInfo | None) -> str:
-    return info.user or "?" if info is not None else "?"
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _host_usage(info: ProcessInfo | None) -> dict[str, Any]:
+    """Host CPU %, RSS and start time, where the process directory measured them."""
+    return {
+        "cpu_percent": getattr(info, "cpu_percent", None),
+        "rss": getattr(info, "rss", None),
+        "started": info.create_time if info is not None else None,
+    }
 
 
 # ---------------------------------------------------------------------------- suggestions
@@ -369,8 +443,16 @@ def suggestion_items(
         if len(group) == 1:
             items.append(_item(group[0]))
             continue
-        saving = sum(s.effect_bytes or 0 for s in group)
+        # Savings add up (each is memory the process would stop using); a bigger batch's
+        # headroom is memory it does not use yet: never summed with them.
+        saving = sum(s.effect_bytes or 0 for s in group if EFFECT_KINDS.get(s.rule) is None)
+        room = sum(s.effect_bytes or 0 for s in group if EFFECT_KINDS.get(s.rule) == "room")
         names = ", ".join(_short_title(s) for s in group)
+        effects = []
+        if saving:
+            effects.append(f"saves up to {format_bytes(saving)}")
+        if room:
+            effects.append(f"{format_bytes(room)} unused")
         items.append(
             SuggestionItem(
                 key=f"tips:{pid}",
@@ -380,7 +462,10 @@ def suggestion_items(
                 title=f"{len(group)} tips: {names}",
                 evidence="; ".join(s.evidence for s in group if s.evidence),
                 fix=None,
-                effect=f"up to {format_bytes(saving)}" if saving else None,
+                effect=" · ".join(effects) or None,
+                detail=" ".join(s.detail for s in group if s.detail),
+                effect_kind="saving" if saving else "room",
+                rule="tips",
             )
         )
     if not have_agents:
@@ -409,6 +494,8 @@ EFFECT_WORDING = {
     "bigger_batch": "{} unused",
     "expandable_segments": "{} stuck in splits",
 }
+# How the pane colours an effect: savings green, growth (a leak) red, excess yellow.
+EFFECT_KINDS = {"leak": "growth", "usage": "excess", "bigger_batch": "room"}
 SHORT_TITLES = {
     "8bit_optimizer": "8-bit optimizer",
     "bf16_parameters": "bf16 weights",
@@ -430,6 +517,9 @@ def _item(s: Suggestion) -> SuggestionItem:
         evidence=s.evidence,
         fix=s.fix,
         effect=effect,
+        detail=s.detail,
+        effect_kind=EFFECT_KINDS.get(s.rule, "saving"),
+        rule=s.rule,
     )
 
 
@@ -439,7 +529,7 @@ def _short_title(s: Suggestion) -> str:
 
 # --------------------------------------------------------------------------------- detail
 
-DETAIL_SAMPLES = 900  # the chart's window: 15 minutes at the default interval
+DETAIL_SAMPLES = 1 << 30  # the chart's window: the whole history the store holds
 CHART_POINTS = 240
 
 
@@ -460,6 +550,7 @@ class Detail:
     device: DeviceDiagnosis | None
     suggestions: tuple[SuggestionItem, ...]
     allocator_conf: str
+    newest: float | None = None  # unix time of x = 0 (the chart's wall-clock axis)
 
 
 def build_detail(obs: Observation, row: ProcessRow, gpu_uuid: str | None) -> Detail:
@@ -468,6 +559,7 @@ def build_detail(obs: Observation, row: ProcessRow, gpu_uuid: str | None) -> Det
     device = dev.diagnosis if dev is not None else None
     trend_line = None
     conf = ""
+    newest: float | None = None
     if dev is not None:
         history = dev.history
         times = history.time[-DETAIL_SAMPLES:]
@@ -497,13 +589,14 @@ def build_detail(obs: Observation, row: ProcessRow, gpu_uuid: str | None) -> Det
             times, used = gpu.used_history
             times, used = times[-DETAIL_SAMPLES:], used[-DETAIL_SAMPLES:]
             series.append(_series("GPU used", times, used, times[-1]))
+            newest = times[-1]
     # Every suggestion in full here: the info tips are not folded as in the main pane.
     items = tuple(
         _item(s if row.gpu is None else replace(s, device=row.gpu))
         for s in obs.diagnosis.suggestions_for(row.pid)
         if s.device in (None, row.device)
     )
-    return Detail(row, tuple(series), trend_line, device, items, conf)
+    return Detail(row, tuple(series), trend_line, device, items, conf, newest)
 
 
 def _series(name, times, values, newest, reduce=max) -> Series:  # type: ignore[no-untyped-def]
@@ -533,4 +626,15 @@ def _trend_line(
         "leak trend",
         (times[first] - newest, times[last] - newest),
         (level + slope * steps[first], level + slope * steps[last]),
+    )
+
+
+def only_gpus(dash: Dashboard, only: frozenset[int]) -> Dashboard:
+    """The dashboard restricted to the GPUs the user chose (`--only 0,2`, the driver's
+    numbers): their cards, their processes, and the suggestions about them."""
+    return replace(
+        dash,
+        gpus=tuple(g for g in dash.gpus if g.index in only),
+        processes=tuple(p for p in dash.processes if p.gpu in only),
+        suggestions=tuple(s for s in dash.suggestions if s.device is None or s.device in only),
     )

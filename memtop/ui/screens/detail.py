@@ -3,6 +3,8 @@ breakdown of its memory, fragmentation and pressure, and its suggestions in full
 
 from __future__ import annotations
 
+import time
+
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -14,7 +16,7 @@ from textual_plotext import PlotextPlot
 
 from memtop.ui.render import FREE, SEVERITY_STYLES, fragmentation_style, gauge, short_bytes
 from memtop.ui.view import Detail, ProcessRow
-from memtop.ui.widgets.suggestions import BADGES
+from memtop.ui.widgets.suggestions import BADGES, EFFECT_STYLES
 from memtop.units import GiB, format_bytes, format_duration
 
 COLOURS = {
@@ -53,10 +55,10 @@ class DetailScreen(Screen[None]):
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
-        self.query_one("#breakdown").border_title = "Breakdown"
+        self.query_one("#breakdown").border_title = "Breakdown at step boundary"
         self.query_one("#facts").border_title = "Allocator"
         self.query_one("#detail-suggestions-box").border_title = "Suggestions"
-        self.query_one("#chart").border_title = "History (GiB, seconds ago)"
+        self.query_one("#chart").border_title = "History (GiB, wall-clock time)"
 
     def show(self, detail: Detail) -> None:
         if detail == self.detail:
@@ -64,6 +66,12 @@ class DetailScreen(Screen[None]):
         self.detail = detail
         self.row = detail.row
         self.query_one("#detail-title", Static).update(_title(detail.row))
+        # The legend under the chart, not inside it over the data.
+        lines = [*detail.series, *([detail.trend_line] if detail.trend_line else [])]
+        legend = "  ".join(
+            f"[{COLOURS.get(series.name, 'white')}]■[/] {series.name}" for series in lines
+        )
+        self.query_one("#chart").border_title = f"History (GiB)  {legend}"
         self._chart(detail)
         self.query_one("#breakdown", Static).update(_breakdown(detail))
         self.query_one("#facts", Static).update(_facts(detail))
@@ -75,32 +83,44 @@ class DetailScreen(Screen[None]):
         plt.clear_data()
         plt.clear_figure()
         lines = [*detail.series, *([detail.trend_line] if detail.trend_line else [])]
+        oldest = 0.0
         for series in lines:
             if not series.xs:
                 continue
+            oldest = min(oldest, min(series.xs))
             plt.plot(
                 list(series.xs),
                 [y / GiB for y in series.ys],
-                label=series.name,
                 color=COLOURS.get(series.name, "white"),
                 marker="hd",  # quadrant blocks: in more fonts than braille
             )
         if not lines:
             plt.title("no history yet")
+        elif detail.newest is not None:
+            # Wall-clock ticks: "14:03" reads better than "-1800.0" over a long window.
+            ticks = [oldest + (0 - oldest) * i / 4 for i in range(5)]
+            span = -oldest
+            fmt = "%H:%M:%S" if span < 600 else "%H:%M"
+            labels = [time.strftime(fmt, time.localtime(detail.newest + t)) for t in ticks]
+            plt.xticks(ticks, labels)
         plot.refresh()
 
 
 def _title(row: ProcessRow) -> Text:
     text = Text.assemble(
         (f" pid {row.pid} ", "bold black on cyan"),
-        f"  GPU {row.gpu if row.gpu is not None else '—'}",
-        ("  ·  ", FREE),
+        f" GPU {row.gpu if row.gpu is not None else '—'}",
+        (" · ", FREE),
         (row.state, "yellow" if row.state == "exited" else "green"),
     )
+    if row.rank is not None:
+        text.append(f" · rank {row.rank}/{row.world_size or '?'}")
     if row.step is not None:
-        text.append(f"  ·  step {row.step}")
-    text.append(f"  ·  {row.user}  ·  ", style=FREE)
-    text.append(row.command)
+        text.append(f" · step {row.step}")
+    text.append(f" · {row.user} · ", style=FREE)
+    text.append(row.full_command or row.command)  # the whole line here (the table shortens it)
+    text.no_wrap = True
+    text.overflow = "ellipsis"
     return text
 
 
@@ -116,7 +136,9 @@ def _suggestions(detail: Detail) -> Table | Text:
         badge.stylize(SEVERITY_STYLES.get(item.severity, ""))
         body = Text(item.title, style="bold")
         if item.effect:
-            body.append(f"  {item.effect}", style="green")
+            body.append(f"  {item.effect}", style=EFFECT_STYLES.get(item.effect_kind, "green"))
+        if item.detail:
+            body.append(f"\n{item.detail}")
         if item.evidence:
             body.append(f"\n{item.evidence}", style=FREE)
         if item.fix:
@@ -127,61 +149,61 @@ def _suggestions(detail: Detail) -> Table | Text:
 
 
 def _breakdown(detail: Detail) -> Text:
+    """The parts of what was allocated right after an optimizer step (the agent measures them
+    there, when gradients are alive): they add up to that total, which is drawn with them."""
     device = detail.device
     if device is None:
-        return Text(
-            "No agent in this process: run it under `memtop run` to see what its memory is.",
-            FREE,
-        )
+        return _lines(["No agent in this process: run it under", "`memtop run` to see its parts."])
     roles = device.breakdown
     if not roles:
-        return Text("Waiting for the agent's first breakdown (every 10 s).", FREE)
-    total = max(1, device.allocated_bytes, sum(roles.get(k, 0) for k, _ in BREAKDOWN_ROLES))
-    text = Text()
+        return _lines(["Waiting for the agent's first", "breakdown (every 10 s)."])
+    parts = {key: roles.get(key, 0) for key, _ in BREAKDOWN_ROLES}
+    total = roles.get("allocated") or sum(parts.values())
+    total = max(1, total, sum(parts.values()))
+    text = Text(no_wrap=True, overflow="ellipsis")
     for key, name in BREAKDOWN_ROLES:
-        value = roles.get(key, 0)
+        value = parts[key]
         text.append(f"{name:<12}{short_bytes(value):>6} {100 * value / total:3.0f} % ")
-        text.append(gauge(value / total, 10), style="cyan")
+        text.append(gauge(value / total, 8), style="cyan")
         text.append("\n")
+    text.append(f"{'total':<12}{short_bytes(total):>6} 100 %", style="bold")
     fp32 = roles.get("fp32_parameter_bytes")
     if fp32:
-        text.append(f"fp32 parameters {format_bytes(fp32)}\n", style=FREE)
+        text.append(f"\nfp32 params {short_bytes(fp32):>6}", style=FREE)
     return text
 
 
+def _lines(lines: list[str], style: str = FREE) -> Text:
+    return Text("\n".join(lines), style=style, no_wrap=True, overflow="ellipsis")
+
+
 def _facts(detail: Detail) -> Text:
+    """Short lines that never wrap: a figure cut across two lines ("4.6 / GiB") misleads."""
     device = detail.device
     row = detail.row
-    text = Text()
+    text = Text(no_wrap=True, overflow="ellipsis")
     if device is None:
-        text.append(f"driver-charged {format_bytes(row.used)}\n")
+        text.append(f"driver-charged {format_bytes(row.used)}")
         return text
     frag = device.fragmentation
-    text.append("fragmentation ")
+    text.append("frag ")
     text.append(f"{frag.gauge_smoothed:.2f}", style=fragmentation_style(frag.gauge_smoothed))
-    text.append(f" (now {frag.gauge:.2f}), split {format_bytes(frag.inactive_split_bytes)}\n")
+    text.append(f" (now {frag.gauge:.2f}) split {short_bytes(frag.inactive_split_bytes)}\n")
     if frag.external is not None and frag.stranded_bytes is not None:
-        text.append(
-            f"stranded by splits {format_bytes(frag.stranded_bytes)} ({frag.external:.2f})\n"
-        )
+        text.append(f"stranded {short_bytes(frag.stranded_bytes)} ({frag.external:.2f})\n")
     if frag.largest_free_block_bytes is not None:
-        text.append(f"largest request from cache {format_bytes(frag.largest_free_block_bytes)}\n")
-    if frag.internal_bytes is not None:
-        text.append(f"internal (rounding) {format_bytes(frag.internal_bytes)}\n")
+        text.append(f"largest cached block {short_bytes(frag.largest_free_block_bytes)}\n")
     p = device.pressure
     text.append(f"retries {p.retries}, OOMs {p.ooms}")
     if p.window_s is not None:
-        text.append(
-            f" ({p.retries_recent} / {p.ooms_recent} in {format_duration(p.window_s)})", FREE
-        )
+        text.append(f" ({p.retries_recent}/{p.ooms_recent} in {format_duration(p.window_s)})", FREE)
     text.append("\n")
     leak = device.leak
     text.append("trend ", style="bold red" if leak.detected else "")
     text.append(f"{leak.reason}\n", style="bold red" if leak.detected else FREE)
     text.append(
-        f"allocated {format_bytes(device.allocated_bytes)}, "
-        f"reserved {format_bytes(device.reserved_bytes)}, "
-        f"releasable {format_bytes(device.releasable_bytes)}\n"
+        f"alloc {short_bytes(device.allocated_bytes)} · rsvd {short_bytes(device.reserved_bytes)}"
+        f" · releasable {short_bytes(device.releasable_bytes)}\n"
     )
-    text.append(f"PYTORCH_CUDA_ALLOC_CONF={detail.allocator_conf or '(unset)'}", style=FREE)
+    text.append(f"ALLOC_CONF={detail.allocator_conf or '(unset)'}", style=FREE)
     return text

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -27,6 +29,7 @@ from memtop.units import format_bytes
 
 # Below this width the second line uses short sizes (30.2G), so the trend keeps its room.
 WIDE_NUMBERS = 136
+SLOW_S = 3.0
 
 LEGEND = Text.assemble(
     ("█", ALLOCATED),
@@ -51,9 +54,26 @@ class GpuCard(Widget):
     def __init__(self, row: GpuRow) -> None:
         super().__init__()
         self.row = row
+        self._slow_at = 0.0
 
     def show(self, row: GpuRow) -> None:
+        # Utilisation, temperature and power are slow columns: a repaint for them alone comes
+        # at most every SLOW_S (the memory figures repaint as soon as they change).
+        now = time.monotonic()
+        if row != self.row and now - self._slow_at < SLOW_S:
+            row = replace(
+                row,
+                utilization=self.row.utilization,
+                temperature=self.row.temperature,
+                power_watts=self.row.power_watts,
+            )
         if row != self.row:
+            if (row.utilization, row.temperature, row.power_watts) != (
+                self.row.utilization,
+                self.row.temperature,
+                self.row.power_watts,
+            ):
+                self._slow_at = now
             self.row = row
             self.refresh()
 
@@ -97,13 +117,16 @@ class GpuCard(Widget):
         row = self.row
         indent = "     " if compact else "        "
         trend_min = 9 + len(row.trend.label())
+        device = self._device()
         if row.agents:
             line = self._numbers(indent, format_bytes, "  ", with_fragmentation=not compact)
-            if compact or width < WIDE_NUMBERS:
+            if compact or width < WIDE_NUMBERS + len(device):
                 line = self._numbers(indent, short_bytes, " ", with_fragmentation=not compact)
         else:
             processes = f"{row.processes} process{'es' if row.processes != 1 else ''}"
             line = Text(f"{indent}{processes}, no PyTorch agent", style=FREE)
+        if device and not compact:
+            line = Text.assemble(line, " ", device)
         room = width - len(line) - 2
         if room >= 10:
             line.append("  ")
@@ -130,9 +153,25 @@ class GpuCard(Widget):
 
     def _fragmentation(self, lead: str) -> Text:
         frag = self.row.fragmentation
+        style = fragmentation_style(frag)
+        if style == "bold red" and not self.row.fragmentation_flagged:
+            style = "yellow"  # red only with a suggestion saying it is worth fixing
         return Text.assemble(
             (f"{lead}frag ", FREE),
-            (f"{frag:.2f}" if frag is not None else "—", fragmentation_style(frag)),
+            (f"{frag:.2f}" if frag is not None else "—", style),
+        )
+
+    def _device(self) -> Text:
+        """Utilisation, temperature, power: fixed widths, so the line never shifts."""
+        row = self.row
+        if row.utilization is None and row.temperature is None and row.power_watts is None:
+            return Text()
+        util = f"{row.utilization:3d}%" if row.utilization is not None else "  —"
+        temp = f"{row.temperature:3d}°C" if row.temperature is not None else "   —"
+        power = f"{row.power_watts:4.0f}W" if row.power_watts is not None else "    —"
+        hot = row.temperature is not None and row.temperature >= 85
+        return Text.assemble(
+            ("util ", FREE), util, " ", (temp, "bold red" if hot else ""), " ", power
         )
 
     def _trend(self, room: int, short: bool) -> Text:

@@ -1,13 +1,19 @@
 """The process table: NVML's processes joined with the agents, one row per process and GPU.
 
 A line-API widget rather than a DataTable: a DataTable repaints itself whole (and drops its
-row caches) on every cell update, and this table changes every second.  Here each row is one
+row caches) on every cell update, and this table changes every second.  Here each line is one
 Rich Text, rebuilt from its ProcessRow; only the lines whose text changed are repainted, so
-the border and header never go back over the wire.
+the border and header never go back over the wire.  Columns have fixed widths (a value that
+grows never shifts its neighbours).
+
+What htop and nvitop users expect: sort by any column (`<` `>` move the sort column, `I`
+inverts, a click on a header sorts by it), a filter (`/`), and the ranks of a torchrun job
+grouped under their launcher with the spread between them.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,7 +30,6 @@ from textual.widget import Widget
 
 from memtop.ui.render import FREE, short_bytes
 from memtop.ui.view import ProcessRow
-from memtop.units import format_bytes
 
 
 @dataclass(frozen=True)
@@ -32,37 +37,118 @@ class Column:
     key: str
     label: str
     cell: Callable[[ProcessRow, bool], str]
+    width: tuple[int, int]  # (full, compact); 0 = not shown in that layout
     right: bool = False
-    compact: bool = True  # shown in the compact layout too
+    sort: Callable[[ProcessRow], object] | None = None
+    descending: bool = False  # the natural order of a sort by this column (sizes: largest first)
 
 
-def _bytes(value: int | None, compact: bool) -> str:
+def _bytes(value: int | None, compact: bool, last_known: bool = False) -> str:
     if value is None:
         return "—"
-    return short_bytes(value) if compact else format_bytes(value)
+    text = short_bytes(value)
+    return "~" + text if last_known else text  # an exited process: the last value seen
+
+
+def _mem(name: str) -> Callable[[ProcessRow, bool], str]:
+    return lambda r, c: _bytes(getattr(r, name), c, r.last_known)
 
 
 def _step(row: ProcessRow, compact: bool) -> str:
     if row.state == "exited":
         return "exited"
     if row.state not in ("agent", "no agent"):
-        return row.state
+        return row.state[:7]
     return "—" if row.step is None else str(row.step)
 
 
+def _cpu(row: ProcessRow, compact: bool) -> str:
+    return "—" if row.cpu_percent is None or row.last_known else f"{row.cpu_percent:.0f}"
+
+
+def _rss(row: ProcessRow, compact: bool) -> str:
+    return "—" if row.rss is None or row.last_known else short_bytes(row.rss)
+
+
+def _runtime(row: ProcessRow, compact: bool) -> str:
+    if row.started is None:
+        return "—"
+    seconds = int(max(0.0, time.time() - row.started))
+    # Whole minutes: a column that changed every second would repaint every row every second.
+    hours, rest = divmod(seconds // 60, 60)
+    return f"{hours}h{rest:02d}m" if hours else f"{rest}m"
+
+
+def _command(row: ProcessRow, compact: bool) -> str:
+    return row.command if row.rank is None else f"r{row.rank} {row.command}"
+
+
+def _num(value: float | None) -> float:
+    return float("-inf") if value is None else value
+
+
 COLUMNS = (
-    Column("pid", "PID", lambda r, c: str(r.pid), right=True),
-    Column("user", "USER", lambda r, c: r.user[:10], compact=False),
-    Column("gpu", "GPU", lambda r, c: "—" if r.gpu is None else str(r.gpu), right=True),
-    Column("used", "USED", lambda r, c: _bytes(r.used, c), right=True),
-    Column("allocated", "ALLOC", lambda r, c: _bytes(r.allocated, c), right=True),
-    Column("reserved", "RESERVED", lambda r, c: _bytes(r.reserved, c), right=True),
-    Column("peak", "PEAK", lambda r, c: _bytes(r.peak, c), right=True),
-    Column("step", "STEP", _step, right=True),
-    Column("trend", "TREND", lambda r, c: r.trend, compact=False),
-    Column("command", "COMMAND", lambda r, c: r.command),
+    Column("pid", "PID", lambda r, c: str(r.pid), (7, 7), True, lambda r: r.pid),
+    Column("user", "USER", lambda r, c: r.user[:8], (8, 0), sort=lambda r: r.user),
+    Column(
+        "gpu",
+        "GPU",
+        lambda r, c: "—" if r.gpu is None else str(r.gpu),
+        (3, 3),
+        True,
+        lambda r: _num(r.gpu),
+    ),
+    Column("used", "USED", _mem("used"), (7, 6), True, lambda r: _num(r.used), True),
+    Column(
+        "allocated", "ALLOC", _mem("allocated"), (7, 6), True, lambda r: _num(r.allocated), True
+    ),
+    Column(
+        "reserved", "RESERVED", _mem("reserved"), (8, 6), True, lambda r: _num(r.reserved), True
+    ),
+    Column("peak", "PEAK", _mem("peak"), (7, 6), True, lambda r: _num(r.peak), True),
+    Column("cpu", "CPU%", _cpu, (4, 0), True, lambda r: _num(r.cpu_percent), True),
+    Column("rss", "RSS", _rss, (6, 0), True, lambda r: _num(r.rss), True),
+    Column("time", "TIME", _runtime, (6, 0), True, lambda r: -_num(r.started), True),
+    Column("step", "STEP", _step, (7, 6), True, lambda r: _num(r.step), True),
+    Column(
+        "trend", "TREND", lambda r, c: r.trend, (11, 10), sort=lambda r: r.trend, descending=True
+    ),
+    Column("command", "COMMAND", _command, (0, 0), sort=lambda r: r.command),
 )
-GAP = 2  # spaces between columns
+SORTABLE = tuple(c.key for c in COLUMNS)
+# Where the command would get fewer than COMMAND_ROOM cells, these go first (in this order).
+DROPPABLE = ("time", "rss", "cpu", "user")
+COMMAND_ROOM = 30
+COMPACT_LABELS = {"reserved": "RSVD"}
+
+
+@dataclass(frozen=True)
+class Group:
+    """The header line of a torchrun job: its launcher and the spread between its ranks."""
+
+    launcher: int
+    rows: tuple[ProcessRow, ...]
+
+    def text(self) -> Text:
+        ranks = [r for r in self.rows if r.allocated is not None]
+        world = next((r.world_size for r in self.rows if r.world_size), len(self.rows))
+        text = Text(" ▾ ", style="bold")
+        text.append(f"launcher pid {self.launcher}", style="bold")
+        text.append(f"  {len(self.rows)} of {world} ranks", style=FREE)
+        if len(ranks) >= 2:
+            top = max(ranks, key=lambda r: r.allocated or 0)
+            low = min(ranks, key=lambda r: r.allocated or 0)
+            spread = (top.allocated or 0) - (low.allocated or 0)
+            text.append("  alloc spread ", style=FREE)
+            text.append(short_bytes(spread), style="bold")
+            text.append(f" (r{top.rank} − r{low.rank})", style=FREE)
+        leaking = [r for r in self.rows if r.trend]
+        if leaking:
+            text.append(f"  r{leaking[0].rank} leaks {leaking[0].trend}", style="bold red")
+        return text
+
+
+Line = ProcessRow | Group
 
 
 class ProcessTable(Widget, can_focus=True):
@@ -79,13 +165,16 @@ class ProcessTable(Widget, can_focus=True):
     ProcessTable > .process-table--cursor-blurred { background: $accent 30%; }
     """
     BINDINGS = [
-        Binding("up", "move(-1)", "Up", show=False),
-        Binding("down", "move(1)", "Down", show=False),
-        Binding("pageup", "move(-10)", show=False),
-        Binding("pagedown", "move(10)", show=False),
-        Binding("home", "move(-1000000)", show=False),
-        Binding("end", "move(1000000)", show=False),
-        Binding("enter", "choose", "Detail", show=False),
+        Binding("up", "move(-1)", "Up", show=False, id="table.up"),
+        Binding("down", "move(1)", "Down", show=False, id="table.down"),
+        Binding("pageup", "page(-1)", "Page up", show=False, id="table.page_up"),
+        Binding("pagedown", "page(1)", "Page down", show=False, id="table.page_down"),
+        Binding("home,g", "move(-1000000)", "First", show=False, id="table.first"),
+        Binding("end,G", "move(1000000)", "Last", show=False, id="table.last"),
+        Binding("enter", "choose", "Detail", show=False, id="table.detail"),
+        Binding("greater_than_sign", "sort_column(1)", "Sort →", show=False, id="table.sort_next"),
+        Binding("less_than_sign", "sort_column(-1)", "Sort ←", show=False, id="table.sort_prev"),
+        Binding("I", "invert_sort", "Invert sort", show=False, id="table.sort_invert"),
     ]
 
     class RowChosen(Message):
@@ -97,13 +186,19 @@ class ProcessTable(Widget, can_focus=True):
 
     def __init__(self) -> None:
         super().__init__(id="processes")
-        self.rows: tuple[ProcessRow, ...] = ()
+        self.source: tuple[ProcessRow, ...] = ()  # as the observation lists them
+        self.rows: tuple[ProcessRow, ...] = ()  # shown, in display order (cursor moves here)
         self.rows_by_key: dict[str, ProcessRow] = {}
+        self.lines: list[Line] = []  # rows and group headers as drawn
         self.cursor_row = 0
-        self._top = 0  # first row shown (the table scrolls to keep the cursor in view)
+        self.sort_key: str | None = None  # None: the observation's order (GPU, then pid)
+        self.sort_reverse = False
+        self.filter = ""
+        self._top = 0  # first line shown (the table scrolls to keep the cursor in view)
         self._compact = False
-        self._lines: list[Text] = []
+        self._texts: list[Text] = []
         self._header = Text()
+        self._column_spans: list[tuple[str, int, int]] = []  # (column key, x0, x1) for clicks
         self._layout_key: tuple[object, ...] = ()
 
     def on_mount(self) -> None:
@@ -112,60 +207,139 @@ class ProcessTable(Widget, can_focus=True):
     # ------------------------------------------------------------------ data
 
     def show(self, rows: tuple[ProcessRow, ...], compact: bool) -> None:
-        selected = self.selected_key()
-        self.rows = rows
-        self.rows_by_key = {row.key: row for row in rows}
+        self.source = rows
         self._compact = compact
-        keys = [row.key for row in rows]
+        self._arrange()
+
+    def set_sort(self, key: str | None, reverse: bool | None = None) -> None:
+        if key is not None and key not in SORTABLE:
+            raise ValueError(f"no column {key!r}")
+        if reverse is None:
+            reverse = not self.sort_reverse if key == self.sort_key else False
+        self.sort_key, self.sort_reverse = key, reverse
+        self._arrange()
+
+    def set_filter(self, text: str) -> None:
+        self.filter = text.strip()
+        self._arrange()
+
+    def _matches(self, row: ProcessRow) -> bool:
+        if not self.filter:
+            return True
+        needle = self.filter.lower()
+        hay = f"{row.pid} {row.user} gpu{row.gpu} {row.full_command or row.command} {row.state}"
+        return needle in hay.lower()
+
+    def _arrange(self) -> None:
+        """Filter, sort and group the rows; keep the cursor on its process."""
+        selected = self.selected_key()
+        rows = [r for r in self.source if self._matches(r)]
+        if self.sort_key is not None:
+            column = next(c for c in COLUMNS if c.key == self.sort_key)
+            assert column.sort is not None
+            rows.sort(key=column.sort, reverse=column.descending != self.sort_reverse)  # type: ignore[arg-type,return-value]
+        lines: list[Line] = []
+        placed: set[str] = set()
+        for row in rows:
+            if row.key in placed:
+                continue
+            members = [r for r in rows if row.launcher is not None and r.launcher == row.launcher]
+            if len(members) >= 2:  # a job of several ranks: under its launcher, in rank order
+                if self.sort_key is None:
+                    members.sort(key=lambda r: (_num(r.rank), r.pid))
+                lines.append(Group(row.launcher, tuple(members)))  # type: ignore[arg-type]
+                lines.extend(members)
+                placed.update(r.key for r in members)
+            else:
+                lines.append(row)
+                placed.add(row.key)
+        self.lines = lines
+        self.rows = tuple(line for line in lines if isinstance(line, ProcessRow))
+        self.rows_by_key = {row.key: row for row in self.rows}
+        keys = [row.key for row in self.rows]
         if selected in self.rows_by_key:
             self.cursor_row = keys.index(selected)
-        self.cursor_row = max(0, min(self.cursor_row, len(rows) - 1))
+        self.cursor_row = max(0, min(self.cursor_row, len(self.rows) - 1))
+        self.border_subtitle = self._subtitle()
         self._render_rows()
 
+    def _subtitle(self) -> str:
+        parts = []
+        if self.sort_key is not None:
+            arrow = "▲" if self.sort_reverse else "▼"
+            parts.append(f"sort {self.sort_key} {arrow}")
+        if self.filter:
+            parts.append(f"filter “{self.filter}” {len(self.rows)}/{len(self.source)}")
+        return "  ·  ".join(parts)
+
+    def columns(self) -> list[Column]:
+        slot = 1 if self._compact else 0
+        gap = 1 if self._compact else 2
+        columns = [c for c in COLUMNS if c.width[slot] or c.key == "command"]
+        for key in DROPPABLE:
+            used = sum(c.width[slot] + gap for c in columns)
+            if self.content_region.width - used >= COMMAND_ROOM:
+                break
+            columns = [c for c in columns if c.key != key]
+        return columns
+
     def _render_rows(self) -> None:
-        """Rebuild each row's text; repaint only the lines that differ from what is shown."""
-        columns = [c for c in COLUMNS if c.compact or not self._compact]
-        cells = [[c.cell(row, self._compact) for c in columns] for row in self.rows]
-        widths = [max([len(c.label), *(len(r[i]) for r in cells)]) for i, c in enumerate(columns)]
-        room = self.content_region.width - sum(widths[:-1]) - GAP * (len(columns) - 1) - 1
+        """Rebuild each line's text; repaint only the lines that differ from what is shown."""
+        columns = self.columns()
+        slot = 1 if self._compact else 0
+        gap = 1 if self._compact else 2
+        widths = [c.width[slot] for c in columns]
+        room = self.content_region.width - sum(widths[:-1]) - gap * (len(columns) - 1) - 1
         widths[-1] = max(8, room)
-        layout_key = (tuple(widths), self._compact, len(self.rows), self.size)
+        layout_key = (tuple(widths), self._compact, len(self.lines), self.size, self.sort_key)
         header = Text(" ")
+        spans = []
         for column, width in zip(columns, widths, strict=True):
-            header.append(_fit(column.label, width, column.right) + " " * GAP)
-        lines = [
-            self._row_text(row, row_cells, columns, widths)
-            for row, row_cells in zip(self.rows, cells, strict=True)
+            label = COMPACT_LABELS.get(column.key, column.label) if self._compact else column.label
+            if column.key == self.sort_key:
+                label = label + ("▲" if self.sort_reverse else "▼")
+            spans.append((column.key, len(header), len(header) + width))
+            header.append(
+                _fit(label, width, column.right),
+                style="underline" if column.key == self.sort_key else "",
+            )
+            header.append(" " * gap)
+        self._column_spans = spans
+        texts = [
+            line.text() if isinstance(line, Group) else self._row_text(line, columns, widths, gap)
+            for line in self.lines
         ]
         if layout_key != self._layout_key:
             self._layout_key = layout_key
-            self._header, self._lines = header, lines
+            self._header, self._texts = header, texts
             self.refresh(layout=True)
             return
-        for index, line in enumerate(lines):
-            old = self._lines[index]
-            if line.plain != old.plain or line.spans != old.spans or line.style != old.style:
-                self._lines[index] = line
-                self._refresh_row(index)
+        for index, text in enumerate(texts):
+            old = self._texts[index]
+            if text.plain != old.plain or text.spans != old.spans or text.style != old.style:
+                self._texts[index] = text
+                self._refresh_line(index)
 
     def _row_text(
-        self, row: ProcessRow, cells: list[str], columns: list[Column], widths: list[int]
+        self, row: ProcessRow, columns: list[Column], widths: list[int], gap: int
     ) -> Text:
-        text = Text(" ", style=FREE if row.state == "exited" else "")
-        for column, cell, width in zip(columns, cells, widths, strict=True):
+        # An exited process is drawn dim: its figures are the last ones seen (marked ~).
+        text = Text(" ", style=FREE if row.last_known else "")
+        for column, width in zip(columns, widths, strict=True):
+            cell = column.cell(row, self._compact)
             style = ""
             if column.key == "trend" and row.trend:
                 style = "bold red"
             elif column.key == "step" and row.state == "exited":
                 style = "yellow"
             text.append(_fit(cell, width, column.right), style=style)
-            text.append(" " * GAP)
+            text.append(" " * gap)
         return text
 
     # ------------------------------------------------------------------ rendering
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
-        return len(self.rows) + 1
+        return len(self.lines) + 1
 
     def render_line(self, y: int) -> Strip:
         width = self.content_region.width
@@ -174,18 +348,32 @@ class ProcessTable(Widget, can_focus=True):
             style = self.get_component_rich_style("process-table--header")
             return _strip(self.app.console, self._header, width, base + style)
         index = self._top + y - 1
-        if index >= len(self._lines):
+        if index >= len(self._texts):
             return Strip.blank(width, base)
-        if index == self.cursor_row:
+        line = self.lines[index]
+        if isinstance(line, ProcessRow) and self._row_index(line) == self.cursor_row:
             # Under the row's own styles, so a red trend keeps its colour on the cursor.
             name = "process-table--cursor" if self.has_focus else "process-table--cursor-blurred"
             base = base + self.get_component_rich_style(name)
-        return _strip(self.app.console, self._lines[index], width, base)
+        return _strip(self.app.console, self._texts[index], width, base)
 
-    def _refresh_row(self, index: int) -> None:
+    def _row_index(self, row: ProcessRow) -> int:
+        return self.rows.index(row) if row in self.rows else -1
+
+    def _line_of(self, row_index: int) -> int:
+        if not self.rows:
+            return 0
+        row = self.rows[min(row_index, len(self.rows) - 1)]
+        return next(i for i, line in enumerate(self.lines) if line is row)
+
+    def _refresh_line(self, index: int) -> None:
         y = index - self._top + 1
         if 1 <= y < self.size.height:
             self.refresh(Region(0, y, self.size.width, 1))
+
+    def _refresh_row(self, row_index: int) -> None:
+        if self.rows:
+            self._refresh_line(self._line_of(row_index))
 
     def on_resize(self) -> None:
         self._render_rows()
@@ -213,12 +401,14 @@ class ProcessTable(Widget, can_focus=True):
     def move_cursor(self, row: int) -> None:
         before = self.cursor_row
         self.cursor_row = max(0, min(row, len(self.rows) - 1))
+        line = self._line_of(self.cursor_row)
         visible = max(1, self.size.height - 1)
         top = self._top
-        if self.cursor_row < top:
-            top = self.cursor_row
-        elif self.cursor_row >= top + visible:
-            top = self.cursor_row - visible + 1
+        if line <= top:  # show the group header above the first rank too
+            top = line - 1 if line > 0 and isinstance(self.lines[line - 1], Group) else line
+        elif line >= top + visible:
+            top = line - visible + 1
+        top = max(0, top)
         if top != self._top:
             self._top = top
             self.refresh()
@@ -229,17 +419,34 @@ class ProcessTable(Widget, can_focus=True):
     def action_move(self, delta: int) -> None:
         self.move_cursor(self.cursor_row + delta)
 
+    def action_page(self, pages: int) -> None:
+        self.move_cursor(self.cursor_row + pages * max(1, self.size.height - 2))
+
     def action_choose(self) -> None:
         row = self.selected()
         if row is not None:
             self.post_message(self.RowChosen(row))
 
+    def action_sort_column(self, step: int) -> None:
+        keys = [c.key for c in self.columns()]
+        current = keys.index(self.sort_key) if self.sort_key in keys else -1
+        self.set_sort(keys[(current + step) % len(keys)], reverse=False)
+
+    def action_invert_sort(self) -> None:
+        self.set_sort(self.sort_key or "gpu", reverse=not self.sort_reverse)
+
     def on_click(self, event: events.Click) -> None:
+        if event.y == 0:  # a header: sort by that column (again: the other way)
+            for key, x0, x1 in self._column_spans:
+                if x0 <= event.x < x1:
+                    self.set_sort(key)
+            return
         index = self._top + event.y - 1
-        if 0 <= index < len(self.rows):
-            if index == self.cursor_row and event.chain >= 2:
+        if 0 <= index < len(self.lines) and isinstance(self.lines[index], ProcessRow):
+            row_index = self._row_index(self.lines[index])  # type: ignore[arg-type]
+            if row_index == self.cursor_row and event.chain >= 2:
                 self.action_choose()
-            self.move_cursor(index)
+            self.move_cursor(row_index)
 
 
 def _fit(text: str, width: int, right: bool) -> str:

@@ -14,8 +14,29 @@ from memtop.ui.view import SuggestionItem
 BADGES = {"emergency": "EMERG", "critical": "CRIT", "warning": "WARN", "info": "INFO"}
 
 
+EFFECT_STYLES = {"saving": "green", "growth": "bold red", "excess": "yellow", "room": "cyan"}
+URGENT = ("critical", "emergency")
+
+
+def clip(text: Text, width: int) -> Text:
+    """One row: cut at a word boundary with an ellipsis, so a figure is never cut in half
+    ("488 samples" must not read "488 s…")."""
+    if text.cell_len <= width:
+        return text
+    plain = text.plain
+    cut = plain.rfind(" ", 0, max(1, width - 1))
+    if cut < width // 2:  # no space near the end: cut where it falls
+        cut = max(0, width - 1)
+    clipped = text[:cut]
+    clipped.rstrip()
+    clipped.append("…", style=FREE)
+    return clipped
+
+
 def suggestion_text(item: SuggestionItem, compact: bool, width: int | None = None) -> Text:
-    """Title line, evidence line, fix line; compact layouts keep each to one row."""
+    """Title line (the pid and GPU first: they must survive any width), then what to do (a
+    copyable fix, or for an urgent item with none the prose detail: a leak's culprits), then the
+    evidence.  Compact layouts keep two rows: the title and what to do."""
     badge = Text(f" {BADGES.get(item.severity, item.severity.upper()):<5} ")
     badge.stylize(SEVERITY_STYLES.get(item.severity, ""))
     where = []
@@ -23,24 +44,28 @@ def suggestion_text(item: SuggestionItem, compact: bool, width: int | None = Non
         where.append(f"pid {item.pid}")
     if item.device is not None:
         where.append(f"GPU {item.device}")
-    title = Text.assemble(badge, " ", (item.title, "bold"))
+    title = Text.assemble(badge, " ")
     if where:
-        title.append(f"  {' · '.join(where)}", style=FREE)
+        title.append(" · ".join(where), style="bold")
+        title.append("  ")
+    title.append(item.title, style="bold")
     if item.effect:
-        title.append(f"  {item.effect}", style="green")
-    lines = [title]
+        title.append(f"  {item.effect}", style=EFFECT_STYLES.get(item.effect_kind, "green"))
     indent = " " * 8
-    if item.evidence:
-        lines.append(Text(indent + item.evidence, style=FREE))
+    todo: Text | None = None
     if item.fix:
-        lines.append(Text.assemble(indent, ("$ ", FREE), (item.fix, "bold cyan")))
+        todo = Text.assemble(indent, ("$ ", FREE), (item.fix, "bold cyan"))
+    elif item.detail and item.severity in URGENT:
+        todo = Text.assemble(indent, ("→ ", FREE), (item.detail, "bold"))
+    evidence = Text(indent + item.evidence, style=FREE) if item.evidence else None
+    if compact:
+        lines = [title, *([todo] if todo else [evidence] if evidence else [])]
+    else:
+        lines = [title, *([evidence] if evidence else []), *([todo] if todo else [])]
     # One row per line at any width: wrapped evidence would lose its indent and push the next
     # suggestion out of view; the detail screen has the full text.
     if width is not None:
-        for line in lines:
-            line.truncate(width, overflow="ellipsis")
-    if compact and len(lines) > 2 and item.fix:
-        lines = [lines[0], lines[-1]]  # 80×24: the title and the fix; evidence is in detail
+        lines = [clip(line, width) for line in lines]
     return Text("\n").join(lines)
 
 
@@ -64,6 +89,8 @@ class SuggestionsPane(OptionList):
         self.border_title = "Suggestions"
 
     def show(self, items: tuple[SuggestionItem, ...], compact: bool) -> None:
+        # The gutter is kept whether or not a scrollbar shows: the text's width never changes
+        # with the number of items, so lines never re-wrap between refreshes.
         width = self.scrollable_content_region.width - 1
         same_set = [(i.key, i.severity) for i in items] == [(i.key, i.severity) for i in self.items]
         if same_set and compact == self._compact and width == self._width:
@@ -94,7 +121,7 @@ class SuggestionsPane(OptionList):
             for s in ("emergency", "critical", "warning", "info")
             if any(i.severity == s for i in items)
         ]
-        self.border_subtitle = " · ".join(counts) + "  (y copies the fix)"
+        self.border_subtitle = " · ".join(counts) + "  (tab here: y copies, enter opens)"
         if selected is not None:
             keys = [item.key for item in items]
             if selected.key in keys:

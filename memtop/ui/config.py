@@ -1,0 +1,67 @@
+"""The user's dashboard settings: `~/.config/memtop/config.toml` (platformdirs' user config).
+
+    theme = "monochrome"          # or "memtop" (the default), or any Textual theme name
+    [keys]                        # binding id = keys, comma-separated (see the help screen)
+    cleanup = "C"
+    quit = "q,ctrl+q"
+
+A file that cannot be read or holds a bad value gives a one-line warning on the dashboard;
+everything it got right still applies and memtop keeps running.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tomllib
+from platformdirs import user_config_dir
+
+THEMES = ("memtop", "monochrome")  # ours; Textual's own names are accepted too
+
+
+def config_path() -> Path:
+    override = os.environ.get("MEMTOP_CONFIG")
+    if override:
+        return Path(override)
+    return Path(user_config_dir("memtop", appauthor=False)) / "config.toml"
+
+
+@dataclass(frozen=True)
+class UiConfig:
+    theme: str = "memtop"
+    keys: dict[str, str] = field(default_factory=dict)  # binding id → "key,key"
+    problems: tuple[str, ...] = ()  # one line each, shown as warnings
+    path: Path | None = None
+
+
+def load(path: Path | None = None) -> UiConfig:
+    path = path if path is not None else config_path()
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return UiConfig(path=path)
+    except (OSError, UnicodeDecodeError) as exc:
+        return UiConfig(problems=(f"{path}: cannot read ({exc.__class__.__name__})",), path=path)
+    except tomllib.TOMLDecodeError as exc:
+        return UiConfig(problems=(f"{path}: not valid TOML ({exc})",), path=path)
+    problems: list[str] = []
+    theme = data.get("theme", "memtop")
+    if not isinstance(theme, str) or not theme:
+        problems.append(f'{path}: theme must be a name, e.g. "monochrome"')
+        theme = "memtop"
+    keys: dict[str, str] = {}
+    raw_keys = data.get("keys", {})
+    if not isinstance(raw_keys, dict):
+        problems.append(f'{path}: [keys] must be a table of binding id = "key,key"')
+        raw_keys = {}
+    for binding_id, value in raw_keys.items():
+        if isinstance(value, str) and value.strip():
+            keys[str(binding_id)] = value.replace(" ", "")
+        else:
+            problems.append(f'{path}: keys.{binding_id} must be a string such as "C"')
+    unknown = sorted(set(data) - {"theme", "keys"})
+    if unknown:
+        problems.append(f"{path}: unknown setting {', '.join(unknown)} (ignored)")
+    return UiConfig(theme=theme, keys=keys, problems=tuple(problems), path=path)
