@@ -6,6 +6,6 @@ import torch.
 """
 
 from memtop._version import __version__
-from memtop.agent import start_agent, step
+from memtop.agent import phase, start_agent, step, sync_step
 
-__all__ = ["__version__", "start_agent", "step"]
+__all__ = ["__version__", "phase", "start_agent", "step", "sync_step"]

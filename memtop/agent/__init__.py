@@ -71,6 +71,22 @@ def step() -> None:
         agent.on_step(explicit=True)
 
 
+def sync_step(global_step: int) -> None:
+    """Say the framework's own count of optimizer updates (HF's / Lightning's `global_step`),
+    for the step number memtop reports; see StepBoundary.sync_step.  Cheap; never raises."""
+    agent = _agent
+    if agent is not None:
+        agent.boundary.sync_step(global_step)
+
+
+def phase(name: str) -> None:
+    """Say what the trainer does now: "train", "eval", "save"...  OOM reports name the phase
+    and viewers can tell eval from training.  Cheap (an attribute write); never raises."""
+    agent = _agent
+    if agent is not None:
+        agent.boundary.set_phase(name)
+
+
 def current_agent() -> Agent | None:
     return _agent
 

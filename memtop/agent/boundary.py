@@ -106,6 +106,15 @@ class StepBoundary:
         self.jobs_run = 0
         self.deferred_while_capturing = 0
         self.errors: collections.deque[str] = collections.deque(maxlen=50)
+        # What the trainer is doing, as a framework callback or memtop.phase() says ("train",
+        # "eval", "save", ...): OOM reports name it, viewers can leave eval out of baselines.
+        self.phase = "train"
+        self.phase_since = time.time()
+        self.phase_changes: collections.deque[tuple[float, int | None, str]] = collections.deque(
+            maxlen=64
+        )
+        # Optimizer-hook steps since a framework last said its own step count (sync_step).
+        self._hook_steps = 0
 
     # ------------------------------------------------------------ trainer's thread
 
@@ -117,30 +126,78 @@ class StepBoundary:
                 self.explicit_steps = True
             elif self.explicit_steps:
                 return  # memtop.step() is counting; the optimizer hook would count twice
-            now = time.time()
-            self.step = (self.step or 0) + 1
-            self.last_step_time = now
-            self.trainer_thread_ident = threading.get_ident()
-            if now >= self._mark_due:
-                self._mark_due = now + self.mark_interval_s
-                self._mark(now)
-            if self._has_jobs or self._mem_info_due <= now < self._mem_info_wanted_until:
-                self._boundary_work(now)
+            else:
+                self._hook_steps += 1
+            self._reached((self.step or 0) + 1)
         except Exception as exc:  # the trainer must never see our failures
             self.errors.append(f"step hook: {exc!r}")
         finally:
             self.hook_calls += 1
             self.hook_ns += time.perf_counter_ns() - started
 
+    def sync_step(self, step: int) -> None:
+        """A framework's own count of optimizer updates (HF `global_step`, Lightning's): the
+        step memtop reports follows it.  When no optimizer hook counted this update (an
+        optimizer that is not a torch one, a step skipped by the loss scaler), this call is the
+        step boundary itself.  Trainer's thread; O(1); never raises."""
+        started = time.perf_counter_ns()
+        try:
+            if self._hook_steps == 0 and step != self.step:
+                self._reached(int(step))
+            else:
+                self.step = int(step)
+            self._hook_steps = 0
+        except Exception as exc:
+            self.errors.append(f"sync step: {exc!r}")
+        finally:
+            self.hook_ns += time.perf_counter_ns() - started
+
+    def set_phase(self, phase: str) -> None:
+        """What the trainer does now ("train", "eval", "save", ...).  Trainer's thread; O(1)."""
+        try:
+            if phase != self.phase:
+                now = time.time()
+                self.phase = str(phase)[:32]
+                self.phase_since = now
+                self.phase_changes.append((now, self.step, self.phase))
+        except Exception as exc:
+            self.errors.append(f"phase: {exc!r}")
+
+    def _reached(self, step: int) -> None:
+        """A step boundary: count, mark, and run what waits for the trainer's thread."""
+        now = time.time()
+        self.step = step
+        self.last_step_time = now
+        self.trainer_thread_ident = threading.get_ident()
+        if now >= self._mark_due:
+            self._mark_due = now + self.mark_interval_s
+            self._mark(now)
+        if self._has_jobs or self._mem_info_due <= now < self._mem_info_wanted_until:
+            self._boundary_work(now)
+
     def _mark(self, now: float) -> None:
         if now >= self._indices_due:
             self._indices = [d.index for d in self.probe.devices()]
             self._indices_due = now + DEVICES_REFRESH_S
-        allocated = {str(i): self.probe.memory_allocated(i) for i in self._indices}
+        mark: dict[str, Any] = {"step": self.step, "time": now}
+        reading = getattr(self.probe, "mark_reading", None)
+        if reading is None:
+            mark["allocated_bytes"] = {
+                str(i): self.probe.memory_allocated(i) for i in self._indices
+            }
+        else:
+            # One allocator read gives the baseline, the running peak and the cumulative bytes
+            # allocated: its growth per step is the step's size (a growing batch shows in it;
+            # the OOM report reads it).
+            allocated, peak, cumulative = {}, {}, {}
+            for i in self._indices:
+                key = str(i)
+                allocated[key], peak[key], cumulative[key] = reading(i)
+            mark["allocated_bytes"] = allocated
+            mark["peak_bytes"] = peak
+            mark["allocated_total_bytes"] = cumulative
         self.mark_seq += 1
-        self.marks.append(
-            (self.mark_seq, {"step": self.step, "time": now, "allocated_bytes": allocated})
-        )
+        self.marks.append((self.mark_seq, mark))
 
     def _boundary_work(self, now: float) -> None:
         started = time.perf_counter_ns()

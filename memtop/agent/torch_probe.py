@@ -260,6 +260,17 @@ class TorchProbe:
         except (AttributeError, KeyError, TypeError):
             return int(torch.cuda.memory_allocated(index))
 
+    def mark_reading(self, index: int) -> tuple[int, int, int]:
+        """(allocated now, its peak, bytes ever allocated) from one host-side allocator read:
+        what a step mark records."""
+        if not torch.cuda.is_initialized():
+            return 0, 0, 0
+        try:
+            counts = torch._C._cuda_memoryStats(index)["allocated_bytes"]["all"]
+            return int(counts["current"]), int(counts["peak"]), int(counts["allocated"])
+        except (AttributeError, KeyError, TypeError):
+            return int(torch.cuda.memory_allocated(index)), 0, 0
+
     def mem_get_info(self, index: int) -> tuple[int, int]:
         free, total = torch.cuda.mem_get_info(index)
         return int(free), int(total)

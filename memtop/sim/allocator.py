@@ -619,6 +619,12 @@ class SimulatedCachingAllocator:
         # A single attribute read is atomic under the GIL: no lock on the hot path.
         return self._allocated_bytes[0].current
 
+    def allocated_counts(self) -> tuple[int, int, int]:
+        """(allocated now, peak, bytes ever allocated): `allocated_bytes.all.{current, peak,
+        allocated}`, read without the lock like memory_allocated()."""
+        stat = self._allocated_bytes[0]
+        return stat.current, stat.peak, stat.allocated
+
     def memory_reserved(self) -> int:
         return self._reserved_bytes[0].current
 

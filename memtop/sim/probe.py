@@ -51,6 +51,9 @@ class SimulatedProbe:
     def memory_allocated(self, index: int) -> int:
         return self._allocator(index).memory_allocated()
 
+    def mark_reading(self, index: int) -> tuple[int, int, int]:
+        return self._allocator(index).allocated_counts()
+
     def mem_get_info(self, index: int) -> tuple[int, int]:
         return self._allocator(index).mem_get_info()
 
