@@ -105,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     replay_command.add_parser(sub)
 
+    from memtop.commands import replay as replay_command
+
+    replay_command.add_parser(sub)
+
     from memtop.estimate.command import add_arguments as add_estimate_arguments
 
     add_estimate_arguments(
@@ -158,6 +162,10 @@ def _main(argv: Sequence[str] | None) -> int:
             from memtop.commands import replay as replay_command
 
             return replay_command.run(args)
+        if args.command == "replay":
+            from memtop.commands import replay as replay_command
+
+            return replay_command.run(args)
         if args.command == "estimate":
             return _estimate(args)
         if args.command == "export":
@@ -169,6 +177,9 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"memtop: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except UnsafeSocketDir as exc:
+        print(f"memtop: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except CommandError as exc:
         print(f"memtop: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except CommandError as exc:
