@@ -204,6 +204,15 @@ def render(
             "The device's free bytes as the agent's mem_get_info saw them.",
         ),
         "cuda_total": ("memtop_cuda_total_bytes", "The device's bytes as the agent sees them."),
+        "fp32_parameters": (
+            "memtop_fp32_parameter_bytes",
+            "Bytes of parameters held in fp32 (a bf16 copy would halve them).",
+        ),
+        "cuda_index": (
+            "memtop_cuda_device_index",
+            "The trainer's own CUDA index of this GPU "
+            "(CUDA_VISIBLE_DEVICES renumbers; `gpu` is the driver's number).",
+        ),
         "baseline": ("memtop_step_baseline_bytes", "Allocated bytes right after the newest step."),
         "leak_step": ("memtop_leak_bytes_per_step", "Trend of the per-step baseline (bytes/step)."),
         "leak_second": (
@@ -315,6 +324,8 @@ def _device_values(dev: AgentDeviceObservation) -> Iterator[tuple[str, float | N
     yield "non_pytorch", dev.non_pytorch_bytes
     yield "cuda_free", sample.free_bytes
     yield "cuda_total", sample.total_bytes
+    yield "cuda_index", dev.index
+    yield "fp32_parameters", (found.breakdown or {}).get("fp32_parameter_bytes")
     yield "baseline", found.baseline_bytes
     yield "leak_step", leak.bytes_per_step
     yield "leak_second", leak.bytes_per_second

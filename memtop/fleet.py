@@ -1,0 +1,291 @@
+"""The fleet view: every host whose `memtop export` Prometheus scrapes, as observations.
+
+`memtop.sources.prometheus` reads the series back into readings of the local kinds; here each
+host's readings go into a store of its own and the usual `Observer` builds that host's
+`Observation` (one join, one diagnosis), so `--once` renders each host exactly as a local
+`--once` on it would.  Judgements that need the host's full-rate data (the leak verdict from
+every step's baseline, the smoothed fragmentation, the snapshot figures) are not redone from
+scrape-rate samples: `RemoteDiagnoser` takes the host's own.  Suggestions are derived here from
+those, by the same rules.
+
+For the dashboard, `FleetSampler` stands in for the local sampler: each round it reads
+Prometheus and writes all hosts into one store (GPU names and process owners carry the host), so
+the unchanged app shows host -> GPU -> process.  Actions are local-only: on a remote row they are
+refused with a line that says where to run them.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from memtop.diagnosis import DeviceDiagnosis, Diagnoser
+from memtop.diagnosis.leak import LeakEstimate
+from memtop.model import (
+    AgentDeviceSample,
+    AgentSample,
+    AgentStatus,
+    DeviceReading,
+    NvmlReading,
+)
+from memtop.observation import Observation, Observer
+from memtop.sources.agents import AgentError, AgentPoll
+from memtop.sources.processes import ProcessInfo
+from memtop.sources.prometheus import FleetReading, HostReading, PrometheusSource
+from memtop.store import AgentDeviceView, AgentView, Store
+
+REMOTE_UID = -1  # no remote process is "ours": the kill key never qualifies one
+HISTORY_S = 900.0  # what the dashboard's charts draw, fetched once at start
+
+
+class RemoteDiagnoser(Diagnoser):
+    """A Diagnoser that takes each device's leak verdict and snapshot figures as judged on its
+    host (exported next to the numbers), and judges the rest (gauge, pressure, rules) as usual."""
+
+    def __init__(self) -> None:
+        super().__init__(leak_refresh_s=float("inf"))
+        self.verdicts: dict[tuple[int, int], dict[str, float]] = {}
+        self.hosts: dict[int, str] = {}  # pid -> host, for the verdicts' reasons
+
+    def _device(
+        self, store: Store, agent: AgentView, dev: AgentDeviceView, now: float
+    ) -> DeviceDiagnosis:
+        key = (agent.pid, dev.index)
+        verdict = self.verdicts.get(key, {})
+        # Seeding the verdict cache keeps the base class from judging the leak again from
+        # scrape-rate samples.
+        self._leaks[key] = (now, remote_leak(verdict, self.hosts.get(agent.pid, "its host")))
+        found = super()._device(store, agent, dev, now)
+        frag = found.fragmentation
+        return dataclasses.replace(
+            found,
+            baseline_bytes=_opt_int(verdict.get("baseline_bytes")),
+            fragmentation=dataclasses.replace(
+                frag,
+                gauge_smoothed=verdict.get("gauge_smoothed", frag.gauge_smoothed),
+                external=verdict.get("external"),
+                stranded_bytes=_opt_int(verdict.get("stranded_bytes")),
+                largest_free_block_bytes=_opt_int(verdict.get("largest_free_block_bytes")),
+            ),
+        )
+
+
+def _opt_int(value: float | None) -> int | None:
+    return None if value is None else round(value)
+
+
+def remote_leak(verdict: Mapping[str, float], host: str) -> LeakEstimate:
+    per_step = verdict.get("bytes_per_step")
+    per_second = verdict.get("bytes_per_second")
+    basis = "steps" if per_step is not None else "time" if per_second is not None else "none"
+    detected = bool(verdict.get("detected", 0))
+    to_full = verdict.get("seconds_to_full")
+    steps_to_full = verdict.get("steps_to_full")
+    return LeakEstimate(
+        detected=detected,
+        bytes_per_step=per_step,
+        bytes_per_second=per_second,
+        steps_to_full=None if steps_to_full is None else round(steps_to_full),
+        seconds_to_full=to_full,
+        confidence=verdict.get("confidence", 0.0),
+        basis=basis,
+        samples=round(verdict.get("samples", 0)),
+        since=None,
+        reason=f"as judged by memtop export on {host}"
+        if basis != "none"
+        else f"too little data yet on {host}",
+    )
+
+
+def _process_infos(reading: HostReading, owner: str) -> dict[int, ProcessInfo]:
+    """The owner column says where a remote process runs; its command line is the agent's."""
+    infos = {}
+    for poll in reading.polls:
+        argv = poll.hello.argv if poll.hello else ()
+        infos[poll.pid] = ProcessInfo(poll.pid, REMOTE_UID, owner, argv, argv[0] if argv else "")
+    for device in reading.nvml.devices:
+        for process in device.processes:
+            infos.setdefault(process.pid, ProcessInfo(process.pid, REMOTE_UID, owner, (), ""))
+    return infos
+
+
+def _feed(store: Store, reading: HostReading, polls: Sequence[AgentPoll], nvml: NvmlReading,
+          owner: str) -> None:  # fmt: skip
+    store.update_processes(_process_infos(reading, owner))
+    store.update_nvml(nvml, reading.time)
+    store.update_agents(polls, reading.time)
+    for pid, reply in reading.breakdowns.items():
+        store.update_breakdown(pid, reply, reading.time)
+
+
+def host_observation(reading: HostReading) -> Observation:
+    """One host's observation, as `memtop --once` on that host would build it."""
+    store = Store()
+    diagnoser = RemoteDiagnoser()
+    diagnoser.verdicts = dict(reading.verdicts)
+    diagnoser.hosts = {poll.pid: reading.host for poll in reading.polls}
+    _feed(store, reading, reading.polls, reading.nvml, reading.host)
+    observer = Observer(
+        store, diagnoser, clock=lambda: reading.time, host=reading.host, uid=REMOTE_UID
+    )
+    return observer.latest()
+
+
+def fleet_observations(source: PrometheusSource) -> tuple[FleetReading, list[Observation]]:
+    reading = source.read()
+    return reading, [host_observation(host) for host in reading.hosts]
+
+
+class FleetSampler:
+    """Stands in for `memtop.sampler.Sampler` under the dashboard: reads Prometheus at the
+    interval and writes every host into one store.  Duck-typed: the app calls start, stop,
+    pause, paused, rounds, run_action and may_signal."""
+
+    def __init__(self, source: PrometheusSource, interval: float = 2.0) -> None:
+        self.source = source
+        self.interval = interval
+        self.store = Store()
+        self.diagnoser = RemoteDiagnoser()
+        self.rounds = 0
+        self.hosts: dict[int, str] = {}  # pid -> host in view
+        self._thread: threading.Thread | None = None
+        self._paused = False
+        self._stop = threading.Event()
+
+    def observer(self) -> Observer:
+        return Observer(self.store, self.diagnoser, host="fleet", uid=REMOTE_UID)
+
+    def sample_once(self, budget: float | None = None) -> None:
+        try:
+            fleet = self.source.read()
+        except Exception as exc:  # PrometheusError or worse: say it, keep the last picture
+            self.store.set_problems([str(exc)])
+            self.rounds += 1
+            return
+        if self.rounds == 0:
+            self._load_history(fleet)
+        self._apply(fleet)
+        self.rounds += 1
+
+    def _apply(self, fleet: FleetReading) -> None:
+        problems = list(fleet.problems)
+        if not fleet.hosts:
+            problems.append(f"no memtop exporter in {self.source.url} (memtop_* series)")
+        devices: list[DeviceReading] = []
+        hosts: dict[int, str] = {}
+        verdicts: dict[tuple[int, int], dict[str, float]] = {}
+        for reading in fleet.hosts:
+            polls = []
+            for poll in reading.polls:
+                if poll.pid in hosts:  # one table keyed by pid: say so rather than mix them
+                    problems.append(
+                        f"pid {poll.pid} on {reading.host} hidden: {hosts[poll.pid]} has the "
+                        "same pid (memtop --prometheus URL --once --json lists both)"
+                    )
+                    continue
+                hosts[poll.pid] = reading.host
+                polls.append(poll)
+            verdicts.update(
+                {k: v for k, v in reading.verdicts.items() if hosts.get(k[0]) == reading.host}
+            )
+            named = tuple(
+                dataclasses.replace(d, name=f"{reading.host}: {d.name}")
+                for d in reading.nvml.devices
+            )
+            devices.extend(named)
+            self.store.update_processes(
+                {**self.store.processes(), **_process_infos(reading, reading.host)}
+            )
+            self.store.update_agents(polls, reading.time)
+            for pid, reply in reading.breakdowns.items():
+                if hosts.get(pid) == reading.host:
+                    self.store.update_breakdown(pid, reply, reading.time)
+        self.store.update_nvml(
+            NvmlReading(available=bool(devices), devices=tuple(devices), source="prometheus"),
+            max((h.time for h in fleet.hosts), default=time.time()),
+        )
+        # Agents that left Prometheus's view are gone from the fleet.
+        gone = [view.pid for view in self.store.agents() if view.pid not in hosts]
+        if gone:
+            self.store.update_agents([AgentPoll(pid, AgentStatus.EXITED) for pid in gone])
+        self.diagnoser.verdicts = verdicts
+        self.diagnoser.hosts = hosts
+        self.hosts = hosts
+        self.store.set_problems(problems)
+
+    def _load_history(self, fleet: FleetReading) -> None:
+        """The charts' history from Prometheus, replayed into the store before the first
+        reading (sampled at the interval; best effort)."""
+        try:
+            history = self.source.history(HISTORY_S, max(self.interval, 1.0))
+        except Exception:
+            return
+        hellos = {(h.host, p.pid): p.hello for h in fleet.hosts for p in h.polls}
+        rows: dict[float, list[AgentPoll]] = {}
+        for host, columns in history.items():
+            for (pid, index), series in columns.items():
+                hello = hellos.get((host, pid))
+                if hello is None:
+                    continue
+                allocated = dict(series.get("allocated", []))
+                reserved = dict(series.get("reserved", []))
+                peak = dict(series.get("torch_peak", []))
+                for stamp, value in allocated.items():
+                    stats = {
+                        "allocated_bytes.all.current": int(value),
+                        "reserved_bytes.all.current": int(reserved.get(stamp, value)),
+                        "allocated_bytes.all.peak": int(peak.get(stamp, value)),
+                    }
+                    sample = AgentSample(stamp, None, (AgentDeviceSample(index, stats, 0, 0),))
+                    rows.setdefault(stamp, []).append(
+                        AgentPoll(pid, AgentStatus.CONNECTED, hello, sample)
+                    )
+        for stamp in sorted(rows):
+            self.store.update_agents(rows[stamp], stamp)
+
+    # ------------------------------------------------------------------ the sampler's face
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="memtop-fleet", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            deadline = time.monotonic() + self.interval
+            if not self._paused:
+                self.sample_once()
+            self._stop.wait(max(0.0, deadline - time.monotonic()))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def pause(self, paused: bool) -> None:
+        self._paused = paused
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def where(self, pid: int) -> str:
+        return self.hosts.get(pid, "a remote host")
+
+    def may_signal(self, pid: int) -> str | None:
+        host = self.where(pid)
+        return f"pid {pid} runs on {host}: the fleet view acts locally only (ssh {host})"
+
+    def run_action(
+        self, pid: int, cmd: str, args: dict[str, Any] | None = None, timeout: float = 10.0
+    ) -> concurrent.futures.Future[dict[str, Any]]:
+        future: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
+        host = self.where(pid)
+        future.set_exception(
+            AgentError("remote", f"pid {pid} runs on {host}: {cmd} is local-only; run memtop there")
+        )
+        return future

@@ -1,0 +1,317 @@
+"""A real Prometheus scraping `memtop export` of two simulated hosts, and the fleet view reading
+it back.
+
+Two `memtop demo --no-ui` runs in their own socket directories stand in for two machines (a
+leaking trainer on "Node-A", a healthy one on "node-b"); each has its `memtop export` on a port
+of its own with a `--hostname` override; one Prometheus (Debian's package, started here on a
+temporary config) scrapes both every second.  Skipped with a reason when the binary is missing;
+`.ci/run` installs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+PROMETHEUS = shutil.which("prometheus")
+PROMTOOL = shutil.which("promtool")
+pytestmark = [
+    pytest.mark.prometheus,
+    pytest.mark.skipif(
+        PROMETHEUS is None,
+        reason="no prometheus binary (apt-get install -y prometheus; .ci/run installs it)",
+    ),
+    pytest.mark.timeout(120),
+]
+
+SCRAPE_S = 1.0
+EXPORT_S = 0.5
+STEP_A, STEP_B = 0.05, 0.2  # seconds per step of the leaking and of the healthy trainer
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _memtop(*args: str, env: dict[str, str] | None = None, **popen) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "memtop.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        **popen,
+    )
+
+
+def _once(socket_dir: Path) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-m", "memtop.cli", "--socket-dir", str(socket_dir), "--once", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
+@dataclass
+class Host:
+    name: str
+    socket_dir: Path
+    demo: subprocess.Popen[str]
+    pids: list[int]
+    exporter: subprocess.Popen[str]
+    port: int
+
+
+@dataclass
+class Fleet:
+    a: Host
+    b: Host
+    url: str
+    prometheus: subprocess.Popen[bytes]
+
+    def query(self, promql: str) -> list[dict]:
+        url = f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': promql})}"
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            data = json.load(reply)
+        assert data["status"] == "success", data
+        return data["data"]["result"]
+
+    def wait_for(self, promql: str, timeout: float = 30.0) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            result = self.query(promql)
+            if result:
+                return result
+            time.sleep(0.25)
+        raise AssertionError(f"Prometheus never had {promql}")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@contextlib.contextmanager
+def _host(name: str, scenario: str, step: float, stack: contextlib.ExitStack) -> Iterator[Host]:
+    directory = Path(tempfile.mkdtemp(prefix="mt-"))
+    directory.chmod(0o700)
+    stack.callback(shutil.rmtree, directory, True)
+    env = dict(os.environ, MEMTOP_SOCKET_DIR=str(directory))
+    demo = _memtop("demo", "--no-ui", "--scenario", scenario, "--step-time", str(step), env=env)
+    stack.callback(_stop, demo)
+    assert demo.stdout is not None
+    banner = demo.stdout.readline()
+    assert "simulated trainer" in banner, demo.stderr.read() if demo.stderr else ""
+    pids = [int(p) for p in re.search(r"pids ([\d ]+)\.", banner).group(1).split()]  # type: ignore[union-attr]
+    exporter = _memtop(
+        "--socket-dir", str(directory), "export", "--listen", "127.0.0.1:0",
+        "--hostname", name, "--interval", str(EXPORT_S), env=env,
+    )  # fmt: skip
+    stack.callback(_stop, exporter)
+    assert exporter.stdout is not None
+    line = exporter.stdout.readline()
+    match = re.search(r"serving http://127\.0\.0\.1:(\d+)/metrics", line)
+    assert match, line + (exporter.stderr.read() if exporter.stderr else "")
+    yield Host(name.lower(), directory, demo, pids, exporter, int(match.group(1)))
+
+
+@pytest.fixture(scope="module")
+def fleet() -> Iterator[Fleet]:
+    with contextlib.ExitStack() as stack:
+        a = stack.enter_context(_host("Node-A", "leak", STEP_A, stack))
+        b = stack.enter_context(_host("node-b", "healthy", STEP_B, stack))
+        work = Path(tempfile.mkdtemp(prefix="prom-"))
+        stack.callback(shutil.rmtree, work, True)
+        port = _free_port()
+        config = work / "prometheus.yml"
+        config.write_text(
+            f"global:\n  scrape_interval: {SCRAPE_S:g}s\n  scrape_timeout: {SCRAPE_S:g}s\n"
+            "scrape_configs:\n"
+            "  - job_name: memtop\n"
+            "    honor_labels: true\n"
+            "    static_configs:\n"
+            f"      - targets: ['127.0.0.1:{a.port}', '127.0.0.1:{b.port}']\n"
+        )
+        prometheus = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={work / 'data'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--log.level=error"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        stack.callback(_stop, prometheus)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"{url}/-/ready", timeout=2) as reply,
+            ):
+                if reply.status == 200:
+                    break
+            if prometheus.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"prometheus did not start: {prometheus.stderr.read()!r}")  # type: ignore[union-attr]
+            time.sleep(0.2)
+        yield Fleet(a, b, url, prometheus)
+
+
+def _by_pid(result: list[dict]) -> dict[int, list[dict]]:
+    out: dict[int, list[dict]] = {}
+    for series in result:
+        out.setdefault(int(series["metric"]["pid"]), []).append(series)
+    return out
+
+
+def test_prometheus_holds_the_leaking_trainers_allocator_numbers(fleet: Fleet):
+    (leaker,) = fleet.a.pids
+    result = fleet.wait_for(f'memtop_allocated_bytes{{hostname="node-a",pid="{leaker}"}}')
+    labels = result[0]["metric"]
+    assert labels["hostname"] == "node-a"  # lower case, as DCGM exporter's
+    assert labels["UUID"].startswith("GPU-") and labels["gpu"] == "0"
+    assert labels["modelName"].startswith("Simulated") and labels["job"] == "sim_train.py"
+    assert float(result[0]["value"][1]) > 0
+    # What rises under a leak: allocated right after each step, and torch's peak.  (The raw
+    # allocated bytes swing by the activations within every step: a sawtooth 10 GiB high.)
+    rising = f'{{hostname="node-a",pid="{leaker}"}}'
+    first_baseline = float(fleet.wait_for(f"memtop_step_baseline_bytes{rising}")[0]["value"][1])
+    first_peak = float(fleet.query(f"memtop_peak_bytes{rising}")[0]["value"][1])
+    time.sleep(3 * SCRAPE_S)
+    later_baseline = float(fleet.query(f"memtop_step_baseline_bytes{rising}")[0]["value"][1])
+    later_peak = float(fleet.query(f"memtop_peak_bytes{rising}")[0]["value"][1])
+    mib_per_s = 8 / STEP_A  # the leak scenario pins 8 MiB a step
+    assert later_baseline - first_baseline > 0.3 * mib_per_s * 3 * SCRAPE_S * (1 << 20)
+    assert later_peak > first_peak
+    # Every allocated sample Prometheus stored sits at or above the first baseline: the
+    # sawtooth climbs with it.
+    window = fleet.query(f"min_over_time(memtop_allocated_bytes{rising}[2s])")
+    assert float(window[0]["value"][1]) >= 0.9 * first_baseline
+    # The verdict travels too: a leak of ~8 MiB a step, seen from Prometheus.
+    detected = fleet.wait_for(f"memtop_leak_detected{rising} == 1", timeout=30)
+    assert detected
+    per_step = float(fleet.query(f"memtop_leak_bytes_per_step{rising}")[0]["value"][1])
+    assert 6 * (1 << 20) < per_step < 10 * (1 << 20)
+    # Counters are counters, and the healthy host is there beside it.
+    assert fleet.query(f'memtop_steps_total{{hostname="node-b",pid="{fleet.b.pids[0]}"}}')
+    rate = fleet.wait_for(f"rate(memtop_steps_total{rising}[5s]) > 0")
+    assert 0.3 / STEP_A < float(rate[0]["value"][1]) < 2 / STEP_A
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="no promtool binary")
+def test_promtool_checks_a_real_scrape(fleet: Fleet):
+    with urllib.request.urlopen(f"http://127.0.0.1:{fleet.a.port}/metrics", timeout=5) as reply:
+        scrape = reply.read().decode()
+    assert "memtop_allocated_bytes{" in scrape and "_created" not in scrape
+    snake = scrape.replace("UUID=", "uuid=").replace("modelName=", "model_name=")
+    clean = subprocess.run(
+        [PROMTOOL, "check", "metrics"], input=snake, capture_output=True, text=True
+    )
+    assert clean.returncode == 0 and not (clean.stdout + clean.stderr).strip(), clean
+    raw = subprocess.run(
+        [PROMTOOL, "check", "metrics"], input=scrape, capture_output=True, text=True
+    )
+    problems = [line for line in (raw.stdout + raw.stderr).splitlines() if line.strip()]
+    # DCGM exporter's own label names (UUID, modelName) are camelCase; nothing else is flagged.
+    assert all("snake_case" in line for line in problems), problems
+
+
+def test_fleet_once_json_shows_both_hosts_with_their_local_numbers(fleet: Fleet):
+    fleet.wait_for('memtop_leak_detected{hostname="node-a"} == 1', timeout=30)
+    fleet.wait_for('memtop_breakdown_bytes{hostname="node-b"}', timeout=30)
+    before = {"node-a": _once(fleet.a.socket_dir), "node-b": _once(fleet.b.socket_dir)}
+    out = subprocess.run(
+        [sys.executable, "-m", "memtop.cli", "--prometheus", fleet.url, "--once", "--json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    remote = json.loads(out.stdout)
+    after = {"node-a": _once(fleet.a.socket_dir), "node-b": _once(fleet.b.socket_dir)}
+
+    assert [h["host"] for h in remote["hosts"]] == ["node-a", "node-b"]
+    assert {a["host"] for a in remote["agents"]} == {"node-a", "node-b"}
+    # Prometheus's view lags the trainers by up to a scrape plus an export round.
+    lag_s = SCRAPE_S + EXPORT_S + 1.0
+    for host, step_s in (("node-a", STEP_A), ("node-b", STEP_B)):
+        theirs = next(h for h in remote["hosts"] if h["host"] == host)
+        local, local_after = before[host], after[host]
+        assert theirs["actions"] == "local-only"
+        assert [(d["uuid"], d["name"], d["total_bytes"]) for d in theirs["devices"]] == [
+            (d["uuid"], d["name"], d["total_bytes"]) for d in local["devices"]
+        ]
+        assert [a["pid"] for a in theirs["agents"]] == [a["pid"] for a in local["agents"]]
+        for agent, mine, mine_after in zip(
+            theirs["agents"], local["agents"], after[host]["agents"], strict=True
+        ):
+            assert agent["argv"] == mine["argv"] and agent["state"] == "connected"
+            (dev,) = agent["devices"]
+            (was,) = mine["devices"]
+            (now,) = mine_after["devices"]
+            assert (dev["uuid"], dev["gpu"], dev["index"]) == (
+                was["uuid"],
+                was["gpu"],
+                was["index"],
+            )
+            # Counters and monotone figures fall between the two local reports, give or take
+            # the lag.
+            steps_lag = lag_s / step_s
+            assert was["step"] - steps_lag <= dev["step"] <= now["step"], (host, dev, was, now)
+            assert (
+                dev["num_ooms"] == was["num_ooms"]
+                and dev["num_alloc_retries"] == was["num_alloc_retries"]
+            )
+            assert dev["total_bytes"] == was["total_bytes"]
+            if host == "node-b":  # healthy: what the cache holds and the peak stand still
+                assert dev["reserved_bytes"] == was["reserved_bytes"] == now["reserved_bytes"]
+                assert dev["peak_bytes"] == was["peak_bytes"]
+                assert dev["breakdown"] == was["breakdown"]
+                assert not dev["leak"]["detected"]
+            else:  # leaking 8 MiB a step: the peak grows by at most the lag's worth
+                grown = 8 * (1 << 20) * (steps_lag + 2)
+                assert was["peak_bytes"] - grown <= dev["peak_bytes"] <= now["peak_bytes"]
+                assert dev["leak"]["detected"] and was["leak"]["detected"]
+                assert dev["leak"]["bytes_per_step"] == pytest.approx(
+                    was["leak"]["bytes_per_step"], rel=0.2
+                )
+            # Whatever the moment, allocated stays within what the cache holds.
+            assert 0 < dev["allocated_bytes"] <= dev["reserved_bytes"]
+        rules = lambda report: sorted((s["rule"], s["pid"]) for s in report["suggestions"])  # noqa: E731
+        assert rules(theirs) == rules(local) or rules(theirs) == rules(local_after)
+
+
+def test_fleet_errors_are_one_line():
+    port = _free_port()  # nothing listens there
+    out = subprocess.run(
+        [sys.executable, "-m", "memtop.cli", "--prometheus", f"http://127.0.0.1:{port}",
+         "--once", "--json"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert out.returncode == 1 and out.stderr.count("\n") == 1
+    assert "cannot reach Prometheus" in out.stderr
+    bad = subprocess.run(
+        [sys.executable, "-m", "memtop.cli", "--prometheus", "ftp://x", "--once"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert bad.returncode == 1 and "http(s)://HOST:PORT" in bad.stderr
