@@ -60,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="the dashboard shows only these GPUs (the driver's numbers)",
     )
     parser.add_argument("--socket-dir", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="the fleet: every host whose `memtop export` this Prometheus scrapes",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     demo = sub.add_parser("demo", help="simulated GPUs and trainers, then the dashboard")
@@ -170,6 +175,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return _estimate(args)
         if args.command == "export":
             return _export(args)
+        if args.prometheus and args.command is None:
+            return _fleet(args)
         if args.once:
             return _once(args)
         return _watch(args, simulated_only=False)
@@ -412,6 +419,49 @@ def _export(args: argparse.Namespace) -> int:
         exporter.stop()
         exporter.sampler.stop()
     return EXIT_OK
+
+
+def _fleet(args: argparse.Namespace) -> int:
+    from memtop import fleet, fleet_report
+    from memtop.sources.prometheus import PrometheusError, PrometheusSource
+
+    try:
+        source = PrometheusSource(args.prometheus)
+        if args.once:
+            reading, observations = fleet.fleet_observations(source)
+            data = fleet_report.build(source.url, observations, reading.problems)
+            if args.json:
+                print(json.dumps(data, indent=2))
+            else:
+                sys.stdout.write(fleet_report.render_text(data))
+            return EXIT_OK
+        source.read()  # a wrong URL is one line now, not an empty dashboard
+    except PrometheusError as exc:
+        raise CliError(str(exc)) from None
+    sampler = fleet.FleetSampler(source, interval=max(args.interval, 1.0))
+    if sys.stdout.isatty() and sys.stdin.isatty():
+        from memtop.ui.app import MemtopApp
+
+        try:
+            MemtopApp(
+                sampler.store,
+                sampler,  # type: ignore[arg-type]
+                interval=args.interval,
+                host=f"fleet ({source.url})",
+                observer=sampler.observer(),
+            ).run()
+        finally:
+            sampler.stop()
+        return EXIT_OK
+    try:  # not a terminal: the fleet report at the interval
+        while True:
+            _, observations = fleet.fleet_observations(source)
+            data = fleet_report.build(source.url, observations)
+            sys.stdout.write(fleet_report.render_text(data) + "\n")
+            sys.stdout.flush()
+            time.sleep(args.interval)
+    except PrometheusError as exc:
+        raise CliError(str(exc)) from None
 
 
 def _agent_location(pid: int, socket_dir: Path | None) -> tuple[Path, int]:
