@@ -106,12 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("run", help="run a Python program with the agent: run [--] script.py args")
 
+    from memtop.commands import record as record_command
     from memtop.commands import replay as replay_command
 
-    replay_command.add_parser(sub)
-
-    from memtop.commands import replay as replay_command
-
+    record_command.add_parser(sub)
     replay_command.add_parser(sub)
 
     from memtop.estimate.command import add_arguments as add_estimate_arguments
@@ -167,10 +165,10 @@ def _main(argv: Sequence[str] | None) -> int:
             from memtop.commands import replay as replay_command
 
             return replay_command.run(args)
-        if args.command == "replay":
-            from memtop.commands import replay as replay_command
+        if args.command == "record":
+            from memtop.commands import record as record_command
 
-            return replay_command.run(args)
+            return record_command.run(args)
         if args.command == "estimate":
             return _estimate(args)
         if args.command == "export":
@@ -184,9 +182,6 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"memtop: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except UnsafeSocketDir as exc:
-        print(f"memtop: {exc}", file=sys.stderr)
-        return EXIT_ERROR
-    except CommandError as exc:
         print(f"memtop: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except CommandError as exc:
@@ -381,7 +376,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from memtop.export.server import ExportError, Exporter, load_web_config
+    from memtop.export.server import Exporter, ExportError, load_web_config
 
     try:
         config = load_web_config(args.web_config) if args.web_config else None

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from memtop.model import SOURCE_AGENT, AgentStatus, NvmlReading
-from memtop.sources.agents import AgentClient, AgentPool
-from memtop.sources.processes import ProcessDirectory
+from memtop.sources.agents import AgentClient, AgentPoll, AgentPool
+from memtop.sources.processes import ProcessDirectory, ProcessInfo
 from memtop.store import Store
 
 
@@ -27,6 +27,17 @@ class DeviceSource(Protocol):
     def read(self) -> NvmlReading: ...
 
     def close(self) -> None: ...
+
+
+class SamplerTap(Protocol):
+    """What `memtop record` is told of each round (the agents' replies it taps on the wire,
+    AgentPool.tap)."""
+
+    def nvml(self, when: float, reading: NvmlReading) -> None: ...
+
+    def processes(self, when: float, processes: dict[int, ProcessInfo]) -> None: ...
+
+    def agent_state(self, when: float, pid: int, state: str, error: str | None) -> None: ...
 
 
 class IsolatedDevices:
@@ -106,6 +117,9 @@ class Sampler:
         self._actions = concurrent.futures.ThreadPoolExecutor(
             max_workers=2, thread_name_prefix="memtop-action"
         )
+        self.tap: SamplerTap | None = None
+        self._tapped_processes: dict[int, ProcessInfo] | None = None
+        self._tapped_states: dict[int, str] = {}
 
     def round_budget(self) -> float:
         """How long one round may wait for answers: the first, a whole request deadline (every
@@ -136,7 +150,10 @@ class Sampler:
         # Owners and command lines first: a row must never be on screen before its owner is
         # known (the kill key checks it).
         pids = {p.pid for d in reading.devices for p in d.processes} | {p.pid for p in polls}
-        self.store.update_processes(self.processes.lookup(pids))
+        infos = self.processes.lookup(pids)
+        if self.tap is not None:
+            self._tap_round(now, polled, reading, infos, polls)
+        self.store.update_processes(infos)
         self.store.update_nvml(reading, now)
         self.store.update_agents(polls, polled)
         self.store.set_problems(self.agents.problems)
@@ -147,6 +164,26 @@ class Sampler:
                 self.store.update_snapshot_summary(poll.pid, poll.replies["snapshot"])
         self.rounds += 1
         self.last_round_s = time.monotonic() - started
+
+    def _tap_round(
+        self,
+        now: float,
+        polled: float,
+        reading: NvmlReading,
+        infos: dict[int, ProcessInfo],
+        polls: list[AgentPoll],
+    ) -> None:
+        assert self.tap is not None
+        if infos != self._tapped_processes:  # as the store: only when it changed
+            self._tapped_processes = dict(infos)
+            self.tap.processes(now, infos)
+        self.tap.nvml(now, reading)
+        for poll in polls:
+            state = str(poll.state)
+            if self._tapped_states.get(poll.pid) != state:
+                self._tapped_states[poll.pid] = state
+                if state != "connected":  # a connected agent's replies say it all
+                    self.tap.agent_state(polled, poll.pid, state, poll.error)
 
     def may_signal(self, pid: int) -> str | None:
         """Why the kill key must not signal `pid` (None: it may, after the usual owner check).

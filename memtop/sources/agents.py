@@ -104,6 +104,8 @@ class AgentClient:
         self._next_id = 1
         self.hello: AgentHello | None = None
         self.hello_at = 0.0
+        # Called with (pid, cmd, result) for every reply (`memtop record` taps the wire here).
+        self.tap: Callable[[int, str, dict[str, Any]], None] | None = None
 
     def connect(self, timeout: float | None = None) -> AgentHello:
         """Connect, authenticate the server and read its `hello`, all within `timeout`."""
@@ -225,6 +227,8 @@ class AgentClient:
         if not isinstance(result, dict):
             raise AgentError("bad_reply", f"reply to {cmd!r} carries no result object")
         cleaned: dict[str, Any] = protocol.clean_value(result)
+        if self.tap is not None:
+            self.tap(self.pid, cmd, cleaned)
         return cleaned
 
     def sample(self, timeout: float | None = None) -> AgentSample:
@@ -418,6 +422,8 @@ class AgentPool:
     def __init__(self, directory: Path | None = None, timeout: float = 1.0) -> None:
         self.directory = directory
         self.timeout = timeout
+        # Every reply of every agent, as (pid, cmd, result): see AgentClient.tap.
+        self.tap: Callable[[int, str, dict[str, Any]], None] | None = None
         # Why a socket directory (or entries in it) was not read, one line each, for the UI.
         self.problems: list[str] = []
         # Low-rate commands sent to a connected agent after its sample: cmd -> seconds.
@@ -556,6 +562,7 @@ class AgentPool:
             client = agent.client = AgentClient(
                 agent.pid, agent.directory, self.timeout, agent.owner
             )
+            client.tap = self.tap
         inbox = agent.inbox
 
         def job() -> None:
