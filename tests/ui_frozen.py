@@ -47,10 +47,11 @@ def _stats(allocated: int, reserved: int, peak: int, split: int, retries: int = 
 
 
 class Trainer:
-    def __init__(self, pid: int, gpu: int, kind: str) -> None:
+    def __init__(self, pid: int, gpu: int, kind: str, rank: int | None = None) -> None:
         self.pid = pid
         self.gpu = gpu
         self.kind = kind
+        self.rank = rank  # set: a rank of a 2-rank torchrun job launched by LAUNCHER
 
     def baseline(self, step: int) -> int:
         if self.kind == "leak":
@@ -79,10 +80,20 @@ class Trainer:
             torch="2.13.0",
             allocator_conf="",
             devices=(AgentDevice(0, UUIDS[self.gpu], "NVIDIA H100 80GB HBM3", TOTAL),),
+            extra={}
+            if self.rank is None
+            else {"rank": self.rank, "local_rank": 0, "world_size": 2},
         )
 
 
 TRAINERS = (Trainer(4101, 0, "healthy"), Trainer(4102, 0, "leak"), Trainer(4201, 1, "fragment"))
+LAUNCHER = 4000
+# The same machine with 4101 and 4201 as ranks 0 and 1 of one torchrun job.
+RANKED = (
+    Trainer(4101, 0, "healthy", rank=0),
+    Trainer(4102, 0, "leak"),
+    Trainer(4201, 1, "fragment", rank=1),
+)
 OTHERS = ((0, 7001, 3 * GiB), (1, 7002, 900 * MiB))  # (gpu, pid, used) without an agent
 
 
@@ -123,16 +134,21 @@ def poll_at(trainer: Trainer, t: int, free: int) -> AgentPoll:
 
 
 def frozen_store(
-    exited: int | None = None, gpu_error: str | None = None, problem: str | None = None
+    exited: int | None = None,
+    gpu_error: str | None = None,
+    problem: str | None = None,
+    ranked: bool = False,
 ) -> Store:
     """The store after SECONDS of sampling; `exited` names a trainer whose agent went away at
-    the end, `gpu_error` fails GPU 1 in the last reading."""
+    the end, `gpu_error` fails GPU 1 in the last reading, `ranked` makes two trainers ranks
+    of one torchrun job."""
+    trainers = RANKED if ranked else TRAINERS
     store = Store()
     for t in range(SECONDS + 1):
         reading = nvml_at(t, gpu_error if t == SECONDS else None)
         store.update_nvml(reading, T0 + t)
         polls = []
-        for trainer in TRAINERS:
+        for trainer in trainers:
             if trainer.pid == exited and t == SECONDS:
                 polls.append(AgentPoll(trainer.pid, EXITED, trainer.hello(), error="socket gone"))
                 continue
@@ -159,8 +175,15 @@ def frozen_store(
     store.update_processes(
         {
             **{
-                tr.pid: ProcessInfo(tr.pid, MY_UID, "ada", ("python", *tr.hello().argv), "python")
-                for tr in TRAINERS
+                tr.pid: ProcessInfo(
+                    tr.pid,
+                    MY_UID,
+                    "ada",
+                    ("python", *tr.hello().argv),
+                    "python",
+                    ppid=LAUNCHER if tr.rank is not None else 1,
+                )
+                for tr in trainers
             },
             7001: ProcessInfo(7001, 1001, "grace", ("python", "eval.py"), "python"),
             7002: ProcessInfo(7002, MY_UID, "ada", ("Xorg",), "Xorg"),

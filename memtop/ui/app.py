@@ -524,8 +524,15 @@ class MemtopApp(App[None]):
         self.notify(f"Copied: {fix}", timeout=4)
 
     def _items_of(self, row: view.ProcessRow) -> list[view.SuggestionItem]:
-        items = self.dashboard.suggestions if self.dashboard else ()
-        return [i for i in items if i.pid == row.pid and i.device in (None, row.gpu)]
+        """The selected process's own suggestions, most severe first, unfolded (the pane folds
+        a process's tips into one item that has no single fix)."""
+        if self.observation is None:
+            return []
+        return [
+            view.suggestion_item(s)
+            for s in self.observation.diagnosis.suggestions_for(row.pid)
+            if s.device is None or row.device is None or s.device == row.device
+        ]
 
     def action_filter(self) -> None:
         if self._detail_screen() is not None:

@@ -523,6 +523,9 @@ def _item(s: Suggestion) -> SuggestionItem:
     )
 
 
+suggestion_item = _item  # one suggestion as the pane draws it, unfolded
+
+
 def _short_title(s: Suggestion) -> str:
     return SHORT_TITLES.get(s.rule, s.title.split(":")[0])
 

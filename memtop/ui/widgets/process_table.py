@@ -436,12 +436,15 @@ class ProcessTable(Widget, can_focus=True):
         self.set_sort(self.sort_key or "gpu", reverse=not self.sort_reverse)
 
     def on_click(self, event: events.Click) -> None:
-        if event.y == 0:  # a header: sort by that column (again: the other way)
+        offset = event.get_content_offset(self)  # inside the border and padding
+        if offset is None:
+            return
+        if offset.y == 0:  # a header: sort by that column (again: the other way)
             for key, x0, x1 in self._column_spans:
-                if x0 <= event.x < x1:
+                if x0 <= offset.x < x1:
                     self.set_sort(key)
             return
-        index = self._top + event.y - 1
+        index = self._top + offset.y - 1
         if 0 <= index < len(self.lines) and isinstance(self.lines[index], ProcessRow):
             row_index = self._row_index(self.lines[index])  # type: ignore[arg-type]
             if row_index == self.cursor_row and event.chain >= 2:
