@@ -94,11 +94,18 @@ def remote_leak(verdict: Mapping[str, float], host: str) -> LeakEstimate:
         confidence=verdict.get("confidence", 0.0),
         basis=basis,
         samples=round(verdict.get("samples", 0)),
-        since=None,
+        since=verdict.get("since_step" if basis == "steps" else "since_time"),
         reason=f"as judged by memtop export on {host}"
         if basis != "none"
         else f"too little data yet on {host}",
     )
+
+
+def short_host(host: str, width: int = 8) -> str:
+    """A host name that fits the process table's owner column, keeping its distinctive end
+    (gpu-node-01 and gpu-node-02 must not both read "gpu-node")."""
+    name = host.split(".")[0]
+    return name if len(name) <= width else "…" + name[-(width - 1) :]
 
 
 def _process_infos(reading: HostReading, owner: str) -> dict[int, ProcessInfo]:
@@ -192,13 +199,14 @@ class FleetSampler:
             verdicts.update(
                 {k: v for k, v in reading.verdicts.items() if hosts.get(k[0]) == reading.host}
             )
-            named = tuple(
-                dataclasses.replace(d, name=f"{reading.host}: {d.name}")
-                for d in reading.nvml.devices
-            )
-            devices.extend(named)
+            # Fleet-wide GPU numbers in host order, so that the cards and the process table
+            # (both sorted by GPU number) group host -> GPU -> process; the card names the
+            # host and the GPU's own number there.
+            for d in sorted(reading.nvml.devices, key=lambda d: d.index):
+                name = f"{reading.host} #{d.index}: {d.name}"
+                devices.append(dataclasses.replace(d, index=len(devices), name=name))
             self.store.update_processes(
-                {**self.store.processes(), **_process_infos(reading, reading.host)}
+                {**self.store.processes(), **_process_infos(reading, short_host(reading.host))}
             )
             self.store.update_agents(polls, reading.time)
             for pid, reply in reading.breakdowns.items():

@@ -315,3 +315,44 @@ def test_fleet_errors_are_one_line():
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert bad.returncode == 1 and "http(s)://HOST:PORT" in bad.stderr
+
+
+def test_fleet_dashboard_groups_hosts_and_keeps_actions_local(fleet: Fleet):
+    import asyncio
+
+    from ui_helpers import notifications, wait_for
+
+    from memtop.fleet import FleetSampler
+    from memtop.sources.prometheus import PrometheusSource
+    from memtop.ui.app import MemtopApp
+
+    sampler = FleetSampler(PrometheusSource(fleet.url), interval=1.0)
+    app = MemtopApp(sampler.store, sampler, interval=1.0, host="fleet", observer=sampler.observer())  # type: ignore[arg-type]
+
+    async def main() -> None:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_for(
+                pilot,
+                lambda: app.observation is not None and len(app.observation.live_agents) == 2,
+            )
+            obs = app.observation
+            assert obs is not None
+            # host -> GPU -> process: fleet-wide GPU numbers in host order, the host named.
+            assert [g.name.split(":")[0] for g in obs.gpus] == ["node-a #0", "node-b #0"]
+            assert [e.pid for e in obs.entries] == [*fleet.a.pids, *fleet.b.pids]
+            assert {obs.processes[p].user for p in fleet.a.pids} == {"node-a"}
+            leak = obs.device(fleet.a.pids[0], 0)
+            assert leak is not None and leak.diagnosis.leak.detected
+            for key in ("c", "s"):
+                await pilot.press(key)
+                await wait_for(pilot, lambda: any("local-only" in n for n in notifications(app)))
+                app.clear_notifications()
+            assert sampler.may_signal(fleet.b.pids[0]) == (
+                f"pid {fleet.b.pids[0]} runs on node-b: the fleet view acts locally only "
+                "(ssh node-b)"
+            )
+
+    try:
+        asyncio.run(main())
+    finally:
+        sampler.stop()

@@ -222,6 +222,14 @@ def render(
         "leak_detected": ("memtop_leak_detected", "1 when the trend is called a leak."),
         "leak_confidence": ("memtop_leak_confidence_ratio", "Confidence of the leak verdict."),
         "leak_samples": ("memtop_leak_samples", "Baselines or samples the verdict rests on."),
+        "since_step": (
+            "memtop_leak_since_step",
+            "The step where the judged regime starts (per-step verdicts).",
+        ),
+        "since_time": (
+            "memtop_leak_since_timestamp_seconds",
+            "Unix time where the judged regime starts (verdicts over time, without steps).",
+        ),
         "to_full": (
             "memtop_time_to_full_seconds",
             "Seconds until the device is full at the leak's rate (only while a leak is detected).",
@@ -332,5 +340,7 @@ def _device_values(dev: AgentDeviceObservation) -> Iterator[tuple[str, float | N
     yield "leak_detected", 1 if leak.detected else 0 if leak.basis != "none" else None
     yield "leak_confidence", leak.confidence if leak.basis != "none" else None
     yield "leak_samples", leak.samples
+    yield "since_step", leak.since if leak.basis == "steps" else None
+    yield "since_time", leak.since if leak.basis == "time" else None
     yield "to_full", leak.seconds_to_full
     yield "steps_to_full", leak.steps_to_full

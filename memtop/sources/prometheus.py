@@ -59,6 +59,8 @@ VERDICT_SERIES = {
     "memtop_leak_confidence_ratio": "confidence",
     "memtop_leak_samples": "samples",
     "memtop_time_to_full_seconds": "seconds_to_full",
+    "memtop_leak_since_step": "since_step",
+    "memtop_leak_since_timestamp_seconds": "since_time",
     "memtop_steps_to_full": "steps_to_full",
     "memtop_step_baseline_bytes": "baseline_bytes",
     "memtop_fragmentation_smoothed_ratio": "gauge_smoothed",
