@@ -356,3 +356,39 @@ def test_fleet_dashboard_groups_hosts_and_keeps_actions_local(fleet: Fleet):
         asyncio.run(main())
     finally:
         sampler.stop()
+
+
+GRAFANA = Path(__file__).parent.parent / "contrib" / "grafana" / "memtop.json"
+
+
+def _grafana_to_promql(expr: str) -> str:
+    """The dashboard's variables as Grafana fills them with "All" selected."""
+    for name, value in (("$hostname", ".*"), ("$job", ".*"), ("$__rate_interval", "5s"),
+                        ("$__range", "1m")):  # fmt: skip
+        expr = expr.replace(name, value)
+    return expr
+
+
+def test_grafana_dashboard_queries_run_on_prometheus(fleet: Fleet):
+    board = json.loads(GRAFANA.read_text())
+    assert board["uid"] and board["schemaVersion"] >= 36 and board["id"] is None
+    panels = board["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    for panel in panels:  # every panel on the data source variable, inside the 24 columns
+        assert panel["datasource"]["uid"] == "${datasource}"
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24
+    fleet.wait_for('memtop_leak_detected{hostname="node-a"} == 1', timeout=30)
+    fleet.wait_for("memtop_breakdown_bytes", timeout=30)
+    empty = []
+    for panel in panels:
+        for t in panel["targets"]:
+            result = fleet.query(_grafana_to_promql(t["expr"]))  # a bad query raises here
+            if not result:
+                empty.append(panel["title"])
+    # With a leaking and a healthy trainer, only the OOM/retry counters may have nothing yet.
+    assert set(empty) <= {"OOMs and allocator retries", "Soonest full"}, empty
+    for var in board["templating"]["list"][1:]:
+        metric, label = re.match(r"label_values\((.+), (\w+)\)", var["query"]["query"]).groups()  # type: ignore[union-attr]
+        values = {r["metric"].get(label) for r in fleet.query(_grafana_to_promql(metric))}
+        assert values - {None}, var["name"]

@@ -192,6 +192,8 @@ def _source(obs: Observation) -> str:
     if obs.nvml_available:
         if obs.nvml_source == SOURCE_SIM:
             return "simulated GPUs"
+        if obs.nvml_source == "prometheus":  # the fleet view (memtop.fleet)
+            return "via Prometheus"
         return f"NVML {obs.driver_version}" if obs.driver_version else "NVML"
     return "agents only" if obs.agents else "no devices"
 
