@@ -390,6 +390,7 @@ def _export(args: argparse.Namespace) -> int:
     except ExportError as exc:
         exporter.sampler.stop()
         raise CliError(str(exc)) from None
+    exporter.round()  # "serving" is said once there is something to serve
     scheme = "https" if config is not None and config.tls else "http"
     print(f"memtop export: serving {scheme}://{host}:{port}/metrics", flush=True)
     if exporter.exposed:

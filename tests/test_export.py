@@ -6,6 +6,7 @@ import base64
 import hashlib
 import json
 import shutil
+import socket
 import ssl
 import subprocess
 import urllib.error
@@ -202,8 +203,11 @@ def _exporter(observation, web_config: WebConfig | None = None) -> Exporter:
 
 def test_http_serves_metrics_and_nothing_else(observation):
     exporter = _exporter(observation)
+    exporter.collector._observation = None  # before the first sampling round
     host, port = exporter.start_http()
     try:
+        assert _get(f"http://{host}:{port}/metrics")[0] == 503  # up=0, not an empty success
+        exporter.collector.observe(observation)
         status, body = _get(f"http://{host}:{port}/metrics")
         assert status == 200 and b"memtop_allocated_bytes{" in body
         assert _get(f"http://{host}:{port}/nope")[0] == 404
@@ -269,3 +273,52 @@ def test_listen_addresses():
     for bad in ("9482", "host:", "host:99999", "host:port"):
         with pytest.raises(ExportError):
             parse_listen(bad)
+
+
+# ---------------------------------------------------------------------------- the command
+
+
+def _export_cli(*args: str, socket_dir: Path) -> subprocess.Popen[str]:
+    import os
+    import sys
+
+    env = dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir))
+    return subprocess.Popen(
+        [sys.executable, "-m", "memtop.cli", "export", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+
+
+def test_export_command_serves_warns_beyond_loopback_and_stops_on_sigterm(socket_dir: Path):
+    import re
+    import signal
+
+    exposed = _export_cli("--listen", "0.0.0.0:0", "--hostname", "Box-1", socket_dir=socket_dir)
+    try:
+        assert exposed.stdout is not None and exposed.stderr is not None
+        line = exposed.stdout.readline()
+        port = int(re.search(r"serving http://0\.0\.0\.0:(\d+)/metrics", line).group(1))  # type: ignore[union-attr]
+        warning = exposed.stderr.readline()
+        assert "warning: 0.0.0.0 is not loopback" in warning and "--web-config" in warning
+        status, body = _get(f"http://127.0.0.1:{port}/metrics")
+        assert status == 200 and b'memtop_observation_time_seconds{hostname="box-1"}' in body
+    finally:
+        exposed.send_signal(signal.SIGTERM)
+        assert exposed.wait(15) == 0
+
+
+def test_export_command_errors_are_one_line(socket_dir: Path, tmp_path: Path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cases = [
+            (("--listen", "nowhere"), "--listen wants HOST:PORT"),
+            (("--listen", f"127.0.0.1:{port}"), "cannot listen on 127.0.0.1"),
+            (("--web-config", str(tmp_path / "missing.json")), "cannot read the web config"),
+        ]
+        for args, message in cases:
+            process = _export_cli(*args, socket_dir=socket_dir)
+            out, err = process.communicate(timeout=30)
+            assert process.returncode == 1, (args, out, err)
+            assert err.count("\n") == 1 and message in err, err

@@ -78,6 +78,10 @@ class ObservationCollector(Collector):
     def observe(self, observation: Observation) -> None:
         self._observation = observation  # one reference swap: atomic for the scraping thread
 
+    @property
+    def ready(self) -> bool:
+        return self._observation is not None
+
     def body(self) -> bytes:
         """The text exposition of the newest observation, rendered at most once per
         observation however many scrapers ask (`memtop.export.text`)."""

@@ -204,6 +204,9 @@ class Exporter:
             start_response("405 Method Not Allowed", [("Allow", "GET, HEAD")])
             return [b""]
         if path == "/metrics":
+            if not self.collector.ready:  # up=0 until the first round, not an empty success
+                start_response("503 Service Unavailable", [("Content-Type", "text/plain")])
+                return [b"memtop export: the first sampling round is not done yet\n"]
             body = self.collector.body()
             start_response(
                 "200 OK", [("Content-Type", CONTENT_TYPE), ("Content-Length", str(len(body)))]
