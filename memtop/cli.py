@@ -106,9 +106,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("run", help="run a Python program with the agent: run [--] script.py args")
 
+    from memtop.commands import replay as replay_command
+
+    replay_command.add_parser(sub)
+
+    from memtop.commands import attach as attach_command
     from memtop.commands import record as record_command
     from memtop.commands import replay as replay_command
 
+    attach_command.add_parser(sub)
     record_command.add_parser(sub)
     replay_command.add_parser(sub)
 
@@ -169,6 +175,10 @@ def _main(argv: Sequence[str] | None) -> int:
             from memtop.commands import record as record_command
 
             return record_command.run(args)
+        if args.command == "attach":
+            from memtop.commands import attach as attach_command
+
+            return attach_command.run(args)
         if args.command == "estimate":
             return _estimate(args)
         if args.command == "export":

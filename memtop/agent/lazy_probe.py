@@ -59,6 +59,16 @@ class LazyTorchProbe:
                 self._real = TorchProbe()
             return self._real
 
+    def __getattr__(self, name: str) -> Any:
+        # Whatever a newer Probe grows beyond these methods is the real probe's, once torch is
+        # there; before, it does not exist (callers ask with getattr(probe, name, None)).
+        if name.startswith("_"):
+            raise AttributeError(name)
+        real = self.real()
+        if real is None:
+            raise AttributeError(name)
+        return getattr(real, name)
+
     # ------------------------------------------------------------ any thread
     def torch_version(self) -> str | None:
         real = self.real()

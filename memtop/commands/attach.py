@@ -1,0 +1,455 @@
+"""`memtop attach PID`: start the agent inside a Python process that is already running.
+
+The run that needs memtop most is the one that has trained for two days and creeps toward OOM;
+its owner will not restart it.  Like memray's attach, memtop runs a few lines of Python inside
+the live interpreter:
+- Python >= 3.14: `sys.remote_exec(pid, script)` (PEP 768), unless the target disabled remote
+  debugging (PYTHON_DISABLE_REMOTE_DEBUG, -X disable_remote_debug);
+- otherwise gdb: `gdb -p PID -batch` calls PyGILState_Ensure, PyRun_SimpleString and
+  PyGILState_Release in the target.
+
+What runs in the target only starts a daemon thread, which imports memtop and calls
+`memtop.start_agent()`; nothing else happens on the thread gdb interrupted, and the agent then
+keeps its usual thread discipline (steps are counted by torch's global optimizer hook from the
+trainer's next `optimizer.step()`; tensors are only touched at step boundaries).  The names it
+uses are not bound in the target's `__main__`.
+
+memtop must be importable there: the target's own memtop if its environment has one, else this
+memtop's package directory is appended to its sys.path, which needs the same Python version.
+
+Refusals, each one line: no such process, another user's process, not a Python process, ptrace
+forbidden (Yama ptrace_scope, no CAP_SYS_PTRACE), gdb missing, remote debugging disabled, memtop
+not importable.  Attaching twice is a no-op: an agent already listening is reported, not doubled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from memtop.commands import CommandError
+
+# Seams for the tests (and for systems that keep these elsewhere).
+YAMA_PTRACE_SCOPE = Path("/proc/sys/kernel/yama/ptrace_scope")
+SELF_STATUS = Path("/proc/self/status")
+CAP_SYS_PTRACE = 19
+GDB_TIMEOUT_S = 30.0
+PROBE_TIMEOUT_S = 15.0
+MEMTOP_PARENT = str(Path(__file__).resolve().parent.parent.parent)  # the folder holding memtop/
+_PYTHON_LIB = re.compile(r"(?:^|/)(?:lib)?python(\d)\.(\d+)[a-z]*(?:\.so[.\d]*|$)")
+
+
+class AttachRefused(CommandError):
+    """memtop will not (or cannot) attach; one line saying why."""
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    attach = sub.add_parser(
+        "attach", help="start the agent inside a running Python process (gdb or sys.remote_exec)"
+    )
+    attach.add_argument("pid", type=int)
+    attach.add_argument(
+        "--wait",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long to wait for the agent to answer (default 10)",
+    )
+
+
+@dataclass
+class Target:
+    """What memtop needs to know about the process it attaches to."""
+
+    pid: int
+    uid: int
+    exe: str  # the interpreter as the target runs it (a venv's python, not its base binary)
+    cwd: str
+    environ: dict[str, str]
+    argv: list[str]
+    version: tuple[int, int] | None = None
+    has_memtop: bool = False
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def socket_dir(self) -> Path:
+        """The socket directory the agent will pick inside the target (protocol.socket_dir)."""
+        override = self.environ.get("MEMTOP_SOCKET_DIR")
+        if override:
+            return Path(override)
+        runtime = self.environ.get("XDG_RUNTIME_DIR")
+        if runtime and os.path.isdir(runtime):
+            return Path(runtime) / "memtop"
+        return Path(f"/tmp/memtop-{self.uid}")
+
+    @property
+    def remote_debug_disabled(self) -> bool:
+        if self.environ.get("PYTHON_DISABLE_REMOTE_DEBUG"):
+            return True
+        flags = self.argv[1:]
+        return (
+            any(
+                a == "disable_remote_debug" and flags[i - 1] == "-X"
+                for i, a in enumerate(flags)
+                if i
+            )
+            or "-Xdisable_remote_debug" in flags
+        )
+
+
+# ------------------------------------------------------------------ the command
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.wait <= 0:
+        raise CommandError("--wait must be greater than 0")
+    target = inspect(args.pid)
+    existing = _agent_answers(target, timeout=2.0)
+    if existing:
+        print(f"pid {target.pid} already has an agent listening on {existing}: nothing to do")
+        return 0
+    method = choose_method(target)
+    # Appended, so that the target's own memtop wins where it has one; this one is a fallback
+    # only an interpreter of the same version may take.
+    same_version = target.version == sys.version_info[:2]
+    code = injected_code(MEMTOP_PARENT if same_version else None)
+    if method == "remote_exec":
+        _remote_exec(target, code)
+    else:
+        _gdb_inject(target, code)
+    deadline = time.monotonic() + args.wait
+    while time.monotonic() < deadline:
+        path = _agent_answers(target, timeout=1.0)
+        if path:
+            print(
+                f"attached to pid {target.pid} ({_command(target)}) with {method}: agent on "
+                f"{path}; steps are counted from its next optimizer.step()"
+            )
+            return 0
+        time.sleep(0.2)
+    raise CommandError(
+        f"memtop's code ran in pid {target.pid} but no agent answered within {args.wait:g} s; "
+        "its stderr says why (or its main thread has not run Python since)"
+    )
+
+
+def _command(target: Target) -> str:
+    text = " ".join(" ".join(target.argv).split()) or target.exe
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# ------------------------------------------------------------------ what the target is
+
+
+def inspect(pid: int) -> Target:
+    """The facts about `pid` every later check needs; refuses what cannot be attached at all."""
+    proc = Path(f"/proc/{pid}")
+    try:
+        uid = proc.stat().st_uid
+    except (FileNotFoundError, ValueError):
+        raise AttachRefused(f"no process {pid}") from None
+    if pid == os.getpid():
+        raise AttachRefused("memtop cannot attach to itself")
+    me = os.geteuid()
+    if me != 0 and uid != me:
+        raise AttachRefused(f"pid {pid} belongs to uid {uid}: attach as that user (or root)")
+    try:
+        exe = os.readlink(proc / "exe")
+        cwd = os.readlink(proc / "cwd")
+        argv = [a.decode(errors="replace") for a in (proc / "cmdline").read_bytes().split(b"\0")]
+        environ = dict(
+            item.decode(errors="replace").partition("=")[::2]
+            for item in (proc / "environ").read_bytes().split(b"\0")
+            if b"=" in item
+        )
+        maps = (proc / "maps").read_text(errors="replace")
+    except PermissionError:
+        raise AttachRefused(
+            f"not allowed to read /proc/{pid}: attach as its user (or root)"
+        ) from None
+    except FileNotFoundError:
+        raise AttachRefused(f"no process {pid}") from None
+    argv = [a for a in argv if a] or [exe]
+    target = Target(pid, uid, exe, cwd, environ, argv)
+    target.version = python_version(exe, maps)
+    if target.version is None:
+        raise AttachRefused(f"pid {pid} ({_command(target)}) is not a Python process")
+    target.exe = _interpreter_as_run(target)
+    _probe_environment(target)
+    return target
+
+
+def python_version(exe: str, maps: str) -> tuple[int, int] | None:
+    """The CPython version of a process from its binary or its libpython mapping."""
+    for name in [exe, *(line.rsplit(" ", 1)[-1] for line in maps.splitlines())]:
+        match = _PYTHON_LIB.search(name)
+        if match:
+            return int(match.group(1)), int(match.group(2))
+    return None
+
+
+def _interpreter_as_run(target: Target) -> str:
+    """argv[0] when it names the same binary as /proc/PID/exe: a virtualenv's `python` is a
+    link to the base interpreter, and only the link knows the venv's site-packages."""
+    first = target.argv[0]
+    candidates = []
+    if os.sep in first:
+        candidates.append(os.path.join(target.cwd, first))
+    else:
+        for folder in target.environ.get("PATH", "").split(os.pathsep):
+            if folder:
+                candidates.append(
+                    os.path.join(
+                        folder if os.path.isabs(folder) else os.path.join(target.cwd, folder), first
+                    )
+                )
+    real = os.path.realpath(target.exe)
+    for candidate in candidates:
+        if os.path.isfile(candidate) and os.path.realpath(candidate) == real:
+            return candidate
+    return target.exe
+
+
+def _probe_environment(target: Target) -> None:
+    """Ask the target's interpreter, in the target's environment and folder, whether it can
+    import memtop (without starting it: find_spec only)."""
+    code = (
+        "import importlib.util, json, sys; "
+        "print(json.dumps({'version': sys.version_info[:2], "
+        "'memtop': importlib.util.find_spec('memtop') is not None}))"
+    )
+    env = {k: v for k, v in target.environ.items() if k != "MEMTOP_AGENT"}
+    try:
+        result = subprocess.run(
+            [target.exe, *interpreter_flags(target.argv), "-c", code],
+            cwd=target.cwd if os.path.isdir(target.cwd) else None,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+        )
+        facts = json.loads(result.stdout.strip().splitlines()[-1])
+        target.has_memtop = bool(facts["memtop"])
+        target.version = (int(facts["version"][0]), int(facts["version"][1]))
+    except (OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError) as exc:
+        # The binary is there (the process runs it); say what is not known and go on.
+        target.problems.append(f"could not ask {target.exe} about memtop ({type(exc).__name__})")
+
+
+def interpreter_flags(argv: list[str]) -> list[str]:
+    """The target's flags that change what it can import (-I, -S, -s, -E, -P)."""
+    flags = []
+    for arg in argv[1:]:
+        if not arg.startswith("-") or arg in ("-c", "-m", "-") or not arg[1:].isalpha():
+            break
+        letters = [c for c in arg[1:] if c in "ISsEP"]
+        if len(letters) == len(arg) - 1:
+            flags.append(arg)
+    return flags
+
+
+# ------------------------------------------------------------------ may we, and how
+
+
+def choose_method(target: Target) -> str:
+    """ "remote_exec" or "gdb", or a refusal saying why neither can be used."""
+    version = target.version or (0, 0)
+    if version < (3, 10):
+        raise AttachRefused(
+            f"pid {target.pid} runs Python {version[0]}.{version[1]}; the agent needs 3.10 or newer"
+        )
+    if not target.has_memtop and version != sys.version_info[:2]:
+        raise AttachRefused(
+            f"memtop is not installed in the environment of pid {target.pid} (Python "
+            f"{version[0]}.{version[1]}), and this memtop runs on Python "
+            f"{sys.version_info[0]}.{sys.version_info[1]}: install memtop there "
+            f"(`{target.exe} -m pip install memtop`) and run its `memtop attach`"
+        )
+    if version >= (3, 14) and target.remote_debug_disabled:
+        raise AttachRefused(
+            f"pid {target.pid} disabled remote debugging (PYTHON_DISABLE_REMOTE_DEBUG or -X "
+            "disable_remote_debug): start it under `memtop run` instead"
+        )
+    check_ptrace(target)
+    if version >= (3, 14) and sys.version_info >= (3, 14) and hasattr(sys, "remote_exec"):
+        return "remote_exec"
+    if shutil.which("gdb") is None:
+        raise AttachRefused(
+            "gdb is not installed (apt-get install gdb / dnf install gdb); memtop attaches to "
+            "Python < 3.14 with gdb"
+        )
+    return "gdb"
+
+
+def check_ptrace(target: Target) -> None:
+    """Refuse where the kernel will not let us trace `target` (Yama, capabilities)."""
+    scope = _read_int(YAMA_PTRACE_SCOPE)
+    privileged = has_cap_sys_ptrace()
+    fix = "run memtop attach as root, or `sudo sysctl kernel.yama.ptrace_scope=0`"
+    if scope == 3:
+        raise AttachRefused(
+            "ptrace is disabled on this machine (kernel.yama.ptrace_scope = 3, until reboot): "
+            "start the trainer under `memtop run` instead"
+        )
+    if scope == 2 and not privileged:
+        raise AttachRefused(
+            "ptrace is reserved to administrators here (kernel.yama.ptrace_scope = 2) and memtop "
+            "lacks CAP_SYS_PTRACE: run memtop attach as root"
+        )
+    if scope == 1 and not privileged:
+        raise AttachRefused(
+            "ptrace is limited to a process's parent here (kernel.yama.ptrace_scope = 1) and "
+            f"memtop lacks CAP_SYS_PTRACE: {fix}"
+        )
+    if target.uid != os.geteuid() and not privileged:
+        raise AttachRefused(
+            f"pid {target.pid} belongs to uid {target.uid} and memtop lacks CAP_SYS_PTRACE "
+            "(a container without SYS_PTRACE?)"
+        )
+
+
+def has_cap_sys_ptrace() -> bool:
+    try:
+        for line in SELF_STATUS.read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> CAP_SYS_PTRACE & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None  # no Yama: classic ptrace rules
+
+
+# ------------------------------------------------------------------ what runs in the target
+
+
+AGENT_STARTER = """\
+import sys
+try:
+    if PATH is not None and PATH not in sys.path:  # PATH: set on the line before
+        sys.path.append(PATH)
+    import memtop
+    memtop.start_agent(quiet=False)
+except Exception as exc:
+    sys.stderr.write(f"memtop: agent not started: {exc}\\n")
+"""
+
+
+def injected_code(extra_path: str | None) -> str:
+    """One line of Python for the target: a daemon thread that runs AGENT_STARTER (import
+    memtop, start the agent) in a namespace of its own.  Binds no name in the target's
+    __main__; whatever fails is said on the target's stderr, never raised there."""
+    source = f"PATH = {extra_path!r}\n{AGENT_STARTER}"
+    return (
+        f"__import__('threading').Thread(target=exec, args=({source!r}, {{}}), "
+        "name='memtop-attach', daemon=True).start()"
+    )
+
+
+def _gdb_inject(target: Target, code: str) -> None:
+    c_string = code.replace("\\", "\\\\").replace('"', '\\"')
+    command = [
+        "gdb",
+        "-p",
+        str(target.pid),
+        "-batch",
+        "-nx",
+        "-q",
+        # Symbols of libpython only: reading those of every library a trainer maps (torch's
+        # are hundreds of MB) takes gdb ~20 s; with this, ~3 s.
+        "-iex",
+        "set auto-solib-add off",
+        "-iex",
+        "set auto-load off",
+        "-ex",
+        "set confirm off",
+        "-ex",
+        "sharedlibrary libpython",
+        "-ex",
+        "call (int) PyGILState_Ensure()",
+        "-ex",
+        f'call (int) PyRun_SimpleString("{c_string}")',
+        "-ex",
+        "call (void) PyGILState_Release($1)",
+    ]
+    try:
+        result = subprocess.run(
+            command, capture_output=True, text=True, timeout=GDB_TIMEOUT_S, stdin=subprocess.DEVNULL
+        )
+    except subprocess.TimeoutExpired:
+        raise CommandError(f"gdb did not finish within {GDB_TIMEOUT_S:g} s") from None
+    except OSError as exc:
+        raise AttachRefused(f"gdb could not run: {exc.strerror or exc}") from None
+    why = gdb_failure(result.stdout + result.stderr)
+    if why:
+        raise AttachRefused(why)
+
+
+def gdb_failure(output: str) -> str | None:
+    """The one line to show for a gdb run that did not inject, or None when it did."""
+    if "ptrace: Operation not permitted" in output:
+        return (
+            "the kernel refused ptrace (Yama ptrace_scope, or a container without SYS_PTRACE): "
+            "run memtop attach as root, or start the trainer under `memtop run`"
+        )
+    if "No symbol table is loaded" in output or 'No symbol "PyGILState_Ensure"' in output:
+        return (
+            "the target's Python exports no C API symbols gdb can call (a static, stripped build?)"
+        )
+    if "ptrace: No such process" in output:
+        return "the process is gone"
+    results = re.findall(r"^\$(\d+) = (-?\d+)", output, re.MULTILINE)
+    # $1: the GIL state, $2: PyRun_SimpleString's status (0 ran, -1 raised).
+    if len(results) >= 2 and results[1][1] == "0":
+        return None
+    if len(results) >= 2:
+        return "the injected code raised inside the target (its stderr says why)"
+    last = [line for line in output.strip().splitlines() if line.strip()]
+    return f"gdb could not run code in the target: {last[-1] if last else 'no output'}"
+
+
+def _remote_exec(target: Target, code: str) -> None:
+    # The script must stay readable until the target has run it: it runs at the target's next
+    # eval-breaker check, which the attach's wait covers.
+    with tempfile.NamedTemporaryFile(
+        "w", prefix="memtop-attach-", suffix=".py", delete=False
+    ) as handle:
+        handle.write(code + "\n")
+    os.chmod(handle.name, 0o644)  # the target may run as another user (memtop as root)
+    try:
+        sys.remote_exec(target.pid, handle.name)  # type: ignore[attr-defined]
+    except (OSError, RuntimeError, ValueError) as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(handle.name)
+        raise AttachRefused(f"sys.remote_exec failed: {exc}") from None
+
+
+def _agent_answers(target: Target, timeout: float) -> str | None:
+    """The socket of an agent answering as `target.pid`, or None."""
+    from memtop.sources.agents import AgentClient, AgentError, AgentUnreachable
+
+    directory = target.socket_dir
+    path = directory / f"{target.pid}.sock"
+    if not os.path.lexists(path):
+        return None
+    try:
+        with AgentClient(target.pid, directory, timeout=timeout, owner=target.uid) as client:
+            client.connect(timeout=timeout)
+    except (AgentUnreachable, AgentError, OSError):
+        return None
+    return str(path)

@@ -1,0 +1,234 @@
+"""`memtop attach PID`: a plain `python examples/train_cpu.py` gets an agent without a restart
+(real gdb, real ptrace); every refusal is one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from memtop.cli import main
+from memtop.commands import attach
+
+ROOT = Path(__file__).resolve().parent.parent
+MEMTOP = [sys.executable, "-m", "memtop"]
+needs_gdb = pytest.mark.skipif(shutil.which("gdb") is None, reason="gdb is not installed")
+
+
+def memtop(*args: str, socket_dir: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir))
+    return subprocess.run(
+        [*MEMTOP, *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
+
+
+def spawn(args: list[str], socket_dir: Path, **env: str) -> subprocess.Popen[str]:
+    environment = dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir), **env)
+    environment.pop("MEMTOP_AGENT", None)
+    return subprocess.Popen(
+        args, cwd=ROOT, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def stop(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    proc.kill()
+    return proc.communicate(timeout=10)
+
+
+@pytest.fixture
+def trainer(socket_dir: Path) -> Iterator[subprocess.Popen[str]]:
+    # Plain python: no memtop in its code, not under memtop run.
+    proc = spawn(
+        [sys.executable, "examples/train_cpu.py", "--step-time", "0.02", "--device", "cpu"],
+        socket_dir,
+    )
+    assert proc.stdout is not None
+    try:
+        proc.stdout.readline()  # "step 100 ...": torch imported, the optimizer stepping
+        yield proc
+    finally:
+        stop(proc)
+
+
+@pytest.fixture
+def sleeper(socket_dir: Path) -> Iterator[subprocess.Popen[str]]:
+    proc = spawn([sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"], socket_dir)
+    time.sleep(0.3)
+    try:
+        yield proc
+    finally:
+        stop(proc)
+
+
+def agent_step(socket_dir: Path, pid: int) -> int | None:
+    data = json.loads(memtop("--once", "--json", socket_dir=socket_dir).stdout)
+    steps = [a["step"] for a in data["agents"] if a["pid"] == pid and a["state"] == "connected"]
+    return steps[0] if steps else None
+
+
+@needs_gdb
+def test_attach_to_a_plain_trainer_shows_moving_steps(trainer, socket_dir: Path):
+    started = time.monotonic()
+    result = memtop("attach", str(trainer.pid), socket_dir=socket_dir)
+    assert result.returncode == 0, result.stderr
+    assert f"attached to pid {trainer.pid}" in result.stdout and "with gdb" in result.stdout
+    first = None
+    while time.monotonic() - started < 10:
+        first = agent_step(socket_dir, trainer.pid)
+        if first:
+            break
+        time.sleep(0.2)
+    assert first, "the agent counts no steps within 10 s of memtop attach"
+    time.sleep(1.0)
+    second = agent_step(socket_dir, trainer.pid)
+    assert second is not None and second > first
+    data = json.loads(memtop("--once", "--json", socket_dir=socket_dir).stdout)
+    (agent,) = data["agents"]
+    assert agent["argv"][0] == "examples/train_cpu.py"  # the trainer's own argv
+    assert agent["torch"]  # torch was already imported: the probe took it at once
+
+    # Twice is a no-op: the agent already listening is reported, not doubled.
+    again = memtop("attach", str(trainer.pid), socket_dir=socket_dir)
+    assert again.returncode == 0
+    assert "already has an agent" in again.stdout
+    assert sorted(p.name for p in socket_dir.glob("*.sock")) == [f"{trainer.pid}.sock"]
+    _, err = stop(trainer)
+    assert err.count("memtop: agent listening") == 1
+
+
+@needs_gdb
+def test_attach_without_memtop_in_the_target_adds_this_one(socket_dir: Path):
+    # -I -S: no site-packages, no cwd on sys.path: only the path memtop appends finds memtop.
+    program = "import time\nwhile True: time.sleep(0.05)"
+    proc = spawn([sys.executable, "-I", "-S", "-c", program], socket_dir)
+    try:
+        time.sleep(0.3)
+        target = attach.inspect(proc.pid)
+        assert not target.has_memtop and target.version == sys.version_info[:2]
+        result = memtop("attach", str(proc.pid), socket_dir=socket_dir)
+        assert result.returncode == 0, result.stderr
+        data = json.loads(memtop("--once", "--json", socket_dir=socket_dir).stdout)
+        (agent,) = [a for a in data["agents"] if a["pid"] == proc.pid]
+        assert agent["torch"] is None  # a program without torch: none was imported for it
+    finally:
+        stop(proc)
+
+
+# ------------------------------------------------------------------ refusals, one line each
+
+
+def refused(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    code = main(["attach", *args])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert err.startswith("memtop: ") and err.count("\n") == 1, err
+    return err
+
+
+def test_no_such_process(capsys):
+    assert "no process 999999999" in refused(capsys, "999999999")
+
+
+def test_not_a_python_process(capsys, socket_dir: Path):
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        assert "is not a Python process" in refused(capsys, str(proc.pid))
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_gdb_missing(capsys, sleeper, monkeypatch, tmp_path: Path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing on it: no gdb
+    assert "gdb is not installed" in refused(capsys, str(sleeper.pid))
+
+
+@pytest.mark.parametrize(
+    ("scope", "cap", "says"),
+    [
+        ("1", False, "kernel.yama.ptrace_scope = 1"),
+        ("2", False, "kernel.yama.ptrace_scope = 2"),
+        ("3", True, "ptrace is disabled on this machine"),
+    ],
+)
+def test_ptrace_forbidden(capsys, sleeper, monkeypatch, tmp_path: Path, scope, cap, says):
+    scope_file = tmp_path / "ptrace_scope"
+    scope_file.write_text(scope + "\n")
+    monkeypatch.setattr(attach, "YAMA_PTRACE_SCOPE", scope_file)
+    status = tmp_path / "status"
+    status.write_text(
+        f"Name:\tmemtop\nCapEff:\t{'0000000000080000' if cap else '0000000000000000'}\n"
+    )
+    monkeypatch.setattr(attach, "SELF_STATUS", status)
+    assert attach.has_cap_sys_ptrace() is cap
+    assert says in refused(capsys, str(sleeper.pid))
+
+
+def test_ptrace_scope_1_with_the_capability_goes_on(sleeper, monkeypatch, tmp_path: Path):
+    scope_file = tmp_path / "ptrace_scope"
+    scope_file.write_text("1\n")
+    monkeypatch.setattr(attach, "YAMA_PTRACE_SCOPE", scope_file)
+    monkeypatch.setattr(attach, "has_cap_sys_ptrace", lambda: True)
+    attach.check_ptrace(attach.inspect(sleeper.pid))  # no refusal
+
+
+def test_kernel_refusal_seen_by_gdb_is_one_line():
+    output = (
+        "Could not attach to process.  If your uid matches...\nptrace: Operation not permitted.\n"
+    )
+    why = attach.gdb_failure(output)
+    assert why is not None and "refused ptrace" in why and "\n" not in why
+    assert attach.gdb_failure("$1 = 1\n$2 = 0\n") is None
+    assert "raised inside the target" in (attach.gdb_failure("$1 = 1\n$2 = -1\n") or "")
+
+
+def test_python_version_mismatch_without_memtop_there(capsys, sleeper, monkeypatch):
+    def other_python(target: attach.Target) -> None:
+        target.version, target.has_memtop = (3, 10), False
+
+    monkeypatch.setattr(attach, "_probe_environment", other_python)
+    err = refused(capsys, str(sleeper.pid))
+    assert "memtop is not installed in the environment of pid" in err
+    assert "Python 3.10" in err and "-m pip install memtop" in err
+
+
+def test_remote_debugging_disabled_on_3_14(capsys, socket_dir: Path, monkeypatch):
+    proc = spawn(
+        [sys.executable, "-c", "import time\nwhile True: time.sleep(0.05)"],
+        socket_dir,
+        PYTHON_DISABLE_REMOTE_DEBUG="1",
+    )
+    try:
+        time.sleep(0.3)
+
+        def python_3_14(target: attach.Target) -> None:
+            target.version, target.has_memtop = (3, 14), True
+
+        monkeypatch.setattr(attach, "_probe_environment", python_3_14)
+        assert "disabled remote debugging" in refused(capsys, str(proc.pid))
+    finally:
+        stop(proc)
+
+
+def test_the_injected_code_binds_nothing_and_never_raises(tmp_path: Path):
+    # Run it as gdb would (one statement in __main__) in a fresh interpreter whose memtop import
+    # fails: it says so on stderr, the program goes on, and __main__ gains no name.
+    code = attach.injected_code(str(tmp_path / "no-memtop-here"))
+    program = (
+        "import sys, time\nsys.modules['memtop'] = None\nbefore = set(globals())\n"
+        f"exec({code!r}, globals())\ntime.sleep(0.5)\n"
+        "print(sorted(set(globals()) - before - {'before'}))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", program], capture_output=True, text=True, timeout=30
+    )
+    assert result.returncode == 0
+    assert result.stdout.strip() == "[]"
+    assert "memtop: agent not started" in result.stderr
