@@ -106,10 +106,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("run", help="run a Python program with the agent: run [--] script.py args")
 
-    from memtop.commands import replay as replay_command
-
-    replay_command.add_parser(sub)
-
     from memtop.commands import attach as attach_command
     from memtop.commands import record as record_command
     from memtop.commands import replay as replay_command
