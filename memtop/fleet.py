@@ -185,6 +185,7 @@ class FleetSampler:
         devices: list[DeviceReading] = []
         hosts: dict[int, str] = {}
         verdicts: dict[tuple[int, int], dict[str, float]] = {}
+        infos: dict[int, ProcessInfo] = {}
         for reading in fleet.hosts:
             polls = []
             for poll in reading.polls:
@@ -205,9 +206,10 @@ class FleetSampler:
             for d in sorted(reading.nvml.devices, key=lambda d: d.index):
                 name = f"{reading.host} #{d.index}: {d.name}"
                 devices.append(dataclasses.replace(d, index=len(devices), name=name))
-            self.store.update_processes(
-                {**self.store.processes(), **_process_infos(reading, short_host(reading.host))}
-            )
+            for pid, info in _process_infos(reading, short_host(reading.host)).items():
+                infos.setdefault(pid, info)  # a hidden same-pid process keeps the first owner
+            # Owners first: a row must never be on screen before its owner is known.
+            self.store.update_processes({**infos})
             self.store.update_agents(polls, reading.time)
             for pid, reply in reading.breakdowns.items():
                 if hosts.get(pid) == reading.host:

@@ -392,3 +392,19 @@ def test_grafana_dashboard_queries_run_on_prometheus(fleet: Fleet):
         metric, label = re.match(r"label_values\((.+), (\w+)\)", var["query"]["query"]).groups()  # type: ignore[union-attr]
         values = {r["metric"].get(label) for r in fleet.query(_grafana_to_promql(metric))}
         assert values - {None}, var["name"]
+
+
+def test_zz_a_host_whose_exporter_stops_is_named_not_silently_dropped(fleet: Fleet):
+    # Last in the module: it stops node-b's exporter.
+    _stop(fleet.b.exporter)
+    fleet.wait_for(f'up{{instance="127.0.0.1:{fleet.b.port}"}} == 0', timeout=15)
+    out = subprocess.run(
+        [sys.executable, "-m", "memtop.cli", "--prometheus", fleet.url, "--once", "--json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    remote = json.loads(out.stdout)
+    assert [h["host"] for h in remote["hosts"]] == ["node-a"]
+    assert remote["problems"] == [
+        f"node-b: its exporter at 127.0.0.1:{fleet.b.port} did not answer Prometheus's last "
+        "scrape (up == 0)"
+    ]

@@ -39,6 +39,8 @@ from memtop.model import (
 from memtop.sources.agents import AgentPoll
 
 ALL_SERIES = '{__name__=~"memtop_.+"}'
+# Targets that exported memtop series in the last hour and failed their newest scrape.
+DOWN = "count_over_time(memtop_observation_time_seconds[1h]) and on (job, instance) (up == 0)"
 MAX_REPLY_BYTES = 64 << 20
 # The torch stats key each per-device series stands for (the sample is rebuilt from them).
 STAT_SERIES = {
@@ -195,8 +197,20 @@ class PrometheusSource:
     # ------------------------------------------------------------------ readings
 
     def read(self) -> FleetReading:
-        """Every host's newest readings (one query)."""
-        return FleetReading(time.time(), tuple(hosts_of(self.query(ALL_SERIES))))
+        """Every host's newest readings (one query), and which exporters Prometheus could not
+        scrape lately (their series go stale at once, so without this a host would just
+        vanish)."""
+        hosts = tuple(hosts_of(self.query(ALL_SERIES)))
+        problems = []
+        try:
+            for labels, _ in self.query(DOWN):
+                problems.append(
+                    f"{labels.get('hostname', '?')}: its exporter at {labels.get('instance', '?')} "
+                    "did not answer Prometheus's last scrape (up == 0)"
+                )
+        except PrometheusError:
+            pass  # the readings stand without it
+        return FleetReading(time.time(), hosts, tuple(sorted(problems)))
 
     def history(
         self, seconds: float, step: float, end: float | None = None
