@@ -1,30 +1,29 @@
-"""What the dashboard itself costs while it shows 8 GPUs and 8 agents (DESIGN §9 budgets:
-CPU < 3 % of one core at the default refresh, < 20 KB/s written to the terminal, first frame
-< 0.5 s after start, resident memory < 80 MB).
+"""memtop's dashboard and nvitop side by side in one run, on the same stand-in GPUs (issue 12;
+DESIGN §9 budgets: memtop CPU ≤ 1.0× nvitop's, bytes to the terminal ≤ 3× nvitop's, first frame
+≤ 0.35 s, RSS ≤ 60 MB).
 
-    .venv/bin/python bench/tui_cost.py [--seconds 30] [--gpus 8] [--interval 1] [--size 120x36]
+    .venv/bin/python bench/tui_cost.py [--seconds 20] [--pairs 3] [--gpus 8] [--size 120x36]
+    (needs `pip install nvitop` for the comparison; --tools memtop measures memtop alone)
 
-How it measures:
-- A private socket directory (mode 0700) is made for the run and passed to every child as
-  MEMTOP_SOCKET_DIR, so no other memtop or trainer on the machine is seen or disturbed.
+The stand-in GPUs:
 - `memtop demo --no-ui --gpus N --scenario healthy` runs N simulated GPUs with one simulated
-  trainer (and its real agent) on each; its "pids" line says they are up.
-- `memtop --interval 1` (the real dashboard, not the demo's built-in one) runs in a pseudo-terminal
-  of the given size, stdin, stdout and stderr all on the pty slave (Textual writes its frames to
-  stderr).  A reader thread drains the pty master the whole time, timing each chunk.
-- first_frame_s: from spawning the dashboard to the first output that paints the header ("memtop"
-  on screen, escape sequences stripped); first_data_s: until the last GPU ("GPU 7") is on screen.
-- After --warmup seconds past first data, a window of --seconds is measured: the dashboard
-  process's user+system CPU time (psutil; that process only, not the trainers) over the wall time
-  of the window, the bytes read from the pty master in the window, and its RSS at the end.
-  The CPU is also split into the main thread (Textual's event loop: refresh, layout, render) and
-  the others (the sampler, Textual's input and writer threads); output chunks less than 10 ms
-  apart are counted as one burst (about one frame).
-- Then "q" is typed; the exit code is recorded; the demo is stopped with SIGINT.
+  trainer (and its real agent) on each, in a private socket directory (MEMTOP_SOCKET_DIR).
+  memtop reads them as it does in `memtop demo`: the simulated GPUs and the 8 agents.
+- `../shared/tools/fakenvml` (a libnvidia-ml.so.1 stand-in, built here with its build.sh) serves
+  nvitop the same GPUs: a mirror thread writes its state file twice a second from the demo's
+  registry (each GPU's used bytes, its trainer's pid and used bytes, its utilisation), so both
+  tools show the same devices, the same processes and the same changing numbers.
 
-The last line of output is one JSON object.  `--profile FILE` (hidden) runs the dashboard under
-cProfile instead, writes the profile to FILE and prints the top functions to stderr; its figures
-carry the profiler's overhead.
+Each tool runs in a pseudo-terminal of the given size at its default refresh (memtop 1 s,
+nvitop 2 s), stdin/stdout/stderr on the pty slave; a reader thread drains the master.
+- first_frame_s: from spawning to the first output that paints the tool's header ("memtop" /
+  "NVITOP" on screen, escape sequences stripped); memtop's first_data_s: until "GPU 7" is on screen.
+- After --warmup s, a window of --seconds: the tool's user+system CPU over the wall time, the
+  bytes read from the pty in the window, and its RSS at the end.  Then "q".
+- The tools take turns, --pairs times, the order alternating (m n, n m, m n …), so drift in the
+  machine's load (the box is shared) falls on both; medians are compared, and every run printed.
+
+The last line of output is one JSON object.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import importlib.util
 import json
 import os
 import re
@@ -50,10 +50,12 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 
-BUDGET_CPU_PCT = 3.0
-BUDGET_TTY_BYTES_S = 20_000
-BUDGET_FIRST_FRAME_S = 0.5
-BUDGET_RSS_MB = 80.0
+GOAL_CPU_RATIO = 1.0  # memtop's CPU / nvitop's
+GOAL_TTY_RATIO = 3.0  # memtop's bytes to the terminal / nvitop's
+GOAL_FIRST_FRAME_S = 0.35
+GOAL_RSS_MB = 60.0
+FAKENVML = ROOT.parent / "shared" / "tools" / "fakenvml"
+MIRROR_HZ = 2.0
 
 DEMO_READY_TIMEOUT_S = 60.0
 AGENTS_SETTLE_S = 2.0
@@ -210,16 +212,12 @@ def stop_demo(demo: subprocess.Popen[str], trainer_pids: list[int]) -> None:
                     process.kill()
 
 
-def start_dashboard(
-    interval: float, size: tuple[int, int], env: dict[str, str], profile: Path | None
+def start_tool(
+    command: list[str], size: tuple[int, int], env: dict[str, str]
 ) -> tuple[subprocess.Popen[bytes], int, float]:
     master, slave = os.openpty()
     columns, rows = size
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
-    command = [sys.executable]
-    if profile is not None:
-        command += ["-m", "cProfile", "-o", str(profile)]
-    command += ["-m", "memtop", "--interval", f"{interval:g}"]
     started = time.monotonic()
     try:
         process = subprocess.Popen(
@@ -237,6 +235,43 @@ def start_dashboard(
     finally:
         os.close(slave)  # only the child holds it now: its exit ends the reader with EIO
     return process, master, started
+
+
+def build_fakenvml(out: Path) -> Path:
+    subprocess.run(
+        ["bash", str(FAKENVML / "build.sh"), str(out)], check=True, capture_output=True, text=True
+    )
+    return out
+
+
+class Mirror(threading.Thread):
+    """Writes fakenvml's state file from the demo's simulated GPUs, MIRROR_HZ times a second."""
+
+    def __init__(self, socket_dir: Path, state: Path) -> None:
+        super().__init__(daemon=True)
+        from memtop.sim.devices_view import SimulatedDeviceSource
+
+        self.source = SimulatedDeviceSource(socket_dir)
+        self.state = state
+        self.stop = threading.Event()
+        self.write()
+
+    def write(self) -> None:
+        reading = self.source.read()
+        lines = []
+        for d in reading.devices:
+            util = d.utilization_percent or 0
+            lines.append(f"gpu {d.index} {d.total_bytes} {d.used_bytes or 0} {util} {d.name}")
+            for p in d.processes:
+                lines.append(f"proc {d.index} {p.pid} {p.used_bytes or 0}")
+        tmp = self.state.with_suffix(".tmp")
+        tmp.write_text("\n".join(lines) + "\n")
+        os.replace(tmp, self.state)
+
+    def run(self) -> None:
+        while not self.stop.wait(1 / MIRROR_HZ):
+            with contextlib.suppress(OSError):
+                self.write()
 
 
 def thread_cpu(proc: psutil.Process) -> dict[int, float]:
@@ -260,26 +295,74 @@ def quit_dashboard(process: subprocess.Popen[bytes], master: int) -> int | None:
     return process.returncode
 
 
-def print_profile(path: Path, top: int) -> None:
-    import pstats
+def measure(
+    tool: str, args: argparse.Namespace, env: dict[str, str], last_gpu: int
+) -> dict[str, object]:
+    """One run of one tool in a pty: first frame, then CPU, terminal bytes and RSS over the
+    window."""
+    if tool == "memtop":
+        command = [sys.executable, "-m", "memtop"]
+        markers = {"frame": re.compile(rb"memtop"), "data": re.compile(rb"GPU ?%d\b" % last_gpu)}
+    else:
+        command = [sys.executable, "-m", "nvitop"]
+        markers = {"frame": re.compile(rb"NVITOP"), "data": re.compile(rb"NVITOP")}
+    process, master, spawned = start_tool(command, args.size, env)
+    reader = PtyReader(master, markers)
+    reader.start()
+    try:
+        proc = psutil.Process(process.pid)
+        frame_at = reader.wait_for("frame", FIRST_FRAME_TIMEOUT_S)
+        if frame_at is None:
+            raise SystemExit(
+                f"no first frame from {tool}; its output ends with:\n"
+                + reader.screen_tail()[-2000:]
+            )
+        data_at = reader.wait_for("data", FIRST_DATA_TIMEOUT_S)
+        time.sleep(args.warmup)
+        cpu0 = proc.cpu_times()
+        t0 = time.monotonic()
+        time.sleep(args.seconds)
+        cpu1 = proc.cpu_times()
+        t1 = time.monotonic()
+        rss = proc.memory_info().rss
+        window_bytes, bursts = reader.bytes_between(t0, t1)
+        exit_code = quit_dashboard(process, master)
+        reader.join(5)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        os.close(master)
+    wall = t1 - t0
+    cpu_s = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
+    return {
+        "first_frame_s": round(frame_at - spawned, 3),
+        "first_data_s": round(data_at - spawned, 3) if data_at is not None else None,
+        "cpu_percent": round(100 * cpu_s / wall, 3),
+        "tty_bytes_per_s": round(window_bytes / wall, 1),
+        "tty_bursts_per_s": round(bursts / wall, 2),
+        "rss_mb": round(rss / 2**20, 1),
+        "seconds": round(wall, 2),
+        "exit_code": exit_code,
+    }
 
-    if not path.exists():
-        print(f"no profile was written to {path}", file=sys.stderr)
-        return
-    for key in ("cumulative", "tottime"):
-        print(f"\n===== top {top} by {key} =====", file=sys.stderr)
-        pstats.Stats(str(path), stream=sys.stderr).sort_stats(key).print_stats(top)
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
 def run(args: argparse.Namespace) -> dict[str, object]:
-    socket_dir = Path(tempfile.mkdtemp(prefix="mt-tui-"))
-    socket_dir.chmod(0o700)
+    workdir = Path(tempfile.mkdtemp(prefix="mt-tui-"))
+    workdir.chmod(0o700)
+    socket_dir = workdir / "s"
+    socket_dir.mkdir(mode=0o700)
     env = child_env(socket_dir)
     demo: subprocess.Popen[str] | None = None
     trainer_pids: list[int] = []
-    dashboard: subprocess.Popen[bytes] | None = None
-    master = -1
-    reader: PtyReader | None = None
+    mirror: Mirror | None = None
+    runs: dict[str, list[dict[str, object]]] = {tool: [] for tool in args.tools}
     try:
         demo, trainer_pids = start_demo(args.gpus, env)
         print(
@@ -288,146 +371,126 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             flush=True,
         )
         time.sleep(AGENTS_SETTLE_S)
-
-        last_gpu = args.gpus - 1
-        markers = {
-            "frame": re.compile(rb"memtop"),
-            "data": re.compile(rb"GPU ?%d\b" % last_gpu),
-            "agents": re.compile(rb"(\d+) agents?\b"),  # in the header
-        }
-        dashboard, master, spawned = start_dashboard(args.interval, args.size, env, args.profile)
-        reader = PtyReader(master, markers)
-        reader.start()
-        proc = psutil.Process(dashboard.pid)
-
-        frame_at = reader.wait_for("frame", FIRST_FRAME_TIMEOUT_S)
-        if frame_at is None:
-            raise SystemExit(
-                "no first frame from the dashboard; its output ends with:\n"
-                + reader.screen_tail()[-2000:]
+        nvitop_env = dict(env)
+        if "nvitop" in args.tools:
+            lib = build_fakenvml(workdir / "fakenvml")
+            state = workdir / "fakenvml.state"
+            sys.path.insert(0, str(ROOT))
+            mirror = Mirror(socket_dir, state)
+            mirror.start()
+            nvitop_env.update(
+                LD_LIBRARY_PATH=os.pathsep.join(
+                    filter(None, [str(lib), env.get("LD_LIBRARY_PATH")])
+                ),
+                FAKE_NVML_STATE=str(state),
             )
-        data_at = reader.wait_for("data", FIRST_DATA_TIMEOUT_S)
-        if data_at is None:
-            print(f"warning: 'GPU {last_gpu}' never appeared on screen", file=sys.stderr)
-        first_frame_s = frame_at - spawned
-        first_data_s = data_at - spawned if data_at is not None else None
-        rss_start_mb = proc.memory_info().rss / 2**20
-
-        time.sleep(args.warmup)
-        cpu0, threads0 = proc.cpu_times(), thread_cpu(proc)
-        t0 = time.monotonic()
-        rss_max = 0
-        end = t0 + args.seconds
-        while (left := end - time.monotonic()) > 0:
-            time.sleep(min(1.0, left))
-            rss_max = max(rss_max, proc.memory_info().rss)
-        cpu1, threads1 = proc.cpu_times(), thread_cpu(proc)
-        t1 = time.monotonic()
-        rss = proc.memory_info().rss
-        rss_max = max(rss_max, rss)
-        num_threads = proc.num_threads()
-        alive = dashboard.poll() is None
-
-        wall = t1 - t0
-        cpu_s = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
-        main_cpu_s = threads1.get(proc.pid, 0.0) - threads0.get(proc.pid, 0.0)
-        window_bytes, bursts = reader.bytes_between(t0, t1)
-        agents_shown = reader.last_match("agents")
-        exit_code = quit_dashboard(dashboard, master)
-        reader.join(5)
+        for pair in range(args.pairs):
+            order = list(args.tools) if pair % 2 == 0 else list(reversed(args.tools))
+            for tool in order:
+                result = measure(tool, args, nvitop_env if tool == "nvitop" else env, args.gpus - 1)
+                runs[tool].append(result)
+                print(
+                    f"  run {pair + 1} {tool:<6}: first frame {result['first_frame_s']:.3f} s, "
+                    f"cpu {result['cpu_percent']:.2f} %, "
+                    f"{float(result['tty_bytes_per_s']) / 1000:.2f} KB/s, "  # type: ignore[arg-type]
+                    f"rss {result['rss_mb']} MB",
+                    flush=True,
+                )
     finally:
-        if dashboard is not None and dashboard.poll() is None:
-            dashboard.kill()
-            dashboard.wait()
-        if master >= 0:
-            os.close(master)
+        if mirror is not None:
+            mirror.stop.set()
         if demo is not None:
             stop_demo(demo, trainer_pids)
-        shutil.rmtree(socket_dir, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
 
-    if args.profile is not None:
-        print_profile(args.profile, args.top)
-
-    cpu_percent = 100 * cpu_s / wall
-    tty_bytes_per_s = window_bytes / wall
-    rss_mb = rss / 2**20
-    return {
-        "first_frame_s": round(first_frame_s, 3),
-        "first_data_s": round(first_data_s, 3) if first_data_s is not None else None,
-        "cpu_percent": round(cpu_percent, 3),
-        "tty_bytes_per_s": round(tty_bytes_per_s, 1),
-        "rss_mb": round(rss_mb, 1),
-        "rss_max_mb": round(rss_max / 2**20, 1),
-        "rss_at_first_data_mb": round(rss_start_mb, 1),
-        "tty_bursts_per_s": round(bursts / wall, 2),
-        "cpu_main_thread_percent": round(100 * main_cpu_s / wall, 3),
-        "cpu_other_threads_percent": round(100 * (cpu_s - main_cpu_s) / wall, 3),
-        "cpu_s": round(cpu_s, 3),
-        "seconds": round(wall, 2),
-        "warmup": args.warmup,
+    keys = ("first_frame_s", "cpu_percent", "tty_bytes_per_s", "rss_mb")
+    medians = {
+        tool: {k: median([float(r[k]) for r in rs]) for k in keys}  # type: ignore[arg-type]
+        for tool, rs in runs.items()
+    }
+    result: dict[str, object] = {
         "gpus": args.gpus,
         "agents": len(trainer_pids),
-        "agents_on_screen": int(agents_shown) if agents_shown else None,
-        "interval": args.interval,
         "size": f"{args.size[0]}x{args.size[1]}",
-        "threads": num_threads,
-        "alive_after_window": alive,
-        "exit_code": exit_code,
-        "profiled": args.profile is not None,
-        "within_budget": {
-            "cpu": cpu_percent < BUDGET_CPU_PCT,
-            "tty_bytes": tty_bytes_per_s < BUDGET_TTY_BYTES_S,
-            "first_frame": first_frame_s < BUDGET_FIRST_FRAME_S,
-            "rss": rss_mb < BUDGET_RSS_MB,
-        },
+        "seconds": args.seconds,
+        "pairs": args.pairs,
+        "runs": runs,
+        "median": medians,
     }
+    m = medians.get("memtop")
+    if m is not None:
+        goals: dict[str, bool] = {
+            "first_frame": m["first_frame_s"] <= GOAL_FIRST_FRAME_S,
+            "rss": m["rss_mb"] <= GOAL_RSS_MB,
+        }
+        n = medians.get("nvitop")
+        if n is not None:
+            ratios = {
+                k: round(m[k] / n[k], 2) if n[k] else None
+                for k in ("cpu_percent", "tty_bytes_per_s", "first_frame_s", "rss_mb")
+            }
+            result["ratios"] = ratios
+            cpu_ratio, tty_ratio = ratios["cpu_percent"], ratios["tty_bytes_per_s"]
+            goals["cpu"] = cpu_ratio is not None and cpu_ratio <= GOAL_CPU_RATIO
+            goals["tty_bytes"] = tty_ratio is not None and tty_ratio <= GOAL_TTY_RATIO
+        result["goals_met"] = goals
+    return result
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description="CPU, terminal bytes, first frame, RSS of memtop")
-    parser.add_argument("--seconds", type=float, default=30.0, help="measured window (s)")
+    parser = argparse.ArgumentParser(description="memtop's dashboard cost beside nvitop's")
+    parser.add_argument("--seconds", type=float, default=20.0, help="measured window (s)")
+    parser.add_argument("--pairs", type=int, default=3, help="interleaved runs of each tool")
     parser.add_argument("--gpus", type=int, default=8, help="simulated GPUs, one trainer each")
-    parser.add_argument("--interval", type=float, default=1.0, help="dashboard refresh (s)")
     parser.add_argument("--size", type=parse_size, default=(120, 36), help="COLUMNSxROWS")
-    parser.add_argument("--warmup", type=float, default=5.0, help="seconds after first data")
-    parser.add_argument("--profile", type=Path, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--top", type=int, default=25, help=argparse.SUPPRESS)
+    parser.add_argument("--warmup", type=float, default=3.0, help="seconds after first frame")
+    parser.add_argument(
+        "--tools", default="memtop,nvitop", help="comma-separated: memtop, nvitop (default both)"
+    )
     args = parser.parse_args()
-    if args.gpus < 1 or args.seconds <= 0 or args.interval <= 0 or args.warmup < 0:
-        parser.error("--gpus must be >= 1, --seconds and --interval > 0, --warmup >= 0")
+    args.tools = [t.strip() for t in args.tools.split(",") if t.strip()]
+    if not set(args.tools) <= {"memtop", "nvitop"} or not args.tools:
+        parser.error("--tools takes memtop and/or nvitop")
+    if args.gpus < 1 or args.seconds <= 0 or args.pairs < 1 or args.warmup < 0:
+        parser.error("--gpus and --pairs must be >= 1, --seconds > 0, --warmup >= 0")
+    if "nvitop" in args.tools and importlib.util.find_spec("nvitop") is None:
+        parser.error("nvitop is not installed here: pip install nvitop (or --tools memtop)")
 
     result = run(args)
-    ok = result["within_budget"]
-    assert isinstance(ok, dict)
-
-    def mark(key: str) -> str:
-        return "ok" if ok[key] else "OVER BUDGET"
-
+    medians = result["median"]
+    assert isinstance(medians, dict)
     print(
-        f"dashboard: {result['gpus']} GPU(s), {result['agents']} agent(s) "
-        f"({result['agents_on_screen']} on screen), every {args.interval:g} s, "
-        f"{result['size']} terminal, window {result['seconds']} s after {args.warmup:g} s warm-up"
-        + (" [under cProfile]" if args.profile else "")
+        f"\n{result['gpus']} GPU(s), {result['agents']} agent(s), {result['size']} terminal, "
+        f"{args.seconds:g} s windows, {args.pairs} interleaved run(s) each; medians:"
     )
     print(
-        f"first frame: {result['first_frame_s']:.3f} s (budget < {BUDGET_FIRST_FRAME_S} s) "
-        f"{mark('first_frame')}; all GPUs on screen after {result['first_data_s']} s"
+        f"{'':14}"
+        + "".join(f"{tool:>12}" for tool in medians)
+        + ("       ratio" if "ratios" in result else "")
     )
+    ratios = result.get("ratios") or {}
+    assert isinstance(ratios, dict)
+    for key, label, unit in (
+        ("cpu_percent", "cpu", "%"),
+        ("tty_bytes_per_s", "terminal", "B/s"),
+        ("first_frame_s", "first frame", "s"),
+        ("rss_mb", "rss", "MB"),
+    ):
+        row = f"{label + ' (' + unit + ')':<14}" + "".join(
+            f"{medians[tool][key]:>12.3f}"
+            if key != "tty_bytes_per_s"
+            else f"{medians[tool][key]:>12.0f}"
+            for tool in medians
+        )
+        if key in ratios:
+            row += f"{ratios[key]:>11}×"
+        print(row)
+    goals = result.get("goals_met") or {}
+    assert isinstance(goals, dict)
     print(
-        f"cpu: {result['cpu_percent']:.2f} % of one core (budget < {BUDGET_CPU_PCT:g} %) "
-        f"{mark('cpu')}: main thread (UI) {result['cpu_main_thread_percent']:.2f} %, "
-        f"other threads (sampler, Textual I/O) {result['cpu_other_threads_percent']:.2f} %"
+        "goals (memtop cpu <= 1.0x nvitop, terminal <= 3x, first frame <= 0.35 s, rss <= 60 MB): "
+        + ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in goals.items())
     )
-    print(
-        f"terminal: {float(result['tty_bytes_per_s']) / 1000:.2f} KB/s in "  # type: ignore[arg-type]
-        f"{result['tty_bursts_per_s']} bursts/s (budget < {BUDGET_TTY_BYTES_S // 1000} KB/s) "
-        f"{mark('tty_bytes')}"
-    )
-    print(
-        f"rss: {result['rss_mb']:.1f} MB at the end, max {result['rss_max_mb']:.1f} MB "
-        f"(budget < {BUDGET_RSS_MB:g} MB) {mark('rss')}"
-    )
-    print(f"exit code after 'q': {result['exit_code']}")
     print(json.dumps(result))
     return 0
 

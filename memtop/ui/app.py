@@ -114,6 +114,7 @@ class MemtopApp(App[None]):
         self.config = config or UiConfig()
         self._users: dict[int, str] = {}  # pid → owner, remembered past the process's exit
         self._event: tuple[str | None, float] = (None, 0.0)  # status message, when first seen
+        self.cell_diff: Any = None  # memtop.ui.cell_diff.CellDiff once the driver runs
 
     # ------------------------------------------------------------------ layout
 
@@ -129,6 +130,17 @@ class MemtopApp(App[None]):
         )
         yield Static(id="status")
         yield Footer(compact=True)
+
+    def _install_cell_diff(self) -> None:
+        """Only changed cells to the terminal (memtop.ui.cell_diff); not under a test pilot."""
+        driver = self._driver
+        if driver is None or self.is_headless or self.cell_diff is not None:
+            return
+        if os.environ.get("MEMTOP_NO_CELL_DIFF"):
+            return
+        from memtop.ui.cell_diff import install
+
+        self.cell_diff, driver.write = install(driver.write)  # type: ignore[method-assign,assignment]
 
     def on_load(self) -> None:
         from memtop.ui.themes import apply_theme
@@ -159,6 +171,7 @@ class MemtopApp(App[None]):
         self.gpu_panel = self.query_one(GpuPanel)
         self.table = self.query_one(ProcessTable)
         self.suggestions = self.query_one(SuggestionsPane)
+        self._install_cell_diff()
         self.filter_input = self.query_one("#filter", Input)
         self.filter_input.display = False
         self.gpu_panel.can_focus = False
@@ -181,6 +194,8 @@ class MemtopApp(App[None]):
             self.refresh_view()
 
     def on_resize(self) -> None:
+        if self.cell_diff is not None:
+            self.cell_diff.forget()  # a resized terminal may have reflowed or cleared its screen
         if self._mounted:
             self._generation = -1
             self.refresh_view()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from rich.text import Text
+from textual.app import App
 from textual.binding import Binding
 
 from memtop.playback import Player
@@ -31,7 +32,10 @@ def _clock_text(seconds: float) -> str:
 
 
 class ReplayApp(MemtopApp):
+    # Textual merges the BINDINGS of every base class; the live-only ones must not come back.
+    inherit_bindings = False
     BINDINGS = [
+        *App.BINDINGS,
         *(b for b in MemtopApp.BINDINGS if not (isinstance(b, Binding) and b.id in LIVE_ONLY)),
         Binding("space", "toggle_play", "Play/pause", id="replay.play", priority=True),
         Binding("left", "seek(-1)", "Back", key_display="←", id="replay.back", priority=True),
@@ -50,6 +54,9 @@ class ReplayApp(MemtopApp):
 
     def _header(self, dash: view.Dashboard) -> Text:
         text = super()._header(dash)
+        live_pause = "   PAUSED (p resumes) "  # the live app's; here space plays and pauses
+        if text.plain.endswith(live_pause):
+            text.right_crop(len(live_pause))
         player = self.player
         state = "PAUSED" if player.paused else ("END" if player.at_end else "▶")
         text.append(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rich.console import Console
 from rich.segment import Segment
@@ -116,6 +116,11 @@ COLUMNS = (
     Column("command", "COMMAND", _command, (0, 0), sort=lambda r: r.command),
 )
 SORTABLE = tuple(c.key for c in COLUMNS)
+# Slow columns: figures that move every second without news (a sawtooth's allocated bytes, the
+# step count, host CPU and RSS) are shown anew at most every SLOW_S; the rest at once.  Each
+# repaint of a row is bytes over SSH.
+SLOW_FIELDS = ("allocated", "step", "cpu_percent", "rss")
+SLOW_S = 4.0
 # Where the command would get fewer than COMMAND_ROOM cells, these go first (in this order).
 DROPPABLE = ("time", "rss", "cpu", "user")
 COMMAND_ROOM = 30
@@ -200,6 +205,7 @@ class ProcessTable(Widget, can_focus=True):
         self._header = Text()
         self._column_spans: list[tuple[str, int, int]] = []  # (column key, x0, x1) for clicks
         self._layout_key: tuple[object, ...] = ()
+        self._slow_at = 0.0
 
     def on_mount(self) -> None:
         self.border_title = "Processes"
@@ -207,6 +213,12 @@ class ProcessTable(Widget, can_focus=True):
     # ------------------------------------------------------------------ data
 
     def show(self, rows: tuple[ProcessRow, ...], compact: bool) -> None:
+        now = time.monotonic()
+        if now - self._slow_at < SLOW_S:
+            shown = {row.key: row for row in self.source}
+            rows = tuple(_hold(row, shown.get(row.key)) for row in rows)
+        else:
+            self._slow_at = now
         self.source = rows
         self._compact = compact
         self._arrange()
@@ -450,6 +462,13 @@ class ProcessTable(Widget, can_focus=True):
             if row_index == self.cursor_row and event.chain >= 2:
                 self.action_choose()
             self.move_cursor(row_index)
+
+
+def _hold(row: ProcessRow, shown: ProcessRow | None) -> ProcessRow:
+    """`row` with the slow figures it showed last (a new or exited row shows its own)."""
+    if shown is None or row.state != shown.state:
+        return row
+    return replace(row, **{name: getattr(shown, name) for name in SLOW_FIELDS})
 
 
 def _fit(text: str, width: int, right: bool) -> str:

@@ -1,0 +1,130 @@
+"""Only the cells that changed go to the terminal (issue 12: bytes to the terminal ≤ 3× nvitop's).
+
+Textual repaints whole lines of a widget region that changed: a GPU card whose used memory went
+from 38.7 to 38.8 GiB costs the whole 120-column line with every style's escape sequence
+(~500 bytes), where curses-based tools (nvitop, htop) write the two changed characters.  Over
+SSH that difference is most of what a dashboard sends.
+
+`CellDiff` sits between Textual and the terminal driver.  It keeps a copy of the screen (each
+cell's character and SGR style), reads the stream Textual writes (cursor moves, SGR, text), and
+emits only the runs of cells whose character or style differs from what the terminal already
+shows, each after one cursor move and one style.  Sequences it does not model pass through in
+order; anything that could put the terminal out of step with the copy (erase, alternate screen,
+a resize) forgets the copy, so the next frame goes out whole.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+from rich.cells import cell_len
+
+# One token: a CSI sequence, an OSC string, another two-byte escape, a control character, or a
+# run of printable text.
+_TOKEN = re.compile(
+    r"(?P<csi>\x1b\[(?P<params>[0-?]*)(?P<inter>[ -/]*)(?P<final>[@-~]))"
+    r"|(?P<osc>\x1b\][^\x07\x1b]*(?:\x07|\x1b\\))"
+    r"|(?P<esc>\x1b[@-Z\\-_0-9=>])"
+    r"|(?P<ctl>[\x00-\x1a\x1c-\x1f\x7f])"
+    r"|(?P<text>[^\x00-\x1f\x7f]+)"
+)
+_FORGET_PRIVATE = {"1049", "47", "1047"}  # alternate screen switches
+
+
+class CellDiff:
+    """A stateful filter: `feed(data)` returns what to write instead of `data`."""
+
+    def __init__(self) -> None:
+        self.cells: dict[tuple[int, int], tuple[str, str]] = {}  # (row, col) 1-based
+        self.row = 1  # where Textual's stream has put the cursor
+        self.col = 1
+        self.style = ""  # the SGR parameters in force in Textual's stream
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+    def forget(self) -> None:
+        """The terminal may no longer show what the copy says: send everything next time."""
+        self.cells.clear()
+
+    def feed(self, data: str) -> str:
+        out: list[str] = []
+        at: tuple[int, int] | None = None  # where the real cursor is after `out`, if known
+        style = ""  # the real terminal's SGR after `out` (each feed starts and ends reset)
+        for match in _TOKEN.finditer(data):
+            kind = match.lastgroup
+            if kind == "text":
+                for char in match.group("text"):
+                    width = cell_len(char)
+                    if width == 0:  # a combining mark: passes through where it stands
+                        out.append(char)
+                        continue
+                    key = (self.row, self.col)
+                    cell = (char, self.style)
+                    if self.cells.get(key) != cell:
+                        if at != key:
+                            out.append(f"\x1b[{self.row};{self.col}H")
+                        if style != self.style:
+                            out.append("\x1b[0m" + (f"\x1b[{self.style}m" if self.style else ""))
+                            style = self.style
+                        out.append(char)
+                        self.cells[key] = cell
+                        if width == 2:
+                            self.cells[(self.row, self.col + 1)] = ("", self.style)
+                        at = (self.row, self.col + width)
+                    self.col += width
+            elif kind == "csi":
+                final, params = match.group("final"), match.group("params")
+                if final == "m" and not match.group("inter"):
+                    if params in ("", "0"):
+                        self.style = ""
+                    elif params.startswith("0;"):
+                        self.style = params[2:]
+                    else:
+                        self.style = f"{self.style};{params}" if self.style else params
+                elif final in "Hf" and not params.startswith("?"):
+                    parts = params.split(";") if params else []
+                    self.row = int(parts[0]) if parts and parts[0] else 1
+                    self.col = int(parts[1]) if len(parts) > 1 and parts[1] else 1
+                else:
+                    self._passthrough_csi(final, params, out)
+                    at = None  # unknown effect on the cursor: move explicitly next time
+            elif kind == "ctl":
+                char = match.group("ctl")
+                if char == "\r":
+                    self.col = 1
+                elif char == "\n":
+                    self.row += 1
+                else:
+                    out.append(char)
+            else:  # OSC and other escapes: not modelled, kept in order
+                out.append(match.group())
+                at = None
+        if style:
+            out.append("\x1b[0m")
+        result = "".join(out)
+        self.bytes_in += len(data)
+        self.bytes_out += len(result)
+        return result
+
+    def _passthrough_csi(self, final: str, params: str, out: list[str]) -> None:
+        if final in "JK":  # erase: the copy no longer matches
+            self.forget()
+        elif final in "hl" and params.startswith("?"):
+            if set(params[1:].split(";")) & _FORGET_PRIVATE:
+                self.forget()
+        elif final in "ABCDEFGd`":  # relative moves we do not track: be safe
+            self.forget()
+        out.append(f"\x1b[{params}{final}")
+
+
+def install(write: Callable[[str], None]) -> tuple[CellDiff, Callable[[str], None]]:
+    """A write function that diffs before calling `write`."""
+    diff = CellDiff()
+
+    def diffed(data: str) -> None:
+        out = diff.feed(data)
+        if out:
+            write(out)
+
+    return diff, diffed

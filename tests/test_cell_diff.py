@@ -1,0 +1,65 @@
+"""memtop.ui.cell_diff: the terminal ends up showing exactly what Textual drew, with far fewer
+bytes when little changed."""
+
+from __future__ import annotations
+
+import random
+
+from memtop.ui.cell_diff import CellDiff
+
+
+def screen(stream: str) -> dict[tuple[int, int], tuple[str, str]]:
+    """What a terminal shows after `stream` (cell → character and style)."""
+    model = CellDiff()
+    model.feed(stream)
+    return model.cells
+
+
+def frame(lines: dict[int, list[tuple[str, str]]]) -> str:
+    """A stream as Textual writes one: per line a cursor move, then styled segments."""
+    out = ["\x1b[?2026h"]
+    for row, segments in lines.items():
+        out.append(f"\x1b[{row};1H")
+        for text, style in segments:
+            out.append(f"\x1b[{style}m{text}\x1b[0m" if style else text)
+        out.append("\r\n")
+    out.append("\x1b[?2026l")
+    return "".join(out)
+
+
+def test_only_changed_cells_are_written_and_the_screen_matches():
+    rng = random.Random(7)
+    diff = CellDiff()
+    full: list[str] = []
+    sent: list[str] = []
+    lines = {
+        row: [(f"GPU {row} ", "1;38;5;253"), ("█" * 20, "38;5;112"), (" 38.7 GiB", "")]
+        for row in range(1, 9)
+    }
+    for _ in range(50):
+        row = rng.randrange(1, 9)
+        value = f" {rng.uniform(10, 80):4.1f} GiB"
+        lines[row] = [*lines[row][:2], (value, "")]
+        stream = frame(lines)
+        full.append(stream)
+        sent.append(diff.feed(stream))
+    assert screen("".join(sent)) == screen("".join(full))
+    assert sum(map(len, sent[1:])) < sum(map(len, full[1:])) / 10
+
+
+def test_style_changes_are_changes_and_erase_forgets():
+    diff = CellDiff()
+    first = diff.feed("\x1b[1;1H\x1b[32mok\x1b[0m")
+    assert "ok" in first
+    assert diff.feed("\x1b[1;1H\x1b[32mok\x1b[0m") == ""  # nothing changed: nothing sent
+    red = diff.feed("\x1b[1;1H\x1b[31mok\x1b[0m")
+    assert "31" in red and "ok" in red
+    assert diff.feed("\x1b[2J") == "\x1b[2J"
+    assert "ok" in diff.feed("\x1b[1;1H\x1b[31mok\x1b[0m")  # after an erase: sent again
+
+
+def test_wide_characters_and_unmodelled_sequences_pass_in_order():
+    diff = CellDiff()
+    out = diff.feed("\x1b[?25l\x1b[3;5H日本\x1b]0;title\x07x")
+    assert out.startswith("\x1b[?25l") and "日本" in out and "\x1b]0;title\x07" in out
+    assert diff.cells[(3, 5)] == ("日", "") and diff.cells[(3, 9)] == ("x", "")
