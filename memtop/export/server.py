@@ -138,6 +138,8 @@ class _Server6(_Server):
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = 10.0  # a client that connects and says nothing lets go of its thread
+
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
