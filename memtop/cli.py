@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--scenario",
         default="mixed",
-        choices=["healthy", "leak", "fragment", "pressure", "mixed"],
+        choices=["healthy", "leak", "fragment", "pressure", "oom", "mixed"],
         help="workload the simulated trainers run (default mixed)",
     )
     demo.add_argument("--step-time", type=_positive_float, default=0.1, help="seconds per step")
@@ -119,6 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_estimate_arguments(
         sub.add_parser("estimate", help="will a training run fit: memory per GPU, before the run")
     )
+
+    oom = sub.add_parser("oom", help="the OOM reports trainers left here, each explained")
+    oom.add_argument("file", nargs="?", type=Path, help="explain this report")
+    oom.add_argument("--json", action="store_true")
 
     export = sub.add_parser("export", help="serve Prometheus metrics on /metrics")
     export.add_argument(
@@ -177,6 +181,8 @@ def _main(argv: Sequence[str] | None) -> int:
             return attach_command.run(args)
         if args.command == "estimate":
             return _estimate(args)
+        if args.command == "oom":
+            return _oom(args)
         if args.command == "export":
             return _export(args)
         if args.prometheus and args.command is None:
@@ -556,6 +562,28 @@ def _snapshot(args: argparse.Namespace) -> int:
             f"allocated {format_bytes(dev['allocated_bytes'])}, "
             f"external fragmentation {dev['external_fragmentation']:.2f}"
         )
+    return EXIT_OK
+
+
+def _oom(args: argparse.Namespace) -> int:
+    from memtop.oom import render
+    from memtop.oom.reports import ReportError, list_reports, load_report
+
+    if args.file is not None:
+        try:
+            report = load_report(args.file)
+        except ReportError as exc:
+            raise CliError(str(exc)) from None
+        if args.json:
+            print(json.dumps(render.report_json(report), indent=2))
+        else:
+            print(render.report_text(report))
+        return EXIT_OK
+    directory, reports, problems = list_reports()
+    if args.json:
+        print(json.dumps(render.list_json(str(directory), reports, problems), indent=2))
+    else:
+        print(render.list_text(str(directory), reports, problems))
     return EXIT_OK
 
 

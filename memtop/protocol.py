@@ -419,6 +419,33 @@ def ensure_socket_dir(path: Path | None = None) -> Path:
     return path
 
 
+def oom_dir() -> Path:
+    """Where agents write OOM reports and `memtop oom` reads them: MEMTOP_OOM_DIR; else `oom/`
+    in an overridden socket directory (MEMTOP_SOCKET_DIR: tests, custom setups); else
+    `$XDG_STATE_HOME/memtop/oom` (`~/.local/state/memtop/oom`), which outlives the trainer and
+    the login session (the runtime directory of the sockets is removed at logout)."""
+    override = os.environ.get("MEMTOP_OOM_DIR")
+    if override:
+        return Path(override)
+    if os.environ.get("MEMTOP_SOCKET_DIR"):
+        return socket_dir() / "oom"
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state"
+    )
+    return Path(state) / "memtop" / "oom"
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Create `path` (and missing parents) 0700 and check it under the socket directory's rules:
+    ours, a real directory, not group- or world-writable.  Raise UnsafeSocketDir otherwise."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UnsafeSocketDir(f"cannot create directory {path}: {exc.strerror}") from None
+    check_socket_dir(path)
+    return path
+
+
 def discovery_dirs() -> list[tuple[Path, int]]:
     """Socket directories a viewer reads, each with the uid that must own it.
 

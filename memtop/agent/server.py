@@ -35,6 +35,7 @@ from memtop import protocol
 from memtop._version import __version__
 from memtop.agent import files
 from memtop.agent.boundary import MARK_BUFFER, StepBoundary, TrainerJob
+from memtop.agent.oom import OomRecorder
 from memtop.agent.probe import SAMPLE_STAT_KEYS, Probe
 from memtop.agent.snapshot_summary import summarize_snapshot
 
@@ -219,6 +220,8 @@ class Agent:
         self._history_seen_at: float | None = None
         self.errors = self.boundary.errors
         self.refused_requests = 0
+        # The OOM flight recorder: the allocator calls it at every out-of-memory.
+        self.oom = OomRecorder(self, self._worker.submit)
 
     # ---------------------------------------------------------------- trainer side
 
@@ -237,6 +240,11 @@ class Agent:
     @property
     def explicit_steps(self) -> bool:
         return self.boundary.explicit_steps
+
+    @property
+    def latest_breakdown(self) -> dict[str, Any] | None:
+        """The newest breakdown measured at a step boundary (None before the first)."""
+        return self._breakdown
 
     # ---------------------------------------------------------------- life cycle
 
@@ -264,6 +272,12 @@ class Agent:
         self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._thread = threading.Thread(target=self._run, name="memtop-agent", daemon=True)
         self._thread.start()
+        attach = getattr(self.probe, "attach_oom_observer", None)
+        if attach is not None:
+            try:
+                attach(self.oom.observe)
+            except Exception as exc:  # the agent still serves; only OOM reports are lost
+                self.errors.append(f"oom observer: {exc!r}")
         return path
 
     def stop(self, timeout: float = 2.0) -> None:
@@ -273,6 +287,9 @@ class Agent:
         self._wake()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        # A trainer dying of its OOM: the report being written must land first.
+        self.oom.flush(max(1.0, timeout))
+        self.oom.enabled = False
         self._worker.stop()
         self._remove_socket()
 
@@ -741,6 +758,7 @@ class Agent:
             "last_step_time": boundary.last_step_time,
             "phase": boundary.phase,
             "phase_since": boundary.phase_since,
+            "oom": self.oom.status(),
             "agent": {
                 **boundary.costs(),
                 "connections": len(self._connections),

@@ -8,6 +8,7 @@ Rules it keeps:
 
 from __future__ import annotations
 
+import contextlib
 import operator
 import os
 import threading
@@ -21,12 +22,14 @@ import torch
 from memtop.agent.probe import SAMPLE_STAT_KEYS, Breakdown, ProbeDevice, StepCallback
 
 _register_step_post_hook: Callable[..., Any] | None
+_register_step_pre_hook: Callable[..., Any] | None
 try:
     # `torch.optim.optimizer` is not an attribute of `torch.optim` (its __init__ deletes the
     # submodule names), so the hook must be imported from the module itself.
     from torch.optim.optimizer import register_optimizer_step_post_hook as _register_step_post_hook
+    from torch.optim.optimizer import register_optimizer_step_pre_hook as _register_step_pre_hook
 except ImportError:  # torch < 2.0
-    _register_step_post_hook = None
+    _register_step_post_hook = _register_step_pre_hook = None
 
 
 _FakeTensor: type | None
@@ -197,6 +200,8 @@ class TorchProbe:
         self._optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._device_cache: dict[int, ProbeDevice] = {}
         self._hook_handle: Any = None
+        self._pre_hook_handle: Any = None
+        self._in_optimizer_step = False  # between the step pre- and post-hooks: the OOM's pass
         self._lock = threading.Lock()
 
     def torch_version(self) -> str | None:
@@ -296,7 +301,11 @@ class TorchProbe:
         # optimizer to step takes its place, instead of steps going uncounted for good.
         first: list[weakref.ref[Any]] = []
 
+        def pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+            self._in_optimizer_step = True
+
         def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+            self._in_optimizer_step = False
             try:
                 if optimizer not in self._optimizers:
                     with self._lock:
@@ -309,6 +318,8 @@ class TorchProbe:
                 pass
 
         self._hook_handle = _register_step_post_hook(hook)
+        if _register_step_pre_hook is not None:
+            self._pre_hook_handle = _register_step_pre_hook(pre_hook)
         return True
 
     def remove_step_hook(self) -> None:
@@ -316,6 +327,39 @@ class TorchProbe:
         handle, self._hook_handle = self._hook_handle, None
         if handle is not None:
             handle.remove()
+        pre, self._pre_hook_handle = self._pre_hook_handle, None
+        if pre is not None:
+            pre.remove()
+        self._in_optimizer_step = False
+
+    def attach_oom_observer(self, observer: Callable[[int, int, int, int], None]) -> bool:
+        """Have `observer(device, alloc_size, memory limit, device free)` called by the CUDA
+        caching allocator at every out-of-memory, on the allocating thread, with the allocator's
+        lock released.  The allocator keeps observers per device, so they can only be attached
+        once CUDA is initialised: torch's lazy-init queue runs the attach right after the
+        trainer initialises CUDA (or now, if it has).  Never initialises CUDA itself."""
+        attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+        lazy_call = getattr(torch.cuda, "_lazy_call", None)
+        if attach is None or lazy_call is None:
+            return False  # a CPU build of torch: no CUDA allocator to observe
+
+        def register() -> None:
+            with contextlib.suppress(Exception):  # nothing may fail the trainer's CUDA init
+                attach(observer)
+
+        lazy_call(register)
+        return True
+
+    def current_pass(self) -> str | None:
+        """The allocating thread's pass, for an OOM report: "optimizer" inside optimizer.step(),
+        "backward" inside autograd's graph task (on its own device threads, too), else "forward"
+        (or "no_grad" where grad mode is off: evaluation, inference)."""
+        if self._in_optimizer_step:
+            return "optimizer"
+        task = getattr(torch._C, "_current_graph_task_id", None)
+        if task is not None and task() != -1:
+            return "backward"
+        return "forward" if torch.is_grad_enabled() else "no_grad"
 
     def collected_optimizers(self) -> list[Any]:
         """The optimizers the step hook has seen step and that are still alive."""

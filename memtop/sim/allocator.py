@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -502,6 +503,8 @@ class SimulatedCachingAllocator:
         self._active_bytes = s["active_bytes"]
         self._inactive_split_bytes = s["inactive_split_bytes"]
         self._requested_bytes = s["requested_bytes"]
+        self._oom_observers: list[Callable[[int, int, int, int], Any]] = []
+        self._last_oom = (device_index, 0, 0, 0)
 
     # -- public API ----------------------------------------------------------------------------
 
@@ -512,7 +515,21 @@ class SimulatedCachingAllocator:
         if nbytes == 0:
             return 0
         with self._lock:
-            return self._malloc(int(nbytes), int(stream))
+            try:
+                return self._malloc(int(nbytes), int(stream))
+            except SimulatedOutOfMemoryError as exc:
+                error, observed = exc, self._last_oom
+        # As torch does: the observers run on the allocating thread, with the allocator's lock
+        # released, before the error is raised (torch.cuda.memory's out-of-memory observers).
+        for observer in list(self._oom_observers):
+            observer(*observed)
+        raise error
+
+    def attach_out_of_memory_observer(self, observer: Callable[[int, int, int, int], Any]) -> None:
+        """torch._C._cuda_attach_out_of_memory_observer: `observer(device, alloc_size,
+        memory limit (the per-process cap, else the device's total), device free bytes)` is
+        called on every OOM."""
+        self._oom_observers.append(observer)
 
     def free(self, address: int) -> None:
         """Return a block to the cache (free(0) is a no-op, like freeing a null pointer)."""
@@ -690,6 +707,13 @@ class SimulatedCachingAllocator:
                 block = self._alloc_block(pool, stream, size, alloc_size, is_retry=True)
             if block is None:
                 self._counters["num_ooms"] += 1
+                limit = self._allowed_max
+                self._last_oom = (
+                    self.device_index,
+                    alloc_size,
+                    limit if limit is not None else self.device.total_bytes,
+                    self.device.free_bytes(),
+                )
                 raise SimulatedOutOfMemoryError(self._oom_message(alloc_size))
         return self._alloc_found_block(block, pool, size, orig_size)
 

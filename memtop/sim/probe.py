@@ -22,10 +22,12 @@ class SimulatedProbe:
         gpus: list[SimulatedGpu],
         allocator_conf: str = "",
         breakdown: Callable[[], dict[int, Breakdown]] | None = None,
+        current_pass: Callable[[], str] | None = None,
     ) -> None:
         self._gpus = {gpu.device.index: gpu for gpu in gpus}
         self._conf = allocator_conf
         self._breakdown = breakdown
+        self._current_pass = current_pass
 
     def _allocator(self, index: int) -> SimulatedCachingAllocator:
         try:
@@ -75,6 +77,16 @@ class SimulatedProbe:
 
     def breakdown(self) -> dict[int, Breakdown]:
         return self._breakdown() if self._breakdown is not None else {}
+
+    def attach_oom_observer(self, observer: Callable[[int, int, int, int], None]) -> bool:
+        """As torch's: called on the allocating thread at every out-of-memory."""
+        for gpu in self._gpus.values():
+            gpu.allocator.attach_out_of_memory_observer(observer)
+        return True
+
+    def current_pass(self) -> str | None:
+        """Any thread: forward / backward / optimizer, as the simulated workload says."""
+        return self._current_pass() if self._current_pass is not None else None
 
     def install_step_hook(self, on_step: StepCallback) -> bool:
         # The simulated trainer calls memtop.step() itself.

@@ -15,7 +15,9 @@ bugs and real data do:
             split segments around them (fragmentation gauge ~0.2-0.4; ~0 with
             expandable_segments);
 - pressure: a model sized to run at 95-99 % of the device with variable sequence lengths, so
-            the allocator keeps hitting the free-cache-and-retry path (and may OOM).
+            the allocator keeps hitting the free-cache-and-retry path (and may OOM);
+- oom:      the batch grows 25 % a step until a step runs out of memory, then halves (the
+            H100 recording's `train_gpt.py --mode oom`): OOMs in forward, over and over.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from memtop.sim.allocator import SimulatedCachingAllocator, SimulatedOutOfMemory
 MiB = 1 << 20
 GiB = 1 << 30
 
-SCENARIOS = ("healthy", "leak", "fragment", "pressure")
+SCENARIOS = ("healthy", "leak", "fragment", "pressure", "oom")
+OOM_GROWTH = 1.25  # the oom scenario's batch growth per step
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,8 @@ def model_for(scenario: str, total_bytes: int, scale: float = 1.0) -> ModelShape
         static_share, activation_share = 0.72, 0.38
     elif scenario == "leak":
         static_share, activation_share = 0.30, 0.12
+    elif scenario == "oom":
+        static_share, activation_share = 0.30, 0.05
     elif scenario == "fragment":
         # A small model: the gauge divides by all large-pool reserved bytes, so the split
         # activation segments must not be drowned by weights (activation sizes are set apart).
@@ -92,6 +97,10 @@ class Workload:
         self.pace = pace or (lambda: None)
         self.steps = 0
         self.ooms = 0
+        self.batch_factor = 1.0  # the oom scenario's growing batch, relative to the first
+        # Where the step is: what an OOM report's phase says (torch's probe tells backward from
+        # forward by autograd's graph task and the optimizer by its step hooks).
+        self.current_pass = "idle"
         self.params: list[int] = []
         self.grads: list[int] = []
         self.optimizer_state: list[int] = []
@@ -122,6 +131,8 @@ class Workload:
     def _sequence_factor(self) -> float:
         if self.scenario == "fragment":
             return self.rng.uniform(0.3, 1.0)
+        if self.scenario == "oom":
+            return self.batch_factor
         if self.scenario == "pressure":
             # Sequence lengths vary batch to batch (bucketed by 64 of 2048 tokens): each new
             # length wants blocks the full cache does not have.
@@ -137,6 +148,8 @@ class Workload:
             self._recover_from_oom(exc)
             return False
         self.steps += 1
+        if self.scenario == "oom":
+            self.batch_factor *= OOM_GROWTH
         return True
 
     def _m(self, nbytes: float) -> int:
@@ -159,6 +172,7 @@ class Workload:
     def _train_step(self) -> None:
         factor = self._sequence_factor()
         self._step_live = set()
+        self.current_pass = "forward"
         layers: list[list[int]] = []
         # forward: the saved tensors of each layer, and a transient workspace between them
         for _layer in range(self.shape.layers):
@@ -182,6 +196,7 @@ class Workload:
         logits = self._m(per_tensor * 2 * factor)
         loss = self._m(512)
         # backward: activations freed in reverse, gradients allocated (set_to_none zero_grad)
+        self.current_pass = "backward"
         self._f(logits)
         keep = self._leaked_tensors(activations)
         # Layer by layer in reverse: the layer's gradients appear, then its saved tensors go.
@@ -198,6 +213,7 @@ class Workload:
         self.grads.append(self._m(self._param_sizes[0]))  # the embedding's, last
         self._grad_bytes += self._param_sizes[0]
         # optimizer step: Adam's two moments appear on the first step and stay
+        self.current_pass = "optimizer"
         if not self.optimizer_state:
             for size in self._param_sizes:
                 self.optimizer_state.append(self.alloc.malloc(size))
@@ -215,6 +231,7 @@ class Workload:
         self._grad_bytes = 0
         while len(self.long_lived) > 8 * self.shape.layers:
             self.alloc.free(self.long_lived.popleft())
+        self.current_pass = "idle"
 
     def _leaked_tensors(self, activations: list[int]) -> set[int]:
         if self.scenario != "leak" or not activations:
@@ -239,8 +256,12 @@ class Workload:
             for address in self.retained:
                 self._free_quietly(address)
             self.retained = []
+        elif self.scenario == "oom":
+            self.batch_factor = max(1.0, self.batch_factor / 2)
+            self.log(f"OOM at step {self.steps}, batch halved: {str(exc)[:120]}")
         else:
             self.log(f"OOM at step {self.steps}, batch skipped: {str(exc)[:120]}")
+        self.current_pass = "idle"
 
     def _free_quietly(self, address: int) -> None:
         with contextlib.suppress(ValueError):  # already freed before the OOM

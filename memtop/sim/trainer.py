@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         [SimulatedGpu(ProbeDevice(spec.index, spec.uuid, spec.name, spec.total_bytes), allocator)],
         allocator_conf=conf,
         breakdown=lambda: workload.breakdown(spec.index),
+        current_pass=lambda: workload.current_pass,
     )
     # What the process table shows: the workload, not the simulator's plumbing.
     shown_argv = ["sim_train.py", f"--scenario={args.scenario}", f"--gpu={args.gpu}"]

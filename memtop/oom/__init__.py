@@ -1,0 +1,3 @@
+"""`memtop oom`: the OOM reports agents left on this machine, newest first, each with a
+diagnosis.  reports.py reads them (the only I/O), diagnose.py explains one (pure), render.py
+prints."""

@@ -1,0 +1,215 @@
+"""Why one OOM happened, from its report alone: a pure function.
+
+The causes, checked in this order (the first that the evidence supports is the verdict; the
+others that also hold are listed):
+- another_process: the driver had less free than the request while this process stayed under
+  its limit: someone else holds the GPU;
+- growing_batch: the bytes each step allocates (the growth of torch's cumulative
+  `allocated_bytes.all.allocated` between step marks, per step) rose step after step up to the
+  OOM, and after each earlier OOM too: a batch or sequence that grows; cap it;
+- leak: the per-step baseline (allocated right after each step) rose steadily;
+- fragmentation: the cache held more free bytes than the request, in no block as large:
+  expandable segments;
+- too_big: none of those: the step needs more than the GPU has.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from typing import Any
+
+from memtop.units import MiB, format_bytes
+
+CONTEXT_BYTES = 512 * MiB  # the process's own CUDA context, outside torch's counters
+MIN_RUN = 3  # consecutive growing steps that make a growing batch
+MIN_GROWTH = 1.05  # per step
+LEAK_MIN_BYTES_PER_STEP = 1 * MiB
+
+
+def _int(report: dict[str, Any], key: str) -> int | None:
+    value = report.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return int(value)
+
+
+def step_sizes(
+    recent: list[dict[str, Any]], ooms: list[float] | tuple[float, ...] = ()
+) -> list[list[tuple[int, float]]]:
+    """Bytes allocated per step between consecutive marks that carry torch's cumulative counter,
+    as runs of (step, size) oldest first: an interval with an OOM in it (the failed step's
+    allocations count there too) is left out and ends a run."""
+    runs: list[list[tuple[int, float]]] = [[]]
+    previous = None
+    for mark in recent:
+        total, step, when = mark.get("allocated_total_bytes"), mark.get("step"), mark.get("time")
+        if not isinstance(total, int) or not isinstance(step, int):
+            continue
+        if previous is not None and step > previous[0] and total >= previous[1]:
+            if any(previous[2] < t <= when for t in ooms if isinstance(when, int | float)):
+                runs.append([])
+            else:
+                runs[-1].append((step, (total - previous[1]) / (step - previous[0])))
+        previous = (step, total, when if isinstance(when, int | float) else 0.0)
+    return [run for run in runs if run]
+
+
+def growth(runs: list[list[tuple[int, float]]]) -> tuple[float, int, int] | None:
+    """(median growth per step, steps seen growing, first step) when the step sizes grew step
+    after step within each stretch between OOMs (a batch that grows, halves at an OOM, grows
+    again is still a growing batch), the newest included."""
+    ratios = [b[1] / a[1] for run in runs for a, b in itertools.pairwise(run) if a[1] > 0]
+    if len(ratios) < MIN_RUN - 1:
+        return None
+    rising = [r for r in ratios if r >= MIN_GROWTH]
+    last = runs[-1]
+    last_rises = len(last) >= 2 and last[-2][1] > 0 and last[-1][1] / last[-2][1] >= MIN_GROWTH
+    if len(rising) < 0.8 * len(ratios) or not last_rises:
+        return None
+    return statistics.median(ratios), len(rising), runs[0][0][0]
+
+
+def _theil_sen(points: list[tuple[float, float]]) -> float:
+    slopes = [
+        (y2 - y1) / (x2 - x1)
+        for i, (x1, y1) in enumerate(points)
+        for x2, y2 in points[i + 1 :]
+        if x2 != x1
+    ]
+    return statistics.median(slopes) if slopes else 0.0
+
+
+def leak_rate(recent: list[dict[str, Any]]) -> tuple[float, int] | None:
+    """(bytes per step, first step) when the per-step baseline rose steadily."""
+    points = [
+        (float(m["step"]), float(m["allocated_bytes"]))
+        for m in recent
+        if isinstance(m.get("step"), int) and isinstance(m.get("allocated_bytes"), int)
+    ][-200:]
+    if len(points) < 8:
+        return None
+    slope = _theil_sen(points[:: max(1, len(points) // 60)])
+    rises = sum(b[1] >= a[1] for a, b in itertools.pairwise(points))
+    growth = points[-1][1] - points[0][1]
+    if (
+        slope >= LEAK_MIN_BYTES_PER_STEP
+        and rises >= 0.8 * (len(points) - 1)
+        and growth >= 4 * LEAK_MIN_BYTES_PER_STEP
+    ):
+        return slope, int(points[0][0])
+    return None
+
+
+def diagnose(report: dict[str, Any]) -> dict[str, Any]:
+    """{cause, detail, fix, also}: what the user reads first, and the other causes in view."""
+    requested = _int(report, "requested_bytes") or 0
+    free = _int(report, "free_bytes")
+    limit = _int(report, "limit_bytes")
+    total = _int(report, "total_bytes") or limit
+    allocated = _int(report, "allocated_bytes") or 0
+    reserved = _int(report, "reserved_bytes") or 0
+    largest = _int(report, "largest_free_block_bytes")
+    step = report.get("step")
+    phase = report.get("phase") or "an unknown phase"
+    recent = [m for m in report.get("recent") or [] if isinstance(m, dict)]
+    conf = str(report.get("allocator_conf") or "")
+    where = f"in {phase}" + (f" at step {step}" if isinstance(step, int) else "")
+    headline = f"needed {format_bytes(requested)} {where} with {format_bytes(free)} free on the GPU"
+    found: list[dict[str, Any]] = []
+
+    # Someone else holds the GPU: the driver's free is short while we are under our limit.
+    if free is not None and total is not None and free < requested:
+        others = total - free - reserved - CONTEXT_BYTES
+        under_limit = limit is None or reserved + requested <= limit
+        if under_limit and others > max(requested, total // 20):
+            found.append(
+                {
+                    "cause": "another_process",
+                    "detail": (
+                        f"{headline}: another process took {format_bytes(others)} on this GPU "
+                        f"(this one reserved {format_bytes(reserved)})"
+                    ),
+                    "fix": "see who with `memtop`; move one job to another GPU or stop it",
+                    "other_bytes": others,
+                }
+            )
+
+    oom_times = [
+        float(e["time"])
+        for e in report.get("recent_ooms") or []
+        if isinstance(e, dict) and isinstance(e.get("time"), int | float)
+    ]
+    grew = growth(step_sizes(recent, oom_times))
+    if grew is not None:
+        ratio, run, first = grew
+        # The last step that fitted allocated 1/ratio of what the failing one needed.
+        found.append(
+            {
+                "cause": "growing_batch",
+                "detail": (
+                    f"{headline}: the peak grew with the batch (each step allocated "
+                    f"×{ratio:.2f} the step before; {run} steps grew since step {first})"
+                ),
+                "fix": (
+                    f"cap the batch (or sequence length) at about {1 / ratio:.0%} of the one "
+                    "that failed: the last size that fitted"
+                ),
+                "growth_per_step": ratio,
+                "growing_steps": run,
+            }
+        )
+
+    leak = leak_rate(recent)
+    if leak is not None:
+        rate, since = leak
+        found.append(
+            {
+                "cause": "leak",
+                "detail": f"{headline}: leak of {format_bytes(rate)}/step since step {since}",
+                "fix": (
+                    "look for tensors kept across steps: a loss summed with its graph "
+                    "(use loss.item()), outputs appended to a list, hooks, retain_graph=True"
+                ),
+                "bytes_per_step": rate,
+            }
+        )
+
+    cached = reserved - allocated
+    if largest is not None and cached >= requested > largest:
+        expandable = "expandable_segments:true" in conf.replace(" ", "").lower()
+        found.append(
+            {
+                "cause": "fragmentation",
+                "detail": (
+                    f"{headline}: {format_bytes(cached)} free in PyTorch's cache but no block "
+                    f"larger than {format_bytes(largest)}: fragmentation"
+                ),
+                "fix": (
+                    "already on expandable segments: free long-lived tensors allocated "
+                    "between activations, or pad variable shapes to a few sizes"
+                    if expandable
+                    else "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+                ),
+                "cached_free_bytes": cached,
+            }
+        )
+
+    if not found:
+        room = f" of a {format_bytes(limit)} limit" if limit else ""
+        found.append(
+            {
+                "cause": "too_big",
+                "detail": (
+                    f"{headline}: {format_bytes(allocated)} allocated{room}; "
+                    "the step needs more than the GPU has"
+                ),
+                "fix": (
+                    "a smaller batch, gradient checkpointing, bf16 weights or an 8-bit "
+                    "optimizer; `memtop estimate` says what fits"
+                ),
+            }
+        )
+    verdict = dict(found[0])
+    verdict["also"] = [f["cause"] for f in found[1:]]
+    return verdict

@@ -1,0 +1,114 @@
+"""`memtop oom` output: the list (newest first) and one report explained; text and JSON."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from memtop.oom.diagnose import diagnose
+from memtop.oom.reports import Report
+from memtop.units import format_bytes
+
+# The report fields the list carries (DESIGN §11), beside the diagnosis.
+SUMMARY_FIELDS = (
+    "time",
+    "host",
+    "pid",
+    "rank",
+    "step",
+    "phase",
+    "device",
+    "device_name",
+    "requested_bytes",
+    "allocated_bytes",
+    "reserved_bytes",
+    "free_bytes",
+    "limit_bytes",
+    "largest_free_block_bytes",
+    "inactive_split_bytes",
+    "allocator_conf",
+)
+
+
+def summary_json(report: Report) -> dict[str, Any]:
+    data = report.data
+    out: dict[str, Any] = {"path": str(report.path)}
+    out.update({key: data.get(key) for key in SUMMARY_FIELDS})
+    out["command"] = " ".join(str(a) for a in data.get("argv") or [])
+    out["diagnosis"] = diagnose(data)
+    return out
+
+
+def list_json(directory: str, reports: list[Report], problems: list[str]) -> dict[str, Any]:
+    return {
+        "directory": directory,
+        "reports": [summary_json(r) for r in reports],
+        "unreadable": problems,
+    }
+
+
+def report_json(report: Report) -> dict[str, Any]:
+    return {**report.data, "path": str(report.path), "diagnosis": diagnose(report.data)}
+
+
+def _when(t: Any) -> str:
+    if not isinstance(t, int | float):
+        return "?"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def list_text(directory: str, reports: list[Report], problems: list[str]) -> str:
+    if not reports:
+        lines = [f"no OOM reports in {directory}"]
+    else:
+        lines = [f"{len(reports)} OOM report(s) in {directory}, newest first:", ""]
+        for report in reports:
+            data = report.data
+            verdict = diagnose(data)
+            command = " ".join(str(a) for a in data.get("argv") or [])[:60]
+            lines.append(
+                f"{_when(data.get('time'))}  pid {data.get('pid')}  GPU {data.get('device')}  "
+                f"step {data.get('step')}  {data.get('phase')}  {command}"
+            )
+            lines.append(f"  {verdict['cause']}: {verdict['detail']}")
+            lines.append(f"  fix: {verdict['fix']}")
+            lines.append(f"  {report.path}")
+    lines += [f"unreadable: {p}" for p in problems]
+    return "\n".join(lines)
+
+
+def report_text(report: Report) -> str:
+    data = report.data
+    verdict = diagnose(data)
+    b = format_bytes
+    lines = [
+        f"OOM in pid {data.get('pid')} on {data.get('host')} at {_when(data.get('time'))}",
+        f"  command   {' '.join(str(a) for a in data.get('argv') or [])}",
+        f"  GPU {data.get('device')} {data.get('device_name') or ''}".rstrip(),
+        f"  step {data.get('step')}, phase {data.get('phase')} "
+        f"(framework: {data.get('framework_phase')})",
+        f"  requested {b(data.get('requested_bytes'))}; "
+        f"allocated {b(data.get('allocated_bytes'))}, "
+        f"reserved {b(data.get('reserved_bytes'))}, limit {b(data.get('limit_bytes'))}",
+        f"  free on the GPU {b(data.get('free_bytes'))}; largest free block in the cache "
+        f"{b(data.get('largest_free_block_bytes'))}; "
+        f"inactive split {b(data.get('inactive_split_bytes'))}",
+        f"  baseline at the last step {b(data.get('baseline_bytes'))}; "
+        f"peak {b(data.get('peak_bytes'))}",
+        f"  allocator config: {data.get('allocator_conf') or '(default)'}",
+    ]
+    breakdown = data.get("breakdown")
+    if isinstance(breakdown, dict):
+        lines.append(
+            f"  breakdown at step {breakdown.get('step')}: "
+            f"parameters {b(breakdown.get('parameters'))}, "
+            f"gradients {b(breakdown.get('gradients'))}, "
+            f"optimizer state {b(breakdown.get('optimizer_state'))}, "
+            f"other {b(breakdown.get('other'))}"
+        )
+    recent = data.get("recent") or []
+    lines.append(f"  {len(recent)} step marks in the last {data.get('recent_window_s')} s")
+    lines += ["", f"{verdict['cause']}: {verdict['detail']}", f"fix: {verdict['fix']}"]
+    if verdict.get("also"):
+        lines.append(f"also in view: {', '.join(verdict['also'])}")
+    return "\n".join(lines)

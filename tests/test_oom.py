@@ -1,0 +1,398 @@
+"""The OOM flight recorder: the allocator's observer, the agent's report, `memtop oom` and its
+diagnosis; the simulated `oom` demo end to end; a real CUDA OOM on a GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from memtop.agent.oom import MAX_REPORT_BYTES, encode_report, prune, report_name
+from memtop.agent.probe import ProbeDevice
+from memtop.agent.server import Agent
+from memtop.cli import main
+from memtop.oom.diagnose import diagnose
+from memtop.sim.allocator import SimulatedCachingAllocator, SimulatedOutOfMemoryError
+from memtop.sim.device import LocalDeviceMemory
+from memtop.sim.probe import SimulatedGpu, SimulatedProbe
+
+MiB = 1 << 20
+GiB = 1 << 30
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def oom_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    directory = tmp_path / "oom"
+    monkeypatch.setenv("MEMTOP_OOM_DIR", str(directory))
+    return directory
+
+
+@pytest.fixture
+def allocator() -> SimulatedCachingAllocator:
+    return SimulatedCachingAllocator(LocalDeviceMemory(2 * GiB), 0)
+
+
+@pytest.fixture
+def agent(socket_dir: Path, allocator: SimulatedCachingAllocator, oom_dir: Path) -> Iterator[Agent]:
+    device = ProbeDevice(0, "GPU-00000000-0000-0000-0000-000000000001", "Sim GPU", 2 * GiB)
+    passes = {"now": "forward"}
+    probe = SimulatedProbe([SimulatedGpu(device, allocator)], current_pass=lambda: passes["now"])
+    server = Agent(probe, socket_dir, argv=["train.py", "--grow"])
+    server.start()
+    server.boundary.mark_interval_s = 0.0
+    server.passes = passes  # type: ignore[attr-defined]
+    yield server
+    server.stop()
+
+
+def test_simulated_allocator_calls_observers_with_its_lock_released(allocator):
+    calls = []
+
+    def observer(device: int, size: int, limit: int, free: int) -> None:
+        # torch releases the allocator's lock first: reading its state here must not deadlock.
+        calls.append((device, size, limit, free, allocator.memory_stats()["num_ooms"]))
+
+    allocator.attach_out_of_memory_observer(observer)
+    kept = allocator.malloc(1 * GiB)
+    with pytest.raises(SimulatedOutOfMemoryError):
+        allocator.malloc(3 * GiB // 2)
+    assert len(calls) == 1
+    device, size, limit, free, ooms = calls[0]
+    assert device == 0 and size == 3 * GiB // 2 and limit == 2 * GiB
+    assert free == allocator.mem_get_info()[0] < size
+    assert ooms == 1
+    allocator.free(kept)
+    allocator.malloc(1 * GiB)  # no OOM, no call
+    assert len(calls) == 1
+
+
+def grow_until_oom(agent: Agent, allocator: SimulatedCachingAllocator, start: int) -> int:
+    """A loop whose activations grow 25 % a step until one does not fit; returns its steps."""
+    size, steps = start, 0
+    while True:
+        try:
+            block = allocator.malloc(size)
+        except SimulatedOutOfMemoryError:
+            return steps
+        allocator.free(block)
+        steps += 1
+        agent.on_step(explicit=True)
+        size = int(size * 1.25)
+
+
+def test_an_oom_leaves_one_private_report_with_its_evidence(agent, allocator, oom_dir):
+    weights = allocator.malloc(256 * MiB)
+    agent.boundary.set_phase("train")
+    steps = grow_until_oom(agent, allocator, 64 * MiB)
+    assert steps >= 5
+    assert agent.oom.flush(5.0)
+    reports = sorted(oom_dir.glob("oom-*.json"))
+    assert len(reports) == 1
+    info = os.stat(reports[0])
+    assert stat.S_IMODE(info.st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(oom_dir).st_mode) == 0o700
+    report = json.loads(reports[0].read_text())
+    assert report["pid"] == os.getpid() and report["argv"] == ["train.py", "--grow"]
+    assert report["step"] == steps and report["phase"] == "forward"
+    assert report["framework_phase"] == "train" and report["device"] == 0
+    assert report["requested_bytes"] > 0 and report["limit_bytes"] == 2 * GiB
+    assert report["free_bytes"] < report["requested_bytes"]
+    assert report["allocated_bytes"] == 256 * MiB
+    assert report["largest_free_block_bytes"] is not None
+    assert [m["step"] for m in report["recent"]] == list(range(1, steps + 1))
+    assert all("allocated_total_bytes" in m for m in report["recent"])
+    verdict = diagnose(report)
+    assert verdict["cause"] == "growing_batch", verdict
+    assert 1.15 < verdict["growth_per_step"] < 1.3
+    # The sample carries the newest report's headline for the dashboard.
+    status = agent.oom.status()
+    assert status["reports"] == 1 and status["last"]["path"] == str(reports[0])
+    allocator.free(weights)
+
+
+def test_observer_calls_are_coalesced_and_rate_limited(agent, allocator, oom_dir):
+    recorder = agent.oom
+    for _ in range(3):  # cuDNN-style retries of one OOM
+        recorder.observe(0, 512 * MiB, 2 * GiB, 10 * MiB)
+    time.sleep(0.1)
+    recorder.observe(0, 512 * MiB, 2 * GiB, 10 * MiB)  # a second OOM, moments later
+    assert recorder.flush(5.0)
+    assert recorder.observer_calls == 4 and recorder.ooms == 2
+    assert recorder.reports_taken == 1 and recorder.suppressed == 1
+    assert len(list(oom_dir.glob("oom-*.json"))) == 1
+
+
+def test_a_broken_probe_or_directory_never_reaches_the_trainer(agent, allocator, oom_dir):
+    oom_dir.mkdir(mode=0o700)
+    oom_dir.chmod(0o777)  # world-writable: refused, like a socket directory
+    agent.probe.memory_stats = None  # type: ignore[method-assign]
+    with pytest.raises(SimulatedOutOfMemoryError):
+        allocator.malloc(4 * GiB)  # the trainer sees its own OOM, nothing of ours
+    assert agent.oom.flush(5.0)
+    assert list(oom_dir.iterdir()) == []
+    assert any("oom report not written" in e for e in agent.errors)
+
+
+def test_reports_are_bounded_in_size_and_count(tmp_path):
+    report = {
+        "memtop_oom_report": 1,
+        "recent": [{"step": i, "pad": "x" * 400} for i in range(2000)],
+    }
+    data = encode_report(report)
+    assert len(data) <= MAX_REPORT_BYTES
+    decoded = json.loads(data)
+    assert decoded["recent_trimmed"] and decoded["recent"][-1]["step"] == 1999
+    for i in range(7):
+        (tmp_path / report_name(1000.0 + i, 42)).write_text("{}")
+    (tmp_path / "notes.txt").write_text("not a report")
+    assert prune(tmp_path, keep=3) == 4
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["notes.txt", *(report_name(1000.0 + i, 42) for i in (4, 5, 6))]
+
+
+def _report(**fields) -> dict:
+    base = {
+        "memtop_oom_report": 1,
+        "step": 100,
+        "phase": "backward",
+        "requested_bytes": 2 * GiB,
+        "limit_bytes": 80 * GiB,
+        "total_bytes": 80 * GiB,
+        "free_bytes": 1 * GiB,
+        "allocated_bytes": 70 * GiB,
+        "reserved_bytes": 78 * GiB,
+        "largest_free_block_bytes": 3 * GiB,
+        "recent": [],
+        "allocator_conf": "",
+    }
+    base.update(fields)
+    return base
+
+
+def _marks(baselines, sizes) -> list[dict]:
+    marks, total = [], 0
+    for i, (base, size) in enumerate(zip(baselines, sizes, strict=True)):
+        total += size
+        marks.append(
+            {
+                "step": i + 1,
+                "time": 1000.0 + i,
+                "allocated_bytes": base,
+                "allocated_total_bytes": total,
+            }
+        )
+    return marks
+
+
+def test_diagnosis_names_each_cause():
+    # The step needs more than the GPU has: flat steps, no fragmentation, nobody else.
+    flat = _marks([10 * GiB] * 20, [30 * GiB] * 20)
+    verdict = diagnose(_report(recent=flat))
+    assert verdict["cause"] == "too_big" and "memtop estimate" in verdict["fix"]
+    assert "needed 2.0 GiB in backward at step 100 with 1.0 GiB free" in verdict["detail"]
+    # Fragmentation: 5.2 GiB free in the cache, no block over 1.4 GiB.
+    frag = _report(
+        recent=flat,
+        allocated_bytes=int(72.8 * GiB),
+        reserved_bytes=78 * GiB,
+        largest_free_block_bytes=int(1.4 * GiB),
+        free_bytes=int(1.5 * GiB),
+    )
+    verdict = diagnose(frag)
+    assert verdict["cause"] == "fragmentation"
+    assert verdict["fix"] == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    assert "5.2 GiB free in PyTorch's cache but no block larger than 1.4 GiB" in verdict["detail"]
+    # ... and never suggested again to a trainer that has it on.
+    verdict = diagnose({**frag, "allocator_conf": "expandable_segments:True"})
+    assert "expandable_segments" not in verdict["fix"].replace("already on expandable", "")
+    # Another process: the driver has 1 GiB free, we hold 20 GiB of 80 and are under our limit.
+    other = _report(recent=flat, allocated_bytes=18 * GiB, reserved_bytes=20 * GiB)
+    verdict = diagnose(other)
+    assert verdict["cause"] == "another_process"
+    assert "another process took 58.5 GiB" in verdict["detail"]
+    # A leak: the baseline climbs 12 MiB a step.
+    leak = _marks([10 * GiB + i * 12 * MiB for i in range(40)], [30 * GiB] * 40)
+    verdict = diagnose(_report(recent=leak))
+    assert verdict["cause"] == "leak" and "leak of 12.0 MiB/step since step 1" in verdict["detail"]
+    # A growing batch: each step allocates 1.25× the step before.
+    grow = _marks([10 * GiB] * 12, [int(GiB * 1.25**i) for i in range(12)])
+    verdict = diagnose(
+        _report(
+            recent=grow,
+            largest_free_block_bytes=int(1.4 * GiB),
+            allocated_bytes=int(72.8 * GiB),
+            reserved_bytes=78 * GiB,
+        )
+    )
+    assert verdict["cause"] == "growing_batch"
+    assert "×1.25" in verdict["detail"] and "80%" in verdict["fix"]
+    assert "fragmentation" in verdict["also"]
+
+
+def test_growing_batch_that_halves_at_each_oom_is_still_growing():
+    sizes, times, oom_times = [], [], []
+    size = 1.0
+    for step in range(30):
+        if size > 5:  # the OOM: halve, and the next interval holds the failed step's bytes too
+            oom_times.append(1000.0 + step - 0.5)
+            sizes.append(int(GiB * (size + size / 2)))
+            size /= 2
+        else:
+            sizes.append(int(GiB * size))
+        size *= 1.25
+        times.append(1000.0 + step)
+    marks = _marks([10 * GiB] * 30, sizes)
+    report = _report(recent=marks, recent_ooms=[{"time": t} for t in oom_times])
+    assert diagnose(report)["cause"] == "growing_batch"
+    # Without knowing when the OOMs were, the drops would hide it.
+    assert diagnose(_report(recent=marks))["cause"] != "growing_batch"
+
+
+def test_oom_cli_lists_explains_and_refuses(oom_dir, capsys):
+    oom_dir.mkdir(mode=0o700)
+    older = _report(pid=11, time=1000.0, argv=["a.py"], recent=_marks([GiB] * 5, [GiB] * 5))
+    newer = _report(pid=12, time=2000.0, argv=["b.py\x1b[31m"], free_bytes=0)
+    for rep in (older, newer):
+        (oom_dir / report_name(rep["time"], rep["pid"])).write_text(json.dumps(rep))
+    (oom_dir / report_name(3000.0, 13)).write_text("{not json")
+    assert main(["oom", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [r["pid"] for r in listed["reports"]] == [12, 11]  # newest first
+    first = listed["reports"][0]
+    for key in ("step", "phase", "requested_bytes", "free_bytes", "diagnosis", "path"):
+        assert key in first
+    assert "\x1b" not in first["command"]  # agent strings are made inert
+    assert len(listed["unreadable"]) == 1
+    assert main(["oom"]) == 0
+    text = capsys.readouterr().out
+    assert "2 OOM report(s)" in text and "fix:" in text
+    assert main(["oom", first["path"]]) == 0
+    assert "OOM in pid 12" in capsys.readouterr().out
+    assert main(["oom", first["path"], "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["diagnosis"]["cause"]
+    assert main(["oom", str(oom_dir / "missing.json")]) == 1
+    assert capsys.readouterr().err.startswith("memtop: cannot open")
+    (oom_dir / "link.json").symlink_to(oom_dir / report_name(1000.0, 11))
+    assert main(["oom", str(oom_dir / "link.json")]) == 1
+    capsys.readouterr()
+
+
+def test_no_reports_is_not_an_error(oom_dir, capsys):
+    assert main(["oom", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["reports"] == []
+
+
+@pytest.mark.slow
+def test_oom_demo_then_memtop_oom_names_the_growing_batch(tmp_path):
+    env = dict(os.environ)
+    env["MEMTOP_SOCKET_DIR"] = str(tmp_path / "sockets")
+    env["MEMTOP_OOM_DIR"] = str(tmp_path / "oom")
+    demo = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "memtop.cli",
+            "demo",
+            "--no-ui",
+            "--scenario",
+            "oom",
+            "--step-time",
+            "0.05",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not list((tmp_path / "oom").glob("oom-*.json")):
+            time.sleep(0.2)
+    finally:
+        demo.send_signal(signal.SIGINT)
+        demo.wait(timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-m", "memtop.cli", "oom", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    reports = json.loads(out.stdout)["reports"]
+    assert reports, "no OOM report after the oom demo"
+    first = reports[-1]
+    assert isinstance(first["step"], int) and first["phase"] == "forward"
+    assert first["requested_bytes"] > 0 and first["free_bytes"] < first["requested_bytes"]
+    assert first["diagnosis"]["cause"] == "growing_batch"
+    assert "grew with the batch" in first["diagnosis"]["detail"]
+
+
+GPU_OOM_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, torch, memtop
+    from memtop.agent import stop_agent
+    agent = memtop.start_agent()
+    torch.cuda.set_per_process_memory_fraction(0.05, 0)
+    weights = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    model = torch.nn.Linear(1024, 1024).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    batch, steps = 256, 0
+    try:
+        while True:
+            x = torch.randn(batch, 1024, device="cuda")
+            loss = model(x).relu().pow(2).sum()
+            loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
+            steps += 1
+            batch = int(batch * 1.5)
+    except torch.OutOfMemoryError:
+        pass
+    agent.oom.flush(10)
+    print(json.dumps({"steps": steps, "errors": list(agent.errors)}))
+    stop_agent()
+    """
+)
+
+
+@pytest.mark.gpu
+def test_real_cuda_oom_leaves_a_report(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    env = dict(os.environ)
+    env["MEMTOP_SOCKET_DIR"] = str(tmp_path / "sockets")
+    env["MEMTOP_OOM_DIR"] = str(tmp_path / "oom")
+    run = subprocess.run(
+        [sys.executable, "-c", GPU_OOM_SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    reports = sorted((tmp_path / "oom").glob("oom-*.json"))
+    assert len(reports) == 1, (result, run.stderr[-2000:])
+    report = json.loads(reports[0].read_text())
+    limit = int(0.05 * torch.cuda.get_device_properties(0).total_memory)
+    assert report["limit_bytes"] == limit  # the per-process cap, as torch's observer says
+    assert report["requested_bytes"] > 0
+    assert report["reserved_bytes"] + report["requested_bytes"] > limit
+    assert report["step"] == result["steps"]
+    assert report["phase"] in ("forward", "backward", "optimizer")
+    assert report["device_uuid"].startswith(("GPU-", "MIG-"))
+    assert report["largest_free_block_bytes"] is not None
+    assert report["allocated_bytes"] >= 256 << 20
+    verdict = diagnose(report)
+    assert verdict["cause"] in ("growing_batch", "too_big", "fragmentation"), verdict
