@@ -31,9 +31,9 @@ def _clock_text(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes:02d}:{secs:02d}"
 
 
-class ReplayApp(MemtopApp):
-    # Textual merges the BINDINGS of every base class; the live-only ones must not come back.
-    inherit_bindings = False
+class ReplayApp(MemtopApp, inherit_bindings=False):
+    # Textual merges the BINDINGS of every base class unless told not to: the live-only ones
+    # must not come back from MemtopApp.
     BINDINGS = [
         *App.BINDINGS,
         *(b for b in MemtopApp.BINDINGS if not (isinstance(b, Binding) and b.id in LIVE_ONLY)),
