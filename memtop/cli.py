@@ -448,6 +448,9 @@ def _fleet(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
     sampler = fleet.FleetSampler(source, interval=max(args.interval, 1.0))
     if sys.stdout.isatty() and sys.stdin.isatty():
+        # Read before the first frame: the dashboard opens on the fleet, not on an empty state
+        # (which would also take the process table's focus away).
+        sampler.sample_once()
         from memtop.ui.app import MemtopApp
 
         try:

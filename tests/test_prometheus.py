@@ -327,6 +327,7 @@ def test_fleet_dashboard_groups_hosts_and_keeps_actions_local(fleet: Fleet):
     from memtop.ui.app import MemtopApp
 
     sampler = FleetSampler(PrometheusSource(fleet.url), interval=1.0)
+    sampler.sample_once()  # as `memtop --prometheus URL` does: the first frame has the fleet
     app = MemtopApp(sampler.store, sampler, interval=1.0, host="fleet", observer=sampler.observer())  # type: ignore[arg-type]
 
     async def main() -> None:
@@ -347,6 +348,15 @@ def test_fleet_dashboard_groups_hosts_and_keeps_actions_local(fleet: Fleet):
                 await pilot.press(key)
                 await wait_for(pilot, lambda: any("local-only" in n for n in notifications(app)))
                 app.clear_notifications()
+            # The detail screen draws the remote history (loaded from query_range at start).
+            from memtop.ui.screens.detail import DetailScreen
+
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: isinstance(app.screen, DetailScreen))
+            await wait_for(
+                pilot, lambda: app.screen.detail is not None and app.screen.detail.series
+            )
+            await pilot.press("escape")
             assert sampler.may_signal(fleet.b.pids[0]) == (
                 f"pid {fleet.b.pids[0]} runs on node-b: the fleet view acts locally only "
                 "(ssh node-b)"
