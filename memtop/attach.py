@@ -1,4 +1,5 @@
-"""`memtop attach PID`: start the agent inside a Python process that is already running.
+"""Attach: start the agent inside a Python process that is already running (`memtop attach PID`,
+the dashboard's `a` key).
 
 The run that needs memtop most is the one that has trained for two days and creeps toward OOM;
 its owner will not restart it.  Like memray's attach, memtop runs a few lines of Python inside
@@ -24,7 +25,6 @@ not importable.  Attaching twice is a no-op: an agent already listening is repor
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -37,34 +37,39 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from memtop.commands import CommandError
-
 # Seams for the tests (and for systems that keep these elsewhere).
 YAMA_PTRACE_SCOPE = Path("/proc/sys/kernel/yama/ptrace_scope")
 SELF_STATUS = Path("/proc/self/status")
 CAP_SYS_PTRACE = 19
 GDB_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 15.0
-MEMTOP_PARENT = str(Path(__file__).resolve().parent.parent.parent)  # the folder holding memtop/
+MEMTOP_PARENT = str(Path(__file__).resolve().parent.parent)  # the folder holding memtop/
 _PYTHON_LIB = re.compile(r"(?:^|/)(?:lib)?python(\d)\.(\d+)[a-z]*(?:\.so[.\d]*|$)")
 
 
-class AttachRefused(CommandError):
+class AttachError(Exception):
+    """Attaching did not work; one line saying why."""
+
+
+class AttachRefused(AttachError):
     """memtop will not (or cannot) attach; one line saying why."""
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    attach = sub.add_parser(
-        "attach", help="start the agent inside a running Python process (gdb or sys.remote_exec)"
-    )
-    attach.add_argument("pid", type=int)
-    attach.add_argument(
-        "--wait",
-        type=float,
-        default=10.0,
-        metavar="SECONDS",
-        help="how long to wait for the agent to answer (default 10)",
-    )
+@dataclass(frozen=True)
+class Attached:
+    pid: int
+    socket: str
+    method: str | None  # "gdb" or "remote_exec"; None: an agent was already listening
+    command: str
+
+    @property
+    def message(self) -> str:
+        if self.method is None:
+            return f"pid {self.pid} already has an agent listening on {self.socket}: nothing to do"
+        return (
+            f"attached to pid {self.pid} ({self.command}) with {self.method}: agent on "
+            f"{self.socket}; steps are counted from its next optimizer.step()"
+        )
 
 
 @dataclass
@@ -107,17 +112,15 @@ class Target:
         )
 
 
-# ------------------------------------------------------------------ the command
+# ------------------------------------------------------------------ attaching
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.wait <= 0:
-        raise CommandError("--wait must be greater than 0")
-    target = inspect(args.pid)
+def attach(pid: int, wait: float = 10.0) -> Attached:
+    """Start the agent in `pid` and wait until it answers; raises AttachError with one line."""
+    target = inspect(pid)
     existing = _agent_answers(target, timeout=2.0)
     if existing:
-        print(f"pid {target.pid} already has an agent listening on {existing}: nothing to do")
-        return 0
+        return Attached(pid, existing, None, _command(target))
     method = choose_method(target)
     # Appended, so that the target's own memtop wins where it has one; this one is a fallback
     # only an interpreter of the same version may take.
@@ -127,18 +130,14 @@ def run(args: argparse.Namespace) -> int:
         _remote_exec(target, code)
     else:
         _gdb_inject(target, code)
-    deadline = time.monotonic() + args.wait
+    deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         path = _agent_answers(target, timeout=1.0)
         if path:
-            print(
-                f"attached to pid {target.pid} ({_command(target)}) with {method}: agent on "
-                f"{path}; steps are counted from its next optimizer.step()"
-            )
-            return 0
+            return Attached(pid, path, method, _command(target))
         time.sleep(0.2)
-    raise CommandError(
-        f"memtop's code ran in pid {target.pid} but no agent answered within {args.wait:g} s; "
+    raise AttachError(
+        f"memtop's code ran in pid {pid} but no agent answered within {wait:g} s; "
         "its stderr says why (or its main thread has not run Python since)"
     )
 
@@ -392,7 +391,7 @@ def _gdb_inject(target: Target, code: str) -> None:
             command, capture_output=True, text=True, timeout=GDB_TIMEOUT_S, stdin=subprocess.DEVNULL
         )
     except subprocess.TimeoutExpired:
-        raise CommandError(f"gdb did not finish within {GDB_TIMEOUT_S:g} s") from None
+        raise AttachError(f"gdb did not finish within {GDB_TIMEOUT_S:g} s") from None
     except OSError as exc:
         raise AttachRefused(f"gdb could not run: {exc.strerror or exc}") from None
     why = gdb_failure(result.stdout + result.stderr)

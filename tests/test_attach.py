@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from memtop import attach
 from memtop.cli import main
-from memtop.commands import attach
 
 ROOT = Path(__file__).resolve().parent.parent
 MEMTOP = [sys.executable, "-m", "memtop"]
@@ -215,6 +215,12 @@ def test_remote_debugging_disabled_on_3_14(capsys, socket_dir: Path, monkeypatch
         assert "disabled remote debugging" in refused(capsys, str(proc.pid))
     finally:
         stop(proc)
+
+
+def test_the_path_appended_in_the_target_holds_this_memtop():
+    assert (Path(attach.MEMTOP_PARENT) / "memtop" / "__init__.py").samefile(
+        Path(attach.__file__).parent / "__init__.py"
+    )
 
 
 def test_the_injected_code_binds_nothing_and_never_raises(tmp_path: Path):
