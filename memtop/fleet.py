@@ -235,11 +235,15 @@ class FleetSampler:
         except Exception:
             return
         hellos = {(h.host, p.pid): p.hello for h in fleet.hosts for p in h.polls}
+        owners: dict[int, str] = {}  # as in _apply: a pid belongs to the first host with it
+        for h in fleet.hosts:
+            for p in h.polls:
+                owners.setdefault(p.pid, h.host)
         rows: dict[float, list[AgentPoll]] = {}
         for host, columns in history.items():
             for (pid, index), series in columns.items():
                 hello = hellos.get((host, pid))
-                if hello is None:
+                if hello is None or owners.get(pid) != host:
                     continue
                 allocated = dict(series.get("allocated", []))
                 reserved = dict(series.get("reserved", []))
