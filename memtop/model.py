@@ -192,3 +192,6 @@ class AgentSample:
     step: int | None
     devices: tuple[AgentDeviceSample, ...]
     step_marks: tuple[StepMark, ...] = ()
+    # The agent's OOM flight recorder: {"ooms", "reports", "last": the newest report's
+    # headline (time, step, phase, device, requested_bytes, free_bytes, path, diagnosis)}.
+    oom: Mapping[str, Any] | None = None

@@ -361,7 +361,14 @@ def parse_sample(result: Mapping[str, Any]) -> AgentSample:
                 allocated=per_device,
             )
         )
-    return AgentSample(time=when, step=step, devices=tuple(devices), step_marks=tuple(marks))
+    oom = result.get("oom")
+    return AgentSample(
+        time=when,
+        step=step,
+        devices=tuple(devices),
+        step_marks=tuple(marks),
+        oom=clean_value(oom) if isinstance(oom, dict) and oom.get("ooms") else None,
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import threading
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +121,8 @@ class AgentState:
     # The latest trace-free snapshot summary per device (external fragmentation and friends).
     snapshot_summary: dict[int, dict[str, Any]] | None = None
     snapshot_time: float | None = None
+    # The newest OOM report's headline, as the agent's sample says (None: no OOM yet).
+    last_oom: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,7 @@ class AgentView:
     breakdown: dict[int, dict[str, int]] | None
     snapshot_summary: dict[int, dict[str, Any]] | None = None
     snapshot_time: float | None = None
+    last_oom: Mapping[str, Any] | None = None
 
 
 class Store:
@@ -231,6 +234,8 @@ class Store:
 
     def _apply_sample(self, agent: AgentState, sample: AgentSample) -> None:
         agent.step = sample.step
+        if sample.oom is not None and isinstance(sample.oom.get("last"), Mapping):
+            agent.last_oom = sample.oom["last"]
         agent.last_sample_time = sample.time
         uuids = {d.index: (d.uuid, d.name) for d in (agent.hello.devices if agent.hello else ())}
         for device in sample.devices:
@@ -421,6 +426,7 @@ class Store:
                 None if agent.snapshot_summary is None else dict(agent.snapshot_summary)
             ),
             snapshot_time=agent.snapshot_time,
+            last_oom=agent.last_oom,
         )
 
 

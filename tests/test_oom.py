@@ -318,6 +318,15 @@ def test_oom_demo_then_memtop_oom_names_the_growing_batch(tmp_path):
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not list((tmp_path / "oom").glob("oom-*.json")):
             time.sleep(0.2)
+        time.sleep(1.0)
+        # The dashboard's suggestions (the same observation as --once) name the cause.
+        once = subprocess.run(
+            [sys.executable, "-m", "memtop.cli", "--once", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     finally:
         demo.send_signal(signal.SIGINT)
         demo.wait(timeout=30)
@@ -336,6 +345,11 @@ def test_oom_demo_then_memtop_oom_names_the_growing_batch(tmp_path):
     assert first["requested_bytes"] > 0 and first["free_bytes"] < first["requested_bytes"]
     assert first["diagnosis"]["cause"] == "growing_batch"
     assert "grew with the batch" in first["diagnosis"]["detail"]
+    suggestions = json.loads(once.stdout)["suggestions"]
+    ooms = [s for s in suggestions if s["rule"] == "oom"]
+    assert ooms and ooms[0]["severity"] == "critical", suggestions
+    assert "the batch grows" in ooms[0]["title"] and "memtop oom" in ooms[0]["evidence"]
+    assert not any(s["rule"] == "expandable_segments" for s in suggestions), suggestions
 
 
 GPU_OOM_SCRIPT = textwrap.dedent(

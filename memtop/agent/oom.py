@@ -34,6 +34,7 @@ from memtop import protocol
 from memtop._version import __version__
 from memtop.agent import files
 from memtop.agent.snapshot_summary import summarize_snapshot
+from memtop.oom.diagnose import diagnose
 
 if TYPE_CHECKING:
     from memtop.agent.server import Agent
@@ -196,13 +197,19 @@ class OomRecorder:
 
     def _write(self, report: dict[str, Any]) -> None:
         try:
+            # Judged here, off the trainer's thread; `memtop oom` judges again with its own
+            # (possibly newer) rules.
+            report["diagnosis"] = diagnose(report)
+            verdict = {k: report["diagnosis"].get(k) for k in ("cause", "detail", "fix")}
             data = encode_report(report)
             directory = protocol.ensure_private_dir(protocol.oom_dir())
             path = directory / report_name(report["time"], report["pid"])
             files.write_private_file(str(path), data)
             self.written.append(str(path))
-            if self.last is not None and self.last.get("time") == report["time"]:
-                self.last["path"] = str(path)
+            last = self.last
+            if last is not None and last.get("time") == report["time"]:
+                # Replaced, never changed in place: the agent thread may be encoding it.
+                self.last = {**last, "path": str(path), "diagnosis": verdict}
             prune(directory)
         except Exception as exc:
             self.agent.errors.append(f"oom report not written: {exc}")

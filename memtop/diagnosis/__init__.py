@@ -131,4 +131,9 @@ class Diagnoser:
             ),
             breakdown=(agent.breakdown or {}).get(dev.index),
             allocator_conf=agent.hello.allocator_conf if agent.hello else "",
+            last_oom=(
+                dict(agent.last_oom)
+                if agent.last_oom is not None and agent.last_oom.get("device") == dev.index
+                else None
+            ),
         )

@@ -28,6 +28,9 @@ class DeviceDiagnosis:
     pressure: Pressure
     breakdown: dict[str, int] | None
     allocator_conf: str
+    # The newest OOM report of this process on this device (its headline and diagnosis, as
+    # the agent's sample carries it), None without one.
+    last_oom: dict[str, Any] | None = None
 
     @property
     def transient_bytes(self) -> int | None:

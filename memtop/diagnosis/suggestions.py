@@ -159,6 +159,16 @@ def usage(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable[Sugges
     )
 
 
+# The causes of memtop.oom.diagnose, as a suggestion's title says them.
+OOM_CAUSES = {
+    "growing_batch": "the batch grows",
+    "leak": "a leak",
+    "fragmentation": "fragmentation",
+    "another_process": "another process holds the GPU",
+    "too_big": "the step does not fit",
+}
+
+
 def out_of_memory(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable[Suggestion]:
     for agent in gpu.agents:
         p = agent.pressure
@@ -170,6 +180,27 @@ def out_of_memory(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterabl
             if p.ooms_recent is not None and p.window_s
             else "since the trainer started"
         )
+        report = agent.last_oom
+        verdict = report.get("diagnosis") if report else None
+        if report and isinstance(verdict, dict) and verdict.get("detail"):
+            # The flight recorder's report of the newest OOM says why (`memtop oom` explains).
+            yield Suggestion(
+                rule="oom",
+                severity=CRITICAL,
+                pid=agent.pid,
+                device=agent.index,
+                title=(
+                    f"Out of memory at step {report.get('step')} in {report.get('phase')}: "
+                    f"{OOM_CAUSES.get(str(verdict.get('cause')), verdict.get('cause'))}"
+                ),
+                detail=str(verdict["detail"]),
+                evidence=(
+                    f"{recent} OOM{'s' if recent != 1 else ''} {when}; "
+                    f"report: memtop oom {report.get('path') or ''}".rstrip()
+                ),
+                fix=str(verdict.get("fix") or ""),
+            )
+            continue
         yield Suggestion(
             rule="oom",
             severity=CRITICAL,
@@ -199,6 +230,9 @@ def expandable_segments(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> I
         )
         if not fragmented and retries <= 0:
             continue
+        oom = agent.last_oom or {}
+        if not fragmented and (oom.get("diagnosis") or {}).get("cause") == "growing_batch":
+            continue  # the retries come from a batch that outgrows the GPU, not from splits
         evidence = [
             f"fragmentation {frag.gauge_smoothed:.2f} "
             f"({format_bytes(frag.inactive_split_bytes)} free inside split segments)"
