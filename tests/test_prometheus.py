@@ -418,3 +418,10 @@ def test_zz_a_host_whose_exporter_stops_is_named_not_silently_dropped(fleet: Fle
         f"node-b: its exporter at 127.0.0.1:{fleet.b.port} did not answer Prometheus's last "
         "scrape (up == 0)"
     ]
+    text = subprocess.run(
+        [sys.executable, "-m", "memtop.cli", "--prometheus", fleet.url, "--once"],
+        capture_output=True, text=True, timeout=60,
+    ).stdout  # fmt: skip
+    assert text.startswith(f"memtop {remote['version']}: fleet of 1 host(s) in {fleet.url}")
+    assert "! node-b: its exporter" in text and "on node-a" in text
+    assert "Actions (cleanup, snapshot, kill) are local-only" in text
