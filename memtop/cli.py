@@ -207,7 +207,15 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 def _run(rest: list[str]) -> int:
-    usage = "usage: memtop run [--] script.py [args...] | memtop run -m module [args...]"
+    usage = (
+        "usage: memtop run [--auto-cleanup] [--] script.py [args...] | "
+        "memtop run [--auto-cleanup] -m module [args...]"
+    )
+    if rest and rest[0] == "--auto-cleanup":
+        # gc + empty_cache at a step boundary when a GPU is >= 95 % full; the environment
+        # carries it to the ranks this program starts (their agents read it too).
+        os.environ["MEMTOP_AUTO_CLEANUP"] = "1"
+        rest = rest[1:]
     if rest and rest[0] == "--":
         rest = rest[1:]
     if not rest or rest[0] in ("-h", "--help"):

@@ -59,6 +59,10 @@ def start_agent(
             )
         _agent = agent
         atexit.register(_stop_at_exit)
+        from memtop.agent import auto_cleanup
+
+        if auto_cleanup.wanted(os.environ):
+            agent.boundary.on_boundary = auto_cleanup.AutoCleanup(agent)
         if not quiet:
             print(f"memtop: agent listening on {path}", file=sys.stderr)
         return agent

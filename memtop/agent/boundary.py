@@ -115,6 +115,8 @@ class StepBoundary:
         )
         # Optimizer-hook steps since a framework last said its own step count (sync_step).
         self._hook_steps = 0
+        # Opt-in work at every boundary, rate-limited by itself (auto_cleanup.AutoCleanup).
+        self.on_boundary: Callable[[float], None] | None = None
 
     # ------------------------------------------------------------ trainer's thread
 
@@ -172,6 +174,8 @@ class StepBoundary:
         if now >= self._mark_due:
             self._mark_due = now + self.mark_interval_s
             self._mark(now)
+        if self.on_boundary is not None:
+            self.on_boundary(now)
         if self._has_jobs or self._mem_info_due <= now < self._mem_info_wanted_until:
             self._boundary_work(now)
 
