@@ -20,7 +20,7 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Footer, Input, OptionList, Static
+from textual.widgets import Footer, OptionList, Static
 
 from memtop.observation import Observation, Observer
 from memtop.sampler import Sampler
@@ -50,6 +50,7 @@ PROCESS_ACTIONS = {
     "copy_fix",
     "pause",
     "filter",
+    "attach",
 }
 EVENT_SHOW_S = 8.0  # "agent N attached" and the like stay this long in the status line
 # The signals `k` offers, in its dialog's order: (key, name, signal, what it does).
@@ -71,6 +72,8 @@ class MemtopApp(App[None]):
         Binding("r", "reset_peak", "Reset", id="reset_peak", tooltip="reset the peak"),
         Binding("s", "snapshot", "Snapshot", id="snapshot"),
         Binding("k", "terminate", "Kill", id="kill"),
+        # Off the footer (80 columns are spoken for); in the help screen.
+        Binding("a", "attach", "Attach", id="attach", show=False),
         Binding("y", "copy_fix", "Copy fix", id="copy_fix"),
         Binding("slash", "filter", "Filter", key_display="/", id="filter"),
         Binding("p", "pause", "Pause", id="pause"),
@@ -125,9 +128,6 @@ class MemtopApp(App[None]):
             yield ProcessTable()
             yield SuggestionsPane()
         yield Static(id="empty")
-        yield Input(
-            placeholder="filter: pid, user, command, gpu0…  (enter keeps, esc clears)", id="filter"
-        )
         yield Static(id="status")
         yield Footer(compact=True)
 
@@ -172,8 +172,7 @@ class MemtopApp(App[None]):
         self.table = self.query_one(ProcessTable)
         self.suggestions = self.query_one(SuggestionsPane)
         self._install_cell_diff()
-        self.filter_input = self.query_one("#filter", Input)
-        self.filter_input.display = False
+        self.filter_input: Any = None  # the `/` line, made on first use (start-up time)
         self.gpu_panel.can_focus = False
         self.table.focus()
         for problem in self._config_problems:
@@ -227,8 +226,9 @@ class MemtopApp(App[None]):
         self._set(self.header_bar, self._header(dash))
         self._set(self.status_line, self._status(dash))
         empty = dash.state == view.EMPTY
-        self.main_panels.display = not empty
-        self.empty_state.display = empty
+        if self.main_panels.display == empty:  # only on a change: a set re-styles the widget
+            self.main_panels.display = not empty
+            self.empty_state.display = empty
         if empty:
             self._set(self.empty_state, _empty_text(dash))
         else:
@@ -503,6 +503,67 @@ class MemtopApp(App[None]):
         else:
             self.call_from_thread(self.notify, message)
 
+    def action_attach(self) -> None:
+        """Start memtop's agent inside the selected process, which has none yet (asks first)."""
+        row = self.selected_row()
+        if row is None:
+            self.notify("No process selected: move to one with ↑/↓.", severity="warning")
+            return
+        agent = self.observation.agent(row.pid) if self.observation else None
+        if row.state != "no agent" or agent is not None:
+            what = "has exited" if row.state == "exited" else "already has a memtop agent"
+            self.notify(f"pid {row.pid} {what}.", severity="warning")
+            return
+        if self.sampler is None:
+            self.notify("This view is not live: it cannot act on processes.", severity="warning")
+            return
+        info = self.store.processes().get(row.pid)
+        if info is None or not info.visible:
+            self.notify(f"pid {row.pid} is not visible from here.", severity="error")
+            return
+        if info.uid != self.my_uid and self.my_uid != 0:
+            self.notify(
+                f"pid {row.pid} belongs to {info.user}: attach as that user (or root).",
+                severity="error",
+            )
+            return
+
+        def answered(yes: object) -> None:
+            if yes is True:
+                self.notify(f"Attaching to pid {row.pid}…", timeout=3)
+                self.run_worker(
+                    lambda: self._attach_agent(row.pid),
+                    thread=True,
+                    exit_on_error=False,
+                    group="actions",
+                )
+
+        from memtop.ui.screens.confirm import ConfirmScreen
+
+        self.push_screen(
+            ConfirmScreen(
+                f"Attach memtop to pid {row.pid}?",
+                f"{info.command[:200]}\nIt is paused a moment (gdb / ptrace) while one line of "
+                "Python starts memtop's agent thread inside it.",
+            ),
+            answered,
+        )
+
+    def _attach_agent(self, pid: int) -> None:
+        # A worker thread: gdb takes seconds; the sampler finds the new socket by itself.
+        from memtop.attach import AttachError, attach
+
+        try:
+            message = attach(pid).message
+        except AttachError as exc:
+            self.call_from_thread(self.notify, str(exc), severity="error", timeout=10)
+        except Exception as exc:  # a bug must not take the dashboard down
+            self.call_from_thread(
+                self.notify, f"attach: {type(exc).__name__}: {exc}", severity="error"
+            )
+        else:
+            self.call_from_thread(self.notify, message, timeout=8)
+
     def action_pause(self) -> None:
         if self.sampler is None:
             return
@@ -552,15 +613,24 @@ class MemtopApp(App[None]):
     def action_filter(self) -> None:
         if self._detail_screen() is not None:
             return
+        if self.filter_input is None:
+            from textual.widgets import Input
+
+            self.filter_input = Input(
+                placeholder="filter: pid, user, command, gpu0…  (enter keeps, esc clears)",
+                id="filter",
+                select_on_focus=True,
+            )
+            self.mount(self.filter_input, before=self.status_line)
         self.filter_input.display = True
         self.filter_input.value = self.table.filter
         self.filter_input.focus()
 
-    def on_input_changed(self, event: Input.Changed) -> None:
+    def on_input_changed(self, event: Any) -> None:
         if event.input is self.filter_input:
             self.table.set_filter(event.value)
 
-    def on_input_submitted(self, event: Input.Submitted) -> None:
+    def on_input_submitted(self, event: Any) -> None:
         if event.input is self.filter_input:
             self._close_filter(keep=True)
 

@@ -19,6 +19,7 @@ EXPLAIN = {
     "reset_peak": "reset the peak (torch's peak stats and memtop's own)",
     "snapshot": "write a memory snapshot file; open it at https://pytorch.org/memory_viz",
     "kill": "terminate the selected process: TERM, INT or KILL (asks first; your own only)",
+    "attach": "attach memtop's agent to the selected process that has none (asks first; gdb)",
     "copy_fix": "copy a fix to the clipboard: the highlighted suggestion's (suggestions pane) "
     "or the selected process's most severe one (table, detail screen)",
     "filter": "filter the table by pid, user, command or gpuN (enter keeps, esc clears)",

@@ -29,7 +29,15 @@ from memtop.units import format_bytes
 
 # Below this width the second line uses short sizes (30.2G), so the trend keeps its room.
 WIDE_NUMBERS = 136
-SLOW_S = 3.0
+SLOW_S = 4.0
+SLOW_FIELDS = (
+    "allocated",
+    "fragmentation",
+    "trend",
+    "utilization",
+    "temperature",
+    "power_watts",
+)
 
 LEGEND = Text.assemble(
     ("█", ALLOCATED),
@@ -57,23 +65,16 @@ class GpuCard(Widget):
         self._slow_at = 0.0
 
     def show(self, row: GpuRow) -> None:
-        # Utilisation, temperature and power are slow columns: a repaint for them alone comes
-        # at most every SLOW_S (the memory figures repaint as soon as they change).
+        """Repaint when something a user must see at once changed (used memory, an error, a
+        leak verdict); figures that move every second without news (a sawtooth's allocated
+        bytes, the trend sparkline, the smoothed gauge, utilisation, temperature, power) are
+        shown anew at most every SLOW_S.  Each repaint costs CPU and bytes over SSH."""
         now = time.monotonic()
-        if row != self.row and now - self._slow_at < SLOW_S:
-            row = replace(
-                row,
-                utilization=self.row.utilization,
-                temperature=self.row.temperature,
-                power_watts=self.row.power_watts,
-            )
+        if now - self._slow_at < SLOW_S and row.trend.leak == self.row.trend.leak:
+            row = replace(row, **{name: getattr(self.row, name) for name in SLOW_FIELDS})
+        elif any(getattr(row, n) != getattr(self.row, n) for n in SLOW_FIELDS):
+            self._slow_at = now
         if row != self.row:
-            if (row.utilization, row.temperature, row.power_watts) != (
-                self.row.utilization,
-                self.row.temperature,
-                self.row.power_watts,
-            ):
-                self._slow_at = now
             self.row = row
             self.refresh()
 

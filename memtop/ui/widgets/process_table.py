@@ -272,7 +272,9 @@ class ProcessTable(Widget, can_focus=True):
         if selected in self.rows_by_key:
             self.cursor_row = keys.index(selected)
         self.cursor_row = max(0, min(self.cursor_row, len(self.rows) - 1))
-        self.border_subtitle = self._subtitle()
+        subtitle = self._subtitle()
+        if subtitle != self.border_subtitle:  # setting it, even unchanged, repaints the border
+            self.border_subtitle = subtitle
         self._render_rows()
 
     def _subtitle(self) -> str:
