@@ -238,3 +238,73 @@ def test_the_injected_code_binds_nothing_and_never_raises(tmp_path: Path):
     assert result.returncode == 0
     assert result.stdout.strip() == "[]"
     assert "memtop: agent not started" in result.stderr
+
+
+# ------------------------------------------------------------------ the dashboard's `a`
+
+
+class OneGpuListing:
+    """A driver that lists one process on one GPU (the machine has no GPU: a stand-in)."""
+
+    def __init__(self, pid: int) -> None:
+        from memtop.model import DeviceReading, GpuProcess, NvmlReading
+
+        device = DeviceReading(
+            0,
+            "GPU-attach-test",
+            "Stand-in GPU",
+            80 << 30,
+            3 << 30,
+            processes=(GpuProcess(pid, 2 << 30),),
+        )
+        self.reading = NvmlReading(available=True, devices=(device,), driver_version="test")
+
+    def read(self):  # type: ignore[no-untyped-def]
+        return self.reading
+
+    def close(self) -> None:
+        pass
+
+
+@needs_gdb
+def test_dashboard_a_attaches_to_a_driver_listed_process_after_asking(trainer, socket_dir):
+    import asyncio
+
+    from ui_helpers import notifications, wait_for
+
+    from memtop.sampler import Sampler
+    from memtop.sources.agents import AgentPool
+    from memtop.store import Store
+    from memtop.ui.app import MemtopApp
+    from memtop.ui.screens.confirm import ConfirmScreen
+    from memtop.ui.widgets.process_table import ProcessTable
+
+    store = Store()
+    sampler = Sampler(store, OneGpuListing(trainer.pid), AgentPool(socket_dir), interval=0.25)
+    app = MemtopApp(store, sampler, interval=0.25)
+
+    def states() -> set[str]:
+        rows = app.query_one(ProcessTable).rows_by_key.values()
+        return {r.state for r in rows if r.pid == trainer.pid}
+
+    async def main() -> None:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_for(pilot, lambda: states() == {"no agent"})
+            await pilot.press("a")
+            assert isinstance(app.screen, ConfirmScreen)
+            await pilot.press("n")  # asked first: no means no
+            assert not isinstance(app.screen, ConfirmScreen)
+            await pilot.pause(0.5)
+            assert not (socket_dir / f"{trainer.pid}.sock").exists()
+            await pilot.press("a", "y")
+            # The stand-in GPU is not the CPU trainer's, so its agent gets a row of its own.
+            await wait_for(pilot, lambda: "agent" in states(), timeout=30)
+            assert any(f"attached to pid {trainer.pid}" in n for n in notifications(app))
+            await pilot.press("a")  # now it has one: said, not asked
+            assert not isinstance(app.screen, ConfirmScreen)
+            assert any("already has a memtop agent" in n for n in notifications(app))
+
+    try:
+        asyncio.run(main())
+    finally:
+        sampler.stop()
