@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,8 +29,13 @@ def memtop(*args: str, socket_dir: Path, timeout: float = 60) -> subprocess.Comp
     )
 
 
-@pytest.fixture
-def mixed_demo(socket_dir: Path) -> Iterator[list[int]]:
+@pytest.fixture(scope="module")
+def recorded() -> Iterator[dict]:
+    """The issue's run: `memtop record` for 20 s of `memtop demo --no-ui --scenario mixed`, a live
+    `memtop --once --json` 15 s in, and beside them a second recorder killed (SIGKILL) 4 s in."""
+    work = Path(tempfile.mkdtemp(prefix="mt-rec-", dir="/tmp"))
+    socket_dir = work / "s"
+    socket_dir.mkdir(mode=0o700)
     env = dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir))
     demo = subprocess.Popen(
         [*MEMTOP, "demo", "--no-ui", "--scenario", "mixed"],
@@ -43,8 +50,32 @@ def mixed_demo(socket_dir: Path) -> Iterator[list[int]]:
         assert "simulated trainer" in line, demo.stderr.read() if demo.stderr else line
         pids = protocol.list_agent_sockets(socket_dir)
         assert len(pids) == 4
-        time.sleep(1.5)  # a few steps first, so that a leak can be judged at once
-        yield sorted(pids)
+        out, crashed = work / "run.memtop", work / "crash.memtop"
+        recorder = subprocess.Popen(
+            [*MEMTOP, "record", "-o", str(out), "--seconds", "20"],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        doomed = subprocess.Popen(
+            [*MEMTOP, "record", "-o", str(crashed)], env=env, stderr=subprocess.DEVNULL
+        )
+        started = time.monotonic()
+        time.sleep(4)
+        doomed.kill()  # SIGKILL: no gzip trailer, maybe half a deflate block
+        doomed.wait()
+        time.sleep(max(0.0, 15 - (time.monotonic() - started)))
+        live = json.loads(memtop("--once", "--json", socket_dir=socket_dir).stdout)
+        _, err = recorder.communicate(timeout=30)
+        assert recorder.returncode == 0, err
+        yield {
+            "socket_dir": socket_dir,
+            "pids": sorted(pids),
+            "out": out,
+            "crashed": crashed,
+            "live": live,
+            "stderr": err,
+        }
     finally:
         demo.send_signal(signal.SIGTERM)
         try:
@@ -52,6 +83,7 @@ def mixed_demo(socket_dir: Path) -> Iterator[list[int]]:
         except subprocess.TimeoutExpired:
             demo.kill()
             demo.wait()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def verdicts(data: dict) -> dict[int, tuple[bool, int]]:
@@ -62,33 +94,21 @@ def verdicts(data: dict) -> dict[int, tuple[bool, int]]:
     return out
 
 
-def test_record_then_replay_matches_the_live_report(mixed_demo, socket_dir: Path, tmp_path):
-    # 12 s rather than the issue's 20: the first sample of each agent carries every step mark
-    # since the trainer started, so the verdicts are judged on the same steps either way.
-    out = tmp_path / "run.memtop"
-    env = dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir))
-    recorder = subprocess.Popen(
-        [*MEMTOP, "record", "-o", str(out), "--seconds", "12"],
-        env=env,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    time.sleep(9)
-    live = json.loads(memtop("--once", "--json", socket_dir=socket_dir).stdout)
-    _, err = recorder.communicate(timeout=30)
-    assert recorder.returncode == 0, err
-    assert "4 agent(s)" in err
-
+def test_record_20_s_then_replay_at_15_s_matches_the_live_report(recorded):
+    socket_dir, out, live = recorded["socket_dir"], recorded["out"], recorded["live"]
+    assert "4 agent(s)" in recorded["stderr"]
     end = json.loads(memtop("replay", str(out), "--once", "--json", socket_dir=socket_dir).stdout)
+    assert 18 < end["replay"]["duration_s"] <= 20.5
+    # --at 15, measured from the recording's first reading to the live report's own time.
     at = live["time"] - end["replay"]["started"]
-    assert 5 < at < end["replay"]["duration_s"]
+    assert 14 < at < 16.5
     replayed = json.loads(
         memtop(
             "replay", str(out), "--once", "--json", "--at", f"{at:.3f}", socket_dir=socket_dir
         ).stdout
     )
-    assert sorted(a["pid"] for a in replayed["agents"]) == mixed_demo
-    assert sorted(a["pid"] for a in live["agents"]) == mixed_demo
+    assert sorted(a["pid"] for a in replayed["agents"]) == recorded["pids"]
+    assert sorted(a["pid"] for a in live["agents"]) == recorded["pids"]
     assert replayed["nvml"]["source"] == live["nvml"]["source"] == "sim"
     assert len(replayed["devices"]) == len(live["devices"]) == 2
     live_verdicts, replay_verdicts = verdicts(live), verdicts(replayed)
@@ -98,24 +118,24 @@ def test_record_then_replay_matches_the_live_report(mixed_demo, socket_dir: Path
         assert replay_verdicts[pid][0] == detected, (pid, live_verdicts, replay_verdicts)
         if detected:
             assert abs(replay_verdicts[pid][1] - rate) <= 0.10 * rate
-    # Steps within a second of the live report (the live report is one sampling round later).
+    # Steps within a sampling round of the live report's.
     for agent in replayed["agents"]:
         (twin,) = [a for a in live["agents"] if a["pid"] == agent["pid"]]
         assert abs(agent["devices"][0]["step"] - twin["devices"][0]["step"]) <= 15
 
 
-def test_a_killed_recorder_leaves_a_playable_file(mixed_demo, socket_dir: Path, tmp_path):
-    out = tmp_path / "crash.memtop"
-    env = dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir))
-    recorder = subprocess.Popen(
-        [*MEMTOP, "record", "-o", str(out)], env=env, stderr=subprocess.PIPE, text=True
+def test_a_killed_recorder_leaves_a_playable_file(recorded):
+    data = json.loads(
+        memtop(
+            "replay",
+            str(recorded["crashed"]),
+            "--once",
+            "--json",
+            socket_dir=recorded["socket_dir"],
+        ).stdout
     )
-    time.sleep(4)
-    recorder.kill()  # SIGKILL: no trailer, maybe half a deflate block
-    recorder.communicate(timeout=10)
-    data = json.loads(memtop("replay", str(out), "--once", "--json", socket_dir=socket_dir).stdout)
-    assert data["replay"]["duration_s"] > 1.0  # at most ~1 s lost of ~3 s recorded
-    assert sorted(a["pid"] for a in data["agents"]) == mixed_demo
+    assert data["replay"]["duration_s"] > 1.5  # at most ~1 s lost of ~3.5 s recorded
+    assert sorted(a["pid"] for a in data["agents"]) == recorded["pids"]
     assert all(a["devices"][0]["step"] > 0 for a in data["agents"])
 
 
