@@ -106,52 +106,72 @@ def viewer_main(pids: list[int], directory: Path, seconds: float, out_dir: Path)
 
     counts: Counter[str] = Counter()
     breakdowns: dict[int, list[dict[str, Any]]] = {pid: [] for pid in pids}
-    # Two connections per agent, as a dashboard plus a script would be: samples at 10 Hz on
-    # one, the hammering on the other (the agent meters each connection on its own, so the
-    # hammer's backpressure does not starve the samples).
+    # Two connections per agent from two threads, as a dashboard plus a script would be:
+    # samples at 10 Hz on one, the hammering on the other.  The agent meters each connection
+    # on its own, and pauses the heavy ones first when its CPU bound is reached.
     clients: dict[tuple[int, str], AgentClient] = {}
     deadline = time.monotonic() + seconds
-    next_sample = time.monotonic()
     extra = ("breakdown", "snapshot", "cleanup", "reset_peak")
+    lock = threading.Lock()
+
+    def ask(pid: int, role: str, cmd: str, args: dict[str, Any]) -> dict[str, Any] | None:
+        client = clients.get((pid, role))
+        if client is None:
+            client = AgentClient(pid, directory, timeout=5.0)
+            try:
+                client.connect()
+            except (AgentUnreachable, AgentError) as exc:
+                with lock:
+                    counts[f"connect:{type(exc).__name__}"] += 1
+                return None
+            clients[(pid, role)] = client
+        try:
+            result = client.request(cmd, args or None, timeout=10.0)
+        except AgentError as exc:
+            with lock:
+                counts[f"{cmd}:{exc.code}"] += 1
+            return None
+        except AgentUnreachable:
+            with lock:
+                counts[f"{cmd}:unreachable"] += 1
+            client.close()
+            clients.pop((pid, role), None)
+            return None
+        with lock:
+            counts[f"{cmd}:ok"] += 1
+        return result if isinstance(result, dict) else {}
+
+    def sampler() -> None:
+        next_sample = time.monotonic()
+        while time.monotonic() < deadline:
+            for pid in pids:
+                ask(pid, "sample", "sample", {})
+            next_sample = max(next_sample + 1.0 / SAMPLE_HZ, time.monotonic() - 1.0)
+            time.sleep(max(0.0, next_sample - time.monotonic()))
+
+    sampling = threading.Thread(target=sampler, daemon=True)
+    sampling.start()
     turn = 0
     while time.monotonic() < deadline:
-        sampling = time.monotonic() >= next_sample
-        if sampling:
-            next_sample = max(next_sample + 1.0 / SAMPLE_HZ, time.monotonic())
         for pid in pids:
-            role = "sample" if sampling else "hammer"
-            client = clients.get((pid, role))
-            if client is None:
-                client = AgentClient(pid, directory, timeout=5.0)
-                try:
-                    client.connect()
-                except (AgentUnreachable, AgentError) as exc:
-                    counts[f"connect:{type(exc).__name__}"] += 1
-                    continue
-                clients[(pid, role)] = client
-            cmd = "sample" if sampling else extra[turn % len(extra)]
+            cmd = extra[turn % len(extra)]
             args: dict[str, Any] = {}
             if cmd == "snapshot":
                 args = {"path": str(out_dir / f"snap-{pid}.pickle"), "overwrite": True}
             if cmd == "cleanup":
                 args = {"wait_s": 2.0}
-            try:
-                result = client.request(cmd, args or None, timeout=5.0)
-            except AgentError as exc:
-                counts[f"{cmd}:{exc.code}"] += 1
-                continue
-            except AgentUnreachable:
-                counts[f"{cmd}:unreachable"] += 1
-                client.close()
-                clients.pop((pid, role), None)
-                continue
-            counts[f"{cmd}:ok"] += 1
-            fresh = cmd == "breakdown" and result.get("devices") and not result.get("pending")
+            result = ask(pid, "hammer", cmd, args)
+            fresh = (
+                cmd == "breakdown"
+                and result
+                and result.get("devices")
+                and not result.get("pending")
+            )
             if fresh and (not breakdowns[pid] or breakdowns[pid][-1]["time"] != result["time"]):
                 breakdowns[pid].append(result)
-        if not sampling:
-            turn += 1
+        turn += 1
         time.sleep(0.002)  # as fast as allowed, without spinning a core on rate_limited
+    sampling.join(timeout=15)
     for client in clients.values():
         client.close()
     print(json.dumps({"counts": counts, "breakdowns": breakdowns}), flush=True)
@@ -325,6 +345,7 @@ def _report(
         "inject_race": args.inject_race,
         "crashes": len(crashes),
         "crash_reasons": [c["why"] for c in crashes][:8],
+        "viewer_failures": [v["why"] for v in viewers if v["crashed"]][:4],
         "step_rate_agent": round(agent_rate, 2),
         "step_rate_control": round(control_rate, 2),
         "step_rate_ratio": round(ratio, 4),
@@ -361,6 +382,8 @@ def main() -> int:
         return viewer_main(pids, args.socket_dir, args.seconds, args.out)
     report = run(args)
     print(f"trainer crashes      {report['crashes']}  {report['crash_reasons'][:2]}")
+    if report["viewer_failures"]:
+        print(f"viewer failures      {report['viewer_failures']}")
     print(
         f"step rate            {report['step_rate_agent']}/s with agents, "
         f"{report['step_rate_control']}/s without: ratio {report['step_rate_ratio']}"

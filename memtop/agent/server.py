@@ -67,6 +67,13 @@ SNAPSHOT_MIN_INTERVAL_S = 5.0
 # machine): a cleanup or a snapshot file may take at most this share of the trainer's time,
 # however often viewers ask; the interval after each grows with what it cost.
 ON_DEMAND_MAX_SHARE = 0.002
+# The agent thread's own CPU, measured (thread_time) every sweep: over this share of one core,
+# the viewers asking more than GOVERN_EXEMPT_RATE pause until the average is back under it.
+# Viewers that pipeline within their per-connection budget can still add up (32 of them); this
+# bounds what the heavy ones cost.  A dashboard sampling at 2 Hz is never paused.
+AGENT_MAX_CPU_SHARE = 0.005
+GOVERN_EXEMPT_RATE = 12.0  # requests/s (a viewer sampling at 10 Hz): paused only if all are
+GOVERN_MAX_PAUSE_S = 3.0  # a pause longer than this would trip viewers' deadlines
 DEFAULT_WAIT_S = 8.0  # how long a cleanup / snapshot waits for a step boundary by default
 MAX_WAIT_S = 60.0
 WORKER_QUEUE = 4
@@ -92,6 +99,7 @@ class _Connection:
         "resume_at",
         "sock",
         "tokens",
+        "window_requests",
     )
 
     def __init__(self, sock: socket.socket, peer_pid: int) -> None:
@@ -105,18 +113,20 @@ class _Connection:
         self.partial_since: float | None = None
         self.pending = 0  # deferred replies this viewer is waiting for
         self.tokens = float(REQUEST_BURST)
+        self.window_requests = 0  # requests since the agent last checked its CPU
         self.refilled = now
         self.resume_at: float | None = None  # reading paused (over budget) until then
         self.interest = 0  # the selector events registered now (0: not registered)
         self.closed = False
 
-    def spend(self, now: float, requests: int) -> None:
-        """Charge `requests` to the budget; pause reading while it is overdrawn."""
+    def refill(self, now: float) -> None:
         self.tokens = min(REQUEST_BURST, self.tokens + (now - self.refilled) * REQUESTS_PER_S)
         self.refilled = now
-        self.tokens -= requests
-        if self.tokens < 0:
-            self.resume_at = now + (-self.tokens) / REQUESTS_PER_S
+
+    def pause_if_overdrawn(self, now: float) -> None:
+        """Out of budget: stop reading until a request's worth has refilled."""
+        if self.tokens < 1:
+            self.resume_at = now + (1 - self.tokens) / REQUESTS_PER_S
 
 
 class _Cooldown:
@@ -220,6 +230,8 @@ class Agent:
         self._history_seen_at: float | None = None
         self.errors = self.boundary.errors
         self.refused_requests = 0
+        self.governed_s = 0.0  # time every viewer was paused to keep the agent's CPU in bounds
+        self._cpu_mark = (time.monotonic(), 0.0)
         # The OOM flight recorder: the allocator calls it at every out-of-memory.
         self.oom = OomRecorder(self, self._worker.submit)
 
@@ -259,7 +271,7 @@ class Agent:
             listener.bind(str(path))
         finally:
             os.umask(old_umask)
-        listener.listen(16)
+        listener.listen(2 * MAX_CONNECTIONS)  # viewers may knock all at once
         listener.setblocking(False)
         self._listener = listener
         self.path = path
@@ -312,6 +324,7 @@ class Agent:
 
     def _run(self) -> None:
         assert self._selector is not None
+        self._cpu_mark = (time.monotonic(), time.thread_time())
         try:
             while not self._stopping.is_set():
                 for key, events in self._selector.select(timeout=self._select_timeout()):
@@ -325,6 +338,7 @@ class Agent:
                 if now - self._last_sweep >= SWEEP_INTERVAL_S:
                     self._last_sweep = now
                     try:
+                        self._govern(now)
                         self._sweep(now)
                     except Exception as exc:
                         self.errors.append(f"agent sweep: {exc!r}")
@@ -336,6 +350,30 @@ class Agent:
                     with contextlib.suppress(OSError):
                         sock.close()
             self._selector.close()
+
+    def _govern(self, now: float) -> None:
+        """Keep the agent thread's CPU under AGENT_MAX_CPU_SHARE of a core, whatever viewers do."""
+        since, cpu_then = self._cpu_mark
+        cpu = time.thread_time()
+        self._cpu_mark = (now, cpu)
+        if (cpu - cpu_then) <= (now - since) * AGENT_MAX_CPU_SHARE:
+            for conn in self._connections.values():
+                conn.window_requests = 0
+            return
+        over = (cpu - cpu_then) - (now - since) * AGENT_MAX_CPU_SHARE
+        pause = min(over / AGENT_MAX_CPU_SHARE, GOVERN_MAX_PAUSE_S)
+        until = now + pause
+        self.governed_s += pause
+        # Only viewers that asked for more than a dashboard does are paused: a dashboard (at
+        # most 12 requests/s) is never slowed by another viewer's abuse, nor by a slow box.
+        window = max(now - since, 1e-3)
+        conns = list(self._connections.values())
+        heavy = [c for c in conns if c.window_requests > GOVERN_EXEMPT_RATE * window]
+        for conn in heavy:
+            conn.resume_at = max(conn.resume_at or now, until)
+            self._update_interest(conn)
+        for conn in conns:
+            conn.window_requests = 0
 
     def _select_timeout(self) -> float:
         timeout = SWEEP_INTERVAL_S
@@ -355,6 +393,7 @@ class Agent:
                 if conn.partial_since is not None:
                     # We paused reading, not the viewer: its frame's clock restarts now.
                     conn.partial_since = now
+                self._drain(conn, b"")  # frames already read wait in the decoder: first
                 self._update_interest(conn)
 
     def _dispatch(self, key: selectors.SelectorKey, events: int) -> None:
@@ -488,13 +527,26 @@ class Agent:
         if not data:
             self._close(conn)
             return
-        handled = 0
+        self._drain(conn, data)
+
+    def _drain(self, conn: _Connection, data: bytes) -> None:
+        """Handle the complete frames read so far, one request's worth of budget each.
+
+        Out of budget, the rest stay in the decoder and reading pauses (backpressure): a viewer
+        that pipelines is paced at REQUESTS_PER_S, never refused for it and never stalled for
+        long, and what it sent is bounded by one read plus one frame.
+        """
+        now = time.monotonic()
+        conn.refill(now)
         try:
             for message in conn.decoder.feed(data):
-                handled += 1
+                conn.tokens -= 1
+                conn.window_requests += 1
                 self._handle(conn, message)
                 if conn.closed:
                     return
+                if conn.tokens < 1:
+                    break  # the decoder keeps the rest
         except protocol.ProtocolError as exc:
             # The byte stream can no longer be trusted: say why and hang up.
             self._hang_up(conn, exc.code, exc.message)
@@ -502,12 +554,10 @@ class Agent:
         except RecursionError:
             self._hang_up(conn, protocol.E_BAD_FRAME, "frame nests too deeply")
             return
-        now = time.monotonic()
         conn.partial_since = (conn.partial_since or now) if conn.decoder.pending_bytes else None
-        if handled:
-            conn.spend(now, handled)
-            if conn.resume_at is not None:
-                self._update_interest(conn)
+        conn.pause_if_overdrawn(now)
+        if conn.resume_at is not None:
+            self._update_interest(conn)
 
     def _hang_up(self, conn: _Connection, code: str, message: str) -> None:
         self._queue(conn, protocol.error_reply(None, code, message))
@@ -763,6 +813,10 @@ class Agent:
                 **boundary.costs(),
                 "connections": len(self._connections),
                 "refused_requests": self.refused_requests,
+                "agent_cpu_s": round(time.thread_time(), 6)
+                if threading.current_thread() is self._thread
+                else None,
+                "governed_s": round(self.governed_s, 3),
             },
         }
 
