@@ -6,6 +6,7 @@ few and fixed (every colour change costs escape bytes on the wire).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from rich.text import Text
@@ -69,6 +70,16 @@ def memory_bar(
             text.append("".join(glyphs[start:i]), style=styles[start])
             start = i
     return text
+
+
+SLOW_S = 4.0  # how often figures that move without news are shown anew
+
+
+def slow_tick(period: float = SLOW_S) -> int:
+    """The number of the current slow period.  Every widget takes its slow figures anew when
+    this changes, so they all change in one frame every `period` rather than in a different
+    frame each (each frame with a change costs a compositor pass and bytes on the wire)."""
+    return int(time.monotonic() // period)
 
 
 def bin_reduce(values: Sequence[float], points: int, reduce=min) -> list[float]:  # type: ignore[no-untyped-def]

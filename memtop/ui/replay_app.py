@@ -37,9 +37,9 @@ class ReplayApp(MemtopApp, inherit_bindings=False):
     BINDINGS = [
         *App.BINDINGS,
         *(b for b in MemtopApp.BINDINGS if not (isinstance(b, Binding) and b.id in LIVE_ONLY)),
-        Binding("space", "toggle_play", "Play/pause", id="replay.play", priority=True),
-        Binding("left", "seek(-1)", "Back", key_display="←", id="replay.back", priority=True),
-        Binding("right", "seek(1)", "Forward", key_display="→", id="replay.forward", priority=True),
+        Binding("space", "toggle_play", "Play/pause", id="replay.play"),
+        Binding("left", "seek(-1)", "Back", key_display="←", id="replay.back"),
+        Binding("right", "seek(1)", "Forward", key_display="→", id="replay.forward"),
         Binding("shift+left", "seek(-6)", "Back 60 s", show=False, id="replay.back_more"),
         Binding("shift+right", "seek(6)", "Forward 60 s", show=False, id="replay.forward_more"),
         Binding("left_square_bracket", "speed(0)", "Slower", key_display="[", id="replay.slower"),

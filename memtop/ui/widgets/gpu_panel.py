@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -21,6 +20,7 @@ from memtop.ui.render import (
     fragmentation_style,
     memory_bar,
     short_bytes,
+    slow_tick,
     sparkline,
     usage_style,
 )
@@ -29,7 +29,6 @@ from memtop.units import format_bytes
 
 # Below this width the second line uses short sizes (30.2G), so the trend keeps its room.
 WIDE_NUMBERS = 136
-SLOW_S = 4.0
 SLOW_FIELDS = (
     "allocated",
     "fragmentation",
@@ -62,18 +61,19 @@ class GpuCard(Widget):
     def __init__(self, row: GpuRow) -> None:
         super().__init__()
         self.row = row
-        self._slow_at = 0.0
+        self._slow_tick = -1
 
     def show(self, row: GpuRow) -> None:
         """Repaint when something a user must see at once changed (used memory, an error, a
         leak verdict); figures that move every second without news (a sawtooth's allocated
         bytes, the trend sparkline, the smoothed gauge, utilisation, temperature, power) are
-        shown anew at most every SLOW_S.  Each repaint costs CPU and bytes over SSH."""
-        now = time.monotonic()
-        if now - self._slow_at < SLOW_S and row.trend.leak == self.row.trend.leak:
+        shown anew once per slow period (render.slow_tick), all cards in the same frame.
+        Each repaint costs CPU and bytes over SSH."""
+        tick = slow_tick()
+        if tick == self._slow_tick and row.trend.leak == self.row.trend.leak:
             row = replace(row, **{name: getattr(self.row, name) for name in SLOW_FIELDS})
-        elif any(getattr(row, n) != getattr(self.row, n) for n in SLOW_FIELDS):
-            self._slow_at = now
+        else:
+            self._slow_tick = tick
         if row != self.row:
             self.row = row
             self.refresh()

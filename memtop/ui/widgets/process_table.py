@@ -28,7 +28,7 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
-from memtop.ui.render import FREE, short_bytes
+from memtop.ui.render import FREE, short_bytes, slow_tick
 from memtop.ui.view import ProcessRow
 
 
@@ -117,10 +117,10 @@ COLUMNS = (
 )
 SORTABLE = tuple(c.key for c in COLUMNS)
 # Slow columns: figures that move every second without news (a sawtooth's allocated bytes, the
-# step count, host CPU and RSS) are shown anew at most every SLOW_S; the rest at once.  Each
-# repaint of a row is bytes over SSH.
+# step count, host CPU and RSS) are shown anew once per slow period (render.slow_tick); the
+# rest at once.  Each repaint of a row is bytes over SSH.
 SLOW_FIELDS = ("allocated", "step", "cpu_percent", "rss")
-SLOW_S = 4.0
+
 # Where the command would get fewer than COMMAND_ROOM cells, these go first (in this order).
 DROPPABLE = ("time", "rss", "cpu", "user")
 COMMAND_ROOM = 30
@@ -205,7 +205,7 @@ class ProcessTable(Widget, can_focus=True):
         self._header = Text()
         self._column_spans: list[tuple[str, int, int]] = []  # (column key, x0, x1) for clicks
         self._layout_key: tuple[object, ...] = ()
-        self._slow_at = 0.0
+        self._slow_tick = -1
 
     def on_mount(self) -> None:
         self.border_title = "Processes"
@@ -213,12 +213,12 @@ class ProcessTable(Widget, can_focus=True):
     # ------------------------------------------------------------------ data
 
     def show(self, rows: tuple[ProcessRow, ...], compact: bool) -> None:
-        now = time.monotonic()
-        if now - self._slow_at < SLOW_S:
+        tick = slow_tick()
+        if tick == self._slow_tick:
             shown = {row.key: row for row in self.source}
             rows = tuple(_hold(row, shown.get(row.key)) for row in rows)
         else:
-            self._slow_at = now
+            self._slow_tick = tick
         self.source = rows
         self._compact = compact
         self._arrange()

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 from rich.text import Text
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-from memtop.ui.render import FREE, SEVERITY_STYLES
+from memtop.ui.render import FREE, SEVERITY_STYLES, slow_tick
 from memtop.ui.view import SuggestionItem
 
 BADGES = {"emergency": "EMERG", "critical": "CRIT", "warning": "WARN", "info": "INFO"}
@@ -72,7 +70,7 @@ def suggestion_text(item: SuggestionItem, compact: bool, width: int | None = Non
 # A suggestion's wording carries live figures ("full in ~9 min (5672 steps)"); rewording it
 # every second costs a repaint of the pane for news nobody reads that fast.  New, gone or
 # re-ranked suggestions show at once; changed figures at most this often.
-REWORD_S = 5.0
+REWORD_S = 8.0
 
 
 class SuggestionsPane(OptionList):
@@ -83,7 +81,7 @@ class SuggestionsPane(OptionList):
         self.items: tuple[SuggestionItem, ...] = ()
         self._compact: bool | None = None
         self._width = 0
-        self._worded_at = 0.0
+        self._worded_at = -1
 
     def on_mount(self) -> None:
         self.border_title = "Suggestions"
@@ -94,16 +92,16 @@ class SuggestionsPane(OptionList):
         width = self.scrollable_content_region.width - 1
         same_set = [(i.key, i.severity) for i in items] == [(i.key, i.severity) for i in self.items]
         if same_set and compact == self._compact and width == self._width:
-            now = time.monotonic()
-            if items == self.items or now - self._worded_at < REWORD_S:
+            tick = slow_tick(REWORD_S)
+            if items == self.items or tick == self._worded_at:
                 return
-            self._worded_at = now
+            self._worded_at = tick
             for index, (new, old) in enumerate(zip(items, self.items, strict=True)):
                 if new != old:
                     self.replace_option_prompt_at_index(index, suggestion_text(new, compact, width))
             self.items = items
             return
-        self._worded_at = time.monotonic()
+        self._worded_at = slow_tick(REWORD_S)
         selected = self.selected()
         self.items = items
         self._compact = compact
