@@ -503,6 +503,7 @@ def _agent_location(pid: int, socket_dir: Path | None) -> tuple[Path, int]:
 
 
 def _action(pid: int, cmd: str, cmd_args: dict[str, object], socket_dir: Path | None) -> dict:  # type: ignore[type-arg]
+    from memtop import protocol
     from memtop.sources.agents import AgentClient, AgentError, AgentUnreachable
 
     directory, owner = _agent_location(pid, socket_dir)
@@ -513,9 +514,14 @@ def _action(pid: int, cmd: str, cmd_args: dict[str, object], socket_dir: Path | 
         # The same checks as the dashboard: lstat, no symlink, SO_PEERCRED pid and uid, hello.
         with AgentClient(pid, directory, timeout=timeout, owner=owner) as client:
             client.connect(timeout=5.0)
-            return client.request(cmd, cmd_args or None, timeout=timeout)
+            reply = client.request(cmd, cmd_args or None, timeout=timeout)
     except (AgentUnreachable, AgentError) as exc:
         raise CliError(str(exc)) from None
+    try:
+        protocol.parse_reply(cmd, reply)  # the reply keeps the wire schema, or we say so
+    except protocol.ProtocolError as exc:
+        raise CliError(f"the agent of pid {pid} sent a malformed reply: {exc.message}") from None
+    return reply
 
 
 def _cleanup(args: argparse.Namespace) -> int:
@@ -527,16 +533,18 @@ def _cleanup(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return EXIT_OK
-    if result.get("after_step") is not None:
+    from memtop.protocol import parse_cleanup
+
+    cleanup = parse_cleanup(result)
+    if cleanup.after_step is not None:
         print(
-            f"pid {args.pid}: ran on the trainer's thread after step {result['after_step']}, "
-            f"before the next one ({result.get('took_s', 0) * 1000:.0f} ms)"
+            f"pid {args.pid}: ran on the trainer's thread after step {cleanup.after_step}, "
+            f"before the next one ({(cleanup.took_s or 0) * 1000:.0f} ms)"
         )
-    released = result.get("released_bytes", {})
-    if not released:
-        print(f"pid {args.pid}: no CUDA devices in use; gc collected {result.get('gc_collected')}")
-    for index, n in sorted(released.items()):
-        after = result.get("reserved_after", {}).get(index)
+    if not cleanup.released_bytes:
+        print(f"pid {args.pid}: no CUDA devices in use; gc collected {cleanup.gc_collected}")
+    for index, n in sorted(cleanup.released_bytes.items()):
+        after = cleanup.reserved_after.get(index)
         print(
             f"pid {args.pid} GPU {index}: released {format_bytes(n)} "
             f"(reserved now {format_bytes(after)})"
@@ -565,13 +573,15 @@ def _snapshot(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result, indent=2))
         return EXIT_OK
+    from memtop.protocol import parse_snapshot
+
     print(f"wrote {path}  (open it at https://pytorch.org/memory_viz)")
-    for index, dev in sorted(result.get("devices", {}).items()):
+    for index, dev in sorted(parse_snapshot(result).devices.items()):
         print(
-            f"GPU {index}: {dev['segments']} segments, "
-            f"reserved {format_bytes(dev['reserved_bytes'])}, "
-            f"allocated {format_bytes(dev['allocated_bytes'])}, "
-            f"external fragmentation {dev['external_fragmentation']:.2f}"
+            f"GPU {index}: {dev.get('segments', 0):.0f} segments, "
+            f"reserved {format_bytes(int(dev.get('reserved_bytes', 0)))}, "
+            f"allocated {format_bytes(int(dev.get('allocated_bytes', 0)))}, "
+            f"external fragmentation {dev.get('external_fragmentation', 0.0):.2f}"
         )
     return EXIT_OK
 

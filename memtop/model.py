@@ -195,3 +195,52 @@ class AgentSample:
     # The agent's OOM flight recorder: {"ooms", "reports", "last": the newest report's
     # headline (time, step, phase, device, requested_bytes, free_bytes, path, diagnosis)}.
     oom: Mapping[str, Any] | None = None
+
+
+# ------------------------------------------------------------------ the low-rate replies
+# protocol.parse_breakdown / parse_snapshot / parse_cleanup / parse_reset_peak make these; no
+# dict from the wire goes past protocol.py.
+
+
+@dataclass(frozen=True, slots=True)
+class AgentBreakdown:
+    """A `breakdown` reply: bytes by role (parameters, gradients, optimizer_state, other,
+    allocated, ...) per device, measured on the trainer's thread right after a step."""
+
+    time: float | None
+    step: int | None
+    pending: bool  # not measured yet: the trainer's next step boundary will
+    devices: Mapping[int, Mapping[str, int]]
+    measured: str | None = None  # when in the step it was measured ("after_step")
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSnapshot:
+    """A `snapshot` reply: the per-device summary of a trace-free snapshot (DESIGN §4), and the
+    file written when one was asked for."""
+
+    time: float | None
+    pending: bool
+    devices: Mapping[int, Mapping[str, float]]
+    path: str | None = None
+    bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentCleanup:
+    """A `cleanup` reply: what gc.collect + empty_cache released, and where it ran."""
+
+    released_bytes: Mapping[int, int]
+    reserved_before: Mapping[int, int]
+    reserved_after: Mapping[int, int]
+    gc_collected: int | None
+    at_step_boundary: bool
+    after_step: int | None
+    took_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentResetPeak:
+    """A `reset_peak` reply: the devices whose torch peak restarted."""
+
+    devices: tuple[int, ...]

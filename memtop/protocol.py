@@ -21,7 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memtop.model import AgentDevice, AgentDeviceSample, AgentHello, AgentSample, StepMark
+from memtop.model import (
+    AgentBreakdown,
+    AgentCleanup,
+    AgentDevice,
+    AgentDeviceSample,
+    AgentHello,
+    AgentResetPeak,
+    AgentSample,
+    AgentSnapshot,
+    StepMark,
+)
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 1 << 20
@@ -31,6 +41,26 @@ MAX_DEPTH = 64
 _HEADER = struct.Struct(">I")
 
 # The closed command set: nothing else is ever executed on behalf of a peer.
+# The torch.cuda.memory_stats() keys every `sample` must carry (DESIGN §6 allows a documented
+# subset of torch's keys): all that memtop, its JSON report and its exporter read.
+SAMPLE_STAT_KEYS: tuple[str, ...] = (
+    "allocated_bytes.all.current",
+    "allocated_bytes.all.peak",
+    "reserved_bytes.all.current",
+    "reserved_bytes.all.peak",
+    "reserved_bytes.large_pool.current",
+    "active_bytes.all.current",
+    "requested_bytes.all.current",
+    "inactive_split_bytes.all.current",
+    "inactive_split_bytes.large_pool.current",
+    "allocation.all.current",
+    "segment.all.current",
+    "num_alloc_retries",
+    "num_ooms",
+    "num_device_alloc",
+    "num_device_free",
+)
+
 COMMANDS = frozenset({"hello", "sample", "breakdown", "snapshot", "cleanup", "reset_peak"})
 
 # Error codes carried in error frames.
@@ -369,6 +399,133 @@ def parse_sample(result: Mapping[str, Any]) -> AgentSample:
         step_marks=tuple(marks),
         oom=clean_value(oom) if isinstance(oom, dict) and oom.get("ooms") else None,
     )
+
+
+def _optional(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) and bool not in _as_tuple(kind):
+        raise ProtocolError("bad_reply", f"{where}: field {key!r} has the wrong type")
+    if not isinstance(value, kind):
+        raise ProtocolError("bad_reply", f"{where}: field {key!r} has the wrong type")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ProtocolError("bad_reply", f"{where}: field {key!r} is not a finite number")
+    return value
+
+
+def _device_map(raw: Any, where: str, numbers: type | tuple[type, ...] = int) -> dict[int, Any]:
+    """`{"<index>": value}` with digit keys, at most MAX_DEVICES of them."""
+    if not isinstance(raw, dict):
+        raise ProtocolError("bad_reply", f"{where}: must be an object keyed by device index")
+    if len(raw) > MAX_DEVICES:
+        raise ProtocolError("bad_reply", f"{where}: more than {MAX_DEVICES} devices")
+    out: dict[int, Any] = {}
+    for key, value in raw.items():
+        if not (isinstance(key, str) and key.isdigit()):
+            raise ProtocolError("bad_reply", f"{where}: device key {clean_text(key, 20)!r}")
+        if isinstance(value, bool) or not isinstance(value, numbers):
+            raise ProtocolError("bad_reply", f"{where}: device {key} has the wrong type")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ProtocolError("bad_reply", f"{where}: device {key} is not finite")
+        out[int(key)] = value
+    return out
+
+
+def _figures(raw: Any, where: str) -> dict[str, Any]:
+    """A flat object of named numbers (bytes, counts, ratios); other values are left out."""
+    if not isinstance(raw, dict):
+        raise ProtocolError("bad_reply", f"{where}: must be an object")
+    if len(raw) > MAX_STATS:
+        raise ProtocolError("bad_reply", f"{where}: more than {MAX_STATS} fields")
+    return {
+        clean_text(k, 100): v
+        for k, v in raw.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
+def parse_breakdown(result: Mapping[str, Any]) -> AgentBreakdown:
+    """Validate a `breakdown` result: `{"time", "step", "devices": {"<index>": {role: bytes}}}`
+    (`"pending": true` while the trainer's next step boundary has not measured it)."""
+    pending = result.get("pending") is True
+    devices = {}
+    for index, parts in _device_map(result.get("devices", {}), "breakdown devices", dict).items():
+        figures = _figures(parts, "breakdown device")
+        if any(isinstance(v, float) or v < 0 for v in figures.values()):
+            raise ProtocolError("bad_reply", "breakdown: bytes must be integers >= 0")
+        devices[index] = figures
+    measured = _optional(result, "measured", str, "breakdown")
+    return AgentBreakdown(
+        time=_optional(result, "time", (int, float), "breakdown"),
+        step=_optional(result, "step", int, "breakdown"),
+        pending=pending,
+        devices=devices,
+        measured=None if measured is None else clean_text(measured, 40),
+    )
+
+
+def parse_snapshot(result: Mapping[str, Any]) -> AgentSnapshot:
+    """Validate a `snapshot` result: the per-device summary (segments, reserved, allocated,
+    fragmentation figures, DESIGN §4) and, when a file was asked for, its path and size."""
+    devices = {
+        index: _figures(summary, "snapshot device")
+        for index, summary in _device_map(
+            result.get("devices", {}), "snapshot devices", dict
+        ).items()
+    }
+    path = _optional(result, "path", str, "snapshot")
+    size = _optional(result, "bytes", int, "snapshot")
+    if size is not None and size < 0:
+        raise ProtocolError("bad_reply", "snapshot: 'bytes' must be >= 0")
+    return AgentSnapshot(
+        time=_optional(result, "time", (int, float), "snapshot"),
+        pending=result.get("pending") is True,
+        devices=devices,
+        path=None if path is None else clean_text(path, 4096),
+        bytes=size,
+    )
+
+
+def parse_cleanup(result: Mapping[str, Any]) -> AgentCleanup:
+    """Validate a `cleanup` result: bytes released / reserved before and after, per device."""
+    released = _device_map(result.get("released_bytes", {}), "cleanup released_bytes")
+    if any(v < 0 for v in released.values()):
+        raise ProtocolError("bad_reply", "cleanup: released bytes must be >= 0")
+    return AgentCleanup(
+        released_bytes=released,
+        reserved_before=_device_map(result.get("reserved_before", {}), "cleanup reserved_before"),
+        reserved_after=_device_map(result.get("reserved_after", {}), "cleanup reserved_after"),
+        gc_collected=_optional(result, "gc_collected", int, "cleanup"),
+        at_step_boundary=result.get("at_step_boundary") is True,
+        after_step=_optional(result, "after_step", int, "cleanup"),
+        took_s=_optional(result, "took_s", (int, float), "cleanup"),
+    )
+
+
+def parse_reset_peak(result: Mapping[str, Any]) -> AgentResetPeak:
+    """Validate a `reset_peak` result: `{"devices": [index, ...]}`."""
+    raw = _bounded(_require(result, "devices", list, "reset_peak"), MAX_DEVICES, "reset_peak")
+    if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in raw):
+        raise ProtocolError("bad_reply", "reset_peak: devices must be indices >= 0")
+    return AgentResetPeak(devices=tuple(raw))
+
+
+REPLY_PARSERS = {
+    "hello": parse_hello,
+    "sample": parse_sample,
+    "breakdown": parse_breakdown,
+    "snapshot": parse_snapshot,
+    "cleanup": parse_cleanup,
+    "reset_peak": parse_reset_peak,
+}
+
+
+def parse_reply(cmd: str, result: Mapping[str, Any]) -> Any:
+    """The typed model object of any command's result (ProtocolError if it breaks the schema)."""
+    if not isinstance(result, Mapping):
+        raise ProtocolError("bad_reply", f"{cmd}: the result must be an object")
+    return REPLY_PARSERS[cmd](result)
 
 
 # --------------------------------------------------------------------------------------------

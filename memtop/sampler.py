@@ -158,10 +158,10 @@ class Sampler:
         self.store.update_agents(polls, polled)
         self.store.set_problems(self.agents.problems)
         for poll in polls:
-            if "breakdown" in poll.replies:
-                self.store.update_breakdown(poll.pid, poll.replies["breakdown"])
-            if "snapshot" in poll.replies:
-                self.store.update_snapshot_summary(poll.pid, poll.replies["snapshot"])
+            if poll.breakdown is not None:
+                self.store.update_breakdown(poll.pid, poll.breakdown)
+            if poll.snapshot is not None:
+                self.store.update_snapshot_summary(poll.pid, poll.snapshot)
         self.rounds += 1
         self.last_round_s = time.monotonic() - started
 

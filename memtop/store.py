@@ -15,10 +15,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from memtop import protocol
 from memtop.model import (
+    AgentBreakdown,
     AgentDeviceSample,
     AgentHello,
     AgentSample,
+    AgentSnapshot,
     NvmlReading,
 )
 from memtop.sources.agents import CONNECTED, EXITED, AgentPoll
@@ -269,15 +272,15 @@ class Store:
                     state.marks.append(float(mark.step), mark.time, float(allocated))
                     state.peak_bytes = max(state.peak_bytes, allocated)
 
-    def update_breakdown(self, pid: int, result: dict[str, Any], when: float | None = None) -> None:
-        """Keep a `breakdown` reply: bytes by role per device."""
-        devices = _per_device(result)
-        if devices is None:
+    def update_breakdown(
+        self, pid: int, result: AgentBreakdown | Mapping[str, Any], when: float | None = None
+    ) -> None:
+        """Keep a `breakdown` reply: bytes by role per device.  A raw reply (a recording, a
+        scrape) is parsed by the protocol first, as the live one was."""
+        reply = result if isinstance(result, AgentBreakdown) else protocol.parse_breakdown(result)
+        if reply.pending:
             return
-        breakdown = {
-            index: {str(n): int(v) for n, v in d.items() if isinstance(v, int)}
-            for index, d in devices.items()
-        }
+        breakdown = {index: dict(parts) for index, parts in reply.devices.items()}
         stamp = when if when is not None else time.time()
 
         def apply(agent: AgentState) -> None:
@@ -286,12 +289,13 @@ class Store:
         self._update_agent(pid, apply)
 
     def update_snapshot_summary(
-        self, pid: int, result: dict[str, Any], when: float | None = None
+        self, pid: int, result: AgentSnapshot | Mapping[str, Any], when: float | None = None
     ) -> None:
         """Keep the per-device summary of a `snapshot` reply (no file written)."""
-        summary = _per_device(result)
-        if summary is None:
+        reply = result if isinstance(result, AgentSnapshot) else protocol.parse_snapshot(result)
+        if reply.pending:
             return
+        summary = {index: dict(figures) for index, figures in reply.devices.items()}
         stamp = when if when is not None else time.time()
 
         def apply(agent: AgentState) -> None:
@@ -428,19 +432,6 @@ class Store:
             snapshot_time=agent.snapshot_time,
             last_oom=agent.last_oom,
         )
-
-
-def _per_device(result: dict[str, Any]) -> dict[int, dict[str, Any]] | None:
-    """`{"devices": {"<index>": {...}}}` of an agent reply, malformed entries left out; None
-    when the reply has no such map (what was kept before stays)."""
-    devices = result.get("devices")
-    if not isinstance(devices, dict):
-        return None
-    return {
-        int(k): dict(d)
-        for k, d in devices.items()
-        if isinstance(k, str) and k.isdigit() and isinstance(d, dict)
-    }
 
 
 def _pid(agent: AgentState) -> int:

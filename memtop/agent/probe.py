@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from memtop import protocol
+
 
 @dataclass(frozen=True, slots=True)
 class ProbeDevice:
@@ -51,23 +53,9 @@ StepCallback = Callable[[], None]
 # The documented subset of torch.cuda.memory_stats() keys that `sample` carries (DESIGN §6):
 # every key memtop's viewer, its JSON report and its exporters read, and a few that explain them.
 # Building only these is what keeps a `sample` cheap on the trainer's GIL.
-SAMPLE_STAT_KEYS: tuple[str, ...] = (
-    "allocated_bytes.all.current",
-    "allocated_bytes.all.peak",
-    "reserved_bytes.all.current",
-    "reserved_bytes.all.peak",
-    "reserved_bytes.large_pool.current",
-    "active_bytes.all.current",
-    "requested_bytes.all.current",
-    "inactive_split_bytes.all.current",
-    "inactive_split_bytes.large_pool.current",
-    "allocation.all.current",
-    "segment.all.current",
-    "num_alloc_retries",
-    "num_ooms",
-    "num_device_alloc",
-    "num_device_free",
-)
+# The subset of torch.cuda.memory_stats() keys a `sample` carries: every key memtop or its JSON
+# report reads.  Part of the wire schema, so its home is the protocol.
+SAMPLE_STAT_KEYS = protocol.SAMPLE_STAT_KEYS
 
 
 class Probe(Protocol):

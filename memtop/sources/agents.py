@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from memtop import protocol
-from memtop.model import AgentHello, AgentSample, AgentStatus
+from memtop.model import AgentBreakdown, AgentHello, AgentSample, AgentSnapshot, AgentStatus
 
 
 class AgentError(Exception):
@@ -275,8 +275,9 @@ class AgentPoll:
     hello: AgentHello | None = None
     sample: AgentSample | None = None
     error: str | None = None
-    # Replies to the low-rate commands (breakdown, snapshot) that arrived this round.
-    replies: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Replies to the low-rate commands that arrived this round, parsed by the protocol.
+    breakdown: AgentBreakdown | None = None
+    snapshot: AgentSnapshot | None = None
     # The uid owning the socket directory (who runs the agent).
     owner: int | None = None
 
@@ -576,11 +577,11 @@ class AgentPool:
                 # An agent without the command (another implementation of the protocol) is
                 # still a fine agent: the dashboard just goes without that figure.
                 try:
-                    reply = client.request(cmd)
+                    reply = protocol.parse_reply(cmd, client.request(cmd))
                 except AgentError:
                     inbox.append(("retry", cmd))  # not ready yet (no step seen): ask again soon
                     continue
-                if reply.get("pending") is True:
+                if reply.pending:
                     # Measured at the trainer's next step boundary: ask again shortly.
                     inbox.append(("pending", cmd))
                 else:
@@ -594,7 +595,8 @@ class AgentPool:
         received = agent.inbox[:]
         del agent.inbox[: len(received)]
         sample: AgentSample | None = None
-        replies: dict[str, dict[str, Any]] = {}
+        breakdown: AgentBreakdown | None = None
+        snapshot: AgentSnapshot | None = None
         for kind, value in received:
             if kind == "hello":
                 agent.hello = value
@@ -605,15 +607,17 @@ class AgentPool:
                 self._due[(agent.pid, value)] = time.monotonic() + self.LOW_RATE_RETRY_S
             elif kind == "pending":
                 self._due[(agent.pid, value)] = time.monotonic() + self.PENDING_RETRY_S
-            else:
-                replies[kind] = value
+            elif isinstance(value, AgentBreakdown):
+                breakdown = value
+            elif isinstance(value, AgentSnapshot):
+                snapshot = value
         job = agent.job
         if job is not None and job.done():
             agent.job = None
             exc = job.exception()
             if exc is not None:
                 self._failed(agent, exc)
-                sample, replies = None, {}
+                sample, breakdown, snapshot = None, None, None
         if sample is not None:
             now = time.monotonic()
             problem = sanity_problem(agent.hello, sample, known_devices, agent.counters)
@@ -626,7 +630,7 @@ class AgentPool:
                 # Its numbers are neither kept nor summed nor used for suggestions.
                 agent.state = INCONSISTENT
                 agent.error = f"numbers that cannot be true: {agent.last_violation}"
-                sample, replies = None, {}
+                sample, breakdown, snapshot = None, None, None
             else:
                 agent.state, agent.error = CONNECTED, None
         if agent.state is None:
@@ -637,7 +641,8 @@ class AgentPool:
             agent.hello,
             sample=sample,
             error=agent.error,
-            replies=replies,
+            breakdown=breakdown,
+            snapshot=snapshot,
             owner=agent.owner,
         )
 
