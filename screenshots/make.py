@@ -34,8 +34,17 @@ SHOTS = (
     ("leak", "leak", 1, 30, ()),
     ("fragment", "fragment", 1, 30, ()),
     ("pressure", "pressure", 1, 40, ()),
+    ("oom", "oom", 1, 75, ()),
     ("detail", "mixed", 2, 40, ("leak-row", "enter")),
     ("mixed-80x24", "mixed", 2, 40, ()),
+    ("detail-80x24", "mixed", 2, 40, ("leak-row", "enter")),
+    # What an nvitop user reaches for: sort, filter, rank grouping, a theme, the help.
+    ("ranks", "mixed", 4, 40, ()),
+    ("sorted", "mixed", 4, 40, ("sort:allocated",)),
+    ("filter", "mixed", 4, 40, ("slash", *"leak", "enter")),
+    ("monochrome", "mixed", 2, 40, ("theme:monochrome",)),
+    ("help", "mixed", 2, 5, ("question_mark",)),
+    ("kill-dialog", "mixed", 2, 10, ("leak-row", "k")),
 )
 
 
@@ -45,7 +54,11 @@ async def shoot(name: str, socket_dir: Path, seconds: float, keys: tuple[str, ..
         store, DefaultDeviceSource(socket_dir, simulated_only=True), AgentPool(socket_dir)
     )
     sampler.start()
-    app = MemtopApp(store, sampler, host="gpu-box")
+    from memtop.ui.config import UiConfig
+
+    themes = [key.split(":", 1)[1] for key in keys if key.startswith("theme:")]
+    config = UiConfig(theme=themes[0]) if themes else None
+    app = MemtopApp(store, sampler, host="gpu-box", config=config)
     try:
         async with app.run_test(size=size) as pilot:
             await pilot.pause(seconds)
@@ -55,6 +68,12 @@ async def shoot(name: str, socket_dir: Path, seconds: float, keys: tuple[str, ..
                     for row_key, row in table.rows_by_key.items():
                         if row.trend:
                             table.move_cursor(row=table.get_row_index(row_key))
+                elif key.startswith("sort:"):  # as `>` pressed until that column
+                    table = app.query_one(ProcessTable)
+                    while table.sort_key != key.split(":", 1)[1]:
+                        await pilot.press("greater_than_sign")
+                elif key.startswith("theme:"):
+                    continue
                 else:
                     await pilot.press(key)
                 await pilot.pause(1.5)

@@ -182,10 +182,6 @@ class OomRecorder:
         }
 
     def _hand_off(self, report: dict[str, Any]) -> None:
-        self.last = {
-            k: report[k]
-            for k in ("time", "step", "phase", "device", "requested_bytes", "free_bytes")
-        }
         with self._cond:
             self._pending += 1
         if not self._submit(lambda: self._write(report)):
@@ -206,10 +202,14 @@ class OomRecorder:
             path = directory / report_name(report["time"], report["pid"])
             files.write_private_file(str(path), data)
             self.written.append(str(path))
-            last = self.last
-            if last is not None and last.get("time") == report["time"]:
-                # Replaced, never changed in place: the agent thread may be encoding it.
-                self.last = {**last, "path": str(path), "diagnosis": verdict}
+            # Published whole once judged and written (the agent thread may be encoding the
+            # previous one; a headline without its diagnosis is never served).
+            headline = ("time", "step", "phase", "device", "requested_bytes", "free_bytes")
+            self.last = {
+                **{k: report[k] for k in headline},
+                "path": str(path),
+                "diagnosis": verdict,
+            }
             prune(directory)
         except Exception as exc:
             self.agent.errors.append(f"oom report not written: {exc}")

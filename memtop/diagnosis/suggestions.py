@@ -464,6 +464,9 @@ def bigger_batch(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable
     transient = agent.transient_bytes
     if agent.leak.detected or transient is None or transient < 64 * MiB:
         return
+    p = agent.pressure
+    if (p.ooms_recent if p.ooms_recent is not None else p.ooms) > 0:
+        return  # it ran out of memory lately: no room, whatever the moment's usage says
     free = gpu.total_bytes - (gpu.used_bytes or 0)
     headroom = free + agent.releasable_bytes - int(SAFETY_SHARE * gpu.total_bytes)
     factor = 1 + headroom / transient
