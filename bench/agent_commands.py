@@ -31,6 +31,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from agent_overhead import thread_cpu_s  # one reader of a thread's CPU clock
 
 PLAN = (  # command, requests, pause between (s): the pauses respect the agent's cooldowns
     ("sample", 200, 0.02),
@@ -75,14 +78,6 @@ def viewer_main(pid: int, directory: Path, out: Path, plan: list[list[Any]]) -> 
     client.close()
     print(json.dumps(results), flush=True)
     return 0
-
-
-def thread_cpu_s(native_id: int | None) -> float:
-    try:
-        with open(f"/proc/self/task/{native_id}/schedstat") as fh:
-            return int(fh.read().split()[0]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return 0.0
 
 
 def trainer_main(args: argparse.Namespace) -> int:

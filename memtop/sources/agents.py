@@ -120,8 +120,12 @@ class AgentClient:
             raise AgentUnreachable(protocol.describe_connect_error(self.pid, exc)) from None
         except OSError as exc:
             raise AgentUnreachable(protocol.describe_connect_error(self.pid, exc)) from None
+        return self._accept_hello(self._request("hello", None, deadline))
+
+    def _accept_hello(self, reply: dict[str, Any]) -> AgentHello:
+        """Parse a `hello` and hold it to the socket's pid; on any doubt, hang up."""
         try:
-            hello = protocol.parse_hello(self._request("hello", None, deadline))
+            hello = protocol.parse_hello(reply)
         except protocol.ProtocolError as exc:
             self.close()
             raise AgentUnreachable(f"bad hello from the agent of pid {self.pid}: {exc}") from None
@@ -148,19 +152,7 @@ class AgentClient:
 
     def refresh_hello(self, timeout: float | None = None) -> AgentHello:
         """Ask for `hello` again on this connection (same pid checks as on connect)."""
-        try:
-            hello = protocol.parse_hello(self.request("hello", None, timeout))
-        except protocol.ProtocolError as exc:
-            self.close()
-            raise AgentUnreachable(f"bad hello from the agent of pid {self.pid}: {exc}") from None
-        if hello.pid != self.pid:
-            self.close()
-            raise AgentRefused(
-                f"refused: the agent behind the socket of pid {self.pid} says it is pid {hello.pid}"
-            )
-        self.hello = hello
-        self.hello_at = time.monotonic()
-        return hello
+        return self._accept_hello(self.request("hello", None, timeout))
 
     @property
     def connected(self) -> bool:
