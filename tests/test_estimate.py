@@ -204,6 +204,9 @@ def test_text_table_and_bad_input(capsys, tmp_path):
     assert "not JSON" in capsys.readouterr().err
     assert main(["estimate", "--preset", "gpt2", "--gpu", "tpu"]) == 1
     assert "unknown GPU" in capsys.readouterr().err
+    # A capacity instead of a name: a MIG slice, a per-process memory fraction.
+    out = run_json(capsys, "--preset", "gpt2", "--gpu", "8.5GB", "--gpu", "20GiB")
+    assert [t["total_bytes"] for t in out["targets"]] == [8_500_000_000, 20 * GiB]
     assert (
         main(["estimate", "--preset", "llama-7b", "--lora-rank", "8", "--lora-targets", "x"]) == 1
     )

@@ -72,7 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME",
-        help=f"fit in this GPU ({', '.join(NAMED_GPUS)}); default: this machine's GPUs",
+        help=(
+            f"fit in this GPU ({', '.join(NAMED_GPUS)}) or this much memory (24GiB, 8.5GB); "
+            "default: this machine's GPUs"
+        ),
     )
     parser.add_argument("--json", action="store_true", help="print JSON")
 
@@ -117,7 +120,9 @@ def targets_from(names: list[str]) -> list[Target]:
         for name in names:
             found = named_gpu(name)
             if found is None:
-                raise EstimateError(f"unknown GPU {name!r}; known: {', '.join(NAMED_GPUS)}")
+                raise EstimateError(
+                    f"unknown GPU {name!r}; known: {', '.join(NAMED_GPUS)}, or a size (24GiB)"
+                )
             targets.append(Target(found[0], found[1], "named"))
         return targets
     return local_gpus()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from memtop.units import MiB
+import re
+
+from memtop.units import GiB, MiB
 
 # The H100's figure is what its driver reported in shared/traces/cuda-h100; the others are
 # nvidia-smi's "Total" of each board.
@@ -24,8 +26,21 @@ NAMED_GPUS: dict[str, int] = {
 ALIASES = {"h100": "h100-80gb", "a100": "a100-80gb", "v100": "v100-32gb"}
 
 
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gib|gb|mib|mb|g|m)?\s*$", re.IGNORECASE)
+_UNITS = {"gib": GiB, "g": GiB, "gb": 10**9, "mib": MiB, "m": MiB, "mb": 10**6}
+
+
 def named_gpu(name: str) -> tuple[str, int] | None:
+    """A GPU by name (`h100-80gb`), or a capacity (`24GiB`, `8.5GB`: a MIG slice, a memory
+    fraction); None when it is neither."""
     key = name.strip().lower().replace("_", "-")
     key = ALIASES.get(key, key)
     capacity = NAMED_GPUS.get(key)
-    return (key, capacity) if capacity is not None else None
+    if capacity is not None:
+        return key, capacity
+    size = _SIZE.match(name)
+    if size is None:
+        return None
+    unit = _UNITS[(size.group(2) or "gib").lower()]
+    capacity = int(float(size.group(1)) * unit)
+    return (f"{name.strip()} GPU", capacity) if capacity > 0 else None
