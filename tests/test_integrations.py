@@ -153,3 +153,131 @@ def test_integrations_import_no_framework():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+# ------------------------------------------------------------- without the frameworks (CI)
+
+
+@pytest.fixture
+def sim_agent(fresh_agent, socket_dir: Path) -> Iterator[memtop.agent.server.Agent]:
+    from memtop.agent.probe import ProbeDevice
+    from memtop.sim.allocator import SimulatedCachingAllocator
+    from memtop.sim.device import LocalDeviceMemory
+    from memtop.sim.probe import SimulatedGpu, SimulatedProbe
+
+    allocator = SimulatedCachingAllocator(LocalDeviceMemory(1 << 30), 0)
+    device = ProbeDevice(0, "GPU-00000000-0000-0000-0000-000000000003", "Sim GPU", 1 << 30)
+    agent = memtop.agent.start_agent(
+        probe=SimulatedProbe([SimulatedGpu(device, allocator)]), socket_dir=socket_dir
+    )
+    assert agent is not None
+    agent.boundary.mark_interval_s = 0.0
+    yield agent
+
+
+def test_sync_step_adopts_the_framework_count_and_is_the_boundary_without_a_hook(sim_agent):
+    boundary = sim_agent.boundary
+    memtop.sync_step(1)  # no optimizer hook counted it: this is the step boundary
+    assert boundary.step == 1 and [m["step"] for _, m in boundary.marks] == [1]
+    memtop.sync_step(1)  # the same update told twice (Lightning's per-batch hook)
+    assert boundary.step == 1 and len(boundary.marks) == 1
+    boundary.on_step()  # the optimizer hook counts an update ...
+    memtop.sync_step(1000)  # ... that the framework numbers 1000 (resumed from a checkpoint)
+    assert boundary.step == 1000 and [m["step"] for _, m in boundary.marks] == [1, 2]
+    boundary.on_step()
+    memtop.sync_step(1001)
+    assert boundary.step == 1001 and len(boundary.marks) == 3
+
+
+def test_phase_is_recorded_and_served(sim_agent, socket_dir: Path):
+    memtop.phase("eval")
+    memtop.phase("eval")  # no change, no entry
+    memtop.phase("train")
+    assert [p for _, _, p in sim_agent.boundary.phase_changes] == ["eval", "train"]
+    memtop.phase("save")
+    with AgentClient(os.getpid(), directory=socket_dir) as client:
+        client.connect()
+        raw = client.request("sample")
+    assert raw["phase"] == "save" and raw["oom"]["ooms"] == 0
+
+
+def test_phase_and_sync_step_without_an_agent_do_nothing(fresh_agent):
+    memtop.phase("eval")
+    memtop.sync_step(3)
+    memtop.step()
+    assert memtop.agent.current_agent() is None
+
+
+class _Control:
+    def __init__(self, evaluate: bool = False, save: bool = False) -> None:
+        self.should_evaluate, self.should_save = evaluate, save
+
+
+class _State:
+    def __init__(self, step: int) -> None:
+        self.global_step = step
+
+
+def test_hf_callback_logic_with_a_stand_in_transformers(sim_agent, monkeypatch, request):
+    """The callback's own logic where transformers is not installed: a stand-in base class."""
+    import types
+
+    stub = types.ModuleType("transformers")
+    stub.TrainerCallback = type("TrainerCallback", (), {})  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "transformers", stub)
+    monkeypatch.delitem(sys.modules, "memtop.integrations.hf", raising=False)
+    # Built on the stand-in: never left for a later import to find.
+    request.addfinalizer(lambda: sys.modules.pop("memtop.integrations.hf", None))
+    from memtop.integrations.hf import MemtopCallback
+
+    callback = MemtopCallback()
+    callback.on_init_end(None, _State(0), _Control())
+    callback.on_train_begin(None, _State(0), _Control())
+    for step in (1, 2, 3):  # accumulation steps give no on_step_end: one per update
+        callback.on_step_begin(None, _State(step - 1), _Control())
+        callback.on_step_end(None, _State(step), _Control(evaluate=step == 2, save=step == 3))
+        if step == 2:
+            callback.on_prediction_step(None, _State(step), _Control())
+            callback.on_evaluate(None, _State(step), _Control())
+        if step == 3:
+            callback.on_save(None, _State(step), _Control())
+    callback.on_train_end(None, _State(3), _Control())
+    assert sim_agent.boundary.step == 3
+    phases = [p for _, _, p in sim_agent.boundary.phase_changes]
+    assert phases == ["eval", "train", "save", "train", "idle"]
+
+
+def test_lightning_callback_logic_with_a_stand_in_lightning(sim_agent, monkeypatch, request):
+    import types
+
+    root, pytorch, callbacks = (
+        types.ModuleType(n)
+        for n in ("lightning", "lightning.pytorch", "lightning.pytorch.callbacks")
+    )
+    callbacks.Callback = type("Callback", (), {})  # type: ignore[attr-defined]
+    for name, module in (
+        ("lightning", root),
+        ("lightning.pytorch", pytorch),
+        ("lightning.pytorch.callbacks", callbacks),
+    ):
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.delitem(sys.modules, "memtop.integrations.lightning", raising=False)
+    # Built on the stand-in: never left for a later import to find.
+    request.addfinalizer(lambda: sys.modules.pop("memtop.integrations.lightning", None))
+    from memtop.integrations.lightning import MemtopCallback
+
+    trainer = types.SimpleNamespace(global_step=0)
+    callback = MemtopCallback()
+    callback.setup(trainer, None, "fit")
+    callback.on_fit_start(trainer, None)
+    for batch in range(6):  # accumulate 2: an update every second batch
+        callback.on_train_batch_start(trainer, None, None, batch)
+        trainer.global_step += batch % 2
+        callback.on_train_batch_end(trainer, None, None, None, batch)
+    callback.on_validation_start(trainer, None)
+    callback.on_validation_end(trainer, None)
+    callback.on_save_checkpoint(trainer, None, {})
+    callback.on_fit_end(trainer, None)
+    assert sim_agent.boundary.step == trainer.global_step == 3
+    phases = [p for _, _, p in sim_agent.boundary.phase_changes]
+    assert phases == ["eval", "train", "save", "idle"]
