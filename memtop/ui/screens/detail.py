@@ -19,14 +19,23 @@ from memtop.ui.view import Detail, ProcessRow
 from memtop.ui.widgets.suggestions import BADGES, EFFECT_STYLES
 from memtop.units import GiB, format_bytes, format_duration
 
-COLOURS = {
-    "reserved": "yellow",
-    "peak": "red",
-    "allocated": "green",
-    "baseline": "cyan",
-    "leak trend": "white",
-    "GPU used": "magenta",
+# RGB, not colour names: plotext's names go through the terminal's palette (its "yellow" drew
+# purple in some themes), and the legend in the chart's title must show the same colours.
+COLOURS: dict[str, tuple[int, int, int]] = {
+    "reserved": (230, 190, 0),
+    "peak": (230, 60, 80),
+    "allocated": (140, 220, 40),
+    "baseline": (80, 200, 230),
+    "leak trend": (240, 240, 240),
+    "GPU used": (200, 90, 210),
 }
+WHITE = (240, 240, 240)
+
+
+def _hex(rgb: tuple[int, int, int]) -> str:
+    return "#{:02x}{:02x}{:02x}".format(*rgb)
+
+
 BREAKDOWN_ROLES = (
     ("parameters", "parameters"),
     ("gradients", "gradients"),
@@ -69,7 +78,7 @@ class DetailScreen(Screen[None]):
         # The legend under the chart, not inside it over the data.
         lines = [*detail.series, *([detail.trend_line] if detail.trend_line else [])]
         legend = "  ".join(
-            f"[{COLOURS.get(series.name, 'white')}]■[/] {series.name}" for series in lines
+            f"[{_hex(COLOURS.get(series.name, WHITE))}]■[/] {series.name}" for series in lines
         )
         self.query_one("#chart").border_title = f"History (GiB)  {legend}"
         self._chart(detail)
@@ -91,7 +100,7 @@ class DetailScreen(Screen[None]):
             plt.plot(
                 list(series.xs),
                 [y / GiB for y in series.ys],
-                color=COLOURS.get(series.name, "white"),
+                color=COLOURS.get(series.name, WHITE),
                 marker="hd",  # quadrant blocks: in more fonts than braille
             )
         if not lines:
