@@ -400,7 +400,8 @@ def test_real_cuda_oom_leaves_a_report(tmp_path):
     assert len(reports) == 1, (result, run.stderr[-2000:])
     report = json.loads(reports[0].read_text())
     limit = int(0.05 * torch.cuda.get_device_properties(0).total_memory)
-    assert report["limit_bytes"] == limit  # the per-process cap, as torch's observer says
+    # The per-process cap, as torch's observer passes it (its total from cudaMemGetInfo).
+    assert abs(report["limit_bytes"] - limit) <= 1 << 20
     assert report["requested_bytes"] > 0
     assert report["reserved_bytes"] + report["requested_bytes"] > limit
     assert report["step"] == result["steps"]
