@@ -411,3 +411,12 @@ def test_real_cuda_oom_leaves_a_report(tmp_path):
     assert report["allocated_bytes"] >= 256 << 20
     verdict = diagnose(report)
     assert verdict["cause"] in ("growing_batch", "too_big", "fragmentation"), verdict
+
+
+def test_memtop_oom_imports_no_torch(oom_dir):
+    code = (
+        "import sys, io, contextlib; from memtop.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()): main(['oom', '--json'])\n"
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
