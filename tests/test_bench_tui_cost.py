@@ -18,8 +18,12 @@ BENCH = Path(__file__).resolve().parent.parent / "bench" / "tui_cost.py"
 def test_the_dashboard_cost_benchmark_runs_and_reports_its_figures():
     tools = "memtop,nvitop" if importlib.util.find_spec("nvitop") else "memtop"
     out = subprocess.run(
-        [sys.executable, str(BENCH), "--seconds", "2", "--gpus", "1", "--warmup", "1"]
-        + ["--pairs", "1", "--tools", tools],
+        [
+            sys.executable,
+            str(BENCH),
+            *("--seconds", "2", "--gpus", "1", "--warmup", "1", "--pairs", "1"),
+            *("--tools", tools),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
