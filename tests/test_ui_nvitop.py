@@ -303,3 +303,24 @@ def test_attached_event_leaves_the_status_line(monkeypatch: pytest.MonkeyPatch) 
         assert "attached" not in screen_text(app.export_screenshot()).splitlines()[-2]
 
     drive(frozen_app(), body)
+
+
+def test_htop_navigation_keys_f1_help_and_f10_quit() -> None:
+    async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
+        table = app.query_one(ProcessTable)
+        await pilot.press("G")
+        assert table.cursor_row == len(table.rows) - 1
+        await pilot.press("g")
+        assert table.cursor_row == 0
+        await pilot.press("pagedown")
+        assert table.cursor_row == len(table.rows) - 1  # a page is longer than 5 rows
+        await pilot.press("home")
+        assert table.cursor_row == 0
+        await pilot.press("f1")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        await pilot.press("f10")
+        await pilot.pause(0.2)
+        assert not app.is_running
+
+    drive(frozen_app(), body)
