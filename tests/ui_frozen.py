@@ -181,7 +181,10 @@ def frozen_store(
                     "ada",
                     ("python", *tr.hello().argv),
                     "python",
+                    create_time=T0 - 3600 + tr.pid % 100 * 60,
                     ppid=LAUNCHER if tr.rank is not None else 1,
+                    cpu_percent=98.0 + tr.pid % 3,
+                    rss=3 * GiB + tr.pid % 100 * MiB,
                 )
                 for tr in trainers
             },

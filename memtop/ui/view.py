@@ -114,6 +114,7 @@ class ProcessRow:
     cpu_percent: float | None = None  # host CPU of the process
     rss: int | None = None  # host resident memory
     started: float | None = None  # unix time the process started
+    run_seconds: float | None = None  # how long it has run, at the observation's time
 
     @property
     def last_known(self) -> bool:
@@ -167,7 +168,7 @@ def build(
     flagged = {(s.pid, s.device) for s in obs.suggestions if s.rule == "expandable_segments"}
     gpus = tuple(_gpu_row(gpu, flagged) for gpu in obs.gpus)
     users = users if users is not None else {}
-    processes = tuple(_process_row(entry, my_uid, users) for entry in obs.entries)
+    processes = tuple(_process_row(entry, my_uid, users, obs.time) for entry in obs.entries)
     if not sampled:
         state = WAITING
     elif not gpus and not obs.agents:
@@ -314,13 +315,15 @@ def short_command(argv: Sequence[str]) -> str:
     return " ".join([program, *args[1:]])
 
 
-def _process_row(entry: ProcessEntry, my_uid: int, users: MutableMapping[int, str]) -> ProcessRow:
+def _process_row(
+    entry: ProcessEntry, my_uid: int, users: MutableMapping[int, str], now: float
+) -> ProcessRow:
     info = entry.info
     own = info is not None and info.uid == my_uid
     if info is not None and info.user:
         users[entry.pid] = info.user
     user = users.get(entry.pid, "?")
-    host = _host_usage(info)
+    host = _host_usage(info, now)
     agent, dev = entry.agent, entry.device
     if agent is None:
         argv = info.cmdline if info and info.visible and info.cmdline else ()
@@ -402,12 +405,14 @@ def _int_or_none(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _host_usage(info: ProcessInfo | None) -> dict[str, Any]:
-    """Host CPU %, RSS and start time, where the process directory measured them."""
+def _host_usage(info: ProcessInfo | None, now: float) -> dict[str, Any]:
+    """Host CPU %, RSS, start and run time, where the process directory measured them."""
+    started = info.create_time if info is not None else None
     return {
         "cpu_percent": getattr(info, "cpu_percent", None),
         "rss": getattr(info, "rss", None),
-        "started": info.create_time if info is not None else None,
+        "started": started,
+        "run_seconds": max(0.0, now - started) if started is not None else None,
     }
 
 

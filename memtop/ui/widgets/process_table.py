@@ -13,7 +13,6 @@ grouped under their launcher with the spread between them.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -71,9 +70,9 @@ def _rss(row: ProcessRow, compact: bool) -> str:
 
 
 def _runtime(row: ProcessRow, compact: bool) -> str:
-    if row.started is None:
+    if row.run_seconds is None:
         return "—"
-    seconds = int(max(0.0, time.time() - row.started))
+    seconds = int(row.run_seconds)
     # Whole minutes: a column that changed every second would repaint every row every second.
     hours, rest = divmod(seconds // 60, 60)
     return f"{hours}h{rest:02d}m" if hours else f"{rest}m"
@@ -98,17 +97,17 @@ COLUMNS = (
         True,
         lambda r: _num(r.gpu),
     ),
-    Column("used", "USED", _mem("used"), (7, 6), True, lambda r: _num(r.used), True),
+    Column("used", "USED", _mem("used"), (6, 6), True, lambda r: _num(r.used), True),
     Column(
-        "allocated", "ALLOC", _mem("allocated"), (7, 6), True, lambda r: _num(r.allocated), True
+        "allocated", "ALLOC", _mem("allocated"), (6, 6), True, lambda r: _num(r.allocated), True
     ),
     Column(
         "reserved", "RESERVED", _mem("reserved"), (8, 6), True, lambda r: _num(r.reserved), True
     ),
-    Column("peak", "PEAK", _mem("peak"), (7, 6), True, lambda r: _num(r.peak), True),
+    Column("peak", "PEAK", _mem("peak"), (6, 6), True, lambda r: _num(r.peak), True),
     Column("cpu", "CPU%", _cpu, (4, 0), True, lambda r: _num(r.cpu_percent), True),
     Column("rss", "RSS", _rss, (6, 0), True, lambda r: _num(r.rss), True),
-    Column("time", "TIME", _runtime, (6, 0), True, lambda r: -_num(r.started), True),
+    Column("time", "TIME", _runtime, (6, 0), True, lambda r: _num(r.run_seconds), True),
     Column("step", "STEP", _step, (7, 6), True, lambda r: _num(r.step), True),
     Column(
         "trend", "TREND", lambda r, c: r.trend, (11, 10), sort=lambda r: r.trend, descending=True
@@ -116,6 +115,7 @@ COLUMNS = (
     Column("command", "COMMAND", _command, (0, 0), sort=lambda r: r.command),
 )
 SORTABLE = tuple(c.key for c in COLUMNS)
+GAP = 1  # between columns, as htop: every column's width already pads its figures
 # Slow columns: figures that move every second without news (a sawtooth's allocated bytes, the
 # step count, host CPU and RSS) are shown anew once per slow period (render.slow_tick); the
 # rest at once.  Each repaint of a row is bytes over SSH.
@@ -123,7 +123,7 @@ SLOW_FIELDS = ("allocated", "step", "cpu_percent", "rss")
 
 # Where the command would get fewer than COMMAND_ROOM cells, these go first (in this order).
 DROPPABLE = ("time", "rss", "cpu", "user")
-COMMAND_ROOM = 30
+COMMAND_ROOM = 24
 COMPACT_LABELS = {"reserved": "RSVD"}
 
 
@@ -288,7 +288,7 @@ class ProcessTable(Widget, can_focus=True):
 
     def columns(self) -> list[Column]:
         slot = 1 if self._compact else 0
-        gap = 1 if self._compact else 2
+        gap = GAP
         columns = [c for c in COLUMNS if c.width[slot] or c.key == "command"]
         for key in DROPPABLE:
             used = sum(c.width[slot] + gap for c in columns)
@@ -301,7 +301,7 @@ class ProcessTable(Widget, can_focus=True):
         """Rebuild each line's text; repaint only the lines that differ from what is shown."""
         columns = self.columns()
         slot = 1 if self._compact else 0
-        gap = 1 if self._compact else 2
+        gap = GAP
         widths = [c.width[slot] for c in columns]
         room = self.content_region.width - sum(widths[:-1]) - gap * (len(columns) - 1) - 1
         widths[-1] = max(8, room)
