@@ -1,4 +1,4 @@
-"""The conformance check (`python -m memtop.protocol_check PID`) against memtop's own agent, a
+"""The conformance check (`python -m memtop.protocol.check PID`) against memtop's own agent, a
 hostile double, and nothing at all."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from stepping import Stepper
 
-from memtop import protocol, protocol_check
+from memtop import protocol
 from memtop.agent.probe import ProbeDevice
 from memtop.agent.server import Agent
+from memtop.protocol import check as protocol_check
 from memtop.sim.allocator import SimulatedCachingAllocator
 from memtop.sim.device import LocalDeviceMemory
 from memtop.sim.probe import SimulatedGpu, SimulatedProbe
@@ -80,6 +81,18 @@ def test_a_double_that_breaks_the_schema_fails_by_name(socket_dir, capsys, kind,
     assert why in failed[failing], failed
     # It answers an unknown command with "unavailable", not the protocol's code.
     assert "unknown command" in failed
+
+
+def test_it_runs_as_a_module_against_a_live_agent(agent: Agent):
+    # As another implementation's author would run it: a separate process, the text report.
+    with Stepper(agent):
+        done = subprocess.run(
+            [sys.executable, "-m", "memtop.protocol.check", str(agent.pid),
+             "--socket-dir", str(agent.directory)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "9 of 9 checks passed" in done.stdout
 
 
 def test_no_agent_is_one_line_and_exit_2(socket_dir, capsys):

@@ -1,6 +1,6 @@
 """Does an agent speak memtop?  A conformance check any implementation can run against itself.
 
-    python -m memtop.protocol_check PID [--socket-dir DIR] [--json]
+    python -m memtop.protocol.check PID [--socket-dir DIR] [--json]
 
 It connects to `<socket dir>/<PID>.sock` as memtop would (same checks: no symlink, the server's
 SO_PEERCRED pid and uid) and holds the agent to the wire schema of DESIGN §6: every reply parsed
@@ -200,7 +200,7 @@ def run_checks(pid: int, directory: Path) -> list[Check]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m memtop.protocol_check", description=__doc__.split("\n\n")[0]
+        prog="python -m memtop.protocol.check", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("pid", type=int)
     parser.add_argument("--socket-dir", type=Path, help="default: this user's socket directory")
