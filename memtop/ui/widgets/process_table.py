@@ -142,7 +142,7 @@ class Group:
         text.append(f"  {len(self.rows)} of {world} ranks", style=FREE)
         if len(ranks) >= 2:
             top = max(ranks, key=lambda r: r.allocated or 0)
-            low = min(ranks, key=lambda r: r.allocated or 0)
+            low = min((r for r in ranks if r is not top), key=lambda r: r.allocated or 0)
             spread = (top.allocated or 0) - (low.allocated or 0)
             text.append("  alloc spread ", style=FREE)
             text.append(short_bytes(spread), style="bold")
