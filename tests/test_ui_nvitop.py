@@ -324,3 +324,27 @@ def test_htop_navigation_keys_f1_help_and_f10_quit() -> None:
         assert not app.is_running
 
     drive(frozen_app(), body)
+
+
+def test_tips_roll_up_keeps_savings_apart_from_headroom_and_leak_growth_is_red() -> None:
+    from memtop.diagnosis.suggestions import Suggestion
+    from memtop.model import Severity
+    from memtop.ui.view import suggestion_items
+    from memtop.ui.widgets.suggestions import suggestion_text
+
+    gib = 1 << 30
+    tips = [
+        Suggestion("8bit_optimizer", Severity.INFO, 7, 0, "t", "d", "e", "fix", 6 * gib),
+        Suggestion("bf16_parameters", Severity.INFO, 7, 0, "t", "d", "e", "fix", 2 * gib),
+        Suggestion("bigger_batch", Severity.INFO, 7, 0, "t", "d", "e", None, 50 * gib),
+        Suggestion("leak", Severity.CRITICAL, 8, 0, "Leak", "culprits", "e", None, 250 * gib),
+    ]
+    items = {i.pid: i for i in suggestion_items(tips, True)}
+    rolled = items[7]
+    assert rolled.effect == "saves up to 8.0 GiB" and rolled.room == "50.0 GiB unused"
+    text = suggestion_text(rolled, compact=False, width=200)
+    assert "saves up to 8.0 GiB · 50.0 GiB unused" in text.plain
+    leak = suggestion_text(items[8], compact=False, width=200)
+    growth = [s for s in leak.spans if leak.plain[s.start : s.end].strip().startswith("+250")]
+    assert growth and "red" in str(growth[0].style)
+    assert "→ culprits" in leak.plain  # an urgent item without a fix shows what to do

@@ -139,6 +139,7 @@ class SuggestionItem:
     detail: str = ""  # what to do / why, in prose (a leak's usual culprits)
     effect_kind: str = "saving"  # "saving" (green), "growth" (red), "excess" (yellow), "room"
     rule: str = ""
+    room: str | None = None  # a roll-up's headroom ("53.8 GiB unused"), drawn apart from savings
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,11 +456,8 @@ def suggestion_items(
         saving = sum(s.effect_bytes or 0 for s in group if EFFECT_KINDS.get(s.rule) is None)
         room = sum(s.effect_bytes or 0 for s in group if EFFECT_KINDS.get(s.rule) == "room")
         names = ", ".join(_short_title(s) for s in group)
-        effects = []
-        if saving:
-            effects.append(f"saves up to {format_bytes(saving)}")
-        if room:
-            effects.append(f"{format_bytes(room)} unused")
+        effect = f"saves up to {format_bytes(saving)}" if saving else None
+        unused = f"{format_bytes(room)} unused" if room else None
         items.append(
             SuggestionItem(
                 key=f"tips:{pid}",
@@ -469,10 +467,11 @@ def suggestion_items(
                 title=f"{len(group)} tips: {names}",
                 evidence="; ".join(s.evidence for s in group if s.evidence),
                 fix=None,
-                effect=" · ".join(effects) or None,
+                effect=effect or unused,
                 detail=" ".join(s.detail for s in group if s.detail),
                 effect_kind="saving" if saving else "room",
                 rule="tips",
+                room=unused if effect else None,
             )
         )
     if not have_agents:

@@ -49,6 +49,9 @@ def suggestion_text(item: SuggestionItem, compact: bool, width: int | None = Non
     title.append(item.title, style="bold")
     if item.effect:
         title.append(f"  {item.effect}", style=EFFECT_STYLES.get(item.effect_kind, "green"))
+    if item.room:
+        title.append(" · ", style=FREE)
+        title.append(item.room, style=EFFECT_STYLES["room"])
     indent = " " * 8
     todo: Text | None = None
     if item.fix:
