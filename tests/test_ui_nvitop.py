@@ -348,3 +348,13 @@ def test_tips_roll_up_keeps_savings_apart_from_headroom_and_leak_growth_is_red()
     growth = [s for s in leak.spans if leak.plain[s.start : s.end].strip().startswith("+250")]
     assert growth and "red" in str(growth[0].style)
     assert "→ culprits" in leak.plain  # an urgent item without a fix shows what to do
+
+
+def test_once_text_draws_the_leak_advice() -> None:
+    """`memtop --once` text renders the same observation: the leak's culprits are there."""
+    from memtop import report
+    from memtop.observation import observe
+
+    text = report.render_text(report.build(observe(frozen_store(), clock=lambda: NOW)))
+    leak = text.split("Leak:", 1)[1]
+    assert "what to do: Usual culprits" in leak.split("\n[", 1)[0]
