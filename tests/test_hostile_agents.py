@@ -317,9 +317,8 @@ def test_dashboard_keeps_real_trainers_stepping(arena: Arena) -> None:
         async with app.run_test(size=(140, 40)) as pilot:
             await wait_for(pilot, lambda: len([s for s in steps().values() if s]) == TRAINERS)
             seen = [steps()]
-            for _ in range(2):
-                # The table repaints its slow columns (the step among them) every 4 s.
-                await pilot.pause(4.5)
+            for _ in range(3):
+                await pilot.pause(1.0)  # STEP moves every second (it is not a slow column)
                 seen.append(steps())
             for before, after in itertools.pairwise(seen):
                 for pid in watched:
