@@ -120,9 +120,10 @@ class GpuCard(Widget):
         trend_min = 9 + len(row.trend.label())
         device = self._device()
         if row.agents:
-            line = self._numbers(indent, format_bytes, "  ", with_fragmentation=not compact)
             if compact or width < WIDE_NUMBERS + len(device):
                 line = self._numbers(indent, short_bytes, " ", with_fragmentation=not compact)
+            else:
+                line = self._numbers(indent, format_bytes, "  ", with_fragmentation=not compact)
         else:
             processes = f"{row.processes} process{'es' if row.processes != 1 else ''}"
             line = Text(f"{indent}{processes}, no PyTorch agent", style=FREE)
