@@ -367,14 +367,19 @@ class ProcessTable(Widget, can_focus=True):
         if index >= len(self._texts):
             return Strip.blank(width, base)
         line = self.lines[index]
-        if isinstance(line, ProcessRow) and self._row_index(line) == self.cursor_row:
+        if isinstance(line, ProcessRow) and self._is_cursor(line):
             # Under the row's own styles, so a red trend keeps its colour on the cursor.
             name = "process-table--cursor" if self.has_focus else "process-table--cursor-blurred"
             base = base + self.get_component_rich_style(name)
         return _strip(self.app.console, self._texts[index], width, base)
 
+    def _is_cursor(self, row: ProcessRow) -> bool:
+        # By identity: `lines` holds the very objects of `rows`.  (Searching `rows` for the line
+        # compared whole rows field by field, twice, for every line painted.)
+        return 0 <= self.cursor_row < len(self.rows) and self.rows[self.cursor_row] is row
+
     def _row_index(self, row: ProcessRow) -> int:
-        return self.rows.index(row) if row in self.rows else -1
+        return next((i for i, r in enumerate(self.rows) if r is row), -1)
 
     def _line_of(self, row_index: int) -> int:
         if not self.rows:
