@@ -357,44 +357,26 @@ def _process_row(
         "launcher": getattr(info, "ppid", None) if extra.get("rank") is not None else None,
     }
     state = STATE_LABELS.get(agent.status, str(agent.status))
-    if dev is None:  # an agent that has not sampled yet, or cannot be reached
-        return ProcessRow(
-            key=f"{agent.pid}:-",
-            pid=agent.pid,
-            user=user,
-            command=command,
-            full_command=full,
-            **ranks,
-            **host,
-            gpu=None,
-            device=None,
-            used=None,
-            allocated=None,
-            reserved=None,
-            peak=None,
-            step=agent.step,
-            state=state,
-            trend="",
-            own=own,
-        )
-    leak = dev.diagnosis.leak
     trend = ""
-    if leak.detected and state == "agent":
+    if dev is not None and dev.diagnosis.leak.detected and state == "agent":
+        leak = dev.diagnosis.leak
         trend = leak_label(leak.bytes_per_step, leak.bytes_per_second, None, short=True)
+    # Without a device (an agent that has not sampled yet, or cannot be reached) the row keeps
+    # its process and agent columns and leaves the GPU's blank.
     return ProcessRow(
-        key=f"{agent.pid}:{dev.uuid or dev.index}",
+        key=f"{agent.pid}:{dev.uuid or dev.index}" if dev else f"{agent.pid}:-",
         pid=agent.pid,
         user=user,
         command=command,
         full_command=full,
         **ranks,
         **host,
-        gpu=dev.gpu,
-        device=dev.index,
-        used=entry.used_bytes,
-        allocated=dev.allocated_bytes,
-        reserved=dev.reserved_bytes,
-        peak=dev.peak_bytes,
+        gpu=dev.gpu if dev else None,
+        device=dev.index if dev else None,
+        used=entry.used_bytes if dev else None,
+        allocated=dev.allocated_bytes if dev else None,
+        reserved=dev.reserved_bytes if dev else None,
+        peak=dev.peak_bytes if dev else None,
         step=agent.step,
         state=state,
         trend=trend,
