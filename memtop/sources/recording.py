@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from memtop import protocol
 from memtop._version import __version__
 from memtop.model import DeviceReading, GpuProcess, NvmlReading
 from memtop.sources.processes import ProcessInfo
@@ -203,6 +204,9 @@ def _gunzip(handle: IO[bytes], path: Path) -> Iterator[bytes]:
 
 
 def decode_reading(data: dict[str, Any]) -> NvmlReading:
+    # A record file is input like any other: every string in it (GPU names, error lines) is
+    # made inert here, before any output mode sees it.
+    data = protocol.clean_value(data)
     devices = tuple(
         DeviceReading(
             **{
@@ -225,7 +229,7 @@ def decode_reading(data: dict[str, Any]) -> NvmlReading:
 
 def decode_processes(rows: list[dict[str, Any]]) -> dict[int, ProcessInfo]:
     out = {}
-    for row in rows:
+    for row in protocol.clean_value(rows):  # command lines and owners, made inert
         fields = {k: v for k, v in row.items() if k in _INFO_FIELDS}
         fields["cmdline"] = tuple(fields.get("cmdline", ()))
         info = ProcessInfo(**fields)

@@ -108,6 +108,9 @@ def load(path: Path) -> Recording:
         taken |= pids
         events += mine
     events.sort(key=lambda e: e.t)
+    # The reasons quote the file (a `src`, an exception's text): made inert like the rest.
+    skipped = [protocol.clean_text(why, 300) for why in skipped]
+    header = protocol.clean_value(header)
     return Recording(events, files, "+".join(sorted(kinds)), skipped, header)
 
 
@@ -135,13 +138,17 @@ def _agent_event(
         if cmd == "sample":
             sample: AgentSample = protocol.parse_sample(result)
             return ReplayEvent(t, "sample", pid, sample)
+        if cmd in ("breakdown", "snapshot"):
+            # Parsed here, at load, as the live pool parses them: a reply that breaks the
+            # schema is one skipped line, never an error in the middle of playback.
+            reply = protocol.parse_reply(cmd, result)
+            return None if reply.pending else ReplayEvent(t, cmd, pid, reply)
     except protocol.ProtocolError as exc:
         skipped.append(f"{where}: {cmd}: {exc}")
         return None
-    if cmd in ("breakdown", "snapshot"):
-        if result.get("pending") is True:
-            return None
-        return ReplayEvent(t, cmd, pid, result)
+    except (TypeError, ValueError, AttributeError) as exc:  # a key like "²" that isdigit()
+        skipped.append(f"{where}: {cmd}: {type(exc).__name__}")
+        return None
     return None
 
 
@@ -164,7 +171,8 @@ def _wire_events(
             skipped.append(f"{file}:{number}: no time")
             continue
         if "error" in line and "cmd" not in line:
-            yield ReplayEvent(t, "state", pid, (AgentStatus.EXITED, str(line["error"])))
+            error = protocol.clean_text(line["error"], 300)
+            yield ReplayEvent(t, "state", pid, (AgentStatus.EXITED, error))
             continue
         cmd = line.get("cmd")
         reply = line.get("reply")
@@ -224,7 +232,9 @@ def _record_events(
                     skipped.append(f"{where}: agent line without a pid")
                 elif "state" in line:
                     state = AgentStatus(line["state"])
-                    yield ReplayEvent(t, "state", pid, (state, line.get("error")))
+                    error = line.get("error")
+                    error = None if error is None else protocol.clean_text(error, 300)
+                    yield ReplayEvent(t, "state", pid, (state, error))
                 else:
                     cmd = line.get("cmd")
                     result = (line.get("reply") or {}).get("result")
