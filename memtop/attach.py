@@ -37,6 +37,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from memtop import protocol
+
 # Seams for the tests (and for systems that keep these elsewhere).
 YAMA_PTRACE_SCOPE = Path("/proc/sys/kernel/yama/ptrace_scope")
 SELF_STATUS = Path("/proc/self/status")
@@ -88,14 +90,8 @@ class Target:
 
     @property
     def socket_dir(self) -> Path:
-        """The socket directory the agent will pick inside the target (protocol.socket_dir)."""
-        override = self.environ.get("MEMTOP_SOCKET_DIR")
-        if override:
-            return Path(override)
-        runtime = self.environ.get("XDG_RUNTIME_DIR")
-        if runtime and os.path.isdir(runtime):
-            return Path(runtime) / "memtop"
-        return Path(f"/tmp/memtop-{self.uid}")
+        """The socket directory the agent will pick inside the target."""
+        return protocol.socket_dir(self.environ, self.uid)
 
     @property
     def remote_debug_disabled(self) -> bool:

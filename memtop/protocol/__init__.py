@@ -532,15 +532,19 @@ def parse_reply(cmd: str, result: Mapping[str, Any]) -> Any:
 # Socket directory and peers
 
 
-def socket_dir() -> Path:
-    """`$XDG_RUNTIME_DIR/memtop/`, else `/tmp/memtop-<uid>/` (override: MEMTOP_SOCKET_DIR)."""
-    override = os.environ.get("MEMTOP_SOCKET_DIR")
+def socket_dir(environ: Mapping[str, str] | None = None, uid: int | None = None) -> Path:
+    """`$XDG_RUNTIME_DIR/memtop/`, else `/tmp/memtop-<uid>/` (override: MEMTOP_SOCKET_DIR).
+
+    Of this process by default; `memtop attach` passes its target's environment and uid to
+    know where the agent it starts there will listen."""
+    environ = os.environ if environ is None else environ
+    override = environ.get("MEMTOP_SOCKET_DIR")
     if override:
         return Path(override)
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    runtime = environ.get("XDG_RUNTIME_DIR")
     if runtime and os.path.isdir(runtime):
         return Path(runtime) / "memtop"
-    return Path(f"/tmp/memtop-{os.getuid()}")
+    return Path(f"/tmp/memtop-{os.getuid() if uid is None else uid}")
 
 
 def check_socket_dir(path: Path, owner: int | None = None) -> None:
