@@ -102,3 +102,106 @@ def test_replay_of_a_hostile_record_prints_nothing_a_terminal_acts_on(
     if fmt:
         text = json.dumps(json.loads(out.out), ensure_ascii=False)
         assert "\x1b" not in text and "\u202e" not in text
+
+
+# ------------------------------------------------------------------ a remote Prometheus
+
+
+def _series(name: str, value: float, **labels: str) -> dict[str, object]:
+    return {"metric": {"__name__": name, **labels}, "value": [1_700_000_000.0, str(value)]}
+
+
+def hostile_series() -> list[dict[str, object]]:
+    host = {"hostname": "node" + ESC, "instance": "10.0.0.1:9" + ESC, "job": "memtop" + ESC}
+    device = {**host, "pid": "4242", "UUID": "GPU-a" + ESC, "gpu": "0", "modelName": "H100" + ESC}
+    return [
+        _series("memtop_observation_time_seconds", 1_700_000_000.0, **host),
+        _series("memtop_gpu_info", 1, **{k: v for k, v in device.items() if k != "pid"}),
+        _series("memtop_gpu_memory_total_bytes", 80 << 30, **device),
+        _series("memtop_gpu_memory_used_bytes", 2 << 30, **device),
+        _series(
+            "memtop_agent_info",
+            1,
+            **host,
+            pid="4242",
+            command="train.py " + ESC,
+            python="3.13" + ESC,
+            torch="2.13" + ESC,
+            allocator_conf=ESC,
+            rank="²",
+        ),
+        _series("memtop_cuda_device_index", 0, **device),
+        _series("memtop_allocated_bytes", 1 << 30, **device),
+        _series("memtop_reserved_bytes", 2 << 30, **device),
+        _series("memtop_cuda_total_bytes", 80 << 30, **device),
+        _series("memtop_breakdown_bytes", 1 << 20, **device, part="params" + ESC),
+        {"metric": "not an object", "value": "not a pair"},  # skipped, not a crash
+    ]
+
+
+@pytest.fixture
+def prometheus() -> object:
+    import http.server
+    import threading
+    import urllib.parse
+
+    replies: dict[str, object] = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+            promql = query.get("query", [""])[0]
+            reply = replies.get(promql, replies.get("*"))
+            body = json.dumps(reply).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    server.replies = replies  # type: ignore[attr-defined]
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("fmt", [[], ["--json"]])
+def test_prometheus_labels_are_made_inert_for_every_output(
+    prometheus: object, capsys: pytest.CaptureFixture[str], fmt: list[str]
+) -> None:
+    from memtop.sources.prometheus import ALL_SERIES
+
+    vector = {"resultType": "vector", "result": hostile_series()}
+    prometheus.replies.update(  # type: ignore[attr-defined]
+        {
+            ALL_SERIES: {"status": "success", "data": vector},
+            "*": {"status": "success", "data": {"resultType": "vector", "result": []}},
+        }
+    )
+    url = f"http://127.0.0.1:{prometheus.server_port}"  # type: ignore[attr-defined]
+    code = main(["--prometheus", url, "--once", *fmt])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    assert "train.py" in out.out and "node" in out.out
+    assert not TERMINAL_ACTS.search(out.out), out.out
+    if fmt:
+        text = json.dumps(json.loads(out.out), ensure_ascii=False)
+        assert "\x1b" not in text and "\u202e" not in text
+
+
+def test_a_prometheus_error_is_one_inert_line(
+    prometheus: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prometheus.replies["*"] = {"status": "error", "error": "bad\n" + ESC}  # type: ignore[attr-defined]
+    url = f"http://127.0.0.1:{prometheus.server_port}"  # type: ignore[attr-defined]
+    code = main(["--prometheus", url, "--once"])
+    out = capsys.readouterr()
+    assert code != 0
+    assert "query failed" in out.err
+    assert len(out.err.strip().splitlines()) == 1, out.err
+    assert not TERMINAL_ACTS.search(out.err), out.err

@@ -36,6 +36,7 @@ from memtop.model import (
     GpuProcess,
     NvmlReading,
 )
+from memtop.protocol import clean_text
 from memtop.sources.agents import AgentPoll
 
 ALL_SERIES = '{__name__=~"memtop_.+"}'
@@ -143,10 +144,10 @@ class PrometheusSource:
             with urllib.request.urlopen(request, timeout=self.timeout) as reply:
                 body = reply.read(MAX_REPLY_BYTES + 1)
         except urllib.error.HTTPError as exc:
-            detail = _error_of(exc.read(4096)) or exc.reason
+            detail = clean_text(_error_of(exc.read(4096)) or exc.reason, 300)
             raise PrometheusError(f"Prometheus at {self.url}: HTTP {exc.code}: {detail}") from None
         except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
+            reason = clean_text(getattr(exc, "reason", exc), 300)
             raise PrometheusError(f"cannot reach Prometheus at {self.url}: {reason}") from None
         if len(body) > MAX_REPLY_BYTES:
             raise PrometheusError(f"Prometheus at {self.url}: reply over {MAX_REPLY_BYTES} bytes")
@@ -157,9 +158,12 @@ class PrometheusSource:
                 f"{self.url} did not answer as Prometheus does (not JSON)"
             ) from None
         if not isinstance(data, dict) or data.get("status") != "success":
-            error = data.get("error") if isinstance(data, dict) else None
+            error = clean_text(data.get("error") if isinstance(data, dict) else None, 300)
             raise PrometheusError(f"Prometheus at {self.url}: query failed: {error}")
-        return data.get("data", {})
+        found = data.get("data")
+        if not isinstance(found, dict) or not isinstance(found.get("result", []), list):
+            raise PrometheusError(f"Prometheus at {self.url}: a reply without its data")
+        return found
 
     def query(self, promql: str, at: float | None = None) -> list[tuple[dict[str, str], float]]:
         """An instant vector: (labels, value) per series."""
@@ -171,9 +175,12 @@ class PrometheusSource:
             raise PrometheusError(f"Prometheus at {self.url}: not a vector: {promql}")
         out = []
         for series in data.get("result", []):
-            value = _number(series.get("value", [None, None])[1])
+            sample = series.get("value") if isinstance(series, dict) else None
+            if not isinstance(sample, list) or len(sample) != 2:
+                continue
+            value = _number(sample[1])
             if value is not None:
-                out.append((dict(series.get("metric", {})), value))
+                out.append((_labels(series), value))
         return out
 
     def query_range(
@@ -186,12 +193,17 @@ class PrometheusSource:
         )
         out = []
         for series in data.get("result", []):
+            values = series.get("values") if isinstance(series, dict) else None
+            if not isinstance(values, list):
+                continue
             points = []
-            for stamp, text in series.get("values", []):
-                value = _number(text)
-                if value is not None:
-                    points.append((float(stamp), value))
-            out.append((dict(series.get("metric", {})), points))
+            for pair in values:
+                if not isinstance(pair, list) or len(pair) != 2:
+                    continue
+                stamp, value = _number(pair[0]), _number(pair[1])
+                if stamp is not None and value is not None:
+                    points.append((stamp, value))
+            out.append((_labels(series), points))
         return out
 
     # ------------------------------------------------------------------ readings
@@ -227,10 +239,19 @@ class PrometheusSource:
             for labels, points in self.query_range(name, end - seconds, end, step):
                 host, pid = labels.get("hostname", ""), labels.get("pid", "")
                 index = index_of.get((host, pid, labels.get("UUID", "")))
-                if index is None or not pid.isdigit():
+                if index is None or not (pid.isascii() and pid.isdigit()):
                     continue
                 out.setdefault(host, {}).setdefault((int(pid), index), {})[column] = points
         return out
+
+
+def _labels(series: dict[str, Any]) -> dict[str, str]:
+    """A series' labels, every name and value made inert for a terminal: they come from
+    whatever Prometheus (and any exporter it scrapes) says, and the fleet view prints them."""
+    metric = series.get("metric")
+    if not isinstance(metric, dict):
+        return {}
+    return {clean_text(k, 200): clean_text(v, 1000) for k, v in metric.items()}
 
 
 def _number(text: Any) -> float | None:
@@ -250,7 +271,8 @@ def _error_of(body: bytes) -> str | None:
 
 
 def _int(text: str | None, default: int = 0) -> int:
-    return int(text) if text is not None and text.lstrip("-").isdigit() else default
+    digits = text.removeprefix("-") if text is not None else ""
+    return int(text) if digits.isascii() and digits.isdigit() else default
 
 
 def hosts_of(series: Iterable[tuple[dict[str, str], float]]) -> list[HostReading]:
