@@ -129,10 +129,6 @@ def snapshot_figures(summary: Mapping[str, Any]) -> tuple[float | None, int | No
     return external, largest, stranded
 
 
-def _int(value: Any) -> int:
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
-
-
 def pressure(
     latest: AgentDeviceSample,
     times: Sequence[float],
