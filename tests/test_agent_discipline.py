@@ -35,6 +35,7 @@ class RecordingProbe(SimulatedProbe):
         self.stepper: Stepper | None = None
         self.calls: list[tuple[str, int, bool]] = []
         self.capturing = False
+        self.device_reads: list[int] = []  # the thread of every devices() call (a driver query)
 
     def _record(self, name: str) -> None:
         stepper = self.stepper
@@ -45,6 +46,10 @@ class RecordingProbe(SimulatedProbe):
     def _parts(self) -> dict[int, Breakdown]:
         return {0: Breakdown(parameters=4 * MiB, gradients=4 * MiB, optimizer_state=8 * MiB,
                              allocated=self.memory_allocated(0))}  # fmt: skip
+
+    def devices(self) -> list[ProbeDevice]:
+        self.device_reads.append(threading.get_ident())
+        return super().devices()
 
     def is_capturing(self) -> bool:
         self._record("is_capturing")
@@ -201,3 +206,22 @@ def test_step_count_is_exact_and_marks_are_rate_limited_at_any_step_rate(agent: 
     costs = agent.boundary.costs()
     assert costs["hook_calls"] == 20000
     assert costs["hook_ns"] / costs["hook_calls"] < 50_000  # generous: a loaded 2-core CI box
+
+
+def test_once_the_trainer_steps_the_agent_thread_asks_the_driver_nothing(
+    agent: Agent, probe: RecordingProbe
+):
+    with Stepper(agent, period=0.01) as trainer:
+        deadline = time.monotonic() + 5
+        while not agent.boundary.devices_known and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert agent.boundary.devices_known
+        probe.device_reads.clear()
+        with _client(agent) as client:  # hello on connect
+            for _ in range(5):  # 1.5 s: the list is refreshed (each second of steps) meanwhile
+                assert client.sample().devices
+                client.request("reset_peak", timeout=10)
+                time.sleep(0.3)
+        ident = trainer.ident
+    # Which devices the trainer uses was read on its own thread, at step boundaries only.
+    assert probe.device_reads and set(probe.device_reads) == {ident}

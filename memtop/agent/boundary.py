@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from memtop.agent.probe import Probe
+from memtop.agent.probe import Probe, ProbeDevice
 
 MARK_BUFFER = 4096  # step marks kept for viewers; the wire contract promises at least 1024
 MARK_MIN_INTERVAL_S = 0.05  # at most 20 step marks a second: one allocator read each
@@ -90,6 +90,11 @@ class StepBoundary:
         self._mark_due = 0.0
         self._indices: list[int] = []
         self._indices_due = 0.0
+        # The devices the trainer uses, as read here on its thread (the CUDA driver is asked
+        # which have a context): once the trainer steps, the agent thread serves this list
+        # instead of asking the driver itself.
+        self.devices: list[ProbeDevice] = []
+        self.devices_known = False  # set once `devices` has been read at a step boundary
         # Jobs: the agent thread appends under the lock and raises the flag; the hot path reads
         # only the flag (a plain attribute read), so an idle boundary costs nothing.
         self._jobs: list[TrainerJob] = []
@@ -181,7 +186,9 @@ class StepBoundary:
 
     def _mark(self, now: float) -> None:
         if now >= self._indices_due:
-            self._indices = [d.index for d in self.probe.devices()]
+            self.devices = self.probe.devices()
+            self.devices_known = True
+            self._indices = [d.index for d in self.devices]
             self._indices_due = now + DEVICES_REFRESH_S
         mark: dict[str, Any] = {"step": self.step, "time": now}
         reading = getattr(self.probe, "mark_reading", None)

@@ -36,7 +36,7 @@ from memtop._version import __version__
 from memtop.agent import files
 from memtop.agent.boundary import MARK_BUFFER, StepBoundary, TrainerJob
 from memtop.agent.oom import OomRecorder
-from memtop.agent.probe import SAMPLE_STAT_KEYS, Probe
+from memtop.agent.probe import SAMPLE_STAT_KEYS, Probe, ProbeDevice
 from memtop.agent.snapshot_summary import summarize_snapshot
 
 __all__ = ["MARK_BUFFER", "Agent", "summarize_snapshot"]
@@ -759,7 +759,7 @@ class Agent:
             "allocator_conf": self.probe.allocator_conf(),
             "devices": [
                 {"index": d.index, "uuid": d.uuid, "name": d.name, "total_bytes": d.total_bytes}
-                for d in self.probe.devices()
+                for d in self._devices()
             ],
             "agent_version": __version__,
             "started": self.started_at,
@@ -771,11 +771,19 @@ class Agent:
             "world_size": _env_int("WORLD_SIZE"),
         }
 
+    def _devices(self) -> list[ProbeDevice]:
+        """The devices the trainer uses.  Once it steps, the list read on its own thread at a
+        step boundary (refreshed every second of steps): the agent thread then asks the CUDA
+        driver nothing.  A process that never stepped is asked from here."""
+        if self.boundary.devices_known:
+            return self.boundary.devices
+        return self.probe.devices()
+
     def _cmd_sample(self, conn: _Connection) -> dict[str, Any]:
         boundary = self.boundary
         boundary.want_mem_info()
         devices = []
-        for device in self.probe.devices():
+        for device in self._devices():
             stats = self.probe.memory_stats(device.index)
             if len(stats) > len(SAMPLE_STAT_KEYS):  # a probe that returns everything
                 stats = {k: stats[k] for k in SAMPLE_STAT_KEYS if k in stats}
@@ -1015,7 +1023,7 @@ class Agent:
     def _cleanup_now(self) -> dict[str, Any]:
         """Runs on the trainer's thread, right after a step."""
         started = time.perf_counter()
-        indices = [d.index for d in self.probe.devices()]
+        indices = [d.index for d in self._devices()]
         before = {
             i: self.probe.memory_stats(i).get("reserved_bytes.all.current", 0) for i in indices
         }
@@ -1041,7 +1049,7 @@ class Agent:
 
     def _cmd_reset_peak(self) -> dict[str, Any]:
         # A host-side counter reset: safe from this thread.
-        indices = [d.index for d in self.probe.devices()]
+        indices = [d.index for d in self._devices()]
         for index in indices:
             self.probe.reset_peak(index)
         return {"devices": indices}
