@@ -205,3 +205,19 @@ def test_a_prometheus_error_is_one_inert_line(
     assert "query failed" in out.err
     assert len(out.err.strip().splitlines()) == 1, out.err
     assert not TERMINAL_ACTS.search(out.err), out.err
+
+
+# ------------------------------------------------------------------ the parse boundary
+
+
+@pytest.mark.parametrize("key", ["²", "٣x", "1\u2070", ""])
+def test_device_keys_that_are_not_ascii_digits_are_protocol_errors(key: str) -> None:
+    from memtop import protocol
+
+    with pytest.raises(protocol.ProtocolError):
+        protocol.parse_breakdown({"devices": {key: {"params": 1}}})
+    with pytest.raises(protocol.ProtocolError):
+        protocol.parse_cleanup({"released_bytes": {key: 1}})
+    mark = {"step": 1, "time": 1.0, "allocated_bytes": {key: 1}}
+    with pytest.raises(protocol.ProtocolError):
+        protocol.parse_sample({**sample_result(1.0), "step_marks": [mark]})

@@ -381,7 +381,7 @@ def parse_sample(result: Mapping[str, Any]) -> AgentSample:
             raise ProtocolError("bad_reply", "step mark: too many devices")
         per_device = {}
         for k, v in allocated.items():
-            if not k.isdigit() or isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            if not _index(k) or isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ProtocolError("bad_reply", "step mark: bad 'allocated_bytes'")
             per_device[int(k)] = v
         marks.append(
@@ -414,6 +414,11 @@ def _optional(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], w
     return value
 
 
+def _index(key: object) -> bool:
+    """A device-index key: ASCII digits only (str.isdigit also takes "²", which int() refuses)."""
+    return isinstance(key, str) and key.isascii() and key.isdigit()
+
+
 def _device_map(raw: Any, where: str, numbers: type | tuple[type, ...] = int) -> dict[int, Any]:
     """`{"<index>": value}` with digit keys, at most MAX_DEVICES of them."""
     if not isinstance(raw, dict):
@@ -422,7 +427,7 @@ def _device_map(raw: Any, where: str, numbers: type | tuple[type, ...] = int) ->
         raise ProtocolError("bad_reply", f"{where}: more than {MAX_DEVICES} devices")
     out: dict[int, Any] = {}
     for key, value in raw.items():
-        if not (isinstance(key, str) and key.isdigit()):
+        if not _index(key):
             raise ProtocolError("bad_reply", f"{where}: device key {clean_text(key, 20)!r}")
         if isinstance(value, bool) or not isinstance(value, numbers):
             raise ProtocolError("bad_reply", f"{where}: device {key} has the wrong type")
