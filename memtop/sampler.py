@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
+from memtop import protocol
 from memtop.model import SOURCE_AGENT, AgentStatus, NvmlReading
-from memtop.sources.agents import AgentClient, AgentPoll, AgentPool
+from memtop.sources.agents import AgentClient, AgentError, AgentPoll, AgentPool
 from memtop.sources.processes import ProcessDirectory, ProcessInfo
 from memtop.store import Store
 
@@ -249,9 +250,22 @@ class Sampler:
         owner = self.agents.owner_of(pid)
 
         def work() -> dict[str, Any]:
+            # One deadline for the whole action (connect, authenticate, hello, the reply): the
+            # dashboard waits `timeout` for it, so the worker never outlives that wait.
+            deadline = time.monotonic() + timeout
             # A fresh connection, authenticated like every other (peer pid and uid).
             with AgentClient(pid, directory, timeout, owner) as client:
                 client.connect()
-                return client.request(cmd, args, timeout)
+                result = client.request(cmd, args, max(0.001, deadline - time.monotonic()))
+            if cmd in protocol.REPLY_PARSERS:
+                # The reply keeps the wire schema or the action fails with one line: what the
+                # dashboard then shows of it (bytes per device) is known to be numbers.
+                try:
+                    protocol.parse_reply(cmd, result)
+                except protocol.ProtocolError as exc:
+                    raise AgentError(
+                        exc.code, f"the agent of pid {pid} sent a malformed reply: {exc.message}"
+                    ) from None
+            return result
 
         return self._actions.submit(work)

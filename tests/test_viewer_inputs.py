@@ -4,6 +4,7 @@ actions.  Each test feeds hostile input through the real reader and looks at wha
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
@@ -221,3 +222,90 @@ def test_device_keys_that_are_not_ascii_digits_are_protocol_errors(key: str) -> 
     mark = {"step": 1, "time": 1.0, "allocated_bytes": {key: 1}}
     with pytest.raises(protocol.ProtocolError):
         protocol.parse_sample({**sample_result(1.0), "step_marks": [mark]})
+
+
+# ------------------------------------------------------------------ dashboard actions
+
+
+def _agent_server(directory: Path, replies: dict[str, object], delay: float = 0.0):  # type: ignore[no-untyped-def]
+    """An agent in this process (SO_PEERCRED shows our pid, as its socket name says) that
+    answers each command with `replies[cmd]`, `delay` seconds late."""
+    import os
+    import socket
+    import threading
+    import time
+
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(directory / f"{os.getpid()}.sock"))
+    listener.listen(4)
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = listener.accept()
+            with conn:
+                while True:
+                    header = conn.recv(4, socket.MSG_WAITALL)
+                    if len(header) < 4:
+                        return
+                    body = conn.recv(int.from_bytes(header, "big"), socket.MSG_WAITALL)
+                    request = json.loads(body)
+                    time.sleep(delay)
+                    reply = json.dumps({"id": request["id"], "result": replies[request["cmd"]]})
+                    conn.sendall(len(reply).to_bytes(4, "big") + reply.encode())
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener
+
+
+class _NoDevices:
+    def read(self) -> NvmlReading:
+        return NvmlReading(False, error="none")
+
+    def close(self) -> None:
+        pass
+
+
+def _sampler(directory: Path):  # type: ignore[no-untyped-def]
+    from memtop.sampler import Sampler
+    from memtop.sources.agents import AgentPool
+    from memtop.store import Store
+
+    return Sampler(Store(), _NoDevices(), AgentPool(directory))
+
+
+def test_a_malformed_action_reply_fails_the_action_in_one_line(socket_dir: Path) -> None:
+    import os
+
+    from memtop.sources.agents import AgentError
+
+    bad = {"released_bytes": {"0": "lots" + ESC}, "reserved_before": {}, "reserved_after": {}}
+    listener = _agent_server(socket_dir, {"hello": hello_result(os.getpid()), "cleanup": bad})
+    sampler = _sampler(socket_dir)
+    try:
+        with pytest.raises(AgentError, match="malformed reply") as caught:
+            sampler.run_action(os.getpid(), "cleanup", {}, timeout=3).result(timeout=5)
+        assert not TERMINAL_ACTS.search(str(caught.value))
+    finally:
+        listener.close()
+        sampler.stop()
+
+
+def test_an_action_has_one_deadline_for_connect_and_reply(socket_dir: Path) -> None:
+    import os
+    import time
+
+    from memtop.sources.agents import AgentTimeout
+
+    good = {"released_bytes": {"0": 1}, "reserved_before": {"0": 2}, "reserved_after": {"0": 1}}
+    replies = {"hello": hello_result(os.getpid()), "cleanup": good}
+    # Each answer 0.4 s late: either alone fits a 0.6 s deadline, both together do not.
+    listener = _agent_server(socket_dir, replies, delay=0.4)
+    sampler = _sampler(socket_dir)
+    try:
+        started = time.monotonic()
+        with pytest.raises(AgentTimeout):
+            sampler.run_action(os.getpid(), "cleanup", {}, timeout=0.6).result(timeout=5)
+        assert time.monotonic() - started < 0.75
+    finally:
+        listener.close()
+        sampler.stop()
