@@ -147,7 +147,7 @@ class OomRecorder:
             "host": self._host,
             "pid": agent.pid,
             "argv": agent.argv,
-            "rank": _env_int("RANK"),
+            "rank": agent.rank,
             "step": boundary.step,
             "phase": phase,
             "framework_phase": framework_phase,
@@ -270,8 +270,3 @@ def _safe(call: Callable[[], Any], default: Any) -> Any:
         return call()
     except Exception:
         return default
-
-
-def _env_int(name: str) -> int | None:
-    text = os.environ.get(name, "")
-    return int(text) if text.strip().isdigit() else None

@@ -200,6 +200,10 @@ class Agent:
         self.boundary = StepBoundary(probe)
         self.pid = pid or os.getpid()
         self.argv = list(argv if argv is not None else sys.argv)
+        # torchrun's rank variables, set before the process started: read once.
+        self.rank = _env_int("RANK")
+        self.local_rank = _env_int("LOCAL_RANK")
+        self.world_size = _env_int("WORLD_SIZE")
         self.directory = directory
         self.path: Path | None = None
         self.started_at = time.time()
@@ -766,9 +770,9 @@ class Agent:
             "step": self.boundary.step,
             "cwd": os.getcwd(),
             "agent_thread_id": self.thread_native_id,
-            "rank": _env_int("RANK"),
-            "local_rank": _env_int("LOCAL_RANK"),
-            "world_size": _env_int("WORLD_SIZE"),
+            "rank": self.rank,
+            "local_rank": self.local_rank,
+            "world_size": self.world_size,
         }
 
     def _devices(self) -> list[ProbeDevice]:
