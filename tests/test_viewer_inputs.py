@@ -309,3 +309,51 @@ def test_an_action_has_one_deadline_for_connect_and_reply(socket_dir: Path) -> N
     finally:
         listener.close()
         sampler.stop()
+
+
+# ------------------------------------------------------------------ one agent's slowness
+
+
+SILENT = """
+import os, socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(os.path.join(sys.argv[1], f"{os.getpid()}.sock"))
+s.listen(64)  # connections wait in the backlog: accepted by the kernel, never answered
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_more_stopped_agents_than_workers_do_not_delay_a_healthy_one(socket_dir: Path) -> None:
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from memtop.sources.agents import CONNECTED, AgentPool
+
+    pool = AgentPool(socket_dir, timeout=1.0)
+    silent = [
+        subprocess.Popen([sys.executable, "-c", SILENT, str(socket_dir)], stdout=subprocess.PIPE)
+        for _ in range(12)  # more than the 8 threads the pool once had for all agents
+    ]
+    for process in silent:
+        assert process.stdout is not None and process.stdout.readline().strip() == b"ready"
+    replies = {"hello": hello_result(os.getpid()), "sample": sample_result(1.0)}
+    listener = _agent_server(socket_dir, replies)
+    try:
+        pool.poll(budget=0.5)  # everyone new: the healthy agent answers within the round
+        missed = []
+        for round_number in range(10):  # 2.5 s: the silent ones time out and are retried
+            started = time.monotonic()
+            mine = {p.pid: p for p in pool.poll(budget=0.25)}.get(os.getpid())
+            if mine is None or mine.state != CONNECTED or mine.sample is None:
+                missed.append(round_number)
+            time.sleep(max(0.0, 0.25 - (time.monotonic() - started)))
+        assert missed == [], f"the healthy agent missed rounds {missed}"
+    finally:
+        listener.close()
+        pool.close()
+        for process in silent:
+            process.kill()
+            process.wait()

@@ -275,7 +275,11 @@ class AgentPoll:
 
 
 class _Workers:
-    """A few daemon threads running jobs: a job blocked on a hung agent never delays exit."""
+    """Daemon threads running jobs: a job blocked on a hung agent never delays exit.
+
+    A job never waits behind another: a thread is started whenever none is idle (up to `size`,
+    far above the agents one viewer reads), so however many agents are stopped or slow, a
+    healthy agent's request starts at once and its round ends on time."""
 
     def __init__(self, size: int) -> None:
         self._size = size
@@ -283,12 +287,17 @@ class _Workers:
             queue.SimpleQueue()
         )
         self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._idle = 0  # threads waiting for a job and not yet promised one
 
     def submit(self, job: Callable[[], Any]) -> Future[Any]:
-        if len(self._threads) < self._size:
-            thread = threading.Thread(target=self._run, name="memtop-agents", daemon=True)
-            thread.start()
-            self._threads.append(thread)
+        with self._lock:
+            if self._idle > 0:
+                self._idle -= 1  # promised to this job
+            elif len(self._threads) < self._size:
+                thread = threading.Thread(target=self._run, name="memtop-agents", daemon=True)
+                thread.start()
+                self._threads.append(thread)
         future: Future[Any] = Future()
         self._jobs.put((future, job))
         return future
@@ -299,17 +308,20 @@ class _Workers:
             if item is None:
                 return
             future, job = item
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(job())
-            except BaseException as exc:  # handed to the poll thread, never lost
-                future.set_exception(exc)
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(job())
+                except BaseException as exc:  # handed to the poll thread, never lost
+                    future.set_exception(exc)
+            with self._lock:
+                self._idle += 1
 
     def close(self) -> None:
-        for _ in self._threads:
-            self._jobs.put(None)
-        self._threads = []
+        with self._lock:
+            for _ in self._threads:
+                self._jobs.put(None)
+            self._threads = []
+            self._idle = 0
 
 
 @dataclass
@@ -408,7 +420,9 @@ class AgentPool:
     INCONSISTENT_HOLD_S = 30.0  # an agent caught lying stays marked this long
     MAX_AGENTS_PER_USER = 64
     MAX_REFUSED_ROWS = 16
-    WORKERS = 8
+    # Threads for requests in flight, started as needed: one per agent answering slowly at most
+    # (MAX_AGENTS_PER_USER per socket directory read).
+    WORKERS = 256
     LOW_RATE_RETRY_S = 1.0  # a low-rate command the agent could not answer yet
     PENDING_RETRY_S = 0.1  # one the agent answered "pending" (measured at the next step)
 
