@@ -271,7 +271,9 @@ def _error_of(body: bytes) -> str | None:
 
 
 def _int(text: str | None, default: int = 0) -> int:
-    digits = text.removeprefix("-") if text is not None else ""
+    if text is None:
+        return default
+    digits = text.removeprefix("-")
     return int(text) if digits.isascii() and digits.isdigit() else default
 
 
