@@ -357,3 +357,33 @@ def test_more_stopped_agents_than_workers_do_not_delay_a_healthy_one(socket_dir:
         for process in silent:
             process.kill()
             process.wait()
+
+
+# ------------------------------------------------------------------ nesting in files
+
+
+def test_a_deeply_nested_oom_report_is_one_line_not_a_recursion_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = tmp_path / "oom"
+    directory.mkdir(mode=0o700)
+    monkeypatch.setenv("MEMTOP_OOM_DIR", str(directory))
+    deep = "[" * 600 + "]" * 600
+    path = directory / "oom-1700000000-4242.json"
+    path.write_text('{"memtop_oom_report": 1, "argv": ' + deep + "}")
+    assert main(["oom", str(path)]) == 1
+    assert "nests deeper" in capsys.readouterr().err
+    assert main(["oom", "--json"]) == 0
+    assert "nests deeper" in json.loads(capsys.readouterr().out)["unreadable"][0]
+
+
+def test_a_deeply_nested_recording_line_is_one_line_not_a_recursion_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hello = {"t": 1.0, "cmd": "hello", "reply": {"id": 1, "result": hello_result(4242)}}
+    deep = '{"t": 2.0, "cmd": "sample", "reply": {"result": ' + "[" * 600 + "]" * 600 + "}}"
+    path = tmp_path / "deep.jsonl"
+    path.write_text(json.dumps(hello) + "\n" + deep + "\n" + json.dumps(hello) + "\n")
+    assert main(["replay", str(path), "--once"]) != 0
+    err = capsys.readouterr().err
+    assert "nests deeper" in err and len(err.strip().splitlines()) == 1, err

@@ -45,6 +45,11 @@ def load_report(path: Path) -> Report:
     finally:
         os.close(fd)
     try:
+        # Depth first: json.loads and clean_value recurse once per level of a hostile file.
+        protocol.check_depth(raw)
+    except protocol.ProtocolError:
+        raise ReportError(f"{path} nests deeper than any OOM report") from None
+    try:
         data = json.loads(raw)
     except (ValueError, RecursionError):
         raise ReportError(f"{path} is not JSON") from None

@@ -129,6 +129,12 @@ def _check_depth(body: bytes, limit: int = MAX_DEPTH) -> None:
         raise ProtocolError(E_BAD_FRAME, f"frame nests deeper than {limit} levels")
 
 
+def check_depth(body: bytes, limit: int = MAX_DEPTH) -> None:
+    """Refuse (ProtocolError) JSON nesting deeper than `limit`, for any untrusted JSON read
+    outside the socket (recordings, OOM reports): json and clean_value recurse per level."""
+    _check_depth(body, limit)
+
+
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 

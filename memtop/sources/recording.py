@@ -170,8 +170,13 @@ def read_lines(path: Path) -> Iterator[dict[str, Any]]:
 
 def _parse_line(raw: bytes, path: Path, number: int) -> dict[str, Any]:
     try:
+        # Depth first: json.loads and clean_value recurse once per level of a hostile line.
+        protocol.check_depth(raw)
+    except protocol.ProtocolError:
+        raise RecordError(f"{path}: line {number} nests deeper than any recording") from None
+    try:
         line = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise RecordError(f"{path}: line {number} is not JSON") from None
     if not isinstance(line, dict):
         raise RecordError(f"{path}: line {number} is not a JSON object")
