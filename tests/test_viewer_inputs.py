@@ -387,3 +387,16 @@ def test_a_deeply_nested_recording_line_is_one_line_not_a_recursion_error(
     assert main(["replay", str(path), "--once"]) != 0
     err = capsys.readouterr().err
     assert "nests deeper" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_process_owner_name_is_made_inert(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    import psutil
+
+    from memtop.sources.processes import read_process
+
+    monkeypatch.setattr(psutil.Process, "username", lambda self: "me" + ESC)
+    info = read_process(os.getpid())
+    assert info.user is not None and info.user.startswith("me")
+    assert not TERMINAL_ACTS.search(info.user)

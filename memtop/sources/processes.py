@@ -47,7 +47,8 @@ def read_process(pid: int) -> ProcessInfo:
         with process.oneshot():
             uid = process.uids().real
             try:
-                user: str | None = process.username()
+                # A passwd entry is text from outside memtop too: inert like the command line.
+                user: str | None = clean_text(process.username(), 64)
             except (KeyError, psutil.Error):  # a uid with no passwd entry (containers)
                 user = str(uid)
             try:
