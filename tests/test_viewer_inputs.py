@@ -400,3 +400,18 @@ def test_a_process_owner_name_is_made_inert(monkeypatch: pytest.MonkeyPatch) -> 
     info = read_process(os.getpid())
     assert info.user is not None and info.user.startswith("me")
     assert not TERMINAL_ACTS.search(info.user)
+
+
+def test_a_timeout_names_the_deadline_it_missed(socket_dir: Path) -> None:
+    import os
+
+    from memtop.sources.agents import AgentClient, AgentTimeout
+
+    replies = {"hello": hello_result(os.getpid()), "sample": sample_result(1.0)}
+    listener = _agent_server(socket_dir, replies, delay=0.5)
+    try:
+        client = AgentClient(os.getpid(), socket_dir, timeout=5.0)
+        with pytest.raises(AgentTimeout, match=r"within 0\.[12]\d* s"):
+            client.connect(timeout=0.2)
+    finally:
+        listener.close()

@@ -171,6 +171,7 @@ class AgentClient:
             raise AgentUnreachable(f"not connected to the agent of pid {self.pid}")
         request_id = self._next_id
         self._next_id += 1
+        limit = max(0.0, deadline - time.monotonic())  # for the message if it runs out
         message: dict[str, Any] = {"id": request_id, "cmd": cmd}
         if args:
             message["args"] = args
@@ -194,7 +195,7 @@ class AgentClient:
         except TimeoutError:
             self.close()
             extra = f" ({stray} frames with other ids)" if stray else ""
-            raise AgentTimeout(f"no reply to {cmd!r} within {self.timeout:g} s{extra}") from None
+            raise AgentTimeout(f"no reply to {cmd!r} within {limit:.3g} s{extra}") from None
         except (OSError, protocol.ConnectionClosed) as exc:
             self.close()
             reason = str(exc) or type(exc).__name__
