@@ -415,3 +415,11 @@ def test_a_timeout_names_the_deadline_it_missed(socket_dir: Path) -> None:
             client.connect(timeout=0.2)
     finally:
         listener.close()
+
+
+@pytest.mark.parametrize("char", ["\u2028", "\u2029", "\u061c", "\u180e"])
+def test_clean_text_keeps_one_line_one_line(char: str) -> None:
+    from memtop import protocol
+
+    cleaned = protocol.clean_text(f"train.py{char}--evil")
+    assert len(cleaned.splitlines()) == 1 and char not in cleaned

@@ -212,9 +212,12 @@ def send_message(sock: socket.socket, message: Mapping[str, Any]) -> None:
 # --------------------------------------------------------------------------------------------
 # Text from a peer
 
-# C0 and C1 controls, DEL, and the format characters that reorder or hide text (bidi overrides
-# and isolates, zero-width characters): none of them may reach a terminal from an agent.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200b-\u200f\u202a-\u202e\u2060-\u2069\ufeff]")
+# C0 and C1 controls, DEL, the line and paragraph separators (str.splitlines breaks on them:
+# one line would become two), and the format characters that reorder or hide text (bidi marks,
+# overrides and isolates, zero-width characters): none of them may reach a terminal from a peer.
+_CONTROL = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]"
+)
 MAX_TEXT = 4096
 
 
