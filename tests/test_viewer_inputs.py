@@ -423,3 +423,28 @@ def test_clean_text_keeps_one_line_one_line(char: str) -> None:
 
     cleaned = protocol.clean_text(f"train.py{char}--evil")
     assert len(cleaned.splitlines()) == 1 and char not in cleaned
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        {"t": 1.0, "src": "agent", "pid": 1, "cmd": "sample", "reply": [1]},
+        {"t": 1.0, "src": "nvml", "reading": [1]},
+        {"t": 1.0, "src": "processes", "processes": [[1]]},
+        {"t": float("nan"), "src": "agent", "pid": 1, "state": "exited"},
+    ],
+)
+def test_a_recording_line_of_the_wrong_shape_is_skipped(tmp_path: Path, line: dict) -> None:  # type: ignore[type-arg]
+    path = tmp_path / "odd.jsonl"
+    path.write_text(json.dumps({"memtop_record": 1}) + "\n" + json.dumps(line) + "\n")
+    recording = load(path)
+    assert recording.events == [] and len(recording.skipped) == 1
+
+
+def test_a_wire_recording_whose_hello_is_not_an_object_is_one_line(tmp_path: Path) -> None:
+    from memtop.sources.recording import RecordError
+
+    path = tmp_path / "odd.jsonl"
+    path.write_text(json.dumps({"t": 1.0, "cmd": "hello", "reply": [1]}) + "\n")
+    with pytest.raises(RecordError, match="names no pid"):
+        load(path)

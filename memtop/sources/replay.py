@@ -16,6 +16,7 @@ Two kinds of recording are read:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,7 +122,9 @@ def _shift_pid(event: ReplayEvent, shift: int) -> ReplayEvent:
 
 def _time(line: dict[str, Any]) -> float | None:
     t = line.get("t")
-    return float(t) if isinstance(t, int | float) and not isinstance(t, bool) else None
+    if not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t):
+        return None
+    return float(t)
 
 
 def _agent_event(
@@ -155,7 +158,8 @@ def _agent_event(
 def _wire_events(
     first: dict[str, Any], lines: Iterable[dict[str, Any]], file: Path, skipped: list[str]
 ) -> Iterable[ReplayEvent]:
-    result = (first.get("reply") or {}).get("result")
+    reply = first.get("reply")
+    result = reply.get("result") if isinstance(reply, dict) else None
     pid = result.get("pid") if isinstance(result, dict) else None
     t0 = _time(first)
     if not isinstance(pid, int) or t0 is None:
@@ -242,5 +246,5 @@ def _record_events(
                         event = _agent_event(t, pid, cmd, result, where, skipped)
                         if event is not None:
                             yield event
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a line of wrong shape
             skipped.append(f"{where}: {src}: {type(exc).__name__}: {exc}")
