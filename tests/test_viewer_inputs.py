@@ -448,3 +448,30 @@ def test_a_wire_recording_whose_hello_is_not_an_object_is_one_line(tmp_path: Pat
     path.write_text(json.dumps({"t": 1.0, "cmd": "hello", "reply": [1]}) + "\n")
     with pytest.raises(RecordError, match="names no pid"):
         load(path)
+
+
+def test_recorded_fields_of_the_wrong_type_are_skipped_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    device = {"index": 0, "uuid": 7, "name": 5, "total_bytes": "x", "used_bytes": None}
+    process = {"pid": 4242, "uid": "u", "user": 7, "cmdline": ["python", 5], "name": 9}
+    lines = [
+        {"memtop_record": 1},
+        {"t": 1.0, "src": "nvml", "reading": {"available": True, "devices": [device]}},
+        {"t": 1.0, "src": "processes", "processes": [process]},
+        {
+            "t": 1.5,
+            "src": "agent",
+            "pid": 4242,
+            "cmd": "hello",
+            "reply": {"result": hello_result(4242)},
+        },
+    ]
+    path = tmp_path / "types.jsonl"
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    recording = load(path)
+    assert [e.kind for e in recording.events] == ["hello"]
+    assert len(recording.skipped) == 2, recording.skipped
+    for fmt in ([], ["--json"]):
+        assert main(["replay", str(path), "--once", *fmt]) == 0
+        assert "train.py" in capsys.readouterr().out

@@ -23,10 +23,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import socket
 import threading
 import time
+import types
+import typing
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -208,41 +211,78 @@ def _gunzip(handle: IO[bytes], path: Path) -> Iterator[bytes]:
 # ------------------------------------------------------------------ decoding what was recorded
 
 
+# A record file is input like any other: every string in it (GPU names, error lines, command
+# lines, owners) is made inert, and every field must have its dataclass's type, here, before any
+# output mode sees it.  A line that breaks this raises ValueError or TypeError (a skipped line).
+
+
 def decode_reading(data: dict[str, Any]) -> NvmlReading:
-    # A record file is input like any other: every string in it (GPU names, error lines) is
-    # made inert here, before any output mode sees it.
     data = protocol.clean_value(data)
     devices = tuple(
         DeviceReading(
             **{
-                **{k: v for k, v in d.items() if k in _DEVICE_FIELDS},
-                "processes": tuple(
-                    GpuProcess(**{k: v for k, v in p.items() if k in _PROCESS_FIELDS})
-                    for p in d.get("processes", ())
-                ),
+                **_typed(DeviceReading, d),
+                "processes": tuple(_list(GpuProcess, d.get("processes", []))),
             }
         )
-        for d in data.get("devices", ())
+        for d in _list_of_objects(data.get("devices", []))
     )
-    return NvmlReading(
-        **{
-            **{k: v for k, v in data.items() if k in _READING_FIELDS},
-            "devices": devices,
-        }
-    )
+    return NvmlReading(**{**_typed(NvmlReading, data), "devices": devices})
 
 
 def decode_processes(rows: list[dict[str, Any]]) -> dict[int, ProcessInfo]:
     out = {}
-    for row in protocol.clean_value(rows):  # command lines and owners, made inert
-        fields = {k: v for k, v in row.items() if k in _INFO_FIELDS}
-        fields["cmdline"] = tuple(fields.get("cmdline", ()))
-        info = ProcessInfo(**fields)
+    for info in _list(ProcessInfo, protocol.clean_value(rows)):
         out[info.pid] = info
     return out
 
 
-_DEVICE_FIELDS = {f.name for f in dataclasses.fields(DeviceReading)}
-_PROCESS_FIELDS = {f.name for f in dataclasses.fields(GpuProcess)}
-_READING_FIELDS = {f.name for f in dataclasses.fields(NvmlReading)}
-_INFO_FIELDS = {f.name for f in dataclasses.fields(ProcessInfo)}
+def _list_of_objects(raw: Any) -> list[dict[str, Any]]:
+    if not isinstance(raw, list) or not all(isinstance(item, dict) for item in raw):
+        raise TypeError("expected a list of objects")
+    return raw
+
+
+def _list(cls: type[Any], raw: Any) -> list[Any]:
+    return [cls(**_typed(cls, item)) for item in _list_of_objects(raw)]
+
+
+def _typed(cls: type[Any], raw: dict[str, Any]) -> dict[str, Any]:
+    """The fields of `cls` in `raw`, each checked against its annotation (nested dataclasses,
+    `processes` and `devices`, are left to the caller)."""
+    hints = _HINTS[cls]
+    out = {}
+    for name, value in raw.items():
+        hint = hints.get(name)
+        if hint is None or name in ("processes", "devices"):
+            continue
+        if not _fits(value, hint):
+            raise TypeError(f"{cls.__name__}.{name} has the wrong type")
+        out[name] = tuple(value) if isinstance(value, list) else value
+    return out
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in args)
+    if hint is type(None):
+        return value is None
+    if origin is tuple:
+        return isinstance(value, list) and all(_fits(v, args[0]) for v in value)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return (
+            isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        )
+    if hint is str:
+        return isinstance(value, str)
+    return False
+
+
+_HINTS = {
+    cls: typing.get_type_hints(cls) for cls in (DeviceReading, GpuProcess, NvmlReading, ProcessInfo)
+}
