@@ -475,3 +475,14 @@ def test_recorded_fields_of_the_wrong_type_are_skipped_lines(
     for fmt in ([], ["--json"]):
         assert main(["replay", str(path), "--once", *fmt]) == 0
         assert "train.py" in capsys.readouterr().out
+
+
+def test_driver_strings_are_made_inert() -> None:
+    from fake_nvml import FakeDevice, FakeNvml, GiB
+
+    from memtop.sources.nvml import NvmlSource
+
+    fake = FakeNvml([FakeDevice(name="A100" + ESC, total=80 * GiB, used=GiB)])
+    reading = NvmlSource(fake).read()  # type: ignore[arg-type]
+    assert reading.devices[0].name.startswith("A100")
+    assert not TERMINAL_ACTS.search(reading.devices[0].name)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memtop.model import SOURCE_NVML, DeviceReading, GpuProcess, NvmlReading
+from memtop.protocol import clean_text
 
 __all__ = ["DEFAULT_RETRY_INTERVAL", "NvmlSource", "nvml_error_line"]
 
@@ -165,10 +166,11 @@ def nvml_error_line(exc: BaseException) -> str:
 
 
 def _text(value: Any) -> str:
-    """Old bindings return bytes for names, UUIDs and versions; new ones return str."""
+    """Old bindings return bytes for names, UUIDs and versions; new ones return str.  Made inert
+    like any text from outside memtop (a driver, or a stand-in library, says what it likes)."""
     if isinstance(value, bytes | bytearray):
-        return bytes(value).decode("utf-8", errors="replace").strip("\x00")
-    return str(value)
+        value = bytes(value).decode("utf-8", errors="replace").strip("\x00")
+    return clean_text(value, 200)
 
 
 def _u64(value: Any) -> int | None:
