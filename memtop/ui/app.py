@@ -203,6 +203,8 @@ class MemtopApp(App[None]):
 
     def refresh_view(self) -> None:
         """Render the newest observation, if anything was written since the last time."""
+        if not self.screen_stack:
+            return  # the app is closing: a timer tick that lands after the last screen left
         generation = self.store.generation
         if generation == self._generation:
             if self.dashboard is not None and self._event[0] and self._mounted:
@@ -280,7 +282,9 @@ class MemtopApp(App[None]):
     def _detail_screen(self) -> DetailScreen | None:
         # The screens' modules load on first use (plotext is slow to import): the first frame
         # must not wait for them.
-        return self.screen if getattr(self.screen, "shows_process", False) else None  # type: ignore[return-value]
+        stack = self.screen_stack
+        top = stack[-1] if stack else None  # empty while the app closes
+        return top if getattr(top, "shows_process", False) else None  # type: ignore[return-value]
 
     def selected_row(self) -> view.ProcessRow | None:
         detail = self._detail_screen()
