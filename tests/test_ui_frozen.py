@@ -207,3 +207,20 @@ def test_copy_fix_and_tab_focus() -> None:
         assert app.return_code == 0
 
     asyncio.run(run())
+
+
+def test_refresh_tick_after_the_app_closed_is_harmless() -> None:
+    # CI once failed here: the refresh timer fired after the last screen had left the stack, and
+    # reading app.screen raised ScreenStackError out of the timer into the test.
+    store = frozen_store()
+    app = frozen_app(store)
+
+    async def run() -> None:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await pilot.pause(0.1)
+
+    asyncio.run(run())
+    assert not app.screen_stack
+    store.generation += 1  # new data arrived: refresh_view would render it
+    app.refresh_view()
+    assert app._detail_screen() is None
