@@ -230,14 +230,40 @@ def clean_text(value: object, limit: int = MAX_TEXT) -> str:
     return _CONTROL.sub("?", text)
 
 
+def _clean_str(text: str) -> str:
+    # Every character _CONTROL matches is one str.isprintable() refuses (Cc, Cf, Zl, Zp), so a
+    # printable string within the limit is already clean: the C check spares the regex and the
+    # copy for nearly every string an agent sends (key names, GPU names, phases).
+    if len(text) <= MAX_TEXT and text.isprintable():
+        return text
+    return clean_text(text)
+
+
 def clean_value(value: Any, depth: int = 0) -> Any:
-    """A decoded reply with every string (keys included) passed through clean_text."""
-    if isinstance(value, str):
-        return clean_text(value)
+    """A decoded reply with every string (keys included) passed through clean_text.
+
+    Containers in which nothing needed cleaning are returned as they are, not copied: a
+    viewer's first `sample` carries a thousand step marks per agent, and a second copy of them
+    was most of the viewer's peak memory."""
+    kind = type(value)
+    if kind is int or kind is float or value is None or kind is bool:
+        return value
+    if kind is str:
+        return _clean_str(value)
     if isinstance(value, dict):
-        return {clean_text(k): clean_value(v, depth + 1) for k, v in value.items()}
+        changed = False
+        pairs = []
+        for key, item in value.items():
+            clean_key = _clean_str(key) if type(key) is str else clean_text(key)
+            clean_item = clean_value(item, depth + 1)
+            changed = changed or clean_key is not key or clean_item is not item
+            pairs.append((clean_key, clean_item))
+        return dict(pairs) if changed else value
     if isinstance(value, list):
-        return [clean_value(v, depth + 1) for v in value]
+        items = [clean_value(item, depth + 1) for item in value]
+        return items if any(a is not b for a, b in zip(items, value)) else value
+    if isinstance(value, str):
+        return _clean_str(str(value))
     return value
 
 
