@@ -17,6 +17,10 @@ SOURCE_NVML = "nvml"
 SOURCE_SIM = "sim"
 SOURCE_AGENT = "agent"
 
+# The newest per-step baselines memtop judges a trend by: the leak verdict's window, the rows the
+# observation reads, and so all a viewer asks an agent for (DESIGN §6, `sample` `max_marks`).
+MARK_WINDOW = 1024
+
 
 class AgentStatus(str, Enum):
     """An agent as the viewer sees it.  A str enum, so the values compare and serialise as the

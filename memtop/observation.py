@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuFacts
 from memtop.diagnosis.stability import Stabilizer
 from memtop.model import (
+    MARK_WINDOW,
     SOURCE_AGENT,
     AgentDeviceSample,
     AgentHello,
@@ -33,7 +34,7 @@ from memtop.store import AgentDeviceView, AgentView, Store
 
 # The history windows the screens draw (the store keeps an hour).
 HISTORY_ROWS = 900  # sampled rows: 15 minutes at the default 1 s interval
-MARK_ROWS = 1024  # per-step baselines
+MARK_ROWS = MARK_WINDOW  # per-step baselines
 EVENTS = 20  # the newest event messages kept
 
 

@@ -97,6 +97,29 @@ def test_step_marks_reach_every_viewer_once(agent: Agent, allocator: SimulatedCa
     second.close()
 
 
+def test_max_marks_keeps_the_newest_and_moves_the_cursor_past_the_rest(agent: Agent):
+    agent.boundary.mark_interval_s = 0.0
+    for _ in range(1500):
+        agent.on_step(explicit=True)
+    with client_for(agent) as viewer, client_for(agent) as everything:
+        # The dashboard asks for the window it reads; the marks older than that are skipped,
+        # not delivered on the next sample.
+        assert [m.step for m in viewer.sample(max_marks=1024).step_marks] == list(
+            range(477, 1501)
+        )
+        agent.on_step(explicit=True)
+        agent.on_step(explicit=True)
+        assert [m.step for m in viewer.sample(max_marks=1).step_marks] == [1502]
+        assert [m.step for m in viewer.sample(max_marks=5).step_marks] == []
+        # Without the argument: every mark still buffered, as DESIGN §6 promises.
+        assert len(everything.sample().step_marks) == 1502
+        for bad in (0, -3, True, 2.5, "10"):
+            with pytest.raises(AgentError) as refused:
+                viewer.sample(max_marks=bad)  # type: ignore[arg-type]
+            assert refused.value.code == "bad_request"
+        assert viewer.sample().devices  # the connection is still good
+
+
 def test_optimizer_hook_steps_are_ignored_once_memtop_step_is_used(agent: Agent):
     agent.on_step()
     agent.on_step()

@@ -675,7 +675,7 @@ class Agent:
     def _execute(self, conn: _Connection, request: protocol.Request) -> dict[str, Any] | None:
         cmd = request.cmd
         if cmd == "sample":
-            return self._cmd_sample(conn)
+            return self._cmd_sample(conn, self._max_marks_arg(request))
         if cmd == "hello":
             return self._cmd_hello()
         if cmd == "breakdown":
@@ -783,7 +783,16 @@ class Agent:
             return self.boundary.devices
         return self.probe.devices()
 
-    def _cmd_sample(self, conn: _Connection) -> dict[str, Any]:
+    @staticmethod
+    def _max_marks_arg(request: protocol.Request) -> int | None:
+        limit = request.args.get("max_marks")
+        if limit is None:
+            return None
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise protocol.ProtocolError(protocol.E_BAD_REQUEST, "'max_marks' must be an int >= 1")
+        return limit
+
+    def _cmd_sample(self, conn: _Connection, max_marks: int | None = None) -> dict[str, Any]:
         boundary = self.boundary
         boundary.want_mem_info()
         devices = []
@@ -811,7 +820,7 @@ class Agent:
                     "free_measured_at": when,
                 }
             )
-        marks = self._marks_since(conn, len(devices))
+        marks = self._marks_since(conn, len(devices), max_marks)
         return {
             "time": time.time(),
             "step": boundary.step,
@@ -832,8 +841,12 @@ class Agent:
             },
         }
 
-    def _marks_since(self, conn: _Connection, device_count: int) -> list[dict[str, Any]]:
-        """The step marks this viewer has not seen, newest kept when they would not fit a frame.
+    def _marks_since(
+        self, conn: _Connection, device_count: int, max_marks: int | None = None
+    ) -> list[dict[str, Any]]:
+        """The step marks this viewer has not seen, newest kept when they would not fit a frame
+        or pass the viewer's own `max_marks` (the dashboard reads the newest 1024 and asks for
+        no more: a first reply of 4096 marks from each of 8 agents was its peak memory).
 
         list() of a deque is atomic under the GIL, so the trainer may append meanwhile; the
         cursor moves to the last mark actually taken, so none is skipped.
@@ -845,6 +858,8 @@ class Agent:
         new = max(0, last_seq - conn.mark_cursor)
         # A mark costs ~60 bytes plus ~24 per device: stay well inside the 1 MiB frame.
         fit = max(1024, 500_000 // (60 + 24 * max(1, device_count)))
+        if max_marks is not None:
+            fit = min(fit, max_marks)
         conn.mark_cursor = last_seq
         return [mark for _, mark in taken[len(taken) - min(new, fit, len(taken)) :]]
 

@@ -29,10 +29,11 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
+from memtop.model import MARK_WINDOW
 from memtop.units import MiB
 
 MIN_MARKS = 30  # fewer per-step baselines than this say nothing about a trend
-MAX_MARKS = 1024  # the newest baselines looked at (minutes at typical step rates)
+MAX_MARKS = MARK_WINDOW  # the newest baselines looked at (minutes at typical step rates)
 MAX_BINS = 40
 MIN_BINS = 8
 MIN_GROWTH_BYTES = 1 * MiB

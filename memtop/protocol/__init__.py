@@ -261,7 +261,7 @@ def clean_value(value: Any, depth: int = 0) -> Any:
         return dict(pairs) if changed else value
     if isinstance(value, list):
         items = [clean_value(item, depth + 1) for item in value]
-        return items if any(a is not b for a, b in zip(items, value)) else value
+        return items if any(a is not b for a, b in zip(items, value, strict=True)) else value
     if isinstance(value, str):
         return _clean_str(str(value))
     return value

@@ -29,7 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from memtop import protocol
-from memtop.model import AgentBreakdown, AgentHello, AgentSample, AgentSnapshot, AgentStatus
+from memtop.model import (
+    MARK_WINDOW,
+    AgentBreakdown,
+    AgentHello,
+    AgentSample,
+    AgentSnapshot,
+    AgentStatus,
+)
 
 
 class AgentError(Exception):
@@ -55,6 +62,8 @@ class AgentTimeout(AgentUnreachable):
 
 # Frames with another id a reply may be preceded by before the agent counts as flooding.
 MAX_STRAY_FRAMES = 32
+# A first sample asks for the marks the viewer reads, not the agent's whole buffer.
+SAMPLE_MAX_MARKS = MARK_WINDOW
 # An agent that had no torch yet when it said hello is asked again this often.
 HELLO_REFRESH_S = 5.0
 
@@ -224,9 +233,12 @@ class AgentClient:
             self.tap(self.pid, cmd, cleaned)
         return cleaned
 
-    def sample(self, timeout: float | None = None) -> AgentSample:
+    def sample(self, timeout: float | None = None, max_marks: int | None = None) -> AgentSample:
+        """The agent's counters and the step marks since this connection's last sample: all
+        still buffered, or the newest `max_marks` of them."""
+        args = {"max_marks": max_marks} if max_marks is not None else None
         try:
-            return protocol.parse_sample(self.request("sample", None, timeout))
+            return protocol.parse_sample(self.request("sample", args, timeout))
         except protocol.ProtocolError as exc:
             raise AgentError(exc.code, exc.message) from None
 
@@ -576,7 +588,7 @@ class AgentPool:
         def job() -> None:
             if not client.connected:
                 inbox.append(("hello", client.connect()))
-            sample = client.sample()
+            sample = client.sample(max_marks=SAMPLE_MAX_MARKS)
             if client.hello_is_stale(sample):
                 inbox.append(("hello", client.refresh_hello()))
             inbox.append(("sample", sample))
