@@ -104,9 +104,7 @@ def test_max_marks_keeps_the_newest_and_moves_the_cursor_past_the_rest(agent: Ag
     with client_for(agent) as viewer, client_for(agent) as everything:
         # The dashboard asks for the window it reads; the marks older than that are skipped,
         # not delivered on the next sample.
-        assert [m.step for m in viewer.sample(max_marks=1024).step_marks] == list(
-            range(477, 1501)
-        )
+        assert [m.step for m in viewer.sample(max_marks=1024).step_marks] == list(range(477, 1501))
         agent.on_step(explicit=True)
         agent.on_step(explicit=True)
         assert [m.step for m in viewer.sample(max_marks=1).step_marks] == [1502]
