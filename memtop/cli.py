@@ -291,6 +291,10 @@ def _once(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# Textual draws on stderr (its driver writes to sys.__stderr__); the first paint goes there too.
+TERMINAL_FD = 2
+
+
 def _watch(args: argparse.Namespace, simulated_only: bool) -> int:
     """The dashboard on a terminal; the plain text view when stdout is not one."""
     if sys.stdout.isatty() and sys.stdin.isatty():
@@ -310,21 +314,31 @@ def _gpu_list(text: str) -> frozenset[int]:
 
 
 def _dashboard(args: argparse.Namespace, simulated_only: bool) -> int:
-    from memtop.ui import config
-    from memtop.ui.app import MemtopApp
+    from memtop.ui import config, splash
 
-    sampler = _make_sampler(args, simulated_only)
+    settings = config.load()
+    # The header is on screen before Textual is imported (start-up budget, DESIGN §9).
+    painted = splash.paint(TERMINAL_FD, colour=settings.theme != "monochrome")
     try:
-        # The app starts the sampler once its first frame is out (start-up budget, DESIGN §9).
-        MemtopApp(
-            sampler.store,
-            sampler,
-            interval=args.interval,
-            only=getattr(args, "only", None),
-            config=config.load(),
-        ).run()
+        from memtop.ui.app import MemtopApp
+
+        sampler = _make_sampler(args, simulated_only)
+        try:
+            # The app starts the sampler once its first frame is out.
+            MemtopApp(
+                sampler.store,
+                sampler,
+                interval=args.interval,
+                only=getattr(args, "only", None),
+                config=settings,
+            ).run()
+        finally:
+            sampler.stop()
     finally:
-        sampler.stop()
+        if painted:
+            # Textual leaves the alternate screen when it ran; when it never got that far (an
+            # error or Ctrl-C while importing) this gives the terminal back. Twice is harmless.
+            splash.restore(TERMINAL_FD)
     return EXIT_OK
 
 

@@ -101,3 +101,73 @@ def test_dashboard_with_nothing_to_show_explains_itself(socket_dir: Path) -> Non
         if process.poll() is None:
             process.kill()
         os.close(master)
+
+
+def test_header_is_painted_before_textual_and_the_terminal_is_given_back(socket_dir: Path) -> None:
+    from memtop.ui import splash
+
+    process, master = spawn_in_pty([], socket_dir, size=(80, 24))
+    try:
+        first = read_until(master, b"starting", timeout=30)
+        # The very first bytes: the alternate screen, then the header row — no Textual yet.
+        assert first.startswith(splash.ENTER.encode())
+        assert b" memtop " in first and os.uname().nodename.encode() in first
+        read_until(master, b"memtop demo", timeout=30)  # Textual's own frame followed
+        os.write(master, b"q")
+        tail = b""
+        deadline = time.monotonic() + 15
+        while process.poll() is None and time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                with contextlib.suppress(OSError):
+                    tail += os.read(master, 65536)
+        assert process.wait(timeout=5) == 0
+        assert tail.endswith(splash.LEAVE.encode())  # back on the normal screen, cursor shown
+    finally:
+        if process.poll() is None:
+            process.kill()
+        os.close(master)
+
+
+def test_interrupted_while_starting_leaves_the_alternate_screen(socket_dir: Path) -> None:
+    from memtop.ui import splash
+
+    process, master = spawn_in_pty([], socket_dir, size=(80, 24))
+    try:
+        read_until(master, b"starting", timeout=30)
+        os.killpg(process.pid, 2)  # Ctrl-C, most likely while Textual is still importing
+        out = b""
+        deadline = time.monotonic() + 15
+        while process.poll() is None and time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                with contextlib.suppress(OSError):
+                    out += os.read(master, 65536)
+        assert process.poll() is not None, "memtop did not stop on Ctrl-C"
+        assert splash.LEAVE.encode() in out and b"Traceback" not in out
+    finally:
+        if process.poll() is None:
+            process.kill()
+        os.close(master)
+
+
+def test_no_splash_on_a_dumb_terminal_or_a_pipe(monkeypatch: pytest.MonkeyPatch) -> None:
+    from memtop.ui import splash
+
+    master, slave = os.openpty()
+    try:
+        monkeypatch.setenv("TERM", "dumb")
+        assert not splash.paint(slave)
+        monkeypatch.setenv("TERM", "xterm-256color")
+        assert splash.paint(slave, colour=False)
+        written = os.read(master, 4096)
+        assert b"\x1b[7m memtop " in written and b"\x1b[1;30;46m" not in written  # monochrome
+    finally:
+        os.close(master)
+        os.close(slave)
+    r, w = os.pipe()
+    try:
+        assert not splash.paint(w)  # not a terminal: nothing written
+    finally:
+        os.close(r)
+        os.close(w)
