@@ -102,7 +102,12 @@ def trainer_main(seconds: float, device: str, inject_race: bool, width: int) -> 
 
 def viewer_main(pids: list[int], directory: Path, seconds: float, out_dir: Path) -> int:
     """Hammer every agent; print one JSON line of counts and breakdowns seen."""
-    from memtop.sources.agents import AgentClient, AgentError, AgentUnreachable
+    from memtop.sources.agents import (
+        SAMPLE_MAX_MARKS,
+        AgentClient,
+        AgentError,
+        AgentUnreachable,
+    )
 
     counts: Counter[str] = Counter()
     breakdowns: dict[int, list[dict[str, Any]]] = {pid: [] for pid in pids}
@@ -145,7 +150,8 @@ def viewer_main(pids: list[int], directory: Path, seconds: float, out_dir: Path)
         next_sample = time.monotonic()
         while time.monotonic() < deadline:
             for pid in pids:
-                ask(pid, "sample", "sample", {})
+                # As the dashboard asks (max_marks: the window it reads).
+                ask(pid, "sample", "sample", {"max_marks": SAMPLE_MAX_MARKS})
             next_sample = max(next_sample + 1.0 / SAMPLE_HZ, time.monotonic() - 1.0)
             time.sleep(max(0.0, next_sample - time.monotonic()))
 

@@ -17,7 +17,9 @@ The stand-in GPUs:
 Each tool runs in a pseudo-terminal of the given size at its default refresh (memtop 1 s,
 nvitop 2 s), stdin/stdout/stderr on the pty slave; a reader thread drains the master.
 - first_frame_s: from spawning to the first output that paints the tool's header ("memtop" /
-  "NVITOP" on screen, escape sequences stripped); memtop's first_data_s: until "GPU 7" is on screen.
+  "NVITOP" on screen, escape sequences stripped). memtop paints its header row before Textual is
+  imported, so it also reports full_frame_s (until Textual's first frame, "Processes" on
+  screen) and first_data_s (until "GPU 7" is on screen); for nvitop all three are one time.
 - After --warmup s, a window of --seconds: the tool's user+system CPU over the wall time, the
   bytes read from the pty in the window, and its RSS at the end.  Then "q".
 - The tools take turns, --pairs times, the order alternating (m n, n m, m n …), so drift in the
@@ -302,10 +304,14 @@ def measure(
     window."""
     if tool == "memtop":
         command = [sys.executable, "-m", "memtop"]
-        markers = {"frame": re.compile(rb"memtop"), "data": re.compile(rb"GPU ?%d\b" % last_gpu)}
+        markers = {
+            "frame": re.compile(rb"memtop"),
+            "full": re.compile(rb"Processes"),  # Textual's first frame (the header comes first)
+            "data": re.compile(rb"GPU ?%d\b" % last_gpu),
+        }
     else:
         command = [sys.executable, "-m", "nvitop"]
-        markers = {"frame": re.compile(rb"NVITOP"), "data": re.compile(rb"NVITOP")}
+        markers = {k: re.compile(rb"NVITOP") for k in ("frame", "full", "data")}
     process, master, spawned = start_tool(command, args.size, env)
     reader = PtyReader(master, markers)
     reader.start()
@@ -317,6 +323,7 @@ def measure(
                 f"no first frame from {tool}; its output ends with:\n"
                 + reader.screen_tail()[-2000:]
             )
+        full_at = reader.wait_for("full", FIRST_DATA_TIMEOUT_S)
         data_at = reader.wait_for("data", FIRST_DATA_TIMEOUT_S)
         time.sleep(args.warmup)
         cpu0 = proc.cpu_times()
@@ -337,6 +344,7 @@ def measure(
     cpu_s = (cpu1.user - cpu0.user) + (cpu1.system - cpu0.system)
     return {
         "first_frame_s": round(frame_at - spawned, 3),
+        "full_frame_s": round(full_at - spawned, 3) if full_at is not None else None,
         "first_data_s": round(data_at - spawned, 3) if data_at is not None else None,
         "cpu_percent": round(100 * cpu_s / wall, 3),
         "tty_bytes_per_s": round(window_bytes / wall, 1),
@@ -390,7 +398,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                 result = measure(tool, args, nvitop_env if tool == "nvitop" else env, args.gpus - 1)
                 runs[tool].append(result)
                 print(
-                    f"  run {pair + 1} {tool:<6}: first frame {result['first_frame_s']:.3f} s, "
+                    f"  run {pair + 1} {tool:<6}: first frame {result['first_frame_s']:.3f} s "
+                    f"(full {result['full_frame_s']} s, data {result['first_data_s']} s), "
                     f"cpu {result['cpu_percent']:.2f} %, "
                     f"{float(result['tty_bytes_per_s']) / 1000:.2f} KB/s, "  # type: ignore[arg-type]
                     f"rss {result['rss_mb']} MB",

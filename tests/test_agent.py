@@ -118,6 +118,23 @@ def test_max_marks_keeps_the_newest_and_moves_the_cursor_past_the_rest(agent: Ag
         assert viewer.sample().devices  # the connection is still good
 
 
+def test_marks_as_columns_are_the_marks_as_rows(agent: Agent, allocator: SimulatedCachingAllocator):
+    agent.boundary.mark_interval_s = 0.0
+    for i in range(300):
+        allocator.malloc(4096) if i % 50 == 0 else None
+        agent.on_step(explicit=True)
+    with client_for(agent) as rows, client_for(agent) as columns:
+        as_rows = rows.sample(max_marks=200)
+        raw = columns.request("sample", {"max_marks": 200, "mark_layout": "columns"})
+        assert raw["step_marks"] == [] and len(raw["step_mark_columns"]["step"]) == 200
+        assert protocol.parse_sample(raw).step_marks == as_rows.step_marks
+        agent.on_step(explicit=True)
+        assert [m.step for m in columns.sample(columns=True).step_marks] == [301]
+        with pytest.raises(AgentError) as refused:
+            columns.request("sample", {"mark_layout": "csv"})
+        assert refused.value.code == "bad_request"
+
+
 def test_optimizer_hook_steps_are_ignored_once_memtop_step_is_used(agent: Agent):
     agent.on_step()
     agent.on_step()

@@ -138,6 +138,43 @@ def test_sample_schema_parses_marks_and_metrics():
     assert sample.step_marks[0].allocated == {0: 300}
 
 
+def test_mark_columns_carry_the_same_marks_as_rows():
+    rows = [
+        {"step": 1, "time": 1.0, "allocated_bytes": {"0": 10}, "peak_bytes": {"0": 12}},
+        {"step": 2, "time": 2.5, "allocated_bytes": {"0": 11, "1": 7}, "peak_bytes": {"0": 12}},
+        {"step": 3, "time": 3, "allocated_bytes": {}},
+    ]
+    columns = protocol.mark_columns(rows)
+    assert columns["step"] == [1, 2, 3] and columns["allocated_bytes"]["1"] == [None, 7, None]
+    # Through JSON, as on the wire.
+    wire = json.loads(json.dumps({"step_mark_columns": columns}))
+    base = {"time": 4.0, "step": 3, "devices": [], "step_marks": []}
+    by_columns = protocol.parse_sample({**base, **wire}).step_marks
+    by_rows = protocol.parse_sample({**base, "step_marks": rows}).step_marks
+    assert by_columns == by_rows
+    assert [m.allocated for m in by_columns] == [{0: 10}, {0: 11, 1: 7}, {}]
+
+
+@pytest.mark.parametrize(
+    "columns",
+    [
+        [],
+        {"step": [1, 2], "time": [1.0], "allocated_bytes": {}},  # lengths differ
+        {"step": [1], "time": [1.0], "allocated_bytes": {"0": [1, 2]}},
+        {"step": [1], "time": [float("nan")], "allocated_bytes": {}},
+        {"step": [True], "time": [1.0], "allocated_bytes": {}},
+        {"step": [1], "time": [1.0], "allocated_bytes": {"x": [1]}},
+        {"step": [1], "time": [1.0], "allocated_bytes": {"0": [-5]}},
+        {"step": [1], "time": [1.0], "allocated_bytes": {"0": ["5"]}},
+        {"step": [1] * 9000, "time": [1.0] * 9000, "allocated_bytes": {}},  # over MAX_MARKS
+        {"time": [1.0], "allocated_bytes": {}},
+    ],
+)
+def test_bad_mark_columns_are_refused(columns):
+    with pytest.raises(protocol.ProtocolError):
+        protocol.parse_sample({"time": 1.0, "step": 1, "devices": [], "step_mark_columns": columns})
+
+
 def test_sample_with_bool_step_is_refused():
     with pytest.raises(protocol.ProtocolError):
         protocol.parse_sample({"time": 1.0, "step": True, "devices": []})

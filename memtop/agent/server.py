@@ -675,7 +675,8 @@ class Agent:
     def _execute(self, conn: _Connection, request: protocol.Request) -> dict[str, Any] | None:
         cmd = request.cmd
         if cmd == "sample":
-            return self._cmd_sample(conn, self._max_marks_arg(request))
+            columns = self._mark_layout_arg(request) == "columns"
+            return self._cmd_sample(conn, self._max_marks_arg(request), columns)
         if cmd == "hello":
             return self._cmd_hello()
         if cmd == "breakdown":
@@ -792,7 +793,18 @@ class Agent:
             raise protocol.ProtocolError(protocol.E_BAD_REQUEST, "'max_marks' must be an int >= 1")
         return limit
 
-    def _cmd_sample(self, conn: _Connection, max_marks: int | None = None) -> dict[str, Any]:
+    @staticmethod
+    def _mark_layout_arg(request: protocol.Request) -> str:
+        layout = request.args.get("mark_layout", "rows")
+        if layout not in ("rows", "columns"):
+            raise protocol.ProtocolError(
+                protocol.E_BAD_REQUEST, '\'mark_layout\' must be "rows" or "columns"'
+            )
+        return str(layout)
+
+    def _cmd_sample(
+        self, conn: _Connection, max_marks: int | None = None, columns: bool = False
+    ) -> dict[str, Any]:
         boundary = self.boundary
         boundary.want_mem_info()
         devices = []
@@ -821,7 +833,12 @@ class Agent:
                 }
             )
         marks = self._marks_since(conn, len(devices), max_marks)
+        extra: dict[str, Any] = {}
+        if columns:
+            extra["step_mark_columns"] = protocol.mark_columns(marks)
+            marks = []
         return {
+            **extra,
             "time": time.time(),
             "step": boundary.step,
             "devices": devices,

@@ -374,6 +374,61 @@ def _finite(obj: Mapping[str, Any], key: str, where: str) -> float:
     return value
 
 
+def mark_columns(marks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Step marks as columns (`sample` with `mark_layout: "columns"`): one list per field, and
+    for a per-device field one list per device, null where a mark lacks that device.
+
+    The same numbers as the rows, without an object per mark and per device: a viewer's first
+    sample of 1024 marks from each of 8 agents decodes into ~1 MB instead of ~15 MB."""
+    count = len(marks)
+    columns: dict[str, Any] = {}
+    for row, mark in enumerate(marks):
+        for key, value in mark.items():
+            if isinstance(value, dict):
+                per_device = columns.setdefault(key, {})
+                for device, number in value.items():
+                    per_device.setdefault(device, [None] * count)[row] = number
+            else:
+                columns.setdefault(key, [None] * count)[row] = value
+    return columns
+
+
+def _marks_from_columns(columns: object) -> list[StepMark]:
+    where = "sample step_mark_columns"
+    if not isinstance(columns, dict):
+        raise ProtocolError("bad_reply", f"{where}: must be an object")
+    steps = _require(columns, "step", list, where)
+    times = _require(columns, "time", list, where)
+    allocated = _require(columns, "allocated_bytes", dict, where)
+    count = len(_bounded(steps, MAX_MARKS, where))
+    if len(times) != count or len(allocated) > MAX_DEVICES:
+        raise ProtocolError("bad_reply", f"{where}: columns of different lengths")
+    per_device: list[tuple[int, list[Any]]] = []
+    for key, values in allocated.items():
+        if not _index(key) or not isinstance(values, list) or len(values) != count:
+            raise ProtocolError("bad_reply", f"{where}: bad 'allocated_bytes'")
+        if any(
+            v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0)
+            for v in values
+        ):
+            raise ProtocolError("bad_reply", f"{where}: bad 'allocated_bytes'")
+        per_device.append((int(key), values))
+    marks = []
+    for row, (step, when) in enumerate(zip(steps, times, strict=True)):
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise ProtocolError("bad_reply", f"{where}: 'step' must hold ints")
+        if isinstance(when, bool) or not isinstance(when, int | float) or not math.isfinite(when):
+            raise ProtocolError("bad_reply", f"{where}: 'time' must hold finite numbers")
+        marks.append(
+            StepMark(
+                step=step,
+                time=float(when),
+                allocated={i: v[row] for i, v in per_device if v[row] is not None},
+            )
+        )
+    return marks
+
+
 def parse_sample(result: Mapping[str, Any]) -> AgentSample:
     """Validate a `sample` result against the wire schema and turn it into an AgentSample.
 
@@ -404,7 +459,8 @@ def parse_sample(result: Mapping[str, Any]) -> AgentSample:
                 total_bytes=_count(raw, "total_bytes", "sample device"),
             )
         )
-    marks = []
+    columns = result.get("step_mark_columns")
+    marks = [] if columns is None else _marks_from_columns(columns)
     raw_marks = result.get("step_marks") or []
     if not isinstance(raw_marks, list):
         raise ProtocolError("bad_reply", "sample: 'step_marks' must be a list")

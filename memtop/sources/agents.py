@@ -233,10 +233,17 @@ class AgentClient:
             self.tap(self.pid, cmd, cleaned)
         return cleaned
 
-    def sample(self, timeout: float | None = None, max_marks: int | None = None) -> AgentSample:
+    def sample(
+        self, timeout: float | None = None, max_marks: int | None = None, columns: bool = False
+    ) -> AgentSample:
         """The agent's counters and the step marks since this connection's last sample: all
-        still buffered, or the newest `max_marks` of them."""
-        args = {"max_marks": max_marks} if max_marks is not None else None
+        still buffered, or the newest `max_marks` of them; `columns`: sent as columns, not an
+        object per mark (the same marks; an agent that predates the layout sends rows)."""
+        args: dict[str, Any] = {}
+        if max_marks is not None:
+            args["max_marks"] = max_marks
+        if columns:
+            args["mark_layout"] = "columns"
         try:
             return protocol.parse_sample(self.request("sample", args, timeout))
         except protocol.ProtocolError as exc:
@@ -588,7 +595,7 @@ class AgentPool:
         def job() -> None:
             if not client.connected:
                 inbox.append(("hello", client.connect()))
-            sample = client.sample(max_marks=SAMPLE_MAX_MARKS)
+            sample = client.sample(max_marks=SAMPLE_MAX_MARKS, columns=True)
             if client.hello_is_stale(sample):
                 inbox.append(("hello", client.refresh_hello()))
             inbox.append(("sample", sample))
