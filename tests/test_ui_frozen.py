@@ -224,3 +224,18 @@ def test_refresh_tick_after_the_app_closed_is_harmless() -> None:
     store.generation += 1  # new data arrived: refresh_view would render it
     app.refresh_view()
     assert app._detail_screen() is None
+
+
+def test_settle_gc_freezes_start_up_and_widens_gen0() -> None:
+    import gc
+
+    from memtop.ui import app as app_module
+
+    before = gc.get_threshold()
+    try:
+        app_module._settle_gc()
+        assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == (app_module.GC_GEN0_THRESHOLD, before[1], before[2])
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
