@@ -304,6 +304,8 @@ def measure(
     window."""
     if tool == "memtop":
         command = [sys.executable, "-m", "memtop"]
+        if args.memtop_interval is not None:
+            command += ["--interval", str(args.memtop_interval)]
         markers = {
             "frame": re.compile(rb"memtop"),
             "full": re.compile(rb"Processes"),  # Textual's first frame (the header comes first)
@@ -421,6 +423,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "gpus": args.gpus,
         "agents": len(trainer_pids),
         "size": f"{args.size[0]}x{args.size[1]}",
+        "memtop_interval_s": args.memtop_interval or 1.0,
         "seconds": args.seconds,
         "pairs": args.pairs,
         "runs": runs,
@@ -453,6 +456,12 @@ def main() -> int:
     parser.add_argument("--gpus", type=int, default=8, help="simulated GPUs, one trainer each")
     parser.add_argument("--size", type=parse_size, default=(120, 36), help="COLUMNSxROWS")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds after first frame")
+    parser.add_argument(
+        "--memtop-interval",
+        type=float,
+        default=None,
+        help="memtop's refresh in s (default: its own, 1 s; 2 compares at nvitop's refresh)",
+    )
     parser.add_argument(
         "--tools", default="memtop,nvitop", help="comma-separated: memtop, nvitop (default both)"
     )
