@@ -4,6 +4,7 @@ hostile double, and nothing at all."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -92,7 +93,8 @@ def test_it_runs_as_a_module_against_a_live_agent(agent: Agent):
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "9 of 9 checks passed" in done.stdout
+    assert "10 of 10 checks passed" in done.stdout
+    assert re.search(r"PASS  sample options +columns", done.stdout), done.stdout
 
 
 def test_no_agent_is_one_line_and_exit_2(socket_dir, capsys):

@@ -127,6 +127,21 @@ def run_checks(pid: int, directory: Path) -> list[Check]:
             assert not problems, "; ".join(problems)
             return f"{len(parsed.devices)} device(s), {len(parsed.step_marks)} step mark(s)"
 
+        def sample_options() -> str:
+            # DESIGN §6: an agent honours max_marks and mark_layout, or (older) ignores them;
+            # either way the reply must parse, and an honoured limit must hold.
+            rid, reply = talk.ask("sample", {"max_marks": 1, "mark_layout": "columns"})
+            assert reply.get("id") == rid, f"reply id {reply.get('id')!r}, request id {rid}"
+            assert "result" in reply, f"sample with options got an error: {reply.get('error')}"
+            result = reply["result"]
+            parsed = protocol.parse_sample(result)
+            if "step_mark_columns" not in result:
+                return f"options ignored (rows, {len(parsed.step_marks)} mark(s))"
+            assert len(parsed.step_marks) <= 1, (
+                f"max_marks 1 answered with {len(parsed.step_marks)} marks"
+            )
+            return f"columns, {len(parsed.step_marks)} mark(s)"
+
         def low_rate(cmd: str) -> Callable[[], str]:
             def body() -> str:
                 rid, reply = talk.ask(cmd)
@@ -187,6 +202,7 @@ def run_checks(pid: int, directory: Path) -> list[Check]:
         check("peer credentials", peer)
         if check("hello", hello):
             check("sample", sample)
+            check("sample options", sample_options)
         for cmd in ("breakdown", "snapshot"):
             check(cmd, low_rate(cmd))
         check("unknown command", unknown_command)
