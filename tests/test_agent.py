@@ -130,6 +130,7 @@ def test_marks_as_columns_are_the_marks_as_rows(agent: Agent, allocator: Simulat
         assert protocol.parse_sample(raw).step_marks == as_rows.step_marks
         agent.on_step(explicit=True)
         assert [m.step for m in columns.sample(columns=True).step_marks] == [301]
+        assert columns.sample(columns=True).step_marks == ()  # nothing new: still readable
         with pytest.raises(AgentError) as refused:
             columns.request("sample", {"mark_layout": "csv"})
         assert refused.value.code == "bad_request"

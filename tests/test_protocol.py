@@ -153,6 +153,9 @@ def test_mark_columns_carry_the_same_marks_as_rows():
     by_rows = protocol.parse_sample({**base, "step_marks": rows}).step_marks
     assert by_columns == by_rows
     assert [m.allocated for m in by_columns] == [{0: 10}, {0: 11, 1: 7}, {}]
+    # No marks (a trainer between steps, or one that never steps): still a readable reply.
+    empty = json.loads(json.dumps({"step_mark_columns": protocol.mark_columns([])}))
+    assert protocol.parse_sample({**base, **empty}).step_marks == ()
 
 
 @pytest.mark.parametrize(

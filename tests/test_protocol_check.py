@@ -50,6 +50,7 @@ def test_memtops_own_agent_passes_every_check(agent: Agent, capsys):
         "peer credentials",
         "hello",
         "sample",
+        "sample options",
         "breakdown",
         "snapshot",
         "unknown command",

@@ -381,7 +381,9 @@ def mark_columns(marks: list[dict[str, Any]]) -> dict[str, Any]:
     The same numbers as the rows, without an object per mark and per device: a viewer's first
     sample of 1024 marks from each of 8 agents decodes into ~1 MB instead of ~15 MB."""
     count = len(marks)
-    columns: dict[str, Any] = {}
+    # The three columns every reader needs are there even with no marks (a trainer between
+    # steps, or one that never steps).
+    columns: dict[str, Any] = {"step": [], "time": [], "allocated_bytes": {}}
     for row, mark in enumerate(marks):
         for key, value in mark.items():
             if isinstance(value, dict):
@@ -389,7 +391,10 @@ def mark_columns(marks: list[dict[str, Any]]) -> dict[str, Any]:
                 for device, number in value.items():
                     per_device.setdefault(device, [None] * count)[row] = number
             else:
-                columns.setdefault(key, [None] * count)[row] = value
+                column = columns.setdefault(key, [None] * count)
+                if not column:
+                    column.extend([None] * count)  # one of the three above, filled on first use
+                column[row] = value
     return columns
 
 
