@@ -151,7 +151,12 @@ def viewer_main(pids: list[int], directory: Path, seconds: float, out_dir: Path)
         while time.monotonic() < deadline:
             for pid in pids:
                 # As the dashboard asks (max_marks: the window it reads).
-                ask(pid, "sample", "sample", {"max_marks": SAMPLE_MAX_MARKS})
+                ask(
+                    pid,
+                    "sample",
+                    "sample",
+                    {"max_marks": SAMPLE_MAX_MARKS, "mark_layout": "columns"},
+                )
             next_sample = max(next_sample + 1.0 / SAMPLE_HZ, time.monotonic() - 1.0)
             time.sleep(max(0.0, next_sample - time.monotonic()))
 
