@@ -313,6 +313,8 @@ def test_oom_demo_then_memtop_oom_names_the_growing_batch(tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C must reach it even when the suite runs as a background job (SIGINT ignored).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 60

@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import os
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -21,6 +22,12 @@ from memtop import protocol
 pytestmark = pytest.mark.slow
 
 
+def default_sigint() -> None:
+    # A shell's background job starts with SIGINT ignored, and Python then installs no
+    # KeyboardInterrupt handler: Ctrl-C as a user sends it must reach memtop as it would.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def spawn_in_pty(args: list[str], socket_dir: Path, size: tuple[int, int] = (120, 36)):  # type: ignore[no-untyped-def]
     master, slave = os.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", size[1], size[0], 0, 0))
@@ -32,6 +39,7 @@ def spawn_in_pty(args: list[str], socket_dir: Path, size: tuple[int, int] = (120
         stderr=slave,
         env=env,
         start_new_session=True,
+        preexec_fn=default_sigint,
     )
     os.close(slave)
     return process, master
@@ -135,7 +143,8 @@ def test_interrupted_while_starting_leaves_the_alternate_screen(socket_dir: Path
     process, master = spawn_in_pty([], socket_dir, size=(80, 24))
     try:
         read_until(master, b"starting", timeout=30)
-        os.killpg(process.pid, 2)  # Ctrl-C, most likely while Textual is still importing
+        # Ctrl-C, most likely while Textual is still importing.
+        os.killpg(process.pid, signal.SIGINT)
         out = b""
         deadline = time.monotonic() + 15
         while process.poll() is None and time.monotonic() < deadline:
