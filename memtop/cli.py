@@ -297,7 +297,7 @@ TERMINAL_FD = 2
 
 def _watch(args: argparse.Namespace, simulated_only: bool) -> int:
     """The dashboard on a terminal; the plain text view when stdout is not one."""
-    if sys.stdout.isatty() and sys.stdin.isatty():
+    if _on_a_terminal():
         return _dashboard(args, simulated_only)
     return _text_view(args, simulated_only)
 
@@ -313,11 +313,22 @@ def _gpu_list(text: str) -> frozenset[int]:
     return numbers
 
 
+def _on_a_terminal() -> bool:
+    return sys.stdout.isatty() and sys.stdin.isatty()
+
+
+def _paint_header() -> bool:
+    """The dashboard's header row on the terminal before Textual is imported (start-up budget,
+    DESIGN §9); whether it was painted (memtop.ui.splash)."""
+    from memtop.ui import config, splash
+
+    return splash.paint(TERMINAL_FD, colour=config.load().theme != "monochrome")
+
+
 def _dashboard(args: argparse.Namespace, simulated_only: bool) -> int:
     from memtop.ui import config, splash
 
     settings = config.load()
-    # The header is on screen before Textual is imported (start-up budget, DESIGN §9).
     painted = splash.paint(TERMINAL_FD, colour=settings.theme != "monochrome")
     try:
         from memtop.ui.app import MemtopApp
@@ -385,6 +396,8 @@ def _demo(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_signal)
+    # The trainers take a few seconds to start: the header says memtop is on its way meanwhile.
+    painted = not args.no_ui and _on_a_terminal() and _paint_header()
     try:
         pids = demo.start()
         if not demo.wait_ready():
@@ -407,6 +420,10 @@ def _demo(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         demo.stop()
+        if painted:  # an error above is printed on the normal screen, not lost with the other
+            from memtop.ui import splash
+
+            splash.restore(TERMINAL_FD)
 
 
 def _export(args: argparse.Namespace) -> int:

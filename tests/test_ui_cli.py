@@ -77,6 +77,10 @@ def drain(master: int, process: subprocess.Popen[bytes], timeout: float = 15.0) 
 def test_demo_opens_the_dashboard_and_quit_stops_trainers(socket_dir: Path) -> None:
     process, master = spawn_in_pty(["demo", "--gpus", "1", "--scenario", "healthy"], socket_dir)
     try:
+        # The header is up while the trainers start: the very first bytes.
+        from memtop.ui import splash
+
+        assert read_until(master, b"starting", timeout=30).startswith(splash.ENTER.encode())
         read_until(master, b"sim_train.py", timeout=60)  # the trainer's row in the table
         assert protocol.list_agent_sockets(socket_dir, remove_stale=False)
         os.write(master, b"q")
