@@ -43,11 +43,17 @@ class SamplerTap(Protocol):
 
 class IsolatedDevices:
     """Runs `read()` of a device source on a thread of its own: a read that hangs (a wedged
-    driver) costs a round at most `wait` seconds, after which the last reading stands in."""
+    driver) costs a round at most `wait` seconds, after which the last reading stands in.
+
+    The thread lives as long as the source (a thread started per round cost more than the
+    read); a hung read keeps it, and no new read is asked until that one returns."""
 
     def __init__(self, source: DeviceSource) -> None:
         self.source = source
         self._done = threading.Event()
+        self._asked = threading.Event()
+        self._closed = False
+        self._worker: threading.Thread | None = None
         self._result: NvmlReading | None = None
         self._error: BaseException | None = None
         self._running_since: float | None = None  # wall time of the read in flight
@@ -58,7 +64,12 @@ class IsolatedDevices:
         if self._running_since is None:
             self._done.clear()
             self._running_since = time.time()
-            threading.Thread(target=self._read, name="memtop-devices", daemon=True).start()
+            if self._worker is None:
+                self._worker = threading.Thread(
+                    target=self._serve, name="memtop-devices", daemon=True
+                )
+                self._worker.start()
+            self._asked.set()
         if self._done.wait(wait):
             self._running_since = None
             self.stalled_since = None
@@ -75,14 +86,21 @@ class IsolatedDevices:
             available=False, error=f"the GPU driver is not answering (since {since})"
         )
 
-    def _read(self) -> None:
-        try:
-            self._result, self._error = self.source.read(), None
-        except Exception as exc:
-            self._result, self._error = None, exc
-        self._done.set()
+    def _serve(self) -> None:
+        while True:
+            self._asked.wait()
+            self._asked.clear()
+            if self._closed:
+                return
+            try:
+                self._result, self._error = self.source.read(), None
+            except Exception as exc:
+                self._result, self._error = None, exc
+            self._done.set()
 
     def close(self) -> None:
+        self._closed = True
+        self._asked.set()  # an idle worker wakes and leaves; a hung one is a daemon
         # A hung read holds the source's lock: close on a daemon thread, never wait for it.
         closer = threading.Thread(target=self.source.close, name="memtop-close", daemon=True)
         closer.start()

@@ -171,3 +171,41 @@ def test_a_foreign_or_open_socket_dir_is_reported_not_used(socket_dir: Path):
     assert "world-writable" in problem and str(socket_dir) in problem
     text = report.render_text(report.build(observe(store)))
     assert f"! ignoring agents: socket directory {socket_dir}" in text
+
+
+def test_device_reads_share_one_thread_and_recover_after_a_hang() -> None:
+    import threading
+
+    from memtop.sampler import IsolatedDevices
+
+    class Source:
+        def __init__(self) -> None:
+            self.threads: set[int] = set()
+            self.gate = threading.Event()
+            self.gate.set()
+            self.reads = 0
+
+        def read(self) -> NvmlReading:
+            self.threads.add(threading.get_ident())
+            self.gate.wait(10)
+            self.reads += 1
+            return NvmlReading(available=False, error=f"read {self.reads}")
+
+        def close(self) -> None:
+            self.gate.set()
+
+    source = Source()
+    devices = IsolatedDevices(source)  # type: ignore[arg-type]
+    try:
+        assert [devices.read(1.0).error for _ in range(3)] == ["read 1", "read 2", "read 3"]
+        assert len(source.threads) == 1  # one long-lived worker, not a thread per round
+        source.gate.clear()  # the driver wedges
+        assert devices.read(0.05).error == "read 3"  # the last reading stands in
+        assert devices.stalled_since is not None
+        assert devices.read(0.05).error == "read 3"  # and no second read is asked meanwhile
+        source.gate.set()
+        time.sleep(0.1)
+        assert devices.read(1.0).error == "read 4" and devices.stalled_since is None
+        assert devices.read(1.0).error == "read 5" and len(source.threads) == 1
+    finally:
+        devices.close()
