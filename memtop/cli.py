@@ -15,10 +15,14 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from memtop._version import __version__
 from memtop.commands import CommandError
 from memtop.protocol import UnsafeSocketDir
+
+if TYPE_CHECKING:
+    from memtop.ui.config import UiConfig
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 
@@ -295,10 +299,11 @@ def _once(args: argparse.Namespace) -> int:
 TERMINAL_FD = 2
 
 
-def _watch(args: argparse.Namespace, simulated_only: bool) -> int:
-    """The dashboard on a terminal; the plain text view when stdout is not one."""
+def _watch(args: argparse.Namespace, simulated_only: bool, painted: bool = False) -> int:
+    """The dashboard on a terminal; the plain text view when stdout is not one.  `painted`: the
+    header is on screen already (`memtop demo` paints it while its trainers start)."""
     if _on_a_terminal():
-        return _dashboard(args, simulated_only)
+        return _dashboard(args, simulated_only, painted)
     return _text_view(args, simulated_only)
 
 
@@ -317,19 +322,19 @@ def _on_a_terminal() -> bool:
     return sys.stdout.isatty() and sys.stdin.isatty()
 
 
-def _paint_header() -> bool:
+def _paint_header(settings: UiConfig) -> bool:
     """The dashboard's header row on the terminal before Textual is imported (start-up budget,
     DESIGN §9); whether it was painted (memtop.ui.splash)."""
-    from memtop.ui import config, splash
+    from memtop.ui import splash
 
-    return splash.paint(TERMINAL_FD, colour=config.load().theme != "monochrome")
+    return splash.paint(TERMINAL_FD, colour=settings.theme != "monochrome")
 
 
-def _dashboard(args: argparse.Namespace, simulated_only: bool) -> int:
+def _dashboard(args: argparse.Namespace, simulated_only: bool, painted: bool = False) -> int:
     from memtop.ui import config, splash
 
     settings = config.load()
-    painted = splash.paint(TERMINAL_FD, colour=settings.theme != "monochrome")
+    painted = painted or _paint_header(settings)
     try:
         from memtop.ui.app import MemtopApp
 
@@ -397,7 +402,12 @@ def _demo(args: argparse.Namespace) -> int:
 
     previous = signal.signal(signal.SIGTERM, on_signal)
     # The trainers take a few seconds to start: the header says memtop is on its way meanwhile.
-    painted = not args.no_ui and _on_a_terminal() and _paint_header()
+    if not args.no_ui and _on_a_terminal():
+        from memtop.ui import config
+
+        painted = _paint_header(config.load())
+    else:
+        painted = False
     try:
         pids = demo.start()
         if not demo.wait_ready():
@@ -414,7 +424,7 @@ def _demo(args: argparse.Namespace) -> int:
                     raise CliError(f"simulated trainer(s) exited: {demo.failed()}")
             return EXIT_OK
         args.interval = args.interval or 1.0
-        return _watch(args, simulated_only=True)
+        return _watch(args, simulated_only=True, painted=painted)
     except KeyboardInterrupt:
         return EXIT_OK
     finally:

@@ -80,8 +80,10 @@ def test_demo_opens_the_dashboard_and_quit_stops_trainers(socket_dir: Path) -> N
         # The header is up while the trainers start: the very first bytes.
         from memtop.ui import splash
 
-        assert read_until(master, b"starting", timeout=30).startswith(splash.ENTER.encode())
-        read_until(master, b"sim_train.py", timeout=60)  # the trainer's row in the table
+        first = read_until(master, b"starting", timeout=30)
+        assert first.startswith(splash.ENTER.encode())
+        seen = first + read_until(master, b"sim_train.py", timeout=60)  # the trainer's row
+        assert seen.count(splash.ENTER.encode()) == 1  # painted once, not again by the dashboard
         assert protocol.list_agent_sockets(socket_dir, remove_stale=False)
         os.write(master, b"q")
         assert drain(master, process) == 0
