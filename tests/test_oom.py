@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers import default_sigint
 
 from memtop.agent.oom import MAX_REPORT_BYTES, encode_report, prune, report_name
 from memtop.agent.probe import ProbeDevice
@@ -313,8 +314,7 @@ def test_oom_demo_then_memtop_oom_names_the_growing_batch(tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
-        # Ctrl-C must reach it even when the suite runs as a background job (SIGINT ignored).
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        preexec_fn=default_sigint,  # it is stopped with Ctrl-C below
     )
     try:
         deadline = time.monotonic() + 60

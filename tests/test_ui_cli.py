@@ -16,16 +16,11 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import default_sigint
 
 from memtop import protocol
 
 pytestmark = pytest.mark.slow
-
-
-def default_sigint() -> None:
-    # A shell's background job starts with SIGINT ignored, and Python then installs no
-    # KeyboardInterrupt handler: Ctrl-C as a user sends it must reach memtop as it would.
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def spawn_in_pty(args: list[str], socket_dir: Path, size: tuple[int, int] = (120, 36)):  # type: ignore[no-untyped-def]
