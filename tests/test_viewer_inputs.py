@@ -425,6 +425,28 @@ def test_clean_text_keeps_one_line_one_line(char: str) -> None:
     assert len(cleaned.splitlines()) == 1 and char not in cleaned
 
 
+def test_no_character_clean_text_replaces_passes_the_printable_fast_path() -> None:
+    # clean_value skips the regex for strings str.isprintable() accepts; that is safe only if
+    # every character the control class matches is one isprintable() refuses.
+    from memtop import protocol
+
+    printable = "".join(c for c in map(chr, range(0x110000)) if c.isprintable())
+    assert protocol._CONTROL.search(printable) is None
+
+
+def test_clean_value_cleans_nested_strings_and_keeps_clean_replies_as_they_are() -> None:
+    from memtop import protocol
+
+    clean = {"devices": [{"name": "H100 80GB", "stats": {"a": 1}}], "step_mark_columns": {}}
+    assert protocol.clean_value(clean) is clean  # nothing copied
+    hostile = {"argv\x1b": ["ok", "\x1b]0;pwned\x07", {"x": "\u202egnp.exe"}], "n": 2.5}
+    cleaned = protocol.clean_value(hostile)
+    assert cleaned == {"argv?": ["ok", "?]0;pwned?", {"x": "?gnp.exe"}], "n": 2.5}
+    assert hostile["argv\x1b"][1] == "\x1b]0;pwned\x07"  # the input is not changed in place
+    long = "a" * (protocol.MAX_TEXT + 10)
+    assert len(protocol.clean_value([long])[0]) == protocol.MAX_TEXT
+
+
 @pytest.mark.parametrize(
     "line",
     [

@@ -247,9 +247,9 @@ def clean_value(value: Any, depth: int = 0) -> Any:
     was most of the viewer's peak memory."""
     kind = type(value)
     if kind is int or kind is float or value is None or kind is bool:
-        return value
-    if kind is str:
-        return _clean_str(value)
+        return value  # the bulk of a reply: numbers, checked first
+    if isinstance(value, str):
+        return _clean_str(str(value))
     if isinstance(value, dict):
         changed = False
         pairs = []
@@ -262,8 +262,6 @@ def clean_value(value: Any, depth: int = 0) -> Any:
     if isinstance(value, list):
         items = [clean_value(item, depth + 1) for item in value]
         return items if any(a is not b for a, b in zip(items, value, strict=True)) else value
-    if isinstance(value, str):
-        return _clean_str(str(value))
     return value
 
 
