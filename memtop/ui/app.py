@@ -36,7 +36,11 @@ from memtop.ui.widgets.process_table import ProcessTable
 from memtop.ui.widgets.suggestions import SuggestionsPane
 from memtop.units import format_bytes
 
+LINUX_DRIVER = "textual.drivers.linux_driver.LinuxDriver"  # by name: not imported elsewhere
+
 if TYPE_CHECKING:
+    from textual.driver import Driver
+
     from memtop.ui.screens.detail import DetailScreen
 
 COMPACT_WIDTH = 100  # narrower than this: short numbers, fewer columns
@@ -131,6 +135,20 @@ class MemtopApp(App[None]):
         yield Static(id="empty")
         yield Static(id="status")
         yield Footer(compact=True)
+
+    def get_driver_class(self) -> type[Driver]:
+        """Textual's driver for this terminal; on Linux, one whose input thread sleeps until a
+        key arrives (memtop.ui.quiet_driver).  MEMTOP_TEXTUAL_INPUT_POLL=1 keeps Textual's own."""
+        driver = super().get_driver_class()
+        linux = (driver.__module__, driver.__name__) == (
+            "textual.drivers.linux_driver",
+            "LinuxDriver",
+        )
+        if linux and not os.environ.get("MEMTOP_TEXTUAL_INPUT_POLL"):
+            from memtop.ui.quiet_driver import QuietLinuxDriver
+
+            return QuietLinuxDriver
+        return driver
 
     def _install_cell_diff(self) -> None:
         """Only changed cells to the terminal (memtop.ui.cell_diff); not under a test pilot."""
