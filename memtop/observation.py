@@ -40,15 +40,19 @@ EVENTS = 20  # the newest event messages kept
 
 @dataclass(frozen=True, slots=True)
 class DeviceHistory:
-    """The newest sampled rows and step marks of one agent device, oldest first."""
+    """The newest sampled rows and step marks of one agent device, oldest first.
 
-    time: tuple[float, ...] = ()
-    allocated: tuple[float, ...] = ()
-    reserved: tuple[float, ...] = ()
-    torch_peak: tuple[float, ...] = ()
-    mark_step: tuple[float, ...] = ()
-    mark_time: tuple[float, ...] = ()
-    mark_allocated: tuple[float, ...] = ()
+    Each column is a sequence of floats that nobody changes: the store hands out copies
+    (`array('d')`, Store.device_windows), which cost a memcpy rather than a float object per
+    row; most rounds nobody reads them (the detail screen and the trend, once in a while)."""
+
+    time: Sequence[float] = ()
+    allocated: Sequence[float] = ()
+    reserved: Sequence[float] = ()
+    torch_peak: Sequence[float] = ()
+    mark_step: Sequence[float] = ()
+    mark_time: Sequence[float] = ()
+    mark_allocated: Sequence[float] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +131,7 @@ class GpuObservation:
     error: str | None
     processes: tuple[GpuProcess, ...]  # as the driver lists them (agents' pids without one)
     agents: tuple[AgentDeviceObservation, ...]
-    used_history: tuple[tuple[float, ...], tuple[float, ...]] = ((), ())  # times, used bytes
+    used_history: tuple[Sequence[float], Sequence[float]] = ((), ())  # times, used bytes
     power_watts: float | None = None
 
     @property
@@ -313,21 +317,21 @@ def _agent_device(
     nvml_used: int | None,
     diagnosis: DeviceDiagnosis,
 ) -> AgentDeviceObservation:
-    rows = store.history(
+    rows, marks = store.device_windows(
         agent.pid,
         dev.index,
-        last=HISTORY_ROWS,
-        columns=("time", "allocated", "reserved", "torch_peak"),
+        HISTORY_ROWS,
+        ("time", "allocated", "reserved", "torch_peak"),
+        MARK_ROWS,
     )
-    marks = store.step_marks(agent.pid, dev.index, last=MARK_ROWS)
     history = DeviceHistory(
-        time=tuple(rows.get("time", ())),
-        allocated=tuple(rows.get("allocated", ())),
-        reserved=tuple(rows.get("reserved", ())),
-        torch_peak=tuple(rows.get("torch_peak", ())),
-        mark_step=tuple(marks.get("step", ())),
-        mark_time=tuple(marks.get("time", ())),
-        mark_allocated=tuple(marks.get("allocated", ())),
+        time=rows.get("time", ()),
+        allocated=rows.get("allocated", ()),
+        reserved=rows.get("reserved", ()),
+        torch_peak=rows.get("torch_peak", ()),
+        mark_step=marks.get("step", ()),
+        mark_time=marks.get("time", ()),
+        mark_allocated=marks.get("allocated", ()),
     )
     return AgentDeviceObservation(
         pid=agent.pid,
@@ -344,9 +348,9 @@ def _agent_device(
     )
 
 
-def _used_history(store: Store, uuid: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    rows = store.device_used_history(uuid, last=HISTORY_ROWS)
-    return tuple(t for t, _ in rows), tuple(v for _, v in rows)
+def _used_history(store: Store, uuid: str) -> tuple[Sequence[float], Sequence[float]]:
+    times, used = store.device_used_window(uuid, last=HISTORY_ROWS)
+    return times, used
 
 
 def _gpus(

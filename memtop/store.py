@@ -77,6 +77,18 @@ class Ring:
             return data[first:end].tolist()
         return data[first:].tolist() + data[: end - self.capacity].tolist()
 
+    def window(self, name: str, last: int | None = None) -> array[float]:
+        """`column` as a fresh array rather than a list: a copy of the bytes (memcpy), no float
+        object per row until one is read.  The observation takes its history windows this way
+        every round (8 devices × 7 columns × ~1000 rows)."""
+        data = self._columns[self.names.index(name)]
+        count = self._count if last is None else max(0, min(last, self._count))
+        first = (self._start + self._count - count) % self.capacity
+        end = first + count
+        if end <= self.capacity:
+            return data[first:end]
+        return data[first:] + data[: end - self.capacity]
+
     def count_since(self, name: str, since: float) -> int:
         """How many of the newest rows have `name` >= since (the column must be ascending)."""
         data = self._columns[self.names.index(name)]
@@ -351,6 +363,14 @@ class Store:
         with self._lock:
             return self._nvml
 
+    def device_used_window(self, uuid: str, last: int | None = None) -> tuple[array[float], ...]:
+        """(times, used bytes) of one GPU as arrays (Ring.window), oldest first."""
+        with self._lock:
+            ring = self._device_used.get(uuid)
+            if ring is None:
+                return (array("d"), array("d"))
+            return (ring.window("time", last), ring.window("used", last))
+
     def device_used_history(self, uuid: str, last: int | None = None) -> list[tuple[float, float]]:
         with self._lock:
             ring = self._device_used.get(uuid)
@@ -390,6 +410,18 @@ class Store:
                 recent = ring.count_since("time", since)
                 last = recent if last is None else min(last, recent)
             return {name: ring.column(name, last) for name in (columns or ring.names)}
+
+    def device_windows(
+        self, pid: int, index: int, history_rows: int, history_columns: Sequence[str], marks: int
+    ) -> tuple[dict[str, array[float]], dict[str, array[float]]]:
+        """The newest `history_rows` of `history_columns` and the newest `marks` step marks
+        (every column) of one agent device, as arrays (Ring.window), in one lock."""
+        with self._lock:
+            device = self._device_state(pid, index)
+            if device is None:
+                return {}, {}
+            rows = {name: device.history.window(name, history_rows) for name in history_columns}
+            return rows, {name: device.marks.window(name, marks) for name in device.marks.names}
 
     def step_marks(
         self,

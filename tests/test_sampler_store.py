@@ -32,6 +32,17 @@ def test_ring_keeps_the_newest_rows_in_order():
     assert ring.last("v") == 40
 
 
+def test_a_window_is_a_copy_of_the_column_wrapped_or_not():
+    ring = Ring(4, ("t", "v"))
+    for i in range(6):  # wrapped: rows 2..5, the oldest at slot 2
+        ring.append(i, i * 10)
+        for last in (None, 0, 1, 3, 4, 9):
+            assert list(ring.window("v", last)) == ring.column("v", last)
+    window = ring.window("v")
+    ring.append(6, 60)
+    assert list(window) == [20, 30, 40, 50]  # a copy: later rows do not show through
+
+
 def poll(pid: int, step: int, allocated: int, marks: tuple[StepMark, ...] = ()) -> AgentPoll:
     stats = {"allocated_bytes.all.current": allocated, "reserved_bytes.all.current": 2 * allocated}
     hello = AgentHello(1, pid, ("train.py",), "3.11", None, "", ())

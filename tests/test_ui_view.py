@@ -3,11 +3,13 @@ without a terminal (the SVG snapshots check how it looks)."""
 
 from __future__ import annotations
 
+from array import array
+
 from helpers.observations import frozen_observation
 from ui_frozen import UUIDS
 
 from memtop.model import Severity
-from memtop.ui import view
+from memtop.ui import render, view
 
 
 def test_gpu_rows_sum_their_agents_and_follow_the_leak():
@@ -71,3 +73,15 @@ def test_detail_of_a_leaking_process_has_its_history_and_trend_line():
 def test_rendering_is_deterministic_over_one_observation():
     obs = frozen_observation()
     assert view.build(obs) == view.build(obs)
+
+
+def test_a_trend_line_is_reduced_only_when_drawn_or_compared():
+    raw = array("d", [float(i % 7) for i in range(1000)])
+    line = view.TrendLine(raw, total=50_000)
+    assert line._points is None  # built every second, drawn once per slow period
+    values, floor, span = line.points()
+    assert len(values) == view.TREND_POINTS and values == tuple(render.bin_reduce(raw, 120, min))
+    assert floor == min(values) and span == 1000  # at least 2 % of the device
+    assert view.TrendLine(list(raw), total=50_000) == line  # equal by points
+    assert view.TrendLine(raw[:-300], total=50_000) != line
+    assert view.TrendLine().points() == ((), 0.0, 1.0)

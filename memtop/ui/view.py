@@ -37,18 +37,70 @@ EMPTY = "empty"  # no devices and no agents
 READY = "ready"
 
 
+class TrendLine:
+    """The points of a trend sparkline, reduced from the raw baselines on first use.
+
+    A GPU card draws a new trend once per slow period (render.slow_tick) and keeps the one it
+    shows in between, so most trends built each second are never drawn: reducing ~1000
+    baselines to TREND_POINTS bins was half the cost of building the view.  Two lines are
+    equal when their points are (a card repaints only then)."""
+
+    __slots__ = ("_points", "_raw", "_total")
+
+    def __init__(self, raw: Sequence[float] = (), total: int | None = None) -> None:
+        self._raw = raw  # oldest first; a copy nobody changes (the observation's)
+        self._total = total  # the device's size: the vertical scale spans at least 2 % of it
+        self._points: tuple[tuple[float, ...], float, float] | None = None
+
+    def points(self) -> tuple[tuple[float, ...], float, float]:
+        """(values oldest first, floor, span): values are drawn between floor and floor+span."""
+        if self._points is None:
+            values = tuple(bin_reduce(self._raw, TREND_POINTS, min))
+            if values:
+                # Noise of a few MB must not look like a cliff.
+                low, high = min(values), max(values)
+                least = (self._total or 0) / 50 or 1.0
+                self._points = (values, low, max(high - low, least))
+            else:
+                self._points = ((), 0.0, 1.0)
+            self._raw = ()
+        return self._points
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TrendLine):
+            return NotImplemented
+        return self is other or self.points() == other.points()
+
+    def __hash__(self) -> int:
+        return hash(self.points())
+
+    def __repr__(self) -> str:
+        return f"TrendLine({self.points()!r})"
+
+
 @dataclass(frozen=True, slots=True)
 class Trend:
     """The leak-trend sparkline of one GPU and what it says."""
 
-    values: tuple[float, ...]  # oldest first, already reduced to at most TREND_POINTS
-    floor: float  # the sparkline's scale: values are drawn between floor and floor + span
-    span: float
+    line: TrendLine
     status: str  # "leak", "steady", "collecting", "no PyTorch agent"
     pid: int | None
     bytes_per_step: float | None = None  # of a leak
     bytes_per_second: float | None = None
     seconds_to_full: float | None = None
+
+    @property
+    def values(self) -> tuple[float, ...]:
+        """Oldest first, reduced to at most TREND_POINTS."""
+        return self.line.points()[0]
+
+    @property
+    def floor(self) -> float:
+        return self.line.points()[1]
+
+    @property
+    def span(self) -> float:
+        return self.line.points()[2]
 
     @property
     def leak(self) -> bool:
@@ -243,14 +295,10 @@ def _trend(gpu: GpuObservation) -> Trend:
         focus = max(on_it, key=lambda d: d.reserved_bytes, default=None)
     if focus is None:
         used = gpu.used_history[1][-TREND_SAMPLES:]
-        values = bin_reduce(used, TREND_POINTS, min)
-        return _scaled(values, None, Trend((), 0, 1, "no PyTorch agent", None))
+        return Trend(TrendLine(used), "no PyTorch agent", None)
     history = focus.history
     marks = history.mark_allocated[-TREND_MARKS:]
-    if len(marks) < 2:
-        values = bin_reduce(history.allocated[-TREND_SAMPLES:], TREND_POINTS, min)
-    else:
-        values = bin_reduce(marks, TREND_POINTS, min)
+    raw = history.allocated[-TREND_SAMPLES:] if len(marks) < 2 else marks
     leak = focus.diagnosis.leak
     if leak.detected:
         status = "leak"
@@ -258,17 +306,14 @@ def _trend(gpu: GpuObservation) -> Trend:
         status = "collecting"
     else:
         status = "steady"
-    trend = Trend(
-        (),
-        0.0,
-        1.0,
+    return Trend(
+        TrendLine(raw, focus.sample.total_bytes),
         status,
         focus.pid,
         leak.bytes_per_step if leak.detected else None,
         leak.bytes_per_second if leak.detected else None,
         leak.seconds_to_full if leak.detected else None,
     )
-    return _scaled(values, focus.sample.total_bytes, trend)
 
 
 def leak_label(
@@ -286,16 +331,6 @@ def leak_label(
     if short:
         return f"{rate} {format_duration(to_full)}"
     return f"{rate} · full in {format_duration(to_full)}"
-
-
-def _scaled(values: list[float], total: int | None, trend: Trend) -> Trend:
-    """Noise of a few MB must not look like a cliff: the vertical scale spans at least 2 % of
-    the device."""
-    if not values:
-        return trend
-    low, high = min(values), max(values)
-    least = (total or 0) / 50 or 1.0
-    return replace(trend, values=tuple(values), floor=low, span=max(high - low, least))
 
 
 # ------------------------------------------------------------------------------ processes
