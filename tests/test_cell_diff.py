@@ -63,3 +63,26 @@ def test_wide_characters_and_unmodelled_sequences_pass_in_order():
     out = diff.feed("\x1b[?25l\x1b[3;5H日本\x1b]0;title\x07x")
     assert out.startswith("\x1b[?25l") and "日本" in out and "\x1b]0;title\x07" in out
     assert diff.cells[(3, 5)] == ("日", "") and diff.cells[(3, 9)] == ("x", "")
+
+
+def test_random_frames_of_mixed_widths_end_on_the_same_screen():
+    # ASCII, one-cell symbols (bars, box drawing), wide CJK and a combining accent, in random
+    # styles: after every frame the diffed stream leaves the terminal as the full one would.
+    rng = random.Random(11)
+    alphabet = ["a", "7", " ", "█", "▁", "─", "…", "日", "e\u0301"]
+    styles = ["", "1", "38;5;112", "1;31"]
+    diff = CellDiff()
+    full: list[str] = []
+    sent: list[str] = []
+    lines: dict[int, list[tuple[str, str]]] = {}
+    for _ in range(200):
+        row = rng.randrange(1, 6)
+        lines[row] = [
+            ("".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 12))), rng.choice(styles))
+            for _ in range(rng.randrange(1, 5))
+        ]
+        stream = frame(lines)
+        full.append(stream)
+        sent.append(diff.feed(stream))
+        assert screen("".join(sent)) == screen("".join(full))
+    assert diff.feed(frame(lines)) == "\x1b[?2026h\x1b[?2026l"  # nothing changed: nothing drawn

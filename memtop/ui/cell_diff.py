@@ -33,19 +33,71 @@ _FORGET_PRIVATE = {"1049", "47", "1047"}  # alternate screen switches
 
 
 class CellDiff:
-    """A stateful filter: `feed(data)` returns what to write instead of `data`."""
+    """A stateful filter: `feed(data)` returns what to write instead of `data`.
+
+    The copy is kept per row, as a list of characters and a list of styles (None: never
+    written), so that a run of text that is already on screen is recognised with two list
+    comparisons rather than character by character: most of what Textual sends each second
+    is a whole line of which one figure changed."""
+
+    WIDTH_CACHE = 65536  # characters whose width is remembered
 
     def __init__(self) -> None:
-        self.cells: dict[tuple[int, int], tuple[str, str]] = {}  # (row, col) 1-based
+        self._chars: dict[int, list[str | None]] = {}  # row (1-based) → column - 1 → char
+        self._styles: dict[int, list[str | None]] = {}  # the SGR each cell was written in
+        self._widths: dict[str, int] = {}
         self.row = 1  # where Textual's stream has put the cursor
         self.col = 1
         self.style = ""  # the SGR parameters in force in Textual's stream
         self.bytes_in = 0
         self.bytes_out = 0
 
+    @property
+    def cells(self) -> dict[tuple[int, int], tuple[str, str]]:
+        """The copy as (row, col) → (character, style), 1-based (a wide character's second
+        cell holds "")."""
+        return {
+            (row, col): (char, style or "")
+            for row, chars in self._chars.items()
+            for col, (char, style) in enumerate(zip(chars, self._styles[row], strict=True), 1)
+            if char is not None
+        }
+
     def forget(self) -> None:
         """The terminal may no longer show what the copy says: send everything next time."""
-        self.cells.clear()
+        self._chars.clear()
+        self._styles.clear()
+
+    def _line(self, row: int, end: int) -> tuple[list[str | None], list[str | None]]:
+        """Row `row` of the copy, at least `end` cells long."""
+        chars = self._chars.get(row)
+        if chars is None:
+            chars = self._chars[row] = []
+            styles = self._styles[row] = []
+        else:
+            styles = self._styles[row]
+        if len(chars) < end:
+            pad = [None] * (end - len(chars))
+            chars.extend(pad)
+            styles.extend(pad)
+        return chars, styles
+
+    def _is_narrow(self, text: str) -> bool:
+        """Every character of `text` takes one cell.  ASCII at once; otherwise each distinct
+        character's width is looked up once (a run whose figures change every second is a new
+        string every second, but made of the same few characters)."""
+        if text.isascii():
+            return True
+        widths = self._widths
+        for char in set(text):
+            width = widths.get(char)
+            if width is None:
+                if len(widths) >= self.WIDTH_CACHE:
+                    widths.clear()
+                width = widths[char] = cell_len(char)
+            if width != 1:
+                return False
+        return True
 
     def feed(self, data: str) -> str:
         out: list[str] = []
@@ -54,24 +106,47 @@ class CellDiff:
         for match in _TOKEN.finditer(data):
             kind = match.lastgroup
             if kind == "text":
-                for char in match.group("text"):
-                    width = cell_len(char)
-                    if width == 0:  # a combining mark: passes through where it stands
+                text = match.group("text")
+                row, first, now = self.row, self.col - 1, self.style
+                if self._is_narrow(text):
+                    count = len(text)
+                    chars, styles = self._line(row, first + count)
+                    end = first + count
+                    self.col += count
+                    if chars[first:end] == list(text) and styles[first:end] == [now] * count:
+                        continue  # the terminal shows this run already
+                    for offset, char in enumerate(text):
+                        column = first + offset
+                        if chars[column] == char and styles[column] == now:
+                            continue
+                        if at != (row, column + 1):
+                            out.append(f"\x1b[{row};{column + 1}H")
+                        if style != now:
+                            out.append("\x1b[0m" + (f"\x1b[{now}m" if now else ""))
+                            style = now
+                        out.append(char)
+                        chars[column], styles[column] = char, now
+                        at = (row, column + 2)
+                    continue
+                # Wide or combining characters among them: one cell (or two) at a time, each
+                # combining mark kept with the character it modifies.
+                for char, width in _clusters(text):
+                    if width == 0:  # a mark with nothing before it: passes through
                         out.append(char)
                         continue
-                    key = (self.row, self.col)
-                    cell = (char, self.style)
-                    if self.cells.get(key) != cell:
-                        if at != key:
-                            out.append(f"\x1b[{self.row};{self.col}H")
-                        if style != self.style:
-                            out.append("\x1b[0m" + (f"\x1b[{self.style}m" if self.style else ""))
-                            style = self.style
+                    column = self.col - 1
+                    chars, styles = self._line(row, column + width)
+                    if chars[column] != char or styles[column] != now:
+                        if at != (row, self.col):
+                            out.append(f"\x1b[{row};{self.col}H")
+                        if style != now:
+                            out.append("\x1b[0m" + (f"\x1b[{now}m" if now else ""))
+                            style = now
                         out.append(char)
-                        self.cells[key] = cell
+                        chars[column], styles[column] = char, now
                         if width == 2:
-                            self.cells[(self.row, self.col + 1)] = ("", self.style)
-                        at = (self.row, self.col + width)
+                            chars[column + 1], styles[column + 1] = "", now
+                        at = (row, self.col + width)
                     self.col += width
             elif kind == "csi":
                 final, params = match.group("final"), match.group("params")
@@ -116,6 +191,19 @@ class CellDiff:
         elif final in "ABCDEFGd`":  # relative moves we do not track: be safe
             self.forget()
         out.append(f"\x1b[{params}{final}")
+
+
+def _clusters(text: str) -> list[tuple[str, int]]:
+    """`text` as (character with its combining marks, cells) pairs."""
+    clusters: list[tuple[str, int]] = []
+    for char in text:
+        width = cell_len(char)
+        if width == 0 and clusters:
+            base, cells = clusters[-1]
+            clusters[-1] = (base + char, cells)
+        else:
+            clusters.append((char, width))
+    return clusters
 
 
 def install(write: Callable[[str], None]) -> tuple[CellDiff, Callable[[str], None]]:
