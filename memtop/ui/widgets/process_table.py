@@ -208,6 +208,7 @@ class ProcessTable(Widget, can_focus=True):
         self._column_spans: list[tuple[str, int, int]] = []  # (column key, x0, x1) for clicks
         self._layout_key: tuple[object, ...] = ()
         self._slow_tick = -1
+        self._base_style: Style | None = None
 
     def on_mount(self) -> None:
         self.border_title = "Processes"
@@ -357,9 +358,17 @@ class ProcessTable(Widget, can_focus=True):
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         return len(self.lines) + 1
 
+    def notify_style_update(self) -> None:
+        self._base_style = None  # the CSS changed (theme, focus, a class): look it up again
+        super().notify_style_update()
+
     def render_line(self, y: int) -> Strip:
         width = self.content_region.width
-        base = self.rich_style
+        # Textual's rich_style walks every ancestor's colours on each call; the table paints
+        # up to a line per row every second.
+        base = self._base_style
+        if base is None:
+            base = self._base_style = self.rich_style
         if y == 0:
             style = self.get_component_rich_style("process-table--header")
             return _strip(self.app.console, self._header, width, base + style)
