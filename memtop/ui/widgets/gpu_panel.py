@@ -8,6 +8,7 @@ from dataclasses import replace
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
+from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Static
 
@@ -25,6 +26,7 @@ from memtop.ui.render import (
     usage_style,
 )
 from memtop.ui.view import GpuRow
+from memtop.ui.widgets.lines import text_strip
 from memtop.units import format_bytes
 
 # Below this width the second line uses short sizes (30.2G), so the trend keeps its room.
@@ -62,6 +64,9 @@ class GpuCard(Widget):
         super().__init__()
         self.row = row
         self._slow_tick = -1
+        self._strips: list[Strip] | None = None  # the lines as drawn, until the row changes
+        self._strips_width = 0
+        self._blank = Strip.blank(0)
 
     def show(self, row: GpuRow) -> None:
         """Repaint when something a user must see at once changed (used memory, an error, a
@@ -76,7 +81,24 @@ class GpuCard(Widget):
             self._slow_tick = tick
         if row != self.row:
             self.row = row
+            self._strips = None
             self.refresh()
+
+    def notify_style_update(self) -> None:
+        self._strips = None  # the CSS changed (theme, -dense): draw again
+        super().notify_style_update()
+
+    def render_line(self, y: int) -> Strip:
+        """A line of `render()`, through Rich only (memtop.ui.widgets.lines): Textual's
+        content pipeline cost ~1 ms a card, and all cards repaint together each slow period."""
+        width = self.size.width
+        if self._strips is None or self._strips_width != width:
+            base = self.rich_style
+            lines = self.render().split("\n", allow_blank=True)
+            self._strips = [text_strip(self.app.console, line, width, base) for line in lines]
+            self._strips_width = width
+            self._blank = Strip.blank(width, base)
+        return self._strips[y] if y < len(self._strips) else self._blank
 
     def render(self) -> Text:
         width = self.size.width

@@ -16,8 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from rich.console import Console
-from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual import events
@@ -29,6 +27,7 @@ from textual.widget import Widget
 
 from memtop.ui.render import FREE, short_bytes, slow_tick
 from memtop.ui.view import ProcessRow
+from memtop.ui.widgets.lines import text_strip
 
 
 @dataclass(frozen=True)
@@ -371,7 +370,7 @@ class ProcessTable(Widget, can_focus=True):
             base = self._base_style = self.rich_style
         if y == 0:
             style = self.get_component_rich_style("process-table--header")
-            return _strip(self.app.console, self._header, width, base + style)
+            return text_strip(self.app.console, self._header, width, base + style)
         index = self._top + y - 1
         if index >= len(self._texts):
             return Strip.blank(width, base)
@@ -380,7 +379,7 @@ class ProcessTable(Widget, can_focus=True):
             # Under the row's own styles, so a red trend keeps its colour on the cursor.
             name = "process-table--cursor" if self.has_focus else "process-table--cursor-blurred"
             base = base + self.get_component_rich_style(name)
-        return _strip(self.app.console, self._texts[index], width, base)
+        return text_strip(self.app.console, self._texts[index], width, base)
 
     def _is_cursor(self, row: ProcessRow) -> bool:
         # By identity: `lines` holds the very objects of `rows`.  (Searching `rows` for the line
@@ -493,8 +492,3 @@ def _fit(text: str, width: int, right: bool) -> str:
     if len(text) > width:
         return text[: max(0, width - 1)] + "…"
     return text.rjust(width) if right else text.ljust(width)
-
-
-def _strip(console: Console, text: Text, width: int, style: Style) -> Strip:
-    segments = Segment.apply_style(text.render(console, end=""), style=style)
-    return Strip(list(segments)).crop_extend(0, width, style)
