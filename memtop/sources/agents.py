@@ -22,7 +22,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,28 +68,80 @@ SAMPLE_MAX_MARKS = MARK_WINDOW
 HELLO_REFRESH_S = 5.0
 
 
-def _recv_exactly(sock: socket.socket, size: int, deadline: float) -> bytes:
-    chunks = bytearray()
-    while len(chunks) < size:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError
-        sock.settimeout(remaining)
-        chunk = sock.recv(min(size - len(chunks), 1 << 20))
-        if not chunk:
+RECV_CHUNK = 1 << 16
+
+
+class PendingReply:
+    """A request sent, its reply not yet read.
+
+    Read either all at once on the calling thread (`wait`, blocking until the request's one
+    deadline), or a piece at a time as bytes arrive (`read_available`, never blocking: the
+    sampler's poll thread reads many agents' replies this way on one selector, and hands a
+    reply still unfinished when its round ends to a worker, which `wait`s for the rest).  One
+    reader at a time.  The reply's failures are the request's: AgentTimeout (no reply by the
+    deadline, or a flood of frames answering nothing), AgentUnreachable (the connection broke
+    or the frame is bad; the connection is closed), AgentError (the agent's error frame).
+    """
+
+    def __init__(
+        self, client: AgentClient, cmd: str, request_id: int, deadline: float, limit: float
+    ) -> None:
+        self.client = client
+        self.cmd = cmd
+        self.request_id = request_id
+        self.deadline = deadline
+        self._limit = limit  # the request's timeout, for the message if it runs out
+        self._stray = 0
+        self._reply: dict[str, Any] | None = None
+
+    def fileno(self) -> int:
+        sock = self.client._sock
+        return sock.fileno() if sock is not None else -1
+
+    def read_available(self) -> dict[str, Any] | None:
+        """Take the bytes the socket holds now; the reply's result once it is complete."""
+        if self._reply is None:
+            with self.client._failures(self):
+                sock = self.client._connected_socket()
+                try:
+                    data = sock.recv(RECV_CHUNK, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    data = None
+                if data is not None:
+                    self._take(data)
+                if self._reply is None and time.monotonic() >= self.deadline:
+                    raise TimeoutError
+        return self.client._result(self.cmd, self._reply) if self._reply is not None else None
+
+    def wait(self) -> dict[str, Any]:
+        """Block until the reply is complete or the deadline passes; the result."""
+        with self.client._failures(self):
+            while self._reply is None:
+                remaining = self.deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError
+                sock = self.client._connected_socket()
+                sock.settimeout(remaining)
+                self._take(sock.recv(RECV_CHUNK))
+        return self.client._result(self.cmd, self._reply)
+
+    def _take(self, data: bytes) -> None:
+        if not data:
             raise protocol.ConnectionClosed("connection closed by the agent")
-        chunks += chunk
-    return bytes(chunks)
+        for message in self.client._decoder.feed(data):
+            reply_id = message.get("id")
+            if reply_id == self.request_id or (reply_id is None and "error" in message):
+                self._reply = message
+                return  # bytes after it stay in the decoder, for the next request to read
+            self._stray += 1
+            if self._stray >= MAX_STRAY_FRAMES:
+                raise AgentTimeout(
+                    f"floods the connection: {self._stray} frames that answer no request"
+                )
 
-
-def recv_message(sock: socket.socket, deadline: float) -> dict[str, Any]:
-    """One frame, read before `deadline` (time.monotonic) however slowly it trickles in."""
-    (length,) = protocol._HEADER.unpack(_recv_exactly(sock, protocol._HEADER.size, deadline))
-    if length > protocol.MAX_FRAME_BYTES:
-        raise protocol.ProtocolError(
-            protocol.E_FRAME_TOO_LARGE, f"frame of {length} bytes exceeds 1 MiB"
-        )
-    return protocol.decode_body(_recv_exactly(sock, length, deadline))
+    def timed_out(self) -> AgentTimeout:
+        extra = f" ({self._stray} frames with other ids)" if self._stray else ""
+        return AgentTimeout(f"no reply to {self.cmd!r} within {self._limit:.3g} s{extra}")
 
 
 class AgentClient:
@@ -110,6 +162,7 @@ class AgentClient:
         self.timeout = timeout
         self.owner = os.getuid() if owner is None else owner
         self._sock: socket.socket | None = None
+        self._decoder = protocol.FrameDecoder()  # bytes of this connection not yet a frame
         self._next_id = 1
         self.hello: AgentHello | None = None
         self.hello_at = 0.0
@@ -122,6 +175,7 @@ class AgentClient:
         deadline = time.monotonic() + limit
         directory = self.directory or protocol.socket_dir()
         try:
+            self._decoder = protocol.FrameDecoder()
             self._sock = protocol.connect_agent(self.pid, directory, self.owner, limit)
         except (protocol.PeerRefused, protocol.UnsafeSocketDir) as exc:
             raise AgentRefused(f"refused: {exc}") from None
@@ -175,36 +229,46 @@ class AgentClient:
         return self._request(cmd, args, time.monotonic() + (timeout or self.timeout))
 
     def _request(self, cmd: str, args: dict[str, Any] | None, deadline: float) -> dict[str, Any]:
-        sock = self._sock
-        if sock is None:
-            raise AgentUnreachable(f"not connected to the agent of pid {self.pid}")
+        return self.send(cmd, args, deadline).wait()
+
+    def send(
+        self, cmd: str, args: dict[str, Any] | None = None, deadline: float | None = None
+    ) -> PendingReply:
+        """Send one command; its reply is read through the PendingReply (by `deadline`,
+        time.monotonic; default: the client's timeout from now)."""
+        if deadline is None:
+            deadline = time.monotonic() + self.timeout
         request_id = self._next_id
         self._next_id += 1
-        limit = max(0.0, deadline - time.monotonic())  # for the message if it runs out
         message: dict[str, Any] = {"id": request_id, "cmd": cmd}
         if args:
             message["args"] = args
-        stray = 0
-        try:
+        pending = PendingReply(
+            self, cmd, request_id, deadline, max(0.0, deadline - time.monotonic())
+        )
+        with self._failures(pending):
+            sock = self._connected_socket()
             sock.settimeout(max(0.001, deadline - time.monotonic()))
             protocol.send_message(sock, message)
-            while True:
-                reply = recv_message(sock, deadline)
-                reply_id = reply.get("id")
-                if reply_id == request_id or (reply_id is None and "error" in reply):
-                    break
-                stray += 1
-                if stray >= MAX_STRAY_FRAMES:
-                    self.close()
-                    raise AgentTimeout(
-                        f"floods the connection: {stray} frames that answer no request"
-                    )
-        except AgentTimeout:
+        return pending
+
+    def _connected_socket(self) -> socket.socket:
+        if self._sock is None:
+            raise AgentUnreachable(f"not connected to the agent of pid {self.pid}")
+        return self._sock
+
+    @contextlib.contextmanager
+    def _failures(self, pending: PendingReply) -> Iterator[None]:
+        """What goes wrong on the wire, as the one-line errors a request raises; the connection
+        is closed on all but an agent's own error frame."""
+        try:
+            yield
+        except (AgentTimeout, AgentUnreachable):
+            self.close()
             raise
         except TimeoutError:
             self.close()
-            extra = f" ({stray} frames with other ids)" if stray else ""
-            raise AgentTimeout(f"no reply to {cmd!r} within {limit:.3g} s{extra}") from None
+            raise pending.timed_out() from None
         except (OSError, protocol.ConnectionClosed) as exc:
             self.close()
             reason = str(exc) or type(exc).__name__
@@ -217,6 +281,9 @@ class AgentClient:
             raise AgentUnreachable(
                 f"agent of pid {self.pid} sent an unreadable reply ({type(exc).__name__})"
             ) from None
+
+    def _result(self, cmd: str, reply: dict[str, Any]) -> dict[str, Any]:
+        """The result of a reply (every string in it cleaned), or its error as AgentError."""
         error = reply.get("error")
         if error is not None:
             if not isinstance(error, dict):
@@ -261,6 +328,7 @@ class AgentClient:
             with contextlib.suppress(OSError):
                 self._sock.close()
             self._sock = None
+        self._decoder = protocol.FrameDecoder()
 
     def __enter__(self) -> AgentClient:
         return self
