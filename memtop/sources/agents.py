@@ -6,8 +6,11 @@ The viewer trusts no agent (DESIGN §6, issue 10):
   checked with lstat (no symlink followed), and the server's SO_PEERCRED must show the pid in the
   socket's name running as the directory's owner; `hello` must name the same pid;
 - every request has one overall deadline that no stream of frames can extend, and agents are
-  polled concurrently on a few worker threads, so a stopped, slow or flooding agent costs the
-  others nothing and a round ends on time;
+  polled concurrently, so a stopped, slow or flooding agent costs the others nothing and a round
+  ends on time: a round's samples to open connections are sent and read on the poll thread, on
+  one selector (a thread per agent cost eight threads fighting over the GIL every second);
+  connecting, hellos, low-rate commands and a reply still unfinished when the round ends run on
+  worker threads started as needed;
 - replies are decoded with depth and size limits (protocol.decode_body), checked against the
   schema, and every string in them is made inert (protocol.clean_text) before anything shows it;
 - the numbers must make sense (allocated <= reserved <= total, counters that never go backwards,
@@ -19,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import selectors
 import socket
 import threading
 import time
@@ -142,6 +146,14 @@ class PendingReply:
     def timed_out(self) -> AgentTimeout:
         extra = f" ({self._stray} frames with other ids)" if self._stray else ""
         return AgentTimeout(f"no reply to {self.cmd!r} within {self._limit:.3g} s{extra}")
+
+
+def parse_sample(result: dict[str, Any]) -> AgentSample:
+    """A `sample` result checked against the wire schema (AgentError where it fails)."""
+    try:
+        return protocol.parse_sample(result)
+    except protocol.ProtocolError as exc:
+        raise AgentError(exc.code, exc.message) from None
 
 
 class AgentClient:
@@ -306,15 +318,19 @@ class AgentClient:
         """The agent's counters and the step marks since this connection's last sample: all
         still buffered, or the newest `max_marks` of them; `columns`: sent as columns, not an
         object per mark (the same marks; an agent that predates the layout sends rows)."""
+        deadline = time.monotonic() + (timeout or self.timeout)
+        return parse_sample(self.send_sample(deadline, max_marks, columns).wait())
+
+    def send_sample(
+        self, deadline: float | None = None, max_marks: int | None = None, columns: bool = False
+    ) -> PendingReply:
+        """`sample` sent; its result (read through the PendingReply) goes to parse_sample."""
         args: dict[str, Any] = {}
         if max_marks is not None:
             args["max_marks"] = max_marks
         if columns:
             args["mark_layout"] = "columns"
-        try:
-            return protocol.parse_sample(self.request("sample", args, timeout))
-        except protocol.ProtocolError as exc:
-            raise AgentError(exc.code, exc.message) from None
+        return self.send("sample", args, deadline)
 
     def abort(self) -> None:
         """Wake a request blocked in another thread (it fails at once); used on shutdown."""
@@ -335,6 +351,16 @@ class AgentClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _settled(outcome: BaseException | None) -> Future[Any]:
+    """A job that is already over: done, or failed with `outcome`."""
+    future: Future[Any] = Future()
+    if outcome is None:
+        future.set_result(None)
+    else:
+        future.set_exception(outcome)
+    return future
 
 
 # States of an agent as the viewer sees it (kept as names here for existing importers).
@@ -621,6 +647,7 @@ class AgentPool:
             if pid not in found:
                 results[pid] = self._gone(self._agents.pop(pid))
         waiting: list[Future[Any]] = []
+        sampling: list[tuple[_Agent, PendingReply]] = []
         for pid, (directory, owner) in found.items():
             agent = self._agents.get(pid)
             if agent is None or (agent.directory, agent.owner) != (directory, owner):
@@ -628,9 +655,23 @@ class AgentPool:
                     self._drop_client(agent)
                 agent = self._agents[pid] = _Agent(pid, directory, owner)
             if agent.job is None and started >= agent.retry_at:
-                agent.job = self._workers.submit(self._job_for(agent))
+                extras = self._extras_due(agent)
+                client = agent.client
+                if client is not None and client.connected and not extras:
+                    # The common round: a plain sample on an open connection, sent here and
+                    # read below with every other agent's on one selector (no thread each).
+                    try:
+                        sampling.append(
+                            (agent, client.send_sample(None, SAMPLE_MAX_MARKS, columns=True))
+                        )
+                    except Exception as exc:  # AgentUnreachable, AgentTimeout: its failure
+                        agent.job = _settled(exc)
+                else:
+                    agent.job = self._workers.submit(self._job_for(agent, extras))
             if agent.job is not None and agent.state != HUNG:
                 waiting.append(agent.job)
+        if sampling:
+            waiting += self._read_samples(sampling, started + budget)
         if waiting:
             remaining = budget - (time.monotonic() - started)
             wait(waiting, timeout=max(0.0, remaining))
@@ -643,7 +684,8 @@ class AgentPool:
         self._refused_gone = set(refused)
         return [results[pid] for pid in sorted(results)]
 
-    def _job_for(self, agent: _Agent) -> Callable[[], None]:
+    def _extras_due(self, agent: _Agent) -> list[str]:
+        """The low-rate commands due for `agent` now (marked as sent)."""
         now = time.monotonic()
         extras = [
             cmd
@@ -652,6 +694,79 @@ class AgentPool:
         ]
         for cmd in extras:
             self._due[(agent.pid, cmd)] = now + self.low_rate[cmd]
+        return extras
+
+    def _read_samples(
+        self, sampling: list[tuple[_Agent, PendingReply]], round_ends: float
+    ) -> list[Future[Any]]:
+        """Read the replies of the samples sent this round as their bytes arrive, all on this
+        thread, until every one is in or the round ends.  Each agent's job is then settled: its
+        sample delivered, its failure recorded, or (a reply not complete when the round ends, a
+        hello to ask again) handed to a worker that finishes it within the request's own
+        deadline, as a job started on a worker would have.  The workers' futures."""
+        handed: list[Future[Any]] = []
+        with selectors.DefaultSelector() as selector:
+            for agent, pending in sampling:
+                selector.register(pending.fileno(), selectors.EVENT_READ, (agent, pending))
+            while selector.get_map():
+                now = time.monotonic()
+                soonest = min(key.data[1].deadline for key in selector.get_map().values())
+                if now >= round_ends:
+                    break
+                ready = {
+                    key.fd: key
+                    for key, _ in selector.select(max(0.0, min(round_ends, soonest) - now))
+                }
+                now = time.monotonic()
+                for key in selector.get_map().values():  # past its deadline: fails on reading
+                    if now >= key.data[1].deadline:
+                        ready.setdefault(key.fd, key)
+                for key in ready.values():
+                    agent, pending = key.data
+                    try:
+                        result = pending.read_available()
+                        if result is None:
+                            continue
+                        job = self._deliver(agent, pending.client, parse_sample(result))
+                    except Exception as exc:  # the request's failure is the agent's
+                        job = _settled(exc)
+                    selector.unregister(key.fileobj)
+                    agent.job = job
+                    if not job.done():
+                        handed.append(job)
+            for key in list(selector.get_map().values()):
+                agent, pending = key.data
+                agent.job = self._workers.submit(self._finish_sample(agent, pending))
+                handed.append(agent.job)
+        return handed
+
+    def _finish_sample(self, agent: _Agent, pending: PendingReply) -> Callable[[], None]:
+        inbox = agent.inbox
+
+        def job() -> None:
+            sample = parse_sample(pending.wait())
+            if pending.client.hello_is_stale(sample):
+                inbox.append(("hello", pending.client.refresh_hello()))
+            inbox.append(("sample", sample))
+
+        return job
+
+    def _deliver(self, agent: _Agent, client: AgentClient, sample: AgentSample) -> Future[Any]:
+        """A sample read on the poll thread, into the agent's inbox: at once, or after a worker
+        has asked for its hello again (the hello must come first: the sample's devices are
+        checked against it)."""
+        if not client.hello_is_stale(sample):
+            agent.inbox.append(("sample", sample))
+            return _settled(None)
+        inbox = agent.inbox
+
+        def job() -> None:
+            inbox.append(("hello", client.refresh_hello()))
+            inbox.append(("sample", sample))
+
+        return self._workers.submit(job)
+
+    def _job_for(self, agent: _Agent, extras: list[str]) -> Callable[[], None]:
         client = agent.client
         if client is None:
             client = agent.client = AgentClient(

@@ -1,0 +1,196 @@
+"""A sampling round reads every connected agent's `sample` on the poll thread, on one selector
+(memtop.sources.agents.AgentPool._read_samples), and still keeps every promise a thread per
+agent kept: a reply slower than the round is finished later, an agent that stops answering is
+marked hung, and a hello gone stale is asked again before its sample is used."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from memtop.sources.agents import CONNECTED, HUNG, AgentPool
+
+GiB = 1 << 30
+
+
+def hello(devices: int) -> dict[str, object]:
+    return {
+        "protocol": 1,
+        "pid": os.getpid(),
+        "argv": ["train.py"],
+        "python": "3.11",
+        "torch": "2.13.0",
+        "allocator_conf": "",
+        "devices": [
+            {"index": i, "uuid": f"GPU-{i}", "name": "H100", "total_bytes": 80 * GiB}
+            for i in range(devices)
+        ],
+    }
+
+
+def sample(step: int, devices: int) -> dict[str, object]:
+    stats = {"allocated_bytes.all.current": GiB, "reserved_bytes.all.current": 2 * GiB}
+    return {
+        "time": time.time(),
+        "step": step,
+        "devices": [
+            {"index": i, "stats": stats, "free_bytes": 70 * GiB, "total_bytes": 80 * GiB}
+            for i in range(devices)
+        ],
+        "step_marks": [],
+    }
+
+
+# How the agent answers its n-th sample (1-based): None never, else (pieces, gap s, devices).
+Answer = Callable[[int], tuple[int, float, int] | None]
+
+
+class Agent:
+    """An agent in this process (SO_PEERCRED shows our pid, as its socket name says)."""
+
+    def __init__(self, directory: Path, answer: Answer, hello_devices: Callable[[], int]) -> None:
+        self.answer = answer
+        self.hello_devices = hello_devices
+        self.samples = 0
+        self.hellos = 0
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(directory / f"{os.getpid()}.sock"))
+        self.listener.listen(4)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.listener.accept()
+                threading.Thread(target=self._connection, args=(conn,), daemon=True).start()
+
+    def _connection(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError), conn:
+            while True:
+                header = conn.recv(4, socket.MSG_WAITALL)
+                if len(header) < 4:
+                    return
+                request = json.loads(conn.recv(int.from_bytes(header, "big"), socket.MSG_WAITALL))
+                if request["cmd"] == "hello":
+                    self.hellos += 1
+                    self._send(conn, request["id"], hello(self.hello_devices()), 1, 0.0)
+                    continue
+                self.samples += 1
+                how = self.answer(self.samples)
+                if how is not None:
+                    pieces, gap, devices = how
+                    self._send(conn, request["id"], sample(self.samples, devices), pieces, gap)
+
+    @staticmethod
+    def _send(conn: socket.socket, rid: int, result: object, pieces: int, gap: float) -> None:
+        body = json.dumps({"id": rid, "result": result}).encode()
+        data = len(body).to_bytes(4, "big") + body
+        size = -(-len(data) // pieces)
+        for start in range(0, len(data), size):
+            conn.sendall(data[start : start + size])
+            time.sleep(gap)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def rounds(pool: AgentPool, count: int, budget: float, period: float) -> list[tuple[float, object]]:
+    """`count` rounds `period` apart: (seconds the poll took, our agent's row) each."""
+    out = []
+    for _ in range(count):
+        started = time.monotonic()
+        mine = {p.pid: p for p in pool.poll(budget=budget)}.get(os.getpid())
+        took = time.monotonic() - started
+        out.append((took, mine))
+        time.sleep(max(0.0, period - took))
+    return out
+
+
+def test_samples_after_the_first_are_read_on_the_poll_thread(socket_dir: Path) -> None:
+    agent = Agent(socket_dir, lambda n: (1, 0.0, 1), lambda: 1)
+    pool = AgentPool(socket_dir, timeout=1.0)
+    replies: list[tuple[str, int, str]] = []
+    pool.tap = lambda pid, cmd, result: replies.append(
+        (cmd, result.get("step", 0), threading.current_thread().name)
+    )
+    try:
+        seen = rounds(pool, 5, budget=0.5, period=0.1)
+        assert all(row is not None and row.state == CONNECTED for _, row in seen)
+        assert [row.sample.step for _, row in seen] == [1, 2, 3, 4, 5]  # type: ignore[union-attr]
+        # The first round connects on a worker (hello, then its sample); the rest are read by
+        # the thread that polls: no thread per agent per round.
+        assert [cmd for cmd, _, _ in replies] == [
+            "hello",
+            "sample",
+            "sample",
+            "sample",
+            "sample",
+            "sample",
+        ]
+        assert {name for cmd, step, name in replies if step >= 2} == {"MainThread"}
+        assert {name for cmd, _, name in replies[:2]} == {"memtop-agents"}
+    finally:
+        pool.close()
+        agent.close()
+
+
+def test_a_reply_slower_than_the_round_is_finished_later_and_not_lost(socket_dir: Path) -> None:
+    # After the first sample every reply trickles in over 0.4 s: longer than a round's 0.25 s
+    # budget, well within the request's 1 s deadline.
+    agent = Agent(socket_dir, lambda n: (1, 0.0, 1) if n == 1 else (8, 0.05, 1), lambda: 1)
+    pool = AgentPool(socket_dir, timeout=1.0)
+    try:
+        seen = rounds(pool, 10, budget=0.25, period=0.3)
+        assert max(took for took, _ in seen) < 0.25 + 0.15  # every round ends on time
+        rows = [row for _, row in seen]
+        assert all(row is not None and row.state == CONNECTED for row in rows)
+        steps = [row.sample.step for row in rows if row.sample is not None]  # type: ignore[union-attr]
+        assert len(steps) >= 5 and steps == sorted(set(steps))  # each arrives, once, in order
+        assert steps[0] == 1 and agent.samples - steps[-1] <= 2  # none lost on the way
+    finally:
+        pool.close()
+        agent.close()
+
+
+def test_an_agent_that_stops_answering_mid_run_is_marked_hung(socket_dir: Path) -> None:
+    agent = Agent(socket_dir, lambda n: (1, 0.0, 1) if n <= 3 else None, lambda: 1)
+    pool = AgentPool(socket_dir, timeout=0.6)
+    try:
+        seen = rounds(pool, 12, budget=0.2, period=0.25)
+        states = [row.state for _, row in seen if row is not None]
+        assert states[:3] == [CONNECTED] * 3
+        assert HUNG in states, states
+        hung = next(row for _, row in seen if row is not None and row.state == HUNG)
+        assert "no reply to 'sample' within 0.6 s" in (hung.error or "")  # type: ignore[attr-defined]
+        assert max(took for took, _ in seen) < 0.2 + 0.15
+    finally:
+        pool.close()
+        agent.close()
+
+
+def test_a_hello_gone_stale_is_asked_again_before_its_sample_is_used(socket_dir: Path) -> None:
+    # CUDA starts on a second device after the agent said hello: its samples carry cuda:1.
+    devices = {"now": 1}
+    agent = Agent(socket_dir, lambda n: (1, 0.0, 1 if n <= 2 else 2), lambda: devices["now"])
+    pool = AgentPool(socket_dir, timeout=1.0)
+    try:
+        first = rounds(pool, 2, budget=0.5, period=0.1)
+        devices["now"] = 2
+        later = rounds(pool, 3, budget=0.5, period=0.1)
+        rows = [row for _, row in first + later]
+        assert all(row is not None and row.state == CONNECTED for row in rows), [
+            (row.state, row.error)
+            for row in rows
+            if row is not None  # type: ignore[attr-defined]
+        ]
+        assert agent.hellos == 2  # once on connecting, once when cuda:1 appeared
+        assert len(rows[-1].hello.devices) == 2  # type: ignore[union-attr]
+    finally:
+        pool.close()
+        agent.close()
