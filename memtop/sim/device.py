@@ -172,16 +172,22 @@ def _flocked(path: Path, exclusive: bool) -> Iterator[None]:
             lock_file.close()  # closing drops the flock
 
 
-def read_ledger(path: Path, live_only: bool = True) -> dict[int, int]:
+def read_ledger(path: Path, live_only: bool = True, locked: bool = True) -> dict[int, int]:
     """{pid: used bytes} of a device ledger; entries of dead pids left out unless asked for.
 
     Missing or corrupt ledgers read as empty: a viewer must not crash on a half-set-up demo.
+    `locked=False` reads without the shared lock: every write is an atomic rename, so the
+    ledger read is always a whole one (a viewer reading every GPU every second saves an open
+    and a flock per GPU).
     """
     path = Path(path)
-    if not path.exists():
+    if not locked:
+        ledger = _read_ledger_file(path)  # a missing ledger reads as empty
+    elif not path.exists():
         return {}  # and leave no lock file behind for a GPU that does not exist
-    with _flocked(path, exclusive=False):
-        ledger = _read_ledger_file(path)
+    else:
+        with _flocked(path, exclusive=False):
+            ledger = _read_ledger_file(path)
     if live_only:
         ledger = {pid: used for pid, used in ledger.items() if pid_alive(pid)}
     return ledger
@@ -398,5 +404,6 @@ class SimGpuRegistry:
         )
 
     def usage_by_pid(self, index: int) -> dict[int, int]:
-        """{pid: used bytes} of live processes on GPU `index` ({} when unknown or unreadable)."""
-        return dict(sorted(read_ledger(self.ledger_path(index)).items()))
+        """{pid: used bytes} of live processes on GPU `index` ({} when unknown or unreadable).
+        A viewer's read: unlocked (see read_ledger)."""
+        return dict(sorted(read_ledger(self.ledger_path(index), locked=False).items()))

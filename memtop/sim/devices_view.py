@@ -8,7 +8,7 @@ from pathlib import Path
 
 from memtop.model import SOURCE_SIM, DeviceReading, GpuProcess, NvmlReading
 from memtop.sim.demo import live_registries
-from memtop.sim.device import SimGpuRegistry
+from memtop.sim.device import SimGpuRegistry, SimGpuSpec
 
 
 class SimulatedDeviceSource:
@@ -16,12 +16,28 @@ class SimulatedDeviceSource:
 
     def __init__(self, socket_dir: Path | None = None) -> None:
         self.socket_dir = socket_dir
+        # Each registry's GPU list, parsed again only when its file changes (a stat a second
+        # instead of a read and a JSON parse: the list is written once, when a demo starts).
+        self._specs: dict[Path, tuple[tuple[int, int], list[SimGpuSpec]]] = {}
+
+    def _gpus(self, registry: SimGpuRegistry) -> list[SimGpuSpec]:
+        try:
+            info = registry.gpus_path.stat()
+        except OSError:
+            return []
+        version = (info.st_mtime_ns, info.st_size)
+        known = self._specs.get(registry.root)
+        if known is None or known[0] != version:
+            known = self._specs[registry.root] = (version, registry.gpus())
+        return known[1]
 
     def read(self) -> NvmlReading:
         devices = []
-        for root in live_registries(self.socket_dir):
+        roots = live_registries(self.socket_dir)
+        self._specs = {root: known for root, known in self._specs.items() if root in roots}
+        for root in roots:
             registry = SimGpuRegistry(root)
-            for spec in registry.gpus():
+            for spec in self._gpus(registry):
                 usage = registry.usage_by_pid(spec.index)
                 used = sum(usage.values())
                 util, temperature, power = _plausible_load(spec.index, len(usage))
