@@ -53,6 +53,8 @@ def test_sort_by_keys_and_by_header_click() -> None:
         assert "USED▼" in screen_text(app.export_screenshot())
         await pilot.press("I")  # inverted
         assert pids(app) == [7002, 7001, 4201, 4102, 4101]
+        await pilot.pause()
+        assert "USED▲" in screen_text(app.export_screenshot())  # the header says so too
         # A click on a header sorts by that column; a second click inverts it.
         _key, x0, _ = next(span for span in table._column_spans if span[0] == "pid")
         await pilot.click(ProcessTable, offset=(2 + x0 + 1, 1))

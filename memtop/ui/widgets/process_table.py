@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from rich.style import Style
-from rich.text import Text
+from rich.text import Span, Text
 from textual import events
 from textual.binding import Binding
 from textual.geometry import Region, Size
@@ -307,7 +307,34 @@ class ProcessTable(Widget, can_focus=True):
         widths = [c.width[slot] for c in columns]
         room = self.content_region.width - sum(widths[:-1]) - gap * (len(columns) - 1) - 1
         widths[-1] = max(8, room)
-        layout_key = (tuple(widths), self._compact, len(self.lines), self.size, self.sort_key)
+        layout_key = (
+            tuple(widths),
+            self._compact,
+            len(self.lines),
+            self.size,
+            self.sort_key,
+            self.sort_reverse,  # the header's ▲/▼
+        )
+        texts = [
+            line.text() if isinstance(line, Group) else self._row_text(line, columns, widths, gap)
+            for line in self.lines
+        ]
+        if layout_key != self._layout_key:
+            self._layout_key = layout_key
+            self._header, self._column_spans = self._header_text(columns, widths, gap)
+            self._texts = texts
+            self.refresh(layout=True)
+            return
+        for index, text in enumerate(texts):
+            old = self._texts[index]
+            if text.plain != old.plain or text.spans != old.spans or text.style != old.style:
+                self._texts[index] = text
+                self._refresh_line(index)
+
+    def _header_text(
+        self, columns: list[Column], widths: list[int], gap: int
+    ) -> tuple[Text, list[tuple[str, int, int]]]:
+        """The header line, and each column's (key, x0, x1) on it for clicks."""
         header = Text(" ")
         spans = []
         for column, width in zip(columns, widths, strict=True):
@@ -320,37 +347,27 @@ class ProcessTable(Widget, can_focus=True):
                 style="underline" if column.key == self.sort_key else "",
             )
             header.append(" " * gap)
-        self._column_spans = spans
-        texts = [
-            line.text() if isinstance(line, Group) else self._row_text(line, columns, widths, gap)
-            for line in self.lines
-        ]
-        if layout_key != self._layout_key:
-            self._layout_key = layout_key
-            self._header, self._texts = header, texts
-            self.refresh(layout=True)
-            return
-        for index, text in enumerate(texts):
-            old = self._texts[index]
-            if text.plain != old.plain or text.spans != old.spans or text.style != old.style:
-                self._texts[index] = text
-                self._refresh_line(index)
+        return header, spans
 
     def _row_text(
         self, row: ProcessRow, columns: list[Column], widths: list[int], gap: int
     ) -> Text:
-        # An exited process is drawn dim: its figures are the last ones seen (marked ~).
-        text = Text(" ", style=FREE if row.last_known else "")
+        # Built as one string and its few styled spans (every row, every second: a Text.append
+        # per cell cost more than the rest of the row's work).
+        cells = [" "]
+        spans = []
+        at = 1
+        padding = " " * gap
         for column, width in zip(columns, widths, strict=True):
-            cell = column.cell(row, self._compact)
-            style = ""
+            cell = _fit(column.cell(row, self._compact), width, column.right)
             if column.key == "trend" and row.trend:
-                style = "bold red"
+                spans.append(Span(at, at + len(cell), "bold red"))
             elif column.key == "step" and row.state == "exited":
-                style = "yellow"
-            text.append(_fit(cell, width, column.right), style=style)
-            text.append(" " * gap)
-        return text
+                spans.append(Span(at, at + len(cell), "yellow"))
+            cells += (cell, padding)
+            at += len(cell) + gap
+        # An exited process is drawn dim: its figures are the last ones seen (marked ~).
+        return Text("".join(cells), style=FREE if row.last_known else "", spans=spans)
 
     # ------------------------------------------------------------------ rendering
 
