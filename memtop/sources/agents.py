@@ -260,8 +260,14 @@ class AgentClient:
         )
         with self._failures(pending):
             sock = self._connected_socket()
-            sock.settimeout(max(0.001, deadline - time.monotonic()))
-            protocol.send_message(sock, message)
+            data = protocol.encode_frame(message)
+            try:  # a request fits an empty socket buffer: at once, with no timeout to set
+                sent = sock.send(data, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            if sent < len(data):  # an agent that does not read: wait, up to the deadline
+                sock.settimeout(max(0.001, deadline - time.monotonic()))
+                sock.sendall(data[sent:])
         return pending
 
     def _connected_socket(self) -> socket.socket:
