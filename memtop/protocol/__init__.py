@@ -239,14 +239,16 @@ def _clean_str(text: str) -> str:
     return clean_text(text)
 
 
+_SCALARS = frozenset({int, float, bool, type(None)})  # nothing in them to clean
+
+
 def clean_value(value: Any, depth: int = 0) -> Any:
     """A decoded reply with every string (keys included) passed through clean_text.
 
     Containers in which nothing needed cleaning are returned as they are, not copied: a
     viewer's first `sample` carries a thousand step marks per agent, and a second copy of them
     was most of the viewer's peak memory."""
-    kind = type(value)
-    if kind is int or kind is float or value is None or kind is bool:
+    if type(value) in _SCALARS:
         return value  # the bulk of a reply: numbers, checked first
     if isinstance(value, str):
         return _clean_str(str(value))
@@ -255,11 +257,13 @@ def clean_value(value: Any, depth: int = 0) -> Any:
         pairs = []
         for key, item in value.items():
             clean_key = _clean_str(key) if type(key) is str else clean_text(key)
-            clean_item = clean_value(item, depth + 1)
+            clean_item = item if type(item) in _SCALARS else clean_value(item, depth + 1)
             changed = changed or clean_key is not key or clean_item is not item
             pairs.append((clean_key, clean_item))
         return dict(pairs) if changed else value
     if isinstance(value, list):
+        if _SCALARS.issuperset(map(type, value)):
+            return value  # a column of step marks: numbers only, checked at C speed
         items = [clean_value(item, depth + 1) for item in value]
         return items if any(a is not b for a, b in zip(items, value, strict=True)) else value
     return value
