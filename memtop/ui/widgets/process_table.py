@@ -325,11 +325,16 @@ class ProcessTable(Widget, can_focus=True):
             self._texts = texts
             self.refresh(layout=True)
             return
+        changed = []
         for index, text in enumerate(texts):
             old = self._texts[index]
             if text.plain != old.plain or text.spans != old.spans or text.style != old.style:
                 self._texts[index] = text
-                self._refresh_line(index)
+                changed.append(index)
+        # One repaint per run of adjacent changed lines (STEP moves on every row each second:
+        # one region, not a refresh per line).
+        for first, last in _runs(changed):
+            self._refresh_lines(first, last)
 
     def _header_text(
         self, columns: list[Column], widths: list[int], gap: int
@@ -413,9 +418,14 @@ class ProcessTable(Widget, can_focus=True):
         return next(i for i, line in enumerate(self.lines) if line is row)
 
     def _refresh_line(self, index: int) -> None:
-        y = index - self._top + 1
-        if 1 <= y < self.size.height:
-            self.refresh(Region(0, y, self.size.width, 1))
+        self._refresh_lines(index, index)
+
+    def _refresh_lines(self, first: int, last: int) -> None:
+        """Repaint lines first..last (indexes into `lines`) where they are in view."""
+        top = max(1, first - self._top + 1)
+        bottom = min(self.size.height - 1, last - self._top + 1)
+        if top <= bottom:
+            self.refresh(Region(0, top, self.size.width, bottom - top + 1))
 
     def _refresh_row(self, row_index: int) -> None:
         if self.rows:
@@ -496,6 +506,17 @@ class ProcessTable(Widget, can_focus=True):
             if row_index == self.cursor_row and event.chain >= 2:
                 self.action_choose()
             self.move_cursor(row_index)
+
+
+def _runs(indexes: list[int]) -> list[tuple[int, int]]:
+    """Ascending indexes as (first, last) runs of consecutive ones."""
+    runs: list[tuple[int, int]] = []
+    for index in indexes:
+        if runs and runs[-1][1] == index - 1:
+            runs[-1] = (runs[-1][0], index)
+        else:
+            runs.append((index, index))
+    return runs
 
 
 def _hold(row: ProcessRow, shown: ProcessRow | None) -> ProcessRow:
