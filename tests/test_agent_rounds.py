@@ -194,3 +194,60 @@ def test_a_hello_gone_stale_is_asked_again_before_its_sample_is_used(socket_dir:
     finally:
         pool.close()
         agent.close()
+
+
+def test_a_request_to_an_agent_that_reads_late_waits_for_its_own_deadline(
+    socket_dir: Path,
+) -> None:
+    # The agent stops reading for 0.4 s (its buffer fills with our requests), then catches
+    # up. A request that cannot be sent at once waits up to its own deadline; it neither
+    # fails early (no stale timeout left on the socket by an earlier request) nor hangs.
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(socket_dir / f"{os.getpid()}.sock"))
+    listener.listen(1)
+    reading = threading.Event()
+    reading.set()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        with contextlib.suppress(OSError), conn:
+            while True:
+                reading.wait()
+                header = conn.recv(4, socket.MSG_WAITALL)
+                if len(header) < 4:
+                    return
+                request = json.loads(conn.recv(int.from_bytes(header, "big"), socket.MSG_WAITALL))
+                result = hello(1) if request["cmd"] == "hello" else {"pad": "x" * 200}
+                body = json.dumps({"id": request["id"], "result": result}).encode()
+                conn.sendall(len(body).to_bytes(4, "big") + body)
+
+    threading.Thread(target=serve, daemon=True).start()
+    from memtop.sources.agents import AgentClient, AgentTimeout
+
+    client = AgentClient(os.getpid(), socket_dir, timeout=3.0)
+    try:
+        client.connect()
+        client.request("ping_a")  # unknown commands still get an answer here: a result
+        reading.clear()
+        threading.Timer(0.4, reading.set).start()
+        started = time.monotonic()
+        padding = {"pad": "y" * 60_000}
+        pending = [client.send("echo", padding, time.monotonic() + 3.0) for _ in range(8)]
+        assert [p.wait()["pad"] for p in pending] == ["x" * 200] * 8
+        assert time.monotonic() - started >= 0.35  # they did wait for the agent to read
+        # An agent that never reads again: the send fails at its deadline, not before.
+        reading.clear()
+        started = time.monotonic()
+        try:
+            for _ in range(64):
+                client.send("echo", padding, time.monotonic() + 0.5)
+        except AgentTimeout:
+            waited = time.monotonic() - started
+        else:
+            raise AssertionError("64 sends of 60 kB into a socket nobody reads all went out")
+        assert 0.45 <= waited < 2.0
+    finally:
+        reading.set()
+        client.close()
+        listener.close()

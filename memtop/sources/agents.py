@@ -20,8 +20,10 @@ The viewer trusts no agent (DESIGN §6, issue 10):
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import queue
+import select
 import selectors
 import socket
 import threading
@@ -102,17 +104,28 @@ class PendingReply:
         sock = self.client._sock
         return sock.fileno() if sock is not None else -1
 
+    def read_buffered(self) -> dict[str, Any] | None:
+        """The reply's result if the frames already read from this connection hold it (read
+        along with an earlier reply), without touching the socket; else None."""
+        if self._reply is None:
+            with self.client._failures(self):
+                self._take(b"")
+        return self.client._result(self.cmd, self._reply) if self._reply is not None else None
+
     def read_available(self) -> dict[str, Any] | None:
         """Take the bytes the socket holds now; the reply's result once it is complete."""
         if self._reply is None:
             with self.client._failures(self):
+                self._take(b"")  # frames read with an earlier reply first
+                if self._reply is not None:
+                    return self.client._result(self.cmd, self._reply)
                 sock = self.client._connected_socket()
                 try:
-                    data = sock.recv(RECV_CHUNK, socket.MSG_DONTWAIT)
+                    data: bytes | None = sock.recv(RECV_CHUNK)  # the socket never blocks
                 except BlockingIOError:
                     data = None
                 if data is not None:
-                    self._take(data)
+                    self._take(data, at_end=not data)
                 if self._reply is None and time.monotonic() >= self.deadline:
                     raise TimeoutError
         return self.client._result(self.cmd, self._reply) if self._reply is not None else None
@@ -120,17 +133,21 @@ class PendingReply:
     def wait(self) -> dict[str, Any]:
         """Block until the reply is complete or the deadline passes; the result."""
         with self.client._failures(self):
+            self._take(b"")  # frames read with an earlier reply first
             while self._reply is None:
-                remaining = self.deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError
                 sock = self.client._connected_socket()
-                sock.settimeout(remaining)
-                self._take(sock.recv(RECV_CHUNK))
+                try:
+                    data = sock.recv(RECV_CHUNK)
+                except BlockingIOError:
+                    _wait_for(sock, select.POLLIN, self.deadline)
+                    continue
+                self._take(data, at_end=not data)
         return self.client._result(self.cmd, self._reply)
 
-    def _take(self, data: bytes) -> None:
-        if not data:
+    def _take(self, data: bytes, at_end: bool = False) -> None:
+        """Look for the reply among the frames `data` completes (b"": among those already
+        read); `at_end`: the agent closed the connection."""
+        if at_end:
             raise protocol.ConnectionClosed("connection closed by the agent")
         for message in self.client._decoder.feed(data):
             reply_id = message.get("id")
@@ -146,6 +163,19 @@ class PendingReply:
     def timed_out(self) -> AgentTimeout:
         extra = f" ({self._stray} frames with other ids)" if self._stray else ""
         return AgentTimeout(f"no reply to {self.cmd!r} within {self._limit:.3g} s{extra}")
+
+
+def _wait_for(sock: socket.socket, event: int, deadline: float) -> None:
+    """Until `sock` is ready for `event` (select.POLLIN / POLLOUT); TimeoutError once the
+    deadline (time.monotonic) has passed.  The client's sockets never block: every wait is
+    here, against the request's one deadline (no timeout set on the socket per call)."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise TimeoutError
+    poller = select.poll()
+    poller.register(sock, event)
+    if not poller.poll(max(1, math.ceil(remaining * 1000))) and time.monotonic() >= deadline:
+        raise TimeoutError
 
 
 def parse_sample(result: dict[str, Any]) -> AgentSample:
@@ -189,6 +219,7 @@ class AgentClient:
         try:
             self._decoder = protocol.FrameDecoder()
             self._sock = protocol.connect_agent(self.pid, directory, self.owner, limit)
+            self._sock.setblocking(False)  # every wait is against a deadline (_wait_for)
         except (protocol.PeerRefused, protocol.UnsafeSocketDir) as exc:
             raise AgentRefused(f"refused: {exc}") from None
         except FileNotFoundError as exc:
@@ -260,14 +291,12 @@ class AgentClient:
         )
         with self._failures(pending):
             sock = self._connected_socket()
-            data = protocol.encode_frame(message)
-            try:  # a request fits an empty socket buffer: at once, with no timeout to set
-                sent = sock.send(data, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                sent = 0
-            if sent < len(data):  # an agent that does not read: wait, up to the deadline
-                sock.settimeout(max(0.001, deadline - time.monotonic()))
-                sock.sendall(data[sent:])
+            unsent = memoryview(protocol.encode_frame(message))
+            while unsent:  # at once, nearly always (a request fits an empty socket buffer)
+                try:
+                    unsent = unsent[sock.send(unsent) :]
+                except BlockingIOError:  # an agent that does not read: up to the deadline
+                    _wait_for(sock, select.POLLOUT, deadline)
         return pending
 
     def _connected_socket(self) -> socket.socket:
@@ -711,9 +740,27 @@ class AgentPool:
         hello to ask again) handed to a worker that finishes it within the request's own
         deadline, as a job started on a worker would have.  The workers' futures."""
         handed: list[Future[Any]] = []
+
+        def settle(agent: _Agent, pending: PendingReply, read: Callable[[], Any]) -> bool:
+            """Read; once the reply is in or has failed, settle the agent's job (True)."""
+            try:
+                result = read()
+                if result is None:
+                    return False
+                job = self._deliver(agent, pending.client, parse_sample(result))
+            except Exception as exc:  # the request's failure is the agent's
+                job = _settled(exc)
+            agent.job = job
+            if not job.done():
+                handed.append(job)
+            return True
+
         with selectors.DefaultSelector() as selector:
             for agent, pending in sampling:
-                selector.register(pending.fileno(), selectors.EVENT_READ, (agent, pending))
+                # A reply read along with an earlier one never wakes the selector (the pool
+                # sends one request at a time, but an agent may run ahead): look first.
+                if not settle(agent, pending, pending.read_buffered):
+                    selector.register(pending.fileno(), selectors.EVENT_READ, (agent, pending))
             while selector.get_map():
                 now = time.monotonic()
                 soonest = min(key.data[1].deadline for key in selector.get_map().values())
@@ -729,17 +776,8 @@ class AgentPool:
                         ready.setdefault(key.fd, key)
                 for key in ready.values():
                     agent, pending = key.data
-                    try:
-                        result = pending.read_available()
-                        if result is None:
-                            continue
-                        job = self._deliver(agent, pending.client, parse_sample(result))
-                    except Exception as exc:  # the request's failure is the agent's
-                        job = _settled(exc)
-                    selector.unregister(key.fileobj)
-                    agent.job = job
-                    if not job.done():
-                        handed.append(job)
+                    if settle(agent, pending, pending.read_available):
+                        selector.unregister(key.fileobj)
             for key in list(selector.get_map().values()):
                 agent, pending = key.data
                 agent.job = self._workers.submit(self._finish_sample(agent, pending))
