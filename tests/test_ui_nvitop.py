@@ -55,6 +55,12 @@ def test_sort_by_keys_and_by_header_click() -> None:
         assert pids(app) == [7002, 7001, 4201, 4102, 4101]
         await pilot.pause()
         assert "USED▲" in screen_text(app.export_screenshot())  # the header says so too
+        table.set_sort("gpu")  # a column too narrow for the arrow keeps its whole name
+        await pilot.pause()
+        assert " GPU " in screen_text(app.export_screenshot()) and "GP…" not in screen_text(
+            app.export_screenshot()
+        )
+        table.set_sort("used", reverse=True)
         # A click on a header sorts by that column; a second click inverts it.
         _key, x0, _ = next(span for span in table._column_spans if span[0] == "pid")
         await pilot.click(ProcessTable, offset=(2 + x0 + 1, 1))

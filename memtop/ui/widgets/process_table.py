@@ -344,7 +344,9 @@ class ProcessTable(Widget, can_focus=True):
         spans = []
         for column, width in zip(columns, widths, strict=True):
             label = COMPACT_LABELS.get(column.key, column.label) if self._compact else column.label
-            if column.key == self.sort_key:
+            if column.key == self.sort_key and len(label) < width:
+                # (Where the arrow has no room, "GP…" would say less than the underline and
+                # the subtitle's "sort gpu ▲" already do.)
                 label = label + ("▲" if self.sort_reverse else "▼")
             spans.append((column.key, len(header), len(header) + width))
             header.append(
