@@ -353,7 +353,9 @@ def test_memtop_run_example_is_visible_to_a_viewer(socket_dir: Path):
                 first = client.sample()
             marks = []
             second = first
-            while second.step == first.step:  # a few steps later (well before step 300)
+            # A few steps later (well before step 300), and at least one mark: marks are taken
+            # at most every MARK_MIN_INTERVAL_S, so the first sample after a step may hold none.
+            while second.step == first.step or not marks:
                 assert time.monotonic() < deadline, "the step count stopped moving"
                 time.sleep(0.05)
                 second = client.sample()
