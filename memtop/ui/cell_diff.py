@@ -16,7 +16,8 @@ a resize) forgets the copy, so the next frame goes out whole.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from itertools import repeat
 
 from rich.cells import cell_len
 
@@ -108,17 +109,25 @@ class CellDiff:
             if kind == "text":
                 text = match.group("text")
                 row, first, now = self.row, self.col - 1, self.style
-                if self._is_narrow(text):
-                    count = len(text)
-                    chars, styles = self._line(row, first + count)
-                    end = first + count
-                    self.col += count
-                    if chars[first:end] == list(text) and styles[first:end] == [now] * count:
-                        continue  # the terminal shows this run already
-                    for offset, char in enumerate(text):
-                        column = first + offset
-                        if chars[column] == char and styles[column] == now:
-                            continue
+                narrow = self._is_narrow(text)
+                cells: Iterable[tuple[str, int]]
+                if narrow:
+                    span = len(text)
+                    cells = zip(text, repeat(1))
+                else:  # wide characters or combining marks (kept with their character)
+                    cells = _clusters(text)
+                    span = sum(width for _, width in cells)
+                chars, styles = self._line(row, first + span)
+                self.col += span
+                end = first + span
+                if narrow and chars[first:end] == list(text) and styles[first:end] == [now] * span:
+                    continue  # the terminal shows this run already: two list comparisons
+                column = first
+                for char, width in cells:
+                    if width == 0:  # a mark with nothing before it: passes through
+                        out.append(char)
+                        continue
+                    if chars[column] != char or styles[column] != now:
                         if at != (row, column + 1):
                             out.append(f"\x1b[{row};{column + 1}H")
                         if style != now:
@@ -126,28 +135,10 @@ class CellDiff:
                             style = now
                         out.append(char)
                         chars[column], styles[column] = char, now
-                        at = (row, column + 2)
-                    continue
-                # Wide or combining characters among them: one cell (or two) at a time, each
-                # combining mark kept with the character it modifies.
-                for char, width in _clusters(text):
-                    if width == 0:  # a mark with nothing before it: passes through
-                        out.append(char)
-                        continue
-                    column = self.col - 1
-                    chars, styles = self._line(row, column + width)
-                    if chars[column] != char or styles[column] != now:
-                        if at != (row, self.col):
-                            out.append(f"\x1b[{row};{self.col}H")
-                        if style != now:
-                            out.append("\x1b[0m" + (f"\x1b[{now}m" if now else ""))
-                            style = now
-                        out.append(char)
-                        chars[column], styles[column] = char, now
                         if width == 2:
                             chars[column + 1], styles[column + 1] = "", now
-                        at = (row, self.col + width)
-                    self.col += width
+                        at = (row, column + 1 + width)
+                    column += width
             elif kind == "csi":
                 final, params = match.group("final"), match.group("params")
                 if final == "m" and not match.group("inter"):
