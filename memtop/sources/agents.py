@@ -110,15 +110,13 @@ class PendingReply:
         if self._reply is None:
             with self.client._failures(self):
                 self._take(b"")
-        return self.client._result(self.cmd, self._reply) if self._reply is not None else None
+        return self._result()
 
     def read_available(self) -> dict[str, Any] | None:
-        """Take the bytes the socket holds now; the reply's result once it is complete."""
+        """Take the bytes the socket holds now; the reply's result once it is complete.  (Call
+        `read_buffered` first: frames already read are not looked at again here.)"""
         if self._reply is None:
             with self.client._failures(self):
-                self._take(b"")  # frames read with an earlier reply first
-                if self._reply is not None:
-                    return self.client._result(self.cmd, self._reply)
                 sock = self.client._connected_socket()
                 try:
                     data: bytes | None = sock.recv(RECV_CHUNK)  # the socket never blocks
@@ -128,7 +126,7 @@ class PendingReply:
                     self._take(data, at_end=not data)
                 if self._reply is None and time.monotonic() >= self.deadline:
                     raise TimeoutError
-        return self.client._result(self.cmd, self._reply) if self._reply is not None else None
+        return self._result()
 
     def wait(self) -> dict[str, Any]:
         """Block until the reply is complete or the deadline passes; the result."""
@@ -143,6 +141,9 @@ class PendingReply:
                     continue
                 self._take(data, at_end=not data)
         return self.client._result(self.cmd, self._reply)
+
+    def _result(self) -> dict[str, Any] | None:
+        return self.client._result(self.cmd, self._reply) if self._reply is not None else None
 
     def _take(self, data: bytes, at_end: bool = False) -> None:
         """Look for the reply among the frames `data` completes (b"": among those already
@@ -386,6 +387,14 @@ class AgentClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _into_inbox(inbox: list[tuple[str, Any]], client: AgentClient, sample: AgentSample) -> None:
+    """A sample into its agent's inbox; when the agent changed since its hello (a new device),
+    the hello is asked again and goes in first: the sample's devices are checked against it."""
+    if client.hello_is_stale(sample):
+        inbox.append(("hello", client.refresh_hello()))
+    inbox.append(("sample", sample))
 
 
 def _settled(outcome: BaseException | None) -> Future[Any]:
@@ -785,30 +794,18 @@ class AgentPool:
         return handed
 
     def _finish_sample(self, agent: _Agent, pending: PendingReply) -> Callable[[], None]:
-        inbox = agent.inbox
-
         def job() -> None:
-            sample = parse_sample(pending.wait())
-            if pending.client.hello_is_stale(sample):
-                inbox.append(("hello", pending.client.refresh_hello()))
-            inbox.append(("sample", sample))
+            _into_inbox(agent.inbox, pending.client, parse_sample(pending.wait()))
 
         return job
 
     def _deliver(self, agent: _Agent, client: AgentClient, sample: AgentSample) -> Future[Any]:
-        """A sample read on the poll thread, into the agent's inbox: at once, or after a worker
-        has asked for its hello again (the hello must come first: the sample's devices are
-        checked against it)."""
+        """A sample read on the poll thread, into the agent's inbox: at once, or on a worker
+        when its hello must be asked for again first (a request: never on the poll thread)."""
         if not client.hello_is_stale(sample):
             agent.inbox.append(("sample", sample))
             return _settled(None)
-        inbox = agent.inbox
-
-        def job() -> None:
-            inbox.append(("hello", client.refresh_hello()))
-            inbox.append(("sample", sample))
-
-        return self._workers.submit(job)
+        return self._workers.submit(lambda: _into_inbox(agent.inbox, client, sample))
 
     def _job_for(self, agent: _Agent, extras: list[str]) -> Callable[[], None]:
         client = agent.client
@@ -822,10 +819,7 @@ class AgentPool:
         def job() -> None:
             if not client.connected:
                 inbox.append(("hello", client.connect()))
-            sample = client.sample(max_marks=SAMPLE_MAX_MARKS, columns=True)
-            if client.hello_is_stale(sample):
-                inbox.append(("hello", client.refresh_hello()))
-            inbox.append(("sample", sample))
+            _into_inbox(inbox, client, client.sample(max_marks=SAMPLE_MAX_MARKS, columns=True))
             for cmd in extras:
                 # An agent without the command (another implementation of the protocol) is
                 # still a fine agent: the dashboard just goes without that figure.
