@@ -348,11 +348,6 @@ def _agent_device(
     )
 
 
-def _used_history(store: Store, uuid: str) -> tuple[Sequence[float], Sequence[float]]:
-    times, used = store.device_used_window(uuid, last=HISTORY_ROWS)
-    return times, used
-
-
 def _gpus(
     store: Store, reading: NvmlReading, devices: Sequence[AgentDeviceObservation]
 ) -> tuple[GpuObservation, ...]:
@@ -381,7 +376,7 @@ def _gpus(
                     error=d.error,
                     processes=d.processes,
                     agents=tuple(on_it),
-                    used_history=_used_history(store, d.uuid),
+                    used_history=store.device_used_window(d.uuid, last=HISTORY_ROWS),
                 )
             )
     for uuid, on_it in on_gpu.items():
@@ -400,7 +395,7 @@ def _gpus(
                 error=None,
                 processes=tuple(GpuProcess(a.pid, None) for a in on_it),
                 agents=tuple(on_it),
-                used_history=_used_history(store, uuid),
+                used_history=store.device_used_window(uuid, last=HISTORY_ROWS),
             )
         )
     gpus.sort(key=lambda g: (g.source == SOURCE_AGENT, g.index, g.uuid))

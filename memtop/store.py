@@ -69,13 +69,7 @@ class Ring:
 
     def column(self, name: str, last: int | None = None) -> list[float]:
         """Oldest first; `last` keeps only the newest rows."""
-        data = self._columns[self.names.index(name)]
-        count = self._count if last is None else max(0, min(last, self._count))
-        first = (self._start + self._count - count) % self.capacity
-        end = first + count
-        if end <= self.capacity:  # one slice (C speed), or two where the ring wraps
-            return data[first:end].tolist()
-        return data[first:].tolist() + data[: end - self.capacity].tolist()
+        return self.window(name, last).tolist()
 
     def window(self, name: str, last: int | None = None) -> array[float]:
         """`column` as a fresh array rather than a list: a copy of the bytes (memcpy), no float
@@ -85,7 +79,7 @@ class Ring:
         count = self._count if last is None else max(0, min(last, self._count))
         first = (self._start + self._count - count) % self.capacity
         end = first + count
-        if end <= self.capacity:
+        if end <= self.capacity:  # one slice (C speed), or two where the ring wraps
             return data[first:end]
         return data[first:] + data[: end - self.capacity]
 
@@ -363,7 +357,9 @@ class Store:
         with self._lock:
             return self._nvml
 
-    def device_used_window(self, uuid: str, last: int | None = None) -> tuple[array[float], ...]:
+    def device_used_window(
+        self, uuid: str, last: int | None = None
+    ) -> tuple[array[float], array[float]]:
         """(times, used bytes) of one GPU as arrays (Ring.window), oldest first."""
         with self._lock:
             ring = self._device_used.get(uuid)
@@ -372,11 +368,8 @@ class Store:
             return (ring.window("time", last), ring.window("used", last))
 
     def device_used_history(self, uuid: str, last: int | None = None) -> list[tuple[float, float]]:
-        with self._lock:
-            ring = self._device_used.get(uuid)
-            if ring is None:
-                return []
-            return list(zip(ring.column("time", last), ring.column("used", last), strict=True))
+        """(time, used bytes) rows of one GPU, oldest first."""
+        return list(zip(*self.device_used_window(uuid, last), strict=True))
 
     def agents(self) -> list[AgentView]:
         with self._lock:
