@@ -144,10 +144,7 @@ class MemtopApp(App[None]):
         """Textual's driver for this terminal; on Linux, one whose input thread sleeps until a
         key arrives (memtop.ui.quiet_driver).  MEMTOP_TEXTUAL_INPUT_POLL=1 keeps Textual's own."""
         driver = super().get_driver_class()
-        linux = (driver.__module__, driver.__name__) == (
-            "textual.drivers.linux_driver",
-            "LinuxDriver",
-        )
+        linux = f"{driver.__module__}.{driver.__name__}" == LINUX_DRIVER
         if linux and not os.environ.get("MEMTOP_TEXTUAL_INPUT_POLL"):
             from memtop.ui.quiet_driver import QuietLinuxDriver
 
