@@ -68,14 +68,16 @@ def live_registries(socket_dir: Path | None = None) -> list[Path]:
     directory = socket_dir or protocol.socket_dir()
     found = []
     with contextlib.suppress(OSError):
-        for entry in sorted(directory.iterdir()):
-            stem, _, pid = entry.name.partition("-")
+        # Names first, a Path only for a registry: the directory also holds every agent's
+        # socket, and a viewer looks here every second.
+        for name in sorted(os.listdir(directory)):
+            stem, _, pid = name.partition("-")
             if stem != "sim" or not pid.isdigit():
                 continue
             if protocol.pid_alive(int(pid)):
-                found.append(entry)
+                found.append(directory / name)
             else:
-                shutil.rmtree(entry, ignore_errors=True)
+                shutil.rmtree(directory / name, ignore_errors=True)
     return found
 
 

@@ -108,7 +108,7 @@ class LocalDeviceMemory:
 # The shared ledger
 
 
-def _parse_ledger(text: str) -> dict[int, int]:
+def _parse_ledger(text: str | bytes) -> dict[int, int]:
     try:
         raw = json.loads(text) if text.strip() else {}
     except ValueError:
@@ -127,10 +127,25 @@ def _parse_ledger(text: str) -> dict[int, int]:
     return out
 
 
-def _read_ledger_file(path: Path) -> dict[int, int]:
+LEDGER_MAX_BYTES = 1 << 20  # a ledger holds one small entry per process
+
+
+def _read_ledger_file(path: Path | str) -> dict[int, int]:
+    # os.open/read: a viewer reads every simulated GPU's ledger every second, and a buffered
+    # text file object costs more than the read itself.
     try:
-        return _parse_ledger(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError):
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    try:
+        data = os.read(fd, LEDGER_MAX_BYTES)
+    except OSError:
+        return {}
+    finally:
+        os.close(fd)
+    try:
+        return _parse_ledger(data)
+    except UnicodeDecodeError:
         return {}
 
 

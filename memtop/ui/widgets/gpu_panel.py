@@ -52,6 +52,11 @@ LEGEND = Text.assemble(
 )
 
 
+def _looks(lines: list[Text]) -> list[tuple[object, ...]]:
+    """What lines look like on screen (Text's own == leaves out the base style)."""
+    return [(line.plain, line.style, line.spans) for line in lines]
+
+
 class GpuCard(Widget):
     """Two lines for one GPU.  It repaints only when its row changed (rows compare by value)."""
 
@@ -66,6 +71,7 @@ class GpuCard(Widget):
         self._slow_tick = -1
         self._strips: list[Strip] | None = None  # the lines as drawn, until the row changes
         self._strips_width = 0
+        self._drawn: list[Text] = []  # the lines of `_strips`
         self._blank = Strip.blank(0)
 
     def show(self, row: GpuRow) -> None:
@@ -79,10 +85,16 @@ class GpuCard(Widget):
             row = replace(row, **{name: getattr(self.row, name) for name in SLOW_FIELDS})
         else:
             self._slow_tick = tick
-        if row != self.row:
-            self.row = row
-            self._strips = None
-            self.refresh()
+        if row == self.row:
+            return
+        self.row = row
+        # A figure that moved below what the card prints (38.71 → 38.74 GiB, a flat sparkline's
+        # floor) leaves the same characters: no repaint, no frame, no bytes.
+        drawn = self._strips is not None and self._strips_width == self.size.width
+        if drawn and _looks(self._text_lines()) == _looks(self._drawn):
+            return
+        self._strips = None
+        self.refresh()
 
     def notify_style_update(self) -> None:
         self._strips = None  # the CSS changed (theme, -dense): draw again
@@ -94,11 +106,14 @@ class GpuCard(Widget):
         width = self.size.width
         if self._strips is None or self._strips_width != width:
             base = self.rich_style
-            lines = self.render().split("\n", allow_blank=True)
-            self._strips = [text_strip(self.app.console, line, width, base) for line in lines]
+            self._drawn = self._text_lines()
+            self._strips = [text_strip(self.app.console, line, width, base) for line in self._drawn]
             self._strips_width = width
             self._blank = Strip.blank(width, base)
         return self._strips[y] if y < len(self._strips) else self._blank
+
+    def _text_lines(self) -> list[Text]:
+        return list(self.render().split("\n", allow_blank=True))
 
     def render(self) -> Text:
         width = self.size.width

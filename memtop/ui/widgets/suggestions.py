@@ -70,6 +70,10 @@ def suggestion_text(item: SuggestionItem, compact: bool, width: int | None = Non
     return Text("\n").join(lines)
 
 
+def _looks(text: Text) -> tuple[object, ...]:
+    return (text.plain, text.style, text.spans)
+
+
 # A suggestion's wording carries live figures ("full in ~9 min (5672 steps)"); rewording it
 # every second costs a repaint of the pane for news nobody reads that fast.  New, gone or
 # re-ranked suggestions show at once; changed figures at most this often.
@@ -100,8 +104,13 @@ class SuggestionsPane(OptionList):
                 return
             self._worded_at = tick
             for index, (new, old) in enumerate(zip(items, self.items, strict=True)):
-                if new != old:
-                    self.replace_option_prompt_at_index(index, suggestion_text(new, compact, width))
+                if new == old:
+                    continue
+                # Figures that moved below what the pane prints ("39.5 GiB unused" again)
+                # leave the prompt as it is: no re-layout of the list, no repaint.
+                text = suggestion_text(new, compact, width)
+                if _looks(text) != _looks(suggestion_text(old, compact, width)):
+                    self.replace_option_prompt_at_index(index, text)
             self.items = items
             return
         self._worded_at = slow_tick(REWORD_S)

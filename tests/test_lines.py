@@ -1,0 +1,105 @@
+"""memtop.ui.widgets.lines: a line of Rich Text cut into Textual segments without Text.render."""
+
+from __future__ import annotations
+
+import random
+
+from rich.cells import cell_len
+from rich.console import Console
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Span, Text
+from textual.strip import Strip
+
+from memtop.ui.widgets.lines import cells, text_strip
+
+CONSOLE = Console()
+BASE = Style(color="white", bgcolor="blue")
+STYLES = ["bold", "red", "bold red", "dim", "cyan on black", "", "yellow", Style(italic=True)]
+
+
+def by_cell(strip: Strip) -> list[tuple[str, Style | None]]:
+    return [(char, segment.style) for segment in strip for char in segment.text]
+
+
+def through_rich(text: Text, width: int) -> Strip:
+    segments = Segment.apply_style(text.render(CONSOLE, end=""), style=BASE)
+    return Strip(list(segments)).crop_extend(0, width, BASE)
+
+
+def test_cells_counts_as_rich_does():
+    pool = "abc …·▕█┃▏▁中文é\u0301😀\u200d🔥\ufe0f\t\x1b"
+    rng = random.Random(7)
+    for _ in range(20_000):
+        text = "".join(rng.choice(pool) for _ in range(rng.randint(0, 30)))
+        assert cells(text) == cell_len(text), text
+
+
+def test_a_line_looks_as_rich_draws_it_cell_by_cell():
+    rng = random.Random(1)
+    for _ in range(3000):
+        plain = "".join(rng.choice("ab …█中") for _ in range(rng.randint(0, 40)))
+        spans = []
+        for _ in range(rng.randint(1, 5)):  # Rich drops a text's own style when it has no span
+            start = rng.randint(0, len(plain))
+            spans.append(Span(start, rng.randint(start, len(plain) + 3), rng.choice(STYLES)))
+        text = Text(plain, style=rng.choice(STYLES), spans=spans)
+        width = rng.randint(1, 50)
+        ours = text_strip(CONSOLE, text, width, BASE)
+        assert ours.cell_length == width
+        assert by_cell(ours) == by_cell(through_rich(text, width)), (text, width)
+
+
+def test_a_text_without_spans_keeps_its_own_style():
+    strip = text_strip(CONSOLE, Text("exited", style="dim"), 8, BASE)
+    assert by_cell(strip)[0] == ("e", BASE + Style(dim=True))
+    assert by_cell(strip)[-1] == (" ", BASE)  # the padding is the widget's
+
+
+def test_a_gpu_card_repaints_only_when_what_it_prints_changes():
+    """A figure that moved below the card's precision (a few MiB of 80 GiB) is no repaint."""
+    import asyncio
+    from dataclasses import replace
+
+    from textual.app import App, ComposeResult
+
+    from memtop.ui.view import GpuRow, Trend, TrendLine
+    from memtop.ui.widgets import gpu_panel
+
+    gib = 1 << 30
+    row = GpuRow(
+        index=0,
+        uuid="GPU-0",
+        name="H100",
+        total=80 * gib,
+        used=40 * gib,
+        allocated=30 * gib,
+        reserved=38 * gib,
+        peak=35 * gib,
+        other=2 * gib,
+        agents=1,
+        processes=1,
+        fragmentation=0.05,
+        trend=Trend(TrendLine((40.0 * gib,) * 10), "steady", 1),
+        error=None,
+    )
+
+    class One(App[None]):
+        def compose(self) -> ComposeResult:
+            yield gpu_panel.GpuCard(row)
+
+    async def run() -> None:
+        app = One()
+        async with app.run_test(size=(120, 4)) as pilot:
+            card = app.query_one(gpu_panel.GpuCard)
+            await pilot.pause()
+            drawn = card._strips
+            assert drawn is not None
+            card.show(replace(row, used=40 * gib + 3 * (1 << 20)))  # "40.0 GiB" either way
+            assert card._strips is drawn and card.row.used == 40 * gib + 3 * (1 << 20)
+            card.show(replace(row, used=41 * gib))
+            assert card._strips is None  # "41.0 GiB": repainted
+            await pilot.pause()
+            assert "41.0 GiB" in "".join(seg.text for seg in card._strips[0])
+
+    asyncio.run(run())
