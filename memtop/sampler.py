@@ -14,6 +14,7 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -144,6 +145,9 @@ class Sampler:
             max_workers=2, thread_name_prefix="memtop-action"
         )
         self.tap: SamplerTap | None = None
+        # Called on the sampler thread after each round (the dashboard draws the round then,
+        # not on a timer of its own that may land in the middle of the next one).
+        self.on_round: Callable[[], None] | None = None
         self._tapped_processes: dict[int, ProcessInfo] | None = None
         self._tapped_states: dict[int, str] = {}
 
@@ -242,6 +246,8 @@ class Sampler:
             if not self._paused.is_set():
                 try:
                     self.sample_once()
+                    if self.on_round is not None:
+                        self.on_round()
                 except Exception as exc:  # keep sampling; say what happened
                     self.store.note(f"sampler: {type(exc).__name__}: {exc}")
             self._stop.wait(max(0.0, deadline - time.monotonic()))

@@ -213,3 +213,31 @@ def test_terminate_asks_then_signals_and_marks_exited(socket_dir: Path, tmp_path
         run(body, socket_dir, tmp_path)
     finally:
         demo.stop()
+
+
+def test_each_round_is_drawn_when_it_lands(mixed_demo: Demo, module_socket_dir: Path) -> None:
+    """The sampler tells the dashboard when a round is in; the dashboard's own timer (a minute
+    here) is not what draws it."""
+    store = Store()
+    sampler = Sampler(
+        store,
+        DefaultDeviceSource(module_socket_dir, simulated_only=True),
+        AgentPool(module_socket_dir),
+        interval=INTERVAL,
+    )
+    app = MemtopApp(store, sampler, interval=60.0)
+
+    async def main() -> None:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_for(pilot, lambda: len(agent_rows(app)) == 4)
+            drawn, rounds = app.refreshes, sampler.rounds
+            await pilot.pause(8 * INTERVAL)
+            assert sampler.rounds - rounds >= 4
+            # One frame per round (two rounds may land between two looks of the app).
+            assert app.refreshes - drawn >= (sampler.rounds - rounds) // 2
+
+    sampler.start()
+    try:
+        asyncio.run(main())
+    finally:
+        sampler.stop()

@@ -20,6 +20,7 @@ from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Footer, OptionList, Static
 
@@ -64,6 +65,10 @@ SIGNALS = (
     ("i", "INT", signal.SIGINT, "as Ctrl-C in its terminal (KeyboardInterrupt)"),
     ("9", "KILL", signal.SIGKILL, "stop it at once (nothing saved)"),
 )
+
+
+class Sampled(Message):
+    """A sampling round landed in the store (posted from the sampler thread)."""
 
 
 class MemtopApp(App[None]):
@@ -199,13 +204,23 @@ class MemtopApp(App[None]):
             self.notify(problem, severity="warning", timeout=10)
         self._mounted = True
         self.refresh_view()
+        # Each round is drawn as soon as it lands (a message from the sampler thread), so the
+        # frame never runs beside the next round; the timer only lets a status line expire
+        # (and drives a store fed by something other than a sampler).
         self.set_interval(self.interval, self.refresh_view)
         if self.sampler is not None:
+            self.sampler.on_round = self._post_sampled
             self.call_after_refresh(self.sampler.start)  # idempotent; after the first frame
         if self.sampler is not None and self.sampler.rounds == 0:
             # The first frame goes out before the first sampling round; look again as soon as
             # that round lands rather than a whole interval later.
             self._early = self.set_interval(0.05, self._refresh_when_sampled)
+
+    def _post_sampled(self) -> None:
+        self.post_message(Sampled())  # thread-safe
+
+    def on_sampled(self, _: Sampled) -> None:
+        self.refresh_view()
 
     def _refresh_when_sampled(self) -> None:
         if self.sampler is None or self.sampler.rounds > 0:
