@@ -14,7 +14,8 @@ from test_suggestions import GiB, device, frag, gpu
 
 from memtop.diagnosis import Diagnoser
 from memtop.diagnosis import suggestions as rules
-from memtop.diagnosis.stability import MIN_DWELL_S, Stabilizer
+from memtop.diagnosis.fragmentation import Pressure
+from memtop.diagnosis.stability import MIN_DWELL_S, RULES_EVERY_S, Stabilizer
 from memtop.observation import Observer
 from memtop.sampler import Sampler
 from memtop.sim.demo import Demo
@@ -71,6 +72,18 @@ def test_severity_falls_only_after_its_dwell():
     assert stable.suggest([high], 0)[0].severity == "emergency"
     assert stable.suggest([low], 5)[0].severity == "emergency"
     assert stable.suggest([low], MIN_DWELL_S + 1)[0].severity == "critical"
+
+
+def test_the_rules_run_every_few_seconds_but_news_is_judged_at_once():
+    stable = Stabilizer(rules=[rules.expandable_segments, rules.out_of_memory])
+    assert stable.suggest([fragmented(0.3)], 0.0)
+    calm = stable.suggest([fragmented(0.3)], 1.0)
+    assert stable.suggest([fragmented(0.3)], 1.5) is calm  # not due: the same suggestions
+    # An OOM is news: judged now, not at the rules' next turn.
+    retried = gpu(device(fragmentation=frag(0.3, 2 * GiB), pressure=Pressure(3, 1, 3, 1, 60.0)))
+    urgent = stable.suggest([retried], 1.6)
+    assert urgent is not calm and any(s.rule == "oom" for s in urgent)
+    assert stable.suggest([retried], 1.6 + RULES_EVERY_S) is not urgent  # due again
 
 
 @pytest.mark.slow

@@ -25,6 +25,10 @@ from memtop.model import Severity
 
 MIN_DWELL_S = 60.0
 GRACE_S = 30.0
+# The rules run at most this often while nothing urgent changed (see `_news`): the figures in
+# their wording are shown anew only every few seconds anyway (the pane rewords every 8 s), and
+# judging every GPU's facts against every rule was a third of building a round's observation.
+RULES_EVERY_S = 2.0
 
 
 @dataclass
@@ -43,14 +47,28 @@ class Stabilizer:
         rules: Iterable[Rule] = RULES,
         min_dwell_s: float = MIN_DWELL_S,
         grace_s: float = GRACE_S,
+        rules_every_s: float = RULES_EVERY_S,
     ) -> None:
         self.rules = tuple(rules)
         self.min_dwell_s = min_dwell_s
         self.grace_s = grace_s
+        self.rules_every_s = rules_every_s
         self._shown: dict[Key, _Shown] = {}
+        self._last: tuple[tuple[object, ...], float, tuple[Suggestion, ...]] | None = None
 
-    def suggest(self, gpus: Iterable[GpuFacts], now: float) -> list[Suggestion]:
+    def suggest(self, gpus: Iterable[GpuFacts], now: float) -> tuple[Suggestion, ...]:
+        """What to show now, most severe first.  The same tuple as last time while the rules
+        are not due and nothing urgent changed."""
         gpus = tuple(gpus)
+        news = _news(gpus)
+        last = self._last
+        if last is not None and last[0] == news and 0 <= now - last[1] < self.rules_every_s:
+            return last[2]
+        judged = self._judge(gpus, now)
+        self._last = (news, now, judged)
+        return judged
+
+    def _judge(self, gpus: tuple[GpuFacts, ...], now: float) -> tuple[Suggestion, ...]:
         live = {(a.pid, a.index) for g in gpus for a in g.agents}
         gpu_indexes = {g.index for g in gpus}
         fired = {s.key: s for s in suggest(gpus, self.rules, held=self._shown.keys())}
@@ -86,7 +104,35 @@ class Stabilizer:
         # The same order as `suggest`, with first appearance breaking ties: a list that only
         # grows at the end of its severity never moves the row under the cursor.
         since = {key: entry.since for key, entry in shown.items()}
-        return sorted(
-            ordered,
-            key=lambda s: (-Severity(s.severity).rank, s.pid or 0, s.device or 0, since[s.key]),
+        return tuple(
+            sorted(
+                ordered,
+                key=lambda s: (-Severity(s.severity).rank, s.pid or 0, s.device or 0, since[s.key]),
+            )
         )
+
+
+def _news(gpus: tuple[GpuFacts, ...]) -> tuple[object, ...]:
+    """What must be judged at once, not at the rules' next turn: a process come or gone, an
+    OOM or an allocator retry, a leak verdict, an OOM report, a breakdown or allocator settings
+    first known."""
+    return tuple(
+        (
+            g.uuid,
+            tuple(pid for pid, _ in g.processes),
+            tuple(
+                (
+                    a.pid,
+                    a.index,
+                    a.pressure.retries,
+                    a.pressure.ooms,
+                    a.leak.detected,
+                    a.last_oom is not None,
+                    a.breakdown is not None,
+                    a.allocator_conf,
+                )
+                for a in g.agents
+            ),
+        )
+        for g in gpus
+    )

@@ -442,15 +442,35 @@ def _gpu_numbers(obs: Observation) -> dict[tuple[int, int], int]:
     return {(d.pid, d.index): d.gpu for a in obs.agents for d in a.devices}
 
 
+_GpuNumbers = dict[tuple[int, int], int]
+_ItemsMade = tuple[Sequence[Suggestion], bool, _GpuNumbers, tuple["SuggestionItem", ...]]
+# The last items made, with what they were made from: between two runs of the rules the
+# observation carries the very same suggestions (diagnosis.stability.RULES_EVERY_S).
+_last_items: list[_ItemsMade] = []
+
+
 def suggestion_items(
     suggestions: Sequence[Suggestion],
     have_agents: bool,
     gpu_numbers: dict[tuple[int, int], int] | None = None,
 ) -> tuple[SuggestionItem, ...]:
+    numbers = gpu_numbers or {}
+    for made, agents, numbered, items in _last_items:
+        if made is suggestions and agents == have_agents and numbered == numbers:
+            return items
+    items = _suggestion_items(suggestions, have_agents, numbers)
+    _last_items[:] = [(suggestions, have_agents, numbers, items)]
+    return items
+
+
+def _suggestion_items(
+    suggestions: Sequence[Suggestion],
+    have_agents: bool,
+    numbers: dict[tuple[int, int], int],
+) -> tuple[SuggestionItem, ...]:
     """Warnings and worse one by one; the info-level tips of one process folded into one item
     (a healthy 8-rank job would otherwise fill the pane with the same two tips).  A process's
     suggestion names its GPU as the driver numbers it, not by the trainer's own cuda index."""
-    numbers = gpu_numbers or {}
     suggestions = [
         replace(s, device=numbers.get((s.pid, s.device), s.device))
         if s.pid is not None and s.device is not None
