@@ -71,7 +71,11 @@ class GpuCard(Widget):
         self._slow_tick = -1
         self._strips: list[Strip] | None = None  # the lines as drawn, until the row changes
         self._strips_width = 0
-        self._drawn: list[Text] = []  # the lines of `_strips`
+        # The lines of `row` as Text, and the width they were laid out for (-1: lay them out
+        # again); made once per change, whether `show` or a repaint needs them first.
+        self._lines: list[Text] = []
+        self._lines_width = -1
+        self._lines_row = row
         self._blank = Strip.blank(0)
 
     def show(self, row: GpuRow) -> None:
@@ -88,16 +92,19 @@ class GpuCard(Widget):
         if row == self.row:
             return
         self.row = row
+        drawn = self._lines if self._strips is not None else None
+        lines = self._laid_out()
         # A figure that moved below what the card prints (38.71 → 38.74 GiB, a flat sparkline's
         # floor) leaves the same characters: no repaint, no frame, no bytes.
-        drawn = self._strips is not None and self._strips_width == self.size.width
-        if drawn and _looks(self._text_lines()) == _looks(self._drawn):
+        same_width = self._strips_width == self._lines_width
+        if drawn is not None and same_width and _looks(lines) == _looks(drawn):
             return
         self._strips = None
         self.refresh()
 
     def notify_style_update(self) -> None:
         self._strips = None  # the CSS changed (theme, -dense): draw again
+        self._lines_width = -1
         super().notify_style_update()
 
     def render_line(self, y: int) -> Strip:
@@ -106,14 +113,20 @@ class GpuCard(Widget):
         width = self.size.width
         if self._strips is None or self._strips_width != width:
             base = self.rich_style
-            self._drawn = self._text_lines()
-            self._strips = [text_strip(self.app.console, line, width, base) for line in self._drawn]
+            lines = self._laid_out()
+            self._strips = [text_strip(self.app.console, line, width, base) for line in lines]
             self._strips_width = width
             self._blank = Strip.blank(width, base)
         return self._strips[y] if y < len(self._strips) else self._blank
 
-    def _text_lines(self) -> list[Text]:
-        return list(self.render().split("\n", allow_blank=True))
+    def _laid_out(self) -> list[Text]:
+        """The card's lines for the current row and width (made again only after a change)."""
+        width = self.size.width
+        if self._lines_width != width or self._lines_row is not self.row:
+            self._lines = list(self.render().split("\n", allow_blank=True))
+            self._lines_width = width
+            self._lines_row = self.row
+        return self._lines
 
     def render(self) -> Text:
         width = self.size.width
