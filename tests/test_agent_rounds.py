@@ -251,3 +251,51 @@ def test_a_request_to_an_agent_that_reads_late_waits_for_its_own_deadline(
         reading.set()
         client.close()
         listener.close()
+
+
+def test_an_agent_that_stops_reading_its_requests_never_holds_up_the_round(
+    socket_dir: Path,
+) -> None:
+    # The poll thread sends every agent's sample in turn: one whose socket takes no more
+    # (it stopped reading) fails at once instead of holding the round to its deadline.
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(socket_dir / f"{os.getpid()}.sock"))
+    listener.listen(1)
+    resume = threading.Event()
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with contextlib.suppress(Exception), conn:
+            step = 0
+            while True:
+                if step == 2:  # hello and two samples answered: it stops reading
+                    resume.wait()
+                header = conn.recv(4, socket.MSG_WAITALL)
+                if len(header) < 4:
+                    return
+                request = json.loads(conn.recv(int.from_bytes(header, "big"), socket.MSG_WAITALL))
+                if request["cmd"] == "hello":
+                    result = hello(1)
+                else:
+                    step += 1
+                    result = sample(step, 1)
+                body = json.dumps({"id": request["id"], "result": result}).encode()
+                conn.sendall(len(body).to_bytes(4, "big") + body)
+
+    threading.Thread(target=serve, daemon=True).start()
+    pool = AgentPool(socket_dir, timeout=2.0)
+    try:
+        seen = rounds(pool, 2, budget=0.3, period=0.1)
+        assert all(row is not None and row.state == CONNECTED for _, row in seen)
+        sock = pool._agents[os.getpid()].client._sock  # type: ignore[union-attr]
+        with contextlib.suppress(BlockingIOError):
+            while True:  # what an agent that stopped reading leaves: a full socket
+                sock.send(b"\0" * 65536)  # type: ignore[union-attr]
+        took, row = rounds(pool, 1, budget=0.3, period=0.0)[0]
+        assert took < 0.3
+        assert row is not None and row.state == HUNG
+        assert "does not read its requests" in (row.error or "")  # type: ignore[attr-defined]
+    finally:
+        resume.set()
+        pool.close()
+        listener.close()

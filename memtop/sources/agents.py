@@ -276,10 +276,17 @@ class AgentClient:
         return self.send(cmd, args, deadline).wait()
 
     def send(
-        self, cmd: str, args: dict[str, Any] | None = None, deadline: float | None = None
+        self,
+        cmd: str,
+        args: dict[str, Any] | None = None,
+        deadline: float | None = None,
+        wait_to_send: bool = True,
     ) -> PendingReply:
         """Send one command; its reply is read through the PendingReply (by `deadline`,
-        time.monotonic; default: the client's timeout from now)."""
+        time.monotonic; default: the client's timeout from now).  A request the socket cannot
+        take at once (an agent that does not read its requests) waits for it up to the
+        deadline, or with `wait_to_send=False` fails at once: the poll thread, which sends to
+        every agent in turn, never waits on one of them."""
         if deadline is None:
             deadline = time.monotonic() + self.timeout
         request_id = self._next_id
@@ -297,6 +304,10 @@ class AgentClient:
                 try:
                     unsent = unsent[sock.send(unsent) :]
                 except BlockingIOError:  # an agent that does not read: up to the deadline
+                    if not wait_to_send:
+                        raise AgentTimeout(
+                            f"does not read its requests ({len(unsent)} bytes of {cmd!r} unsent)"
+                        ) from None
                     _wait_for(sock, select.POLLOUT, deadline)
         return pending
 
@@ -358,15 +369,20 @@ class AgentClient:
         return parse_sample(self.send_sample(deadline, max_marks, columns).wait())
 
     def send_sample(
-        self, deadline: float | None = None, max_marks: int | None = None, columns: bool = False
+        self,
+        deadline: float | None = None,
+        max_marks: int | None = None,
+        columns: bool = False,
+        wait_to_send: bool = True,
     ) -> PendingReply:
-        """`sample` sent; its result (read through the PendingReply) goes to parse_sample."""
+        """`sample` sent (see `send`); its result, read through the PendingReply, goes to
+        parse_sample."""
         args: dict[str, Any] = {}
         if max_marks is not None:
             args["max_marks"] = max_marks
         if columns:
             args["mark_layout"] = "columns"
-        return self.send("sample", args, deadline)
+        return self.send("sample", args, deadline, wait_to_send)
 
     def abort(self) -> None:
         """Wake a request blocked in another thread (it fails at once); used on shutdown."""
@@ -705,9 +721,10 @@ class AgentPool:
                     # The common round: a plain sample on an open connection, sent here and
                     # read below with every other agent's on one selector (no thread each).
                     try:
-                        sampling.append(
-                            (agent, client.send_sample(None, SAMPLE_MAX_MARKS, columns=True))
+                        pending = client.send_sample(
+                            None, SAMPLE_MAX_MARKS, columns=True, wait_to_send=False
                         )
+                        sampling.append((agent, pending))
                     except Exception as exc:  # AgentUnreachable, AgentTimeout: its failure
                         agent.job = _settled(exc)
                 else:
