@@ -143,10 +143,7 @@ def _read_ledger_file(path: Path | str) -> dict[int, int]:
         return {}
     finally:
         os.close(fd)
-    try:
-        return _parse_ledger(data)
-    except UnicodeDecodeError:
-        return {}
+    return _parse_ledger(data)  # bytes that are not UTF-8 JSON read as empty there
 
 
 def _write_atomically(path: Path, text: str) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from memtop.model import SOURCE_SIM, DeviceReading, GpuProcess, NvmlReading
 from memtop.sim.demo import live_registries
-from memtop.sim.device import SimGpuRegistry, SimGpuSpec, read_ledger
+from memtop.sim.device import SimGpuRegistry, SimGpuSpec
 
 
 class SimulatedDeviceSource:
@@ -19,10 +19,9 @@ class SimulatedDeviceSource:
         self.socket_dir = socket_dir
         # Each registry's GPU list, parsed again only when its file changes (a stat a second
         # instead of a read and a JSON parse: the list is written once, when a demo starts).
-        # Each GPU comes with its ledger's path, made once.
-        self._specs: dict[Path, tuple[tuple[int, int], list[tuple[SimGpuSpec, Path]]]] = {}
+        self._specs: dict[Path, tuple[tuple[int, int], list[SimGpuSpec]]] = {}
 
-    def _gpus(self, registry: SimGpuRegistry) -> list[tuple[SimGpuSpec, Path]]:
+    def _gpus(self, registry: SimGpuRegistry) -> list[SimGpuSpec]:
         try:
             info = os.stat(registry.gpus_path)
         except OSError:
@@ -30,8 +29,7 @@ class SimulatedDeviceSource:
         version = (info.st_mtime_ns, info.st_size)
         known = self._specs.get(registry.root)
         if known is None or known[0] != version:
-            gpus = [(spec, registry.ledger_path(spec.index)) for spec in registry.gpus()]
-            known = self._specs[registry.root] = (version, gpus)
+            known = self._specs[registry.root] = (version, registry.gpus())
         return known[1]
 
     def read(self) -> NvmlReading:
@@ -40,8 +38,8 @@ class SimulatedDeviceSource:
         self._specs = {root: known for root, known in self._specs.items() if root in roots}
         for root in roots:
             registry = SimGpuRegistry(root)
-            for spec, ledger in self._gpus(registry):
-                usage = dict(sorted(read_ledger(ledger, locked=False).items()))
+            for spec in self._gpus(registry):
+                usage = registry.usage_by_pid(spec.index)
                 used = sum(usage.values())
                 util, temperature, power = _plausible_load(spec.index, len(usage))
                 devices.append(
