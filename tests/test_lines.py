@@ -103,3 +103,55 @@ def test_a_gpu_card_repaints_only_when_what_it_prints_changes():
             assert "41.0 GiB" in "".join(seg.text for seg in card._strips[0])
 
     asyncio.run(run())
+
+
+def test_the_suggestions_pane_rewords_only_what_reads_differently(monkeypatch):
+    """Every REWORD_S a changed suggestion is worded again, and its prompt replaced only when
+    the words differ (a figure below the printed precision, or prose not shown, is no repaint)."""
+    import asyncio
+    from dataclasses import replace
+
+    from textual.app import App, ComposeResult
+
+    from memtop.model import Severity
+    from memtop.ui.view import SuggestionItem
+    from memtop.ui.widgets import suggestions
+
+    tick = {"now": 0}
+    monkeypatch.setattr(suggestions, "slow_tick", lambda period=0: tick["now"])
+    item = SuggestionItem(
+        key="frag:1:0",
+        severity=Severity.WARNING,
+        pid=1,
+        device=0,
+        title="Fragmentation 0.24: use expandable segments",
+        evidence="fragmentation 0.24",
+        fix="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+        effect="1.5 GiB stuck in splits",
+        detail="why, in prose",
+    )
+
+    class One(App[None]):
+        def compose(self) -> ComposeResult:
+            yield suggestions.SuggestionsPane()
+
+    async def run() -> None:
+        app = One()
+        async with app.run_test(size=(120, 10)) as pilot:
+            pane = app.query_one(suggestions.SuggestionsPane)
+            pane.show((item,), compact=False)
+            await pilot.pause()
+            replaced: list[int] = []
+            original = pane.replace_option_prompt_at_index
+            pane.replace_option_prompt_at_index = lambda i, p: replaced.append(i) or original(i, p)
+            tick["now"] = 1
+            pane.show((replace(item, detail="other prose, not shown with a fix"),), False)
+            assert replaced == [] and pane.items[0].detail.startswith("other")
+            pane.show((replace(item, effect="1.7 GiB stuck in splits"),), False)
+            assert replaced == []  # worded at most once a period
+            tick["now"] = 2
+            pane.show((replace(item, effect="1.7 GiB stuck in splits"),), False)
+            assert replaced == [0]
+            assert "1.7 GiB" in pane.get_option_at_index(0).prompt.plain
+
+    asyncio.run(run())

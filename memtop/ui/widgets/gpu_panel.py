@@ -26,7 +26,7 @@ from memtop.ui.render import (
     usage_style,
 )
 from memtop.ui.view import GpuRow
-from memtop.ui.widgets.lines import text_strip
+from memtop.ui.widgets.lines import looks_alike, text_strip
 from memtop.units import format_bytes
 
 # Below this width the second line uses short sizes (30.2G), so the trend keeps its room.
@@ -52,9 +52,8 @@ LEGEND = Text.assemble(
 )
 
 
-def _looks(lines: list[Text]) -> list[tuple[object, ...]]:
-    """What lines look like on screen (Text's own == leaves out the base style)."""
-    return [(line.plain, line.style, line.spans) for line in lines]
+def _all_alike(lines: list[Text], drawn: list[Text]) -> bool:
+    return len(lines) == len(drawn) and all(map(looks_alike, lines, drawn))
 
 
 class GpuCard(Widget):
@@ -97,7 +96,7 @@ class GpuCard(Widget):
         # A figure that moved below what the card prints (38.71 → 38.74 GiB, a flat sparkline's
         # floor) leaves the same characters: no repaint, no frame, no bytes.
         same_width = self._strips_width == self._lines_width
-        if drawn is not None and same_width and _looks(lines) == _looks(drawn):
+        if drawn is not None and same_width and _all_alike(lines, drawn):
             return
         self._strips = None
         self.refresh()

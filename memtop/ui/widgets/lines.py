@@ -44,6 +44,12 @@ def cells(text: str) -> int:
     return len(text) + sum(cell_len(char) - 1 for char in special)
 
 
+def looks_alike(a: Text, b: Text) -> bool:
+    """Whether two texts draw the same: characters, spans and their own style (Rich's
+    `Text.__eq__` leaves the last out)."""
+    return a.plain == b.plain and a.spans == b.spans and a.style == b.style
+
+
 _STYLES: dict[tuple[Style, tuple[StyleType, ...]], Style] = {}
 _STYLES_MAX = 4096  # combinations: themes × focus × a few dozen span styles
 

@@ -27,7 +27,7 @@ from textual.widget import Widget
 
 from memtop.ui.render import FREE, short_bytes, slow_tick
 from memtop.ui.view import ProcessRow
-from memtop.ui.widgets.lines import text_strip
+from memtop.ui.widgets.lines import looks_alike, text_strip
 
 
 @dataclass(frozen=True)
@@ -327,8 +327,7 @@ class ProcessTable(Widget, can_focus=True):
             return
         changed = []
         for index, text in enumerate(texts):
-            old = self._texts[index]
-            if text.plain != old.plain or text.spans != old.spans or text.style != old.style:
+            if not looks_alike(text, self._texts[index]):
                 self._texts[index] = text
                 changed.append(index)
         # One repaint per run of adjacent changed lines (STEP moves on every row each second:
@@ -419,9 +418,6 @@ class ProcessTable(Widget, can_focus=True):
         row = self.rows[min(row_index, len(self.rows) - 1)]
         return next(i for i, line in enumerate(self.lines) if line is row)
 
-    def _refresh_line(self, index: int) -> None:
-        self._refresh_lines(index, index)
-
     def _refresh_lines(self, first: int, last: int) -> None:
         """Repaint lines first..last (indexes into `lines`) where they are in view."""
         top = max(1, first - self._top + 1)
@@ -431,7 +427,8 @@ class ProcessTable(Widget, can_focus=True):
 
     def _refresh_row(self, row_index: int) -> None:
         if self.rows:
-            self._refresh_line(self._line_of(row_index))
+            line = self._line_of(row_index)
+            self._refresh_lines(line, line)
 
     def on_resize(self) -> None:
         self._render_rows()

@@ -8,6 +8,7 @@ from textual.widgets.option_list import Option
 
 from memtop.ui.render import FREE, SEVERITY_STYLES, slow_tick
 from memtop.ui.view import SuggestionItem
+from memtop.ui.widgets.lines import looks_alike
 
 BADGES = {"emergency": "EMERG", "critical": "CRIT", "warning": "WARN", "info": "INFO"}
 
@@ -70,10 +71,6 @@ def suggestion_text(item: SuggestionItem, compact: bool, width: int | None = Non
     return Text("\n").join(lines)
 
 
-def _looks(text: Text) -> tuple[object, ...]:
-    return (text.plain, text.style, text.spans)
-
-
 # A suggestion's wording carries live figures ("full in ~9 min (5672 steps)"); rewording it
 # every second costs a repaint of the pane for news nobody reads that fast.  New, gone or
 # re-ranked suggestions show at once; changed figures at most this often.
@@ -86,6 +83,7 @@ class SuggestionsPane(OptionList):
     def __init__(self) -> None:
         super().__init__(id="suggestions")
         self.items: tuple[SuggestionItem, ...] = ()
+        self._prompts: list[Text] = []  # each item's text as shown
         self._compact: bool | None = None
         self._width = 0
         self._worded_at = -1
@@ -109,7 +107,8 @@ class SuggestionsPane(OptionList):
                 # Figures that moved below what the pane prints ("39.5 GiB unused" again)
                 # leave the prompt as it is: no re-layout of the list, no repaint.
                 text = suggestion_text(new, compact, width)
-                if _looks(text) != _looks(suggestion_text(old, compact, width)):
+                if not looks_alike(text, self._prompts[index]):
+                    self._prompts[index] = text
                     self.replace_option_prompt_at_index(index, text)
             self.items = items
             return
@@ -119,12 +118,13 @@ class SuggestionsPane(OptionList):
         self._compact = compact
         self._width = width
         self.clear_options()
+        self._prompts = [suggestion_text(item, compact, width) for item in items]
         if not items:
             self.add_option(Option(Text("  Nothing to suggest: memory looks healthy.", FREE)))
             self.border_subtitle = ""
             return
         self.add_options(
-            [Option(suggestion_text(item, compact, width), id=item.key) for item in items]
+            [Option(text, id=item.key) for text, item in zip(self._prompts, items, strict=True)]
         )
         counts = [
             f"{sum(i.severity == s for i in items)} {s}"
