@@ -51,7 +51,9 @@ def mixed_demo(module_socket_dir: Path) -> Iterator[Demo]:
         demo.stop()
 
 
-def live_app(socket_dir: Path, snapshot_dir: Path | None = None) -> tuple[MemtopApp, Sampler]:
+def live_app(
+    socket_dir: Path, snapshot_dir: Path | None = None, app_interval: float = INTERVAL
+) -> tuple[MemtopApp, Sampler]:
     store = Store()
     sampler = Sampler(
         store,
@@ -60,7 +62,7 @@ def live_app(socket_dir: Path, snapshot_dir: Path | None = None) -> tuple[Memtop
         interval=INTERVAL,
     )
     sampler.start()
-    return MemtopApp(store, sampler, interval=INTERVAL, snapshot_dir=snapshot_dir), sampler
+    return MemtopApp(store, sampler, interval=app_interval, snapshot_dir=snapshot_dir), sampler
 
 
 def agent_rows(app: MemtopApp) -> list[ProcessRow]:
@@ -218,14 +220,7 @@ def test_terminate_asks_then_signals_and_marks_exited(socket_dir: Path, tmp_path
 def test_each_round_is_drawn_when_it_lands(mixed_demo: Demo, module_socket_dir: Path) -> None:
     """The sampler tells the dashboard when a round is in; the dashboard's own timer (a minute
     here) is not what draws it."""
-    store = Store()
-    sampler = Sampler(
-        store,
-        DefaultDeviceSource(module_socket_dir, simulated_only=True),
-        AgentPool(module_socket_dir),
-        interval=INTERVAL,
-    )
-    app = MemtopApp(store, sampler, interval=60.0)
+    app, sampler = live_app(module_socket_dir, app_interval=60.0)
 
     async def main() -> None:
         async with app.run_test(size=(120, 36)) as pilot:
@@ -236,7 +231,6 @@ def test_each_round_is_drawn_when_it_lands(mixed_demo: Demo, module_socket_dir: 
             # One frame per round (two rounds may land between two looks of the app).
             assert app.refreshes - drawn >= (sampler.rounds - rounds) // 2
 
-    sampler.start()
     try:
         asyncio.run(main())
     finally:
