@@ -299,7 +299,13 @@ def test_dashboard_a_attaches_to_a_driver_listed_process_after_asking(trainer, s
             await pilot.press("a", "y")
             # The stand-in GPU is not the CPU trainer's, so its agent gets a row of its own.
             await wait_for(pilot, lambda: "agent" in states(), timeout=30)
-            assert any(f"attached to pid {trainer.pid}" in n for n in notifications(app))
+            # The row can come first: the sampler finds the new socket while gdb detaches,
+            # and each round is drawn as it lands; the attach's own message follows.
+            await wait_for(
+                pilot,
+                lambda: any(f"attached to pid {trainer.pid}" in n for n in notifications(app)),
+                timeout=30,
+            )
             await pilot.press("a")  # now it has one: said, not asked
             assert not isinstance(app.screen, ConfirmScreen)
             assert any("already has a memtop agent" in n for n in notifications(app))
