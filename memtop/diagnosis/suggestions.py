@@ -468,7 +468,13 @@ def bigger_batch(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable
     if (p.ooms_recent if p.ooms_recent is not None else p.ooms) > 0:
         return  # it ran out of memory lately: no room, whatever the moment's usage says
     free = gpu.total_bytes - (gpu.used_bytes or 0)
-    headroom = free + agent.releasable_bytes - int(SAFETY_SHARE * gpu.total_bytes)
+    # The room at the step's peak, not at this sample's moment: between peaks the transient's
+    # memory waits in the cache, so the cache of the moment counted it twice (the batch factor
+    # came out too large, and the headroom jumped by up to the transient from one sample to
+    # the next).  At the peak, what the cache holds beyond the peak is all that is spare.  (The
+    # split blocks of the moment are not taken off: their share moves within a step too.)
+    cache_at_peak = max(0, agent.reserved_bytes - agent.peak_bytes)
+    headroom = free + cache_at_peak - int(SAFETY_SHARE * gpu.total_bytes)
     factor = 1 + headroom / transient
     if not _at_least(factor - 1, BATCH_FACTOR_MIN - 1, was):
         return
