@@ -334,8 +334,9 @@ def _dashboard(args: argparse.Namespace, simulated_only: bool, painted: bool = F
     from memtop.ui import config, splash
 
     settings = config.load()
-    painted = painted or _paint_header(settings)
     try:
+        if not painted:
+            _paint_header(settings)
         from memtop.ui.app import MemtopApp
 
         sampler = _make_sampler(args, simulated_only)
@@ -351,10 +352,10 @@ def _dashboard(args: argparse.Namespace, simulated_only: bool, painted: bool = F
         finally:
             sampler.stop()
     finally:
-        if painted:
-            # Textual leaves the alternate screen when it ran; when it never got that far (an
-            # error or Ctrl-C while importing) this gives the terminal back. Twice is harmless.
-            splash.restore(TERMINAL_FD)
+        # Textual leaves the alternate screen when it ran; when it never got that far (an
+        # error or Ctrl-C while importing, even one that lands as the header is written) this
+        # gives the terminal back.  Twice is harmless; without a header it does nothing.
+        splash.restore(TERMINAL_FD)
     return EXIT_OK
 
 
@@ -401,14 +402,14 @@ def _demo(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_signal)
-    # The trainers take a few seconds to start: the header says memtop is on its way meanwhile.
-    if not args.no_ui and _on_a_terminal():
-        from memtop.ui import config
-
-        painted = _paint_header(config.load())
-    else:
-        painted = False
+    painted = False
     try:
+        # The trainers take a few seconds to start: the header says memtop is on its way
+        # meanwhile.
+        if not args.no_ui and _on_a_terminal():
+            from memtop.ui import config
+
+            painted = _paint_header(config.load())
         pids = demo.start()
         if not demo.wait_ready():
             raise CliError(f"simulated trainers failed to start (exited: {demo.failed()})")
@@ -430,10 +431,10 @@ def _demo(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
         demo.stop()
-        if painted:  # an error above is printed on the normal screen, not lost with the other
+        if not args.no_ui:  # an error above is printed on the normal screen, not lost with it
             from memtop.ui import splash
 
-            splash.restore(TERMINAL_FD)
+            splash.restore(TERMINAL_FD)  # a no-op unless the header was painted
 
 
 def _export(args: argparse.Namespace) -> int:

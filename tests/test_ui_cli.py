@@ -56,6 +56,30 @@ def read_until(master: int, needle: bytes, timeout: float = 30.0) -> bytes:
     return seen
 
 
+def read_to_exit(master: int, process: subprocess.Popen[bytes], timeout: float = 15.0) -> bytes:
+    """Everything the process writes until it exits, and what is still in the pty after: a
+    process that exits before the first look must not read as silent."""
+    out = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        running = process.poll() is None
+        ready, _, _ = select.select([master], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the slave side is closed and drained
+                break
+            if not chunk:
+                break
+            out += chunk
+        elif not running:
+            break  # exited, and nothing more came
+    # The pty closes as the process exits, a moment before it can be reaped.
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=max(0.1, deadline - time.monotonic()))
+    return out
+
+
 def drain(master: int, process: subprocess.Popen[bytes], timeout: float = 15.0) -> int:
     deadline = time.monotonic() + timeout
     while process.poll() is None and time.monotonic() < deadline:
@@ -123,13 +147,7 @@ def test_header_is_painted_before_textual_and_the_terminal_is_given_back(socket_
         assert b" memtop " in first and os.uname().nodename.encode() in first
         read_until(master, b"memtop demo", timeout=30)  # Textual's own frame followed
         os.write(master, b"q")
-        tail = b""
-        deadline = time.monotonic() + 15
-        while process.poll() is None and time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.2)
-            if ready:
-                with contextlib.suppress(OSError):
-                    tail += os.read(master, 65536)
+        tail = read_to_exit(master, process)
         assert process.wait(timeout=5) == 0
         assert tail.endswith(splash.LEAVE.encode())  # back on the normal screen, cursor shown
     finally:
@@ -146,13 +164,7 @@ def test_interrupted_while_starting_leaves_the_alternate_screen(socket_dir: Path
         read_until(master, b"starting", timeout=30)
         # Ctrl-C, most likely while Textual is still importing.
         os.killpg(process.pid, signal.SIGINT)
-        out = b""
-        deadline = time.monotonic() + 15
-        while process.poll() is None and time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.2)
-            if ready:
-                with contextlib.suppress(OSError):
-                    out += os.read(master, 65536)
+        out = read_to_exit(master, process)
         assert process.poll() is not None, "memtop did not stop on Ctrl-C"
         assert splash.LEAVE.encode() in out and b"Traceback" not in out
     finally:
@@ -181,3 +193,29 @@ def test_no_splash_on_a_dumb_terminal_or_a_pipe(monkeypatch: pytest.MonkeyPatch)
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_the_header_is_undone_once_and_only_when_it_was_painted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import pty
+
+    from memtop.ui import splash
+
+    monkeypatch.setenv("TERM", "xterm-256color")
+    monkeypatch.delenv("MEMTOP_NO_SPLASH", raising=False)
+    monkeypatch.setattr(splash, "_shown", False)  # whatever an earlier test painted
+    master, slave = pty.openpty()
+    try:
+        splash.restore(slave)  # nothing painted: nothing to undo
+        assert splash.paint(slave)
+        assert splash.ENTER.encode() in os.read(master, 4096)
+        # The callers restore in `finally` whether or not they saw paint return (a Ctrl-C can
+        # land as the write returns): the first restore leaves, a second changes nothing.
+        splash.restore(slave)
+        splash.restore(slave)
+        os.write(slave, b"end")
+        assert os.read(master, 4096) == splash.LEAVE.encode() + b"end"
+    finally:
+        os.close(master)
+        os.close(slave)

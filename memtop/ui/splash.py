@@ -40,13 +40,26 @@ def paint(fd: int, colour: bool = True) -> bool:
     except OSError:
         width = 80
     colour = colour and "NO_COLOR" not in os.environ
+    global _shown
+    # Noted before the write: a Ctrl-C that lands as the write returns must still be undone.
+    _shown = True
     try:
         os.write(fd, (ENTER + header_line(os.uname().nodename, width, colour)).encode())
     except OSError:
+        _shown = False
         return False
     return True
 
 
+_shown = False  # the alternate screen was entered here and not left yet
+
+
 def restore(fd: int) -> None:
+    """Leave the alternate screen if `paint` entered it (a no-op otherwise, and the second
+    time): callers run it in a `finally` whether or not the paint happened."""
+    global _shown
+    if not _shown:
+        return
+    _shown = False
     with contextlib.suppress(OSError):
         os.write(fd, LEAVE.encode())
