@@ -31,6 +31,7 @@ from memtop.sources.processes import TerminateRefused, terminate
 from memtop.store import Store
 from memtop.ui import view
 from memtop.ui.config import UiConfig
+from memtop.ui.lean_screen import LeanScreen
 from memtop.ui.render import FREE
 from memtop.ui.widgets.gpu_panel import GpuPanel
 from memtop.ui.widgets.process_table import ProcessTable
@@ -130,6 +131,10 @@ class MemtopApp(App[None]):
         self.cell_diff: Any = None  # memtop.ui.cell_diff.CellDiff once the driver runs
 
     # ------------------------------------------------------------------ layout
+
+    def get_default_screen(self) -> LeanScreen:
+        # Each frame renders only the widgets that paint where something changed.
+        return LeanScreen(id="_default")
 
     def compose(self) -> ComposeResult:
         yield Static(Text(" memtop ", "bold black on cyan"), id="header")

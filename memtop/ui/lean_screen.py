@@ -1,0 +1,63 @@
+"""A screen whose partial updates render only the widgets that paint inside the update.
+
+Textual's compositor, for a partial update, takes the box around every dirty region and renders
+each visible widget whose *clip* (its container's region) overlaps that box.  A top-level
+widget's clip is the whole screen, so the header, the status line, the footer and every
+container render in every frame, whatever changed: on the dashboard, where a frame a second
+changes eight table cells, that was most of the widgets rendered (bench/tui_cost.py, issue 12).
+
+`LeanCompositor` keeps a widget only when the part of it that shows (its region within its
+clip) overlaps the box: exactly the widgets that can paint a cell there, so the frame is the
+same.  Everything else is Textual's own (`Compositor._get_renders`, textual 8.x); should a later
+Textual change what this relies on, the screen falls back to Textual's compositor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from textual._compositor import Compositor
+from textual.geometry import Region
+from textual.screen import Screen
+from textual.strip import Strip
+
+
+class LeanCompositor(Compositor):
+    def _get_renders(
+        self, crop: Region | None = None
+    ) -> Iterable[tuple[Region, Region, list[Strip]]]:
+        if crop is None:  # a full frame: every widget, as Textual does it
+            yield from super()._get_renders(crop)
+            return
+        overlaps = crop.overlaps
+        intersection = Region.intersection
+        for widget, (region, clip) in self.visible_widgets.items():
+            shown = intersection(region, clip)
+            if not shown.area or not overlaps(shown):
+                continue  # paints no cell of the update
+            # The lines of the part that shows, in the widget's own coordinates.
+            yield (
+                region,
+                clip,
+                widget.render_lines(
+                    Region(shown.x - region.x, shown.y - region.y, shown.width, shown.height)
+                ),
+            )
+
+
+def lean_compositor_fits() -> bool:
+    """Whether this Textual's compositor has what LeanCompositor overrides and reads."""
+    return callable(getattr(Compositor, "_get_renders", None)) and isinstance(
+        getattr(Compositor, "visible_widgets", None), property
+    )
+
+
+class LeanScreen(Screen[None]):
+    """A Screen with LeanCompositor (Textual's own compositor if this Textual does not fit)."""
+
+    def __init__(
+        self, name: str | None = None, id: str | None = None, classes: str | None = None
+    ) -> None:
+        super().__init__(name=name, id=id, classes=classes)
+        if lean_compositor_fits() and type(getattr(self, "_compositor", None)) is Compositor:
+            self._compositor = LeanCompositor()
