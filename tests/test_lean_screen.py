@@ -7,11 +7,12 @@ import asyncio
 from collections import Counter
 
 import pytest
-from textual._compositor import CompositorUpdate
 from textual.app import App, ComposeResult
 from textual.containers import Vertical
+from textual.geometry import Region
 from textual.screen import Screen
 from textual.widgets import Static
+from ui_helpers import full_frame, play_into_terminal
 
 from memtop.ui.cell_diff import CellDiff
 from memtop.ui.lean_screen import LeanCompositor, LeanScreen
@@ -33,7 +34,7 @@ class Board(App[None]):
     def __init__(self, lean: bool) -> None:
         super().__init__()
         self.lean = lean
-        self.terminal = CellDiff()  # what a terminal fed every update would show
+        self.terminal = play_into_terminal(self)  # what a terminal fed every update shows
 
     def get_default_screen(self) -> Screen[None]:
         return LeanScreen(id="_default") if self.lean else Screen(id="_default")
@@ -46,11 +47,6 @@ class Board(App[None]):
             yield Counted("GPU 1  12.0 GiB", id="b")
         yield Counted("q Quit", id="foot")
 
-    def _display(self, screen: Screen[object], renderable: object) -> None:
-        # Headless apps write nothing: play each update into the terminal model instead.
-        if isinstance(renderable, CompositorUpdate):
-            self.terminal.feed(renderable.render_segments(self.console))
-
 
 async def run_board(lean: bool) -> tuple[Board, Counter[str], CellDiff]:
     app = Board(lean)
@@ -61,11 +57,7 @@ async def run_board(lean: bool) -> tuple[Board, Counter[str], CellDiff]:
             app.query_one("#step", Static).update(f"step {step}")
             await pilot.pause(0.05)
         renders = Counter(RENDERS)
-        # The screen as one full frame, for comparison.
-        whole = CellDiff()
-        full = app.screen._compositor.render_update(full=True)
-        assert isinstance(full, CompositorUpdate)
-        whole.feed(full.render_segments(app.console))
+        whole = full_frame(app)  # the screen as one full frame, for comparison
     return app, renders, whole
 
 
@@ -88,3 +80,46 @@ def test_a_change_renders_only_what_paints_there_and_the_screen_matches_a_full_f
         assert renders["head"] >= 5 and renders["foot"] >= 5
     assert app.terminal.cells == whole.cells
     assert any(char == "5" for char, _ in app.terminal.cells.values())  # "step 5" is shown
+
+
+def test_a_step_that_moved_repaints_its_cells_not_the_rows():
+    """STEP moves on every row each second: the frame carries those cells (the table's dirty
+    region is the STEP column), and the terminal still shows what a full frame shows."""
+    from dataclasses import replace
+
+    from ui_frozen import MY_UID, NOW, frozen_store
+
+    from memtop.ui.app import MemtopApp
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW, host="gpu-box", my_uid=MY_UID)
+    terminal = play_into_terminal(app)
+
+    async def run() -> tuple[list[Region], CellDiff]:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.3)
+            table = app.table
+            rows = tuple(row for row in table.source if row.step is not None)
+            assert len(rows) >= 3  # the trainers with agents
+            regions: list[Region] = []
+            refresh = table.refresh
+
+            def record(*args, **kwargs):  # type: ignore[no-untyped-def]
+                regions.extend(args)
+                return refresh(*args, **kwargs)
+
+            table.refresh = record  # type: ignore[method-assign]
+            table.show(
+                tuple(
+                    replace(row, step=row.step + 1) if row.step is not None else row
+                    for row in table.source
+                ),
+                False,
+            )
+            await pilot.pause(0.2)
+            table.refresh = refresh  # type: ignore[method-assign]
+            return regions, full_frame(app)
+
+    regions, whole = asyncio.run(run())
+    assert regions and sum(region.height for region in regions) >= 3
+    assert all(region.width <= 8 for region in regions), regions  # STEP, not the rows
+    assert terminal.cells == whole.cells

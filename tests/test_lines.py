@@ -9,9 +9,11 @@ from rich.console import Console
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Span, Text
+from textual.geometry import Region
 from textual.strip import Strip
+from ui_helpers import full_frame, play_into_terminal
 
-from memtop.ui.widgets.lines import cells, text_strip
+from memtop.ui.widgets.lines import cells, changed_cells, text_strip
 
 CONSOLE = Console()
 BASE = Style(color="white", bgcolor="blue")
@@ -90,6 +92,7 @@ def test_a_gpu_card_repaints_only_when_what_it_prints_changes():
 
     async def run() -> None:
         app = One()
+        terminal = play_into_terminal(app)
         async with app.run_test(size=(120, 4)) as pilot:
             card = app.query_one(gpu_panel.GpuCard)
             await pilot.pause()
@@ -101,6 +104,17 @@ def test_a_gpu_card_repaints_only_when_what_it_prints_changes():
             assert card._strips is None  # "41.0 GiB": repainted
             await pilot.pause()
             assert "41.0 GiB" in "".join(seg.text for seg in card._strips[0])
+            # A figure that moved in place repaints its cells, not the card's lines.
+            regions: list[Region] = []
+            refresh = card.refresh
+            card.refresh = lambda *r, **k: regions.extend(r) or refresh(*r, **k)  # type: ignore[method-assign]
+            card._slow_tick = -1  # the gauge is a slow figure: its period is over
+            card.show(replace(card.row, fragmentation=0.07))
+            card.refresh = refresh  # type: ignore[method-assign]
+            await pilot.pause()
+            (region,) = regions
+            assert region.width <= 2 and region.height == 1  # "0.05" → "0.07"
+            assert terminal.cells == full_frame(app).cells
 
     asyncio.run(run())
 
@@ -155,3 +169,16 @@ def test_the_suggestions_pane_rewords_only_what_reads_differently(monkeypatch):
             assert "1.7 GiB" in pane.get_option_at_index(0).prompt.plain
 
     asyncio.run(run())
+
+
+def test_changed_cells_is_where_characters_moved_in_place_or_the_whole_line():
+    row = Text(" 4101  12.0G  step  1299  train.py --mode…", spans=[Span(1, 5, "bold")])
+    moved = Text(" 4101  12.0G  step  1300  train.py --mode…", spans=[Span(1, 5, "bold")])
+    assert changed_cells(row, moved) == (21, 24)  # "299" → "300"; "…" takes one cell
+    assert changed_cells(row, row.copy()) is None  # nothing moved: not a partial repaint
+    restyled = Text(moved.plain, spans=[Span(1, 5, "red")])
+    assert changed_cells(row, restyled) is None  # a style: the whole line
+    assert changed_cells(row, Text(moved.plain, style="dim", spans=moved.spans)) is None
+    assert changed_cells(row, Text(moved.plain[:-1], spans=moved.spans)) is None  # length
+    wide = Text(" 4101  GPU 状态  1299"), Text(" 4101  GPU 状态  1300")
+    assert changed_cells(*wide) is None  # characters are not cells here

@@ -7,9 +7,12 @@ import re
 import time
 from collections.abc import Callable
 
+from textual._compositor import CompositorUpdate
+from textual.app import App
 from textual.pilot import Pilot
 
 from memtop.ui.app import MemtopApp
+from memtop.ui.cell_diff import CellDiff
 
 # Rich's SVG export places each run of text at x = column × 0.61 × its 20 px font.
 CHAR_WIDTH = 12.2
@@ -43,3 +46,25 @@ def screen_text(svg: str) -> str:
             line = line.ljust(column) + text
         lines.append(line.rstrip())
     return "\n".join(lines)
+
+
+def play_into_terminal(app: App[object]) -> CellDiff:
+    """A terminal model (memtop.ui.cell_diff) that every update of `app` is played into as a
+    real terminal would receive it (a headless app writes nothing)."""
+    terminal = CellDiff()
+
+    def display(screen: object, renderable: object) -> None:
+        if isinstance(renderable, CompositorUpdate):
+            terminal.feed(renderable.render_segments(app.console))
+
+    app._display = display  # type: ignore[method-assign,assignment]
+    return terminal
+
+
+def full_frame(app: App[object]) -> CellDiff:
+    """What the terminal shows after one full frame of `app`'s screen as it is now."""
+    terminal = CellDiff()
+    update = app.screen._compositor.render_update(full=True)
+    assert isinstance(update, CompositorUpdate)
+    terminal.feed(update.render_segments(app.console))
+    return terminal

@@ -8,6 +8,7 @@ from dataclasses import replace
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
+from textual.geometry import Region
 from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Static
@@ -26,7 +27,7 @@ from memtop.ui.render import (
     usage_style,
 )
 from memtop.ui.view import GpuRow
-from memtop.ui.widgets.lines import looks_alike, text_strip
+from memtop.ui.widgets.lines import changed_cells, looks_alike, text_strip
 from memtop.units import format_bytes
 
 # Below this width the second line uses short sizes (30.2G), so the trend keeps its room.
@@ -52,8 +53,12 @@ LEGEND = Text.assemble(
 )
 
 
-def _all_alike(lines: list[Text], drawn: list[Text]) -> bool:
-    return len(lines) == len(drawn) and all(map(looks_alike, lines, drawn))
+def _changed_region(y: int, old: Text, new: Text, width: int) -> Region:
+    """Line `y`'s cells that draw differently (the whole line unless characters moved in
+    place)."""
+    span = changed_cells(old, new)
+    x0, x1 = span if span is not None else (0, width)
+    return Region(x0, y, max(1, min(x1, width) - x0), 1)
 
 
 class GpuCard(Widget):
@@ -93,13 +98,22 @@ class GpuCard(Widget):
         self.row = row
         drawn = self._lines if self._strips is not None else None
         lines = self._laid_out()
-        # A figure that moved below what the card prints (38.71 → 38.74 GiB, a flat sparkline's
-        # floor) leaves the same characters: no repaint, no frame, no bytes.
-        same_width = self._strips_width == self._lines_width
-        if drawn is not None and same_width and _all_alike(lines, drawn):
+        if drawn is None or self._strips_width != self._lines_width or len(lines) != len(drawn):
+            self._strips = None  # not drawn yet, or at another width: all of it
+            self.refresh()
             return
-        self._strips = None
-        self.refresh()
+        # A figure that moved below what the card prints (38.71 → 38.74 GiB, a flat sparkline's
+        # floor) leaves the same characters: no repaint, no frame, no bytes.  Otherwise only the
+        # cells that moved (a sparkline, a gauge's figure) are repainted, not whole lines: every
+        # card changes in the same frame each slow period.
+        regions = [
+            _changed_region(y, old, new, self.size.width)
+            for y, (old, new) in enumerate(zip(drawn, lines, strict=True))
+            if not looks_alike(old, new)
+        ]
+        if regions:
+            self._strips = None
+            self.refresh(*regions)
 
     def notify_style_update(self) -> None:
         self._strips = None  # the CSS changed (theme, -dense): draw again

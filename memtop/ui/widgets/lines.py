@@ -89,3 +89,18 @@ def text_strip(console: Console, text: Text, width: int, style: Style) -> Strip:
         segments.append(Segment(" " * (width - used), style))
     strip = Strip(segments, max(used, width))
     return strip.crop(0, width) if used > width else strip
+
+
+def changed_cells(old: Text, new: Text) -> tuple[int, int] | None:
+    """The cells [x0, x1) in which `new` draws differently from `old`, when only characters
+    changed in place (same style, same spans, same length, every character one cell): a STEP
+    that moved.  None: anything else, so the whole line."""
+    a, b = old.plain, new.plain
+    if len(a) != len(b) or old.style != new.style or old.spans != new.spans:
+        return None
+    if cells(a) != len(a) or cells(b) != len(b):
+        return None  # a wide character or a mark: positions are not cells
+    moved = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
+    if not moved:
+        return None  # the same characters: something else differs, so draw it all
+    return moved[0], moved[-1] + 1

@@ -27,7 +27,7 @@ from textual.widget import Widget
 
 from memtop.ui.render import FREE, short_bytes, slow_tick
 from memtop.ui.view import ProcessRow
-from memtop.ui.widgets.lines import looks_alike, text_strip
+from memtop.ui.widgets.lines import changed_cells, looks_alike, text_strip
 
 
 @dataclass(frozen=True)
@@ -326,14 +326,23 @@ class ProcessTable(Widget, can_focus=True):
             self.refresh(layout=True)
             return
         changed = []
+        cells: dict[int, tuple[int, int] | None] = {}
         for index, text in enumerate(texts):
             if not looks_alike(text, self._texts[index]):
+                cells[index] = changed_cells(self._texts[index], text)
                 self._texts[index] = text
                 changed.append(index)
         # One repaint per run of adjacent changed lines (STEP moves on every row each second:
-        # one region, not a refresh per line).
+        # one region, not a refresh per line), as wide as the cells that changed in it: the
+        # frame then carries a few cells per row, not whole rows, to the terminal.
         for first, last in _runs(changed):
-            self._refresh_lines(first, last)
+            spans = [cells[index] for index in range(first, last + 1)]
+            if any(span is None for span in spans):
+                self._refresh_lines(first, last)
+            else:
+                x0 = min(span[0] for span in spans if span is not None)
+                x1 = max(span[1] for span in spans if span is not None)
+                self._refresh_lines(first, last, x0, x1)
 
     def _header_text(
         self, columns: list[Column], widths: list[int], gap: int
@@ -418,12 +427,14 @@ class ProcessTable(Widget, can_focus=True):
         row = self.rows[min(row_index, len(self.rows) - 1)]
         return next(i for i, line in enumerate(self.lines) if line is row)
 
-    def _refresh_lines(self, first: int, last: int) -> None:
-        """Repaint lines first..last (indexes into `lines`) where they are in view."""
+    def _refresh_lines(self, first: int, last: int, x0: int = 0, x1: int | None = None) -> None:
+        """Repaint lines first..last (indexes into `lines`) where they are in view; only their
+        cells x0..x1 when given."""
         top = max(1, first - self._top + 1)
         bottom = min(self.size.height - 1, last - self._top + 1)
-        if top <= bottom:
-            self.refresh(Region(0, top, self.size.width, bottom - top + 1))
+        right = self.size.width if x1 is None else min(x1, self.size.width)
+        if top <= bottom and x0 < right:
+            self.refresh(Region(x0, top, right - x0, bottom - top + 1))
 
     def _refresh_row(self, row_index: int) -> None:
         if self.rows:
