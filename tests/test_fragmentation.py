@@ -76,6 +76,32 @@ def test_pressure_counts_increases_in_the_window_across_a_counter_reset():
     assert p.retries == 3 and p.ooms == 1
 
 
+def test_pressure_matches_the_row_by_row_definition_on_long_windows():
+    """The window is found by bisection and a counter that never fell is judged at C speed;
+    on ten minutes of history, with and without resets, that is the row-by-row answer."""
+    import itertools
+    import random
+
+    rng = random.Random(3)
+
+    def increase(values: list[float]) -> int:  # every rise, and a fall counts from its value
+        return int(sum(b - a if b >= a else b for a, b in itertools.pairwise(values)))
+
+    for resets in (0, 1, 3):
+        times = [float(t) for t in range(0, 1200)]
+        retries, value = [], 0.0
+        for _ in times:
+            value += rng.choice((0, 0, 0, 1))
+            retries.append(value)
+        for at in rng.sample(range(700, 1200), resets):
+            retries[at:] = [v - retries[at] + rng.choice((0, 1)) for v in retries[at:]]
+        ooms = [0.0] * len(times)
+        p = pressure(sample(), times, retries, ooms, window_s=600)
+        start = next(i for i, t in enumerate(times) if times[-1] - t <= 600)
+        assert p.retries_recent == increase(retries[start:]) and p.ooms_recent == 0
+        assert p.window_s == times[-1] - times[start]
+
+
 def test_pressure_without_enough_history_falls_back_to_the_totals():
     latest = sample(num_alloc_retries=8, num_ooms=0)
     p = pressure(latest, [0.0, 0.3], [8.0, 8.0], [0.0, 0.0])

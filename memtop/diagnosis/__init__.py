@@ -35,8 +35,9 @@ __all__ = [
 ]
 
 # The leak test costs a few ms per device; a dashboard refreshing every second re-judges each
-# device at most this often (a trend over minutes does not change in a second).
-LEAK_REFRESH_S = 5.0
+# device at most this often (a trend judged over minutes of steps does not change in ten
+# seconds, and eight devices judged every 5 s were a twentieth of the dashboard's CPU).
+LEAK_REFRESH_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class Diagnoser:
         # time; the whole allocated history only when the leak verdict is due again (a dashboard
         # diagnoses every second, and an hour of history is 3600 rows per device).
         newest_sample = agent.last_sample_time if agent.last_sample_time is not None else now
-        recent = store.history(
+        recent = store.history_windows(
             agent.pid,
             dev.index,
             since=newest_sample - PRESSURE_WINDOW_S,
