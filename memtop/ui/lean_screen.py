@@ -8,21 +8,61 @@ changes eight table cells, that was most of the widgets rendered (bench/tui_cost
 
 `LeanCompositor` keeps a widget only when the part of it that shows (its region within its
 clip) overlaps the box: exactly the widgets that can paint a cell there, so the frame is the
-same.  Everything else is Textual's own (`Compositor._get_renders`, textual 8.x); should a later
-Textual change what this relies on, the screen falls back to Textual's compositor.
+same.
+
+Its updates (`SpanUpdate`) also write only the cells of each dirty span.  Textual's write the
+span's line from the start of the widget that covers it: a table row whose STEP changed went out
+from the table's left border to the STEP column, eighty cells for four, to be diffed away again
+by memtop.ui.cell_diff.
+
+Everything else is Textual's own (`Compositor._get_renders`, `ChopsUpdate`, textual 8.x);
+should a later Textual change what this relies on, the screen falls back to Textual's compositor.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from textual._compositor import Compositor
+from rich.console import Console
+from textual._compositor import ChopsUpdate, Compositor
 from textual.geometry import Region
 from textual.screen import Screen
 from textual.strip import Strip
 
 
+class SpanUpdate(ChopsUpdate):
+    """A partial update that writes each dirty span's cells and no others."""
+
+    def render_segments(self, console: Console) -> str:
+        sequences: list[str] = []
+        append = sequences.append
+        chops, chop_ends = self.chops, self.chop_ends
+        last_y = self.spans[-1][0]
+        for y, x1, x2 in self.spans:  # x2: the first cell after the span
+            for end, (x, strip) in zip(chop_ends[y], chops[y].items(), strict=False):
+                if strip is None:
+                    continue
+                start, stop = max(x, x1), min(end, x2)
+                if start != x and strip.cell_length != len(strip.text):
+                    start = x  # a wide character may straddle x1: from the chop, as Textual does
+                if stop <= start:
+                    continue
+                if start != x or stop != end:
+                    strip = strip.crop(start - x, stop - x)
+                append(f"\x1b[{y + 1};{start + 1}H")  # Control.move_to's sequence
+                append(strip.render(console))
+            if y != last_y:
+                append("\n")  # as Textual writes it
+        return "".join(sequences)
+
+
 class LeanCompositor(Compositor):
+    def render_partial_update(self) -> ChopsUpdate | None:
+        update = super().render_partial_update()
+        if update is None:
+            return None
+        return SpanUpdate(update.chops, update.spans, update.chop_ends)
+
     def _get_renders(
         self, crop: Region | None = None
     ) -> Iterable[tuple[Region, Region, list[Strip]]]:
@@ -47,8 +87,11 @@ class LeanCompositor(Compositor):
 
 def lean_compositor_fits() -> bool:
     """Whether this Textual's compositor has what LeanCompositor overrides and reads."""
-    return callable(getattr(Compositor, "_get_renders", None)) and isinstance(
-        getattr(Compositor, "visible_widgets", None), property
+    return (
+        callable(getattr(Compositor, "_get_renders", None))
+        and callable(getattr(Compositor, "render_partial_update", None))
+        and isinstance(getattr(Compositor, "visible_widgets", None), property)
+        and callable(getattr(ChopsUpdate, "render_segments", None))
     )
 
 
