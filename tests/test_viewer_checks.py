@@ -195,3 +195,57 @@ def test_a_trickling_server_cannot_extend_the_deadline(socket_dir: Path) -> None
         assert time.monotonic() - started < 1.0
     finally:
         listener.close()
+
+
+def test_the_socket_scan_is_reused_only_while_nothing_it_checked_can_have_changed(
+    socket_dir: Path,
+) -> None:
+    """Between full scans a round reuses the last one if the directory has the same entries
+    and every agent's process exists; a new socket, a process gone, a directory made unsafe
+    are seen at once, and a zombie at the next full scan."""
+    import subprocess
+    import sys
+    import time
+
+    from memtop.sources.agents import AgentPool
+
+    children: list[subprocess.Popen[bytes]] = []
+    listeners: list[socket.socket] = []
+
+    def trainer() -> int:
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        children.append(child)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(socket_dir / f"{child.pid}.sock"))
+        listeners.append(listener)
+        return child.pid
+
+    pool = AgentPool(socket_dir)
+    pool.FULL_SCAN_S = 60.0  # only what changed may bring a full scan in this test
+    try:
+        first = trainer()
+        assert set(pool._scan().found) == {first}
+        again = pool._scan()
+        assert again is pool._last_scan[2]  # type: ignore[index]  # reused: nothing changed
+        second = trainer()
+        assert set(pool._scan().found) == {first, second}  # a new socket: seen at once
+        children[0].kill()
+        children[0].wait()
+        assert set(pool._scan().found) == {second}  # a process gone: seen at once
+        assert not (socket_dir / f"{first}.sock").exists()  # and its socket removed
+        pool._scan()  # (that removal changed the directory: one more full scan settles it)
+        children[1].kill()  # a zombie until reaped: it exists, so the scan is reused ...
+        time.sleep(0.2)
+        assert set(pool._scan().found) == {second}
+        pool.FULL_SCAN_S = 0.0  # ... until the next full scan, which sees what it is
+        assert set(pool._scan().found) == set()
+        pool.FULL_SCAN_S = 60.0
+        socket_dir.chmod(0o777)  # made unsafe: refused at once, whatever the last scan said
+        assert pool._scan().found == {} and "writable" in " ".join(pool.problems)
+    finally:
+        socket_dir.chmod(0o700)
+        for listener in listeners:
+            listener.close()
+        for child in children:
+            child.kill()
+            child.wait()

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from memtop import protocol
 from memtop.model import (
@@ -578,6 +578,34 @@ def sanity_problem(
     return problem
 
 
+class _Scan(NamedTuple):
+    found: dict[int, tuple[Path, int]]  # pid -> (directory, owner)
+    refused: dict[int, tuple[str, int]]  # pid -> (why, owner)
+    problems: tuple[str, ...]
+
+
+def _directory_version(directory: Path, owner: int) -> tuple[object, ...] | None:
+    """What changes whenever an entry of `directory` is made, removed or replaced (None: it
+    cannot be read, so scan)."""
+    try:
+        info = os.lstat(directory)
+    except OSError:
+        return None
+    return (directory, owner, info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's: it exists
+    except OSError:
+        return False
+    return True
+
+
 class AgentPool:
     """Finds agent sockets, keeps one authenticated connection to each, samples them all
     concurrently.
@@ -599,6 +627,10 @@ class AgentPool:
     WORKERS = 256
     LOW_RATE_RETRY_S = 1.0  # a low-rate command the agent could not answer yet
     PENDING_RETRY_S = 0.1  # one the agent answered "pending" (measured at the next step)
+    # Every socket is checked again (owner, kind, liveness, zombies) at least this often; in
+    # between, a round whose directories have the very same entries only asks whether each
+    # agent's process still exists (see _scan).
+    FULL_SCAN_S = 5.0
 
     def __init__(self, directory: Path | None = None, timeout: float = 1.0) -> None:
         self.directory = directory
@@ -615,14 +647,41 @@ class AgentPool:
         # Pids whose server passed authentication since the viewer started (the kill key).
         self._verified: set[int] = set()
         self._refused_gone: set[int] = set()
+        # The last full scan: (its directories' versions, when, what it found).
+        self._last_scan: tuple[tuple[object, ...], float, _Scan] | None = None
 
     # ------------------------------------------------------------------ discovery
 
-    def _scan(self) -> tuple[dict[int, tuple[Path, int]], dict[int, tuple[str, int]]]:
-        """Sockets worth talking to, by pid; and those refused on sight, with why."""
+    def _scan(self) -> _Scan:
+        """Sockets worth talking to, by pid; and those refused on sight, with why.
+
+        Checking every socket (its owner and kind, its process alive and no zombie, that
+        process's owner) was ~5 system calls per agent every second.  A directory whose entries
+        did not change keeps its mtime (any socket made, removed or replaced changes it; only
+        its owner could turn the clock back, and the directory is checked to be theirs and
+        private), so a round that finds every directory as it was reuses the last scan and
+        only asks whether each agent's process still exists; any doubt, and every FULL_SCAN_S,
+        scans in full."""
         directories = (
             [(self.directory, os.getuid())] if self.directory else protocol.discovery_dirs()
         )
+        versions = tuple(_directory_version(directory, owner) for directory, owner in directories)
+        now = time.monotonic()
+        last = self._last_scan
+        if (
+            last is not None
+            and None not in versions
+            and last[0] == versions
+            and 0 <= now - last[1] < self.FULL_SCAN_S
+            and all(_exists(pid) for pid in last[2].found)
+        ):
+            self.problems = list(last[2].problems)
+            return last[2]
+        scan = self._full_scan(directories)
+        self._last_scan = (versions, now, scan)
+        return scan
+
+    def _full_scan(self, directories: list[tuple[Path, int]]) -> _Scan:
         found: dict[int, tuple[Path, int]] = {}
         refused: dict[int, tuple[str, int]] = {}
         problems = []
@@ -689,7 +748,7 @@ class AgentPool:
             )
             refused = dict(sorted(refused.items())[: self.MAX_REFUSED_ROWS])
         self.problems = problems
-        return found, refused
+        return _Scan(found, refused, tuple(problems))
 
     # ------------------------------------------------------------------ polling
 
@@ -701,7 +760,7 @@ class AgentPool:
         request timeout)."""
         started = time.monotonic()
         budget = self.timeout if budget is None else budget
-        found, refused = self._scan()
+        found, refused, _ = self._scan()
         results: dict[int, AgentPoll] = {}
         for pid in list(self._agents):
             if pid not in found:
