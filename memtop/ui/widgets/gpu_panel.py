@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import fields, replace
+from operator import attrgetter
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -52,6 +53,9 @@ LEGEND = Text.assemble(
     " Σ peaks",  # the card's peak is the sum of its processes' true (torch) peaks
 )
 
+# The figures a card shows as soon as they move: every field but the slow ones.
+_fast_figures = attrgetter(*(f.name for f in fields(GpuRow) if f.name not in SLOW_FIELDS))
+
 
 def _changed_region(y: int, old: Text, new: Text, width: int) -> Region:
     """Line `y`'s cells that draw differently (the whole line unless characters moved in
@@ -90,6 +94,8 @@ class GpuCard(Widget):
         Each repaint costs CPU and bytes over SSH."""
         tick = slow_tick()
         if tick == self._slow_tick and row.trend.leak == self.row.trend.leak:
+            if _fast_figures(row) == _fast_figures(self.row):
+                return  # the common round: nothing to show at once (no copy of the row made)
             row = replace(row, **{name: getattr(self.row, name) for name in SLOW_FIELDS})
         else:
             self._slow_tick = tick
