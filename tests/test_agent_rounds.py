@@ -47,6 +47,15 @@ def sample(step: int, devices: int) -> dict[str, object]:
     }
 
 
+def listen_as_agent(directory: Path, backlog: int = 1) -> socket.socket:
+    """A listening socket where this process's agent would serve (SO_PEERCRED shows our pid,
+    as the socket's name says)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(directory / f"{os.getpid()}.sock"))
+    listener.listen(backlog)
+    return listener
+
+
 # How the agent answers its n-th sample (1-based): None never, else (pieces, gap s, devices).
 Answer = Callable[[int], tuple[int, float, int] | None]
 
@@ -59,9 +68,7 @@ class Agent:
         self.hello_devices = hello_devices
         self.samples = 0
         self.hellos = 0
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(str(directory / f"{os.getpid()}.sock"))
-        self.listener.listen(4)
+        self.listener = listen_as_agent(directory, 4)
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -202,9 +209,7 @@ def test_a_request_to_an_agent_that_reads_late_waits_for_its_own_deadline(
     # The agent stops reading for 0.4 s (its buffer fills with our requests), then catches
     # up. A request that cannot be sent at once waits up to its own deadline; it neither
     # fails early (no stale timeout left on the socket by an earlier request) nor hangs.
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(socket_dir / f"{os.getpid()}.sock"))
-    listener.listen(1)
+    listener = listen_as_agent(socket_dir)
     reading = threading.Event()
     reading.set()
 
@@ -258,9 +263,7 @@ def test_an_agent_that_stops_reading_its_requests_never_holds_up_the_round(
 ) -> None:
     # The poll thread sends every agent's sample in turn: one whose socket takes no more
     # (it stopped reading) fails at once instead of holding the round to its deadline.
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(socket_dir / f"{os.getpid()}.sock"))
-    listener.listen(1)
+    listener = listen_as_agent(socket_dir)
     resume = threading.Event()
 
     def serve() -> None:

@@ -741,9 +741,8 @@ def socket_path(pid: int, directory: Path | None = None) -> Path:
     return (directory or socket_dir()) / f"{pid}.sock"
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether `pid` is a running process.  Zombies count as dead: an exited trainer that its
-    parent has not reaped yet holds no GPU memory and serves no socket."""
+def pid_exists(pid: int) -> bool:
+    """Whether a process `pid` exists, zombies included (one system call)."""
     if pid <= 0:
         return False
     try:
@@ -751,8 +750,16 @@ def pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        pass  # exists, belongs to someone else
+        return True  # exists, belongs to someone else
     except OSError:
+        return False
+    return True
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether `pid` is a running process.  Zombies count as dead: an exited trainer that its
+    parent has not reaped yet holds no GPU memory and serves no socket."""
+    if not pid_exists(pid):
         return False
     try:
         # os.open/read, not open(): no buffered file object for one small read (half the cost;

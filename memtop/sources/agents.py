@@ -594,18 +594,6 @@ def _directory_version(directory: Path, owner: int) -> tuple[object, ...] | None
     return (directory, owner, info.st_ino, info.st_mtime_ns, info.st_ctime_ns)
 
 
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's: it exists
-    except OSError:
-        return False
-    return True
-
-
 class AgentPool:
     """Finds agent sockets, keeps one authenticated connection to each, samples them all
     concurrently.
@@ -673,7 +661,7 @@ class AgentPool:
             and None not in versions
             and last[0] == versions
             and 0 <= now - last[1] < self.FULL_SCAN_S
-            and all(_exists(pid) for pid in last[2].found)
+            and all(protocol.pid_exists(pid) for pid in last[2].found)
         ):
             self.problems = list(last[2].problems)
             return last[2]
