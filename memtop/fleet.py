@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from memtop.diagnosis import DeviceDiagnosis, Diagnoser
+from memtop.diagnosis.fragmentation import GAUGE_SAMPLES
 from memtop.diagnosis.leak import LeakEstimate
 from memtop.model import (
     AgentDeviceSample,
@@ -67,6 +68,14 @@ class RemoteDiagnoser(Diagnoser):
             fragmentation=dataclasses.replace(
                 frag,
                 gauge_smoothed=verdict.get("gauge_smoothed", frag.gauge_smoothed),
+                # An older exporter does not say how many readings its median rests on; its
+                # median is then the host's judgement, over as many as it keeps.
+                samples=round(
+                    verdict.get(
+                        "fragmentation_samples",
+                        GAUGE_SAMPLES if "gauge_smoothed" in verdict else frag.samples,
+                    )
+                ),
                 external=verdict.get("external"),
                 stranded_bytes=_opt_int(verdict.get("stranded_bytes")),
                 largest_free_block_bytes=_opt_int(verdict.get("largest_free_block_bytes")),

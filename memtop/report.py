@@ -89,6 +89,7 @@ def _agent(agent: AgentObservation) -> dict[str, Any]:
                 "non_pytorch_bytes": dev.non_pytorch_bytes,
                 "leak": found.leak.as_dict(),
                 "fragmentation_smoothed": round(frag.gauge_smoothed, 4),
+                "fragmentation_samples": frag.samples,
                 "external_fragmentation": (
                     round(frag.external, 4) if frag.external is not None else None
                 ),

@@ -17,7 +17,7 @@ TOTAL = 80 * GiB
 
 
 def frag(gauge: float = 0.0, split: int = 0) -> Fragmentation:
-    return Fragmentation(gauge, gauge, split, 10 * GiB, None, None, None, 0)
+    return Fragmentation(gauge, gauge, split, 10 * GiB, None, None, None, 0, samples=10)
 
 
 def device(
@@ -126,6 +126,19 @@ def test_expandable_segments_is_not_suggested_without_fragmentation_or_retries()
     assert fired(rules.expandable_segments, gpu(device(fragmentation=frag(0.5, 16 * MiB)))) == []
     async_backend = device(fragmentation=frag(0.5, 4 * GiB), conf="backend:cudaMallocAsync")
     assert fired(rules.expandable_segments, gpu(async_backend)) == []
+
+
+def test_fragmentation_is_not_judged_on_one_or_two_readings():
+    # `--once` after its first round (a loaded box) had one reading: the peak right after a
+    # step freed its activations, 0.34 in the oom demo, whose median over a step is ~0.08.
+    high = Fragmentation(0.34, 0.34, 2 * GiB, 10 * GiB, None, None, None, 0, samples=2)
+    assert fired(rules.expandable_segments, gpu(device(fragmentation=high))) == []
+    judged = dataclasses.replace(high, samples=3)
+    (found,) = fired(rules.expandable_segments, gpu(device(fragmentation=judged)))
+    assert found.title == "Fragmentation 0.34: use expandable segments"
+    # Retries are counted, not sampled: they need no median.
+    retries = device(fragmentation=high, pressure=Pressure(9, 0, 9, 0, 600.0))
+    assert len(fired(rules.expandable_segments, gpu(retries))) == 1
 
 
 def test_allocator_conf_parsing():

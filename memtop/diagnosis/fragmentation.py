@@ -40,6 +40,9 @@ class Fragmentation:
     external_age_s: float | None
     internal_bytes: int | None  # allocated − requested, None when torch does not report it
     stranded_bytes: int | None = None  # free inside segments that hold live blocks (snapshot)
+    # How many readings `gauge_smoothed` is the median of: with one or two it is still a
+    # mid-step reading (the gauge swings within a step), not a judgement.
+    samples: int = 1
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -54,6 +57,7 @@ class Fragmentation:
             ),
             "internal_bytes": self.internal_bytes,
             "stranded_bytes": self.stranded_bytes,
+            "samples": self.samples,
         }
 
 
@@ -105,6 +109,7 @@ def fragmentation(
         external_age_s=snapshot_age_s if snapshot is not None else None,
         internal_bytes=internal,
         stranded_bytes=stranded,
+        samples=len(recent),
     )
 
 

@@ -34,6 +34,7 @@ SEVERITIES = tuple(Severity)  # in rising order
 USAGE_LEVELS = ((0.95, EMERGENCY), (0.90, CRITICAL), (0.85, WARNING))
 FRAGMENTATION_GAUGE = 0.2  # the smoothed gauge at which split segments are worth fixing
 FRAGMENTATION_MIN_BYTES = 128 * MiB  # ... when that much is stuck in them
+FRAGMENTATION_MIN_SAMPLES = 3  # ... judged on the median of at least this many readings
 CLEANUP_MIN_BYTES = 512 * MiB
 OPTIMIZER_SHARE = 0.2  # optimizer state as a share of the peak worth an 8-bit optimizer
 FP32_SHARE = 0.1  # fp32 parameters as a share of the peak worth a bf16 model
@@ -225,8 +226,13 @@ def expandable_segments(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> I
         frag = agent.fragmentation
         p = agent.pressure
         retries = p.retries_recent if p.retries_recent is not None else p.retries
-        fragmented = _at_least(frag.gauge_smoothed, FRAGMENTATION_GAUGE, was) and _at_least(
-            frag.inactive_split_bytes, FRAGMENTATION_MIN_BYTES, was
+        # One or two readings are a moment of the step (the gauge peaks right after a step
+        # frees its activations), not fragmentation that lasts: `--once` right after its first
+        # round, or a dashboard's first seconds, must not call it.
+        fragmented = (
+            frag.samples >= FRAGMENTATION_MIN_SAMPLES
+            and _at_least(frag.gauge_smoothed, FRAGMENTATION_GAUGE, was)
+            and _at_least(frag.inactive_split_bytes, FRAGMENTATION_MIN_BYTES, was)
         )
         if not fragmented and retries <= 0:
             continue

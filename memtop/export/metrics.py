@@ -187,6 +187,10 @@ def render(
             "memtop_fragmentation_smoothed_ratio",
             "Median of the recent fragmentation samples (what rules judge).",
         ),
+        "fragmentation_samples": (
+            "memtop_fragmentation_samples",
+            "How many samples the smoothed fragmentation is the median of (rules want 3).",
+        ),
         "external": (
             "memtop_external_fragmentation_ratio",
             "Stranded over reserved large-pool bytes, from the newest snapshot summary.",
@@ -330,6 +334,7 @@ def _device_values(dev: AgentDeviceObservation) -> Iterator[tuple[str, float | N
     yield "large_reserved", stats.get("reserved_bytes.large_pool.current")
     yield "fragmentation", sample.fragmentation
     yield "fragmentation_smoothed", frag.gauge_smoothed
+    yield "fragmentation_samples", frag.samples
     yield "external", frag.external
     yield "stranded", frag.stranded_bytes
     yield "largest", frag.largest_free_block_bytes

@@ -67,6 +67,7 @@ VERDICT_SERIES = {
     "memtop_steps_to_full": "steps_to_full",
     "memtop_step_baseline_bytes": "baseline_bytes",
     "memtop_fragmentation_smoothed_ratio": "gauge_smoothed",
+    "memtop_fragmentation_samples": "fragmentation_samples",
     "memtop_external_fragmentation_ratio": "external",
     "memtop_stranded_bytes": "stranded_bytes",
     "memtop_largest_cached_request_bytes": "largest_free_block_bytes",
