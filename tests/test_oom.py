@@ -259,6 +259,47 @@ def test_growing_batch_that_halves_at_each_oom_is_still_growing():
     assert diagnose(_report(recent=marks))["cause"] != "growing_batch"
 
 
+def _cycle_marks(sizes_of, steps: int, oom_every: int, mark_every: int = 2):
+    """Marks of a fast trainer that OOMs every `oom_every` steps, marked every other step."""
+    marks, oom_times, total = [], [], 0
+    for step in range(1, steps + 1):
+        total += sizes_of(step)
+        if step % oom_every == 0:
+            oom_times.append(1000.0 + step - 0.5)
+        if step % mark_every == 0 or step % oom_every == 1:
+            marks.append(
+                {
+                    "step": step,
+                    "time": 1000.0 + step,
+                    "allocated_bytes": 10 * GiB,
+                    "allocated_total_bytes": total,
+                }
+            )
+    return marks, [{"time": t} for t in oom_times]
+
+
+def test_a_batch_that_outgrows_the_gpu_every_few_steps_is_still_growing():
+    # The oom demo (and the H100 recording) after a minute: the batch doubles in three steps,
+    # halves at each OOM, and with marks every other step most stretches between OOMs hold
+    # one or two step sizes, the newest often one. It read as fragmentation before.
+    marks, ooms = _cycle_marks(lambda step: int(GiB * 1.25 ** ((step - 1) % 3)), 55, 3)
+    report = _report(
+        recent=marks,
+        recent_ooms=ooms,
+        largest_free_block_bytes=int(1.4 * GiB),
+        allocated_bytes=int(72.8 * GiB),
+        reserved_bytes=78 * GiB,
+    )
+    verdict = diagnose(report)
+    assert verdict["cause"] == "growing_batch", verdict
+    assert "fragmentation" in verdict["also"]
+    # Sizes that wander (sequence lengths drawn at random) under the same OOMs are not.
+    sizes = [1.0, 1.6, 1.1, 1.3, 0.9, 1.5, 1.2, 0.8, 1.4, 1.0, 1.7, 1.1]
+    marks, ooms = _cycle_marks(lambda step: int(GiB * sizes[step % len(sizes)]), 55, 3)
+    verdict = diagnose({**report, "recent": marks, "recent_ooms": ooms})
+    assert verdict["cause"] == "fragmentation", verdict
+
+
 def test_oom_cli_lists_explains_and_refuses(oom_dir, capsys):
     oom_dir.mkdir(mode=0o700)
     older = _report(pid=11, time=1000.0, argv=["a.py"], recent=_marks([GiB] * 5, [GiB] * 5))

@@ -59,12 +59,23 @@ def growth(runs: list[list[tuple[int, float]]]) -> tuple[float, int, int] | None
     """(median growth per step, steps seen growing, first step) when the step sizes grew step
     after step within each stretch between OOMs (a batch that grows, halves at an OOM, grows
     again is still a growing batch), the newest included."""
+    if not runs:
+        return None
     ratios = [b[1] / a[1] for run in runs for a, b in itertools.pairwise(run) if a[1] > 0]
-    if len(ratios) < MIN_RUN - 1:
+    last = runs[-1]
+    if len(last) >= 2:
+        last_rises = last[-2][1] > 0 and last[-1][1] / last[-2][1] >= MIN_GROWTH
+        needed = MIN_RUN - 1
+    else:
+        # The newest stretch is one step: a batch that doubles in a few steps and halves at
+        # each OOM leaves a single step between OOMs as often as not (with step marks taken
+        # every other step on a fast trainer, more often). Judge on the earlier stretches then,
+        # but want twice the evidence.
+        last_rises = True
+        needed = 2 * (MIN_RUN - 1)
+    if len(ratios) < needed:
         return None
     rising = [r for r in ratios if r >= MIN_GROWTH]
-    last = runs[-1]
-    last_rises = len(last) >= 2 and last[-2][1] > 0 and last[-1][1] / last[-2][1] >= MIN_GROWTH
     if len(rising) < 0.8 * len(ratios) or not last_rises:
         return None
     return statistics.median(ratios), len(rising), runs[0][0][0]
