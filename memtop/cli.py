@@ -391,8 +391,9 @@ def _demo(args: argparse.Namespace) -> int:
     gpus = args.gpus if args.gpus is not None else (2 if args.scenario == "mixed" else 1)
     # The trainers would refuse an unsafe socket directory one by one: say it once, up front.
     protocol.ensure_socket_dir(args.socket_dir)
+    log, dropped = _demo_log(args)
     try:
-        demo = Demo(gpus, args.scenario, args.step_time, socket_dir=args.socket_dir)
+        demo = Demo(gpus, args.scenario, args.step_time, socket_dir=args.socket_dir, log=log)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     stop = threading.Event()
@@ -435,6 +436,25 @@ def _demo(args: argparse.Namespace) -> int:
             from memtop.ui import splash
 
             splash.restore(TERMINAL_FD)  # a no-op unless the header was painted
+        said = dropped or demo.log_summary()
+        if said:
+            print(said, file=sys.stderr)
+
+
+def _demo_log(args: argparse.Namespace) -> tuple[Path | None, str | None]:
+    """Where the trainers' messages go: with the dashboard, a log file (on the terminal they
+    would be drawn over it); with --no-ui, the terminal. (path, why they are dropped)."""
+    from memtop import protocol
+    from memtop.sim.demo import log_path
+
+    if args.no_ui or not _on_a_terminal():
+        return None, None
+    try:
+        return log_path(os.getpid()), None
+    except (protocol.UnsafeSocketDir, OSError) as exc:
+        return Path(
+            os.devnull
+        ), f"memtop demo: the simulated trainers' messages were dropped: {exc}"
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ import fcntl
 import os
 import select
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -48,6 +49,19 @@ def read_until(master: int, needle: bytes, timeout: float = 30.0) -> bytes:
         if left <= 0:
             raise AssertionError(f"{needle!r} not seen; last output: {seen[-400:]!r}")
         ready, _, _ = select.select([master], [], [], min(left, 0.5))
+        if ready:
+            try:
+                seen += os.read(master, 65536)
+            except OSError:
+                break
+    return seen
+
+
+def read_for(master: int, seconds: float) -> bytes:
+    seen = b""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([master], [], [], min(left, 0.2))
         if ready:
             try:
                 seen += os.read(master, 65536)
@@ -113,6 +127,52 @@ def test_demo_opens_the_dashboard_and_quit_stops_trainers(socket_dir: Path) -> N
         if process.poll() is None:
             process.kill()
         os.close(master)
+
+
+def test_the_trainers_messages_go_to_a_log_not_over_the_dashboard(socket_dir: Path) -> None:
+    # The oom demo's trainer says "OOM at step N, batch halved: ..." every few steps; on the
+    # terminal those lines were drawn over the dashboard.
+    process, master = spawn_in_pty(
+        ["demo", "--gpus", "1", "--scenario", "oom", "--step-time", "0.05"], socket_dir
+    )
+    log_dir = socket_dir / "demo"  # the state directory, with MEMTOP_SOCKET_DIR set
+    try:
+        seen = read_until(master, b"sim_train.py", timeout=60)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and b"batch halved" not in b"".join(
+            p.read_bytes() for p in log_dir.glob("demo-*.log")
+        ):
+            seen += read_for(master, 0.3)
+        seen += read_for(master, 2.0)  # a few more frames with OOMs coming
+        os.write(master, b"q")
+        seen += read_to_exit(master, process)
+        assert process.returncode == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        os.close(master)
+    assert b"batch halved" not in seen and b"[pid " not in seen
+    (log,) = log_dir.glob("demo-*.log")
+    assert log.name == f"demo-{process.pid}.log"
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+    assert stat.S_IMODE(log_dir.stat().st_mode) == 0o700
+    assert b"OOM at step" in log.read_bytes()
+    # Told where they went, once the terminal is back.
+    assert b"messages (" in seen and str(log).encode() in seen
+
+
+def test_a_quiet_demo_leaves_no_log(socket_dir: Path) -> None:
+    process, master = spawn_in_pty(["demo", "--gpus", "1", "--scenario", "healthy"], socket_dir)
+    try:
+        read_until(master, b"sim_train.py", timeout=60)
+        os.write(master, b"q")
+        seen = read_to_exit(master, process)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        os.close(master)
+    assert process.returncode == 0
+    assert not list((socket_dir / "demo").glob("*.log")) and b"messages" not in seen
 
 
 def test_dashboard_with_nothing_to_show_explains_itself(socket_dir: Path) -> None:

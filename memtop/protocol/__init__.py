@@ -689,20 +689,26 @@ def ensure_socket_dir(path: Path | None = None) -> Path:
     return path
 
 
-def oom_dir() -> Path:
-    """Where agents write OOM reports and `memtop oom` reads them: MEMTOP_OOM_DIR; else `oom/`
-    in an overridden socket directory (MEMTOP_SOCKET_DIR: tests, custom setups); else
-    `$XDG_STATE_HOME/memtop/oom` (`~/.local/state/memtop/oom`), which outlives the trainer and
-    the login session (the runtime directory of the sockets is removed at logout)."""
-    override = os.environ.get("MEMTOP_OOM_DIR")
-    if override:
-        return Path(override)
+def state_dir() -> Path:
+    """Where memtop keeps files that outlive a trainer and the login session (the runtime
+    directory of the sockets is removed at logout): `$XDG_STATE_HOME/memtop`
+    (`~/.local/state/memtop`); an overridden socket directory (MEMTOP_SOCKET_DIR: tests, custom
+    setups) holds them instead."""
     if os.environ.get("MEMTOP_SOCKET_DIR"):
-        return socket_dir() / "oom"
+        return socket_dir()
     state = os.environ.get("XDG_STATE_HOME") or os.path.join(
         os.path.expanduser("~"), ".local", "state"
     )
-    return Path(state) / "memtop" / "oom"
+    return Path(state) / "memtop"
+
+
+def oom_dir() -> Path:
+    """Where agents write OOM reports and `memtop oom` reads them: MEMTOP_OOM_DIR, else `oom/`
+    in the state directory."""
+    override = os.environ.get("MEMTOP_OOM_DIR")
+    if override:
+        return Path(override)
+    return state_dir() / "oom"
 
 
 def ensure_private_dir(path: Path) -> Path:

@@ -11,6 +11,7 @@ import contextlib
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ from memtop.sim.scenarios import SCENARIOS
 
 DEMO_SCENARIOS = (*SCENARIOS, "mixed")
 GiB = 1 << 30
+LOGS_KEPT = 5  # the newest demo logs kept in the state directory's demo/
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,37 @@ def live_registries(socket_dir: Path | None = None) -> list[Path]:
     return found
 
 
+def log_path(demo_pid: int) -> Path:
+    """Where the dashboard's demo keeps its trainers' messages: on the terminal they would be
+    drawn over the dashboard. Private (0700) and pruned to the newest LOGS_KEPT."""
+    directory = protocol.ensure_private_dir(protocol.state_dir() / "demo")
+    logs = []
+    for path in directory.glob("demo-*.log"):
+        with contextlib.suppress(OSError):  # another demo may be pruning too
+            logs.append((path.lstat().st_mtime, path))
+    for _, old in sorted(logs)[: max(0, len(logs) - (LOGS_KEPT - 1))]:
+        with contextlib.suppress(OSError):
+            old.unlink()
+    return directory / f"demo-{demo_pid}.log"
+
+
+def open_log(path: Path) -> int:
+    """A fresh private file for the trainers' stdout and stderr; never through a symlink.
+    os.devnull drops them (where no log could be made)."""
+    if str(path) == os.devnull:
+        return os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o600)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        os.fchmod(fd, 0o600)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 class Demo:
     def __init__(
         self,
@@ -90,7 +123,10 @@ class Demo:
         total_bytes: int = 80 * GiB,
         socket_dir: Path | None = None,
         extra_env: dict[str, str] | None = None,
+        log: Path | None = None,
     ) -> None:
+        """`log`: a file for the trainers' messages (OOMs, restarts); None leaves them on this
+        process's stderr."""
         if scenario not in DEMO_SCENARIOS:
             raise ValueError(
                 f"unknown scenario {scenario!r}; choose from {', '.join(DEMO_SCENARIOS)}"
@@ -103,6 +139,7 @@ class Demo:
         self.total_bytes = total_bytes
         self.socket_dir = socket_dir
         self.extra_env = extra_env or {}
+        self.log = log
         self.registry: Path | None = None
         self.processes: list[subprocess.Popen[bytes]] = []
 
@@ -115,6 +152,15 @@ class Demo:
         env = dict(os.environ, **self.extra_env)
         if self.socket_dir is not None:
             env["MEMTOP_SOCKET_DIR"] = str(self.socket_dir)
+        output = open_log(self.log) if self.log is not None else None
+        try:
+            self._spawn(env, output)
+        finally:
+            if output is not None:
+                os.close(output)  # the trainers hold their own copies
+        return [p.pid for p in self.processes]
+
+    def _spawn(self, env: dict[str, str], output: int | None) -> None:
         for trainer in plan(self.scenario, self.gpus):
             command = [
                 sys.executable,
@@ -145,10 +191,27 @@ class Demo:
                     command,
                     env={**env, **rank_env},
                     stdin=subprocess.DEVNULL,
+                    stdout=output,
+                    stderr=output,
                     start_new_session=True,
                 )
             )
-        return [p.pid for p in self.processes]
+
+    def log_summary(self) -> str | None:
+        """After stop(): one line naming the log when the trainers said something (an empty
+        log is removed)."""
+        if self.log is None or str(self.log) == os.devnull:
+            return None
+        try:
+            with open(self.log, "rb") as f:
+                lines = f.read().count(b"\n")
+            if lines == 0:
+                os.unlink(self.log)
+                return None
+        except OSError:
+            return None
+        said = f"{lines} line{'s' if lines != 1 else ''}"
+        return f"memtop demo: the simulated trainers' messages ({said}) are in {self.log}"
 
     def wait_ready(self, timeout: float = 30.0) -> bool:
         """True once every trainer's agent socket exists."""
