@@ -4,6 +4,7 @@ scenario (a real trainer, the real agent and sampler; the viewer's clock runs 10
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import defaultdict
 from itertools import pairwise
@@ -63,6 +64,29 @@ def test_a_suggestion_goes_after_its_dwell_and_a_gone_process_at_once():
     assert not stable.suggest([fragmented(0.05)], MIN_DWELL_S + 1)
     assert stable.suggest([fragmented(0.3)], 100.0)
     assert not stable.suggest([gpu(used=GiB)], 101.0)  # its process is gone
+
+
+def test_an_event_that_contradicts_a_suggestion_ends_it_at_once():
+    # The oom demo's first seconds: "room for a bigger batch" at 42 % used, then the batch
+    # grows into an OOM. The tip stayed up for its minute, beside the OOM, before.
+    stable = Stabilizer(rules=[rules.bigger_batch, rules.expandable_segments])
+    roomy = device(allocated=10 * GiB, reserved=16 * GiB, peak=14 * GiB, baseline=10 * GiB)
+    assert [s.rule for s in stable.suggest([gpu(roomy, used=17 * GiB)], 0.0)] == ["bigger_batch"]
+    # The OOM: the tip goes at once. Its retry (before the OOM report is written) suggests
+    # expandable segments; the report that says the batch grows ends that, though the gauge
+    # (0.18) is within its hold.
+    ran_out = dataclasses.replace(
+        roomy, pressure=Pressure(1, 1, 1, 1, 600.0), fragmentation=frag(0.18, 2 * GiB)
+    )
+    shown = stable.suggest([gpu(ran_out, used=17 * GiB)], 1.0)
+    assert [s.rule for s in shown] == ["expandable_segments"]
+    report = {"diagnosis": {"cause": "growing_batch", "detail": "grew", "fix": "cap it"}}
+    explained = dataclasses.replace(ran_out, last_oom=report)
+    assert stable.suggest([gpu(explained, used=17 * GiB)], 2.0) == ()
+    # Fragmentation past the entry line is its own finding, growing batch or not.
+    split = dataclasses.replace(explained, fragmentation=frag(0.3, 2 * GiB))
+    shown = stable.suggest([gpu(split, used=17 * GiB)], 2.0 + RULES_EVERY_S)
+    assert [s.rule for s in shown] == ["expandable_segments"]
 
 
 def test_severity_falls_only_after_its_dwell():

@@ -11,7 +11,9 @@ the rules and every consumer:
   rule last fired (with the figures of that last firing);
 - severity falls only after it has held MIN_DWELL_S at the higher level (it rises at once).
 
-A suggestion of a process that is gone goes at once: there is nothing left to act on.
+A suggestion of a process that is gone goes at once: there is nothing left to act on. So does
+one whose rule's veto now holds (`suggestions.VETOES`): an event contradicts it (an OOM ends
+"room for a bigger batch"), where the dwell is for a measure hovering at a line.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from memtop.diagnosis.facts import GpuFacts
-from memtop.diagnosis.suggestions import RULES, Key, Rule, Suggestion, suggest
+from memtop.diagnosis.facts import DeviceDiagnosis, GpuFacts
+from memtop.diagnosis.suggestions import RULES, VETOES, Key, Rule, Suggestion, suggest
 from memtop.model import Severity
 
 MIN_DWELL_S = 60.0
@@ -69,7 +71,9 @@ class Stabilizer:
         return judged
 
     def _judge(self, gpus: tuple[GpuFacts, ...], now: float) -> tuple[Suggestion, ...]:
-        live = {(a.pid, a.index) for g in gpus for a in g.agents}
+        live: dict[tuple[int, int], DeviceDiagnosis] = {
+            (a.pid, a.index): a for g in gpus for a in g.agents
+        }
         gpu_indexes = {g.index for g in gpus}
         fired = {s.key: s for s in suggest(gpus, self.rules, held=self._shown.keys())}
         shown: dict[Key, _Shown] = {}
@@ -96,6 +100,12 @@ class Stabilizer:
                 s.pid is None and s.device is not None and s.device not in gpu_indexes
             )
             if gone:
+                continue
+            veto = VETOES.get(s.rule)
+            facts = (
+                live.get((s.pid, s.device)) if s.pid is not None and s.device is not None else None
+            )
+            if veto is not None and facts is not None and veto(facts):
                 continue
             if now - old.since < self.min_dwell_s or now - old.fired < self.grace_s:
                 shown[key] = old

@@ -216,29 +216,46 @@ def out_of_memory(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterabl
         )
 
 
+def _fragmented(agent: DeviceDiagnosis, held: bool) -> bool:
+    frag = agent.fragmentation
+    # One or two readings are a moment of the step (the gauge peaks right after a step frees
+    # its activations), not fragmentation that lasts: `--once` right after its first round,
+    # or a dashboard's first seconds, must not call it.
+    return (
+        frag.samples >= FRAGMENTATION_MIN_SAMPLES
+        and _at_least(frag.gauge_smoothed, FRAGMENTATION_GAUGE, held)
+        and _at_least(frag.inactive_split_bytes, FRAGMENTATION_MIN_BYTES, held)
+    )
+
+
+def expandable_segments_vetoed(agent: DeviceDiagnosis) -> str | None:
+    """Why expandable segments are not this trainer's fix, whatever the gauge says."""
+    conf = agent.allocator_conf
+    if has_expandable_segments(conf) or uses_async_backend(conf):
+        return "the trainer has them (or the async allocator) already"
+    oom = agent.last_oom or {}
+    if (oom.get("diagnosis") or {}).get("cause") == "growing_batch" and not _fragmented(
+        agent, held=False
+    ):
+        # The retries, and the splits between OOMs, come from a batch that outgrows the GPU
+        # and halves: the OOM report says so, and expandable segments would not stop it.
+        return "its OOMs come from a growing batch"
+    return None
+
+
 def expandable_segments(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable[Suggestion]:
     """Split segments or allocator retries → expandable_segments:True (not if already set)."""
     for agent in gpu.agents:
         was = ("expandable_segments", agent.pid, agent.index) in held
-        conf = agent.allocator_conf
-        if has_expandable_segments(conf) or uses_async_backend(conf):
+        if expandable_segments_vetoed(agent):
             continue
         frag = agent.fragmentation
         p = agent.pressure
         retries = p.retries_recent if p.retries_recent is not None else p.retries
-        # One or two readings are a moment of the step (the gauge peaks right after a step
-        # frees its activations), not fragmentation that lasts: `--once` right after its first
-        # round, or a dashboard's first seconds, must not call it.
-        fragmented = (
-            frag.samples >= FRAGMENTATION_MIN_SAMPLES
-            and _at_least(frag.gauge_smoothed, FRAGMENTATION_GAUGE, was)
-            and _at_least(frag.inactive_split_bytes, FRAGMENTATION_MIN_BYTES, was)
-        )
+        fragmented = _fragmented(agent, was)
         if not fragmented and retries <= 0:
             continue
-        oom = agent.last_oom or {}
-        if not fragmented and (oom.get("diagnosis") or {}).get("cause") == "growing_batch":
-            continue  # the retries come from a batch that outgrows the GPU, not from splits
+        conf = agent.allocator_conf
         evidence = [
             f"fragmentation {frag.gauge_smoothed:.2f} "
             f"({format_bytes(frag.inactive_split_bytes)} free inside split segments)"
@@ -459,6 +476,16 @@ def cleanup_for_neighbour(
         )
 
 
+def bigger_batch_vetoed(agent: DeviceDiagnosis) -> str | None:
+    """Why there is no room for a bigger batch, whatever the moment's usage says."""
+    p = agent.pressure
+    if (p.ooms_recent if p.ooms_recent is not None else p.ooms) > 0:
+        return "it ran out of memory lately"
+    if agent.leak.detected:
+        return "it leaks"
+    return None
+
+
 def bigger_batch(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable[Suggestion]:
     share = gpu.used_share
     if share is None or gpu.process_count != 1 or len(gpu.agents) != 1:
@@ -468,11 +495,8 @@ def bigger_batch(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable
     if not _below(share, ROOMY_USAGE, was, share=True):
         return
     transient = agent.transient_bytes
-    if agent.leak.detected or transient is None or transient < 64 * MiB:
+    if bigger_batch_vetoed(agent) or transient is None or transient < 64 * MiB:
         return
-    p = agent.pressure
-    if (p.ooms_recent if p.ooms_recent is not None else p.ooms) > 0:
-        return  # it ran out of memory lately: no room, whatever the moment's usage says
     free = gpu.total_bytes - (gpu.used_bytes or 0)
     # The room at the step's peak, not at this sample's moment: between peaks the transient's
     # memory waits in the cache, so the cache of the moment counted it twice (the batch factor
@@ -502,6 +526,14 @@ def bigger_batch(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable
         effect_bytes=headroom,
     )
 
+
+# What ends a suggestion at once, not after its minimum time on screen (see
+# memtop.diagnosis.stability): an event that contradicts it, where the dwell is for a measure
+# hovering at a line.  "Room for a bigger batch" must not stay up for a minute after an OOM.
+VETOES: dict[str, Callable[[DeviceDiagnosis], str | None]] = {
+    "expandable_segments": expandable_segments_vetoed,
+    "bigger_batch": bigger_batch_vetoed,
+}
 
 RULES: tuple[Rule, ...] = (
     usage,
