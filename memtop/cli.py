@@ -452,9 +452,7 @@ def _demo_log(args: argparse.Namespace) -> tuple[Path | None, str | None]:
     try:
         return log_path(os.getpid()), None
     except (protocol.UnsafeSocketDir, OSError) as exc:
-        return Path(
-            os.devnull
-        ), f"memtop demo: the simulated trainers' messages were dropped: {exc}"
+        return Path(os.devnull), f"memtop demo: the simulated trainers' messages are lost: {exc}"
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import time
@@ -296,3 +297,24 @@ def test_registry_file_format(tmp_path: Path) -> None:
         "gpu3.ledger.json",
         "gpus.json",
     ]
+
+
+def test_demo_log_is_private_and_a_planted_symlink_is_not_followed(
+    socket_dir: Path, tmp_path: Path
+) -> None:
+    from memtop.sim.demo import Demo
+
+    target = tmp_path / "victim"
+    target.write_text("keep\n")
+    log = tmp_path / "demo.log"
+    log.symlink_to(target)
+    with Demo(1, "healthy", 0.05, socket_dir=socket_dir, log=log) as demo:
+        assert demo.wait_ready()  # the demo runs on without its log
+    assert target.read_text() == "keep\n"
+    assert demo.log_summary() is not None and "messages are lost" in str(demo.log_summary())
+    # A real log: 0600, and removed when the trainers said nothing.
+    quiet = tmp_path / "quiet.log"
+    with Demo(1, "healthy", 0.05, socket_dir=socket_dir, log=quiet) as demo:
+        assert demo.wait_ready()
+        assert stat.S_IMODE(quiet.stat().st_mode) == 0o600
+    assert demo.log_summary() is None and not quiet.exists()

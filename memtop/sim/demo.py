@@ -140,6 +140,7 @@ class Demo:
         self.socket_dir = socket_dir
         self.extra_env = extra_env or {}
         self.log = log
+        self.log_problem: str | None = None
         self.registry: Path | None = None
         self.processes: list[subprocess.Popen[bytes]] = []
 
@@ -152,7 +153,14 @@ class Demo:
         env = dict(os.environ, **self.extra_env)
         if self.socket_dir is not None:
             env["MEMTOP_SOCKET_DIR"] = str(self.socket_dir)
-        output = open_log(self.log) if self.log is not None else None
+        output = None
+        if self.log is not None:
+            try:
+                output = open_log(self.log)
+            except OSError as exc:  # the demo runs on; its messages would only be in the way
+                self.log_problem = f"memtop demo: the simulated trainers' messages are lost: {exc}"
+                self.log = Path(os.devnull)
+                output = open_log(self.log)
         try:
             self._spawn(env, output)
         finally:
@@ -201,7 +209,7 @@ class Demo:
         """After stop(): one line naming the log when the trainers said something (an empty
         log is removed)."""
         if self.log is None or str(self.log) == os.devnull:
-            return None
+            return self.log_problem
         try:
             with open(self.log, "rb") as f:
                 lines = f.read().count(b"\n")
