@@ -249,3 +249,40 @@ def test_the_socket_scan_is_reused_only_while_nothing_it_checked_can_have_change
         for child in children:
             child.kill()
             child.wait()
+
+
+@pytest.mark.parametrize("name", ["².sock", "٣.sock", "١٢.sock", "sim-²", "sim-٣"])
+def test_names_with_other_digits_neither_stop_nor_pass_the_scan(
+    socket_dir: Path, name: str
+) -> None:
+    # str.isdigit takes "²" (int() refuses it: the scan stopped) and Arabic-Indic digits
+    # (int() reads them: "٣.sock" stood for pid 3). Anyone can make /tmp/memtop-² for root.
+    from memtop.sim.demo import live_registries
+    from memtop.sources.agents import AgentPool
+
+    (socket_dir / name).mkdir()
+    assert protocol.socket_pid(name) is None
+    assert protocol.decimal(name.removesuffix(".sock").removeprefix("sim-")) is None
+    assert protocol.list_agent_sockets(socket_dir) == []
+    assert live_registries(socket_dir) == []
+    pool = AgentPool(socket_dir)
+    try:
+        assert not pool.poll() and pool.problems == []
+    finally:
+        pool.close()
+    assert (protocol.socket_pid("123.sock"), protocol.decimal("0042")) == (123, 42)
+
+
+def test_digits_from_the_environment_and_the_command_line_are_ascii(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from memtop.agent.server import _env_int
+    from memtop.export.server import ExportError, parse_listen
+
+    monkeypatch.setenv("RANK", "²")
+    assert _env_int("RANK") is None  # it raised into the trainer as its agent started
+    monkeypatch.setenv("RANK", " 3 ")
+    assert _env_int("RANK") == 3
+    with pytest.raises(ExportError):
+        parse_listen(":²")
+    assert parse_listen(":9400") == ("127.0.0.1", 9400)

@@ -1097,4 +1097,4 @@ def _pending_breakdown() -> dict[str, Any]:
 
 def _env_int(name: str) -> int | None:
     text = os.environ.get(name, "")
-    return int(text) if text.strip().isdigit() else None
+    return protocol.decimal(text.strip())  # "²" would raise into the trainer at start

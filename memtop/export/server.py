@@ -29,6 +29,7 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from memtop import protocol
 from memtop.export.metrics import ObservationCollector
 from memtop.export.text import CONTENT_TYPE
 from memtop.observation import Observer
@@ -46,10 +47,11 @@ class ExportError(Exception):
 def parse_listen(text: str) -> tuple[str, int]:
     """`HOST:PORT`, `[v6]:PORT` or `:PORT` (loopback)."""
     host, sep, port_text = text.rpartition(":")
-    if not sep or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+    port = protocol.decimal(port_text)
+    if not sep or port is None or port > 65535:
         raise ExportError(f"--listen wants HOST:PORT, got {text!r}")
     host = host.strip("[]") or "127.0.0.1"
-    return host, int(port_text)
+    return host, port
 
 
 def is_loopback(host: str) -> bool:

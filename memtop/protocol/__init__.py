@@ -512,8 +512,16 @@ def _optional(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], w
 
 
 def _index(key: object) -> bool:
-    """A device-index key: ASCII digits only (str.isdigit also takes "²", which int() refuses)."""
-    return isinstance(key, str) and key.isascii() and key.isdigit()
+    """A device-index key: ASCII digits only."""
+    return isinstance(key, str) and decimal(key) is not None
+
+
+def decimal(text: str) -> int | None:
+    """`text` as a non-negative integer when it is ASCII digits only, else None.  str.isdigit
+    also takes "²" (which int() refuses: a file named `².sock`, or a directory `/tmp/memtop-²`
+    that anyone can make, would stop the scan) and other scripts' digits (which int() reads:
+    `٠` would pass for uid 0)."""
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 def _device_map(raw: Any, where: str, numbers: type | tuple[type, ...] = int) -> dict[int, Any]:
@@ -735,16 +743,24 @@ def discovery_dirs() -> list[tuple[Path, int]]:
     for pattern_root, prefix in ((Path("/tmp"), "memtop-"), (Path("/run/user"), "")):
         with contextlib.suppress(OSError):
             for entry in pattern_root.iterdir():
-                uid_text = entry.name[len(prefix) :] if entry.name.startswith(prefix) else ""
-                if not uid_text.isdigit():
+                uid = decimal(entry.name[len(prefix) :]) if entry.name.startswith(prefix) else None
+                if uid is None:
                     continue
                 path = entry if prefix else entry / "memtop"
-                found.setdefault(path, int(uid_text))
+                found.setdefault(path, uid)
     return sorted(found.items())
 
 
 def socket_path(pid: int, directory: Path | None = None) -> Path:
     return (directory or socket_dir()) / f"{pid}.sock"
+
+
+def socket_pid(name: str) -> int | None:
+    """The pid an agent socket's file name `<pid>.sock` stands for; None for any other name."""
+    stem, dot, ext = name.partition(".")
+    if ext != "sock" or not dot or len(stem) > 9:
+        return None
+    return decimal(stem)
 
 
 def pid_exists(pid: int) -> bool:
@@ -793,10 +809,9 @@ def list_agent_sockets(directory: Path | None = None, remove_stale: bool = True)
         return []
     pids = []
     for name in names:
-        stem, dot, ext = name.partition(".")
-        if ext != "sock" or not dot or not stem.isdigit():
+        pid = socket_pid(name)
+        if pid is None:
             continue
-        pid = int(stem)
         if pid_alive(pid):
             pids.append(pid)
         elif remove_stale:

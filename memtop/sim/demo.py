@@ -73,10 +73,11 @@ def live_registries(socket_dir: Path | None = None) -> list[Path]:
         # Names first, a Path only for a registry: the directory also holds every agent's
         # socket, and a viewer looks here every second.
         for name in sorted(os.listdir(directory)):
-            stem, _, pid = name.partition("-")
-            if stem != "sim" or not pid.isdigit():
+            stem, _, pid_text = name.partition("-")
+            pid = protocol.decimal(pid_text)
+            if stem != "sim" or pid is None:
                 continue
-            if protocol.pid_alive(int(pid)):
+            if protocol.pid_alive(pid):
                 found.append(directory / name)
             else:
                 shutil.rmtree(directory / name, ignore_errors=True)

@@ -687,10 +687,9 @@ class AgentPool:
                 continue
             candidates = []
             for name in names:
-                stem, dot, ext = name.partition(".")
-                if ext != "sock" or not dot or not stem.isdigit() or len(stem) > 9:
+                pid = protocol.socket_pid(name)
+                if pid is None:
                     continue
-                pid = int(stem)
                 path = directory / name
                 if not protocol.pid_alive(pid):
                     with contextlib.suppress(OSError):

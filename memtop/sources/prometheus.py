@@ -36,7 +36,7 @@ from memtop.model import (
     GpuProcess,
     NvmlReading,
 )
-from memtop.protocol import clean_text
+from memtop.protocol import clean_text, decimal
 from memtop.sources.agents import AgentPoll
 
 ALL_SERIES = '{__name__=~"memtop_.+"}'
@@ -240,9 +240,10 @@ class PrometheusSource:
             for labels, points in self.query_range(name, end - seconds, end, step):
                 host, pid = labels.get("hostname", ""), labels.get("pid", "")
                 index = index_of.get((host, pid, labels.get("UUID", "")))
-                if index is None or not (pid.isascii() and pid.isdigit()):
+                pid_number = decimal(pid)
+                if index is None or pid_number is None:
                     continue
-                out.setdefault(host, {}).setdefault((int(pid), index), {})[column] = points
+                out.setdefault(host, {}).setdefault((pid_number, index), {})[column] = points
         return out
 
 
