@@ -41,14 +41,18 @@ def spawn_in_pty(args: list[str], socket_dir: Path, size: tuple[int, int] = (120
     return process, master
 
 
-def read_until(master: int, needle: bytes, timeout: float = 30.0) -> bytes:
+def read_until(master: int, needle: bytes | None, timeout: float = 30.0) -> bytes:
+    """What the pty says until `needle` is in it (an AssertionError if it is not by
+    `timeout`); with None, all it says in `timeout` seconds."""
     seen = b""
     deadline = time.monotonic() + timeout
-    while needle not in seen:
+    while needle is None or needle not in seen:
         left = deadline - time.monotonic()
         if left <= 0:
+            if needle is None:
+                break
             raise AssertionError(f"{needle!r} not seen; last output: {seen[-400:]!r}")
-        ready, _, _ = select.select([master], [], [], min(left, 0.5))
+        ready, _, _ = select.select([master], [], [], min(left, 0.2))
         if ready:
             try:
                 seen += os.read(master, 65536)
@@ -58,16 +62,7 @@ def read_until(master: int, needle: bytes, timeout: float = 30.0) -> bytes:
 
 
 def read_for(master: int, seconds: float) -> bytes:
-    seen = b""
-    deadline = time.monotonic() + seconds
-    while (left := deadline - time.monotonic()) > 0:
-        ready, _, _ = select.select([master], [], [], min(left, 0.2))
-        if ready:
-            try:
-                seen += os.read(master, 65536)
-            except OSError:
-                break
-    return seen
+    return read_until(master, None, seconds)
 
 
 def read_to_exit(master: int, process: subprocess.Popen[bytes], timeout: float = 15.0) -> bytes:
