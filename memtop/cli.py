@@ -391,9 +391,13 @@ def _demo(args: argparse.Namespace) -> int:
     gpus = args.gpus if args.gpus is not None else (2 if args.scenario == "mixed" else 1)
     # The trainers would refuse an unsafe socket directory one by one: say it once, up front.
     protocol.ensure_socket_dir(args.socket_dir)
-    log, dropped = _demo_log(args)
+    # With the dashboard, the trainers' messages go to a log: on its terminal they would be
+    # drawn over it.
+    dashboard = not args.no_ui and _on_a_terminal()
     try:
-        demo = Demo(gpus, args.scenario, args.step_time, socket_dir=args.socket_dir, log=log)
+        demo = Demo(
+            gpus, args.scenario, args.step_time, socket_dir=args.socket_dir, log_messages=dashboard
+        )
     except ValueError as exc:
         raise CliError(str(exc)) from None
     stop = threading.Event()
@@ -407,7 +411,7 @@ def _demo(args: argparse.Namespace) -> int:
     try:
         # The trainers take a few seconds to start: the header says memtop is on its way
         # meanwhile.
-        if not args.no_ui and _on_a_terminal():
+        if dashboard:
             from memtop.ui import config
 
             painted = _paint_header(config.load())
@@ -436,23 +440,9 @@ def _demo(args: argparse.Namespace) -> int:
             from memtop.ui import splash
 
             splash.restore(TERMINAL_FD)  # a no-op unless the header was painted
-        said = dropped or demo.log_summary()
+        said = demo.log_summary()
         if said:
             print(said, file=sys.stderr)
-
-
-def _demo_log(args: argparse.Namespace) -> tuple[Path | None, str | None]:
-    """Where the trainers' messages go: with the dashboard, a log file (on the terminal they
-    would be drawn over it); with --no-ui, the terminal. (path, why they are dropped)."""
-    from memtop import protocol
-    from memtop.sim.demo import log_path
-
-    if args.no_ui or not _on_a_terminal():
-        return None, None
-    try:
-        return log_path(os.getpid()), None
-    except (protocol.UnsafeSocketDir, OSError) as exc:
-        return Path(os.devnull), f"memtop demo: the simulated trainers' messages are lost: {exc}"
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -300,21 +300,23 @@ def test_registry_file_format(tmp_path: Path) -> None:
 
 
 def test_demo_log_is_private_and_a_planted_symlink_is_not_followed(
-    socket_dir: Path, tmp_path: Path
+    socket_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from memtop.sim.demo import Demo
 
+    monkeypatch.setenv("MEMTOP_SOCKET_DIR", str(socket_dir))  # the state directory too
     target = tmp_path / "victim"
     target.write_text("keep\n")
-    log = tmp_path / "demo.log"
+    (socket_dir / "demo").mkdir(mode=0o700)
+    log = socket_dir / "demo" / f"demo-{os.getpid()}.log"
     log.symlink_to(target)
-    with Demo(1, "healthy", 0.05, socket_dir=socket_dir, log=log) as demo:
+    with Demo(1, "healthy", 0.05, socket_dir=socket_dir, log_messages=True) as demo:
         assert demo.wait_ready()  # the demo runs on without its log
     assert target.read_text() == "keep\n"
-    assert demo.log_summary() is not None and "messages are lost" in str(demo.log_summary())
+    assert "messages are lost" in str(demo.log_summary())
     # A real log: 0600, and removed when the trainers said nothing.
-    quiet = tmp_path / "quiet.log"
-    with Demo(1, "healthy", 0.05, socket_dir=socket_dir, log=quiet) as demo:
+    log.unlink()
+    with Demo(1, "healthy", 0.05, socket_dir=socket_dir, log_messages=True) as demo:
         assert demo.wait_ready()
-        assert stat.S_IMODE(quiet.stat().st_mode) == 0o600
-    assert demo.log_summary() is None and not quiet.exists()
+        assert demo.log == log and stat.S_IMODE(log.stat().st_mode) == 0o600
+    assert demo.log_summary() is None and not log.exists()

@@ -99,10 +99,7 @@ def log_path(demo_pid: int) -> Path:
 
 
 def open_log(path: Path) -> int:
-    """A fresh private file for the trainers' stdout and stderr; never through a symlink.
-    os.devnull drops them (where no log could be made)."""
-    if str(path) == os.devnull:
-        return os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    """A fresh private file for the trainers' stdout and stderr; never through a symlink."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = os.open(path, flags, 0o600)
     try:
@@ -124,10 +121,10 @@ class Demo:
         total_bytes: int = 80 * GiB,
         socket_dir: Path | None = None,
         extra_env: dict[str, str] | None = None,
-        log: Path | None = None,
+        log_messages: bool = False,
     ) -> None:
-        """`log`: a file for the trainers' messages (OOMs, restarts); None leaves them on this
-        process's stderr."""
+        """`log_messages`: the trainers' messages (OOMs, restarts) go to a log file (`log_path`;
+        on a dashboard's terminal they would be drawn over it), not to this process's stderr."""
         if scenario not in DEMO_SCENARIOS:
             raise ValueError(
                 f"unknown scenario {scenario!r}; choose from {', '.join(DEMO_SCENARIOS)}"
@@ -140,8 +137,9 @@ class Demo:
         self.total_bytes = total_bytes
         self.socket_dir = socket_dir
         self.extra_env = extra_env or {}
-        self.log = log
-        self.log_problem: str | None = None
+        self.log_messages = log_messages
+        self.log: Path | None = None  # the log file, once started with log_messages
+        self.log_problem: str | None = None  # why there is none
         self.registry: Path | None = None
         self.processes: list[subprocess.Popen[bytes]] = []
 
@@ -154,14 +152,7 @@ class Demo:
         env = dict(os.environ, **self.extra_env)
         if self.socket_dir is not None:
             env["MEMTOP_SOCKET_DIR"] = str(self.socket_dir)
-        output = None
-        if self.log is not None:
-            try:
-                output = open_log(self.log)
-            except OSError as exc:  # the demo runs on; its messages would only be in the way
-                self.log_problem = f"memtop demo: the simulated trainers' messages are lost: {exc}"
-                self.log = Path(os.devnull)
-                output = open_log(self.log)
+        output = self._open_log() if self.log_messages else None
         try:
             self._spawn(env, output)
         finally:
@@ -206,10 +197,21 @@ class Demo:
                 )
             )
 
+    def _open_log(self) -> int:
+        try:
+            path = log_path(os.getpid())
+            fd = open_log(path)
+        except (protocol.UnsafeSocketDir, OSError) as exc:
+            # The demo runs on: its messages would only be in the way of the dashboard.
+            self.log_problem = f"memtop demo: the simulated trainers' messages are lost: {exc}"
+            return os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        self.log = path
+        return fd
+
     def log_summary(self) -> str | None:
         """After stop(): one line naming the log when the trainers said something (an empty
         log is removed)."""
-        if self.log is None or str(self.log) == os.devnull:
+        if self.log is None:
             return self.log_problem
         try:
             with open(self.log, "rb") as f:
