@@ -103,6 +103,23 @@ def test_filter_with_slash_keeps_and_escape_clears() -> None:
     drive(frozen_app(), body)
 
 
+def test_keys_typed_fast_after_slash_are_the_filters() -> None:
+    # A terminal delivers "/leak" typed (or pasted) fast as five keys queued at once. The
+    # filter line took focus only after them: "lea" went nowhere, and `k` opened the kill
+    # dialog (`c`, `r`, `s` would have acted inside a trainer).
+    async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
+        from textual import events
+
+        default = app.screen
+        for key, char in (("slash", "/"), ("l", "l"), ("e", "e"), ("a", "a"), ("k", "k")):
+            app.post_message(events.Key(key, char))
+        await pilot.pause(0.2)
+        assert app.screen is default  # no dialog
+        assert app.filter_input.value == "leak" and pids(app) == [4102]
+
+    drive(frozen_app(), body)
+
+
 def test_only_chosen_gpus_are_shown() -> None:
     app = MemtopApp(
         frozen_store(), None, clock=lambda: NOW, host="gpu-box", my_uid=MY_UID, only={1}

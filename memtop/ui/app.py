@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
+from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
 from textual.screen import ModalScreen
-from textual.widgets import Footer, OptionList, Static
+from textual.widgets import Footer, Input, OptionList, Static
 
 from memtop.observation import Observation, Observer
 from memtop.sampler import Sampler
@@ -147,6 +148,13 @@ class MemtopApp(App[None]):
             with Vertical(id="suggestions-box"):
                 yield SuggestionsPane()
         yield Static(id="empty")
+        # Made hidden up front, not on the first `/`: a widget mounted then takes focus only
+        # after the keys already typed, and "/leak" typed fast sent its `k` to the kill binding.
+        yield Input(
+            placeholder="filter: pid, user, command, gpu0…  (enter keeps, esc clears)",
+            id="filter",
+            select_on_focus=True,
+        )
         yield Static(id="status")
         yield Footer(compact=True)
 
@@ -202,7 +210,7 @@ class MemtopApp(App[None]):
         self.table = self.query_one(ProcessTable)
         self.suggestions = self.query_one(SuggestionsPane)
         self._install_cell_diff()
-        self.filter_input: Any = None  # the `/` line, made on first use (start-up time)
+        self.filter_input = self.query_one("#filter", Input)
         self.gpu_panel.can_focus = False
         self.table.focus()
         for problem in self._config_problems:
@@ -659,18 +667,12 @@ class MemtopApp(App[None]):
     def action_filter(self) -> None:
         if self._detail_screen() is not None:
             return
-        if self.filter_input is None:
-            from textual.widgets import Input
-
-            self.filter_input = Input(
-                placeholder="filter: pid, user, command, gpu0…  (enter keeps, esc clears)",
-                id="filter",
-                select_on_focus=True,
-            )
-            self.mount(self.filter_input, before=self.status_line)
         self.filter_input.display = True
         self.filter_input.value = self.table.filter
-        self.filter_input.focus()
+        # At once, not at Widget.focus's later turn: the keys typed right after `/` are already
+        # queued, and they are the filter's, not the dashboard's bindings (`k` kills, `c` cleans
+        # up inside the trainer).
+        self.screen.set_focus(self.filter_input)
 
     def on_input_changed(self, event: Any) -> None:
         if event.input is self.filter_input:
@@ -687,9 +689,19 @@ class MemtopApp(App[None]):
         self.table.focus()
 
     def on_key(self, event: Any) -> None:
-        if event.key == "escape" and self.focused is self.filter_input:
+        if self.focused is not self.filter_input:
+            return
+        if event.key == "escape":
             event.stop()
             self._close_filter(keep=False)
+        elif event.is_printable:
+            # A letter the filter line did not take itself: typed (or pasted) right after `/`,
+            # it was sent to the table before the line had focus and came back up here. It is
+            # the filter's, not a binding's ("/leak" fast opened the kill dialog; `c`, `r`, `s`
+            # act inside a trainer). Queued behind the line's focus, so it lands in order.
+            event.stop()
+            event.prevent_default()
+            self.filter_input.post_message(events.Key(event.key, event.character))
 
     def action_help(self) -> None:
         from memtop.ui.screens.help import HelpScreen
