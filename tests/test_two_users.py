@@ -9,30 +9,24 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from local_users import LocalUser, local_user, needs_root, wait_ready
+from local_users import as_user as as_local_user
 
 from memtop import protocol
 from memtop.sim.demo import Demo
 from memtop.sources.agents import AgentClient
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        os.geteuid() != 0 or shutil.which("useradd") is None,
-        reason="needs root (and useradd) to create a second local user",
-    ),
-]
+pytestmark = [pytest.mark.slow, needs_root]
 
 HOSTILE = str(Path(__file__).with_name("hostile_agent.py"))
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
@@ -61,29 +55,16 @@ class Box:
 
 
 def as_user(uid: int, gid: int, *command: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        list(command),
-        user=uid,
-        group=gid,
-        extra_groups=[],
-        cwd="/",
-        stdout=subprocess.PIPE,
-        env={"PATH": "/usr/bin:/bin"},
-    )
-
-
-def wait_ready(process: subprocess.Popen[bytes]) -> None:
-    assert process.stdout is not None and process.stdout.readline().strip() == b"ready"
+    return as_local_user(LocalUser("", uid, gid), *command)
 
 
 @pytest.fixture(scope="module")
 def box() -> Iterator[Box]:
-    name = f"mtatk{uuid.uuid4().hex[:6]}"
-    subprocess.run(
-        ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True
-    )
-    entry = pwd.getpwnam(name)
-    uid, gid = entry.pw_uid, entry.pw_gid
+    with local_user("mtatk") as user:
+        yield from _box(user.uid, user.gid)
+
+
+def _box(uid: int, gid: int) -> Iterator[Box]:
     work = Path(tempfile.mkdtemp(prefix="mt2u-", dir="/tmp"))
     xdg = work / "xdg"
     xdg.mkdir(mode=0o700)
@@ -137,7 +118,6 @@ def box() -> Iterator[Box]:
         demo.stop()
         shutil.rmtree(attacker_dir, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
-        subprocess.run(["userdel", name], check=False)
 
 
 def memtop(box: Box, *args: str, **env: str) -> tuple[subprocess.CompletedProcess[str], float]:
@@ -192,11 +172,14 @@ def test_root_actions_go_to_roots_trainer(box: Box, tmp_path: Path) -> None:
     assert connections(box.counter_log) == 0
 
 
-def test_cli_refuses_a_directory_another_user_made_or_a_symlinked_one(box: Box) -> None:
+def test_cli_refuses_a_directory_another_user_made_or_a_symlinked_one(
+    box: Box, tmp_path: Path
+) -> None:
     planted = box.work / "planted"
     planted.mkdir(mode=0o700)
     os.chown(planted, box.uid, box.gid)
-    for args in (("cleanup", str(box.trainer)), ("snapshot", str(box.trainer), "-o", "/tmp/x")):
+    output = str(tmp_path / "x.pickle")  # never a fixed path: /tmp/x may exist
+    for args in (("cleanup", str(box.trainer)), ("snapshot", str(box.trainer), "-o", output)):
         result, _ = memtop(box, *args, MEMTOP_SOCKET_DIR=str(planted))
         assert result.returncode == 1 and result.stderr.count("\n") == 1
         assert f"owned by uid {box.uid}" in result.stderr
