@@ -69,7 +69,9 @@ def _box(uid: int, gid: int) -> Iterator[Box]:
     xdg = work / "xdg"
     xdg.mkdir(mode=0o700)
     root_dir = xdg / "memtop"
-    attacker_dir = Path(f"/tmp/memtop-{uid}")
+    # The attacker's default socket directory (/tmp/memtop-<uid>, no XDG_RUNTIME_DIR), which
+    # root's discovery reads: fixed by design, for a uid useradd just handed out.
+    attacker_dir = protocol.socket_dir({}, uid)
     demo = Demo(gpus=1, scenario="healthy", step_time=0.1, socket_dir=root_dir)
     processes: list[subprocess.Popen[bytes]] = []
     try:
