@@ -17,7 +17,7 @@ def test_no_test_names_a_fixed_path_outside_its_tmp_path() -> None:
     found = []
     for source in sorted(TESTS.glob("*.py")):
         for node in ast.walk(ast.parse(source.read_text(), str(source))):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str):
-                if FIXED_PATH.match(node.value):
-                    found.append(f"{source.name}:{node.lineno}: {node.value}")
+            text = node.value if isinstance(node, ast.Constant) else None
+            if isinstance(text, str) and FIXED_PATH.match(text):
+                found.append(f"{source.name}:{node.lineno}: {text}")
     assert not found, "fixed paths outside tmp_path:\n" + "\n".join(found)
