@@ -21,15 +21,27 @@ memtop's package directory is appended to its sys.path, which needs the same Pyt
 Refusals, each one line: no such process, another user's process, not a Python process, ptrace
 forbidden (Yama ptrace_scope, no CAP_SYS_PTRACE), gdb missing, remote debugging disabled, memtop
 not importable.  Attaching twice is a no-op: an agent already listening is reported, not doubled.
+
+Root on a shared box (DESIGN §6): memtop, as root, never runs anything the target's user chose
+with root's privileges.  What it knows of the target it reads from /proc (bounded); the one
+question /proc cannot answer (can the target's interpreter import memtop?) is asked of that
+interpreter in a child that runs as the target's uid, gid and groups, in a new session (no
+terminal to type into), with an empty environment, `-I` (no PYTHONPATH, no user site, no current
+directory on sys.path) and `/` as its directory; its output is bounded in size and time.  gdb
+reads no init file, auto-loads nothing and asks no debuginfod server.  And root attaches to
+another user's process only when told to (`--yes`, a y/N prompt, the dashboard's dialog), for
+the uid that was named when it was asked.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
+import pwd
 import re
+import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -45,6 +57,10 @@ SELF_STATUS = Path("/proc/self/status")
 CAP_SYS_PTRACE = 19
 GDB_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 15.0
+PROBE_OUTPUT_LIMIT = 4096  # bytes kept of the probe's stdout: two short lines are expected
+# /proc reads are bounded: argv and the environment are the target user's to make as large as
+# the kernel lets them (ARG_MAX grows with the stack limit); maps of a torch trainer are < 1 MiB.
+PROC_READ_LIMIT = 8 << 20
 MEMTOP_PARENT = str(Path(__file__).resolve().parent.parent)  # the folder holding memtop/
 _PYTHON_LIB = re.compile(r"(?:^|/)(?:lib)?python(\d)\.(\d+)[a-z]*(?:\.so[.\d]*|$)")
 
@@ -87,6 +103,18 @@ class Target:
     version: tuple[int, int] | None = None
     has_memtop: bool = False
     problems: list[str] = field(default_factory=list)
+    gid: int | None = None  # the target's effective gid and groups: what the probe runs with
+    groups: list[int] = field(default_factory=list)
+
+    @property
+    def owner(self) -> str:
+        """`alice (uid 1001)`: whose process this is, for a question or a refusal."""
+        return describe_uid(self.uid)
+
+    @property
+    def foreign(self) -> bool:
+        """Root attaching to another user's process: asked first, the probe drops to its uid."""
+        return os.geteuid() == 0 and self.uid != 0
 
     @property
     def socket_dir(self) -> Path:
@@ -111,9 +139,16 @@ class Target:
 # ------------------------------------------------------------------ attaching
 
 
-def attach(pid: int, wait: float = 10.0) -> Attached:
-    """Start the agent in `pid` and wait until it answers; raises AttachError with one line."""
-    target = inspect(pid)
+def attach(pid: int, wait: float = 10.0, consent_uid: int | None = None) -> Attached:
+    """Start the agent in `pid` and wait until it answers; raises AttachError with one line.
+
+    As root, another user's process is attached to only with `consent_uid` equal to its uid:
+    the caller asked (and named the owner) first.  Checked here, on the process as it is now,
+    so a pid reused by another user's process between the question and this call is refused."""
+    target = read_target(pid)
+    if target.foreign and consent_uid != target.uid:
+        raise AttachRefused(consent_refusal(target))
+    _probe_environment(target)
     existing = _agent_answers(target, timeout=2.0)
     if existing:
         return Attached(pid, existing, None, _command(target))
@@ -139,8 +174,32 @@ def attach(pid: int, wait: float = 10.0) -> Attached:
 
 
 def _command(target: Target) -> str:
+    # Another user's argv, shown on root's terminal: control characters made inert.
     text = " ".join(" ".join(target.argv).split()) or target.exe
-    return text if len(text) <= 60 else text[:57] + "..."
+    return protocol.clean_text(text if len(text) <= 60 else text[:57] + "...")
+
+
+def consent_refusal(target: Target) -> str:
+    return (
+        f"pid {target.pid} ({_command(target)}) belongs to {target.owner} and memtop runs as "
+        f"root: add --yes to attach to it anyway"
+    )
+
+
+def consent_question(target: Target) -> str:
+    return (
+        f"pid {target.pid} ({_command(target)}) belongs to {target.owner}, not to root. Attach "
+        "to it? gdb pauses it a moment and memtop's agent starts inside it, as its user. [y/N] "
+    )
+
+
+def describe_uid(uid: int) -> str:
+    """`alice (uid 1001)`, or `uid 1001` for a uid without a name."""
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return f"uid {uid}"
+    return f"{protocol.clean_text(name, 64)} (uid {uid})"
 
 
 # ------------------------------------------------------------------ what the target is
@@ -148,6 +207,14 @@ def _command(target: Target) -> str:
 
 def inspect(pid: int) -> Target:
     """The facts about `pid` every later check needs; refuses what cannot be attached at all."""
+    target = read_target(pid)
+    _probe_environment(target)
+    return target
+
+
+def read_target(pid: int) -> Target:
+    """What /proc says of `pid` (bounded reads, nothing executed): its owner, argv, environment,
+    interpreter and Python version.  Refuses a process that is gone, unreadable, not Python."""
     proc = Path(f"/proc/{pid}")
     try:
         uid = proc.stat().st_uid
@@ -157,31 +224,70 @@ def inspect(pid: int) -> Target:
         raise AttachRefused("memtop cannot attach to itself")
     me = os.geteuid()
     if me != 0 and uid != me:
-        raise AttachRefused(f"pid {pid} belongs to uid {uid}: attach as that user (or root)")
+        raise AttachRefused(
+            f"pid {pid} belongs to {describe_uid(uid)}: attach as that user (or as root)"
+        )
+    name = "exe"
     try:
         exe = os.readlink(proc / "exe")
+        name = "cwd"
         cwd = os.readlink(proc / "cwd")
-        argv = [a.decode(errors="replace") for a in (proc / "cmdline").read_bytes().split(b"\0")]
+        name = "cmdline"
+        argv = [a.decode(errors="replace") for a in _read_proc(proc / name).split(b"\0")]
+        name = "environ"
         environ = dict(
             item.decode(errors="replace").partition("=")[::2]
-            for item in (proc / "environ").read_bytes().split(b"\0")
+            for item in _read_proc(proc / name).split(b"\0")
             if b"=" in item
         )
-        maps = (proc / "maps").read_text(errors="replace")
+        name = "maps"
+        maps = _read_proc(proc / name).decode(errors="replace")
+        name = "status"
+        status = _read_proc(proc / name, 64 << 10).decode(errors="replace")
     except PermissionError:
-        raise AttachRefused(
-            f"not allowed to read /proc/{pid}: attach as its user (or root)"
-        ) from None
-    except FileNotFoundError:
+        raise AttachRefused(unreadable(pid, name, me)) from None
+    except (FileNotFoundError, ProcessLookupError):
         raise AttachRefused(f"no process {pid}") from None
     argv = [a for a in argv if a] or [exe]
     target = Target(pid, uid, exe, cwd, environ, argv)
+    target.gid, target.groups = _credentials(status)
     target.version = python_version(exe, maps)
     if target.version is None:
         raise AttachRefused(f"pid {pid} ({_command(target)}) is not a Python process")
-    target.exe = _interpreter_as_run(target)
-    _probe_environment(target)
     return target
+
+
+def unreadable(pid: int, name: str, me: int) -> str:
+    """Why /proc/PID/<name> could not be read, truthful for who memtop runs as."""
+    if me == 0:
+        return (
+            f"the kernel does not let root read /proc/{pid}/{name} (the process is not "
+            "dumpable, runs in another user namespace or is confined by a security module): "
+            "memtop cannot attach to it"
+        )
+    return (
+        f"cannot read /proc/{pid}/{name} although the process is yours (it changed its "
+        "credentials and is not dumpable, or /proc hides it): try memtop attach as root"
+    )
+
+
+def _read_proc(path: Path, limit: int = PROC_READ_LIMIT) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read(limit)
+
+
+def _credentials(status: str) -> tuple[int | None, list[int]]:
+    """The effective gid and the supplementary groups from /proc/PID/status."""
+    gid = None
+    groups: list[int] = []
+    for line in status.splitlines():
+        key, _, value = line.partition(":")
+        with contextlib.suppress(ValueError, IndexError):
+            if key == "Gid":
+                gid = int(value.split()[1])
+            elif key == "Groups":
+                groups = [int(g) for g in value.split()]
+    return gid, groups
 
 
 def python_version(exe: str, maps: str) -> tuple[int, int] | None:
@@ -193,52 +299,124 @@ def python_version(exe: str, maps: str) -> tuple[int, int] | None:
     return None
 
 
-def _interpreter_as_run(target: Target) -> str:
-    """argv[0] when it names the same binary as /proc/PID/exe: a virtualenv's `python` is a
-    link to the base interpreter, and only the link knows the venv's site-packages."""
-    first = target.argv[0]
-    candidates = []
-    if os.sep in first:
-        candidates.append(os.path.join(target.cwd, first))
-    else:
-        for folder in target.environ.get("PATH", "").split(os.pathsep):
-            if folder:
-                candidates.append(
-                    os.path.join(
-                        folder if os.path.isabs(folder) else os.path.join(target.cwd, folder), first
-                    )
-                )
-    real = os.path.realpath(target.exe)
-    for candidate in candidates:
-        if os.path.isfile(candidate) and os.path.realpath(candidate) == real:
-            return candidate
-    return target.exe
+# Run by the target's base interpreter (/proc/PID/exe), as the target's user, with -I -S: finds
+# the interpreter as the target ran it (argv[0] through its PATH and directory: a virtualenv's
+# `python` is a link to the base binary, and only the link knows the venv's site-packages), says
+# which, and becomes it to run PROBE.  The lookup runs as that user, so it sees what they see.
+LOCATE = """\
+import os, sys
+exe, first, cwd, path = sys.argv[1:5]
+candidates = []
+if os.sep in first:
+    candidates.append(os.path.join(cwd, first))
+else:
+    for folder in path.split(os.pathsep):
+        if folder:
+            candidates.append(os.path.join(os.path.join(cwd, folder), first))
+real = os.path.realpath(exe)
+chosen = next(
+    (c for c in candidates if os.path.isfile(c) and os.path.realpath(c) == real), exe
+)
+sys.stdout.write("memtop-probe-exe " + chosen.encode("unicode_escape").decode() + "\\n")
+sys.stdout.flush()
+os.execv(chosen, [chosen, *sys.argv[5:]])
+"""
+# Whether memtop can be imported there (find_spec only: nothing of memtop runs).
+PROBE = (
+    "import importlib.util, sys; "
+    "print('memtop-probe', *sys.version_info[:2], int(importlib.util.find_spec('memtop') "
+    "is not None))"
+)
 
 
 def _probe_environment(target: Target) -> None:
-    """Ask the target's interpreter, in the target's environment and folder, whether it can
-    import memtop (without starting it: find_spec only)."""
-    code = (
-        "import importlib.util, json, sys; "
-        "print(json.dumps({'version': sys.version_info[:2], "
-        "'memtop': importlib.util.find_spec('memtop') is not None}))"
-    )
-    env = {k: v for k, v in target.environ.items() if k != "MEMTOP_AGENT"}
+    """Ask the target's interpreter whether it can import memtop (and its exact version), as
+    the target's user: see the module's docstring for the isolation.  Whatever goes wrong is a
+    problem noted, not a refusal: the binary is there (the process runs it)."""
+    command = [
+        target.exe,
+        "-I",
+        "-S",
+        "-c",
+        LOCATE,
+        target.exe,
+        target.argv[0],
+        target.cwd,
+        target.environ.get("PATH", ""),
+        # -I: no PYTHONPATH, no user site, no current directory; site-packages (the venv's or
+        # the system's) stays, as the target sees it.  The target's own -S / -s / -E keep.
+        "-I",
+        *interpreter_flags(target.argv),
+        "-c",
+        PROBE,
+    ]
+    as_target = target.uid != os.geteuid()  # root and another user's process
+    if as_target and target.gid is None:
+        target.problems.append(f"could not ask {target.exe} about memtop (no gid known)")
+        return
     try:
-        result = subprocess.run(
-            [target.exe, *interpreter_flags(target.argv), "-c", code],
-            cwd=target.cwd if os.path.isdir(target.cwd) else None,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=PROBE_TIMEOUT_S,
-        )
-        facts = json.loads(result.stdout.strip().splitlines()[-1])
-        target.has_memtop = bool(facts["memtop"])
-        target.version = (int(facts["version"][0]), int(facts["version"][1]))
-    except (OSError, subprocess.SubprocessError, ValueError, KeyError, IndexError) as exc:
-        # The binary is there (the process runs it); say what is not known and go on.
+        if as_target:
+            output = _run_bounded(command, target.uid, target.gid, target.groups)
+        else:
+            output = _run_bounded(command)
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
         target.problems.append(f"could not ask {target.exe} about memtop ({type(exc).__name__})")
+        return
+    for line in output.decode(errors="replace").splitlines():
+        tag, _, rest = line.partition(" ")
+        words = rest.split(" ")
+        if tag == "memtop-probe-exe":
+            with contextlib.suppress(UnicodeError):
+                target.exe = protocol.clean_text(rest.encode().decode("unicode_escape"))
+        elif tag == "memtop-probe" and len(words) == 3 and all(w.isdigit() for w in words):
+            target.version = (int(words[0]), int(words[1]))
+            target.has_memtop = words[2] == "1"
+            return
+    target.problems.append(f"could not ask {target.exe} about memtop (no answer)")
+
+
+def _run_bounded(
+    command: list[str],
+    uid: int | None = None,
+    gid: int | None = None,
+    groups: list[int] | None = None,
+) -> bytes:
+    """stdout of `command` (at most PROBE_OUTPUT_LIMIT bytes, within PROBE_TIMEOUT_S), run as
+    `uid`, `gid` and `groups` (default: ours), in a session of its own, from `/`, with an empty
+    environment; the whole session is killed on the way out."""
+    process = subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        cwd="/",
+        env={},
+        start_new_session=True,  # no controlling terminal: nothing to type into root's shell
+        user=uid,
+        group=gid,
+        extra_groups=groups,
+    )
+    assert process.stdout is not None
+    output = b""
+    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    try:
+        fd = process.stdout.fileno()
+        while len(output) <= PROBE_OUTPUT_LIMIT:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break  # what came so far is parsed; no answer is a problem noted
+            ready, _, _ = select.select([fd], [], [], left)
+            if ready:
+                chunk = os.read(fd, PROBE_OUTPUT_LIMIT + 1)
+                if not chunk:
+                    break
+                output += chunk
+    finally:
+        with contextlib.suppress(OSError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.stdout.close()
+        process.wait()
+    return output[:PROBE_OUTPUT_LIMIT]
 
 
 def interpreter_flags(argv: list[str]) -> list[str]:
@@ -363,14 +541,19 @@ def _gdb_inject(target: Target, code: str) -> None:
         "-p",
         str(target.pid),
         "-batch",
+        # gdb runs as memtop's user (root, maybe) on files the target's user may own: no init
+        # file (-nx: neither ~/.gdbinit, ./.gdbinit nor the system's), no auto-loaded script
+        # (libpython's -gdb.py, .debug_gdb_scripts, libthread_db), no debuginfod download.
         "-nx",
         "-q",
+        "-iex",
+        "set auto-load off",
+        "-iex",
+        "set debuginfod enabled off",
         # Symbols of libpython only: reading those of every library a trainer maps (torch's
         # are hundreds of MB) takes gdb ~20 s; with this, ~3 s.
         "-iex",
         "set auto-solib-add off",
-        "-iex",
-        "set auto-load off",
         "-ex",
         "set confirm off",
         "-ex",
@@ -384,7 +567,12 @@ def _gdb_inject(target: Target, code: str) -> None:
     ]
     try:
         result = subprocess.run(
-            command, capture_output=True, text=True, timeout=GDB_TIMEOUT_S, stdin=subprocess.DEVNULL
+            command,
+            capture_output=True,
+            text=True,
+            timeout=GDB_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+            cwd="/",  # no file of anyone's current directory is near gdb
         )
     except subprocess.TimeoutExpired:
         raise AttachError(f"gdb did not finish within {GDB_TIMEOUT_S:g} s") from None

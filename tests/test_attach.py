@@ -314,3 +314,21 @@ def test_dashboard_a_attaches_to_a_driver_listed_process_after_asking(trainer, s
         asyncio.run(main())
     finally:
         sampler.stop()
+
+
+def test_gdb_reads_nothing_of_anyones_and_runs_from_the_root(monkeypatch, sleeper):
+    # gdb runs as memtop's user (root, maybe) on files the target's user may own: no init file,
+    # no auto-loaded script, no debuginfod, not from the current directory.
+    seen: dict[str, object] = {}
+
+    def run(command, **kwargs):  # type: ignore[no-untyped-def]
+        seen["command"], seen["cwd"] = command, kwargs.get("cwd")
+        return subprocess.CompletedProcess(command, 0, "$1 = 1\n$2 = 0\n", "")
+
+    monkeypatch.setattr(attach.subprocess, "run", run)
+    attach._gdb_inject(attach.inspect(sleeper.pid), "pass")
+    command = seen["command"]
+    assert isinstance(command, list) and "-nx" in command
+    early = [command[i + 1] for i, arg in enumerate(command) if arg == "-iex"]
+    assert "set auto-load off" in early and "set debuginfod enabled off" in early
+    assert seen["cwd"] == "/"

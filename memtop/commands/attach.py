@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from memtop.commands import CommandError
 
@@ -19,15 +20,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         metavar="SECONDS",
         help="how long to wait for the agent to answer (default 10)",
     )
+    attach.add_argument(
+        "--yes",
+        action="store_true",
+        help="as root, attach to another user's process without asking (it asks y/N otherwise)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    from memtop.attach import AttachError, attach
+    from memtop.attach import AttachError, attach, consent_question, consent_refusal, read_target
 
     if args.wait <= 0:
         raise CommandError("--wait must be greater than 0")
     try:
-        print(attach(args.pid, wait=args.wait).message)
+        target = read_target(args.pid)
+        if target.foreign and not args.yes:
+            # Root about to pause another user's process and run code in it: say whose it is
+            # and ask; without a terminal to ask on, refuse (a script says --yes).
+            if not sys.stdin.isatty():
+                raise CommandError(consent_refusal(target))
+            print(consent_question(target), end="", file=sys.stderr, flush=True)
+            try:
+                answer = sys.stdin.readline(16)
+            except (OSError, UnicodeDecodeError):
+                answer = ""
+            if answer.strip().lower() not in ("y", "yes"):
+                raise CommandError(f"not attached to pid {args.pid}")
+        print(attach(args.pid, wait=args.wait, consent_uid=target.uid).message)
     except AttachError as exc:
         raise CommandError(str(exc)) from None
     return 0

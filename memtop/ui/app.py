@@ -21,6 +21,7 @@ from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.markup import escape
 from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Input, OptionList, Static
@@ -539,7 +540,7 @@ class MemtopApp(App[None]):
         self.push_screen(
             ConfirmScreen(
                 f"Signal pid {row.pid}?",
-                f"{command[:200]}",
+                escape(command[:200]),  # an argv in markup: escaped
                 choices=[(key, f"{name} ({key})", sig, what) for key, name, sig, what in SIGNALS],
             ),
             answered,
@@ -586,7 +587,7 @@ class MemtopApp(App[None]):
             if yes is True:
                 self.notify(f"Attaching to pid {row.pid}…", timeout=3)
                 self.run_worker(
-                    lambda: self._attach_agent(row.pid),
+                    lambda: self._attach_agent(row.pid, info.uid),
                     thread=True,
                     exit_on_error=False,
                     group="actions",
@@ -594,21 +595,32 @@ class MemtopApp(App[None]):
 
         from memtop.ui.screens.confirm import ConfirmScreen
 
+        # Root about to run code in another user's process: the question says whose it is.
+        # Another user's argv and name go into markup: escaped ("[/x]" in an argv raised
+        # MarkupError and took root's dashboard down).
+        user = escape(str(info.user))
+        whose = (
+            f"It belongs to {user} (uid {info.uid}), not to you (root); its agent runs as {user}.\n"
+            if info.uid != self.my_uid
+            else ""
+        )
         self.push_screen(
             ConfirmScreen(
-                f"Attach memtop to pid {row.pid}?",
-                f"{info.command[:200]}\nIt is paused a moment (gdb / ptrace) while one line of "
-                "Python starts memtop's agent thread inside it.",
+                f"Attach memtop to pid {row.pid}"
+                + (f" of {user}?" if info.uid != self.my_uid else "?"),
+                f"{escape(info.command[:200])}\n{whose}It is paused a moment (gdb / ptrace) "
+                "while one line of Python starts memtop's agent thread inside it.",
             ),
             answered,
         )
 
-    def _attach_agent(self, pid: int) -> None:
+    def _attach_agent(self, pid: int, consent_uid: int | None) -> None:
         # A worker thread: gdb takes seconds; the sampler finds the new socket by itself.
+        # consent_uid: the owner the dialog named; attach refuses a pid another user reused.
         from memtop.attach import AttachError, attach
 
         try:
-            message = attach(pid).message
+            message = attach(pid, consent_uid=consent_uid).message
         except AttachError as exc:
             self.call_from_thread(self.notify, str(exc), severity="error", timeout=10)
         except Exception as exc:  # a bug must not take the dashboard down
