@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import signal
+import stat
 import sys
 import threading
 import time
@@ -603,15 +604,12 @@ def _cleanup(args: argparse.Namespace) -> int:
 
 
 def _snapshot(args: argparse.Namespace) -> int:
+    from memtop.model import snapshot_note
     from memtop.units import format_bytes
 
-    path = args.output.resolve()
-    if not path.parent.is_dir():
-        raise CliError(f"no such directory: {path.parent}")
     if args.wait < 0:
         raise CliError("--wait must be seconds >= 0")
-    if os.path.lexists(path) and not args.force:
-        raise CliError(f"{path} exists; add --force to overwrite it")
+    path = snapshot_output(args.output, args.pid, args.force)
     request: dict[str, object] = {"path": str(path), "wait_s": args.wait}
     if args.force:
         request["overwrite"] = True
@@ -625,8 +623,9 @@ def _snapshot(args: argparse.Namespace) -> int:
         return EXIT_OK
     from memtop.protocol import parse_snapshot
 
-    print(f"wrote {path}  (open it at https://pytorch.org/memory_viz)")
-    for index, dev in sorted(parse_snapshot(result).devices.items()):
+    devices = parse_snapshot(result).devices
+    print(f"wrote {path}  ({snapshot_note(devices)})")
+    for index, dev in sorted(devices.items()):
         print(
             f"GPU {index}: {dev.get('segments', 0):.0f} segments, "
             f"reserved {format_bytes(int(dev.get('reserved_bytes', 0)))}, "
@@ -634,6 +633,50 @@ def _snapshot(args: argparse.Namespace) -> int:
             f"external fragmentation {dev.get('external_fragmentation', 0.0):.2f}"
         )
     return EXIT_OK
+
+
+def snapshot_output(output: Path, pid: int, force: bool) -> Path:
+    """The path the agent will write: made absolute by joining the current directory, never
+    resolved.  A link resolved here was followed past the agent's checks (its lstat, O_EXCL and
+    O_NOFOLLOW apply to the path it is given): another user's /tmp/snap.pickle -> a third user's
+    authorized_keys was overwritten with --force, and a dangling link made the trainer create
+    the file it named.  What the agent would refuse is refused here at once, in one line."""
+    path = output if output.is_absolute() else Path.cwd() / output
+    try:
+        info: os.stat_result | None = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        info = None
+    except OSError as exc:
+        raise CliError(f"cannot inspect {path}: {exc.strerror}") from None
+    if info is not None:
+        if stat.S_ISLNK(info.st_mode):
+            raise CliError(
+                f"{path} is a symbolic link: memtop never writes through one, with --force or "
+                "without; give the path of the file itself"
+            )
+        if stat.S_ISDIR(info.st_mode):
+            raise CliError(
+                f"{path} is a directory: give a file name in it "
+                f"(-o {path / f'snapshot-{pid}.pickle'})"
+            )
+        if not stat.S_ISREG(info.st_mode):
+            raise CliError(f"{path} exists and is not a regular file")
+        if not force:
+            raise CliError(f"{path} exists; add --force to overwrite it")
+    # A link in a directory above, owned by someone else, leads the write where they chose.
+    for folder in reversed(path.parents):
+        try:
+            above = os.lstat(folder)
+        except OSError:
+            break  # missing: said below
+        if stat.S_ISLNK(above.st_mode) and above.st_uid not in (0, os.geteuid()):
+            raise CliError(
+                f"{folder} is a symbolic link owned by uid {above.st_uid}: memtop does not write "
+                "through another user's link; give the real directory"
+            )
+    if not path.parent.is_dir():
+        raise CliError(f"no such directory: {path.parent}")
+    return path
 
 
 def _oom(args: argparse.Namespace) -> int:

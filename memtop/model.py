@@ -230,6 +230,20 @@ class AgentSnapshot:
     bytes: int | None = None
 
 
+MEMORY_VIZ = "https://pytorch.org/memory_viz"
+
+
+def snapshot_note(devices: Mapping[Any, Mapping[str, float]]) -> str:
+    """What to say of a snapshot file just written: where to open it, or, for one without a
+    segment (memory_viz would draw nothing), that it is empty and why."""
+    if any(summary.get("segments", 0) for summary in devices.values()):
+        return f"open it at {MEMORY_VIZ}"
+    return (
+        "an empty snapshot, 0 segments: the process holds no CUDA memory (a CPU-only trainer, "
+        "or no tensor on a GPU yet)"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class AgentCleanup:
     """A `cleanup` reply: what gc.collect + empty_cache released, and where it ran."""

@@ -26,6 +26,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Input, OptionList, Static
 
+from memtop.model import snapshot_note
 from memtop.observation import Observation, Observer
 from memtop.sampler import Sampler
 from memtop.sources.agents import AgentError, AgentUnreachable
@@ -50,7 +51,6 @@ if TYPE_CHECKING:
 COMPACT_WIDTH = 100  # narrower than this: short numbers, fewer columns
 COMPACT_HEIGHT = 30
 ACTION_TIMEOUT_S = 15.0
-MEMORY_VIZ = "https://pytorch.org/memory_viz"
 PROCESS_ACTIONS = {
     "cleanup",
     "reset_peak",
@@ -112,7 +112,8 @@ class MemtopApp(App[None]):
         self.store = store
         self.sampler = sampler
         self.interval = interval
-        self.snapshot_dir = snapshot_dir or Path.cwd()
+        # Absolute, never resolved (a path the agent opens keeps its links for its checks).
+        self.snapshot_dir = Path.cwd() / (snapshot_dir or "")
         self.clock = clock
         self.host = host
         self.my_uid = os.getuid() if my_uid is None else my_uid
@@ -491,15 +492,17 @@ class MemtopApp(App[None]):
         if row is None:
             return
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.clock()))
-        path = (self.snapshot_dir / f"memtop-snapshot-{row.pid}-{stamp}.pickle").resolve()
+        # Never resolved: the agent's checks (no link, a new file) apply to the path it is given.
+        path = self.snapshot_dir / f"memtop-snapshot-{row.pid}-{stamp}.pickle"
         self.notify(f"Writing a snapshot of pid {row.pid}…", timeout=2)
         self._run_agent_command(row, "snapshot", {"path": str(path)}, self._snapshot_done)
 
     def _snapshot_done(self, row: view.ProcessRow, result: dict[str, Any]) -> None:
         self.notify(
-            f"{result.get('path')}\nopen it at {MEMORY_VIZ}",
+            f"{result.get('path')}\n{snapshot_note(result.get('devices') or {})}",
             title=f"Snapshot of pid {row.pid} written",
             timeout=15,
+            markup=False,  # a path is not markup
         )
 
     def action_terminate(self) -> None:
