@@ -549,7 +549,8 @@ def _agent_location(pid: int, socket_dir: Path | None) -> tuple[Path, int]:
             return directory, owner
     raise CliError(
         f"no agent socket for pid {pid} in the socket directory of its owner (uid "
-        f"{process_owner}); is it running under `memtop run`?"
+        f"{process_owner}): start it under `memtop run`, or add an agent with "
+        f"`memtop attach {pid}`"
     )
 
 

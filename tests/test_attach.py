@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -332,3 +333,44 @@ def test_gdb_reads_nothing_of_anyones_and_runs_from_the_root(monkeypatch, sleepe
     early = [command[i + 1] for i, arg in enumerate(command) if arg == "-iex"]
     assert "set auto-load off" in early and "set debuginfod enabled off" in early
     assert seen["cwd"] == "/"
+
+
+@pytest.mark.parametrize("as_root", [True, False])
+def test_an_unreadable_process_is_refused_truthfully(capsys, sleeper, monkeypatch, as_root):
+    # `memtop attach 1` as root said "attach as its user (or root)": it was root.
+    def forbidden(path):  # type: ignore[no-untyped-def]
+        raise PermissionError(13, "Permission denied", str(path))
+
+    me = 0 if as_root else 4321  # who memtop runs as, and whose the process is
+    monkeypatch.setattr(attach.os, "readlink", forbidden)
+    monkeypatch.setattr(attach.os, "geteuid", lambda: me)
+    monkeypatch.setattr(attach.Path, "stat", lambda self: SimpleNamespace(st_uid=me))
+    err = refused(capsys, str(sleeper.pid))
+    assert f"/proc/{sleeper.pid}/exe" in err and "(or root)" not in err
+    if as_root:
+        assert "the kernel does not let root read" in err and "cannot attach to it" in err
+    else:
+        assert "although the process is yours" in err and "try memtop attach as root" in err
+
+
+def test_pid_1_as_root_when_the_kernel_hides_it(capsys):
+    if os.geteuid() != 0:
+        pytest.skip("root only")
+    try:
+        os.readlink("/proc/1/exe")
+    except PermissionError:
+        pass
+    else:
+        pytest.skip("/proc/1 is readable here")
+    err = refused(capsys, "1")
+    assert "the kernel does not let root read /proc/1/exe" in err and "(or root)" not in err
+
+
+def test_actions_without_an_agent_suggest_attach_too(sleeper, socket_dir: Path):
+    for command in (["cleanup"], ["snapshot", "-o", str(socket_dir / "x.pickle")]):
+        result = memtop(command[0], str(sleeper.pid), *command[1:], socket_dir=socket_dir)
+        assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+        assert "memtop run" in result.stderr
+        assert f"memtop attach {sleeper.pid}" in result.stderr
+    gone = memtop("cleanup", "999999999", socket_dir=socket_dir)
+    assert gone.returncode == 1 and "no process 999999999" in gone.stderr

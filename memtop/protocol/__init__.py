@@ -664,6 +664,15 @@ def check_socket_dir(path: Path, owner: int | None = None) -> None:
     trainers passes theirs).
     """
     owner = os.getuid() if owner is None else owner
+    mine = owner == os.getuid()
+    # Our own directory taken by someone else (anyone can make /tmp/memtop-<uid> first, where
+    # XDG_RUNTIME_DIR is unset): the refusal says how to get out of it.
+    elsewhere = (
+        ": set XDG_RUNTIME_DIR (your login session's /run/user/<uid>), or MEMTOP_SOCKET_DIR to a "
+        "directory you own with mode 0700"
+        if mine
+        else ""
+    )
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -671,16 +680,20 @@ def check_socket_dir(path: Path, owner: int | None = None) -> None:
     except OSError as exc:
         raise UnsafeSocketDir(f"cannot inspect socket directory {path}: {exc.strerror}") from None
     if not stat.S_ISDIR(info.st_mode):
-        raise UnsafeSocketDir(f"socket directory {path} is not a directory (or is a symlink)")
+        raise UnsafeSocketDir(
+            f"socket directory {path} is not a directory (or is a symlink){elsewhere}"
+        )
     if info.st_uid != owner:
-        whom = "you" if owner == os.getuid() else "uid"
+        whom = "you" if mine else "uid"
         raise UnsafeSocketDir(
             f"socket directory {path} is owned by uid {info.st_uid}, not by {whom} ({owner})"
+            f"{elsewhere}"
         )
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        fix = f" (chmod 700 {path})" if mine else ""
         raise UnsafeSocketDir(
             f"socket directory {path} is group- or world-writable "
-            f"(mode {stat.S_IMODE(info.st_mode):o}); expected 700"
+            f"(mode {stat.S_IMODE(info.st_mode):o}); expected 700{fix}"
         )
 
 
@@ -915,8 +928,13 @@ def connect_agent(
 
 def describe_connect_error(pid: int, exc: OSError) -> str:
     """A one-line reason a viewer could not reach an agent (only what is known)."""
+    if exc.errno == errno.ENOENT and not pid_alive(pid):
+        return f"no process {pid}"
     if exc.errno == errno.ENOENT:
-        return f"no agent socket for pid {pid} (is it running under `memtop run`?)"
+        return (
+            f"no agent socket for pid {pid}: start it under `memtop run`, or add an agent with "
+            f"`memtop attach {pid}`"
+        )
     if exc.errno == errno.ECONNREFUSED:
         return f"nothing listens on the agent socket of pid {pid}: not reachable"
     if exc.errno in (errno.EACCES, errno.EPERM):

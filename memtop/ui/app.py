@@ -406,8 +406,9 @@ class MemtopApp(App[None]):
             return None
         if row.state == "no agent":
             self.notify(
-                f"pid {row.pid} has no memtop agent, so memtop cannot {verb} in it. Start it "
-                "with `memtop run` (or call memtop.start_agent() in it).",
+                f"pid {row.pid} has no memtop agent, so memtop cannot {verb} in it. Press a "
+                "to attach one, or start it with `memtop run` (or call memtop.start_agent() "
+                "in it).",
                 severity="warning",
                 timeout=8,
             )
