@@ -189,7 +189,8 @@ def consent_refusal(target: Target) -> str:
 def consent_question(target: Target) -> str:
     return (
         f"pid {target.pid} ({_command(target)}) belongs to {target.owner}, not to root. Attach "
-        "to it? gdb pauses it a moment and memtop's agent starts inside it, as its user. [y/N] "
+        "to it? It is paused a moment (ptrace) while memtop's agent starts inside it, running "
+        "as its user. [y/N] "
     )
 
 
