@@ -374,3 +374,36 @@ def test_actions_without_an_agent_suggest_attach_too(sleeper, socket_dir: Path):
         assert f"memtop attach {sleeper.pid}" in result.stderr
     gone = memtop("cleanup", "999999999", socket_dir=socket_dir)
     assert gone.returncode == 1 and "no process 999999999" in gone.stderr
+
+
+@pytest.mark.parametrize("trap", ["flood", "hang"])
+def test_the_probe_is_bounded_in_size_and_time(tmp_path: Path, monkeypatch, trap: str):
+    # The probe runs the target's interpreter, whose site-packages belong to the target's user:
+    # a .pth there that floods stdout or hangs (armed once the target runs: only the probe
+    # trips it) costs memtop at most PROBE_OUTPUT_LIMIT bytes and PROBE_TIMEOUT_S seconds.
+    armed = tmp_path / "armed"
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (site,) = venv.glob("lib/python*/site-packages")
+    action = (
+        "sys.stdout.write('x' * (1 << 26)), sys.stdout.flush()"
+        if trap == "flood"
+        else "__import__('time').sleep(60)"
+    )
+    (site / "trap.pth").write_text(
+        f"import os, sys; os.path.exists({str(armed)!r}) and ({action})\n"
+    )
+    proc = subprocess.Popen([str(venv / "bin" / "python"), "-c", "import time; time.sleep(60)"])
+    monkeypatch.setattr(attach, "PROBE_TIMEOUT_S", 3.0)
+    try:
+        time.sleep(0.3)
+        armed.touch()
+        started = time.monotonic()
+        target = attach.inspect(proc.pid)
+        elapsed = time.monotonic() - started
+    finally:
+        proc.kill()
+        proc.wait()
+    assert elapsed < 3.0 + 2.0, elapsed
+    assert target.problems == [f"could not ask {venv / 'bin' / 'python'} about memtop (no answer)"]
+    assert target.version == sys.version_info[:2]  # from /proc: what the probe could not say
