@@ -55,6 +55,7 @@ class SimulatedDeviceSource:
                         utilization_percent=util,
                         temperature_c=temperature,
                         power_watts=power,
+                        pci_bus_id=spec.pci_bus_id,
                     )
                 )
         if not devices:
