@@ -393,6 +393,20 @@ def _spec_from_json(obj: Any) -> SimGpuSpec:
     )
 
 
+def _spec_to_json(spec: SimGpuSpec) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "index": spec.index,
+        "uuid": spec.uuid,
+        "name": spec.name,
+        "total_bytes": spec.total_bytes,
+    }
+    if spec.pci_bus_id is not None:
+        doc["pci_bus_id"] = spec.pci_bus_id
+    if spec.vendor != "nvidia":
+        doc["vendor"] = spec.vendor
+    return doc
+
+
 class SimGpuRegistry:
     """root/gpus.json lists the simulated GPUs; root/gpu<index>.ledger.json is each one's ledger."""
 
@@ -421,17 +435,7 @@ class SimGpuRegistry:
                     _write_atomically(path, "{}")
         doc = {
             "version": 1,
-            "gpus": [
-                {
-                    "index": s.index,
-                    "uuid": s.uuid,
-                    "name": s.name,
-                    "total_bytes": s.total_bytes,
-                    "pci_bus_id": s.pci_bus_id,
-                    "vendor": s.vendor,
-                }
-                for s in sorted(specs, key=lambda s: s.index)
-            ],
+            "gpus": [_spec_to_json(s) for s in sorted(specs, key=lambda s: s.index)],
         }
         _write_atomically(self.gpus_path, json.dumps(doc, indent=1))
 
