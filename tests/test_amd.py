@@ -548,3 +548,101 @@ def test_physical_gpu_follows_rocr_then_hip_visible_devices() -> None:
     )
     assert physical_gpu(3, "amd", {"HIP_VISIBLE_DEVICES": "0"}) is None
     assert physical_gpu(1, "nvidia", {"HIP_VISIBLE_DEVICES": "0"}) == 1
+
+
+def test_the_hello_of_a_trainer_on_rocm_says_hip_and_its_pci_bus_ids(socket_dir: Path) -> None:
+    from memtop.agent.probe import ProbeDevice
+    from memtop.agent.server import Agent
+    from memtop.sim.allocator import SimulatedCachingAllocator
+    from memtop.sim.device import LocalDeviceMemory
+    from memtop.sim.probe import SimulatedGpu, SimulatedProbe
+    from memtop.sources.agents import AgentClient
+
+    allocator = SimulatedCachingAllocator(LocalDeviceMemory(8 * GiB), 0)
+    rocm = ProbeDevice(0, "GPU-5d8e", "MI300X", 8 * GiB, "0000:c1:00.0")
+    cuda = ProbeDevice(1, "GPU-1", "H100", 8 * GiB)  # no PCI numbers: no field
+    gpus = [SimulatedGpu(rocm, allocator), SimulatedGpu(cuda, allocator)]
+    server = Agent(SimulatedProbe(gpus, hip="7.0.51831"), socket_dir)
+    server.start()
+    try:
+        with AgentClient(server.pid, server.directory, timeout=5.0) as client:
+            hello = client.connect()
+            raw = client.request("hello")
+    finally:
+        server.stop()
+    assert hello.extra["hip"] == "7.0.51831"
+    assert [d.pci_bus_id for d in hello.devices] == ["0000:c1:00.0", None]
+    assert "pci_bus_id" not in raw["devices"][1]
+
+
+# ------------------------------------------------------------------ what the user reads
+
+
+def test_the_expandable_segments_fix_is_spelt_for_rocm_on_rocm() -> None:
+    import dataclasses
+
+    from test_suggestions import device, frag, gpu
+
+    from memtop.diagnosis import suggestions as rules
+
+    cuda = device(fragmentation=frag(0.4, 4 * GiB))
+    (on_cuda,) = rules.expandable_segments(gpu(cuda))
+    (on_rocm,) = rules.expandable_segments(gpu(dataclasses.replace(cuda, hip="7.0.51831")))
+    assert on_cuda.fix == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    assert on_rocm.fix == "PYTORCH_HIP_ALLOC_CONF=expandable_segments:True"
+    assert "expandable_segments not supported on this platform" in on_rocm.detail
+    assert "ROCm" not in on_cuda.detail
+
+
+def test_the_oom_fix_is_spelt_for_rocm_on_rocm() -> None:
+    from test_oom import _marks, _report
+
+    from memtop.oom.diagnose import diagnose
+
+    flat = _marks([10 * GiB] * 20, [30 * GiB] * 20)
+    report = _report(
+        recent=flat,
+        allocated_bytes=int(72.8 * GiB),
+        reserved_bytes=78 * GiB,
+        largest_free_block_bytes=int(1.4 * GiB),
+        free_bytes=int(1.5 * GiB),
+        hip="7.0.51831",
+    )
+    assert diagnose(report)["fix"] == "PYTORCH_HIP_ALLOC_CONF=expandable_segments:True"
+
+
+def test_the_table_and_the_header_say_rocm(
+    rocm: Path, socket_dir: Path, rocm_trainers: tuple[Any, Path, list[int]]
+) -> None:
+    """The dashboard's view-model over a `--once` of trainers on ROCm: the process rows and
+    the detail title say ROCm, the header names the AMD driver."""
+    _, state, _ = rocm_trainers
+    snippet = (
+        "import json, sys\n"
+        "from memtop.cli import _make_sampler, build_parser\n"
+        "from memtop.observation import Observer\n"
+        "from memtop.ui import view\n"
+        "from memtop.ui.screens.detail import _title\n"
+        "from memtop.ui.widgets.process_table import _command\n"
+        "args = build_parser().parse_args(['--socket-dir', sys.argv[1]])\n"
+        "sampler = _make_sampler(args)\n"
+        "sampler.sample_once()\n"
+        "dash = view.build(Observer(sampler.store).latest())\n"
+        "sampler.stop()\n"
+        "rows = [r for r in dash.processes if r.has_agent]\n"
+        "print(json.dumps([dash.source, [_command(r, False) for r in rows],\n"
+        "  [_title(r).plain for r in rows]]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", snippet, str(socket_dir)],
+        env=_env(rocm, state, socket_dir),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    source, commands, titles = json.loads(done.stdout)
+    assert source == "ROCm amdgpu 6.12.12"
+    assert len(commands) == 3
+    assert all(c.startswith("ROCm sim_train.py") for c in commands), commands
+    assert all("· ROCm (HIP 7.0.51831)" in t for t in titles), titles
