@@ -646,3 +646,43 @@ def test_the_table_and_the_header_say_rocm(
     assert len(commands) == 3
     assert all(c.startswith("ROCm sim_train.py") for c in commands), commands
     assert all("· ROCm (HIP 7.0.51831)" in t for t in titles), titles
+
+
+def test_the_exporter_labels_amd_gpus_as_amds_device_metrics_exporter_does(
+    rocm: Path, socket_dir: Path, rocm_trainers: tuple[Any, Path, list[int]]
+) -> None:
+    """gpu_id, gpu_uuid and card_model (ROCm/device-metrics-exporter's GPUMetricLabel) on the
+    GPU and per-process series, beside memtop's DCGM-style labels."""
+    _, state, shuffled = rocm_trainers
+    snippet = (
+        "import sys\n"
+        "from memtop.cli import _make_sampler, build_parser\n"
+        "from memtop.export.metrics import render\n"
+        "from memtop.export.text import exposition\n"
+        "from memtop.observation import Observer\n"
+        "args = build_parser().parse_args(['--socket-dir', sys.argv[1]])\n"
+        "sampler = _make_sampler(args)\n"
+        "sampler.sample_once()\n"
+        "sys.stdout.write(exposition(render(Observer(sampler.store).latest())).decode())\n"
+        "sampler.stop()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", snippet, str(socket_dir)],
+        env=_env(rocm, state, socket_dir),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    used = [line for line in lines if line.startswith("memtop_gpu_memory_used_bytes{")]
+    assert len(used) == 3
+    model = 'card_model="Simulated AMD Instinct MI300X"'
+    for n, line in enumerate(used):
+        assert f'gpu="{n}"' in line and f'gpu_id="{n}"' in line and model in line
+        uuid = line.split('UUID="')[1].split('"')[0]
+        assert f'gpu_uuid="{uuid}"' in line
+    reserved = [line for line in lines if line.startswith("memtop_reserved_bytes{")]
+    assert sorted(line.split('gpu_id="')[1][0] for line in reserved) == sorted(
+        str(g) for g in shuffled
+    )
