@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -686,3 +687,68 @@ def test_the_exporter_labels_amd_gpus_as_amds_device_metrics_exporter_does(
     assert sorted(line.split('gpu_id="')[1][0] for line in reserved) == sorted(
         str(g) for g in shuffled
     )
+
+
+@pytest.mark.parametrize("how", ["owner", "mode"])
+def test_an_amdsmi_package_another_user_controls_is_not_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """`python -m memtop` run as root in a directory others write to: their `amdsmi` there
+    comes first on sys.path, and must not run."""
+    import importlib
+
+    package = tmp_path / "amdsmi"
+    package.mkdir()
+    marker = tmp_path / "imported"
+    (package / "__init__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    if how == "mode":
+        (package / "__init__.py").chmod(0o666)
+    elif os.getuid() == 0:
+        os.chown(package / "__init__.py", 12345, 12345)
+    else:
+        pytest.skip("giving a file to another user needs root")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    reading = AmdSmiSource().read()
+    assert reading.error is not None and reading.error.startswith("amdsmi not loaded: ")
+    assert ("belongs to uid 12345" if how == "owner" else "is writable by others") in reading.error
+    assert not marker.exists()
+
+
+def test_the_dashboard_shows_a_lost_amd_gpu_in_one_line_and_the_rest_reads_on(
+    socket_dir: Path,
+) -> None:
+    """The real dashboard, under its pilot, over the amdsmi source (a fake lib in this process:
+    the real package binds its library once per process): GPU 1 lost, GPU 0 on screen."""
+    import asyncio
+
+    from ui_helpers import screen_text, wait_for
+
+    from memtop.sampler import Sampler
+    from memtop.sources.agents import AgentPool
+    from memtop.store import Store
+    from memtop.ui.app import MemtopApp
+
+    lib = FakeAmdSmi(2)
+    lib.lost.add(1)
+    store = Store()
+    sampler = Sampler(store, AmdSmiSource(lib), AgentPool(socket_dir), interval=0.25)
+    sampler.start()
+    app = MemtopApp(store, sampler, interval=0.25)
+    shown: list[str] = []
+
+    async def main() -> None:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_for(pilot, lambda: "W7900" in screen_text(app.export_screenshot()))
+            await pilot.pause(0.5)
+            shown.append(screen_text(app.export_screenshot()))
+
+    try:
+        asyncio.run(main())
+    finally:
+        sampler.stop()
+    (text,) = shown
+    assert text.count("GPU not found (fallen off the bus or removed?)") == 1, text
+    assert "ROCm amdgpu 6.10.5" in text, text
+    assert "AMD Radeon PRO W7900" in text  # GPU 0's card
+    assert re.search(r"│\s+100 .* 0 +1\.0G ", text), text  # its process, charged 1 GiB

@@ -22,10 +22,13 @@ import importlib
 import importlib.util
 import io
 import logging
+import os
+import stat
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from memtop.model import SOURCE_AMDSMI, DeviceReading, GpuProcess, NvmlReading
@@ -137,8 +140,15 @@ def import_amdsmi() -> Any:
     amdsmi's wrapper loads libamd_smi.so as it is imported; when the library is not there it
     prints two lines to stdout (which would land in `--once --json` or on the dashboard) and
     fails with a KeyError.  Its output is kept from stdout and the failure said in one line."""
-    if importlib.util.find_spec("amdsmi") is None:
+    spec = importlib.util.find_spec("amdsmi")
+    if spec is None or not spec.submodule_search_locations:
         raise _LibraryMissing(NOT_INSTALLED)
+    package = Path(next(iter(spec.submodule_search_locations)))
+    foreign = _foreign(package)
+    if foreign is not None:
+        # `python -m memtop` puts the working directory first on sys.path: as root in a
+        # directory another user writes to, their `amdsmi` would run as root.
+        raise _LibraryMissing(f"amdsmi not loaded: {foreign}")
     said = io.StringIO()
     try:
         with contextlib.redirect_stdout(said):
@@ -150,6 +160,22 @@ def import_amdsmi() -> Any:
         raise _LibraryMissing(
             _one_line(f"amdsmi not available: {LIBRARY_NAME} does not match the package: {exc}")
         ) from None
+
+
+def _foreign(package: Path) -> str | None:
+    """Why the amdsmi package at `package` must not be imported by this user: a file in it that
+    another user owns or may write (None: it is root's or ours, and only its owner writes)."""
+    me = os.getuid()
+    try:
+        for path in (package, *sorted(package.glob("*.py"))[:64]):
+            info = path.stat()
+            if info.st_uid not in (0, me):
+                return f"{path} belongs to uid {info.st_uid}"
+            if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                return f"{path} is writable by others"
+    except OSError as exc:
+        return f"{package}: {exc.strerror or exc}"
+    return None
 
 
 def _text(value: Any) -> str:
@@ -273,6 +299,7 @@ class AmdSmiSource:
                 self._lib.amdsmi_init(flags.INIT_AMD_GPUS)
             else:
                 self._lib.amdsmi_init()
+            self._initialised = True  # from here a failure shuts amdsmi down again
             handles = list(self._lib.amdsmi_get_processor_handles())
         except _LibraryMissing as missing:
             self._missing = str(missing)
@@ -282,7 +309,6 @@ class AmdSmiSource:
             _LOG.debug("amdsmi_init failed: %s", self._init_error)
             self._shutdown()
             return self._init_error
-        self._initialised = True
         self._init_error = None
         self._next_init_at = None
         self._gpus = [_Gpu(index, handle) for index, handle in enumerate(handles)]
