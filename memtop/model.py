@@ -94,6 +94,9 @@ class DeviceReading:
     # "dddd:bb:dd.f", lower case (protocol.canonical_pci_bus_id): what joins an agent's device
     # with the driver's where their UUIDs differ (ROCm).  None: not read.
     pci_bus_id: str | None = None
+    # "amd" for AMD's GPUs (amdsmi, or the demo's simulated MI300Xs): the exporter then adds
+    # AMD's labels.  None: NVIDIA's, or not said.
+    vendor: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -142,6 +142,7 @@ class GpuObservation:
     used_history: tuple[Sequence[float], Sequence[float]] = ((), ())  # times, used bytes
     power_watts: float | None = None
     pci_bus_id: str | None = None  # "dddd:bb:dd.f" where the driver (or the agent) says
+    vendor: str | None = None  # "amd" for AMD's GPUs (DeviceReading.vendor)
 
     @property
     def peak_sum_bytes(self) -> int:
@@ -408,6 +409,7 @@ def _gpus(
                     temperature_c=d.temperature_c,
                     power_watts=d.power_watts,
                     pci_bus_id=d.pci_bus_id,
+                    vendor=d.vendor,
                     source=d.source,
                     error=d.error,
                     processes=d.processes,

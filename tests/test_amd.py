@@ -752,3 +752,58 @@ def test_the_dashboard_shows_a_lost_amd_gpu_in_one_line_and_the_rest_reads_on(
     assert "ROCm amdgpu 6.10.5" in text, text
     assert "AMD Radeon PRO W7900" in text  # GPU 0's card
     assert re.search(r"│\s+100 .* 0 +1\.0G ", text), text  # its process, charged 1 GiB
+
+
+def test_demo_vendor_amd_shows_amd_gpus_joined_by_pci_bus_id(socket_dir: Path) -> None:
+    """`memtop demo --vendor amd` on a machine without ROCm: simulated MI300Xs, trainers on
+    ROCm (HIP UUIDs), joined by PCI bus id in `--once --json` and labelled as AMD's exporter
+    does in `memtop export`'s metrics."""
+    import signal
+
+    env = _env(None, None, socket_dir)
+    command = ["demo", "--vendor", "amd", "--gpus", "2", "--scenario", "healthy", "--no-ui"]
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "memtop", "--socket-dir", str(socket_dir), *command],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert demo.stdout is not None
+        started = demo.stdout.readline()
+        assert "2 simulated trainer(s) (healthy) on 2 simulated GPU(s)" in started, started
+        report = once(None, None, socket_dir)
+        snippet = (
+            "import sys\n"
+            "from memtop.cli import _make_sampler, build_parser\n"
+            "from memtop.export.metrics import render\n"
+            "from memtop.export.text import exposition\n"
+            "from memtop.observation import Observer\n"
+            "sampler = _make_sampler(build_parser().parse_args(['--socket-dir', sys.argv[1]]))\n"
+            "sampler.sample_once()\n"
+            "sys.stdout.write(exposition(render(Observer(sampler.store).latest())).decode())\n"
+            "sampler.stop()\n"
+        )
+        metrics = subprocess.run(
+            [sys.executable, "-c", snippet, str(socket_dir)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    finally:
+        demo.send_signal(signal.SIGTERM)
+        demo.wait(timeout=30)
+    assert report["nvml"]["source"] == "sim"
+    gpus = report["devices"]
+    assert [g["name"] for g in gpus] == ["Simulated AMD Instinct MI300X"] * 2
+    assert [g["pci_bus_id"] for g in gpus] == ["0000:0c:00.0", "0000:22:00.0"]
+    assert report["problems"] == []
+    for agent in report["agents"]:
+        (device,) = agent["devices"]
+        assert agent["hip"] == "7.0.51831"
+        assert device["uuid"] == gpus[device["gpu"]]["uuid"]  # HIP's UUID, joined by bus id
+        assert device["non_pytorch_bytes"] is not None
+    used = [m for m in metrics.splitlines() if m.startswith("memtop_gpu_memory_used_bytes{")]
+    assert len(used) == 2 and all('gpu_id="' in m and "card_model=" in m for m in used)

@@ -6,8 +6,9 @@ prefix, base units (bytes, seconds, ratios 0–1), `_bytes` / `_seconds` suffixe
 counters and no `_created` series.  Labels join with the DCGM exporter's: `hostname` (lower
 case), `UUID`, `gpu` (the driver's number) and `modelName`; the per-process series add `pid`,
 `rank` (RANK, else LOCAL_RANK, of the trainer) and `job` (`--job`, else the trainer command's
-basename).  Where AMD GPUs are in view (amdsmi), the GPU and per-process series also carry
-the labels of AMD's device metrics exporter (ROCm/device-metrics-exporter, GPUMetricLabel):
+basename).  Where AMD GPUs are in view (amdsmi, or `demo --vendor amd`), the GPU and
+per-process series also carry the labels of AMD's device metrics exporter
+(ROCm/device-metrics-exporter, GPUMetricLabel):
 `gpu_id` (amdsmi's GPU number), `gpu_uuid` and `card_model`, empty on an NVIDIA GPU beside them;
 a host without AMD GPUs exports exactly what it did before.
 
@@ -24,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from memtop.export.text import exposition
-from memtop.model import SOURCE_AMDSMI, AgentStatus
+from memtop.model import AgentStatus
 from memtop.observation import AgentDeviceObservation, AgentObservation, Observation
 
 GPU_LABELS = ("hostname", "UUID", "gpu", "modelName")
@@ -114,9 +115,7 @@ def render(
     obs = observation
     # amdsmi numbers its GPUs from 0 (the AMD exporter's gpu_id); memtop's `gpu` counts
     # NVIDIA's first on a mixed box.
-    amd_ids = {
-        g.uuid: str(n) for n, g in enumerate(g for g in obs.gpus if g.source == SOURCE_AMDSMI)
-    }
+    amd_ids = {g.uuid: str(n) for n, g in enumerate(g for g in obs.gpus if g.vendor == "amd")}
     amd_labels = AMD_GPU_LABELS if amd_ids else ()
     gpu_label_names = (*GPU_LABELS, *amd_labels)
     process_label_names = (*gpu_label_names, "pid", "rank", "job")

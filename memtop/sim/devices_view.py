@@ -56,6 +56,7 @@ class SimulatedDeviceSource:
                         temperature_c=temperature,
                         power_watts=power,
                         pci_bus_id=spec.pci_bus_id,
+                        vendor=spec.vendor if spec.vendor != "nvidia" else None,
                     )
                 )
         if not devices:

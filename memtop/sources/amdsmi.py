@@ -72,6 +72,7 @@ _DOWN_CODES = frozenset(
 _ABSENT_CODES = frozenset({_NOT_SUPPORTED, _NOT_YET_IMPLEMENTED, _NO_DATA})
 
 LIBRARY_NAME = "libamd_smi.so"
+VENDOR = "amd"  # DeviceReading.vendor
 _MAX_LINE = 200
 
 _MESSAGES: dict[int, str] = {
@@ -401,6 +402,7 @@ class AmdSmiSource:
             source=SOURCE_AMDSMI,
             error="; ".join(dict.fromkeys(errors)) or None,
             pci_bus_id=gpu.pci_bus_id,
+            vendor=VENDOR,
         )
 
     def _failed(self, gpu: _Gpu, error: str) -> DeviceReading:
@@ -413,6 +415,7 @@ class AmdSmiSource:
             source=SOURCE_AMDSMI,
             error=error,
             pci_bus_id=gpu.pci_bus_id,
+            vendor=VENDOR,
         )
 
     def _identify(self, gpu: _Gpu, errors: list[str]) -> None:
