@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import memtop
+from memtop import protocol
 from memtop.agent.probe import ProbeDevice, allocator_conf_from_env
 from memtop.sim.allocator import SimulatedCachingAllocator
 from memtop.sim.device import SimGpuRegistry
@@ -43,7 +44,8 @@ def physical_gpu(visible_index: int, vendor: str, env: dict[str, str]) -> int | 
         text = env.get(name)
         if text is None:
             continue
-        chosen = [int(part) for part in text.split(",") if part.strip().isdigit()]
+        numbers = (protocol.decimal(part.strip()) for part in text.split(","))
+        chosen = [n for n in numbers if n is not None]  # UUIDs in the list: not simulated
         indices = chosen if indices is None else [indices[i] for i in chosen if i < len(indices)]
     if indices is None:
         return visible_index
