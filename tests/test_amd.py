@@ -807,3 +807,14 @@ def test_demo_vendor_amd_shows_amd_gpus_joined_by_pci_bus_id(socket_dir: Path) -
         assert device["non_pytorch_bytes"] is not None
     used = [m for m in metrics.splitlines() if m.startswith("memtop_gpu_memory_used_bytes{")]
     assert len(used) == 2 and all('gpu_id="' in m and "card_model=" in m for m in used)
+
+
+def test_the_allocator_options_of_a_rocm_trainer_include_the_hip_name() -> None:
+    from memtop.agent.probe import allocator_conf_from_env
+
+    hip = {"PYTORCH_HIP_ALLOC_CONF": "expandable_segments:True"}
+    assert allocator_conf_from_env(hip) == "expandable_segments:True"
+    # torch reads the HIP name only when the others are unset.
+    both = {**hip, "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"}
+    assert allocator_conf_from_env(both) == "max_split_size_mb:64"
+    assert allocator_conf_from_env({}) == ""
