@@ -818,3 +818,15 @@ def test_the_allocator_options_of_a_rocm_trainer_include_the_hip_name() -> None:
     both = {**hip, "PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"}
     assert allocator_conf_from_env(both) == "max_split_size_mb:64"
     assert allocator_conf_from_env({}) == ""
+
+
+def test_nvml_gives_the_pci_bus_id_too_so_the_join_has_its_second_key_on_nvidia() -> None:
+    from fake_nvml import FakeDevice, FakeNvml
+
+    from memtop.sources.nvml import NvmlSource
+
+    fake = FakeNvml([FakeDevice(bus_id="00000000:3B:00.0"), FakeDevice(bus_id=None)])
+    first, second = NvmlSource(fake).read().devices
+    assert first.pci_bus_id == "0000:3b:00.0"
+    assert second.pci_bus_id is None and second.error is None  # not supported: silently
+    assert NvmlSource(fake).read().devices[0].pci_bus_id == "0000:3b:00.0"
