@@ -81,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="workload the simulated trainers run (default mixed)",
     )
     demo.add_argument("--step-time", type=_positive_float, default=0.1, help="seconds per step")
+    demo.add_argument(
+        "--vendor",
+        choices=["nvidia", "amd"],
+        default="nvidia",
+        help="simulate NVIDIA H100s (default) or AMD MI300Xs with trainers on ROCm",
+    )
     demo.add_argument("--no-ui", action="store_true", help="only run the trainers until Ctrl-C")
     demo.add_argument("--interval", type=_positive_float, default=None, help=argparse.SUPPRESS)
     demo.add_argument("--only", type=_gpu_list, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
@@ -397,7 +403,12 @@ def _demo(args: argparse.Namespace) -> int:
     dashboard = not args.no_ui and _on_a_terminal()
     try:
         demo = Demo(
-            gpus, args.scenario, args.step_time, socket_dir=args.socket_dir, log_messages=dashboard
+            gpus,
+            args.scenario,
+            args.step_time,
+            socket_dir=args.socket_dir,
+            log_messages=dashboard,
+            vendor=args.vendor,
         )
     except ValueError as exc:
         raise CliError(str(exc)) from None

@@ -14,6 +14,7 @@ from typing import Any
 # Where a device reading came from: the driver (NVML), a simulated GPU of `memtop demo`, or,
 # with neither, what an agent reported through torch.cuda.mem_get_info.
 SOURCE_NVML = "nvml"
+SOURCE_AMDSMI = "amdsmi"  # AMD GPUs through AMD's own library (ROCm), memtop.sources.amdsmi
 SOURCE_SIM = "sim"
 SOURCE_AGENT = "agent"
 
@@ -90,17 +91,28 @@ class DeviceReading:
     # Fields that could not be read are None; the others are still valid.
     error: str | None = None
     power_watts: float | None = None  # board power draw (nvmlDeviceGetPowerUsage)
+    # "dddd:bb:dd.f", lower case (protocol.canonical_pci_bus_id): what joins an agent's device
+    # with the driver's where their UUIDs differ (ROCm).  None: not read.
+    pci_bus_id: str | None = None
+    # "amd" for AMD's GPUs (amdsmi, or the demo's simulated MI300Xs): the exporter then adds
+    # AMD's labels.  None: NVIDIA's, or not said.
+    vendor: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class NvmlReading:
-    """One poll of the driver: every device, or why there are none."""
+    """One poll of the driver: every device, or why there are none.  (Named for NVML, the first
+    driver memtop read; AMD's amdsmi and the simulator give the same: see `DriverReading`.)"""
 
     available: bool
     devices: tuple[DeviceReading, ...] = ()
     driver_version: str | None = None
     error: str | None = None
     source: str = SOURCE_NVML
+
+
+# The vendor-neutral name of a driver poll (NVML, amdsmi or the simulator).
+DriverReading = NvmlReading
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,6 +123,9 @@ class AgentDevice:
     uuid: str
     name: str
     total_bytes: int
+    # The device's PCI address as torch reports it (canonical form), where it does: on ROCm the
+    # agent's UUID is not the driver's, and this is what joins them.
+    pci_bus_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

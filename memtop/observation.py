@@ -2,7 +2,8 @@
 
 `Observer.latest()` reads the store once per store generation and builds one immutable
 `Observation`: every GPU with the processes the driver lists on it and the agent devices on it
-(joined by GPU UUID, never by index: CUDA_VISIBLE_DEVICES renumbers), every agent with each of
+(joined by GPU UUID, else by PCI bus id, never by index: CUDA_VISIBLE_DEVICES and
+HIP_VISIBLE_DEVICES renumber, and on ROCm torch's UUID is not amdsmi's), every agent with each of
 its devices' metrics, the history windows the screens draw, the diagnosis and the suggestions.
 The dashboard, the detail screen, `--once` (text and JSON) and any exporter only render it.
 
@@ -113,6 +114,13 @@ class AgentObservation:
     def allocator_conf(self) -> str:
         return self.hello.allocator_conf if self.hello is not None else ""
 
+    @property
+    def hip(self) -> str | None:
+        """The HIP version of the trainer's torch when it is a ROCm build (torch.version.hip, in
+        the hello since AMD support); None on CUDA, or from an older agent."""
+        value = self.hello.extra.get("hip") if self.hello is not None else None
+        return value if isinstance(value, str) and value else None
+
 
 @dataclass(frozen=True, slots=True)
 class GpuObservation:
@@ -133,6 +141,8 @@ class GpuObservation:
     agents: tuple[AgentDeviceObservation, ...]
     used_history: tuple[Sequence[float], Sequence[float]] = ((), ())  # times, used bytes
     power_watts: float | None = None
+    pci_bus_id: str | None = None  # "dddd:bb:dd.f" where the driver (or the agent) says
+    vendor: str | None = None  # "amd" for AMD's GPUs (DeviceReading.vendor)
 
     @property
     def peak_sum_bytes(self) -> int:
@@ -250,6 +260,7 @@ class Observer:
         driver = reading.available and reading.source != SOURCE_AGENT
         # The driver's number and per-process charge of each GPU, by UUID.
         gpu_number = {d.uuid: d.index for d in reading.devices} if reading.available else {}
+        driver_uuid = _driver_uuids(reading if driver else None)
         charged: dict[tuple[int, str], int | None] = {}
         if driver:
             for d in reading.devices:
@@ -258,17 +269,20 @@ class Observer:
 
         agents = []
         for view in views:
-            devices = tuple(
-                _agent_device(
-                    store,
-                    view,
-                    dev,
-                    gpu_number.get(dev.uuid, dev.index),
-                    charged.get((view.pid, dev.uuid)),
-                    diagnosed[(view.pid, dev.index)],
+            devices = []
+            for dev in view.devices:
+                uuid = driver_uuid(view, dev)
+                devices.append(
+                    _agent_device(
+                        store,
+                        view,
+                        dev,
+                        uuid,
+                        gpu_number.get(uuid, dev.index),
+                        charged.get((view.pid, uuid)),
+                        diagnosed[(view.pid, dev.index)],
+                    )
                 )
-                for dev in view.devices
-            )
             agents.append(
                 AgentObservation(
                     pid=view.pid,
@@ -276,7 +290,7 @@ class Observer:
                     error=view.error,
                     hello=view.hello,
                     step=view.step,
-                    devices=devices,
+                    devices=tuple(devices),
                     info=infos.get(view.pid),
                 )
             )
@@ -309,10 +323,32 @@ class Observer:
         )
 
 
+def _driver_uuids(
+    reading: NvmlReading | None,
+) -> Callable[[AgentView, AgentDeviceView], str]:
+    """The GPU an agent's device is, as the driver's UUID: the agent's own UUID when the
+    driver lists it (CUDA), else the driver's GPU at the PCI bus id the agent's hello gave (on
+    ROCm torch's UUID is HIP's, not amdsmi's), else the agent's UUID as it is (no driver, or
+    a GPU the driver does not list)."""
+    listed = {d.uuid for d in reading.devices} if reading is not None else set()
+    by_bus = {d.pci_bus_id: d.uuid for d in (reading.devices if reading else ()) if d.pci_bus_id}
+
+    def resolve(agent: AgentView, dev: AgentDeviceView) -> str:
+        if dev.uuid in listed or not by_bus or agent.hello is None:
+            return dev.uuid
+        declared = next((d for d in agent.hello.devices if d.index == dev.index), None)
+        if declared is None or declared.pci_bus_id is None:
+            return dev.uuid
+        return by_bus.get(declared.pci_bus_id, dev.uuid)
+
+    return resolve
+
+
 def _agent_device(
     store: Store,
     agent: AgentView,
     dev: AgentDeviceView,
+    uuid: str,
     gpu: int,
     nvml_used: int | None,
     diagnosis: DeviceDiagnosis,
@@ -336,7 +372,7 @@ def _agent_device(
     return AgentDeviceObservation(
         pid=agent.pid,
         index=dev.index,
-        uuid=dev.uuid,
+        uuid=uuid,
         name=dev.name,
         gpu=gpu,
         sample=dev.latest,
@@ -372,6 +408,8 @@ def _gpus(
                     utilization_percent=d.utilization_percent,
                     temperature_c=d.temperature_c,
                     power_watts=d.power_watts,
+                    pci_bus_id=d.pci_bus_id,
+                    vendor=d.vendor,
                     source=d.source,
                     error=d.error,
                     processes=d.processes,

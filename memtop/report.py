@@ -51,6 +51,7 @@ def _device(gpu: GpuObservation) -> dict[str, Any]:
         "temperature_c": gpu.temperature_c,
         "source": gpu.source,
         "error": gpu.error,
+        "pci_bus_id": gpu.pci_bus_id,
         "processes": [
             {"pid": p.pid, "used_bytes": p.used_bytes, "kind": p.kind} for p in gpu.processes
         ],
@@ -112,6 +113,7 @@ def _agent(agent: AgentObservation) -> dict[str, Any]:
         "argv": list(agent.argv),
         "python": hello.python if hello else None,
         "torch": hello.torch if hello else None,
+        "hip": agent.hip,  # the ROCm build's HIP version; null on CUDA
         "allocator_conf": hello.allocator_conf if hello else None,
         "step": agent.step,
         "devices": devices,

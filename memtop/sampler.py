@@ -169,10 +169,13 @@ class Sampler:
             self.store.note("the GPU driver is not answering: showing its last reading")
         known = None
         if reading.available and reading.source != SOURCE_AGENT:
+            # By UUID, and by PCI bus id for the agents whose UUID is not the driver's (ROCm).
             known = {
-                d.uuid: d.total_bytes
+                key: d.total_bytes
                 for d in reading.devices
-                if d.uuid and d.total_bytes is not None
+                if d.total_bytes is not None
+                for key in (d.uuid, d.pci_bus_id)
+                if key
             }
         remaining = max(0.05, budget - (time.monotonic() - started))
         polls = self.agents.poll(known, budget=remaining)

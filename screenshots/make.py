@@ -45,7 +45,11 @@ SHOTS = (
     ("monochrome", "mixed", 2, 40, ("theme:monochrome",)),
     ("help", "mixed", 2, 5, ("question_mark",)),
     ("kill-dialog", "mixed", 2, 10, ("leak-row", "k")),
+    # AMD GPUs: `memtop demo --vendor amd` (simulated MI300Xs, trainers on ROCm).
+    ("amd", "mixed", 2, 40, ()),
 )
+# Shots of another vendor's simulated GPUs than NVIDIA's (Demo's `vendor`).
+VENDORS = {"amd": "amd"}
 
 
 async def shoot(name: str, socket_dir: Path, seconds: float, keys: tuple[str, ...], size) -> Path:  # type: ignore[no-untyped-def]
@@ -107,7 +111,8 @@ def main() -> None:
         socket_dir.chmod(0o700)
         started = time.monotonic()
         try:
-            with Demo(gpus, scenario, step_time=0.1, socket_dir=socket_dir) as demo:
+            vendor = VENDORS.get(name, "nvidia")
+            with Demo(gpus, scenario, 0.1, socket_dir=socket_dir, vendor=vendor) as demo:
                 if not demo.wait_ready():
                     raise SystemExit(f"{name}: simulated trainers failed to start")
                 png = asyncio.run(shoot(name, socket_dir, seconds, keys, size))

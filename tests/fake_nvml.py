@@ -41,6 +41,8 @@ class FakeDevice:
     temperature: int | None = 40  # None: NotSupported
     # Whether the driver has nvmlDeviceGetMemoryInfo_v2 for this device.
     memory_v2: bool = True
+    # nvmlPciInfo_t.busId as NVML writes it; None: nvmlDeviceGetPciInfo is NotSupported.
+    bus_id: str | None = "00000000:3B:00.0"
 
     @property
     def free(self) -> int:
@@ -205,6 +207,12 @@ class FakeNvml:
 
     def nvmlDeviceGetName(self, handle: Any) -> str | bytes:
         return self._string(self._device("nvmlDeviceGetName", handle).name)
+
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> SimpleNamespace:
+        device = self._device("nvmlDeviceGetPciInfo", handle)
+        if device.bus_id is None:
+            raise pynvml.NVMLError_NotSupported()
+        return SimpleNamespace(busId=self._string(device.bus_id))
 
     def nvmlDeviceGetMemoryInfo(self, handle: Any, version: int | None = None) -> SimpleNamespace:
         if version is not None and not self.binding_has_memory_v2:

@@ -18,7 +18,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any
 
-from memtop.agent.probe import Breakdown, ProbeDevice, StepCallback
+from memtop.agent.probe import Breakdown, ProbeDevice, StepCallback, allocator_conf_from_env
 
 if TYPE_CHECKING:
     from memtop.agent.torch_probe import TorchProbe
@@ -79,8 +79,12 @@ class LazyTorchProbe:
         if real:
             return real.allocator_conf()
         # The same variables TorchProbe reads; they need no torch.
-        env = os.environ
-        return env.get("PYTORCH_CUDA_ALLOC_CONF") or env.get("PYTORCH_ALLOC_CONF") or ""
+        return allocator_conf_from_env(os.environ)
+
+    def hip_version(self) -> str | None:
+        real = self.real()
+        hip = getattr(real, "hip_version", None) if real else None
+        return hip() if hip is not None else None
 
     def devices(self) -> list[ProbeDevice]:
         real = self.real()

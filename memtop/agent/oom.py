@@ -176,6 +176,8 @@ class OomRecorder:
                 {"time": t, "step": s, "phase": p} for t, s, p in list(boundary.phase_changes)[-8:]
             ],
             "allocator_conf": _safe(probe.allocator_conf, ""),
+            # torch.version.hip on a ROCm build: the fix is spelt for ROCm (optional in a Probe).
+            "hip": _safe(getattr(probe, "hip_version", lambda: None), None),
             "ooms_in_process": self.ooms,
             "ooms_without_report": self.suppressed,
             "auto_cleanups": list(self.cleanups),

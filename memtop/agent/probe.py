@@ -7,7 +7,7 @@ allocator for `memtop demo` and the tests.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -20,6 +20,21 @@ class ProbeDevice:
     uuid: str
     name: str
     total_bytes: int
+    # protocol.canonical_pci_bus_id form, where torch gives the numbers: on ROCm the viewer joins
+    # the device with amdsmi's by it (torch's UUID there is HIP's, not the driver's).
+    pci_bus_id: str | None = None
+
+
+# The variables torch's caching allocator reads its options from.  PYTORCH_HIP_ALLOC_CONF is
+# the ROCm spelling: torch's ROCm builds read it when the others are unset (c10/core/
+# AllocatorConfig.cpp, AcceleratorAllocatorConfig::instance; before 2.9 c10/cuda/
+# CUDAAllocatorConfig.h under USE_ROCM).
+ALLOC_CONF_VARIABLES = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "PYTORCH_HIP_ALLOC_CONF")
+
+
+def allocator_conf_from_env(env: Mapping[str, str]) -> str:
+    """The allocator options of a process with environment `env` (the first variable set)."""
+    return next((env[name] for name in ALLOC_CONF_VARIABLES if env.get(name)), "")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +83,9 @@ class Probe(Protocol):
     - *trainer's thread only*: everything else (`mem_get_info`, `empty_cache`, `snapshot`,
       `breakdown`, `is_capturing`).  The agent runs them from the step boundary.
     None may create a CUDA context on a device the trainer has not used.
+
+    Optional, asked with getattr (a probe without it is taken to run on CUDA):
+    `hip_version() -> str | None`, any thread: torch.version.hip, set on a ROCm build.
     """
 
     def torch_version(self) -> str | None:

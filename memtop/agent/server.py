@@ -762,10 +762,9 @@ class Agent:
             "python": platform.python_version(),
             "torch": self.probe.torch_version(),
             "allocator_conf": self.probe.allocator_conf(),
-            "devices": [
-                {"index": d.index, "uuid": d.uuid, "name": d.name, "total_bytes": d.total_bytes}
-                for d in self._devices()
-            ],
+            "devices": [_hello_device(d) for d in self._devices()],
+            # torch.version.hip: the trainer runs on ROCm (AMD GPUs); None on CUDA.
+            "hip": self._hip_version(),
             "agent_version": __version__,
             "started": self.started_at,
             "step": self.boundary.step,
@@ -775,6 +774,14 @@ class Agent:
             "local_rank": self.local_rank,
             "world_size": self.world_size,
         }
+
+    def _hip_version(self) -> str | None:
+        hip = getattr(self.probe, "hip_version", None)  # optional in a Probe
+        try:
+            version = hip() if hip is not None else None
+        except Exception:
+            return None
+        return version if isinstance(version, str) else None
 
     def _devices(self) -> list[ProbeDevice]:
         """The devices the trainer uses.  Once it steps, the list read on its own thread at a
@@ -1098,3 +1105,17 @@ def _pending_breakdown() -> dict[str, Any]:
 def _env_int(name: str) -> int | None:
     text = os.environ.get(name, "")
     return protocol.decimal(text.strip())  # "²" would raise into the trainer at start
+
+
+def _hello_device(device: ProbeDevice) -> dict[str, Any]:
+    """One device of the hello.  `pci_bus_id` only where the probe knows it (the wire schema
+    grows: a viewer before AMD support ignores it)."""
+    entry: dict[str, Any] = {
+        "index": device.index,
+        "uuid": device.uuid,
+        "name": device.name,
+        "total_bytes": device.total_bytes,
+    }
+    if device.pci_bus_id is not None:
+        entry["pci_bus_id"] = device.pci_bus_id
+    return entry

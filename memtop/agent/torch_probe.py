@@ -19,7 +19,14 @@ from typing import Any
 
 import torch
 
-from memtop.agent.probe import SAMPLE_STAT_KEYS, Breakdown, ProbeDevice, StepCallback
+from memtop import protocol
+from memtop.agent.probe import (
+    SAMPLE_STAT_KEYS,
+    Breakdown,
+    ProbeDevice,
+    StepCallback,
+    allocator_conf_from_env,
+)
 
 _register_step_post_hook: Callable[..., Any] | None
 _register_step_pre_hook: Callable[..., Any] | None
@@ -169,7 +176,18 @@ def count_optimizer_memory(
 
 
 def _allocator_conf() -> str:
-    return os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF") or ""
+    return allocator_conf_from_env(os.environ)
+
+
+def _pci_bus_id(props: Any) -> str | None:
+    """The device's PCI address from torch's properties (pci_domain_id, pci_bus_id,
+    pci_device_id: CUDA and ROCm builds of torch >= 2.3 have them), None without them."""
+    names = ("pci_domain_id", "pci_bus_id", "pci_device_id")
+    numbers = [getattr(props, name, None) for name in names]
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers):
+        return None
+    domain, bus, device = (int(n) for n in numbers if n is not None)
+    return protocol.pci_bus_id_of(domain, bus, device)
 
 
 # The nested path of each SAMPLE_STAT_KEYS key in torch._C._cuda_memoryStats()'s dict.
@@ -210,6 +228,10 @@ class TorchProbe:
     def allocator_conf(self) -> str:
         return _allocator_conf()
 
+    def hip_version(self) -> str | None:
+        hip = getattr(torch.version, "hip", None)
+        return str(hip) if hip else None
+
     def _used_indices(self) -> list[int]:
         # is_initialized() first: is_available() would call cudaGetDeviceCount, initialising
         # the CUDA driver in a trainer that has not (yet) touched CUDA itself.
@@ -231,7 +253,9 @@ class TorchProbe:
                 uuid = str(getattr(props, "uuid", "") or "")
                 if uuid and not uuid.startswith(("GPU-", "MIG-")):
                     uuid = f"GPU-{uuid}"
-                device = ProbeDevice(index, uuid, str(props.name), int(props.total_memory))
+                device = ProbeDevice(
+                    index, uuid, str(props.name), int(props.total_memory), _pci_bus_id(props)
+                )
                 self._device_cache[index] = device
             found.append(device)
         return found

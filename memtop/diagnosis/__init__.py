@@ -132,9 +132,15 @@ class Diagnoser:
             ),
             breakdown=(agent.breakdown or {}).get(dev.index),
             allocator_conf=agent.hello.allocator_conf if agent.hello else "",
+            hip=_hip(agent.hello.extra.get("hip") if agent.hello else None),
             last_oom=(
                 dict(agent.last_oom)
                 if agent.last_oom is not None and agent.last_oom.get("device") == dev.index
                 else None
             ),
         )
+
+
+def _hip(value: object) -> str | None:
+    """The hello's `hip` (torch.version.hip) when it is one."""
+    return value if isinstance(value, str) and value else None

@@ -31,6 +31,8 @@ class DeviceDiagnosis:
     # The newest OOM report of this process on this device (its headline and diagnosis, as
     # the agent's sample carries it), None without one.
     last_oom: dict[str, Any] | None = None
+    # torch.version.hip of the trainer: a ROCm build (AMD GPUs), whose fixes are spelt for ROCm.
+    hip: str | None = None
 
     @property
     def transient_bytes(self) -> int | None:

@@ -243,6 +243,23 @@ def expandable_segments_vetoed(agent: DeviceDiagnosis) -> str | None:
     return None
 
 
+# On ROCm: torch's ROCm builds read PYTORCH_HIP_ALLOC_CONF (after PYTORCH_ALLOC_CONF and
+# PYTORCH_CUDA_ALLOC_CONF, which win when set: c10/core/AllocatorConfig.cpp since torch 2.9,
+# c10/cuda/CUDAAllocatorConfig.h under USE_ROCM before), and whether expandable segments are
+# honoured is decided when torch is built (PYTORCH_C10_DRIVER_API_SUPPORTED): a build without
+# them warns "expandable_segments not supported on this platform" and ignores the option.
+ROCM_EXPANDABLE_SEGMENTS = (
+    " On ROCm, torch reads PYTORCH_HIP_ALLOC_CONF unless PYTORCH_ALLOC_CONF or "
+    "PYTORCH_CUDA_ALLOC_CONF is set; a ROCm build without expandable segments warns "
+    '"expandable_segments not supported on this platform" and ignores it.'
+)
+
+
+def alloc_conf_variable(agent: DeviceDiagnosis) -> str:
+    """The variable a fix to the allocator's options sets: ROCm's spelling on ROCm."""
+    return "PYTORCH_HIP_ALLOC_CONF" if agent.hip is not None else "PYTORCH_CUDA_ALLOC_CONF"
+
+
 def expandable_segments(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable[Suggestion]:
     """Split segments or allocator retries → expandable_segments:True (not if already set)."""
     for agent in gpu.agents:
@@ -269,6 +286,13 @@ def expandable_segments(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> I
         options = parse_allocator_conf(conf)
         options["expandable_segments"] = "True"
         value = ",".join(f"{k}:{v}" for k, v in options.items())
+        detail = (
+            "Freed blocks inside partly used segments cannot serve larger requests. "
+            "Expandable segments grow one mapping per stream instead, so that space "
+            "becomes usable; set it in the trainer's environment and restart it."
+        )
+        if agent.hip is not None:
+            detail += ROCM_EXPANDABLE_SEGMENTS
         yield Suggestion(
             rule="expandable_segments",
             severity=severity,
@@ -279,13 +303,9 @@ def expandable_segments(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> I
                 if retries > 0
                 else f"Fragmentation {frag.gauge_smoothed:.2f}: use expandable segments"
             ),
-            detail=(
-                "Freed blocks inside partly used segments cannot serve larger requests. "
-                "Expandable segments grow one mapping per stream instead, so that space "
-                "becomes usable; set it in the trainer's environment and restart it."
-            ),
+            detail=detail,
             evidence="; ".join(evidence),
-            fix=f"PYTORCH_CUDA_ALLOC_CONF={value}",
+            fix=f"{alloc_conf_variable(agent)}={value}",
             effect_bytes=frag.inactive_split_bytes,
         )
 

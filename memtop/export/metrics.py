@@ -6,7 +6,11 @@ prefix, base units (bytes, seconds, ratios 0–1), `_bytes` / `_seconds` suffixe
 counters and no `_created` series.  Labels join with the DCGM exporter's: `hostname` (lower
 case), `UUID`, `gpu` (the driver's number) and `modelName`; the per-process series add `pid`,
 `rank` (RANK, else LOCAL_RANK, of the trainer) and `job` (`--job`, else the trainer command's
-basename).
+basename).  Where AMD GPUs are in view (amdsmi, or `demo --vendor amd`), the GPU and
+per-process series also carry the labels of AMD's device metrics exporter
+(ROCm/device-metrics-exporter, GPUMetricLabel):
+`gpu_id` (amdsmi's GPU number), `gpu_uuid` and `card_model`, empty on an NVIDIA GPU beside them;
+a host without AMD GPUs exports exactly what it did before.
 
 `memtop.fleet` reads these names back from Prometheus: change both together.
 """
@@ -26,6 +30,7 @@ from memtop.observation import AgentDeviceObservation, AgentObservation, Observa
 
 GPU_LABELS = ("hostname", "UUID", "gpu", "modelName")
 PROCESS_LABELS = (*GPU_LABELS, "pid", "rank", "job")
+AMD_GPU_LABELS = ("gpu_id", "gpu_uuid", "card_model")
 AGENT_LABELS = ("hostname", "pid", "rank", "job")
 INFO_LABELS = (*AGENT_LABELS, "state", "command", "python", "torch", "allocator_conf")
 BREAKDOWN_PARTS = ("parameters", "gradients", "optimizer_state", "other")
@@ -108,6 +113,19 @@ def render(
     """Every metric family of one observation."""
     host = hostname(host or observation.host)
     obs = observation
+    # amdsmi numbers its GPUs from 0 (the AMD exporter's gpu_id); memtop's `gpu` counts
+    # NVIDIA's first on a mixed box.
+    amd_ids = {g.uuid: str(n) for n, g in enumerate(g for g in obs.gpus if g.vendor == "amd")}
+    amd_labels = AMD_GPU_LABELS if amd_ids else ()
+    gpu_label_names = (*GPU_LABELS, *amd_labels)
+    process_label_names = (*gpu_label_names, "pid", "rank", "job")
+
+    def gpu_labels(uuid: str, index: int, name: str) -> list[str]:
+        values = [host, uuid, str(index), name]
+        if amd_ids:
+            amd_id = amd_ids.get(uuid)
+            values += [amd_id, uuid, name] if amd_id is not None else ["", "", ""]
+        return values
 
     def gauge(name: str, text: str, labels: tuple[str, ...]) -> GaugeMetricFamily:
         return GaugeMetricFamily(name, text, labels=labels)
@@ -122,22 +140,22 @@ def render(
     gpu_used = gauge(
         "memtop_gpu_memory_used_bytes",
         "Device memory in use (NVML, or the agents' mem_get_info).",
-        GPU_LABELS,
+        gpu_label_names,
     )
-    gpu_total = gauge("memtop_gpu_memory_total_bytes", "Device memory in all.", GPU_LABELS)
-    gpu_free = gauge("memtop_gpu_memory_free_bytes", "Device memory free.", GPU_LABELS)
+    gpu_total = gauge("memtop_gpu_memory_total_bytes", "Device memory in all.", gpu_label_names)
+    gpu_free = gauge("memtop_gpu_memory_free_bytes", "Device memory free.", gpu_label_names)
     gpu_processes = gauge(
         "memtop_gpu_process_used_bytes",
         "Device memory the driver charges one process (NVML per-process used).",
-        (*GPU_LABELS, "pid"),
+        (*gpu_label_names, "pid"),
     )
     gpu_info = gauge(
         "memtop_gpu_info",
         "One per GPU in view: where its numbers come from.",
-        (*GPU_LABELS, "source"),
+        (*gpu_label_names, "source"),
     )
     for gpu in obs.gpus:
-        labels = [host, gpu.uuid, str(gpu.index), gpu.name]
+        labels = gpu_labels(gpu.uuid, gpu.index, gpu.name)
         gpu_info.add_metric([*labels, gpu.source], 1)
         if gpu.used_bytes is not None:
             gpu_used.add_metric(labels, gpu.used_bytes)
@@ -247,18 +265,20 @@ def render(
             "Steps until the device is full at the leak's rate (only while a leak is detected).",
         ),
     }
-    families = {key: gauge(name, text, PROCESS_LABELS) for key, (name, text) in names.items()}
+    families = {key: gauge(name, text, process_label_names) for key, (name, text) in names.items()}
     breakdown = gauge(
         "memtop_breakdown_bytes",
         "Allocated bytes by role: parameters, gradients, optimizer state, other (activations).",
-        (*PROCESS_LABELS, "part"),
+        (*process_label_names, "part"),
     )
     retries = counter(
         "memtop_alloc_retries",
         "torch num_alloc_retries: free-the-cache-and-retry rounds.",
-        PROCESS_LABELS,
+        process_label_names,
     )
-    ooms = counter("memtop_ooms", "torch num_ooms: out-of-memory errors raised.", PROCESS_LABELS)
+    ooms = counter(
+        "memtop_ooms", "torch num_ooms: out-of-memory errors raised.", process_label_names
+    )
 
     for agent in obs.agents:
         rank = rank_of(agent)
@@ -280,7 +300,7 @@ def render(
         if agent.status != AgentStatus.CONNECTED:
             continue  # an exited or hung agent's last numbers are not the present
         for dev in agent.devices:
-            labels = [host, dev.uuid, str(dev.gpu), dev.name, str(agent.pid), rank, agent_job]
+            labels = [*gpu_labels(dev.uuid, dev.gpu, dev.name), str(agent.pid), rank, agent_job]
             for key, value in _device_values(dev):
                 if value is not None:
                     families[key].add_metric(labels, value)

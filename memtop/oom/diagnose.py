@@ -189,6 +189,8 @@ def diagnose(report: dict[str, Any]) -> dict[str, Any]:
     cached = reserved - allocated
     if largest is not None and cached >= requested > largest:
         expandable = "expandable_segments:true" in conf.replace(" ", "").lower()
+        # ROCm builds of torch read PYTORCH_HIP_ALLOC_CONF (diagnosis.suggestions says when).
+        variable = "PYTORCH_HIP_ALLOC_CONF" if report.get("hip") else "PYTORCH_CUDA_ALLOC_CONF"
         found.append(
             {
                 "cause": "fragmentation",
@@ -200,7 +202,7 @@ def diagnose(report: dict[str, Any]) -> dict[str, Any]:
                     "already on expandable segments: free long-lived tensors allocated "
                     "between activations, or pad variable shapes to a few sizes"
                     if expandable
-                    else "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+                    else f"{variable}=expandable_segments:True"
                 ),
                 "cached_free_bytes": cached,
             }

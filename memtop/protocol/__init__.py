@@ -239,6 +239,31 @@ def _clean_str(text: str) -> str:
     return clean_text(text)
 
 
+# A PCI address: [domain:]bus:device[.function], hexadecimal.
+_PCI_BUS_ID = re.compile(
+    r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})(?:\.([0-7]))?", re.ASCII
+)
+
+
+def canonical_pci_bus_id(text: object) -> str | None:
+    """A PCI address the way memtop compares them, "dddd:bb:dd.f" in lower case; None for
+    anything that is not one.  NVML writes "00000000:3B:00.0", amdsmi "0000:c1:00.0", torch
+    gives numbers (pci_bus_id_of): one form, so that a driver's device and an agent's meet."""
+    if not isinstance(text, str) or len(text) > 32:
+        return None
+    match = _PCI_BUS_ID.fullmatch(text.strip())
+    if match is None:
+        return None
+    domain, bus, device, function = match.groups()
+    return pci_bus_id_of(int(domain or "0", 16), int(bus, 16), int(device, 16), int(function or 0))
+
+
+def pci_bus_id_of(domain: int, bus: int, device: int, function: int = 0) -> str:
+    """The canonical address of these numbers (torch's pci_domain_id, pci_bus_id, pci_device_id;
+    it gives no function number: a GPU is function 0)."""
+    return f"{domain:04x}:{bus:02x}:{device:02x}.{function:x}"
+
+
 _SCALARS = frozenset({int, float, bool, type(None)})  # nothing in them to clean
 
 
@@ -354,6 +379,9 @@ def parse_hello(result: Mapping[str, Any]) -> AgentHello:
                 uuid=clean_text(_require(raw, "uuid", str, "hello device"), 96),
                 name=clean_text(_require(raw, "name", str, "hello device"), 96),
                 total_bytes=_count(raw, "total_bytes", "hello device"),
+                # Optional (an agent before 0.x, or torch without PCI numbers, leaves it out);
+                # anything but an address is ignored rather than refused.
+                pci_bus_id=canonical_pci_bus_id(raw.get("pci_bus_id")),
             )
         )
     known = {"protocol", "pid", "argv", "python", "torch", "allocator_conf", "devices"}

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memtop import protocol
-from memtop.sim.device import SimGpuRegistry, simulated_gpu_specs
+from memtop.sim.device import VENDORS, SimGpuRegistry, simulated_gpu_specs
 from memtop.sim.scenarios import SCENARIOS
 
 DEMO_SCENARIOS = (*SCENARIOS, "mixed")
@@ -118,19 +118,28 @@ class Demo:
         gpus: int = 1,
         scenario: str = "mixed",
         step_time: float = 0.1,
-        total_bytes: int = 80 * GiB,
+        total_bytes: int | None = None,
         socket_dir: Path | None = None,
         extra_env: dict[str, str] | None = None,
         log_messages: bool = False,
+        vendor: str = "nvidia",
     ) -> None:
         """`log_messages`: the trainers' messages (OOMs, restarts) go to a log file (`log_path`;
-        on a dashboard's terminal they would be drawn over it), not to this process's stderr."""
+        on a dashboard's terminal they would be drawn over it), not to this process's stderr.
+        `vendor`: "amd" simulates MI300X GPUs (192 GiB) and trainers on ROCm: amdsmi's UUIDs
+        for the GPUs, HIP's in the trainers' hellos, so the viewer joins them by PCI bus id.
+        `total_bytes`: each GPU's memory (default: 80 GiB, an H100; 192 GiB, an MI300X)."""
         if scenario not in DEMO_SCENARIOS:
             raise ValueError(
                 f"unknown scenario {scenario!r}; choose from {', '.join(DEMO_SCENARIOS)}"
             )
         if gpus < 1:
             raise ValueError("--gpus must be at least 1")
+        if vendor not in VENDORS:
+            raise ValueError(f"unknown vendor {vendor!r}; choose from {', '.join(VENDORS)}")
+        if total_bytes is None:
+            total_bytes = (192 if vendor == "amd" else 80) * GiB
+        self.vendor = vendor
         self.gpus = gpus
         self.scenario = scenario
         self.step_time = step_time
@@ -147,9 +156,14 @@ class Demo:
         directory = protocol.ensure_socket_dir(self.socket_dir)
         self.registry = registry_dir(directory, os.getpid())
         SimGpuRegistry(self.registry).create(
-            simulated_gpu_specs(self.gpus, self.total_bytes, seed=str(os.getpid()))
+            simulated_gpu_specs(
+                self.gpus, self.total_bytes, seed=str(os.getpid()), vendor=self.vendor
+            )
         )
-        env = dict(os.environ, **self.extra_env)
+        # The user's *_VISIBLE_DEVICES name real GPUs, not the demo's: the simulated trainers
+        # would map their --gpu through them (extra_env may set them on purpose).
+        env = {k: v for k, v in os.environ.items() if not k.endswith("_VISIBLE_DEVICES")}
+        env.update(self.extra_env)
         if self.socket_dir is not None:
             env["MEMTOP_SOCKET_DIR"] = str(self.socket_dir)
         output = self._open_log() if self.log_messages else None

@@ -312,32 +312,58 @@ class SharedDeviceMemory:
 # The registry of simulated GPUs
 
 
+VENDORS = ("nvidia", "amd")
+
+
 @dataclass(frozen=True)
 class SimGpuSpec:
     index: int
-    uuid: str
+    uuid: str  # as the driver reports it (NVML's GPU-… form, or amdsmi's)
     name: str
     total_bytes: int
+    pci_bus_id: str | None = None  # protocol.canonical_pci_bus_id form
+    vendor: str = "nvidia"  # "amd": the trainers run "on ROCm" (hip in the hello, a HIP UUID)
 
 
 def simulated_gpu_specs(
     count: int,
     total_bytes: int = 80 * 2**30,
-    name: str = "Simulated H100 80GB HBM3",
+    name: str | None = None,
     seed: str = "",
+    vendor: str = "nvidia",
 ) -> list[SimGpuSpec]:
-    """`count` GPUs with deterministic UUIDs in NVML's format, GPU-xxxxxxxx-xxxx-…-xxxxxxxxxxxx.
+    """`count` GPUs with deterministic UUIDs and PCI bus ids.  NVIDIA ones have NVML's UUID
+    format, GPU-xxxxxxxx-xxxx-…-xxxxxxxxxxxx; AMD ones amdsmi's, xxxxxxxx-0000-1000-80xx-….
 
     The same seed gives the same UUIDs, so a viewer and trainers started separately match
-    devices by UUID as memtop does on real hardware.
+    devices by UUID (by PCI bus id on AMD) as memtop does on real hardware.
     """
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count}")
+    if vendor not in VENDORS:
+        raise ValueError(f"vendor must be one of {', '.join(VENDORS)}, got {vendor!r}")
+    amd = vendor == "amd"
+    if name is None:
+        name = "Simulated AMD Instinct MI300X" if amd else "Simulated H100 80GB HBM3"
     specs = []
     for index in range(count):
         h = hashlib.sha256(f"memtop-sim:{seed}:{index}".encode()).hexdigest()
-        uuid = f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
-        specs.append(SimGpuSpec(index=index, uuid=uuid, name=name, total_bytes=int(total_bytes)))
+        if amd:
+            uuid = f"{h[0:8]}-0000-1000-80{h[8:10]}-{h[20:32]}"
+            bus = (0x0C + 0x16 * index) % 0x100  # where an 8-GPU MI300X node has them
+        else:
+            uuid = f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+            bus = (0x18 + 0x10 * index) % 0x100
+        specs.append(
+            SimGpuSpec(
+                index=index,
+                uuid=uuid,
+                name=name,
+                total_bytes=int(total_bytes),
+                pci_bus_id=f"0000:{bus:02x}:00.0",
+                vendor=vendor,
+            )
+        )
     return specs
 
 
@@ -352,7 +378,33 @@ def _spec_from_json(obj: Any) -> SimGpuSpec:
         raise ValueError("uuid and name must be strings")
     if index < 0 or total <= 0:
         raise ValueError("index must be >= 0 and total_bytes > 0")
-    return SimGpuSpec(index=index, uuid=uuid, name=name, total_bytes=total)
+    # Optional (a registry written before AMD support has neither).
+    pci_bus_id = obj.get("pci_bus_id")
+    vendor = obj.get("vendor", "nvidia")
+    if (pci_bus_id is not None and not isinstance(pci_bus_id, str)) or vendor not in VENDORS:
+        raise ValueError("pci_bus_id must be a string and vendor one of " + ", ".join(VENDORS))
+    return SimGpuSpec(
+        index=index,
+        uuid=uuid,
+        name=name,
+        total_bytes=total,
+        pci_bus_id=pci_bus_id,
+        vendor=vendor,
+    )
+
+
+def _spec_to_json(spec: SimGpuSpec) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "index": spec.index,
+        "uuid": spec.uuid,
+        "name": spec.name,
+        "total_bytes": spec.total_bytes,
+    }
+    if spec.pci_bus_id is not None:
+        doc["pci_bus_id"] = spec.pci_bus_id
+    if spec.vendor != "nvidia":
+        doc["vendor"] = spec.vendor
+    return doc
 
 
 class SimGpuRegistry:
@@ -383,10 +435,7 @@ class SimGpuRegistry:
                     _write_atomically(path, "{}")
         doc = {
             "version": 1,
-            "gpus": [
-                {"index": s.index, "uuid": s.uuid, "name": s.name, "total_bytes": s.total_bytes}
-                for s in sorted(specs, key=lambda s: s.index)
-            ],
+            "gpus": [_spec_to_json(s) for s in sorted(specs, key=lambda s: s.index)],
         }
         _write_atomically(self.gpus_path, json.dumps(doc, indent=1))
 

@@ -55,6 +55,8 @@ class SimulatedDeviceSource:
                         utilization_percent=util,
                         temperature_c=temperature,
                         power_watts=power,
+                        pci_bus_id=spec.pci_bus_id,
+                        vendor=spec.vendor if spec.vendor != "nvidia" else None,
                     )
                 )
         if not devices:

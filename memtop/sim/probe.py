@@ -23,8 +23,11 @@ class SimulatedProbe:
         allocator_conf: str = "",
         breakdown: Callable[[], dict[int, Breakdown]] | None = None,
         current_pass: Callable[[], str] | None = None,
+        hip: str | None = None,
     ) -> None:
+        """`hip`: the HIP version a ROCm build of torch would report (a trainer "on AMD")."""
         self._gpus = {gpu.device.index: gpu for gpu in gpus}
+        self._hip = hip
         self._conf = allocator_conf
         self._breakdown = breakdown
         self._current_pass = current_pass
@@ -37,6 +40,9 @@ class SimulatedProbe:
 
     def torch_version(self) -> str | None:
         return None
+
+    def hip_version(self) -> str | None:
+        return self._hip
 
     def allocator_conf(self) -> str:
         return self._conf

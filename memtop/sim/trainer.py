@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 import memtop
-from memtop.agent.probe import ProbeDevice
+from memtop import protocol
+from memtop.agent.probe import ProbeDevice, allocator_conf_from_env
 from memtop.sim.allocator import SimulatedCachingAllocator
 from memtop.sim.device import SimGpuRegistry
 from memtop.sim.probe import SimulatedGpu, SimulatedProbe
@@ -25,12 +26,44 @@ from memtop.sim.scenarios import SCENARIOS, MiB, Workload, model_for
 
 # What a CUDA context, cuBLAS workspaces and friends take outside the caching allocator.
 CONTEXT_OVERHEAD_BYTES = 518 * MiB
+# What a ROCm build of torch says in torch.version.hip (ROCm 7.0).
+SIMULATED_HIP_VERSION = "7.0.51831"
+# The variables that renumber GPUs for a process, by vendor, in the order the runtime applies
+# them (on ROCm, HIP_VISIBLE_DEVICES selects among what ROCR_VISIBLE_DEVICES left).
+VISIBLE_DEVICES = {
+    "nvidia": ("CUDA_VISIBLE_DEVICES",),
+    "amd": ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"),
+}
+
+
+def physical_gpu(visible_index: int, vendor: str, env: dict[str, str]) -> int | None:
+    """The registry's GPU behind the trainer's device `visible_index` (its cuda:N), as the
+    vendor's runtime maps it through the *_VISIBLE_DEVICES variables; None when hidden."""
+    indices: list[int] | None = None
+    for name in VISIBLE_DEVICES[vendor]:
+        text = env.get(name)
+        if text is None:
+            continue
+        numbers = (protocol.decimal(part.strip()) for part in text.split(","))
+        chosen = [n for n in numbers if n is not None]  # UUIDs in the list: not simulated
+        indices = chosen if indices is None else [indices[i] for i in chosen if i < len(indices)]
+    if indices is None:
+        return visible_index
+    return indices[visible_index] if 0 <= visible_index < len(indices) else None
+
+
+def hip_uuid(driver_uuid: str) -> str:
+    """The UUID a ROCm build of torch reports for a GPU: HIP's, not amdsmi's (which is why the
+    viewer joins AMD GPUs by PCI bus id)."""
+    return "GPU-" + driver_uuid.replace("-", "")[:16]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="memtop-sim-trainer")
     parser.add_argument("--registry", required=True, type=Path)
-    parser.add_argument("--gpu", type=int, default=0)
+    parser.add_argument(
+        "--gpu", type=int, default=0, help="the trainer's device (cuda:N, after *_VISIBLE_DEVICES)"
+    )
     parser.add_argument("--scenario", choices=SCENARIOS, default="healthy")
     parser.add_argument("--step-time", type=float, default=0.1)
     parser.add_argument("--scale", type=float, default=1.0, help="model size factor")
@@ -44,15 +77,27 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     registry = SimGpuRegistry(args.registry)
     specs = {spec.index: spec for spec in registry.gpus()}
-    if args.gpu not in specs:
+    vendor = next(iter(specs.values())).vendor if specs else "nvidia"
+    physical = physical_gpu(args.gpu, vendor, dict(os.environ))
+    if physical not in specs:
         print(
             f"memtop-sim-trainer: no simulated GPU {args.gpu} in {args.registry}", file=sys.stderr
         )
         return 1
-    spec = specs[args.gpu]
-    conf = os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or os.environ.get("PYTORCH_ALLOC_CONF") or ""
+    spec = specs[physical]
+    # The trainer's own numbering (cuda:N) from here on; the ledger is the physical GPU's.
+    index = args.gpu
+    amd = spec.vendor == "amd"
+    device = ProbeDevice(
+        index,
+        hip_uuid(spec.uuid) if amd else spec.uuid,
+        spec.name,
+        spec.total_bytes,
+        spec.pci_bus_id,
+    )
+    conf = allocator_conf_from_env(os.environ)
     memory = registry.memory(spec.index, os.getpid(), overhead_bytes=CONTEXT_OVERHEAD_BYTES)
-    allocator = SimulatedCachingAllocator(memory, spec.index, conf)
+    allocator = SimulatedCachingAllocator(memory, index, conf)
     stop = threading.Event()
     layer_pause = args.step_time * 0.8 / 48  # forward + backward visit 24 layers each
 
@@ -66,10 +111,11 @@ def main(argv: list[str] | None = None) -> int:
         pace=lambda: stop.wait(layer_pause),
     )
     probe = SimulatedProbe(
-        [SimulatedGpu(ProbeDevice(spec.index, spec.uuid, spec.name, spec.total_bytes), allocator)],
+        [SimulatedGpu(device, allocator)],
         allocator_conf=conf,
-        breakdown=lambda: workload.breakdown(spec.index),
+        breakdown=lambda: workload.breakdown(index),
         current_pass=lambda: workload.current_pass,
+        hip=SIMULATED_HIP_VERSION if amd else None,
     )
     # What the process table shows: the workload, not the simulator's plumbing.
     shown_argv = ["sim_train.py", f"--scenario={args.scenario}", f"--gpu={args.gpu}"]

@@ -555,6 +555,8 @@ def sanity_problem(
             problem = problem or f"{where}: reserved {reserved} or free exceeds total {total}"
         if declared is not None and known_devices is not None:
             driver_total = known_devices.get(declared.uuid)
+            if driver_total is None and declared.pci_bus_id is not None:
+                driver_total = known_devices.get(declared.pci_bus_id)  # ROCm: HIP's UUID
             if driver_total is None and not declared.uuid.startswith("MIG-"):
                 problem = problem or f"{where}: GPU {declared.uuid!r} is unknown to the driver"
             elif driver_total is not None and total > driver_total * 1.01:
@@ -742,9 +744,9 @@ class AgentPool:
     def poll(
         self, known_devices: Mapping[str, int] | None = None, budget: float | None = None
     ) -> list[AgentPoll]:
-        """One round.  `known_devices`: GPU UUID -> total bytes as the driver reports them
-        (None: no driver view).  `budget`: the most this call waits for answers (default: the
-        request timeout)."""
+        """One round.  `known_devices`: GPU UUID (and PCI bus id) -> total bytes as the driver
+        reports them (None: no driver view).  `budget`: the most this call waits for answers
+        (default: the request timeout)."""
         started = time.monotonic()
         budget = self.timeout if budget is None else budget
         found, refused, _ = self._scan()

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memtop.model import SOURCE_NVML, DeviceReading, GpuProcess, NvmlReading
-from memtop.protocol import clean_text
+from memtop.protocol import canonical_pci_bus_id, clean_text
 
 __all__ = ["DEFAULT_RETRY_INTERVAL", "NvmlSource", "nvml_error_line"]
 
@@ -210,6 +210,7 @@ class _Device:
     identified: bool = False  # uuid and name fetched for the current handle
     uuid: str = ""
     name: str = ""
+    pci_bus_id: str | None = None  # canonical form; the join's second key (UUID first)
     # True: nvmlDeviceGetMemoryInfo with version=nvmlMemory_v2 works; False: use v1; None: untried.
     memory_v2: bool | None = None
     # Queries that reported NotSupported / FunctionNotFound for this device.
@@ -396,6 +397,7 @@ class NvmlSource:
             temperature_c=None if temperature is None else _u64(temperature),
             processes=processes,
             power_watts=None if _u64(milliwatts) is None else (_u64(milliwatts) or 0) / 1000,
+            pci_bus_id=device.pci_bus_id,
             source=self._source,
             error="; ".join(dict.fromkeys(errors)) or None,
         )
@@ -409,6 +411,7 @@ class NvmlSource:
             used_bytes=None,
             source=self._source,
             error=error,
+            pci_bus_id=device.pci_bus_id,
         )
 
     def _open(self, device: _Device, now: float) -> bool:
@@ -434,9 +437,24 @@ class NvmlSource:
             # Another GPU now sits at this index: forget what was learnt about the old one.
             device.memory_v2 = None
             device.absent.clear()
+            device.pci_bus_id = None
         device.uuid = uuid if uuid is not None else device.uuid
         device.name = name if name is not None else device.name or f"GPU {device.index}"
+        device.pci_bus_id = self._bus_id(device) or device.pci_bus_id
         device.identified = True
+
+    def _bus_id(self, device: _Device) -> str | None:
+        """The device's PCI address (nvmlPciInfo_t.busId), or None, silently: it only backs
+        up the UUID in the join with agents."""
+        query = getattr(self._lib, "nvmlDeviceGetPciInfo", None)
+        if query is None:
+            return None
+        try:
+            info = query(device.handle)
+        except Exception as exc:
+            self._check_fatal(exc)
+            return None
+        return canonical_pci_bus_id(_text(getattr(info, "busId", "")))
 
     def _static(self, device: _Device, errors: list[str], function: str) -> str | None:
         query = getattr(self._lib, function, None)

@@ -167,6 +167,7 @@ class ProcessRow:
     rss: int | None = None  # host resident memory
     started: float | None = None  # unix time the process started
     run_seconds: float | None = None  # how long it has run, at the observation's time
+    rocm: str | None = None  # the HIP version when its torch is a ROCm build (AMD GPUs)
 
     @property
     def last_known(self) -> bool:
@@ -248,8 +249,13 @@ def _source(obs: Observation) -> str:
             return "simulated GPUs"
         if obs.nvml_source == "prometheus":  # the fleet view (memtop.fleet)
             return "via Prometheus"
-        return f"NVML {obs.driver_version}" if obs.driver_version else "NVML"
+        label = _DRIVER_LABELS.get(obs.nvml_source, "NVML")
+        return f"{label} {obs.driver_version}" if obs.driver_version else label
     return "agents only" if obs.agents else "no devices"
+
+
+# How the header names the driver a reading came from (the version follows).
+_DRIVER_LABELS = {"amdsmi": "ROCm amdgpu", "nvml+amdsmi": "NVML + ROCm amdgpu"}
 
 
 # ----------------------------------------------------------------------------------- GPUs
@@ -416,6 +422,7 @@ def _process_row(
         state=state,
         trend=trend,
         own=own,
+        rocm=agent.hip,
     )
 
 

@@ -122,6 +122,8 @@ def _title(row: ProcessRow) -> Text:
         (" · ", FREE),
         (row.state, "yellow" if row.state == "exited" else "green"),
     )
+    if row.rocm is not None:
+        text.append(f" · ROCm (HIP {row.rocm})")
     if row.rank is not None:
         text.append(f" · rank {row.rank}/{row.world_size or '?'}")
     if row.step is not None:

@@ -78,7 +78,8 @@ def _runtime(row: ProcessRow, compact: bool) -> str:
 
 
 def _command(row: ProcessRow, compact: bool) -> str:
-    return row.command if row.rank is None else f"r{row.rank} {row.command}"
+    command = row.command if row.rocm is None else f"ROCm {row.command}"  # on AMD GPUs
+    return command if row.rank is None else f"r{row.rank} {command}"
 
 
 def _num(value: float | None) -> float:
