@@ -122,6 +122,27 @@ class Architecture:
             out.append((self.vocab, self.hidden, 1))
         return out
 
+    def parameter_tensors(self) -> list[tuple[tuple[int, ...], int]]:
+        """(shape, how many) of every parameter tensor, as torch holds them (a Linear's weight
+        is (out, in)): what per-tensor optimizer states (Adafactor's factored moments,
+        bitsandbytes' blocks and its 32-bit small tensors) are sized by."""
+        h = self.hidden
+        out: list[tuple[tuple[int, ...], int]] = [
+            ((b, a), self.layers) for a, b in self.linear_shapes().values()
+        ]
+        if self.family == LLAMA:
+            out.append(((h,), 2 * self.layers))  # two RMSNorms per block
+            out.append(((h,), 1))  # the final norm
+        else:
+            out += [((b,), self.layers) for _, b in self.linear_shapes().values()]  # biases
+            out.append(((h,), 4 * self.layers + 2))  # LayerNorms' weights and biases
+        out.append(((self.vocab, h), 1))
+        if self.positions:
+            out.append(((self.positions, h), 1))
+        if not self.tied_embeddings:
+            out.append(((self.vocab, h), 1))
+        return out
+
     def vector_params(self) -> int:
         return self.layers * self.layer_vector_params() + self.final_norm_params()
 

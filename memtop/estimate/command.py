@@ -54,6 +54,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--qlora", action="store_true", help="4-bit NF4 base under LoRA (default rank 16)"
     )
     parser.add_argument("--quantize-base", choices=["4bit", "8bit"], default=None)
+    parser.add_argument(
+        "--adapter-dtype",
+        default="fp32",
+        choices=sorted(DTYPE_BYTES),
+        help="LoRA adapters' dtype: fp32 (PEFT's default) or bf16 (the QLoRA paper's script)",
+    )
+    parser.add_argument(
+        "--offload-optimizer",
+        action="store_true",
+        help="optimizer state and master weights in CPU memory (DeepSpeed ZeRO-Offload)",
+    )
     parser.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3], help="ZeRO stage")
     parser.add_argument("--gpus", type=int, default=1, help="data-parallel GPUs (for ZeRO)")
     parser.add_argument(
@@ -111,6 +122,8 @@ def setup_from(args: argparse.Namespace) -> Setup:
         attention=args.attention,
         batch=args.batch,
         seq=args.seq,
+        adapter_dtype=args.adapter_dtype,
+        offload_optimizer=args.offload_optimizer,
     )
 
 

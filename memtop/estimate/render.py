@@ -34,8 +34,8 @@ def verdicts(est: Estimate, targets: list[Target]) -> list[dict[str, Any]]:
                 "source": target.source,
                 "total_bytes": target.total_bytes,
                 "usable_bytes": usable,
-                "fits": est.total_bytes <= usable,
-                "free_bytes": usable - est.total_bytes,
+                "fits": est.required_bytes <= usable,
+                "free_bytes": usable - est.required_bytes,
                 "max_batch": max_batch(est.arch, est.setup, target.total_bytes),
             }
         )
