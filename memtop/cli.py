@@ -659,10 +659,13 @@ def _oom(args: argparse.Namespace) -> int:
 
 
 def _estimate(args: argparse.Namespace) -> int:
-    from memtop.estimate.command import EstimateError, run
+    from memtop.estimate.command import EstimateError, EstimateUsageError, run
 
     try:
         return run(args)
+    except EstimateUsageError as exc:
+        print(f"memtop: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except EstimateError as exc:
         raise CliError(str(exc)) from None
 

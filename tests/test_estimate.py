@@ -197,7 +197,7 @@ def test_text_table_and_bad_input(capsys, tmp_path):
     assert main(["estimate", "--params", "7B", "--gpu", "a100-40gb"]) == 0
     text = capsys.readouterr().out
     assert "shape assumed" in text and "a100-40gb" in text and "optimizer state" in text
-    assert main(["estimate", "--params", "seven"]) == 1
+    assert main(["estimate", "--params", "seven"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("memtop: ") and err.count("\n") == 1
     assert main(["estimate", "--config", str(tmp_path / "nope.json")]) == 1
@@ -205,13 +205,13 @@ def test_text_table_and_bad_input(capsys, tmp_path):
     (tmp_path / "bad.json").write_text("{")
     assert main(["estimate", "--config", str(tmp_path / "bad.json")]) == 1
     assert "not JSON" in capsys.readouterr().err
-    assert main(["estimate", "--preset", "gpt2", "--gpu", "tpu"]) == 1
+    assert main(["estimate", "--preset", "gpt2", "--gpu", "tpu"]) == 2
     assert "unknown GPU" in capsys.readouterr().err
     # A capacity instead of a name: a MIG slice, a per-process memory fraction.
     out = run_json(capsys, "--preset", "gpt2", "--gpu", "8.5GB", "--gpu", "20GiB")
     assert [t["total_bytes"] for t in out["targets"]] == [8_500_000_000, 20 * GiB]
     assert (
-        main(["estimate", "--preset", "llama-7b", "--lora-rank", "8", "--lora-targets", "x"]) == 1
+        main(["estimate", "--preset", "llama-7b", "--lora-rank", "8", "--lora-targets", "x"]) == 2
     )
     assert "LoRA target" in capsys.readouterr().err
 
@@ -366,3 +366,35 @@ def test_bitsandbytes_8bit_adam_by_its_layout():
     small = estimate(TINY_LLAMA, Setup(optimizer="adamw-8bit"))
     norms = 64 * (2 * TINY_LLAMA.layers + 1)  # under 4096 values each: 32-bit states
     assert small.optimizer_state_bytes > 8 * norms
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--params", "1e30"], "more than any model"),
+        (["--params", "-7B"], "at least 1"),
+        (["--params", "0"], "at least 1"),
+        (["--preset", "gpt2", "--qlora", "--lora-rank", "0"], "--lora-rank 0"),
+        (["--preset", "gpt2", "--lora-rank", "-4"], "--lora-rank -4"),
+        (["--preset", "gpt2", "--gpu", "0GiB"], "at least 1 MiB"),
+        (["--preset", "gpt2", "--gpu", "999999GiB"], "more memory than any GPU"),
+        (["--preset", "gpt2", "--batch", "0"], "at least 1"),
+    ],
+)
+def test_bad_values_are_one_line_usage_errors(capsys, args, says):
+    """Issue 21 item 15: each a one-line error with exit code 2, never a figure or argparse's
+    'expected one argument'."""
+    assert main(["estimate", *args, "--gpu", "h100"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("memtop: ") and captured.err.count("\n") == 1
+    assert says in captured.err
+
+
+def test_sizes_read_one_unit_up_once_they_round_to_one():
+    from memtop.units import MiB, format_bytes
+
+    assert format_bytes(1023.9 * MiB) == "1.0 GiB"
+    assert format_bytes(1024 * MiB) == "1.0 GiB"
+    assert format_bytes(972 * MiB) == "972.0 MiB"
+    assert format_bytes(5 * 1024**5) == "5.0 PiB"

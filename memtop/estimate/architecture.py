@@ -23,6 +23,9 @@ GPT_LINEARS = ("c_attn", "attn.c_proj", "c_fc", "mlp.c_proj")
 # PEFT's defaults for these families (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING).
 DEFAULT_LORA_TARGETS = {LLAMA: ("q_proj", "v_proj"), GPT: ("c_attn",)}
 ALL_LINEAR = "all-linear"
+# A thousand times the largest model trained so far: a count above it is a typo (1e30 printed
+# figures in the quintillions of TiB).
+MAX_PARAMS = 1e15
 
 
 class ArchitectureError(ValueError):
@@ -314,7 +317,8 @@ def assumed_shape(params: int) -> Architecture:
 
 def parse_count(text: str) -> int:
     """7e9, 7B, 134M, 6738415616 -> an integer count."""
-    text = text.strip().replace("_", "").replace(",", "")
+    original = text.strip()
+    text = original.replace("_", "").replace(",", "")
     scale = 1
     suffixes = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
     if text and text[-1].lower() in suffixes:
@@ -322,7 +326,13 @@ def parse_count(text: str) -> int:
     try:
         value = float(text) * scale
     except ValueError:
-        raise ArchitectureError(f"not a parameter count: {text!r} (e.g. 7e9, 7B, 134M)") from None
+        raise ArchitectureError(
+            f"--params {original}: not a parameter count (e.g. 7e9, 7B, 134M)"
+        ) from None
     if not math.isfinite(value) or value < 1:
-        raise ArchitectureError("a parameter count must be at least 1")
+        raise ArchitectureError(f"--params {original}: a parameter count must be at least 1")
+    if value > MAX_PARAMS:
+        raise ArchitectureError(
+            f"--params {original}: more than any model (at most 1e15 parameters)"
+        )
     return int(value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 from memtop.estimate.architecture import (
@@ -15,7 +16,7 @@ from memtop.estimate.architecture import (
     load_hf_config,
     parse_count,
 )
-from memtop.estimate.gpus import NAMED_GPUS, named_gpu
+from memtop.estimate.gpus import NAMED_GPUS, parse_gpu
 from memtop.estimate.memory import (
     ATTENTION,
     CHECKPOINTING,
@@ -31,7 +32,19 @@ class EstimateError(Exception):
     """One line for the user (exit code 1)."""
 
 
+class EstimateUsageError(EstimateError):
+    """A flag's value that cannot be used: one line for the user (exit code 2, as argparse's
+    own usage errors)."""
+
+
+# argparse takes "-7B" for an option ("expected one argument"): only "-7" and "-.5" look like
+# numbers to it.  None of estimate's options starts with a digit, so anything "-<digit>..." is
+# a value, and --params says why a negative count is wrong.
+NEGATIVE_VALUE = re.compile(r"^-\.?\d")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser._negative_number_matcher = NEGATIVE_VALUE  # type: ignore[attr-defined]
     model = parser.add_mutually_exclusive_group(required=True)
     model.add_argument("--preset", choices=sorted(PRESETS), help="a known architecture")
     model.add_argument("--config", type=Path, help="a local Hugging Face config.json (or its dir)")
@@ -44,7 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--autocast", action="store_true", help="fp32 weights, 16-bit activations (torch.autocast)"
     )
-    parser.add_argument("--lora-rank", type=int, default=0, help="train LoRA adapters of this rank")
+    parser.add_argument(
+        "--lora-rank", type=int, default=None, help="train LoRA adapters of this rank"
+    )
     parser.add_argument(
         "--lora-targets",
         default="",
@@ -102,12 +117,15 @@ def architecture(args: argparse.Namespace) -> Architecture:
 def setup_from(args: argparse.Namespace) -> Setup:
     rank = args.lora_rank
     quantize = args.quantize_base
+    if rank is not None and rank < 1:
+        raise EstimateUsageError(f"--lora-rank {rank}: a LoRA rank must be at least 1")
     if args.qlora:
         quantize = quantize or "4bit"
         rank = rank or 16
+    rank = rank or 0
     targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
     if targets and not rank:
-        raise EstimateError("--lora-targets needs --lora-rank")
+        raise EstimateUsageError("--lora-targets needs --lora-rank")
     return Setup(
         dtype=args.dtype,
         optimizer=args.optimizer,
@@ -131,11 +149,10 @@ def targets_from(names: list[str]) -> list[Target]:
     if names:
         targets = []
         for name in names:
-            found = named_gpu(name)
-            if found is None:
-                raise EstimateError(
-                    f"unknown GPU {name!r}; known: {', '.join(NAMED_GPUS)}, or a size (24GiB)"
-                )
+            try:
+                found = parse_gpu(name)
+            except ValueError as exc:
+                raise EstimateUsageError(str(exc)) from None
             targets.append(Target(found[0], found[1], "named"))
         return targets
     return local_gpus()
@@ -158,9 +175,13 @@ def local_gpus() -> list[Target]:
 def run(args: argparse.Namespace) -> int:
     try:
         arch = architecture(args)
+    except ArchitectureError as exc:
+        # A config file that cannot be read is an error; a bad --params value a usage error.
+        raise (EstimateError if args.config is not None else EstimateUsageError)(str(exc)) from None
+    try:
         est = estimate(arch, setup_from(args))
     except ArchitectureError as exc:
-        raise EstimateError(str(exc)) from None
+        raise EstimateUsageError(str(exc)) from None
     targets = targets_from(args.gpu)
     if args.json:
         print(json.dumps(to_json(est, targets), indent=2))
