@@ -398,3 +398,86 @@ def test_sizes_read_one_unit_up_once_they_round_to_one():
     assert format_bytes(1024 * MiB) == "1.0 GiB"
     assert format_bytes(972 * MiB) == "972.0 MiB"
     assert format_bytes(5 * 1024**5) == "5.0 PiB"
+
+
+# -- ways to fit, QLoRA's 65B, DeepSpeed's figures explained (issue 24, items 2-5) ---------------
+
+QLORA_65B = (
+    "--preset", "llama-65b", "--qlora", "--lora-rank", "64", "--lora-targets", "all-linear",
+    "--checkpointing", "full", "--batch", "1", "--seq", "512", "--gpu", "48GB",
+)  # fmt: skip
+
+
+def test_llama_65b_preset_has_the_published_count():
+    # LLaMA-65B (Touvron et al. 2023, Table 2: 65.2 B; the HF config's exact count).
+    assert within(PRESETS["llama-65b"].parameter_count(), 65.2e9, 0.002)
+
+
+def test_qlora_65b_fits_48gb_as_in_the_qlora_paper(capsys):
+    """Dettmers et al. 2023 (QLoRA), abstract: 'finetune a 65B parameter model on a single 48GB
+    GPU', with LoRA r=64 on every linear layer, NF4 + double quantization, and paged 32-bit
+    AdamW for the optimizer's spikes (§2 'Paged Optimizers'; qlora.py: paged_adamw_32bit)."""
+    paper = run_json(capsys, *QLORA_65B, "--optimizer", "paged-adamw-32bit")
+    assert paper["fits"] is True and paper["max_batch"] >= 1
+    paged = paper["details"]["paged_optimizer_bytes"]
+    assert paged == paper["optimizer_state_bytes"] == 8 * paper["trainable_parameters_count"]
+    assert paper["targets"][0]["free_bytes"] == (
+        paper["targets"][0]["usable_bytes"] - (paper["total_bytes"] - paged)
+    )
+    # The paper's script also keeps the adapters in bf16.
+    bf16 = run_json(
+        capsys, *QLORA_65B, "--optimizer", "paged-adamw-32bit", "--adapter-dtype", "bf16"
+    )
+    assert (
+        bf16["fits"] is True and bf16["gradients_bytes"] == 2 * bf16["trainable_parameters_count"]
+    )
+    # Without paging, fp32 adapters, their gradients and Adam state do not fit: the estimate
+    # then lists the ways that do.
+    plain = run_json(capsys, *QLORA_65B)
+    assert plain["fits"] is False
+    assert {"--optimizer paged-adamw-8bit", "--offload-optimizer"} <= {
+        w["change"] for w in plain["ways_to_fit"]
+    }
+
+
+def test_7b_full_fine_tune_lists_ways_to_fit_cheapest_first(capsys):
+    out = run_json(
+        capsys, "--preset", "llama-7b", "--dtype", "bf16", "--master-weights", "--gpu", "h100"
+    )
+    assert out["fits"] is False
+    ways = out["ways_to_fit"]
+    assert len(ways) >= 3
+    usable = out["targets"][0]["usable_bytes"]
+    for way in ways:
+        assert way["fits"] is True and way["required_bytes"] <= usable
+        assert way["total_bytes"] > 0 and way["cost"] and way["what"]
+        # Each way's figure is the estimate of the setup with that change made.
+        flags = way["change"].split(" (")[0].split()
+        if way["change"].startswith("--"):
+            again = run_json(
+                capsys, "--preset", "llama-7b", "--master-weights", "--gpu", "h100", *flags
+            )
+            assert again["total_bytes"] == way["total_bytes"], way["change"]
+    changes = [w["change"] for w in ways]
+    assert changes.index("--optimizer adamw-8bit") < changes.index("--lora-rank 16")
+    assert any(c.startswith("--zero 3 --gpus 2") for c in changes)
+    # A batch that does not fit keeps its global batch by gradient accumulation first.
+    big = run_json(capsys, "--preset", "llama-7b", "--batch", "8", "--gpu", "h100")
+    assert big["fits"] is False
+    assert big["ways_to_fit"][0]["change"].startswith("--batch 2 (× 4 accumulation steps)")
+    # A setup with room to spare lists none.
+    small = run_json(capsys, "--preset", "gpt2", "--gpu", "h100")
+    assert small["fits"] is True and small["ways_to_fit"] == []
+
+
+def test_text_explains_deepspeed_and_recomputation_without_json_keys(capsys):
+    assert main(["estimate", "--preset", "llama-13b", "--zero", "2", "--gpus", "8",
+                 "--checkpointing", "full", "--gpu", "h100"]) == 0  # fmt: skip
+    text = capsys.readouterr().out
+    assert "_bytes" not in text  # no raw JSON key
+    assert "estimate_zero2_model_states_mem_needs" in text and "fixed recipe" in text
+    assert "the table above counts this setup" in text
+    assert "one layer's activations recomputed in the backward" in text
+    assert main(["estimate", "--preset", "llama-7b", "--master-weights", "--gpu", "h100"]) == 0
+    text = capsys.readouterr().out
+    assert "Ways to fit in h100-80gb" in text and "--optimizer adamw-8bit" in text

@@ -203,6 +203,7 @@ def _llama(name: str, layers: int, hidden: int, heads: int, inter: int, kv: int)
 PRESETS: dict[str, Architecture] = {
     "llama-7b": _llama("llama-7b", 32, 4096, 32, 11008, 32),
     "llama-13b": _llama("llama-13b", 40, 5120, 40, 13824, 40),
+    "llama-65b": _llama("llama-65b", 80, 8192, 64, 22016, 64),
     "llama-70b": _llama("llama-70b", 80, 8192, 64, 28672, 8),
     "llama3-8b": replace(_llama("llama3-8b", 32, 4096, 32, 14336, 8), vocab=128256),
     "mistral-7b": _llama("mistral-7b", 32, 4096, 32, 14336, 8),

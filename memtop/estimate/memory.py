@@ -210,7 +210,13 @@ def activation_parts(arch: Architecture, setup: Setup, batch: int) -> dict[str, 
     logits = 10 * s * b * arch.vocab
     # `layers` includes the score matrices; they are named apart for the details.
     kept_scores = scores if setup.checkpointing == "full" else scores * L
-    return {"layers": layers, "attention_scores": kept_scores, "logits": logits}
+    recomputed = per_layer if setup.checkpointing == "full" else 0
+    return {
+        "layers": layers,
+        "attention_scores": kept_scores,
+        "logits": logits,
+        "recomputed_layer": recomputed,
+    }
 
 
 def estimate(arch: Architecture, setup: Setup) -> Estimate:
@@ -276,6 +282,8 @@ def estimate(arch: Architecture, setup: Setup) -> Estimate:
         activations += cast_cache
     details["activation_layers_bytes"] = round(parts["layers"] * act_factor)
     details["activation_scores_bytes"] = round(parts["attention_scores"] * act_factor)
+    # Full recomputation: Korthikanti's 2·s·b·h·L plus this one layer recomputed in backward.
+    details["activation_recomputed_layer_bytes"] = round(parts["recomputed_layer"] * act_factor)
     details["logits_bytes"] = parts["logits"]
     details["autocast_cache_bytes"] = cast_cache
 

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from memtop.estimate.architecture import Architecture
+from memtop.estimate.fit import ways_to_fit
 from memtop.estimate.memory import Estimate, Setup, max_batch, usable_bytes
 from memtop.estimate.reference import deepspeed_zero2_gpu_bytes, deepspeed_zero3_gpu_bytes
 from memtop.units import format_bytes
@@ -78,7 +79,46 @@ def to_json(est: Estimate, targets: list[Target]) -> dict[str, Any]:
         "fits": all(c["fits"] for c in checks) if checks else None,
         "max_batch": min(c["max_batch"] for c in checks) if checks else None,
         "targets": checks,
+        # For the first target: the changes that make it fit, cheapest for the user first.
+        "ways_to_fit": ways(est, targets),
     }
+
+
+def ways(est: Estimate, targets: list[Target]) -> list[dict[str, Any]]:
+    if not targets:
+        return []
+    return ways_to_fit(est.arch, est.setup, targets[0].total_bytes)
+
+
+# Why DeepSpeed's estimators differ from the table: they count one fixed recipe.
+DEEPSPEED_NOTES = {
+    "deepspeed_zero2_model_states_bytes": (
+        "estimate_zero2_model_states_mem_needs",
+        "16-bit weights and gradients whole on every GPU, 16 B a parameter partitioned "
+        "(fp32 master weights, fp32 gradients, fp32 Adam moments)",
+    ),
+    "deepspeed_zero3_model_states_bytes": (
+        "estimate_zero3_model_states_mem_needs",
+        "18 B a parameter partitioned (16-bit weights and gradients, fp32 master weights, "
+        "gradients and Adam moments) and the largest layer gathered whole at 4 B a parameter",
+    ),
+}
+
+
+def _this_setup_states(est: Estimate) -> str:
+    setup = est.setup
+    moments = {
+        "adamw": "two moments",
+        "adam": "two moments",
+        "sgd-momentum": "one momentum buffer",
+        "lion": "one moment",
+    }.get(setup.optimizer, f"{setup.optimizer} state")
+    dtype = "fp32" if (setup.master_weights or setup.dtype == "fp32") else setup.dtype
+    master = "fp32 master weights" if setup.master_weights else "no fp32 master weights"
+    return (
+        f"{setup.dtype} weights and gradients, {moments} in {dtype}, {master}, "
+        "no fp32 gradient copy"
+    )
 
 
 def _describe_setup(arch: Architecture, setup: Setup) -> str:
@@ -124,8 +164,20 @@ def to_text(est: Estimate, targets: list[Target]) -> str:
     ]
     lines += [f"  {name:<18}{format_bytes(value):>12}" for name, value in rows]
     lines.append(f"  {'total':<18}{format_bytes(est.total_bytes):>12}")
+    if setup.checkpointing == "full":
+        lines.append(
+            "  activations with full recomputation: each layer's input kept (2·s·b·h·L, "
+            "Korthikanti et al. 2022) plus one layer's activations recomputed in the backward "
+            f"({format_bytes(est.details.get('activation_recomputed_layer_bytes', 0))}), "
+            "which the paper's figure leaves out"
+        )
     for name, value in reference(est).items():
-        lines.append(f"  (DeepSpeed's estimator, model states: {format_bytes(value)}; {name})")
+        function, recipe = DEEPSPEED_NOTES[name]
+        lines.append(
+            f"  DeepSpeed's {function}: {format_bytes(value)} of model states per GPU for its "
+            f"fixed recipe ({recipe}); the table above counts this setup "
+            f"({format_bytes(est.model_states_bytes)} of model states: {_this_setup_states(est)})"
+        )
     for check in verdicts(est, targets):
         where = check["name"] + (f" (GPU {check['index']})" if check["index"] is not None else "")
         room = format_bytes(abs(check["free_bytes"]))
@@ -139,5 +191,19 @@ def to_text(est: Estimate, targets: list[Target]) -> str:
             if check["max_batch"]
             else "not even a micro-batch of 1 fits"
         )
+        paged = int(est.details.get("paged_optimizer_bytes", 0))
+        if paged:
+            verdict += (
+                f" ({format_bytes(est.required_bytes)} must stay on the GPU: the paged "
+                f"optimizer's {format_bytes(paged)} moves to CPU memory when the GPU is short)"
+            )
         lines.append(f"{where}: {verdict}; {batch}")
+    found = ways(est, targets)
+    if found:
+        lines.append(f"Ways to fit in {targets[0].name}, cheapest for you first:")
+        for way in found:
+            lines.append(
+                f"  {way['change']}: {format_bytes(way['total_bytes'])}"
+                f" (largest micro-batch {way['max_batch']}); {way['what']}; costs: {way['cost']}"
+            )
     return "\n".join(lines)
