@@ -481,3 +481,57 @@ def test_text_explains_deepspeed_and_recomputation_without_json_keys(capsys):
     assert main(["estimate", "--preset", "llama-7b", "--master-weights", "--gpu", "h100"]) == 0
     text = capsys.readouterr().out
     assert "Ways to fit in h100-80gb" in text and "--optimizer adamw-8bit" in text
+
+
+# -- activations and the largest batch against the H100 recordings (issue 24, item 2) ------------
+
+
+def _gpt_config(tmp_path: Path, layers: int) -> Path:
+    """shared/gpu/train_gpt.py's model as a GPT-2 config.json (d=768, vocab 32000, no position
+    table, an untied head)."""
+    config = {
+        "model_type": "gpt2", "n_embd": 768, "n_layer": layers, "n_head": 12,
+        "vocab_size": 32000, "n_positions": 0, "tie_word_embeddings": False,
+    }  # fmt: skip
+    path = tmp_path / f"gpt-{layers}" / "config.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps(config))
+    return path
+
+
+def _recorded_peak(name: str) -> int:
+    peak = 0
+    with gzip.open(TRACES / f"{name}.jsonl.gz", "rt") as f:
+        for line in f:
+            result = (json.loads(line).get("reply") or {}).get("result") or {}
+            for device in result.get("devices") or []:
+                if isinstance(device, dict) and "stats" in device:
+                    peak = max(peak, device["stats"]["allocated_bytes.all.peak"])
+    return peak
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason="shared/traces not present")
+def test_peak_of_the_healthy_recording(capsys, tmp_path):
+    """healthy: batch 8 × 512, fp32 + bf16 autocast, 12 layers.  torch's allocated peak is
+    reached at the start of the backward, before any gradient exists (zero_grad sets them to
+    None): the estimate's weights, optimizer state and activations, without the gradients and
+    the CUDA context (outside torch's counters), are that peak."""
+    out = run_json(
+        capsys, "--config", str(_gpt_config(tmp_path, 12)), "--dtype", "fp32", "--autocast",
+        "--batch", "8", "--seq", "512",
+    )  # fmt: skip
+    at_peak = out["weights_bytes"] + out["optimizer_state_bytes"] + out["activations_bytes"]
+    assert within(at_peak, _recorded_peak("healthy"), 0.01)
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason="shared/traces not present")
+def test_largest_batch_of_the_oom_trainer(capsys, tmp_path):
+    """oom: 4 layers, fp32 + bf16 autocast, seq 512, an 8.5 GB cap (fraction 0.1 of the H100's
+    85.0 GB): batch 18 ran (with one allocator retry) and 23 failed, every time (README of
+    shared/traces).  The logits of the 32 k vocabulary are most of each sample's bytes."""
+    out = run_json(
+        capsys, "--config", str(_gpt_config(tmp_path, 4)), "--dtype", "fp32", "--autocast",
+        "--seq", "512", "--gpu", "8.5GB",
+    )  # fmt: skip
+    assert 18 <= out["max_batch"] <= 22
+    assert out["details"]["logits_bytes"] > out["details"]["activation_layers_bytes"]

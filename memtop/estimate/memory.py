@@ -45,9 +45,14 @@ CHECKPOINTING = ("none", "full")
 CUDA_CONTEXT_BYTES = 512 * MiB  # the CUDA context and kernels of torch (lazy loading), measured
 WORKSPACE_BYTES = 32 * MiB  # cuBLAS workspace of one stream on Hopper (4 MiB × 8)
 NCCL_BYTES = 512 * MiB  # NCCL communicators and buffers when several GPUs train together
-# What the caching allocator's rounding and fragmentation keep out of reach: memtop calls a
-# setup that needs more than this share of the GPU "does not fit".
+# What the driver and other libraries keep out of reach: memtop calls a setup that needs more
+# than this share of the GPU "does not fit".
 USABLE_SHARE = 0.95
+# The caching allocator's reserved bytes above the allocated peak, as a share of the step's
+# activations: 0.54 GB over 3.27 GB of activations on shared/traces/cuda-h100/healthy
+# (reserved 5.66 GB for a 5.12 GB peak).  With it the 4-layer `oom` trainer's largest batch
+# comes out 18 (the recording: 18 ran with one allocator retry, 23 failed).
+CACHE_SHARE = 0.165
 BNB_BLOCK = 2048  # bitsandbytes' 8-bit optimizers: one fp32 absmax per 2048 values per state
 BNB_MIN_8BIT_SIZE = 4096  # ... and tensors of fewer values keep 32-bit states
 
@@ -197,17 +202,25 @@ def optimizer_state_bytes(arch: Architecture, setup: Setup, state_dtype_bytes: f
 
 
 def activation_parts(arch: Architecture, setup: Setup, batch: int) -> dict[str, int]:
-    """Activation bytes of one micro-batch, by term (before the dtype factor)."""
+    """Activation bytes of one micro-batch at the step's peak, by term (`layers` before the
+    dtype factor)."""
     s, b, h, a, L = setup.seq, batch, arch.hidden, arch.heads, arch.layers
     sbh = s * b * h
-    per_layer_linear = 34 * sbh  # Korthikanti et al. eq. 1, without the score matrices
+    # Korthikanti et al. eq. 1, without the score matrices: 34·s·b·h a layer in 16 bits.  Under
+    # autocast the residual stream stays fp32, so the two LayerNorms keep fp32 inputs: 4·s·b·h
+    # more (the H100 recordings' peaks: 0.5 % off with it, 5 % without).
+    per_layer_linear = (38 if setup.autocast else 34) * sbh
     scores = 5 * a * s * s * b if setup.attention == "eager" else 0
     per_layer = per_layer_linear + scores
-    # With full recomputation each layer's input is kept, and during the backward one layer's
-    # activations are recomputed at a time.
-    layers = 2 * sbh * L + per_layer if setup.checkpointing == "full" else per_layer * L
-    # The 16-bit logits, their fp32 copy for the loss and the loss's fp32 log-softmax.
-    logits = 10 * s * b * arch.vocab
+    # With full recomputation each layer's input is kept (fp32 under autocast), and during the
+    # backward one layer's activations are recomputed at a time.
+    kept_input = (4 if setup.autocast else 2) * sbh
+    layers = kept_input * L + per_layer if setup.checkpointing == "full" else per_layer * L
+    # The loss's peak, at the start of the backward: the logits (16-bit, or fp32 in fp32
+    # training), the fp32 log-softmax the loss saved, its gradient and the gradient of its
+    # input, all of s·b·vocab values: 2 + 4 + 4 + 4 bytes (cross_entropy over logits.float()).
+    logit_bytes = 4 if (DTYPE_BYTES[setup.dtype] == 4 and not setup.autocast) else 2
+    logits = (logit_bytes + 12) * s * b * arch.vocab
     # `layers` includes the score matrices; they are named apart for the details.
     kept_scores = scores if setup.checkpointing == "full" else scores * L
     recomputed = per_layer if setup.checkpointing == "full" else 0
@@ -287,7 +300,12 @@ def estimate(arch: Architecture, setup: Setup) -> Estimate:
     details["logits_bytes"] = parts["logits"]
     details["autocast_cache_bytes"] = cast_cache
 
-    overhead = setup.context_bytes + WORKSPACE_BYTES
+    # The caching allocator reserves more than the peak it serves: blocks freed by one phase
+    # of the step are split or cached at sizes the next cannot use.  It grows with the
+    # transient tensors, not with the model states (allocated once).
+    cache = round(CACHE_SHARE * activations)
+    details["allocator_cache_bytes"] = cache
+    overhead = setup.context_bytes + WORKSPACE_BYTES + cache
     if n > 1:
         overhead += NCCL_BYTES
     if setup.zero_stage == 3:
@@ -330,8 +348,8 @@ def max_batch(arch: Architecture, setup: Setup, capacity: int) -> int:
 
     one = estimate(arch, replace(setup, batch=1))
     two = estimate(arch, replace(setup, batch=2))
-    fixed = one.required_bytes - (two.activations_bytes - one.activations_bytes)
-    per_sample = two.activations_bytes - one.activations_bytes
+    per_sample = two.required_bytes - one.required_bytes
+    fixed = one.required_bytes - per_sample
     room = usable_bytes(capacity) - fixed
     if room < per_sample:
         return 0
