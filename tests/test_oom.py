@@ -463,3 +463,63 @@ def test_memtop_oom_imports_no_torch(oom_dir):
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_batch_that_doubles_is_growing_after_two_steps():
+    """Issue 24: a batch that doubles fails at its third step; two steps at ×1.5 or more are
+    growth (the rule wanted three)."""
+    report = _report(
+        # marks before and after each of the two steps: sizes 1 GiB, then 2 GiB
+        recent=_marks([10 * GiB] * 3, [0, 1 * GiB, 2 * GiB]),
+        largest_free_block_bytes=int(1.4 * GiB),
+        allocated_bytes=int(72.8 * GiB),
+        reserved_bytes=78 * GiB,
+    )
+    verdict = diagnose(report)
+    assert verdict["cause"] == "growing_batch", verdict
+    assert "×2.00" in verdict["detail"] and "50%" in verdict["fix"]
+    # Two steps ×1.3 apart are not enough evidence yet.
+    slow = {**report, "recent": _marks([10 * GiB] * 3, [0, 1 * GiB, int(1.3 * GiB)])}
+    assert diagnose(slow)["cause"] != "growing_batch"
+
+
+REPLAY_TRACES = Path(__file__).parent / "data" / "traces"
+
+
+@pytest.mark.parametrize("at", ["10", "30", "170"])
+def test_replay_of_the_oom_recording_names_the_growing_batch(capsys, at):
+    """Issue 21 item 8 / issue 24: a recording holds step marks and the OOM counter, no OOM
+    report; the growth diagnosis of memtop.oom.diagnose runs on them (the baselines each step
+    leaves rise ×1.24 a step between OOMs), so the batch is named, not expandable segments."""
+    code = main(["replay", str(REPLAY_TRACES / "oom.jsonl.gz"), "--once", "--json", "--at", at])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    suggestions = json.loads(out.out)["suggestions"]
+    rules = {s["rule"]: s for s in suggestions}
+    assert "expandable_segments" not in rules, suggestions
+    oom = rules["oom"]
+    assert oom["title"].endswith(": the batch grows"), oom
+    assert "×1.2" in oom["detail"] and "cap the batch" in oom["fix"]
+
+
+@pytest.mark.parametrize("name", ["fragment", "healthy", "leak", "hf-trainer"])
+def test_baseline_growth_is_not_found_where_no_batch_grows(name):
+    """Sequence lengths drawn at random (fragment), a leak's steady rise and a flat baseline
+    are not a growing batch when judged from baselines alone."""
+    import gzip
+
+    from memtop.oom.diagnose import growing_batch
+
+    marks = []
+    with gzip.open(REPLAY_TRACES / f"{name}.jsonl.gz", "rt") as f:
+        for line in f:
+            result = (json.loads(line).get("reply") or {}).get("result") or {}
+            for mark in result.get("step_marks") or []:
+                if mark.get("allocated_bytes"):
+                    base = next(iter(mark["allocated_bytes"].values()))
+                    marks.append(
+                        {"step": mark["step"], "time": mark["time"], "allocated_bytes": base}
+                    )
+    assert len(marks) > 100
+    for start in range(0, len(marks) - 60, 5):
+        assert growing_batch(marks[start : start + 60], [], "x") is None, start

@@ -31,6 +31,9 @@ class DeviceDiagnosis:
     # The newest OOM report of this process on this device (its headline and diagnosis, as
     # the agent's sample carries it), None without one.
     last_oom: dict[str, Any] | None = None
+    # Without a report of its newest OOM (a recording, an agent that wrote none): the
+    # growing-batch finding of memtop.oom.diagnose from the step marks and the OOM counter.
+    oom_growth: dict[str, Any] | None = None
 
     @property
     def transient_bytes(self) -> int | None:

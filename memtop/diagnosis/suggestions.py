@@ -202,6 +202,24 @@ def out_of_memory(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterabl
                 fix=str(verdict.get("fix") or ""),
             )
             continue
+        growth = agent.oom_growth
+        if growth is not None:
+            # No report, but the step marks and the OOM counter show a batch that outgrows
+            # the GPU (memtop.oom.diagnose judges it as it judges a report).
+            yield Suggestion(
+                rule="oom",
+                severity=CRITICAL,
+                pid=agent.pid,
+                device=agent.index,
+                title=(
+                    f"{recent} out-of-memory error{'s' if recent != 1 else ''} {when}: "
+                    f"{OOM_CAUSES['growing_batch']}"
+                ),
+                detail=str(growth["detail"]),
+                evidence=f"num_ooms {p.ooms}, num_alloc_retries {p.retries}; step marks",
+                fix=str(growth["fix"]),
+            )
+            continue
         yield Suggestion(
             rule="oom",
             severity=CRITICAL,
@@ -234,9 +252,10 @@ def expandable_segments_vetoed(agent: DeviceDiagnosis) -> str | None:
     if has_expandable_segments(conf) or uses_async_backend(conf):
         return "the trainer has them (or the async allocator) already"
     oom = agent.last_oom or {}
-    if (oom.get("diagnosis") or {}).get("cause") == "growing_batch" and not _fragmented(
-        agent, held=False
-    ):
+    grows = (oom.get("diagnosis") or {}).get("cause") == "growing_batch" or (
+        agent.oom_growth is not None
+    )
+    if grows and not _fragmented(agent, held=False):
         # The retries, and the splits between OOMs, come from a batch that outgrows the GPU
         # and halves: the OOM report says so, and expandable segments would not stop it.
         return "its OOMs come from a growing batch"
