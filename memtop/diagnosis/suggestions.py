@@ -166,6 +166,7 @@ OOM_CAUSES = {
     "leak": "a leak",
     "fragmentation": "fragmentation",
     "another_process": "another process holds the GPU",
+    "outside_pytorch": "memory outside PyTorch in this process",
     "too_big": "the step does not fit",
 }
 

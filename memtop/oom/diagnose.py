@@ -8,6 +8,8 @@ others that also hold are listed):
   `allocated_bytes.all.allocated` between step marks, per step; from a recording, the rise of
   the baseline each step leaves) rose step after step up to the OOM, and after each earlier
   OOM too: a batch or sequence that grows; cap it;
+- outside_pytorch: the same shortage, but the driver's per-process usage (in the report since
+  issue 24) shows this process itself holding the bytes outside torch's cache;
 - leak: the per-step baseline (allocated right after each step) rose steadily;
 - fragmentation: the cache held more free bytes than the request, in no block as large:
   expandable segments;
@@ -199,19 +201,50 @@ def diagnose(report: dict[str, Any]) -> dict[str, Any]:
     found: list[dict[str, Any]] = []
 
     # Someone else holds the GPU: the driver's free is short while we are under our limit.
+    # With the driver's per-process usage (read by the agent at the OOM) the bytes outside
+    # torch's cache are split into this process's own (NCCL, cuDNN workspaces, another
+    # library) and other processes'; without it, all of it but a CUDA context is "others".
+    own_outside = _int(report, "own_non_pytorch_bytes")
+    other_processes = _int(report, "other_processes_bytes")
     if free is not None and total is not None and free < requested:
-        others = total - free - reserved - CONTEXT_BYTES
+        split = own_outside is not None and other_processes is not None
+        others = other_processes if split else total - free - reserved - CONTEXT_BYTES
+        assert others is not None
         under_limit = limit is None or reserved + requested <= limit
-        if under_limit and others > max(requested, total // 20):
+        enough = max(requested, total // 20)
+        if under_limit and others > enough:
             found.append(
                 {
                     "cause": "another_process",
                     "detail": (
                         f"{headline}: another process took {format_bytes(others)} on this GPU "
-                        f"(this one reserved {format_bytes(reserved)})"
+                        f"(this one reserved {format_bytes(reserved)}"
+                        + (
+                            f" and holds {format_bytes(own_outside)} outside PyTorch)"
+                            if split
+                            else ")"
+                        )
                     ),
                     "fix": "see who with `memtop`; move one job to another GPU or stop it",
                     "other_bytes": others,
+                }
+            )
+        elif under_limit and split and own_outside is not None and own_outside > enough:
+            found.append(
+                {
+                    "cause": "outside_pytorch",
+                    "detail": (
+                        f"{headline}: this process holds {format_bytes(own_outside)} outside "
+                        f"PyTorch's cache (its CUDA context, NCCL buffers, cuDNN/cuBLAS "
+                        f"workspaces, another library); other processes hold "
+                        f"{format_bytes(other_processes)}"
+                    ),
+                    "fix": (
+                        "find the library: NCCL_BUFFSIZE / fewer communicators, "
+                        "torch.backends.cudnn.benchmark=False, a framework (JAX, TensorFlow, "
+                        "CuPy) preallocating; or leave it room with a smaller batch"
+                    ),
+                    "own_non_pytorch_bytes": own_outside,
                 }
             )
 
