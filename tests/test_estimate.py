@@ -535,3 +535,53 @@ def test_largest_batch_of_the_oom_trainer(capsys, tmp_path):
     )  # fmt: skip
     assert 18 <= out["max_batch"] <= 22
     assert out["details"]["logits_bytes"] > out["details"]["activation_layers_bytes"]
+
+
+# -- calibrated by the run itself: --from RECORDING (issue 24, "What to build" 3) ---------------
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason="shared/traces not present")
+def test_from_the_oom_recording_predicts_its_boundary(capsys):
+    """oom: the recorded run's largest step was batch 18 (it ran, with one allocator retry) and
+    batch 23 failed 377 times.  Fitted to batch 18's peak (6.51 GB allocated, 7.80 GB
+    reserved), weights and optimizer state, the first failing batch in its 8.5 GB cap must be
+    within one of that boundary (19 to 23 were never tried: the truth lies in 19..23)."""
+    out = run_json(
+        capsys, "--from", str(TRACES / "oom.jsonl.gz"), "--measured-batch", "18",
+        "--batch", "23", "--gpu", "8.5GB",
+    )  # fmt: skip
+    cal = out["calibration"]
+    assert cal["measured"]["peak_bytes"] == 6_509_511_680
+    assert cal["fixed_bytes"] == 310_141_952 + 620_283_904  # parameters + AdamW state
+    assert out["max_batch"] == 18 and cal["first_failing_batch"] == 19
+    assert out["fits"] is False  # batch 23 does not fit
+    assert out["total_bytes"] == sum(
+        out[k] for k in ("weights_bytes", "gradients_bytes", "optimizer_state_bytes",
+                         "activations_bytes", "overhead_bytes")
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason="shared/traces not present")
+def test_from_the_healthy_recording_reproduces_its_peak(capsys):
+    out = run_json(capsys, "--from", str(TRACES / "healthy.jsonl.gz"), "--measured-batch", "8")
+    measured = _recorded_peak("healthy")
+    assert within(out["calibration"]["peak_bytes"], measured, 0.02)
+    # At twice the batch, the activations (not the weights and the AdamW state) double.
+    double = run_json(
+        capsys, "--from", str(TRACES / "healthy.jsonl.gz"), "--measured-batch", "8", "--batch", "16"
+    )
+    fixed = out["calibration"]["fixed_bytes"]
+    assert double["calibration"]["peak_bytes"] - fixed == pytest.approx(
+        2 * (out["calibration"]["peak_bytes"] - fixed), abs=2
+    )
+
+
+def test_from_needs_the_measured_batch_and_a_readable_recording(capsys, tmp_path):
+    assert (
+        main(["estimate", "--from", str(tmp_path / "nope.jsonl.gz"), "--measured-batch", "8"]) == 1
+    )
+    assert "no such file" in capsys.readouterr().err
+    assert main(["estimate", "--from", str(tmp_path / "x.jsonl.gz")]) == 2
+    assert "--measured-batch" in capsys.readouterr().err
+    assert main(["estimate"]) == 2
+    assert "--preset, --config, --params or --from" in capsys.readouterr().err

@@ -20,6 +20,7 @@ from memtop.diagnosis.facts import (
     parse_allocator_conf,
     uses_async_backend,
 )
+from memtop.estimate.calibrate import BatchModel
 from memtop.model import Severity
 from memtop.units import MiB, format_bytes, format_duration
 
@@ -524,8 +525,15 @@ def bigger_batch(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable
     # the next).  At the peak, what the cache holds beyond the peak is all that is spare.  (The
     # split blocks of the moment are not taken off: their share moves within a step too.)
     cache_at_peak = max(0, agent.reserved_bytes - agent.peak_bytes)
-    headroom = free + cache_at_peak - int(SAFETY_SHARE * gpu.total_bytes)
-    factor = 1 + headroom / transient
+    safety = int(SAFETY_SHARE * gpu.total_bytes)
+    headroom = free + cache_at_peak - safety
+    # How many times this batch fits: `memtop estimate --from`'s model of the step (one home),
+    # where the cache's overhead above the peak grows with the transient (a batch twice as
+    # large strands twice the cached blocks), not a fixed spare.
+    model = BatchModel.fit(
+        1, agent.peak_bytes, agent.reserved_bytes, agent.baseline_bytes or agent.peak_bytes
+    )
+    factor = model.factor(agent.reserved_bytes + free - safety)
     if not _at_least(factor - 1, BATCH_FACTOR_MIN - 1, was):
         return
     yield Suggestion(

@@ -25,7 +25,7 @@ from memtop.estimate.memory import (
     Setup,
     estimate,
 )
-from memtop.estimate.render import Target, to_json, to_text
+from memtop.estimate.render import Target, calibrated_json, calibrated_text, to_json, to_text
 
 
 class EstimateError(Exception):
@@ -45,10 +45,27 @@ NEGATIVE_VALUE = re.compile(r"^-\.?\d")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser._negative_number_matcher = NEGATIVE_VALUE  # type: ignore[attr-defined]
-    model = parser.add_mutually_exclusive_group(required=True)
+    model = parser.add_mutually_exclusive_group()
     model.add_argument("--preset", choices=sorted(PRESETS), help="a known architecture")
     model.add_argument("--config", type=Path, help="a local Hugging Face config.json (or its dir)")
     model.add_argument("--params", help="a parameter count (7e9, 7B, 134M); the shape is assumed")
+    parser.add_argument(
+        "--from",
+        dest="from_recording",
+        type=Path,
+        metavar="RECORDING",
+        help=(
+            "calibrate by a run: its recording (memtop record, an agent wire recording); "
+            "with --measured-batch, predicts the peak at --batch and the largest batch"
+        ),
+    )
+    parser.add_argument(
+        "--measured-batch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the batch the recorded run used at its peak (with --from)",
+    )
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPE_BYTES))
     parser.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
     parser.add_argument(
@@ -91,7 +108,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=ATTENTION,
         help="sdpa (fused, the default of torch and transformers) or eager (stores the scores)",
     )
-    parser.add_argument("--batch", type=int, default=1, help="micro-batch per GPU")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="micro-batch per GPU (default 1; with --from, the measured one)",
+    )
     parser.add_argument("--seq", type=int, default=2048, help="sequence length in tokens")
     parser.add_argument(
         "--gpu",
@@ -138,7 +160,7 @@ def setup_from(args: argparse.Namespace) -> Setup:
         gpus=args.gpus,
         checkpointing=args.checkpointing,
         attention=args.attention,
-        batch=args.batch,
+        batch=1 if args.batch is None else args.batch,
         seq=args.seq,
         adapter_dtype=args.adapter_dtype,
         offload_optimizer=args.offload_optimizer,
@@ -173,6 +195,10 @@ def local_gpus() -> list[Target]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_recording is not None:
+        return run_calibrated(args)
+    if args.preset is None and args.config is None and args.params is None:
+        raise EstimateUsageError("say what to estimate: --preset, --config, --params or --from")
     try:
         arch = architecture(args)
     except ArchitectureError as exc:
@@ -189,4 +215,39 @@ def run(args: argparse.Namespace) -> int:
         print(to_text(est, targets))
         if not targets:
             print("no GPU found here: name one with --gpu (e.g. --gpu h100-80gb)")
+    return 0
+
+
+def run_calibrated(args: argparse.Namespace) -> int:
+    """`--from RECORDING`: the run's own peak, weights and optimizer state at its batch, fitted
+    (memtop.estimate.calibrate) and asked about --batch and the GPU(s)."""
+    from memtop.estimate.calibrate import BatchModel
+    from memtop.estimate.measured import MeasuredError, from_recording
+
+    if args.preset or args.config is not None or args.params:
+        raise EstimateUsageError(
+            "--from measures the model itself: leave out --preset/--config/--params"
+        )
+    if args.measured_batch is None or args.measured_batch < 1:
+        raise EstimateUsageError("--from needs --measured-batch N: the batch the recorded run used")
+    if args.batch is not None and args.batch < 1:
+        raise EstimateUsageError(f"--batch {args.batch}: a batch must be at least 1")
+    try:
+        measured = from_recording(args.from_recording)
+    except MeasuredError as exc:
+        raise EstimateError(str(exc)) from None
+    model = BatchModel.fit(
+        args.measured_batch, measured.peak_bytes, measured.reserved_bytes, measured.fixed_bytes
+    )
+    targets = targets_from(args.gpu) if args.gpu else []
+    if not targets:
+        targets = [
+            Target(f"GPU {measured.device} of the recording", measured.total_bytes, "recording")
+        ]
+    batch = args.measured_batch if args.batch is None else args.batch
+    result = calibrated_json(measured.as_dict(), model, targets, batch, str(args.from_recording))
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(calibrated_text(result))
     return 0

@@ -8,8 +8,15 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from memtop.estimate.architecture import Architecture
+from memtop.estimate.calibrate import BatchModel
 from memtop.estimate.fit import ways_to_fit
-from memtop.estimate.memory import Estimate, Setup, max_batch, usable_bytes
+from memtop.estimate.memory import (
+    CUDA_CONTEXT_BYTES,
+    Estimate,
+    Setup,
+    max_batch,
+    usable_bytes,
+)
 from memtop.estimate.reference import deepspeed_zero2_gpu_bytes, deepspeed_zero3_gpu_bytes
 from memtop.units import format_bytes
 
@@ -206,4 +213,84 @@ def to_text(est: Estimate, targets: list[Target]) -> str:
                 f"  {way['change']}: {format_bytes(way['total_bytes'])}"
                 f" (largest micro-batch {way['max_batch']}); {way['what']}; costs: {way['cost']}"
             )
+    return "\n".join(lines)
+
+
+# -- --from RECORDING: the run's own figures ---------------------------------------------------
+
+
+def calibrated_limit(capacity: int) -> int:
+    """What torch's cache may reserve on a GPU of `capacity` bytes: all but the CUDA context
+    (outside torch's counters).  No share is kept back: the cache's overhead is measured."""
+    return capacity - CUDA_CONTEXT_BYTES
+
+
+def calibrated_json(
+    measured: dict[str, Any], model: BatchModel, targets: list[Target], batch: int, source: str
+) -> dict[str, Any]:
+    """The estimate's fields (DESIGN §11) for `batch`, from the measured run, with
+    `calibration` (DESIGN §12) saying what was measured and fitted."""
+    peak, reserved = model.peak_at(batch), model.reserved_at(batch)
+    activations = peak - model.fixed_bytes
+    checks: list[dict[str, Any]] = []
+    for target in targets:
+        limit = calibrated_limit(target.total_bytes)
+        checks.append(
+            {
+                "name": target.name,
+                "index": target.index,
+                "source": target.source,
+                "total_bytes": target.total_bytes,
+                "usable_bytes": limit,
+                "fits": reserved <= limit,
+                "free_bytes": limit - reserved,
+                "max_batch": model.largest_batch(limit),
+            }
+        )
+    largest = min(int(c["max_batch"]) for c in checks)
+    return {
+        "parameters_count": None,
+        "weights_bytes": measured.get("parameters_bytes"),
+        "gradients_bytes": measured.get("gradients_bytes"),
+        "optimizer_state_bytes": measured.get("optimizer_state_bytes"),
+        "activations_bytes": activations,
+        "overhead_bytes": reserved - peak + CUDA_CONTEXT_BYTES,
+        "total_bytes": reserved + CUDA_CONTEXT_BYTES,
+        "fits": all(c["fits"] for c in checks),
+        "max_batch": largest,
+        "targets": checks,
+        "ways_to_fit": [],
+        "calibration": {
+            "source": source,
+            **model.as_dict(),
+            "measured": measured,
+            "batch": batch,
+            "peak_bytes": peak,
+            "reserved_bytes": reserved,
+            "first_failing_batch": largest + 1,
+        },
+    }
+
+
+def calibrated_text(result: dict[str, Any]) -> str:
+    cal = result["calibration"]
+    measured = cal["measured"]
+    b = format_bytes
+    lines = [
+        f"measured in {cal['source']} (pid {measured['pid']}, GPU {measured['device']}): "
+        f"batch {cal['measured_batch']} peaked at {b(measured['peak_bytes'])} allocated, "
+        f"{b(measured['reserved_bytes'])} reserved",
+        f"  does not grow with the batch {b(cal['fixed_bytes'])} (weights "
+        f"{b(measured['parameters_bytes'])}, optimizer state "
+        f"{b(measured['optimizer_state_bytes'])}); activations "
+        f"{b(cal['activation_bytes_per_sample'])} a sample; the cache reserves "
+        f"{100 * cal['cache_share']:.0f} % of them again",
+    ]
+    for check in result["targets"]:
+        verdict = "fits" if check["fits"] else "does not fit"
+        lines.append(
+            f"{check['name']}: batch {cal['batch']} → peak {b(cal['peak_bytes'])}, reserved "
+            f"{b(cal['reserved_bytes'])}: {verdict} in {b(check['usable_bytes'])} usable "
+            f"(all but the CUDA context); largest batch {check['max_batch']}"
+        )
     return "\n".join(lines)
