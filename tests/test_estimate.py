@@ -585,3 +585,55 @@ def test_from_needs_the_measured_batch_and_a_readable_recording(capsys, tmp_path
     assert "--measured-batch" in capsys.readouterr().err
     assert main(["estimate"]) == 2
     assert "--preset, --config, --params or --from" in capsys.readouterr().err
+
+
+def test_from_a_live_agent_reads_its_peak_and_breakdown(capsys, socket_dir, monkeypatch):
+    """`--from PID`: the agent's sample (torch's peak, reserved) and breakdown (weights,
+    optimizer state), asked over its socket as `memtop cleanup` asks, fitted like a recording.
+    A simulated allocator stands in for CUDA: weights 256 MiB, optimizer state 512 MiB, and
+    each step 1 GiB of activations at 'batch 4'."""
+    import threading
+
+    from memtop.agent.probe import Breakdown, ProbeDevice
+    from memtop.agent.server import Agent
+    from memtop.sim.allocator import SimulatedCachingAllocator
+    from memtop.sim.device import LocalDeviceMemory
+    from memtop.sim.probe import SimulatedGpu, SimulatedProbe
+
+    monkeypatch.setenv("MEMTOP_SOCKET_DIR", str(socket_dir))
+    allocator = SimulatedCachingAllocator(LocalDeviceMemory(16 * GiB), 0)
+    states = [allocator.malloc(256 * 2**20), allocator.malloc(512 * 2**20)]
+    device = ProbeDevice(0, "GPU-00000000-0000-0000-0000-000000000002", "Sim GPU", 16 * GiB)
+    breakdown = {0: Breakdown(256 * 2**20, 0, 512 * 2**20, 768 * 2**20)}
+    probe = SimulatedProbe([SimulatedGpu(device, allocator)], breakdown=lambda: breakdown)
+    agent = Agent(probe, socket_dir, argv=["train.py"])
+    agent.start()
+    stop = threading.Event()
+
+    def train() -> None:  # the trainer's thread: a step of 1 GiB of activations
+        while not stop.is_set():
+            block = allocator.malloc(GiB)
+            allocator.free(block)
+            agent.on_step(explicit=True)
+            stop.wait(0.02)
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    try:
+        import os
+
+        out = run_json(capsys, "--from", str(os.getpid()), "--measured-batch", "4", "--batch", "8",
+                       "--gpu", "16GiB")  # fmt: skip
+    finally:
+        stop.set()
+        trainer.join(10)
+        agent.stop()
+        for block in states:
+            allocator.free(block)
+    cal = out["calibration"]
+    assert cal["fixed_bytes"] == 768 * 2**20
+    assert cal["measured"]["peak_bytes"] == 768 * 2**20 + GiB
+    assert cal["activation_bytes_per_sample"] == GiB // 4
+    assert cal["peak_bytes"] == 768 * 2**20 + 2 * GiB  # batch 8: twice the activations
+    assert main(["estimate", "--from", "999999999", "--measured-batch", "4"]) == 1
+    assert capsys.readouterr().err.startswith("memtop: ")

@@ -53,10 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--from",
         dest="from_recording",
         type=Path,
-        metavar="RECORDING",
+        metavar="RECORDING|PID",
         help=(
-            "calibrate by a run: its recording (memtop record, an agent wire recording); "
-            "with --measured-batch, predicts the peak at --batch and the largest batch"
+            "calibrate by a run: its recording (memtop record, an agent wire recording) or the "
+            "pid of a live agent; with --measured-batch, predicts the peak at --batch and the "
+            "largest batch"
         ),
     )
     parser.add_argument(
@@ -221,8 +222,9 @@ def run(args: argparse.Namespace) -> int:
 def run_calibrated(args: argparse.Namespace) -> int:
     """`--from RECORDING`: the run's own peak, weights and optimizer state at its batch, fitted
     (memtop.estimate.calibrate) and asked about --batch and the GPU(s)."""
+    from memtop import protocol
     from memtop.estimate.calibrate import BatchModel
-    from memtop.estimate.measured import MeasuredError, from_recording
+    from memtop.estimate.measured import MeasuredError, from_recording, from_replies
 
     if args.preset or args.config is not None or args.params:
         raise EstimateUsageError(
@@ -232,10 +234,22 @@ def run_calibrated(args: argparse.Namespace) -> int:
         raise EstimateUsageError("--from needs --measured-batch N: the batch the recorded run used")
     if args.batch is not None and args.batch < 1:
         raise EstimateUsageError(f"--batch {args.batch}: a batch must be at least 1")
+    live = getattr(args, "live_replies", None)
     try:
-        measured = from_recording(args.from_recording)
+        if live is not None:
+            # `--from PID`: the CLI asked the agent (memtop.cli, the same checks as cleanup).
+            pid, sample, breakdown = live
+            measured = from_replies(
+                pid,
+                protocol.parse_sample(sample),
+                protocol.parse_reply("breakdown", breakdown) if breakdown else None,
+            )
+        else:
+            measured = from_recording(args.from_recording)
     except MeasuredError as exc:
         raise EstimateError(str(exc)) from None
+    except protocol.ProtocolError as exc:
+        raise EstimateError(f"the agent sent a malformed reply: {exc.message}") from None
     model = BatchModel.fit(
         args.measured_batch, measured.peak_bytes, measured.reserved_bytes, measured.fixed_bytes
     )

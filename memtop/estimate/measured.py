@@ -58,6 +58,32 @@ class Measured:
         }
 
 
+def from_replies(pid: int, sample: AgentSample, breakdown: AgentBreakdown | None) -> Measured:
+    """A live agent's `sample` and `breakdown` replies (`memtop estimate --from PID`): torch's
+    peak since the trainer started (or since a dashboard's `r`), its reserved bytes now."""
+    if not sample.devices or max(d.torch_peak for d in sample.devices) <= 0:
+        raise MeasuredError(f"pid {pid}: no device with torch's memory counters (a CPU trainer?)")
+    dev = max(sample.devices, key=lambda d: d.torch_peak)
+    parts: dict[str, int] = {}
+    if breakdown is not None and dev.index in breakdown.devices:
+        parts = dict(breakdown.devices[dev.index])
+    marks = [m.allocated[dev.index] for m in sample.step_marks if dev.index in m.allocated]
+    return Measured(
+        pid=pid,
+        device=dev.index,
+        peak_bytes=dev.torch_peak,
+        reserved_bytes=dev.reserved,
+        total_bytes=dev.total_bytes,
+        parameters_bytes=parts.get("parameters"),
+        gradients_bytes=parts.get("gradients"),
+        optimizer_state_bytes=parts.get("optimizer_state")
+        if parts.get("optimizer_state")
+        else None,
+        baseline_bytes=min(marks) if marks else None,
+        steps=len(marks),
+    )
+
+
 def from_recording(path: Path) -> Measured:
     try:
         recording = load(path)
