@@ -637,3 +637,26 @@ def test_from_a_live_agent_reads_its_peak_and_breakdown(capsys, socket_dir, monk
     assert cal["peak_bytes"] == 768 * 2**20 + 2 * GiB  # batch 8: twice the activations
     assert main(["estimate", "--from", "999999999", "--measured-batch", "4"]) == 1
     assert capsys.readouterr().err.startswith("memtop: ")
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason="shared/traces not present")
+def test_from_scales_by_tokens_when_the_sequence_changes(capsys):
+    """healthy ran batch 8 × 512 tokens: batch 4 × 1024 holds as many tokens (the same
+    activations with fused attention), batch 8 × 1024 twice as many."""
+    base = ("--from", str(TRACES / "healthy.jsonl.gz"), "--measured-batch", "8")
+    same = run_json(capsys, *base, "--measured-seq", "512", "--batch", "4", "--seq", "1024")
+    measured = run_json(capsys, *base)
+    assert same["calibration"]["peak_bytes"] == pytest.approx(
+        measured["calibration"]["peak_bytes"], abs=2
+    )
+    longer = run_json(capsys, *base, "--measured-seq", "512", "--batch", "8", "--seq", "1024")
+    fixed = measured["calibration"]["fixed_bytes"]
+    assert longer["calibration"]["peak_bytes"] - fixed == pytest.approx(
+        2 * (measured["calibration"]["peak_bytes"] - fixed), abs=4
+    )
+    per_token = longer["calibration"]["activation_bytes_per_token"]
+    assert per_token == round((measured["calibration"]["peak_bytes"] - fixed) / (8 * 512))
+    # The largest batch at 1024 tokens is about half the one at 512.
+    at_512 = run_json(capsys, *base, "--measured-seq", "512", "--seq", "512", "--gpu", "h100")
+    at_1024 = run_json(capsys, *base, "--measured-seq", "512", "--seq", "1024", "--gpu", "h100")
+    assert abs(at_1024["max_batch"] - at_512["max_batch"] // 2) <= 1

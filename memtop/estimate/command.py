@@ -61,6 +61,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ),
     )
     parser.add_argument(
+        "--measured-seq",
+        type=int,
+        default=None,
+        metavar="S",
+        help="the recorded run's sequence length: predictions at --seq scale by tokens",
+    )
+    parser.add_argument(
         "--measured-batch",
         type=int,
         default=None,
@@ -250,8 +257,14 @@ def run_calibrated(args: argparse.Namespace) -> int:
         raise EstimateError(str(exc)) from None
     except protocol.ProtocolError as exc:
         raise EstimateError(f"the agent sent a malformed reply: {exc.message}") from None
+    # With both sequence lengths given, activations scale with the tokens of a batch (b·s,
+    # fused attention): the measured batch counts as this many batches of --seq tokens.
+    measured_seq = args.measured_seq
+    if measured_seq is not None and measured_seq < 1:
+        raise EstimateUsageError(f"--measured-seq {measured_seq}: must be at least 1")
+    equivalent = args.measured_batch * (measured_seq or args.seq) / args.seq
     model = BatchModel.fit(
-        args.measured_batch, measured.peak_bytes, measured.reserved_bytes, measured.fixed_bytes
+        equivalent, measured.peak_bytes, measured.reserved_bytes, measured.fixed_bytes
     )
     targets = targets_from(args.gpu) if args.gpu else []
     if not targets:
@@ -260,6 +273,15 @@ def run_calibrated(args: argparse.Namespace) -> int:
         ]
     batch = args.measured_batch if args.batch is None else args.batch
     result = calibrated_json(measured.as_dict(), model, targets, batch, str(args.from_recording))
+    calibration = result["calibration"]
+    calibration["measured_batch"] = args.measured_batch
+    if measured_seq is not None:
+        tokens = args.measured_batch * measured_seq
+        calibration.update(
+            measured_seq=measured_seq,
+            seq=args.seq,
+            activation_bytes_per_token=round(model.growing_bytes / tokens),
+        )
     if args.json:
         print(json.dumps(result, indent=2))
     else:
