@@ -714,10 +714,21 @@ def _oom(args: argparse.Namespace) -> int:
 
 
 def _estimate(args: argparse.Namespace) -> int:
-    from memtop.estimate.command import EstimateError, run
+    from memtop import protocol
+    from memtop.estimate.command import EstimateError, EstimateUsageError, run
 
+    source = getattr(args, "from_recording", None)
+    pid = protocol.decimal(str(source)) if source is not None else None
+    if source is not None and pid is not None and not source.exists():
+        # `--from PID`: a live agent's figures, asked as `memtop cleanup` asks (same checks).
+        sample = _action(pid, "sample", {}, None)
+        breakdown = _action(pid, "breakdown", {"wait_s": 10.0}, None)
+        args.live_replies = (pid, sample, None if breakdown.get("pending") else breakdown)
     try:
         return run(args)
+    except EstimateUsageError as exc:
+        print(f"memtop: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except EstimateError as exc:
         raise CliError(str(exc)) from None
 

@@ -10,15 +10,17 @@ TiB = 1 << 40
 
 
 def format_bytes(n: int | float | None) -> str:
-    """512 B, 8.0 KiB, 263.0 MiB, 30.2 GiB; "n/a" for None."""
+    """512 B, 8.0 KiB, 263.0 MiB, 30.2 GiB, 1.0 GiB for 1023.9 MiB; "n/a" for None."""
     if n is None:
         return "n/a"
     value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        # A figure moves to the next unit once it reads 1.0 there (1023.9 MiB is "1.0 GiB",
+        # not a four-digit "1023.9 MiB" beside "1.0 GiB" for a hair more).
+        if abs(value) / 1024 < 0.95 or unit == "PiB":
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
-    return f"{value:.1f} TiB"  # pragma: no cover
+    return f"{value:.1f} PiB"  # pragma: no cover
 
 
 def short_bytes(n: int | float | None) -> str:

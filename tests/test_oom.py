@@ -10,6 +10,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 from helpers import default_sigint
 
+from memtop.agent.driver_usage import split_usage
 from memtop.agent.oom import MAX_REPORT_BYTES, encode_report, prune, report_name
 from memtop.agent.probe import ProbeDevice
 from memtop.agent.server import Agent
@@ -463,3 +465,112 @@ def test_memtop_oom_imports_no_torch(oom_dir):
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_batch_that_doubles_is_growing_after_two_steps():
+    """Issue 24: a batch that doubles fails at its third step; two steps at ×1.5 or more are
+    growth (the rule wanted three)."""
+    report = _report(
+        # marks before and after each of the two steps: sizes 1 GiB, then 2 GiB
+        recent=_marks([10 * GiB] * 3, [0, 1 * GiB, 2 * GiB]),
+        largest_free_block_bytes=int(1.4 * GiB),
+        allocated_bytes=int(72.8 * GiB),
+        reserved_bytes=78 * GiB,
+    )
+    verdict = diagnose(report)
+    assert verdict["cause"] == "growing_batch", verdict
+    assert "×2.00" in verdict["detail"] and "50%" in verdict["fix"]
+    # Two steps ×1.3 apart are not enough evidence yet.
+    slow = {**report, "recent": _marks([10 * GiB] * 3, [0, 1 * GiB, int(1.3 * GiB)])}
+    assert diagnose(slow)["cause"] != "growing_batch"
+
+
+REPLAY_TRACES = Path(__file__).parent / "data" / "traces"
+
+
+@pytest.mark.parametrize("at", ["10", "30", "170"])
+def test_replay_of_the_oom_recording_names_the_growing_batch(capsys, at):
+    """Issue 21 item 8 / issue 24: a recording holds step marks and the OOM counter, no OOM
+    report; the growth diagnosis of memtop.oom.diagnose runs on them (the baselines each step
+    leaves rise ×1.24 a step between OOMs), so the batch is named, not expandable segments."""
+    code = main(["replay", str(REPLAY_TRACES / "oom.jsonl.gz"), "--once", "--json", "--at", at])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    suggestions = json.loads(out.out)["suggestions"]
+    rules = {s["rule"]: s for s in suggestions}
+    assert "expandable_segments" not in rules, suggestions
+    oom = rules["oom"]
+    assert oom["title"].endswith(": the batch grows"), oom
+    assert "×1.2" in oom["detail"] and "cap the batch" in oom["fix"]
+
+
+@pytest.mark.parametrize("name", ["fragment", "healthy", "leak", "hf-trainer"])
+def test_baseline_growth_is_not_found_where_no_batch_grows(name):
+    """Sequence lengths drawn at random (fragment), a leak's steady rise and a flat baseline
+    are not a growing batch when judged from baselines alone."""
+    import gzip
+
+    from memtop.oom.diagnose import growing_batch
+
+    marks = []
+    with gzip.open(REPLAY_TRACES / f"{name}.jsonl.gz", "rt") as f:
+        for line in f:
+            result = (json.loads(line).get("reply") or {}).get("result") or {}
+            for mark in result.get("step_marks") or []:
+                if mark.get("allocated_bytes"):
+                    base = next(iter(mark["allocated_bytes"].values()))
+                    marks.append(
+                        {"step": mark["step"], "time": mark["time"], "allocated_bytes": base}
+                    )
+    assert len(marks) > 100
+    for start in range(0, len(marks) - 60, 5):
+        assert growing_batch(marks[start : start + 60], [], "x") is None, start
+
+
+def test_the_driver_split_is_read_off_the_trainers_thread(agent, allocator, oom_dir):
+    """Issue 24: at the OOM the driver's per-process usage is read (NVML) on the agent's I/O
+    worker, never on the allocating thread, and the report tells this process's bytes outside
+    PyTorch from other processes'."""
+    calls = []
+
+    def driver_usage(uuid):
+        calls.append((uuid, threading.get_ident()))
+        return {"processes": {os.getpid(): 1800 * MiB, 4242: 100 * MiB}, "own_pid": os.getpid()}
+
+    agent.oom.driver_usage = driver_usage
+    weights = allocator.malloc(256 * MiB)
+    grow_until_oom(agent, allocator, 64 * MiB)
+    assert agent.oom.flush(5.0)
+    (path,) = oom_dir.glob("oom-*.json")
+    report = json.loads(path.read_text())
+    assert calls == [(report["device_uuid"], calls[0][1])]
+    assert calls[0][1] != threading.get_ident()  # not the allocating (trainer's) thread
+    assert report["own_non_pytorch_bytes"] == 1800 * MiB - report["reserved_bytes"]
+    assert report["other_processes_bytes"] == 100 * MiB
+    # A reader that fails leaves the report whole, the split unknown.
+    agent.oom.driver_usage = lambda uuid: 1 / 0
+    assert split_usage(None, 0) == {"own_non_pytorch_bytes": None, "other_processes_bytes": None}
+    allocator.free(weights)
+
+
+def test_own_memory_outside_pytorch_is_not_blamed_on_another_process():
+    # 80 GiB GPU, 1 GiB free, this process reserved 20 GiB: 59 GiB are outside torch's cache.
+    short = _report(allocated_bytes=18 * GiB, reserved_bytes=20 * GiB)
+    assert diagnose(short)["cause"] == "another_process"  # without the driver's split
+    own = {**short, "own_non_pytorch_bytes": 58 * GiB, "other_processes_bytes": 512 * MiB}
+    verdict = diagnose(own)
+    assert verdict["cause"] == "outside_pytorch", verdict
+    assert "this process holds 58.0 GiB outside PyTorch's cache" in verdict["detail"]
+    others = {**short, "own_non_pytorch_bytes": 1 * GiB, "other_processes_bytes": 57 * GiB}
+    verdict = diagnose(others)
+    assert verdict["cause"] == "another_process"
+    assert "another process took 57.0 GiB" in verdict["detail"]
+    assert "holds 1.0 GiB outside PyTorch" in verdict["detail"]
+
+
+def test_driver_usage_without_a_driver_is_none():
+    from memtop.agent.driver_usage import read_driver_usage
+
+    assert read_driver_usage(None) is None
+    # On a machine without NVML (or with no such GPU), None, never an exception.
+    assert read_driver_usage("GPU-00000000-0000-0000-0000-000000000001") is None

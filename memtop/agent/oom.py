@@ -8,6 +8,8 @@ error unwinds, the step's tensors are freed.  So, there and then, and only host-
 - the allocator's counters and a trace-free snapshot summary (the largest free block, stranded
   split bytes) - host-side reads of the allocator's own bookkeeping, no CUDA call;
 - what the agent already holds: step, phase, the step marks of the last 60 s, the breakdown.
+The driver's per-process usage (this process's bytes outside PyTorch vs other processes') is an
+NVML call: it is read on the I/O worker, just after, with the report's encoding.
 That is a few ms of Python on a path that is about to raise anyway, and it is bounded: calls
 within COALESCE_S of an OOM are the same OOM (cuDNN retries), and at most one report is taken
 per REPORT_MIN_INTERVAL_S (the others are counted into the next).  Encoding and writing the file
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from memtop import protocol
 from memtop._version import __version__
 from memtop.agent import files
+from memtop.agent.driver_usage import read_driver_usage, split_usage
 from memtop.agent.snapshot_summary import summarize_snapshot
 from memtop.oom.diagnose import diagnose
 
@@ -72,6 +75,8 @@ class OomRecorder:
         self._pending = 0
         self._cond = threading.Condition()
         self._host = socket.gethostname()
+        # The driver's per-process usage: read on the I/O worker only (tests replace it).
+        self.driver_usage: Callable[[str | None], dict[str, Any] | None] = read_driver_usage
 
     # ---------------------------------------------------------------- allocating thread
 
@@ -195,6 +200,10 @@ class OomRecorder:
 
     def _write(self, report: dict[str, Any]) -> None:
         try:
+            # The driver's split of the GPU between this process (outside PyTorch) and others:
+            # an NVML call, so here on the I/O worker, never on the allocating thread.
+            usage = _safe(lambda: self.driver_usage(report.get("device_uuid")), None)
+            report.update(split_usage(usage, report.get("reserved_bytes")))
             # Judged here, off the trainer's thread; `memtop oom` judges again with its own
             # (possibly newer) rules.
             report["diagnosis"] = diagnose(report)

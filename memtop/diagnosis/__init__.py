@@ -8,9 +8,9 @@ assembles the `Diagnosis` every consumer renders.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from memtop.diagnosis.facts import DeviceDiagnosis, GpuFacts
 from memtop.diagnosis.fragmentation import (
@@ -21,6 +21,7 @@ from memtop.diagnosis.fragmentation import (
 )
 from memtop.diagnosis.leak import MAX_MARKS, LeakEstimate, detect
 from memtop.diagnosis.suggestions import Suggestion
+from memtop.oom.diagnose import growing_batch
 
 if TYPE_CHECKING:  # the store is only read through its methods: the package stays light
     from memtop.store import AgentDeviceView, AgentView, Store
@@ -38,6 +39,9 @@ __all__ = [
 # device at most this often (a trend judged over minutes of steps does not change in ten
 # seconds, and eight devices judged every 5 s were a twentieth of the dashboard's CPU).
 LEAK_REFRESH_S = 10.0
+# The step marks a growing batch is judged on when OOMs show only as a counter (a recording):
+# the OOM report's `recent` holds about as many.
+GROWTH_MARKS = 60
 
 
 @dataclass(frozen=True)
@@ -107,6 +111,21 @@ class Diagnoser:
                 headroom_bytes=latest.free_bytes + latest.cached,
             )
             self._leaks[key] = (now, leak)
+        last_oom = (
+            dict(agent.last_oom)
+            if agent.last_oom is not None and agent.last_oom.get("device") == dev.index
+            else None
+        )
+        pressure_now = pressure(
+            latest,
+            recent.get("time", []),
+            recent.get("num_alloc_retries", []),
+            recent.get("num_ooms", []),
+        )
+        oom_growth = None
+        ooms = pressure_now.ooms if pressure_now.ooms_recent is None else pressure_now.ooms_recent
+        if last_oom is None and ooms > 0:
+            oom_growth = _growth_from_marks(store, agent.pid, dev.index, recent)
         summaries = agent.snapshot_summary or {}
         snapshot_age = now - agent.snapshot_time if agent.snapshot_time is not None else None
         return DeviceDiagnosis(
@@ -124,23 +143,35 @@ class Diagnoser:
             fragmentation=fragmentation(
                 latest, gauge.get("fragmentation", []), summaries.get(dev.index), snapshot_age
             ),
-            pressure=pressure(
-                latest,
-                recent.get("time", []),
-                recent.get("num_alloc_retries", []),
-                recent.get("num_ooms", []),
-            ),
+            pressure=pressure_now,
             breakdown=(agent.breakdown or {}).get(dev.index),
             allocator_conf=agent.hello.allocator_conf if agent.hello else "",
             hip=_hip(agent.hello.extra.get("hip") if agent.hello else None),
-            last_oom=(
-                dict(agent.last_oom)
-                if agent.last_oom is not None and agent.last_oom.get("device") == dev.index
-                else None
-            ),
+            last_oom=last_oom,
+            oom_growth=oom_growth,
         )
 
 
 def _hip(value: object) -> str | None:
     """The hello's `hip` (torch.version.hip) when it is one."""
     return value if isinstance(value, str) and value else None
+
+
+def _growth_from_marks(
+    store: Store, pid: int, index: int, recent: Mapping[str, Sequence[float]]
+) -> dict[str, Any] | None:
+    """A growing batch judged from the newest step marks as an OOM report judges it
+    (memtop.oom.diagnose, one home), for OOMs seen only as a counter."""
+    marks = store.step_marks(pid, index, last=GROWTH_MARKS)
+    recent_marks = [
+        {"step": int(step), "time": when, "allocated_bytes": int(allocated)}
+        for step, when, allocated in zip(
+            marks.get("step", []), marks.get("time", []), marks.get("allocated", []), strict=False
+        )
+    ]
+    counts = recent.get("num_ooms", [])
+    times = recent.get("time", [])
+    oom_times = [t for t, a, b in zip(times[1:], counts, counts[1:], strict=False) if b > a]
+    ooms = int(counts[-1] - counts[0]) if len(counts) > 1 else 0
+    headline = f"{ooms} out-of-memory error{'s' if ooms != 1 else ''} while stepping"
+    return growing_batch(recent_marks, oom_times, headline)

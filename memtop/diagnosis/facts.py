@@ -33,6 +33,9 @@ class DeviceDiagnosis:
     last_oom: dict[str, Any] | None = None
     # torch.version.hip of the trainer: a ROCm build (AMD GPUs), whose fixes are spelt for ROCm.
     hip: str | None = None
+    # Without a report of its newest OOM (a recording, an agent that wrote none): the
+    # growing-batch finding of memtop.oom.diagnose from the step marks and the OOM counter.
+    oom_growth: dict[str, Any] | None = None
 
     @property
     def transient_bytes(self) -> int | None:

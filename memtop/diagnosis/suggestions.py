@@ -20,6 +20,7 @@ from memtop.diagnosis.facts import (
     parse_allocator_conf,
     uses_async_backend,
 )
+from memtop.estimate.calibrate import BatchModel
 from memtop.model import Severity
 from memtop.units import MiB, format_bytes, format_duration
 
@@ -166,6 +167,7 @@ OOM_CAUSES = {
     "leak": "a leak",
     "fragmentation": "fragmentation",
     "another_process": "another process holds the GPU",
+    "outside_pytorch": "memory outside PyTorch in this process",
     "too_big": "the step does not fit",
 }
 
@@ -202,6 +204,24 @@ def out_of_memory(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterabl
                 fix=str(verdict.get("fix") or ""),
             )
             continue
+        growth = agent.oom_growth
+        if growth is not None:
+            # No report, but the step marks and the OOM counter show a batch that outgrows
+            # the GPU (memtop.oom.diagnose judges it as it judges a report).
+            yield Suggestion(
+                rule="oom",
+                severity=CRITICAL,
+                pid=agent.pid,
+                device=agent.index,
+                title=(
+                    f"{recent} out-of-memory error{'s' if recent != 1 else ''} {when}: "
+                    f"{OOM_CAUSES['growing_batch']}"
+                ),
+                detail=str(growth["detail"]),
+                evidence=f"num_ooms {p.ooms}, num_alloc_retries {p.retries}; step marks",
+                fix=str(growth["fix"]),
+            )
+            continue
         yield Suggestion(
             rule="oom",
             severity=CRITICAL,
@@ -234,9 +254,10 @@ def expandable_segments_vetoed(agent: DeviceDiagnosis) -> str | None:
     if has_expandable_segments(conf) or uses_async_backend(conf):
         return "the trainer has them (or the async allocator) already"
     oom = agent.last_oom or {}
-    if (oom.get("diagnosis") or {}).get("cause") == "growing_batch" and not _fragmented(
-        agent, held=False
-    ):
+    grows = (oom.get("diagnosis") or {}).get("cause") == "growing_batch" or (
+        agent.oom_growth is not None
+    )
+    if grows and not _fragmented(agent, held=False):
         # The retries, and the splits between OOMs, come from a batch that outgrows the GPU
         # and halves: the OOM report says so, and expandable segments would not stop it.
         return "its OOMs come from a growing batch"
@@ -524,8 +545,15 @@ def bigger_batch(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable
     # the next).  At the peak, what the cache holds beyond the peak is all that is spare.  (The
     # split blocks of the moment are not taken off: their share moves within a step too.)
     cache_at_peak = max(0, agent.reserved_bytes - agent.peak_bytes)
-    headroom = free + cache_at_peak - int(SAFETY_SHARE * gpu.total_bytes)
-    factor = 1 + headroom / transient
+    safety = int(SAFETY_SHARE * gpu.total_bytes)
+    headroom = free + cache_at_peak - safety
+    # How many times this batch fits: `memtop estimate --from`'s model of the step (one home),
+    # where the cache's overhead above the peak grows with the transient (a batch twice as
+    # large strands twice the cached blocks), not a fixed spare.
+    model = BatchModel.fit(
+        1, agent.peak_bytes, agent.reserved_bytes, agent.baseline_bytes or agent.peak_bytes
+    )
+    factor = model.factor(agent.reserved_bytes + free - safety)
     if not _at_least(factor - 1, BATCH_FACTOR_MIN - 1, was):
         return
     yield Suggestion(

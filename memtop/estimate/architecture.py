@@ -23,6 +23,9 @@ GPT_LINEARS = ("c_attn", "attn.c_proj", "c_fc", "mlp.c_proj")
 # PEFT's defaults for these families (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING).
 DEFAULT_LORA_TARGETS = {LLAMA: ("q_proj", "v_proj"), GPT: ("c_attn",)}
 ALL_LINEAR = "all-linear"
+# A thousand times the largest model trained so far: a count above it is a typo (1e30 printed
+# figures in the quintillions of TiB).
+MAX_PARAMS = 1e15
 
 
 class ArchitectureError(ValueError):
@@ -122,6 +125,27 @@ class Architecture:
             out.append((self.vocab, self.hidden, 1))
         return out
 
+    def parameter_tensors(self) -> list[tuple[tuple[int, ...], int]]:
+        """(shape, how many) of every parameter tensor, as torch holds them (a Linear's weight
+        is (out, in)): what per-tensor optimizer states (Adafactor's factored moments,
+        bitsandbytes' blocks and its 32-bit small tensors) are sized by."""
+        h = self.hidden
+        out: list[tuple[tuple[int, ...], int]] = [
+            ((b, a), self.layers) for a, b in self.linear_shapes().values()
+        ]
+        if self.family == LLAMA:
+            out.append(((h,), 2 * self.layers))  # two RMSNorms per block
+            out.append(((h,), 1))  # the final norm
+        else:
+            out += [((b,), self.layers) for _, b in self.linear_shapes().values()]  # biases
+            out.append(((h,), 4 * self.layers + 2))  # LayerNorms' weights and biases
+        out.append(((self.vocab, h), 1))
+        if self.positions:
+            out.append(((self.positions, h), 1))
+        if not self.tied_embeddings:
+            out.append(((self.vocab, h), 1))
+        return out
+
     def vector_params(self) -> int:
         return self.layers * self.layer_vector_params() + self.final_norm_params()
 
@@ -179,6 +203,7 @@ def _llama(name: str, layers: int, hidden: int, heads: int, inter: int, kv: int)
 PRESETS: dict[str, Architecture] = {
     "llama-7b": _llama("llama-7b", 32, 4096, 32, 11008, 32),
     "llama-13b": _llama("llama-13b", 40, 5120, 40, 13824, 40),
+    "llama-65b": _llama("llama-65b", 80, 8192, 64, 22016, 64),
     "llama-70b": _llama("llama-70b", 80, 8192, 64, 28672, 8),
     "llama3-8b": replace(_llama("llama3-8b", 32, 4096, 32, 14336, 8), vocab=128256),
     "mistral-7b": _llama("mistral-7b", 32, 4096, 32, 14336, 8),
@@ -293,7 +318,8 @@ def assumed_shape(params: int) -> Architecture:
 
 def parse_count(text: str) -> int:
     """7e9, 7B, 134M, 6738415616 -> an integer count."""
-    text = text.strip().replace("_", "").replace(",", "")
+    original = text.strip()
+    text = original.replace("_", "").replace(",", "")
     scale = 1
     suffixes = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
     if text and text[-1].lower() in suffixes:
@@ -301,7 +327,13 @@ def parse_count(text: str) -> int:
     try:
         value = float(text) * scale
     except ValueError:
-        raise ArchitectureError(f"not a parameter count: {text!r} (e.g. 7e9, 7B, 134M)") from None
+        raise ArchitectureError(
+            f"--params {original}: not a parameter count (e.g. 7e9, 7B, 134M)"
+        ) from None
     if not math.isfinite(value) or value < 1:
-        raise ArchitectureError("a parameter count must be at least 1")
+        raise ArchitectureError(f"--params {original}: a parameter count must be at least 1")
+    if value > MAX_PARAMS:
+        raise ArchitectureError(
+            f"--params {original}: more than any model (at most 1e15 parameters)"
+        )
     return int(value)

@@ -27,12 +27,21 @@ ALIASES = {"h100": "h100-80gb", "a100": "a100-80gb", "v100": "v100-32gb"}
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(gib|gb|mib|mb|g|m)?\s*$", re.IGNORECASE)
+MAX_GPU_BYTES = 64 * 1024 * GiB  # far above any GPU: a typo, not a board
 _UNITS = {"gib": GiB, "g": GiB, "gb": 10**9, "mib": MiB, "m": MiB, "mb": 10**6}
 
 
 def named_gpu(name: str) -> tuple[str, int] | None:
     """A GPU by name (`h100-80gb`), or a capacity (`24GiB`, `8.5GB`: a MIG slice, a memory
     fraction); None when it is neither."""
+    try:
+        return parse_gpu(name)
+    except ValueError:
+        return None
+
+
+def parse_gpu(name: str) -> tuple[str, int]:
+    """(name, capacity in bytes) of `--gpu NAME`; ValueError with one line for the user."""
     key = name.strip().lower().replace("_", "-")
     key = ALIASES.get(key, key)
     capacity = NAMED_GPUS.get(key)
@@ -40,7 +49,13 @@ def named_gpu(name: str) -> tuple[str, int] | None:
         return key, capacity
     size = _SIZE.match(name)
     if size is None:
-        return None
+        raise ValueError(
+            f"--gpu {name!r}: unknown GPU; known: {', '.join(NAMED_GPUS)}, or a size (24GiB)"
+        )
     unit = _UNITS[(size.group(2) or "gib").lower()]
     capacity = int(float(size.group(1)) * unit)
-    return (f"{name.strip()} GPU", capacity) if capacity > 0 else None
+    if capacity < MiB:
+        raise ValueError(f"--gpu {name!r}: a GPU's memory must be at least 1 MiB")
+    if capacity > MAX_GPU_BYTES:
+        raise ValueError(f"--gpu {name!r}: more memory than any GPU (at most 64 TiB)")
+    return f"{name.strip()} GPU", capacity

@@ -14,6 +14,7 @@ and which the paper leaves out, and autocast's cache of 16-bit weight copies.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,17 +25,36 @@ DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 # QLoRA's NF4 with double quantization: 4 bits + 8-bit absmax per 64 values + an fp32 second
 # level constant per 256 blocks = 4.127 bits a parameter (Dettmers et al. 2023, §3).
 QUANT_BYTES = {"4bit": (4 + 8 / 64 + 32 / (64 * 256)) / 8, "8bit": 1.0}
-OPTIMIZERS = ("adamw", "adam", "adamw-8bit", "sgd", "sgd-momentum", "adafactor", "lion")
+OPTIMIZERS = (
+    "adamw",
+    "adam",
+    "adamw-8bit",
+    "paged-adamw-8bit",
+    "paged-adamw-32bit",
+    "sgd",
+    "sgd-momentum",
+    "adafactor",
+    "lion",
+)
+# bitsandbytes' paged optimizers keep their state in CUDA unified memory: under pressure the
+# driver pages it out to CPU memory instead of failing (the QLoRA paper's paged optimizers).
+PAGED_OPTIMIZERS = ("paged-adamw-8bit", "paged-adamw-32bit")
 ATTENTION = ("sdpa", "eager")
 CHECKPOINTING = ("none", "full")
 
 CUDA_CONTEXT_BYTES = 512 * MiB  # the CUDA context and kernels of torch (lazy loading), measured
 WORKSPACE_BYTES = 32 * MiB  # cuBLAS workspace of one stream on Hopper (4 MiB × 8)
 NCCL_BYTES = 512 * MiB  # NCCL communicators and buffers when several GPUs train together
-# What the caching allocator's rounding and fragmentation keep out of reach: memtop calls a
-# setup that needs more than this share of the GPU "does not fit".
+# What the driver and other libraries keep out of reach: memtop calls a setup that needs more
+# than this share of the GPU "does not fit".
 USABLE_SHARE = 0.95
+# The caching allocator's reserved bytes above the allocated peak, as a share of the step's
+# activations: 0.54 GB over 3.27 GB of activations on shared/traces/cuda-h100/healthy
+# (reserved 5.66 GB for a 5.12 GB peak).  With it the 4-layer `oom` trainer's largest batch
+# comes out 18 (the recording: 18 ran with one allocator retry, 23 failed).
+CACHE_SHARE = 0.165
 BNB_BLOCK = 2048  # bitsandbytes' 8-bit optimizers: one fp32 absmax per 2048 values per state
+BNB_MIN_8BIT_SIZE = 4096  # ... and tensors of fewer values keep 32-bit states
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,11 +75,15 @@ class Setup:
     batch: int = 1
     seq: int = 2048
     context_bytes: int = CUDA_CONTEXT_BYTES
+    adapter_dtype: str = "fp32"  # LoRA adapters (PEFT's default; the QLoRA paper's: bf16)
+    offload_optimizer: bool = False  # optimizer state and master weights in CPU memory
 
     def check(self) -> None:
         problems = []
         if self.dtype not in DTYPE_BYTES:
             problems.append(f"dtype must be one of {', '.join(DTYPE_BYTES)}")
+        if self.adapter_dtype not in DTYPE_BYTES:
+            problems.append(f"adapter dtype must be one of {', '.join(DTYPE_BYTES)}")
         if self.optimizer not in OPTIMIZERS:
             problems.append(f"optimizer must be one of {', '.join(OPTIMIZERS)}")
         if self.zero_stage not in (0, 1, 2, 3):
@@ -111,47 +135,101 @@ class Estimate:
     def total_bytes(self) -> int:
         return self.model_states_bytes + self.activations_bytes + self.overhead_bytes
 
+    @property
+    def required_bytes(self) -> int:
+        """What must be on the GPU: a paged optimizer's state moves to CPU memory when the GPU
+        is short (slower steps, not an OOM), so it is not required."""
+        return self.total_bytes - int(self.details.get("paged_optimizer_bytes", 0))
 
-def optimizer_state_per_param(arch: Architecture, setup: Setup, trainable: int) -> float:
-    """Bytes of optimizer state (master weights apart) of `trainable` parameters, before ZeRO."""
+
+def trainable_tensors(arch: Architecture, setup: Setup) -> list[tuple[tuple[int, ...], float]]:
+    """(shape, how many) of every tensor the optimizer holds state for: the whole model, or
+    the LoRA adapters A (rank × in) and B (out × rank) of each targeted matrix per layer."""
+    if not setup.lora:
+        return [(shape, n * arch.scale()) for shape, n in arch.parameter_tensors()]
+    shapes, rank = arch.linear_shapes(), setup.lora_rank
+    out: list[tuple[tuple[int, ...], float]] = []
+    for target in setup.lora_targets:
+        fan_in, fan_out = shapes[target]
+        count = arch.layers * arch.scale()
+        out += [((rank, fan_in), count), ((fan_out, rank), count)]
+    return out
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def optimizer_state_bytes(arch: Architecture, setup: Setup, state_dtype_bytes: float) -> float:
+    """Bytes of optimizer state (master weights apart), before ZeRO, as each optimizer allocates
+    it for the trainable tensors.  `state_dtype_bytes`: the dtype of the parameters the
+    optimizer steps (the fp32 master copy when there is one).  Checked against torch 2.13's
+    optimizers in tests/test_estimate.py; torch keeps `step` as a CPU scalar (not counted)."""
     name = setup.optimizer
+    tensors = trainable_tensors(arch, setup)
+    numel = sum(_numel(shape) * n for shape, n in tensors)
     if name in ("adamw", "adam"):
-        return 8.0 * trainable  # two fp32 moments (mixed-precision trainers keep them fp32)
+        # exp_avg and exp_avg_sq: torch.zeros_like(param), so in the parameter's dtype (bf16
+        # parameters: bf16 moments; fp32 moments only with fp32 parameters or master weights).
+        return 2 * state_dtype_bytes * numel
     if name in ("sgd-momentum", "lion"):
-        return 4.0 * trainable  # one fp32 buffer
+        return state_dtype_bytes * numel  # one buffer like the parameter (momentum, exp_avg)
     if name == "sgd":
-        return 0.0  # torch's default SGD has no momentum buffer
-    if name == "adamw-8bit":
-        # bitsandbytes: two 8-bit states with one fp32 absmax per block; tensors under 4096
-        # values (norms, biases) stay 32-bit.
-        vectors = 0 if setup.lora else arch.vector_params()
-        return (trainable - vectors) * (2 + 8 / BNB_BLOCK) + vectors * 8.0
-    # Adafactor (no first moment, the default): a row and a column statistic per matrix,
-    # a full fp32 second moment per vector.
-    if setup.lora:
-        rank = setup.lora_rank
-        shapes = arch.linear_shapes()
-        per_layer = sum((shapes[t][0] + rank) + (rank + shapes[t][1]) for t in setup.lora_targets)
-        return 4.0 * per_layer * arch.layers
-    factored = sum((rows + cols) * n for rows, cols, n in arch.matrices()) * arch.scale()
-    return 4.0 * (factored + arch.vector_params())
+        return 0.0  # torch's SGD without momentum keeps no buffer
+    if name in ("adamw-8bit", "paged-adamw-8bit"):
+        # bitsandbytes' Optimizer2State: two uint8 states and one fp32 absmax per 2048-value
+        # block of each (blockwise quantization); a tensor under min_8bit_size = 4096 values
+        # keeps both states in fp32.  The quantization maps are shared, not per tensor.
+        total = 0.0
+        for shape, n in tensors:
+            size = _numel(shape)
+            if size < BNB_MIN_8BIT_SIZE:
+                total += 8.0 * size * n
+            else:
+                total += (2.0 * size + 2 * 4 * math.ceil(size / BNB_BLOCK)) * n
+        return total
+    if name == "paged-adamw-32bit":
+        return 8.0 * numel  # bitsandbytes' 32-bit states are fp32 whatever the parameter's dtype
+    # torch.optim.Adafactor: a tensor of 2 or more dims keeps row_var (shape[:-1]) and col_var
+    # (shape[:-2] + shape[-1:]), a vector its full variance, in the parameter's dtype.
+    total = 0.0
+    for shape, n in tensors:
+        if len(shape) >= 2:
+            total += (_numel(shape[:-1]) + _numel(shape[:-2]) * shape[-1]) * n
+        else:
+            total += _numel(shape) * n
+    return state_dtype_bytes * total
 
 
 def activation_parts(arch: Architecture, setup: Setup, batch: int) -> dict[str, int]:
-    """Activation bytes of one micro-batch, by term (before the dtype factor)."""
+    """Activation bytes of one micro-batch at the step's peak, by term (`layers` before the
+    dtype factor)."""
     s, b, h, a, L = setup.seq, batch, arch.hidden, arch.heads, arch.layers
     sbh = s * b * h
-    per_layer_linear = 34 * sbh  # Korthikanti et al. eq. 1, without the score matrices
+    # Korthikanti et al. eq. 1, without the score matrices: 34·s·b·h a layer in 16 bits.  Under
+    # autocast the residual stream stays fp32, so the two LayerNorms keep fp32 inputs: 4·s·b·h
+    # more (the H100 recordings' peaks: 0.5 % off with it, 5 % without).
+    per_layer_linear = (38 if setup.autocast else 34) * sbh
     scores = 5 * a * s * s * b if setup.attention == "eager" else 0
     per_layer = per_layer_linear + scores
-    # With full recomputation each layer's input is kept, and during the backward one layer's
-    # activations are recomputed at a time.
-    layers = 2 * sbh * L + per_layer if setup.checkpointing == "full" else per_layer * L
-    # The 16-bit logits, their fp32 copy for the loss and the loss's fp32 log-softmax.
-    logits = 10 * s * b * arch.vocab
+    # With full recomputation each layer's input is kept (fp32 under autocast), and during the
+    # backward one layer's activations are recomputed at a time.
+    kept_input = (4 if setup.autocast else 2) * sbh
+    layers = kept_input * L + per_layer if setup.checkpointing == "full" else per_layer * L
+    # The loss's peak, at the start of the backward: the logits (16-bit, or fp32 in fp32
+    # training), the fp32 log-softmax the loss saved, its gradient and the gradient of its
+    # input, all of s·b·vocab values: 2 + 4 + 4 + 4 bytes (cross_entropy over logits.float()).
+    logit_bytes = 4 if (DTYPE_BYTES[setup.dtype] == 4 and not setup.autocast) else 2
+    logits = (logit_bytes + 12) * s * b * arch.vocab
     # `layers` includes the score matrices; they are named apart for the details.
     kept_scores = scores if setup.checkpointing == "full" else scores * L
-    return {"layers": layers, "attention_scores": kept_scores, "logits": logits}
+    recomputed = per_layer if setup.checkpointing == "full" else 0
+    return {
+        "layers": layers,
+        "attention_scores": kept_scores,
+        "logits": logits,
+        "recomputed_layer": recomputed,
+    }
 
 
 def estimate(arch: Architecture, setup: Setup) -> Estimate:
@@ -166,8 +244,10 @@ def estimate(arch: Architecture, setup: Setup) -> Estimate:
 
     if setup.lora:
         trainable = round(arch.lora_params(setup.lora_rank, setup.lora_targets) * arch.scale())
-        # PEFT keeps adapters in fp32 (autocast_adapter_dtype) whatever the base's dtype.
-        adapter_bytes = 4.0
+        # PEFT keeps adapters in fp32 (autocast_adapter_dtype) whatever the base's dtype; the
+        # QLoRA paper's script casts them to bf16 (--adapter-dtype bf16).
+        adapter_bytes = DTYPE_BYTES[setup.adapter_dtype]
+        state_dtype_bytes = adapter_bytes
         if setup.quantize_base:
             quantized = arch.block_linear_params()
             rest = total_params - quantized
@@ -185,11 +265,17 @@ def estimate(arch: Architecture, setup: Setup) -> Estimate:
         weights = total_params * param_bytes
         grads = total_params * param_bytes
         master = 4.0 * total_params if setup.master_weights and param_bytes < 4 else 0.0
+        # The optimizer steps the fp32 master copy when there is one (its moments are fp32).
+        state_dtype_bytes = 4.0 if master else param_bytes
 
-    state = optimizer_state_per_param(arch, setup, trainable)
+    state = optimizer_state_bytes(arch, setup, state_dtype_bytes)
     details["master_weights_bytes"] = round(master)
     details["optimizer_moments_bytes"] = round(state)
     optimizer = state + master
+    if setup.offload_optimizer:
+        # DeepSpeed's offload_optimizer (ZeRO-Offload): state and master weights in CPU memory.
+        details["offloaded_optimizer_bytes"] = round(optimizer)
+        optimizer = 0.0
 
     # ZeRO partitions model states over the data-parallel GPUs.
     if setup.zero_stage >= 1:
@@ -209,10 +295,17 @@ def estimate(arch: Architecture, setup: Setup) -> Estimate:
         activations += cast_cache
     details["activation_layers_bytes"] = round(parts["layers"] * act_factor)
     details["activation_scores_bytes"] = round(parts["attention_scores"] * act_factor)
+    # Full recomputation: Korthikanti's 2·s·b·h·L plus this one layer recomputed in backward.
+    details["activation_recomputed_layer_bytes"] = round(parts["recomputed_layer"] * act_factor)
     details["logits_bytes"] = parts["logits"]
     details["autocast_cache_bytes"] = cast_cache
 
-    overhead = setup.context_bytes + WORKSPACE_BYTES
+    # The caching allocator reserves more than the peak it serves: blocks freed by one phase
+    # of the step are split or cached at sizes the next cannot use.  It grows with the
+    # transient tensors, not with the model states (allocated once).
+    cache = round(CACHE_SHARE * activations)
+    details["allocator_cache_bytes"] = cache
+    overhead = setup.context_bytes + WORKSPACE_BYTES + cache
     if n > 1:
         overhead += NCCL_BYTES
     if setup.zero_stage == 3:
@@ -221,6 +314,9 @@ def estimate(arch: Architecture, setup: Setup) -> Estimate:
         overhead += gather
         details["zero3_gather_bytes"] = gather
     details["lora_targets"] = list(setup.lora_targets)
+    details["paged_optimizer_bytes"] = (
+        round(optimizer) if setup.optimizer in PAGED_OPTIMIZERS else 0
+    )
 
     return Estimate(
         arch=arch,
@@ -252,8 +348,8 @@ def max_batch(arch: Architecture, setup: Setup, capacity: int) -> int:
 
     one = estimate(arch, replace(setup, batch=1))
     two = estimate(arch, replace(setup, batch=2))
-    fixed = one.total_bytes - (two.activations_bytes - one.activations_bytes)
-    per_sample = two.activations_bytes - one.activations_bytes
+    per_sample = two.required_bytes - one.required_bytes
+    fixed = one.required_bytes - per_sample
     room = usable_bytes(capacity) - fixed
     if room < per_sample:
         return 0

@@ -8,7 +8,15 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from memtop.estimate.architecture import Architecture
-from memtop.estimate.memory import Estimate, Setup, max_batch, usable_bytes
+from memtop.estimate.calibrate import BatchModel
+from memtop.estimate.fit import ways_to_fit
+from memtop.estimate.memory import (
+    CUDA_CONTEXT_BYTES,
+    Estimate,
+    Setup,
+    max_batch,
+    usable_bytes,
+)
 from memtop.estimate.reference import deepspeed_zero2_gpu_bytes, deepspeed_zero3_gpu_bytes
 from memtop.units import format_bytes
 
@@ -34,8 +42,8 @@ def verdicts(est: Estimate, targets: list[Target]) -> list[dict[str, Any]]:
                 "source": target.source,
                 "total_bytes": target.total_bytes,
                 "usable_bytes": usable,
-                "fits": est.total_bytes <= usable,
-                "free_bytes": usable - est.total_bytes,
+                "fits": est.required_bytes <= usable,
+                "free_bytes": usable - est.required_bytes,
                 "max_batch": max_batch(est.arch, est.setup, target.total_bytes),
             }
         )
@@ -78,7 +86,46 @@ def to_json(est: Estimate, targets: list[Target]) -> dict[str, Any]:
         "fits": all(c["fits"] for c in checks) if checks else None,
         "max_batch": min(c["max_batch"] for c in checks) if checks else None,
         "targets": checks,
+        # For the first target: the changes that make it fit, cheapest for the user first.
+        "ways_to_fit": ways(est, targets),
     }
+
+
+def ways(est: Estimate, targets: list[Target]) -> list[dict[str, Any]]:
+    if not targets:
+        return []
+    return ways_to_fit(est.arch, est.setup, targets[0].total_bytes)
+
+
+# Why DeepSpeed's estimators differ from the table: they count one fixed recipe.
+DEEPSPEED_NOTES = {
+    "deepspeed_zero2_model_states_bytes": (
+        "estimate_zero2_model_states_mem_needs",
+        "16-bit weights and gradients whole on every GPU, 16 B a parameter partitioned "
+        "(fp32 master weights, fp32 gradients, fp32 Adam moments)",
+    ),
+    "deepspeed_zero3_model_states_bytes": (
+        "estimate_zero3_model_states_mem_needs",
+        "18 B a parameter partitioned (16-bit weights and gradients, fp32 master weights, "
+        "gradients and Adam moments) and the largest layer gathered whole at 4 B a parameter",
+    ),
+}
+
+
+def _this_setup_states(est: Estimate) -> str:
+    setup = est.setup
+    moments = {
+        "adamw": "two moments",
+        "adam": "two moments",
+        "sgd-momentum": "one momentum buffer",
+        "lion": "one moment",
+    }.get(setup.optimizer, f"{setup.optimizer} state")
+    dtype = "fp32" if (setup.master_weights or setup.dtype == "fp32") else setup.dtype
+    master = "fp32 master weights" if setup.master_weights else "no fp32 master weights"
+    return (
+        f"{setup.dtype} weights and gradients, {moments} in {dtype}, {master}, "
+        "no fp32 gradient copy"
+    )
 
 
 def _describe_setup(arch: Architecture, setup: Setup) -> str:
@@ -124,8 +171,20 @@ def to_text(est: Estimate, targets: list[Target]) -> str:
     ]
     lines += [f"  {name:<18}{format_bytes(value):>12}" for name, value in rows]
     lines.append(f"  {'total':<18}{format_bytes(est.total_bytes):>12}")
+    if setup.checkpointing == "full":
+        lines.append(
+            "  activations with full recomputation: each layer's input kept (2·s·b·h·L, "
+            "Korthikanti et al. 2022) plus one layer's activations recomputed in the backward "
+            f"({format_bytes(est.details.get('activation_recomputed_layer_bytes', 0))}), "
+            "which the paper's figure leaves out"
+        )
     for name, value in reference(est).items():
-        lines.append(f"  (DeepSpeed's estimator, model states: {format_bytes(value)}; {name})")
+        function, recipe = DEEPSPEED_NOTES[name]
+        lines.append(
+            f"  DeepSpeed's {function}: {format_bytes(value)} of model states per GPU for its "
+            f"fixed recipe ({recipe}); the table above counts this setup "
+            f"({format_bytes(est.model_states_bytes)} of model states: {_this_setup_states(est)})"
+        )
     for check in verdicts(est, targets):
         where = check["name"] + (f" (GPU {check['index']})" if check["index"] is not None else "")
         room = format_bytes(abs(check["free_bytes"]))
@@ -139,5 +198,99 @@ def to_text(est: Estimate, targets: list[Target]) -> str:
             if check["max_batch"]
             else "not even a micro-batch of 1 fits"
         )
+        paged = int(est.details.get("paged_optimizer_bytes", 0))
+        if paged:
+            verdict += (
+                f" ({format_bytes(est.required_bytes)} must stay on the GPU: the paged "
+                f"optimizer's {format_bytes(paged)} moves to CPU memory when the GPU is short)"
+            )
         lines.append(f"{where}: {verdict}; {batch}")
+    found = ways(est, targets)
+    if found:
+        lines.append(f"Ways to fit in {targets[0].name}, cheapest for you first:")
+        for way in found:
+            lines.append(
+                f"  {way['change']}: {format_bytes(way['total_bytes'])}"
+                f" (largest micro-batch {way['max_batch']}); {way['what']}; costs: {way['cost']}"
+            )
+    return "\n".join(lines)
+
+
+# -- --from RECORDING: the run's own figures ---------------------------------------------------
+
+
+def calibrated_limit(capacity: int) -> int:
+    """What torch's cache may reserve on a GPU of `capacity` bytes: all but the CUDA context
+    (outside torch's counters).  No share is kept back: the cache's overhead is measured."""
+    return capacity - CUDA_CONTEXT_BYTES
+
+
+def calibrated_json(
+    measured: dict[str, Any], model: BatchModel, targets: list[Target], batch: int, source: str
+) -> dict[str, Any]:
+    """The estimate's fields (DESIGN §11) for `batch`, from the measured run, with
+    `calibration` (DESIGN §12) saying what was measured and fitted."""
+    peak, reserved = model.peak_at(batch), model.reserved_at(batch)
+    activations = peak - model.fixed_bytes
+    checks: list[dict[str, Any]] = []
+    for target in targets:
+        limit = calibrated_limit(target.total_bytes)
+        checks.append(
+            {
+                "name": target.name,
+                "index": target.index,
+                "source": target.source,
+                "total_bytes": target.total_bytes,
+                "usable_bytes": limit,
+                "fits": reserved <= limit,
+                "free_bytes": limit - reserved,
+                "max_batch": model.largest_batch(limit),
+            }
+        )
+    largest = min(int(c["max_batch"]) for c in checks)
+    return {
+        "parameters_count": None,
+        "weights_bytes": measured.get("parameters_bytes"),
+        "gradients_bytes": measured.get("gradients_bytes"),
+        "optimizer_state_bytes": measured.get("optimizer_state_bytes"),
+        "activations_bytes": activations,
+        "overhead_bytes": reserved - peak + CUDA_CONTEXT_BYTES,
+        "total_bytes": reserved + CUDA_CONTEXT_BYTES,
+        "fits": all(c["fits"] for c in checks),
+        "max_batch": largest,
+        "targets": checks,
+        "ways_to_fit": [],
+        "calibration": {
+            "source": source,
+            **model.as_dict(),
+            "measured": measured,
+            "batch": batch,
+            "peak_bytes": peak,
+            "reserved_bytes": reserved,
+            "first_failing_batch": largest + 1,
+        },
+    }
+
+
+def calibrated_text(result: dict[str, Any]) -> str:
+    cal = result["calibration"]
+    measured = cal["measured"]
+    b = format_bytes
+    lines = [
+        f"measured in {cal['source']} (pid {measured['pid']}, GPU {measured['device']}): "
+        f"batch {cal['measured_batch']} peaked at {b(measured['peak_bytes'])} allocated, "
+        f"{b(measured['reserved_bytes'])} reserved",
+        f"  does not grow with the batch {b(cal['fixed_bytes'])} (weights "
+        f"{b(measured['parameters_bytes'])}, optimizer state "
+        f"{b(measured['optimizer_state_bytes'])}); activations "
+        f"{b(cal['activation_bytes_per_sample'])} a sample; the cache reserves "
+        f"{100 * cal['cache_share']:.0f} % of them again",
+    ]
+    for check in result["targets"]:
+        verdict = "fits" if check["fits"] else "does not fit"
+        lines.append(
+            f"{check['name']}: batch {cal['batch']} → peak {b(cal['peak_bytes'])}, reserved "
+            f"{b(cal['reserved_bytes'])}: {verdict} in {b(check['usable_bytes'])} usable "
+            f"(all but the CUDA context); largest batch {check['max_batch']}"
+        )
     return "\n".join(lines)

@@ -5,8 +5,11 @@ others that also hold are listed):
 - another_process: the driver had less free than the request while this process stayed under
   its limit: someone else holds the GPU;
 - growing_batch: the bytes each step allocates (the growth of torch's cumulative
-  `allocated_bytes.all.allocated` between step marks, per step) rose step after step up to the
-  OOM, and after each earlier OOM too: a batch or sequence that grows; cap it;
+  `allocated_bytes.all.allocated` between step marks, per step; from a recording, the rise of
+  the baseline each step leaves) rose step after step up to the OOM, and after each earlier
+  OOM too: a batch or sequence that grows; cap it;
+- outside_pytorch: the same shortage, but the driver's per-process usage (in the report since
+  issue 24) shows this process itself holding the bytes outside torch's cache;
 - leak: the per-step baseline (allocated right after each step) rose steadily;
 - fragmentation: the cache held more free bytes than the request, in no block as large:
   expandable segments;
@@ -24,6 +27,9 @@ from memtop.units import MiB, format_bytes
 CONTEXT_BYTES = 512 * MiB  # the process's own CUDA context, outside torch's counters
 MIN_RUN = 3  # consecutive growing steps that make a growing batch
 MIN_GROWTH = 1.05  # per step
+STRONG_GROWTH = 1.5  # per step: growth after two steps (a doubling batch fails at its third)
+MIN_BASELINE_RISE = 1 * MiB  # a baseline rise below this is noise, not a step's growth
+MIN_BASELINE_COVERAGE = 0.5  # of the steps, in runs of growing baselines (see growing_batch)
 LEAK_MIN_BYTES_PER_STEP = 1 * MiB
 
 
@@ -37,9 +43,18 @@ def _int(report: dict[str, Any], key: str) -> int | None:
 def step_sizes(
     recent: list[dict[str, Any]], ooms: list[float] | tuple[float, ...] = ()
 ) -> list[list[tuple[int, float]]]:
-    """Bytes allocated per step between consecutive marks that carry torch's cumulative counter,
-    as runs of (step, size) oldest first: an interval with an OOM in it (the failed step's
-    allocations count there too) is left out and ends a run."""
+    """What each step allocated, as runs of (step, size) oldest first, between OOMs.
+
+    From torch's cumulative counter when the marks carry it (`allocated_total_bytes`, live
+    agents): the bytes allocated between consecutive marks, per step; an interval with an OOM
+    in it (the failed step's allocations count there too) is left out and ends a run.
+
+    Without it (a recording's marks hold only the baseline after each step): what each step
+    left allocated above the step before, which grows with a growing batch as its allocations
+    do (the logits and hidden state it keeps until the next step); a fall of the baseline (the
+    batch cut back after an OOM) ends a run."""
+    if not any(isinstance(m.get("allocated_total_bytes"), int) for m in recent):
+        return _baseline_steps(recent)
     runs: list[list[tuple[int, float]]] = [[]]
     previous = None
     for mark in recent:
@@ -55,17 +70,38 @@ def step_sizes(
     return [run for run in runs if run]
 
 
+def _baseline_steps(recent: list[dict[str, Any]]) -> list[list[tuple[int, float]]]:
+    runs: list[list[tuple[int, float]]] = [[]]
+    previous = None
+    for mark in recent:
+        base, step = mark.get("allocated_bytes"), mark.get("step")
+        if not isinstance(base, int) or not isinstance(step, int):
+            continue
+        if previous is not None and step == previous[0] + 1:
+            rise = base - previous[1]
+            if rise >= MIN_BASELINE_RISE:
+                runs[-1].append((step, float(rise)))
+            else:
+                runs.append([])  # flat or fallen: a cut-back batch, or no growth to judge
+        elif previous is not None:
+            runs.append([])  # a step without its mark: the run cannot be followed
+        previous = (step, base)
+    return [run for run in runs if run]
+
+
 def growth(runs: list[list[tuple[int, float]]]) -> tuple[float, int, int] | None:
     """(median growth per step, steps seen growing, first step) when the step sizes grew step
     after step within each stretch between OOMs (a batch that grows, halves at an OOM, grows
-    again is still a growing batch), the newest included."""
+    again is still a growing batch), the newest included.  A step ×1.5 the one before (a
+    batch that doubles fails after two steps) is growth after two steps."""
     if not runs:
         return None
     ratios = [b[1] / a[1] for run in runs for a, b in itertools.pairwise(run) if a[1] > 0]
     last = runs[-1]
     if len(last) >= 2:
-        last_rises = last[-2][1] > 0 and last[-1][1] / last[-2][1] >= MIN_GROWTH
-        needed = MIN_RUN - 1
+        last_ratio = last[-1][1] / last[-2][1] if last[-2][1] > 0 else 0.0
+        last_rises = last_ratio >= MIN_GROWTH
+        needed = 1 if last_ratio >= STRONG_GROWTH else MIN_RUN - 1
     else:
         # The newest stretch is one step: a batch that doubles in a few steps and halves at
         # each OOM leaves a single step between OOMs as often as not (with step marks taken
@@ -79,6 +115,41 @@ def growth(runs: list[list[tuple[int, float]]]) -> tuple[float, int, int] | None
     if len(rising) < 0.8 * len(ratios) or not last_rises:
         return None
     return statistics.median(ratios), len(rising), runs[0][0][0]
+
+
+def growing_batch(
+    recent: list[dict[str, Any]], oom_times: list[float] | tuple[float, ...], headline: str
+) -> dict[str, Any] | None:
+    """The growing-batch finding from step marks and OOM times, or None: one home for the OOM
+    report's diagnosis and for a run seen without a report (a recording, `memtop replay`),
+    where the marks and the OOM counter are all there is."""
+    runs = step_sizes(recent, oom_times)
+    if not any(isinstance(m.get("allocated_total_bytes"), int) for m in recent):
+        # From baselines alone, a few rises in a row happen by chance when sequence lengths
+        # vary (the `fragment` recordings: 10-36 % of the steps in such runs); a batch that
+        # grows until each OOM keeps most of its steps in them (the `oom` recording: 64-68 %).
+        steps = sum(isinstance(m.get("step"), int) for m in recent)
+        growing_steps = sum(len(run) for run in runs if len(run) >= 2)
+        if growing_steps < MIN_BASELINE_COVERAGE * max(1, steps - 1):
+            return None
+    grew = growth(runs)
+    if grew is None:
+        return None
+    ratio, run, first = grew
+    # The last step that fitted allocated 1/ratio of what the failing one needed.
+    return {
+        "cause": "growing_batch",
+        "detail": (
+            f"{headline}: the peak grew with the batch (each step allocated "
+            f"×{ratio:.2f} the step before; {run} steps grew since step {first})"
+        ),
+        "fix": (
+            f"cap the batch (or sequence length) at about {1 / ratio:.0%} of the one "
+            "that failed: the last size that fitted"
+        ),
+        "growth_per_step": ratio,
+        "growing_steps": run,
+    }
 
 
 def _theil_sen(points: list[tuple[float, float]]) -> float:
@@ -130,19 +201,50 @@ def diagnose(report: dict[str, Any]) -> dict[str, Any]:
     found: list[dict[str, Any]] = []
 
     # Someone else holds the GPU: the driver's free is short while we are under our limit.
+    # With the driver's per-process usage (read by the agent at the OOM) the bytes outside
+    # torch's cache are split into this process's own (NCCL, cuDNN workspaces, another
+    # library) and other processes'; without it, all of it but a CUDA context is "others".
+    own_outside = _int(report, "own_non_pytorch_bytes")
+    other_processes = _int(report, "other_processes_bytes")
     if free is not None and total is not None and free < requested:
-        others = total - free - reserved - CONTEXT_BYTES
+        split = own_outside is not None and other_processes is not None
+        others = other_processes if split else total - free - reserved - CONTEXT_BYTES
+        assert others is not None
         under_limit = limit is None or reserved + requested <= limit
-        if under_limit and others > max(requested, total // 20):
+        enough = max(requested, total // 20)
+        if under_limit and others > enough:
             found.append(
                 {
                     "cause": "another_process",
                     "detail": (
                         f"{headline}: another process took {format_bytes(others)} on this GPU "
-                        f"(this one reserved {format_bytes(reserved)})"
+                        f"(this one reserved {format_bytes(reserved)}"
+                        + (
+                            f" and holds {format_bytes(own_outside)} outside PyTorch)"
+                            if split
+                            else ")"
+                        )
                     ),
                     "fix": "see who with `memtop`; move one job to another GPU or stop it",
                     "other_bytes": others,
+                }
+            )
+        elif under_limit and split and own_outside is not None and own_outside > enough:
+            found.append(
+                {
+                    "cause": "outside_pytorch",
+                    "detail": (
+                        f"{headline}: this process holds {format_bytes(own_outside)} outside "
+                        f"PyTorch's cache (its CUDA context, NCCL buffers, cuDNN/cuBLAS "
+                        f"workspaces, another library); other processes hold "
+                        f"{format_bytes(other_processes)}"
+                    ),
+                    "fix": (
+                        "find the library: NCCL_BUFFSIZE / fewer communicators, "
+                        "torch.backends.cudnn.benchmark=False, a framework (JAX, TensorFlow, "
+                        "CuPy) preallocating; or leave it room with a smaller batch"
+                    ),
+                    "own_non_pytorch_bytes": own_outside,
                 }
             )
 
@@ -151,25 +253,9 @@ def diagnose(report: dict[str, Any]) -> dict[str, Any]:
         for e in report.get("recent_ooms") or []
         if isinstance(e, dict) and isinstance(e.get("time"), int | float)
     ]
-    grew = growth(step_sizes(recent, oom_times))
+    grew = growing_batch(recent, oom_times, headline)
     if grew is not None:
-        ratio, run, first = grew
-        # The last step that fitted allocated 1/ratio of what the failing one needed.
-        found.append(
-            {
-                "cause": "growing_batch",
-                "detail": (
-                    f"{headline}: the peak grew with the batch (each step allocated "
-                    f"×{ratio:.2f} the step before; {run} steps grew since step {first})"
-                ),
-                "fix": (
-                    f"cap the batch (or sequence length) at about {1 / ratio:.0%} of the one "
-                    "that failed: the last size that fitted"
-                ),
-                "growth_per_step": ratio,
-                "growing_steps": run,
-            }
-        )
+        found.append(grew)
 
     leak = leak_rate(recent)
     if leak is not None:

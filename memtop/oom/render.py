@@ -97,6 +97,11 @@ def report_text(report: Report) -> str:
         f"peak {b(data.get('peak_bytes'))}",
         f"  allocator config: {data.get('allocator_conf') or '(default)'}",
     ]
+    if data.get("own_non_pytorch_bytes") is not None:
+        lines.append(
+            f"  the driver: this process outside PyTorch {b(data.get('own_non_pytorch_bytes'))}, "
+            f"other processes {b(data.get('other_processes_bytes'))}"
+        )
     breakdown = data.get("breakdown")
     if isinstance(breakdown, dict):
         lines.append(

@@ -1,0 +1,135 @@
+"""What a recorded run measured, for `memtop estimate --from RECORDING`.
+
+Read through memtop.sources.replay (the same loader and wire-schema checks as `memtop replay`):
+per agent device, torch's allocated peak, the cache's reserved bytes, the step marks' baselines
+and the newest breakdown that saw the optimizer's state.  The device of the largest peak is the
+one measured.  The arithmetic on it is memtop.estimate.calibrate's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from memtop.model import AgentBreakdown, AgentSample
+from memtop.sources.recording import RecordError
+from memtop.sources.replay import load
+
+
+class MeasuredError(Exception):
+    """A recording that cannot be calibrated from: one line for the user."""
+
+
+@dataclass(frozen=True, slots=True)
+class Measured:
+    pid: int
+    device: int
+    peak_bytes: int  # torch's allocated_bytes.all.peak, the largest seen
+    reserved_bytes: int  # torch's reserved_bytes.all.current, the largest seen
+    total_bytes: int  # the device's memory as the driver reported it
+    parameters_bytes: int | None  # from the newest breakdown with optimizer state
+    gradients_bytes: int | None
+    optimizer_state_bytes: int | None
+    baseline_bytes: int | None  # the lowest step mark: allocated right after a step
+    steps: int  # step marks seen
+
+    @property
+    def fixed_bytes(self) -> int:
+        """What does not grow with the batch at the step's peak: the weights and the optimizer
+        state (torch frees gradients between steps, so the loss's peak at the start of the
+        backward has none); without a breakdown, the lowest baseline a step left."""
+        if self.parameters_bytes is not None and self.optimizer_state_bytes is not None:
+            return self.parameters_bytes + self.optimizer_state_bytes
+        return self.baseline_bytes or 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "device": self.device,
+            "peak_bytes": self.peak_bytes,
+            "reserved_bytes": self.reserved_bytes,
+            "device_total_bytes": self.total_bytes,
+            "parameters_bytes": self.parameters_bytes,
+            "gradients_bytes": self.gradients_bytes,
+            "optimizer_state_bytes": self.optimizer_state_bytes,
+            "baseline_bytes": self.baseline_bytes,
+            "steps": self.steps,
+        }
+
+
+def from_replies(pid: int, sample: AgentSample, breakdown: AgentBreakdown | None) -> Measured:
+    """A live agent's `sample` and `breakdown` replies (`memtop estimate --from PID`): torch's
+    peak since the trainer started (or since a dashboard's `r`), its reserved bytes now."""
+    if not sample.devices or max(d.torch_peak for d in sample.devices) <= 0:
+        raise MeasuredError(f"pid {pid}: no device with torch's memory counters (a CPU trainer?)")
+    dev = max(sample.devices, key=lambda d: d.torch_peak)
+    parts: dict[str, int] = {}
+    if breakdown is not None and dev.index in breakdown.devices:
+        parts = dict(breakdown.devices[dev.index])
+    marks = [m.allocated[dev.index] for m in sample.step_marks if dev.index in m.allocated]
+    return Measured(
+        pid=pid,
+        device=dev.index,
+        peak_bytes=dev.torch_peak,
+        reserved_bytes=dev.reserved,
+        total_bytes=dev.total_bytes,
+        parameters_bytes=parts.get("parameters"),
+        gradients_bytes=parts.get("gradients"),
+        optimizer_state_bytes=parts.get("optimizer_state")
+        if parts.get("optimizer_state")
+        else None,
+        baseline_bytes=min(marks) if marks else None,
+        steps=len(marks),
+    )
+
+
+def from_recording(path: Path) -> Measured:
+    try:
+        recording = load(path)
+    except RecordError as exc:
+        raise MeasuredError(str(exc)) from None
+    except OSError as exc:
+        raise MeasuredError(f"cannot read {path}: {exc.strerror or exc}") from None
+    peaks: dict[tuple[int, int], dict[str, Any]] = {}
+    breakdowns: dict[tuple[int, int], dict[str, int]] = {}
+    for event in recording.events:
+        if event.pid is None:
+            continue
+        if event.kind == "sample" and isinstance(event.value, AgentSample):
+            for dev in event.value.devices:
+                seen = peaks.setdefault(
+                    (event.pid, dev.index),
+                    {"peak": 0, "reserved": 0, "total": 0, "baseline": None, "steps": 0},
+                )
+                seen["peak"] = max(seen["peak"], dev.torch_peak)
+                seen["reserved"] = max(seen["reserved"], dev.reserved)
+                seen["total"] = dev.total_bytes or seen["total"]
+            for mark in event.value.step_marks:
+                for index, allocated in mark.allocated.items():
+                    marked = peaks.get((event.pid, index))
+                    if marked is None:
+                        continue
+                    marked["steps"] += 1
+                    low = marked["baseline"]
+                    marked["baseline"] = allocated if low is None else min(low, allocated)
+        elif event.kind == "breakdown" and isinstance(event.value, AgentBreakdown):
+            for index, parts in event.value.devices.items():
+                if parts.get("optimizer_state", 0) > 0:
+                    breakdowns[(event.pid, index)] = dict(parts)
+    if not peaks or max(p["peak"] for p in peaks.values()) <= 0:
+        raise MeasuredError(f"{path}: no agent sample with torch's memory counters")
+    (pid, device), seen = max(peaks.items(), key=lambda item: item[1]["peak"])
+    parts = breakdowns.get((pid, device), {})
+    return Measured(
+        pid=pid,
+        device=device,
+        peak_bytes=seen["peak"],
+        reserved_bytes=seen["reserved"],
+        total_bytes=seen["total"],
+        parameters_bytes=parts.get("parameters"),
+        gradients_bytes=parts.get("gradients"),
+        optimizer_state_bytes=parts.get("optimizer_state"),
+        baseline_bytes=seen["baseline"],
+        steps=seen["steps"],
+    )
