@@ -592,7 +592,7 @@ def _cleanup(args: argparse.Namespace) -> int:
             f"before the next one ({(cleanup.took_s or 0) * 1000:.0f} ms)"
         )
     if not cleanup.released_bytes:
-        print(f"pid {args.pid}: no CUDA devices in use; gc collected {cleanup.gc_collected}")
+        print(f"pid {args.pid}: no CUDA device in use: nothing to clean up")
     for index, n in sorted(cleanup.released_bytes.items()):
         after = cleanup.reserved_after.get(index)
         print(
