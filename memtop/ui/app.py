@@ -463,9 +463,10 @@ class MemtopApp(App[None]):
                 f"{self._gpu_name(row.pid, index)}: released {format_bytes(released[index])} "
                 f"(reserved {format_bytes(before.get(index))} → {format_bytes(after.get(index))})"
             )
-        if not lines:
-            lines.append("no CUDA device in use")
-        lines.append(f"gc collected {result.get('gc_collected', 0)} objects")
+        if not lines:  # the agent did nothing (and started no cooldown)
+            lines.append("no CUDA device in use: nothing to clean up")
+        else:
+            lines.append(f"gc collected {result.get('gc_collected', 0)} objects")
         self.notify("\n".join(lines), title=f"Cleanup in pid {row.pid}", timeout=10)
 
     def _gpu_name(self, pid: int, index: str | int) -> str:
