@@ -58,6 +58,11 @@ class Stabilizer:
         self._shown: dict[Key, _Shown] = {}
         self._last: tuple[tuple[object, ...], float, tuple[Suggestion, ...]] | None = None
 
+    def forget(self) -> None:
+        """Nothing is on screen any more: the next round is judged as a first one."""
+        self._shown.clear()
+        self._last = None
+
     def suggest(self, gpus: Iterable[GpuFacts], now: float) -> tuple[Suggestion, ...]:
         """What to show now, most severe first.  The same tuple as last time while the rules
         are not due and nothing urgent changed."""

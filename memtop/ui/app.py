@@ -121,6 +121,7 @@ class MemtopApp(App[None]):
         self.dashboard: view.Dashboard | None = None
         self.observation: Observation | None = None
         self._generation = -1
+        self._exact = False  # the screen shows every figure of its round (none held)
         self._layout: tuple[bool, bool] | None = None
         self._shown: dict[str | None, tuple[object, ...]] = {}  # what each Static shows now
         self._mounted = False  # the first Resize arrives before on_mount
@@ -251,16 +252,27 @@ class MemtopApp(App[None]):
 
     # ------------------------------------------------------------------ rendering
 
-    def refresh_view(self) -> None:
-        """Render the newest observation, if anything was written since the last time."""
+    def feed_still(self) -> bool:
+        """The feed brings no later round for now (paused): the screen keeps this one."""
+        return self.sampler is not None and self.sampler.paused
+
+    def refresh_view(self, exact: bool = False) -> None:
+        """Render the newest observation, if anything was written since the last time.
+
+        While rounds keep coming, the widgets show some figures anew only once per slow period
+        (render.slow_tick: bytes over SSH); the next round renews them.  When no round will come
+        (the feed is still) or the caller asks for `exact`, every figure is the round's own:
+        a paused or ended feed must not keep a figure from an earlier round on screen."""
         if not self.screen_stack:
             return  # the app is closing: a timer tick that lands after the last screen left
+        exact = exact or self.feed_still()
         generation = self.store.generation
-        if generation == self._generation:
+        if generation == self._generation and (self._exact or not exact):
             if self.dashboard is not None and self._event[0] and self._mounted:
                 self._set(self.status_line, self._status(self.dashboard))  # let it expire
             return
         self._generation = generation
+        self._exact = exact
         self.refreshes += 1
         self.observation = self.observer.latest()
         sampled = self.sampler is None or self.sampler.rounds > 0
@@ -284,9 +296,9 @@ class MemtopApp(App[None]):
         if empty:
             self._set(self.empty_state, _empty_text(dash))
         else:
-            self.gpu_panel.show(dash.gpus, dense)
-            self.table.show(dash.processes, compact)
-            self.suggestions.show(dash.suggestions, compact)
+            self.gpu_panel.show(dash.gpus, dense, exact)
+            self.table.show(dash.processes, compact, exact)
+            self.suggestions.show(dash.suggestions, compact, exact)
         detail = self._detail_screen()
         if detail is not None:
             self._show_detail(detail)

@@ -214,9 +214,10 @@ class ProcessTable(Widget, can_focus=True):
 
     # ------------------------------------------------------------------ data
 
-    def show(self, rows: tuple[ProcessRow, ...], compact: bool) -> None:
+    def show(self, rows: tuple[ProcessRow, ...], compact: bool, exact: bool = False) -> None:
+        """`exact`: every figure as the round says, none held (see MemtopApp.refresh_view)."""
         tick = slow_tick()
-        if tick == self._slow_tick:
+        if tick == self._slow_tick and not exact:
             shown = {row.key: row for row in self.source}
             rows = tuple(_hold(row, shown.get(row.key)) for row in rows)
         else:

@@ -91,14 +91,14 @@ class SuggestionsPane(OptionList):
     def on_mount(self) -> None:
         self.border_title = "Suggestions"
 
-    def show(self, items: tuple[SuggestionItem, ...], compact: bool) -> None:
+    def show(self, items: tuple[SuggestionItem, ...], compact: bool, exact: bool = False) -> None:
         # The gutter is kept whether or not a scrollbar shows: the text's width never changes
         # with the number of items, so lines never re-wrap between refreshes.
         width = self.scrollable_content_region.width - 1
         same_set = [(i.key, i.severity) for i in items] == [(i.key, i.severity) for i in self.items]
         if same_set and compact == self._compact and width == self._width:
             tick = slow_tick(REWORD_S)
-            if items == self.items or tick == self._worded_at:
+            if items == self.items or (tick == self._worded_at and not exact):
                 return
             self._worded_at = tick
             for index, (new, old) in enumerate(zip(items, self.items, strict=True)):
