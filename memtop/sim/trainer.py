@@ -18,6 +18,7 @@ from pathlib import Path
 
 import memtop
 from memtop.agent.probe import ProbeDevice
+from memtop.children import die_with_parent
 from memtop.sim.allocator import SimulatedCachingAllocator
 from memtop.sim.device import SimGpuRegistry
 from memtop.sim.probe import SimulatedGpu, SimulatedProbe
@@ -37,6 +38,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--leak-mib", type=float, default=8.0, help="leak per step (leak)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-steps", type=int, default=0, help="stop after N steps (0: never)")
+    parser.add_argument(
+        "--parent", type=int, default=None, help="stop when this process (the demo) is gone"
+    )
     return parser.parse_args(argv)
 
 
@@ -82,6 +86,11 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if args.parent is not None:
+        # The demo runs its trainers in sessions of their own (a Ctrl-C in the dashboard is
+        # not theirs), so a closed terminal does not reach them: they end with the demo,
+        # however it ended (SIGKILL and crashes included).
+        die_with_parent(args.parent, stop.set)
     next_step = time.monotonic()
     try:
         while not stop.is_set():
