@@ -234,3 +234,46 @@ def test_the_leak_paused_at_01_45_shows_its_recorded_allocation():
         check_screen(app, report)
 
     run_replay(path, script)
+
+
+def test_while_playing_a_suggestion_and_the_table_show_one_rounds_figures():
+    # Issue 21, item 9: the same figure in two places on one screen read from two rounds (the
+    # pane reworded every 8 s from rules judged every 2 s, the table every 4 s).  While the
+    # replay plays, every cleanup suggestion on screen quotes the reserved and allocated bytes
+    # its process's table row shows at that moment.
+    path = TRACES
+
+    def gib(text: str) -> str | None:
+        """ "14.7 GiB" or "14.7G" as "14.7"; None for other units (printed to other precisions)."""
+        match = re.fullmatch(r"~?([\d.]+) ?G(?:iB)?", text.strip())
+        return match.group(1) if match else None
+
+    async def script(app, pilot, player):  # type: ignore[no-untyped-def]
+        player.seek_offset(40)
+        await pilot.press("right_square_bracket", "right_square_bracket")  # ×4
+        compared = 0
+        for _ in range(12):
+            await pilot.pause(0.6)
+            text = screen_text(app.export_screenshot())
+            rows = {
+                int(m.group(1)): (m.group(3), m.group(2))  # pid: (reserved, allocated)
+                for m in re.finditer(r"│\s+(\d+)\s+\S+\s+\d+\s+\S+\s+(\S+)\s+(\S+)\s", text)
+            }
+            lines = text.splitlines()
+            for index, line in enumerate(lines):
+                said = re.search(r"pid (\d+) · GPU \d+\s+pid \d+ caches", line)
+                if not said or index + 1 >= len(lines):
+                    continue
+                quote = re.search(
+                    r"reserved ([\d.]+ \w+), allocated ([\d.]+ \w+)", lines[index + 1]
+                )
+                pid = int(said.group(1))
+                if quote is None or "no longer" in lines[index + 1] or pid not in rows:
+                    continue
+                for shown, quoted in zip(rows[pid], quote.groups(), strict=True):
+                    if gib(shown) and gib(quoted):
+                        assert gib(shown) == gib(quoted), f"pid {pid}: {shown} ≠ {quoted}\n{text}"
+                        compared += 1
+        assert compared >= 10
+
+    run_replay(path, script)
