@@ -3,7 +3,8 @@
 Started by `memtop demo` as `python -m memtop.sim.trainer --registry DIR --gpu I --scenario S`.
 It behaves like a trainer under `memtop run`: the agent listens on the usual socket, steps are
 marked after every optimizer step, and SIGTERM/SIGINT stop it cleanly (socket and ledger entry
-removed).
+removed).  With `--parent PID` (the demo passes its own) it stops as cleanly when that process is
+gone, however it ended (memtop.children.die_with_parent).
 """
 
 from __future__ import annotations
