@@ -63,7 +63,9 @@ def test_whatever_ends_the_viewer_ends_the_demos_trainers(socket_dir: Path, sig:
     process, master, trainers = demo_on_a_pty(socket_dir)
     try:
         process.send_signal(sig)
-        read_for(master, 0.5)  # a viewer that exits cleanly may still write as it goes
+        said = read_for(master, 1.5)  # a viewer that exits cleanly may still write as it goes
+        if sig == signal.SIGTERM:  # through the app's exit path: the terminal is given back
+            assert b"\x1b[?1049l" in said
         assert wait_gone(trainers, GONE_WITHIN_S) == [], f"trainers left after {sig!r}"
         process.wait(GONE_WITHIN_S)
     finally:
