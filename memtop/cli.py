@@ -406,7 +406,10 @@ def _demo(args: argparse.Namespace) -> int:
         stop.set()
         raise KeyboardInterrupt
 
+    # SIGHUP too (`--no-ui` in a terminal that closes): the trainers are stopped and the
+    # simulated GPUs removed here, not left to the trainers' watch on their parent.
     previous = signal.signal(signal.SIGTERM, on_signal)
+    previous_hup = signal.signal(signal.SIGHUP, on_signal)
     painted = False
     try:
         # The trainers take a few seconds to start: the header says memtop is on its way
@@ -435,6 +438,7 @@ def _demo(args: argparse.Namespace) -> int:
         return EXIT_OK
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGHUP, previous_hup)
         demo.stop()
         if not args.no_ui:  # an error above is printed on the normal screen, not lost with it
             from memtop.ui import splash

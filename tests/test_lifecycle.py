@@ -191,3 +191,29 @@ def test_a_bench_stopped_by_a_signal_stops_what_it_started(sig: int) -> None:
         assert wait_gone([p.pid for p in started], GONE_WITHIN_S) == []
     finally:
         children.stop(bench, signal.SIGKILL)
+
+
+def test_a_demo_without_its_dashboard_cleans_up_on_a_hangup(socket_dir: Path) -> None:
+    # `memtop demo --no-ui` in a terminal that closes: the trainers stopped and the simulated
+    # GPUs removed by the demo itself (Python's default for SIGHUP ended it on the spot).
+    env = dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir))
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "memtop", "demo", "--scenario", "healthy", "--no-ui"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        assert demo.stdout is not None
+        line = demo.stdout.readline().decode()
+        assert "pids" in line, line
+        trainers = [int(pid) for pid in line.split("pids ")[1].split(".")[0].split()]
+        assert list(socket_dir.glob("sim-*"))
+        demo.send_signal(signal.SIGHUP)
+        assert demo.wait(GONE_WITHIN_S) == 0
+        assert wait_gone(trainers, GONE_WITHIN_S) == []
+        assert not list(socket_dir.glob("sim-*"))
+        assert not protocol.list_agent_sockets(socket_dir, remove_stale=False)
+    finally:
+        children.stop(demo, signal.SIGKILL)
