@@ -29,6 +29,7 @@ import signal
 import stat
 import threading
 from codecs import getincrementaldecoder
+from collections.abc import Callable
 from typing import IO, Any
 
 from textual._parser import ParseError
@@ -63,7 +64,7 @@ class _TerminalOutput:
     is gone says so (once) and is dropped, so the writer thread lives on and the app's frames
     never block on its full queue while the app exits."""
 
-    def __init__(self, file: IO[str], gone: Any) -> None:
+    def __init__(self, file: IO[str], gone: Callable[[], None]) -> None:
         self._file = file
         self._gone = gone
 
