@@ -164,6 +164,22 @@ def check_screen(app: ReplayApp, report: dict) -> None:
             assert any(p.startswith(content[:60]) for p in prompts), f"{content!r} {where}"
 
 
+def check_detail(text: str, agent: dict) -> None:
+    """The detail screen's figures of the process's (only) device, against the report's."""
+    (dev,) = agent["devices"]
+    pressure = dev["pressure"]
+    expected = [
+        f"pid {agent['pid']} ",
+        f"step {agent['step']}",
+        f"frag {dev['fragmentation_smoothed']:.2f} (now {dev['fragmentation']:.2f})",
+        f"retries {pressure['num_alloc_retries']}, OOMs {pressure['num_ooms']}",
+        dev["leak"]["reason"],
+        f"alloc {short_bytes(dev['allocated_bytes'])} · rsvd {short_bytes(dev['reserved_bytes'])}",
+    ]
+    for figure in expected:
+        assert figure in text, f"{figure!r} not on the detail screen:\n{text}"
+
+
 def run_replay(path: Path, script) -> None:  # type: ignore[no-untyped-def]
     recording = load(path)
     store = Store()
@@ -232,6 +248,10 @@ def test_the_leak_paused_at_01_45_shows_its_recorded_allocation():
         # Still true a while later: paused means nothing changes, and nothing is held.
         await pilot.pause(1.5)
         check_screen(app, report)
+        # The detail screen of the leaking trainer, at the same moment.
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: "frag " in screen_text(app.export_screenshot()), 30)
+        check_detail(screen_text(app.export_screenshot()), report["agents"][0])
 
     run_replay(path, script)
 
