@@ -35,6 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent_overhead import thread_cpu_s  # one reader of a thread's CPU clock
 
+from memtop import children
+
 PLAN = (  # command, requests, pause between (s): the pauses respect the agent's cooldowns
     ("sample", 200, 0.02),
     ("reset_peak", 50, 0.05),
@@ -47,6 +49,7 @@ PLAN = (  # command, requests, pause between (s): the pauses respect the agent's
 def viewer_main(pid: int, directory: Path, out: Path, plan: list[list[Any]]) -> int:
     from memtop.sources.agents import AgentClient, AgentError
 
+    children.die_with_parent(os.getppid(), lambda: os._exit(1))  # a bench stopped by KILL
     client = AgentClient(pid, directory, timeout=30)
     client.connect()
     results: dict[str, Any] = {}
@@ -195,4 +198,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Ctrl-C, SIGTERM (`timeout`) and SIGHUP unwind main: what it started is stopped.
+    sys.exit(children.run_stopping_children(main))

@@ -46,6 +46,7 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from memtop import children
 
 WARMUP_S = 3.0
 SETTLE_S = 0.1
@@ -58,6 +59,7 @@ def viewer_main(pid: int, directory: Path, hz: float) -> int:
     """A memtop-like viewer: one connection, `sample` at `hz` while switched on via stdin."""
     from memtop.sources.agents import AgentClient
 
+    children.die_with_parent(os.getppid(), lambda: os._exit(1))  # a bench stopped by KILL
     client = AgentClient(pid, directory)
     client.connect()
     active, stop = threading.Event(), threading.Event()
@@ -325,4 +327,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Ctrl-C, SIGTERM (`timeout`) and SIGHUP unwind main: what it started is stopped.
+    sys.exit(children.run_stopping_children(main))

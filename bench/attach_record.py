@@ -20,6 +20,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from memtop import children  # noqa: E402
+
 PY = sys.executable
 MEMTOP = [PY, "-m", "memtop"]
 
@@ -104,4 +107,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # Ctrl-C, SIGTERM (`timeout`) and SIGHUP unwind main: what it started is stopped.
+    sys.exit(children.run_stopping_children(main))

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from memtop import protocol  # noqa: E402
+from memtop import children, protocol  # noqa: E402
 from memtop.sources.agents import AgentClient  # noqa: E402
 
 
@@ -57,13 +57,7 @@ def start_torch_trainer(socket_dir: Path, step_time: float) -> tuple[int, Callab
     )
 
     def stop() -> None:
-        if trainer.poll() is None:
-            trainer.send_signal(signal.SIGINT)
-            try:
-                trainer.wait(10)
-            except subprocess.TimeoutExpired:
-                trainer.kill()
-                trainer.wait()
+        children.stop(trainer, signal.SIGINT, timeout=10)
 
     deadline = time.monotonic() + 60
     while not protocol.socket_path(trainer.pid, socket_dir).exists():
@@ -138,4 +132,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Ctrl-C, SIGTERM (`timeout`) and SIGHUP unwind main: what it started is stopped.
+    sys.exit(children.run_stopping_children(main))

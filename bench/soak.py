@@ -44,6 +44,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from memtop import children  # noqa: E402
 
 SAMPLE_HZ = 10.0
 CRASH_MARKERS = ("Fatal Python error", "Segmentation fault", "Aborted", "INTERNAL ASSERT")
@@ -230,8 +231,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     trainer_args += ["--width", str(args.width)]
     if args.inject_race:
         trainer_args.append("--inject-race")
-    agents = []
-    controls = []
+    agents: list[subprocess.Popen[str]] = []
+    controls: list[subprocess.Popen[str]] = []
+    viewers: list[subprocess.Popen[str]] = []
+    try:
+        return _soak(args, work, sockets, env, me, trainer_args, agents, controls, viewers)
+    finally:  # interrupted (Ctrl-C, `timeout`): nothing it started runs on
+        children.stop_all([*viewers, *agents, *controls], signal.SIGTERM)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _soak(
+    args: argparse.Namespace,
+    work: Path,
+    sockets: Path,
+    env: dict[str, str],
+    me: list[str],
+    trainer_args: list[str],
+    agents: list[subprocess.Popen[str]],
+    controls: list[subprocess.Popen[str]],
+    viewers: list[subprocess.Popen[str]],
+) -> dict[str, Any]:
     for _ in range(args.trainers):
         command = [sys.executable, "-m", "memtop", "run", str(Path(__file__).resolve())]
         agents.append(_spawn(command + trainer_args, env, work))
@@ -246,7 +266,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     start_counts = {pid: _proc_counts(pid) for pid in pids}
     viewer_command = [*me, "--viewer", "--seconds", str(args.seconds - 2), "--socket-dir"]
     viewer_command += [str(sockets), "--out", str(work), "--pids", ",".join(map(str, pids))]
-    viewers = [_spawn(viewer_command, env, work) for _ in range(args.viewers)]
+    viewers.extend(_spawn(viewer_command, env, work) for _ in range(args.viewers))
     # Thread and fd counts, and agent CPU, sampled while the soak runs.
     end_counts: dict[int, tuple[int, int] | None] = {}
     max_counts: dict[int, tuple[int, int]] = {}
@@ -268,7 +288,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(0.5)
     results = {"agent": [_finish(p) for p in agents], "control": [_finish(p) for p in controls]}
     viewer_out = [_finish(p, timeout=30) for p in viewers]
-    shutil.rmtree(work, ignore_errors=True)
     return _report(args, results, viewer_out, start_counts, end_counts, max_counts, agent_ticks)
 
 
@@ -423,4 +442,5 @@ def _cuda_here() -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Ctrl-C, SIGTERM (`timeout`) and SIGHUP unwind main: what it started is stopped.
+    sys.exit(children.run_stopping_children(main))

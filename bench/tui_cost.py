@@ -51,6 +51,8 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from memtop import children  # noqa: E402
 
 GOAL_CPU_RATIO = 1.0  # memtop's CPU / nvitop's
 GOAL_TTY_RATIO = 3.0  # memtop's bytes to the terminal / nvitop's
@@ -193,14 +195,7 @@ def start_demo(gpus: int, env: dict[str, str]) -> tuple[subprocess.Popen[str], l
 
 
 def stop_demo(demo: subprocess.Popen[str], trainer_pids: list[int]) -> None:
-    if demo.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            demo.send_signal(signal.SIGINT)
-        try:
-            demo.wait(15)
-        except subprocess.TimeoutExpired:
-            demo.kill()
-            demo.wait()
+    children.stop(demo, signal.SIGINT, timeout=15)
     # The trainers run in sessions of their own: should the demo have died without stopping
     # them, stop the ones it started (checked by command line, against pid reuse).
     for pid in trainer_pids:
@@ -514,4 +509,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Stopped by `timeout` (SIGTERM) or a closed terminal, it stops its demo, the trainers and
+    # the dashboard it started (each in a session of its own: no signal reaches them by itself).
+    sys.exit(children.run_stopping_children(main))

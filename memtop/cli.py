@@ -418,7 +418,10 @@ def _demo(args: argparse.Namespace) -> int:
         stop.set()
         raise KeyboardInterrupt
 
+    # SIGHUP too (`--no-ui` in a terminal that closes): the trainers are stopped and the
+    # simulated GPUs removed here, not left to the trainers' watch on their parent.
     previous = signal.signal(signal.SIGTERM, on_signal)
+    previous_hup = signal.signal(signal.SIGHUP, on_signal)
     painted = False
     try:
         # The trainers take a few seconds to start: the header says memtop is on its way
@@ -447,6 +450,7 @@ def _demo(args: argparse.Namespace) -> int:
         return EXIT_OK
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGHUP, previous_hup)
         demo.stop()
         if not args.no_ui:  # an error above is printed on the normal screen, not lost with it
             from memtop.ui import splash
@@ -605,7 +609,7 @@ def _cleanup(args: argparse.Namespace) -> int:
             f"before the next one ({(cleanup.took_s or 0) * 1000:.0f} ms)"
         )
     if not cleanup.released_bytes:
-        print(f"pid {args.pid}: no CUDA devices in use; gc collected {cleanup.gc_collected}")
+        print(f"pid {args.pid}: no CUDA device in use: nothing to clean up")
     for index, n in sorted(cleanup.released_bytes.items()):
         after = cleanup.reserved_after.get(index)
         print(

@@ -242,6 +242,16 @@ class Observer:
                 self._latest = self._build(generation)
             return self._latest
 
+    def forget(self) -> None:
+        """Build the next observation as a new observer would (`--once`): no leak verdict, rule
+        timing or dwelling suggestion carried over from earlier rounds.  A replay calls it when
+        its cursor jumps or stops: what was judged at another moment of the recording must not
+        show at this one, and a still screen must read as `replay --once --at T` does."""
+        with self._lock:
+            self.diagnoser.forget()
+            self.stabilizer.forget()
+            self._latest = None
+
     def publish(self) -> Observation:
         """Build now (the sampler's end-of-round hook); later `latest()` calls reuse it."""
         with self._lock:

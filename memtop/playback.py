@@ -143,15 +143,23 @@ class Player:
         last = time.monotonic()
         while not self._stop.wait(TICK_S):
             now = time.monotonic()
-            if not self._paused.is_set() and not self.at_end:
-                self.step_by((now - last) * self.speed)
+            with self._lock:  # `pause` waits for a tick under way: none lands after it
+                if not self._paused.is_set() and not self.at_end:
+                    self.step_by((now - last) * self.speed)
             last = now
 
     def pause(self, paused: bool) -> None:
-        if paused:
-            self._paused.set()
-        else:
-            self._paused.clear()
+        """Once `pause(True)` returns the cursor stays where it is (no tick lands after it)."""
+        with self._lock:
+            if paused:
+                self._paused.set()
+            else:
+                self._paused.clear()
+
+    @property
+    def still(self) -> bool:
+        """No later moment will come by itself: paused, or at the end of the recording."""
+        return self._paused.is_set() or self.at_end
 
     @property
     def paused(self) -> bool:

@@ -169,6 +169,23 @@ def test_cleanup_releases_cached_segments(agent: Agent, allocator: SimulatedCach
     assert allocator.memory_reserved() == 0
 
 
+def test_a_cleanup_that_did_nothing_starts_no_cooldown(socket_dir: Path):
+    # A CPU-only trainer: no CUDA device in use, so a cleanup has nothing to release. It used to
+    # run gc.collect() all the same and charge its cost, and the next said "can run again in
+    # 262 s" for an action that had done nothing (issue 21, item 17).
+    server = Agent(SimulatedProbe([]), socket_dir)
+    server.start()
+    try:
+        with client_for(server) as client, Stepper(server):
+            first = client.request("cleanup", timeout=10)
+            assert first["released_bytes"] == {} and first["nothing_to_do"]
+            assert first["gc_collected"] == 0  # no collection ran in the trainer
+            again = client.request("cleanup", timeout=10)  # not refused: no cooldown
+            assert again["released_bytes"] == {}
+    finally:
+        server.stop()
+
+
 def test_cleanup_without_steps_is_refused_with_the_reason(agent: Agent):
     with client_for(agent) as client, pytest.raises(AgentError) as info:
         client.request("cleanup")

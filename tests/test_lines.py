@@ -120,7 +120,7 @@ def test_a_gpu_card_repaints_only_when_what_it_prints_changes():
 
 
 def test_the_suggestions_pane_rewords_only_what_reads_differently(monkeypatch):
-    """Every REWORD_S a changed suggestion is worded again, and its prompt replaced only when
+    """Every slow period a changed suggestion is worded again, and its prompt replaced only when
     the words differ (a figure below the printed precision, or prose not shown, is no repaint)."""
     import asyncio
     from dataclasses import replace

@@ -154,6 +154,10 @@ class _Cooldown:
     def cost(self, seconds: float) -> None:
         self.ready_at = max(self.ready_at, self.started_at + seconds / ON_DEMAND_MAX_SHARE)
 
+    def refund(self) -> None:
+        """The action found nothing to do and did nothing: it starts no cooldown."""
+        self.ready_at = 0.0
+
 
 class _Worker:
     """One long-lived thread for slow work that touches no tensor (pickling and writing a
@@ -1067,6 +1071,23 @@ class Agent:
         """Runs on the trainer's thread, right after a step."""
         started = time.perf_counter()
         indices = [d.index for d in self._devices()]
+        if not indices:
+            # No CUDA device in use: there is no cache to empty, and gc.collect() (a few
+            # hundred ms in a process that imported torch) would free no GPU memory. Nothing is
+            # done, so nothing is charged: the next cleanup may run at once.
+            self._cleanup_cooldown.refund()
+            return {
+                "released_bytes": {},
+                "reserved_before": {},
+                "reserved_after": {},
+                "gc_collected": 0,
+                "at_step_boundary": True,
+                "after_step": self.boundary.step,
+                "thread": threading.current_thread().name,
+                "thread_ident": threading.get_ident(),
+                "took_s": time.perf_counter() - started,
+                "nothing_to_do": "no CUDA device in use",
+            }
         before = {
             i: self.probe.memory_stats(i).get("reserved_bytes.all.current", 0) for i in indices
         }

@@ -65,6 +65,10 @@ class Diagnoser:
     leak_refresh_s: float = LEAK_REFRESH_S
     _leaks: dict[tuple[int, int], tuple[float, LeakEstimate]] = field(default_factory=dict)
 
+    def forget(self) -> None:
+        """Judge every device anew next time (see Observer.forget)."""
+        self._leaks.clear()
+
     def diagnose_devices(
         self, store: Store, agents: Sequence[AgentView], now: float
     ) -> dict[tuple[int, int], DeviceDiagnosis]:

@@ -11,6 +11,12 @@ the rules and every consumer:
   rule last fired (with the figures of that last firing);
 - severity falls only after it has held MIN_DWELL_S at the higher level (it rises at once).
 
+The rules run every round: a suggestion's figures are those of the round the rest of the screen
+shows (issue 21: "Fragmentation 0.23" in a suggestion beside "frag 0.19" on the same screen,
+from a judgment kept for two seconds).  A suggestion kept only by its dwell or grace (its rule
+no longer fires) keeps the figures of its last firing and says so: "as of HH:MM:SS, no longer
+so" (a tip's "peak 48.3 GiB" stood beside the table's 76.1 GiB with nothing to tell them apart).
+
 A suggestion of a process that is gone goes at once: there is nothing left to act on. So does
 one whose rule's veto now holds (`suggestions.VETOES`): an event contradicts it (an OOM ends
 "room for a bigger batch"), where the dwell is for a measure hovering at a line.
@@ -18,6 +24,7 @@ one whose rule's veto now holds (`suggestions.VETOES`): an event contradicts it 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
@@ -27,10 +34,6 @@ from memtop.model import Severity
 
 MIN_DWELL_S = 60.0
 GRACE_S = 30.0
-# The rules run at most this often while nothing urgent changed (see `_news`): the figures in
-# their wording are shown anew only every few seconds anyway (the pane rewords every 8 s), and
-# judging every GPU's facts against every rule was a third of building a round's observation.
-RULES_EVERY_S = 2.0
 
 
 @dataclass
@@ -49,26 +52,19 @@ class Stabilizer:
         rules: Iterable[Rule] = RULES,
         min_dwell_s: float = MIN_DWELL_S,
         grace_s: float = GRACE_S,
-        rules_every_s: float = RULES_EVERY_S,
     ) -> None:
         self.rules = tuple(rules)
         self.min_dwell_s = min_dwell_s
         self.grace_s = grace_s
-        self.rules_every_s = rules_every_s
         self._shown: dict[Key, _Shown] = {}
-        self._last: tuple[tuple[object, ...], float, tuple[Suggestion, ...]] | None = None
+
+    def forget(self) -> None:
+        """Nothing is on screen any more: the next round is judged as a first one."""
+        self._shown.clear()
 
     def suggest(self, gpus: Iterable[GpuFacts], now: float) -> tuple[Suggestion, ...]:
-        """What to show now, most severe first.  The same tuple as last time while the rules
-        are not due and nothing urgent changed."""
-        gpus = tuple(gpus)
-        news = _news(gpus)
-        last = self._last
-        if last is not None and last[0] == news and 0 <= now - last[1] < self.rules_every_s:
-            return last[2]
-        judged = self._judge(gpus, now)
-        self._last = (news, now, judged)
-        return judged
+        """What to show now, most severe first, judged on this round's facts."""
+        return self._judge(tuple(gpus), now)
 
     def _judge(self, gpus: tuple[GpuFacts, ...], now: float) -> tuple[Suggestion, ...]:
         live: dict[tuple[int, int], DeviceDiagnosis] = {
@@ -110,7 +106,10 @@ class Stabilizer:
             if now - old.since < self.min_dwell_s or now - old.fired < self.grace_s:
                 shown[key] = old
         self._shown = shown
-        ordered = [entry.suggestion for entry in shown.values()]
+        ordered = [
+            entry.suggestion if entry.fired == now else _as_of(entry.suggestion, entry.fired)
+            for entry in shown.values()
+        ]
         # The same order as `suggest`, with first appearance breaking ties: a list that only
         # grows at the end of its severity never moves the row under the cursor.
         since = {key: entry.since for key, entry in shown.items()}
@@ -122,27 +121,9 @@ class Stabilizer:
         )
 
 
-def _news(gpus: tuple[GpuFacts, ...]) -> tuple[object, ...]:
-    """What must be judged at once, not at the rules' next turn: a process come or gone, an
-    OOM or an allocator retry, a leak verdict, an OOM report, a breakdown or allocator settings
-    first known."""
-    return tuple(
-        (
-            g.uuid,
-            tuple(pid for pid, _ in g.processes),
-            tuple(
-                (
-                    a.pid,
-                    a.index,
-                    a.pressure.retries,
-                    a.pressure.ooms,
-                    a.leak.detected,
-                    a.last_oom is not None,
-                    a.breakdown is not None,
-                    a.allocator_conf,
-                )
-                for a in g.agents
-            ),
-        )
-        for g in gpus
-    )
+def _as_of(suggestion: Suggestion, fired: float) -> Suggestion:
+    """A suggestion whose rule no longer fires, shown a while longer (no flicker): its figures
+    are those of its last firing, and it says so beside the live ones on the same screen."""
+    when = time.strftime("%H:%M:%S", time.localtime(fired))
+    evidence = f"{suggestion.evidence}; " if suggestion.evidence else ""
+    return replace(suggestion, evidence=f"{evidence}as of {when}, no longer so")

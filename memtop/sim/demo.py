@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memtop import protocol
+from memtop.children import stop_all
 from memtop.sim.device import VENDORS, SimGpuRegistry, simulated_gpu_specs
 from memtop.sim.scenarios import SCENARIOS
 
@@ -192,6 +193,8 @@ class Demo:
                 str(trainer.scale),
                 "--seed",
                 str(trainer.seed),
+                "--parent",
+                str(os.getpid()),
             ]
             rank_env = {}
             if trainer.rank is not None:
@@ -255,17 +258,7 @@ class Demo:
         return [p.pid for p in self.processes if p.poll() not in (None, 0)]
 
     def stop(self, timeout: float = 5.0) -> None:
-        for process in self.processes:
-            if process.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for process in self.processes:
-            try:
-                process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_all(self.processes, signal.SIGTERM, timeout)
         directory = self.socket_dir or protocol.socket_dir()
         for process in self.processes:
             with contextlib.suppress(OSError):

@@ -3,7 +3,8 @@
 Started by `memtop demo` as `python -m memtop.sim.trainer --registry DIR --gpu I --scenario S`.
 It behaves like a trainer under `memtop run`: the agent listens on the usual socket, steps are
 marked after every optimizer step, and SIGTERM/SIGINT stop it cleanly (socket and ledger entry
-removed).
+removed).  With `--parent PID` (the demo passes its own) it stops as cleanly when that process is
+gone, however it ended (memtop.children.die_with_parent).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 import memtop
 from memtop import protocol
 from memtop.agent.probe import ProbeDevice, allocator_conf_from_env
+from memtop.children import die_with_parent
 from memtop.sim.allocator import SimulatedCachingAllocator
 from memtop.sim.device import SimGpuRegistry
 from memtop.sim.probe import SimulatedGpu, SimulatedProbe
@@ -70,6 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--leak-mib", type=float, default=8.0, help="leak per step (leak)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-steps", type=int, default=0, help="stop after N steps (0: never)")
+    parser.add_argument(
+        "--parent", type=int, default=None, help="stop when this process (the demo) is gone"
+    )
     return parser.parse_args(argv)
 
 
@@ -128,6 +133,11 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if args.parent is not None:
+        # The demo runs its trainers in sessions of their own (a Ctrl-C in the dashboard is
+        # not theirs), so a closed terminal does not reach them: they end with the demo,
+        # however it ended (SIGKILL and crashes included).
+        die_with_parent(args.parent, stop.set)
     next_step = time.monotonic()
     try:
         while not stop.is_set():

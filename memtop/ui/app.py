@@ -35,7 +35,7 @@ from memtop.store import Store
 from memtop.ui import view
 from memtop.ui.config import UiConfig
 from memtop.ui.lean_screen import LeanScreen
-from memtop.ui.render import FREE
+from memtop.ui.render import FREE, slow_tick
 from memtop.ui.widgets.gpu_panel import GpuPanel
 from memtop.ui.widgets.process_table import ProcessTable
 from memtop.ui.widgets.suggestions import SuggestionsPane
@@ -123,6 +123,9 @@ class MemtopApp(App[None]):
         self.dashboard: view.Dashboard | None = None
         self.observation: Observation | None = None
         self._generation = -1
+        self._exact = False  # the screen shows every figure of its round (none held)
+        self._renewed_tick = -1  # the slow period whose figures the widgets show
+        self._renewal_news: tuple[object, ...] = ()
         self._layout: tuple[bool, bool] | None = None
         self._shown: dict[str | None, tuple[object, ...]] = {}  # what each Static shows now
         self._mounted = False  # the first Resize arrives before on_mount
@@ -253,16 +256,32 @@ class MemtopApp(App[None]):
 
     # ------------------------------------------------------------------ rendering
 
-    def refresh_view(self) -> None:
-        """Render the newest observation, if anything was written since the last time."""
+    def feed_still(self) -> bool:
+        """The feed brings no later round for now (paused): the screen keeps this one."""
+        return self.sampler is not None and self.sampler.paused
+
+    def refresh_view(self, exact: bool = False) -> None:
+        """Render the newest observation, if anything was written since the last time.
+
+        While rounds keep coming, the widgets show some figures anew only once per slow period
+        (render.slow_tick: bytes over SSH); the next round renews them.  When no round will come
+        (the feed is still) or the caller asks for `exact`, every figure is the round's own:
+        a paused or ended feed must not keep a figure from an earlier round on screen.
+
+        Whether the held figures are renewed is decided here, once, for every widget: the GPU
+        cards, the table and the suggestions' wording then always show one round's figures
+        (a suggestion's "cached 31.2 GiB" beside a card's figures of another round was two
+        values for one thing on one screen)."""
         if not self.screen_stack:
             return  # the app is closing: a timer tick that lands after the last screen left
+        exact = exact or self.feed_still()
         generation = self.store.generation
-        if generation == self._generation:
+        if generation == self._generation and (self._exact or not exact):
             if self.dashboard is not None and self._event[0] and self._mounted:
                 self._set(self.status_line, self._status(self.dashboard))  # let it expire
             return
         self._generation = generation
+        self._exact = exact
         self.refreshes += 1
         self.observation = self.observer.latest()
         sampled = self.sampler is None or self.sampler.rounds > 0
@@ -286,12 +305,33 @@ class MemtopApp(App[None]):
         if empty:
             self._set(self.empty_state, _empty_text(dash))
         else:
-            self.gpu_panel.show(dash.gpus, dense)
-            self.table.show(dash.processes, compact)
-            self.suggestions.show(dash.suggestions, compact)
+            renew = self._renewal_due(dash, compact) or exact
+            self.gpu_panel.show(dash.gpus, dense, renew)
+            self.table.show(dash.processes, compact, renew)
+            self.suggestions.show(dash.suggestions, compact, renew)
         detail = self._detail_screen()
         if detail is not None:
             self._show_detail(detail)
+
+    def _renewal_due(self, dash: view.Dashboard, compact: bool) -> bool:
+        """Whether this round's slow figures replace the held ones, in every widget: once per
+        slow period, and in any round that shows something new anyway (a figure the widgets
+        show at once, a suggestion come or gone, a leak's rate, the layout): the suggestions
+        quote both kinds of figure ("reserved 7.7 GiB, allocated 5.6 GiB"), so a frame shows
+        one round's figures everywhere or none.  A quiet round (only a sawtooth's allocated
+        bytes and the steps moved) keeps the held ones: the byte budget's common case."""
+        tick = slow_tick()
+        news = (
+            compact,
+            tuple((s.key, s.severity) for s in dash.suggestions),
+            tuple((g.uuid, g.used, g.reserved, g.peak, g.trend.label()) for g in dash.gpus),
+            tuple((p.key, p.used, p.reserved, p.peak, p.state) for p in dash.processes),
+        )
+        due = tick != self._renewed_tick or news != self._renewal_news
+        self._renewal_news = news
+        if due:
+            self._renewed_tick = tick
+        return due
 
     def _set(self, widget: Static, content: Text) -> None:
         # Static.update repaints even when nothing changed; compare first.
@@ -466,9 +506,10 @@ class MemtopApp(App[None]):
                 f"{self._gpu_name(row.pid, index)}: released {format_bytes(released[index])} "
                 f"(reserved {format_bytes(before.get(index))} → {format_bytes(after.get(index))})"
             )
-        if not lines:
-            lines.append("no CUDA device in use")
-        lines.append(f"gc collected {result.get('gc_collected', 0)} objects")
+        if not lines:  # the agent did nothing (and started no cooldown)
+            lines.append("no CUDA device in use: nothing to clean up")
+        else:
+            lines.append(f"gc collected {result.get('gc_collected', 0)} objects")
         self.notify("\n".join(lines), title=f"Cleanup in pid {row.pid}", timeout=10)
 
     def _gpu_name(self, pid: int, index: str | int) -> str:

@@ -51,6 +51,10 @@ class ReplayApp(MemtopApp, inherit_bindings=False):
         super().__init__(store, cast(Sampler, player), clock=player.clock, **kwargs)
         self.player = player
         self.recording = recording
+        self._settled_at: float | None = None  # the cursor of the still moment on screen
+
+    def feed_still(self) -> bool:
+        return self.player.still
 
     def _header(self, dash: view.Dashboard) -> Text:
         text = super()._header(dash)
@@ -66,9 +70,26 @@ class ReplayApp(MemtopApp, inherit_bindings=False):
         )
         return text
 
-    def refresh_view(self) -> None:
+    def refresh_view(self, exact: bool = False) -> None:
+        player = self.player
+        if player.still and self._settled_at != player.cursor:
+            self._settle()  # paused, or the end reached: show this moment as it is
+            return
+        if not player.still:
+            self._settled_at = None
+        super().refresh_view(exact)
         # The cursor moves even where nothing was recorded: keep the header's clock true.
-        super().refresh_view()
+        if self._mounted and self.dashboard is not None:
+            self._set(self.header_bar, self._header(self.dashboard))
+
+    def _settle(self) -> None:
+        """Show the cursor's moment exactly as `memtop replay FILE --once --at T` reports it:
+        judged afresh at T (nothing carried from the moment the cursor left: a seek jumps over
+        the rounds between) and drawn with no figure held from an earlier round."""
+        self._settled_at = self.player.cursor
+        self.observer.forget()
+        self._generation = -1
+        super().refresh_view(exact=True)
         if self._mounted and self.dashboard is not None:
             self._set(self.header_bar, self._header(self.dashboard))
 
@@ -78,7 +99,7 @@ class ReplayApp(MemtopApp, inherit_bindings=False):
 
     def action_seek(self, direction: int) -> None:
         self.player.step_by(direction * SEEK_S)
-        self.refresh_view()
+        self._settle()
 
     def action_speed(self, up: int) -> None:
         speed = self.player.faster(bool(up))

@@ -451,8 +451,8 @@ def _gpu_numbers(obs: Observation) -> dict[tuple[int, int], int]:
 
 _GpuNumbers = dict[tuple[int, int], int]
 _ItemsMade = tuple[Sequence[Suggestion], bool, _GpuNumbers, tuple["SuggestionItem", ...]]
-# The last items made, with what they were made from: between two runs of the rules the
-# observation carries the very same suggestions (diagnosis.stability.RULES_EVERY_S).
+# The last items made, with what they were made from: most rounds the rules say what they said
+# the round before, word for word.
 _last_items: list[_ItemsMade] = []
 
 
@@ -463,7 +463,7 @@ def suggestion_items(
 ) -> tuple[SuggestionItem, ...]:
     numbers = gpu_numbers or {}
     for made, agents, numbered, items in _last_items:
-        if made is suggestions and agents == have_agents and numbered == numbers:
+        if made == suggestions and agents == have_agents and numbered == numbers:
             return items
     items = _suggestion_items(suggestions, have_agents, numbers)
     _last_items[:] = [(suggestions, have_agents, numbers, items)]

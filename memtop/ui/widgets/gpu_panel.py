@@ -86,14 +86,18 @@ class GpuCard(Widget):
         self._lines_row = row
         self._blank = Strip.blank(0)
 
-    def show(self, row: GpuRow) -> None:
+    def show(self, row: GpuRow, renew: bool | None = None) -> None:
         """Repaint when something a user must see at once changed (used memory, an error, a
         leak verdict); figures that move every second without news (a sawtooth's allocated
         bytes, the trend sparkline, the smoothed gauge, utilisation, temperature, power) are
         shown anew once per slow period (render.slow_tick), all cards in the same frame.
-        Each repaint costs CPU and bytes over SSH."""
+        Each repaint costs CPU and bytes over SSH.  `renew`: whether the slow figures are shown
+        anew now; the dashboard decides it for every widget at once (MemtopApp.refresh_view),
+        None decides it here (a new slow period, or a leak verdict that changed)."""
         tick = slow_tick()
-        if tick == self._slow_tick and row.trend.leak == self.row.trend.leak:
+        if renew is None:
+            renew = tick != self._slow_tick or row.trend.leak != self.row.trend.leak
+        if not renew:
             if _fast_figures(row) == _fast_figures(self.row):
                 return  # the common round: nothing to show at once (no copy of the row made)
             row = replace(row, **{name: getattr(self.row, name) for name in SLOW_FIELDS})
@@ -274,7 +278,7 @@ class GpuPanel(VerticalScroll):
         self.border_title = "GPUs"
         self.border_subtitle = LEGEND
 
-    def show(self, gpus: tuple[GpuRow, ...], dense: bool) -> None:
+    def show(self, gpus: tuple[GpuRow, ...], dense: bool, renew: bool | None = None) -> None:
         if gpus and not self._cards:
             self.query("#gpu-waiting").remove()
         wanted = {row.uuid for row in gpus}
@@ -287,7 +291,7 @@ class GpuPanel(VerticalScroll):
                 card = self._cards[row.uuid] = GpuCard(row)
                 new.append(card)
             else:
-                card.show(row)
+                card.show(row, renew)
             card.set_class(dense, "-dense")
         if new:
             self.mount_all(new)

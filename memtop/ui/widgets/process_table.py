@@ -215,9 +215,13 @@ class ProcessTable(Widget, can_focus=True):
 
     # ------------------------------------------------------------------ data
 
-    def show(self, rows: tuple[ProcessRow, ...], compact: bool) -> None:
+    def show(self, rows: tuple[ProcessRow, ...], compact: bool, renew: bool | None = None) -> None:
+        """`renew`: whether the slow figures are shown anew now (the dashboard decides it for
+        every widget at once, MemtopApp.refresh_view); None: once per slow period."""
         tick = slow_tick()
-        if tick == self._slow_tick:
+        if renew is None:
+            renew = tick != self._slow_tick
+        if not renew:
             shown = {row.key: row for row in self.source}
             rows = tuple(_hold(row, shown.get(row.key)) for row in rows)
         else:

@@ -73,8 +73,9 @@ def suggestion_text(item: SuggestionItem, compact: bool, width: int | None = Non
 
 # A suggestion's wording carries live figures ("full in ~9 min (5672 steps)"); rewording it
 # every second costs a repaint of the pane for news nobody reads that fast.  New, gone or
-# re-ranked suggestions show at once; changed figures at most this often.
-REWORD_S = 8.0
+# re-ranked suggestions show at once; changed figures once per slow period, in the same frame
+# as the GPU cards' and the table's slow figures (render.slow_tick): a figure the pane and a
+# card both show ("allocated", "cached") is then of one round in both.
 
 
 class SuggestionsPane(OptionList):
@@ -91,14 +92,21 @@ class SuggestionsPane(OptionList):
     def on_mount(self) -> None:
         self.border_title = "Suggestions"
 
-    def show(self, items: tuple[SuggestionItem, ...], compact: bool) -> None:
+    def show(
+        self, items: tuple[SuggestionItem, ...], compact: bool, renew: bool | None = None
+    ) -> None:
+        """`renew`: whether changed figures are worded anew now (the dashboard decides it for
+        every widget at once, MemtopApp.refresh_view); None: once per slow period.  New, gone
+        or re-ranked suggestions show at once either way."""
         # The gutter is kept whether or not a scrollbar shows: the text's width never changes
         # with the number of items, so lines never re-wrap between refreshes.
         width = self.scrollable_content_region.width - 1
         same_set = [(i.key, i.severity) for i in items] == [(i.key, i.severity) for i in self.items]
         if same_set and compact == self._compact and width == self._width:
-            tick = slow_tick(REWORD_S)
-            if items == self.items or tick == self._worded_at:
+            tick = slow_tick()
+            if renew is None:
+                renew = tick != self._worded_at
+            if items == self.items or not renew:
                 return
             self._worded_at = tick
             for index, (new, old) in enumerate(zip(items, self.items, strict=True)):
@@ -112,7 +120,7 @@ class SuggestionsPane(OptionList):
                     self.replace_option_prompt_at_index(index, text)
             self.items = items
             return
-        self._worded_at = slow_tick(REWORD_S)
+        self._worded_at = slow_tick()
         selected = self.selected()
         self.items = items
         self._compact = compact

@@ -1,0 +1,122 @@
+"""Child processes that never outlive the process that started them.
+
+One home for what `memtop demo`, the benches (bench/) and the tests do with the processes they
+start: stop a group of them (a signal, a shared deadline, then SIGKILL), turn SIGTERM and SIGHUP
+into the same clean exit as Ctrl-C so that `finally` blocks stop the children (a bench stopped
+by `timeout`, a demo whose terminal closed), and, in the child, end when the parent is gone
+even when the parent could not stop it (SIGKILL, a crash): PR_SET_PDEATHSIG on Linux, and a
+poll of the parent pid everywhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+PARENT_POLL_S = 0.5  # how often a child looks whether its parent is still there
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+STOP_TIMEOUT_S = 5.0
+
+
+def die_with_parent(
+    parent: int, on_gone: Callable[[], None], sig: int = signal.SIGTERM
+) -> threading.Thread | None:
+    """In a child: call `on_gone` once `parent` is no longer its parent (it exited, was killed,
+    crashed).  On Linux the kernel also sends `sig` the moment the parent dies (the child's
+    handler for `sig` should stop it).  Returns the polling thread (None: the parent is gone
+    already, and `on_gone` was called).
+
+    Linux sends the signal when the *thread* that started the child ends: start children that
+    call this from a thread that lives as long as the parent (the main thread)."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    if os.getppid() != parent:  # it died before the line above: no signal will come
+        on_gone()
+        return None
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        on_gone()
+
+    thread = threading.Thread(target=watch, name="memtop-parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
+def stop_all(
+    processes: Iterable[subprocess.Popen[Any]],
+    sig: int = signal.SIGTERM,
+    timeout: float = STOP_TIMEOUT_S,
+) -> None:
+    """Send `sig` to every process still running, wait for them all until one shared deadline,
+    then SIGKILL what is left (and reap it)."""
+    processes = list(processes)
+    for process in processes:
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(sig)
+    deadline = time.monotonic() + timeout
+    for process in processes:
+        try:
+            process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            process.wait()
+
+
+def stop(
+    process: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float = STOP_TIMEOUT_S
+) -> int:
+    """`stop_all` of one process; its exit code."""
+    stop_all([process], sig, timeout)
+    return process.returncode
+
+
+@contextlib.contextmanager
+def interrupted_by_signals(
+    signals: Iterable[int] = (signal.SIGTERM, signal.SIGHUP),
+) -> Iterator[None]:
+    """Within the block, SIGTERM and SIGHUP raise KeyboardInterrupt as Ctrl-C does: the
+    default action ends Python at once and skips every `finally` that stops a child.  Only on
+    the main thread (where Python runs signal handlers); the previous handlers come back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in signals}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def run_stopping_children(main: Callable[[], int | None]) -> int:
+    """A script's `main`, unwound by Ctrl-C, SIGTERM (`timeout`) and SIGHUP alike, so that its
+    `finally` blocks stop what it started; 130 then, with one line instead of a traceback."""
+    try:
+        with interrupted_by_signals():
+            return main() or 0
+    except KeyboardInterrupt as exc:
+        why = str(exc) or "Ctrl-C"
+        print(
+            f"{Path(sys.argv[0]).name}: interrupted ({why}); what it started is stopped",
+            file=sys.stderr,
+        )
+        return 130

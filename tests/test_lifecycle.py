@@ -1,0 +1,219 @@
+"""Nothing memtop starts outlives it, and a dashboard whose terminal is gone ends (issue 21,
+item 4): real processes on real ptys.
+
+- `memtop demo`'s trainers run in sessions of their own; whatever ends the viewer (SIGHUP of a
+  closed terminal, SIGTERM, a crash, SIGKILL) ends them within a few seconds.
+- A pty that is not the dashboard's controlling terminal and whose master closes sends no
+  SIGHUP: reads fail with EIO.  memtop ended within a second, using next to no CPU (it used to
+  spin at ~60 % of a core for ever).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from test_ui_cli import read_for, read_until, spawn_in_pty
+
+from memtop import children, protocol
+
+pytestmark = pytest.mark.slow
+
+GONE_WITHIN_S = 8.0  # trainers: a SIGTERM handled at the next step, on a loaded 2-core box
+EXIT_WITHIN_S = 1.0  # a dashboard whose terminal is gone (DESIGN §9)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_gone(pids: list[int], timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = [pid for pid in pids if alive(pid)]
+        if not left:
+            return []
+        time.sleep(0.1)
+    return [pid for pid in pids if alive(pid)]
+
+
+def demo_on_a_pty(socket_dir: Path) -> tuple[subprocess.Popen[bytes], int, list[int]]:
+    process, master = spawn_in_pty(["demo", "--gpus", "2", "--scenario", "healthy"], socket_dir)
+    read_until(master, b"sim_train.py", timeout=60)  # the dashboard shows a trainer
+    trainers = protocol.list_agent_sockets(socket_dir, remove_stale=False)
+    assert len(trainers) == 2
+    return process, master, trainers
+
+
+@pytest.mark.parametrize(
+    "sig",
+    [signal.SIGHUP, signal.SIGTERM, signal.SIGKILL, signal.SIGSEGV],
+    ids=["hangup", "terminate", "kill", "crash"],
+)
+def test_whatever_ends_the_viewer_ends_the_demos_trainers(socket_dir: Path, sig: int) -> None:
+    process, master, trainers = demo_on_a_pty(socket_dir)
+    try:
+        process.send_signal(sig)
+        said = read_for(master, 1.5)  # a viewer that exits cleanly may still write as it goes
+        if sig == signal.SIGTERM:  # through the app's exit path: the terminal is given back
+            assert b"\x1b[?1049l" in said
+        assert wait_gone(trainers, GONE_WITHIN_S) == [], f"trainers left after {sig!r}"
+        process.wait(GONE_WITHIN_S)
+    finally:
+        children.stop(process, signal.SIGKILL)
+        os.close(master)
+        for pid in trainers:  # never leave one behind, even when the test failed
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _close_master_and_watch(process: subprocess.Popen[bytes], master: int) -> tuple[float, float]:
+    """Close the pty's master; (seconds until the process exited, CPU seconds it used)."""
+    watched = psutil.Process(process.pid)
+    times = watched.cpu_times()
+    before = times.user + times.system
+    used = 0.0
+    closed = time.monotonic()
+    os.close(master)
+    while process.poll() is None and time.monotonic() - closed < 5:
+        try:
+            times = watched.cpu_times()
+            used = times.user + times.system - before
+        except psutil.Error:
+            pass
+        time.sleep(0.01)
+    took = time.monotonic() - closed
+    if process.poll() is None:
+        times = watched.cpu_times()
+        used = times.user + times.system - before
+        children.stop(process, signal.SIGKILL)
+        raise AssertionError(f"memtop still running 5 s after its terminal went: {used:.2f} CPU s")
+    return took, used
+
+
+def test_a_dashboard_whose_terminal_is_gone_exits_at_once(socket_dir: Path) -> None:
+    # Not its controlling terminal (a session of its own): closing the master sends no SIGHUP.
+    process, master = spawn_in_pty([], socket_dir)
+    read_until(master, b"memtop demo", timeout=30)  # the empty state's advice is on screen
+    took, used = _close_master_and_watch(process, master)
+    assert took < EXIT_WITHIN_S + 0.5, f"exited {took:.2f} s after its terminal went"
+    assert used < 0.5, f"{used:.2f} CPU s used on the way out"
+    assert process.returncode == 0
+
+
+def test_a_demo_whose_terminal_is_gone_stops_its_trainers(socket_dir: Path) -> None:
+    process, master, trainers = demo_on_a_pty(socket_dir)
+    try:
+        took, _ = _close_master_and_watch(process, master)
+        assert took < GONE_WITHIN_S
+        assert wait_gone(trainers, GONE_WITHIN_S) == []
+        assert not list(socket_dir.glob("sim-*"))  # the demo cleaned up after itself
+    finally:
+        for pid in trainers:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+CHILD = """
+import os, signal, sys, threading
+from memtop.children import die_with_parent
+done = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: done.set())  # as the simulated trainer does
+die_with_parent(int(sys.argv[1]), done.set)
+print(os.getpid(), flush=True)
+done.wait(30)
+print("stopped" if done.is_set() else "timed out", flush=True)
+"""
+PARENT = """
+import subprocess, sys, time, os
+subprocess.Popen([sys.executable, sys.argv[1], str(os.getpid())], stdout=open(sys.argv[2], "w"))
+time.sleep(60)
+"""
+
+
+def test_a_child_ends_when_its_parent_is_killed(tmp_path: Path) -> None:
+    # The child side alone: a parent that cannot stop its child (SIGKILL).
+    (tmp_path / "child.py").write_text(CHILD)
+    out = tmp_path / "child.out"
+    out.write_text("")
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path / "child.py"), str(out)])
+    try:
+        deadline = time.monotonic() + 20
+        while not out.read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int(out.read_text().split()[0])
+        parent.kill()
+        parent.wait()
+        assert wait_gone([child], 5) == []
+        assert out.read_text().split()[1:] == ["stopped"]  # it stopped itself, cleanly
+    finally:
+        children.stop(parent, signal.SIGKILL)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["terminate", "interrupt"])
+def test_a_bench_stopped_by_a_signal_stops_what_it_started(sig: int) -> None:
+    # `timeout 60 python bench/sample_latency.py`: SIGTERM to the bench alone.  Its trainer runs
+    # in a session of its own, so only the bench can stop it (it used to run on).
+    bench = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "sample_latency.py"), "--samples", "100000000"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # as under `timeout`: nothing but the bench gets the signal
+    )
+    try:
+        deadline = time.monotonic() + 60
+        started: list[psutil.Process] = []
+        while not started and time.monotonic() < deadline:
+            started = [
+                p
+                for p in psutil.Process(bench.pid).children(recursive=True)
+                if "memtop.sim.trainer" in " ".join(p.cmdline())
+            ]
+            time.sleep(0.1)
+        assert started, "the bench started no trainer"
+        time.sleep(1.0)  # measuring
+        bench.send_signal(sig)
+        _, err = bench.communicate(timeout=GONE_WITHIN_S)
+        assert bench.returncode == 130, err
+        assert b"interrupted" in err and b"Traceback" not in err
+        assert wait_gone([p.pid for p in started], GONE_WITHIN_S) == []
+    finally:
+        children.stop(bench, signal.SIGKILL)
+
+
+def test_a_demo_without_its_dashboard_cleans_up_on_a_hangup(socket_dir: Path) -> None:
+    # `memtop demo --no-ui` in a terminal that closes: the trainers stopped and the simulated
+    # GPUs removed by the demo itself (Python's default for SIGHUP ended it on the spot).
+    env = dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir))
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "memtop", "demo", "--scenario", "healthy", "--no-ui"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        assert demo.stdout is not None
+        line = demo.stdout.readline().decode()
+        assert "pids" in line, line
+        trainers = [int(pid) for pid in line.split("pids ")[1].split(".")[0].split()]
+        assert list(socket_dir.glob("sim-*"))
+        demo.send_signal(signal.SIGHUP)
+        assert demo.wait(GONE_WITHIN_S) == 0
+        assert wait_gone(trainers, GONE_WITHIN_S) == []
+        assert not list(socket_dir.glob("sim-*"))
+        assert not protocol.list_agent_sockets(socket_dir, remove_stale=False)
+    finally:
+        children.stop(demo, signal.SIGKILL)
