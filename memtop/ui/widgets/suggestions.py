@@ -137,6 +137,12 @@ class SuggestionsPane(OptionList):
             if selected.key in keys:
                 self.highlighted = keys.index(selected.key)
 
+    def on_focus(self) -> None:
+        # Tab here lands on the first suggestion, so y and enter act at once (nothing was
+        # highlighted until ↓, and enter did nothing).
+        if self.highlighted is None and self.items:
+            self.highlighted = 0
+
     def selected(self) -> SuggestionItem | None:
         index = self.highlighted
         if index is None or not self.items or index >= len(self.items):
