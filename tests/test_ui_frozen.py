@@ -190,7 +190,7 @@ def test_copy_fix_and_tab_focus() -> None:
             await pilot.press("tab")
             pane = app.query_one(SuggestionsPane)
             assert app.focused is pane
-            await pilot.press("down")  # the leak: no one-line fix
+            assert pane.highlighted == 0  # tab lands on the first: the leak, no one-line fix
             await pilot.press("y")
             assert "has no one-line fix" in " ".join(notifications(app))
             await pilot.press("down")  # the fragmentation warning, which has a fix
