@@ -131,6 +131,7 @@ class Diagnoser:
                 recent.get("num_ooms", []),
             ),
             breakdown=(agent.breakdown or {}).get(dev.index),
+            breakdown_measured=agent.breakdown is not None,
             allocator_conf=agent.hello.allocator_conf if agent.hello else "",
             last_oom=(
                 dict(agent.last_oom)

@@ -31,6 +31,9 @@ class DeviceDiagnosis:
     # The newest OOM report of this process on this device (its headline and diagnosis, as
     # the agent's sample carries it), None without one.
     last_oom: dict[str, Any] | None = None
+    # Whether the agent has measured a breakdown at all: `breakdown` is None both before the
+    # first measurement and when it found no optimizer holding this device's parameters.
+    breakdown_measured: bool = False
 
     @property
     def transient_bytes(self) -> int | None:

@@ -162,10 +162,18 @@ def _breakdown(detail: Detail) -> Text:
     there, when gradients are alive): they add up to that total, which is drawn with them."""
     device = detail.device
     if device is None:
-        return _lines(["No agent in this process: run it under", "`memtop run` to see its parts."])
+        return _lines(_no_breakdown(detail.row))
     roles = device.breakdown
     if not roles:
-        return _lines(["Waiting for the agent's first", "breakdown (every 10 s)."])
+        if device.breakdown_measured:
+            return _lines(
+                [
+                    "No optimizer seen yet: the parts",
+                    "are counted from the optimizers",
+                    "the agent finds (after a step).",
+                ]
+            )
+        return _lines(["Not measured yet: the agent", "measures it after a step, every 10 s."])
     parts = {key: roles.get(key, 0) for key, _ in BREAKDOWN_ROLES}
     total = roles.get("allocated") or sum(parts.values())
     total = max(1, total, sum(parts.values()))
@@ -180,6 +188,21 @@ def _breakdown(detail: Detail) -> Text:
     if fp32:
         text.append(f"\nfp32 params {short_bytes(fp32):>6}", style=FREE)
     return text
+
+
+def _no_breakdown(row: ProcessRow) -> list[str]:
+    """Why a process has no device to break down, as its state says (the title shows it)."""
+    if row.state == "no agent":
+        return ["No memtop agent in this process:", "run it under `memtop run` to see its parts."]
+    if row.state == "exited":
+        return ["The process has exited."]
+    if row.state != "agent":
+        return [f"Its agent is {row.state}:", "no breakdown until it answers."]
+    return [
+        "The agent is running; this process",
+        "uses no CUDA device (CPU only):",
+        "no GPU memory to break down.",
+    ]
 
 
 def _lines(lines: list[str], style: str = FREE) -> Text:
