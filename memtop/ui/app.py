@@ -284,9 +284,9 @@ class MemtopApp(App[None]):
         if empty:
             self._set(self.empty_state, _empty_text(dash))
         else:
-            self.gpu_panel.show(dash.gpus, dense)
+            self.gpu_panel.show(dash.gpus, dense, dash.no_gpus)
             self.table.show(dash.processes, compact)
-            self.suggestions.show(dash.suggestions, compact)
+            self.suggestions.show(dash.suggestions, compact, dash.quiet)
         detail = self._detail_screen()
         if detail is not None:
             self._show_detail(detail)
@@ -316,8 +316,9 @@ class MemtopApp(App[None]):
     def _status(self, dash: view.Dashboard) -> Text:
         if dash.problems:
             return Text(" " + dash.problems[-1], style="bold red")
-        if dash.nvml_error and dash.state != view.EMPTY:
-            return Text(f" NVML: {dash.nvml_error}", style="yellow")
+        if dash.nvml_error and dash.state != view.EMPTY and dash.no_gpus is None:
+            # (Without a GPU card, the GPU pane says it in place of the cards.)
+            return Text(f" {dash.nvml_error}", style="yellow")
         if dash.state == view.WAITING:
             return Text(" reading devices and agents…", style=FREE)
         # An event ("agent 4201 attached") is news for a few seconds, not a status.
@@ -730,7 +731,7 @@ def _empty_text(dash: view.Dashboard) -> Text:
     text = Text()
     text.append("No GPUs and no PyTorch processes found.\n\n", style="bold")
     if dash.nvml_error:
-        text.append(f"NVML: {dash.nvml_error}\n\n", style="yellow")
+        text.append(f"{dash.nvml_error}\n\n", style="yellow")
     for problem in dash.problems:
         text.append(f"{problem}\n\n", style="red")
     text.append("To watch a training run, start it with the agent:\n\n")

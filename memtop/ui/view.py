@@ -206,6 +206,10 @@ class Dashboard:
     problems: tuple[str, ...]
     last_event: str | None
     agents: int
+    # What the suggestions pane says when it has nothing to suggest (healthy, or not yet known).
+    quiet: str = "Nothing to suggest: memory looks healthy."
+    # Why the GPU pane has no card, once sampled ("no NVIDIA driver", "no GPU 5 here").
+    no_gpus: str | None = None
 
 
 def build(
@@ -228,18 +232,45 @@ def build(
         state = EMPTY
     else:
         state = READY
+    nvml_error = None if obs.nvml_available else nvml_line(obs.nvml_error)
     return Dashboard(
         state=state,
         host=host if host is not None else obs.host,
         source=_source(obs),
-        nvml_error=None if obs.nvml_available else obs.nvml_error,
+        nvml_error=nvml_error,
         gpus=gpus,
         processes=processes,
         suggestions=suggestion_items(obs.suggestions, bool(obs.agents), _gpu_numbers(obs)),
         problems=obs.problems,
         last_event=obs.events[-1] if obs.events else None,
         agents=len(obs.live_agents),
+        quiet=nothing_to_suggest(obs),
+        no_gpus=None if gpus or not sampled else _no_gpus(obs, nvml_error),
     )
+
+
+def nvml_line(error: str | None) -> str | None:
+    """The driver's failure as one line that names NVML once ("NVML: NVML not available…")."""
+    if not error:
+        return error
+    return error if error.startswith("NVML") else f"NVML: {error}"
+
+
+def _no_gpus(obs: Observation, nvml_error: str | None) -> str:
+    """Why no GPU card is drawn: said once, in the GPU pane, while the agents still show."""
+    if nvml_error:
+        return f"No GPU visible. {nvml_error}"
+    return "No GPU visible: the NVIDIA driver lists none on this machine."
+
+
+def nothing_to_suggest(obs: Observation) -> str:
+    """What an empty suggestions pane means: healthy only once there is evidence to judge."""
+    devices = [d for a in obs.live_agents for d in a.devices]
+    if obs.live_agents and not devices:
+        return "Nothing to judge: the PyTorch processes use no GPU (CPU only)."
+    if any(d.diagnosis.leak.basis == "none" for d in devices):
+        return "Collecting… suggestions come after a few dozen steps of history."
+    return "Nothing to suggest: memory looks healthy."
 
 
 def _source(obs: Observation) -> str:

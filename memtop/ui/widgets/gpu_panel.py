@@ -256,6 +256,9 @@ class GpuCard(Widget):
         return text
 
 
+WAITING = "Reading devices and agents…"
+
+
 class GpuPanel(VerticalScroll):
     """Cards keyed by GPU UUID; cards are added and removed as GPUs come and go."""
 
@@ -266,17 +269,31 @@ class GpuPanel(VerticalScroll):
     def __init__(self, id: str | None = None) -> None:
         super().__init__(id=id)
         self._cards: dict[str, GpuCard] = {}  # by GPU UUID
+        self._waiting: Static | None = Static(WAITING, id="gpu-waiting", classes="muted")
+        self._said = WAITING  # the line shown while there is no card
 
     def compose(self) -> ComposeResult:
-        yield Static("Reading devices and agents…", id="gpu-waiting", classes="muted")
+        if self._waiting is not None:
+            yield self._waiting
 
     def on_mount(self) -> None:
         self.border_title = "GPUs"
         self.border_subtitle = LEGEND
 
-    def show(self, gpus: tuple[GpuRow, ...], dense: bool) -> None:
-        if gpus and not self._cards:
-            self.query("#gpu-waiting").remove()
+    def show(self, gpus: tuple[GpuRow, ...], dense: bool, no_gpus: str | None = None) -> None:
+        """`no_gpus`: why there is no card (no driver, no such GPU), said in place of the
+        "Reading…" line, which otherwise stayed forever on a machine without NVML."""
+        if gpus and self._waiting is not None:
+            self._waiting.remove()
+            self._waiting = None
+        elif not gpus:
+            line = no_gpus or WAITING
+            if self._waiting is None:
+                self._waiting = Static(line, id="gpu-waiting", classes="muted")
+                self.mount(self._waiting)
+            elif self._said != line:
+                self._waiting.update(line)
+            self._said = line
         wanted = {row.uuid for row in gpus}
         for uuid in [uuid for uuid in self._cards if uuid not in wanted]:
             self._cards.pop(uuid).remove()

@@ -87,15 +87,22 @@ class SuggestionsPane(OptionList):
         self._compact: bool | None = None
         self._width = 0
         self._worded_at = -1
+        self._quiet = ""  # the line shown when there is nothing to suggest
 
     def on_mount(self) -> None:
         self.border_title = "Suggestions"
 
-    def show(self, items: tuple[SuggestionItem, ...], compact: bool) -> None:
+    def show(
+        self,
+        items: tuple[SuggestionItem, ...],
+        compact: bool,
+        quiet: str = "Nothing to suggest: memory looks healthy.",
+    ) -> None:
         # The gutter is kept whether or not a scrollbar shows: the text's width never changes
         # with the number of items, so lines never re-wrap between refreshes.
         width = self.scrollable_content_region.width - 1
         same_set = [(i.key, i.severity) for i in items] == [(i.key, i.severity) for i in self.items]
+        same_set = same_set and (items or quiet == self._quiet)
         if same_set and compact == self._compact and width == self._width:
             tick = slow_tick(REWORD_S)
             if items == self.items or tick == self._worded_at:
@@ -117,10 +124,11 @@ class SuggestionsPane(OptionList):
         self.items = items
         self._compact = compact
         self._width = width
+        self._quiet = quiet
         self.clear_options()
         self._prompts = [suggestion_text(item, compact, width) for item in items]
         if not items:
-            self.add_option(Option(Text("  Nothing to suggest: memory looks healthy.", FREE)))
+            self.add_option(Option(Text(f"  {quiet}", FREE)))
             self.border_subtitle = ""
             return
         self.add_options(
