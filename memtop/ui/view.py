@@ -704,14 +704,3 @@ def _trend_line(
         (times[first] - newest, times[last] - newest),
         (level + slope * steps[first], level + slope * steps[last]),
     )
-
-
-def only_gpus(dash: Dashboard, only: frozenset[int]) -> Dashboard:
-    """The dashboard restricted to the GPUs the user chose (`--only 0,2`, the driver's
-    numbers): their cards, their processes, and the suggestions about them."""
-    return replace(
-        dash,
-        gpus=tuple(g for g in dash.gpus if g.index in only),
-        processes=tuple(p for p in dash.processes if p.gpu in only),
-        suggestions=tuple(s for s in dash.suggestions if s.device is None or s.device in only),
-    )
