@@ -3,19 +3,25 @@ Textual's pilot): sort arrows, the suggestions' focus, read-only mode, filters, 
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import replace
+from pathlib import Path
 
+import pytest
+from test_cli import leak_demo, memtop  # noqa: F401 (a fixture)
 from test_ui_frozen import frozen_app
 from test_ui_nvitop import drive, pids
 from ui_frozen import MY_UID, NOW, T0, TOTAL, TRAINERS, frozen_store, nvml_at, poll_at
-from ui_helpers import screen_text, wait_for
+from ui_helpers import notifications, screen_text, wait_for
 
 from memtop.model import AgentHello, AgentSample, NvmlReading
 from memtop.observation import Observer
+from memtop.scope import Scope
 from memtop.sources.agents import CONNECTED, AgentPoll
 from memtop.sources.processes import ProcessInfo
 from memtop.store import Store
-from memtop.ui import view
+from memtop.ui import config, view
 from memtop.ui.app import MemtopApp
 from memtop.ui.widgets.process_table import ProcessTable
 from memtop.ui.widgets.suggestions import SuggestionsPane
@@ -134,3 +140,195 @@ def test_suggestions_say_collecting_until_there_is_evidence() -> None:
     assert dash.quiet.startswith("Collecting")
     healthy = view.build(Observer(frozen_store(), clock=lambda: NOW, uid=MY_UID).latest())
     assert healthy.quiet == "Nothing to suggest: memory looks healthy."
+
+
+# ------------------------------------------------------------------ filters (memtop.scope)
+
+
+def test_only_hides_a_gpus_processes_from_the_suggestions_too() -> None:
+    # `--only 1` hid GPU 0 and its processes, but 4101's folded tips and 4102's leak stayed.
+    async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
+        items = app.query_one(SuggestionsPane).items
+        assert items and {i.pid for i in items} <= {4201, 7002, None}
+        assert pids(app) == [4201, 7002]
+        assert "only GPU 1" in screen_text(app.export_screenshot())
+
+    drive(MemtopApp(frozen_store(), None, clock=lambda: NOW, my_uid=MY_UID, only={1}), body)
+
+
+def test_only_a_missing_gpu_says_so_once() -> None:
+    async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
+        screen = screen_text(app.export_screenshot())
+        assert "No GPU 5 on this machine (it has GPU 0, 1)" in screen
+        assert "Reading devices" not in screen and "No GPUs and no PyTorch" not in screen
+        assert [n for n in notifications(app) if "--only: no GPU 5" in n]
+
+    drive(MemtopApp(frozen_store(), None, clock=lambda: NOW, my_uid=MY_UID, only={5}), body)
+
+
+def test_user_and_pid_filters_on_the_dashboard() -> None:
+    async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
+        assert pids(app) == [7001]
+        assert {i.pid for i in app.query_one(SuggestionsPane).items} <= {7001, None}
+        assert "user grace" in screen_text(app.export_screenshot())
+
+    scope = Scope(users=frozenset({"grace"}))
+    drive(MemtopApp(frozen_store(), None, clock=lambda: NOW, my_uid=MY_UID, scope=scope), body)
+
+    async def by_pid(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
+        assert pids(app) == [4102, 4201]
+        assert {i.pid for i in app.query_one(SuggestionsPane).items} <= {4102, 4201, None}
+        assert "pid 4102,4201" in screen_text(app.export_screenshot())
+
+    scope = Scope(pids=frozenset({4102, 4201}))
+    drive(MemtopApp(frozen_store(), None, clock=lambda: NOW, my_uid=MY_UID, scope=scope), by_pid)
+
+
+def test_filters_reach_the_report_and_the_exporter() -> None:
+    from helpers.observations import frozen_observer
+
+    from memtop import report
+    from memtop.export.server import Exporter
+
+    whole = frozen_observer().latest()
+    data = report.build(Scope(pids=frozenset({4102})).apply(whole))
+    assert [a["pid"] for a in data["agents"]] == [4102]
+    assert {s["pid"] for s in data["suggestions"]} <= {4102, None}
+    assert [p["pid"] for d in data["devices"] for p in d["processes"]] == [4102]
+    data = report.build(Scope(gpus=frozenset({1})).apply(whole))
+    assert [d["index"] for d in data["devices"]] == [1]
+    assert [a["pid"] for a in data["agents"]] == [4201]
+
+    class Idle:  # the exporter's sampler: the frozen store is already sampled
+        def __init__(self) -> None:
+            self.store = frozen_store()
+
+        def sample_once(self) -> None:
+            pass
+
+    exporter = Exporter(Idle(), "127.0.0.1:0", scope=Scope(pids=frozenset({4102})))  # type: ignore[arg-type]
+    exporter.round()
+    body = exporter.collector.body().decode()
+    assert 'pid="4102"' in body and 'pid="4101"' not in body and 'pid="4201"' not in body
+
+
+def test_filter_flags_parse_as_nvitop_spells_them() -> None:
+    from memtop.cli import _scope, build_parser
+
+    args = build_parser().parse_args(["--once", "--user", "ada,grace", "--pid", "4101,4102"])
+    assert _scope(args) == Scope(users=frozenset({"ada", "grace"}), pids=frozenset({4101, 4102}))
+    args = build_parser().parse_args(["export", "--only", "1", "--pid", "7"])
+    assert _scope(args) == Scope(gpus=frozenset({1}), pids=frozenset({7}))
+    assert not _scope(build_parser().parse_args(["export"]))
+    assert build_parser().parse_args(["--readonly"]).readonly is True
+
+
+@pytest.mark.slow
+def test_once_keeps_to_only_user_and_pid(leak_demo, socket_dir: Path) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+    # `--once --only 1` ignored --only; --only 5 said nothing.
+    whole = json.loads(memtop("--once", "--json", socket_dir=socket_dir).stdout)
+    (pid,) = [a["pid"] for a in whole["agents"]]
+    assert [d["index"] for d in whole["devices"]] == [0]
+    only = memtop("--once", "--json", "--only", "1", socket_dir=socket_dir)
+    data = json.loads(only.stdout)
+    assert data["devices"] == [] and data["agents"] == [] and data["suggestions"] == []
+    assert "no GPU 1 on this machine (it has GPU 0)" in only.stderr
+    assert only.stderr.count("\n") == 1
+    data = json.loads(memtop("--once", "--json", "--pid", str(pid), socket_dir=socket_dir).stdout)
+    assert [a["pid"] for a in data["agents"]] == [pid]
+    data = json.loads(memtop("--once", "--json", "--pid", "1", socket_dir=socket_dir).stdout)
+    assert data["agents"] == [] and data["devices"]  # the GPU stays, its process is filtered
+    text = memtop("--once", "--user", "nobody-here", socket_dir=socket_dir).stdout
+    assert str(pid) not in text
+
+
+# ------------------------------------------------------------------ read-only, config
+
+
+def test_readonly_no_key_acts_on_a_process_and_the_footer_says_so(tmp_path: Path) -> None:
+    path = tmp_path / "config.toml"
+    path.write_text('readonly = true\n[keys]\nsnapshot = "S"\n')
+    cfg = config.load(path)
+    assert cfg.readonly is True and not cfg.problems
+
+    async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
+        footer = screen_text(app.export_screenshot()).splitlines()[-1]
+        assert footer.endswith("q Quit · read-only"), footer
+        assert not any(word in footer for word in ("Cleanup", "Reset", "Snapshot", "Kill")), footer
+        default = app.screen
+        for key in ("c", "r", "S", "k", "a"):  # S: snapshot as the keymap binds it
+            await pilot.press(key)
+            await pilot.pause(0.05)
+            assert app.screen is default  # no kill or attach dialog
+        said = notifications(app)
+        assert len([n for n in said if "Read-only" in n]) == 5
+        assert not any("Cleaning" in n or "Writing a snapshot" in n for n in said)
+        await pilot.press("enter")  # the detail screen: the same
+        await wait_for(pilot, lambda: getattr(app.screen, "shows_process", False))
+        await pilot.press("k")
+        await pilot.pause(0.05)
+        assert getattr(app.screen, "shows_process", False)
+        assert "read-only" in screen_text(app.export_screenshot()).splitlines()[-1]
+
+    app = MemtopApp(
+        frozen_store(), None, clock=lambda: NOW, my_uid=MY_UID, config=cfg, readonly=cfg.readonly
+    )
+    drive(app, body)
+
+    async def live(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
+        footer = screen_text(app.export_screenshot()).splitlines()[-1]
+        assert "read-only" not in footer and "Kill" in footer
+        await pilot.press("k")
+        await pilot.pause(0.1)
+        assert not any("Read-only" in n for n in notifications(app))
+
+    drive(frozen_app(), live)
+
+
+def test_a_key_another_binding_has_is_a_warning_and_the_default_stays(tmp_path: Path) -> None:
+    # `cleanup = "q"` silently took q from quit.
+    path = tmp_path / "config.toml"
+    path.write_text('[keys]\ncleanup = "q"\nkill = ""\nhelp = "h"\n')
+    cfg = config.load(path)
+    assert cfg.problems == (f'{path}: keys.kill is empty; give a key such as "C"',)
+
+    async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
+        said = notifications(app)
+        assert [n for n in said if 'keys.cleanup = "q" takes q from quit' in n]
+        assert [n for n in said if "keys.kill is empty" in n]
+        await pilot.press("c")  # cleanup kept c (a frozen view: it says it cannot act)
+        await pilot.pause(0.05)
+        assert any("not live" in n for n in notifications(app))
+        await pilot.press("h")  # a binding without a clash is rebound
+        await pilot.pause(0.1)
+        assert type(app.screen).__name__ == "HelpScreen"
+        await pilot.press("escape")
+        await pilot.press("q")  # still quits
+        await pilot.pause(0.2)
+        assert app.return_code == 0
+
+    drive(MemtopApp(frozen_store(), None, clock=lambda: NOW, my_uid=MY_UID, config=cfg), body)
+
+
+def test_readme_key_table_is_the_bindings() -> None:
+    # The README's table had two header rows and no `a` (attach), which `?` lists.
+    from memtop.ui.screens.help import key_rows
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    rows = [line for line in readme.splitlines() if line.startswith("| ")]
+    start = rows.index("| key | binding id | does |")
+    table = [r for r in rows[start + 1 :] if "`" in r.split("|")[2]]
+    assert not any(r.startswith("| key |") for r in rows[start + 1 : start + len(table) + 1])
+    by_id: dict[str, str] = {}
+    for row in table:
+        keys, ids = row.split("|")[1:3]
+        for binding_id in re.findall(r"`([\w.]+)`", ids):
+            by_id[binding_id] = keys
+    ranged = re.search(r"`(table\.\w+)` … `(table\.\w+)`", readme)
+    for keys, _what, binding_id in key_rows(None):
+        row_keys = by_id.get(binding_id)
+        if row_keys is None and ranged and binding_id.startswith("table."):
+            row_keys = by_id.get(ranged.group(1))  # "table.up … table.last": the move keys
+        assert row_keys is not None, f"README's key table has no row for {binding_id}"
+        for key in keys.split():
+            assert f"`{key}`" in row_keys, f"README: {binding_id} is bound to {key}"

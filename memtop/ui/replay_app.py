@@ -22,7 +22,7 @@ from memtop.ui.app import MemtopApp
 
 SEEK_S = 10.0
 BIG_SEEK_S = 60.0
-LIVE_ONLY = {"cleanup", "reset_peak", "snapshot", "kill", "pause", "attach"}
+LIVE_ONLY = {"cleanup", "reset_peak", "snapshot", "kill", "pause", "attach", "readonly"}
 
 
 def _clock_text(seconds: float) -> str:

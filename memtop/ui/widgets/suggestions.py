@@ -102,7 +102,7 @@ class SuggestionsPane(OptionList):
         # with the number of items, so lines never re-wrap between refreshes.
         width = self.scrollable_content_region.width - 1
         same_set = [(i.key, i.severity) for i in items] == [(i.key, i.severity) for i in self.items]
-        same_set = same_set and (items or quiet == self._quiet)
+        same_set = same_set and (bool(items) or quiet == self._quiet)
         if same_set and compact == self._compact and width == self._width:
             tick = slow_tick(REWORD_S)
             if items == self.items or tick == self._worded_at:
