@@ -23,6 +23,7 @@ from memtop.sources.processes import ProcessInfo
 from memtop.store import Store
 from memtop.ui import config, view
 from memtop.ui.app import MemtopApp
+from memtop.ui.screens.confirm import ConfirmScreen
 from memtop.ui.widgets.process_table import ProcessTable
 from memtop.ui.widgets.suggestions import SuggestionsPane
 
@@ -332,3 +333,28 @@ def test_readme_key_table_is_the_bindings() -> None:
         assert row_keys is not None, f"README's key table has no row for {binding_id}"
         for key in keys.split():
             assert f"`{key}`" in row_keys, f"README: {binding_id} is bound to {key}"
+
+
+def test_kill_dialog_at_80x24_shows_every_button_and_what_q_does() -> None:
+    # A notification covered KILL (9), Cancel was cut off the dialog, and the footer under the
+    # dialog said "q Quit" though q cancels.
+    async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
+        from textual.widgets import Button
+
+        app.notify("Cleaning up in pid 4101…", timeout=30)
+        await pilot.press("k")
+        await pilot.pause(0.3)
+        assert isinstance(app.screen, ConfirmScreen)
+        assert not app._notifications  # nothing stacks over the buttons
+        dialog = app.screen.query_one("#confirm").region
+        assert dialog.y <= 2  # above where new notifications appear (bottom right)
+        buttons = list(app.screen.query(Button))
+        assert [str(b.label) for b in buttons][-2:] == ["KILL (9)", "Cancel (n/q/esc)"]
+        for button in buttons:
+            assert dialog.contains_region(button.region), button.label
+        footer = screen_text(app.export_screenshot()).splitlines()[-1]
+        assert "Cancel" in footer and "Quit" not in footer, footer
+        await pilot.press("q")
+        assert not isinstance(app.screen, ConfirmScreen) and app.return_code is None
+
+    drive(frozen_app(), body, size=(80, 24))
