@@ -12,7 +12,17 @@ import pytest
 from test_cli import leak_demo, memtop  # noqa: F401 (a fixture)
 from test_ui_frozen import frozen_app
 from test_ui_nvitop import drive, pids
-from ui_frozen import MY_UID, NOW, T0, TOTAL, TRAINERS, frozen_store, nvml_at, poll_at
+from ui_frozen import (
+    MY_UID,
+    NOW,
+    SECONDS,
+    T0,
+    TOTAL,
+    TRAINERS,
+    frozen_store,
+    nvml_at,
+    poll_at,
+)
 from ui_helpers import notifications, screen_text, wait_for
 
 from memtop.model import AgentHello, AgentSample, NvmlReading
@@ -345,7 +355,7 @@ def test_kill_dialog_at_80x24_shows_every_button_and_what_q_does() -> None:
         await pilot.press("k")
         await pilot.pause(0.3)
         assert isinstance(app.screen, ConfirmScreen)
-        assert not app._notifications  # nothing stacks over the buttons
+        assert not app._notifications, notifications(app)  # nothing stacks over the buttons
         dialog = app.screen.query_one("#confirm").region
         assert dialog.y <= 2  # above where new notifications appear (bottom right)
         buttons = list(app.screen.query(Button))
@@ -358,3 +368,79 @@ def test_kill_dialog_at_80x24_shows_every_button_and_what_q_does() -> None:
         assert not isinstance(app.screen, ConfirmScreen) and app.return_code is None
 
     drive(frozen_app(), body, size=(80, 24))
+
+
+# ------------------------------------------------------------------ 80×24
+
+
+def test_at_80x24_a_filter_shows_and_figures_are_not_cut() -> None:
+    async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
+        screen = screen_text(app.export_screenshot())
+        # The leak's time to full survives on its GPU card and in its suggestion (asides go
+        # first: it ended "full in…").
+        assert "pid 4102 +8.0M/step 49 min" in screen
+        assert "Leak: +8.0 MiB per step, full in ~49 min" in screen
+        await pilot.press("slash", "l", "e", "a", "k", "enter")
+        await pilot.pause(0.2)
+        # The compact layout draws no subtitle: nothing said a filter was on.
+        assert "Processes  filter “leak” 1/5" in screen_text(app.export_screenshot())
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: getattr(app.screen, "shows_process", False))
+        await pilot.pause(0.3)
+        assert "trend +8.0 MiB/step · full in 49 min" in screen_text(app.export_screenshot())
+
+    drive(frozen_app(), body, size=(80, 24))
+
+
+def test_header_badges_stay_whole_at_80_columns() -> None:
+    async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
+        app._badges = lambda: [("   PAUSED (p resumes) ", "bold")]  # type: ignore[method-assign]
+        assert app.dashboard is not None
+        header = app._header(app.dashboard).plain
+        assert header.endswith("PAUSED (p resumes) ") and len(header) <= 80, header
+        assert "gpu-box" in header and "2 GPUs" in header
+
+    drive(frozen_app(), body, size=(80, 24))
+
+
+def test_replay_header_and_footer_at_80x24() -> None:
+    # The header lost "/ 02:50 ×1 PAUSED" and the footer ended "] F".
+    from memtop.playback import Player
+    from memtop.sources.replay import load
+    from memtop.ui.replay_app import ReplayApp
+
+    recording = load(Path(__file__).parent / "data" / "traces" / "leak.jsonl.gz")
+    store = Store()
+    player = Player(store, recording)
+    player.seek_offset(20)
+
+    async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
+        await pilot.press("space")
+        await pilot.pause(0.2)
+        lines = screen_text(app.export_screenshot()).splitlines()
+        assert re.search(r"REPLAY 00:2\d / 02:50 ×1 PAUSED$", lines[0]), lines[0]
+        assert lines[-1].startswith("space Play") and lines[-1].endswith("q Quit"), lines[-1]
+
+    try:
+        drive(ReplayApp(store, player, recording, host="replay"), body, size=(80, 24))
+    finally:
+        player.stop()
+
+
+def test_eight_gpus_at_80x24_name_the_leaking_pid_and_its_time_to_full() -> None:
+    # One line per GPU: it said "+8.0M/step 12 min" without the pid, or lost the time to full.
+    store = frozen_store()
+    reading = nvml_at(SECONDS)
+    extra = tuple(
+        replace(reading.devices[1], index=i, uuid=f"GPU-extra-{i}", processes=(), used_bytes=0)
+        for i in range(2, 8)
+    )
+    store.update_nvml(replace(reading, devices=reading.devices + extra), NOW)
+
+    async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
+        screen = screen_text(app.export_screenshot())
+        line = next(x for x in screen.splitlines() if x.startswith("GPU0 "))
+        assert len(line) <= 80 and line.endswith("pid 4102 +8.0M/step 49 min"), line
+        assert "GPU7 " in screen
+
+    drive(frozen_app(store), body, size=(80, 24))

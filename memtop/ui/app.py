@@ -353,19 +353,30 @@ class MemtopApp(App[None]):
             widget.update(content)
 
     def _header(self, dash: view.Dashboard) -> Text:
+        """The host, what is read, the filter, and the badges (PAUSED; a replay's clock), all
+        on one row: where the terminal is narrow, the interval, the source and the counts give
+        way, never a badge or the filter (80 columns cut "PAUSED (p resumes)" to "PAUSED (p")."""
         text = Text.assemble((" memtop ", "bold black on cyan"), " ", (dash.host, "bold white"))
-        parts = [
-            dash.source,
-            f"{len(dash.gpus)} GPU{'s' if len(dash.gpus) != 1 else ''}",
-            f"{dash.agents} agent{'s' if dash.agents != 1 else ''}",
-            f"every {self.interval:g} s",
-        ]
-        if self.scope:
-            parts.insert(1, self.scope.describe())
+        gpus = f"{len(dash.gpus)} GPU{'s' if len(dash.gpus) != 1 else ''}"
+        agents = f"{dash.agents} agent{'s' if dash.agents != 1 else ''}"
+        every = f"every {self.interval:g} s"
+        parts = [dash.source, *([self.scope.describe()] if self.scope else []), gpus, agents, every]
+        badges = self._badges()
+        room = self.size.width - text.cell_len - sum(len(badge) for badge, _ in badges)
+        for gives_way in (every, dash.source, agents, gpus):
+            if self.size.width <= 0 or len("  " + "  ·  ".join(parts)) <= room:
+                break
+            parts.remove(gives_way)
         text.append("  " + "  ·  ".join(parts), style=FREE)
-        if self.sampler is not None and self.sampler.paused:
-            text.append("   PAUSED (p resumes) ", style="bold black on yellow")
+        for badge, style in badges:
+            text.append(badge, style=style)
         return text
+
+    def _badges(self) -> list[tuple[str, str]]:
+        """What the header must show whole, at its right."""
+        if self.sampler is not None and self.sampler.paused:
+            return [("   PAUSED (p resumes) ", "bold black on yellow")]
+        return []
 
     def _scoped(self, dash: view.Dashboard, whole: Observation) -> view.Dashboard:
         """What a filter hides is not "nothing found": `--only 5` on a machine without a GPU 5

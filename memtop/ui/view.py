@@ -107,10 +107,12 @@ class Trend:
         return self.status == "leak"
 
     def label(self, short: bool = False) -> str:
-        """ "+8.0 MiB/step · full in 7 min", or "+8.0M/step 7 min" where room is short."""
+        """ "pid 4102 +8.0 MiB/step · full in 7 min", or "pid 4102 +8.0M/step 7 min" where room
+        is short: which process leaks is half the news (8 GPUs at 80×24 said only the rate)."""
         if not self.leak:
             return self.status
-        return leak_label(self.bytes_per_step, self.bytes_per_second, self.seconds_to_full, short)
+        label = leak_label(self.bytes_per_step, self.bytes_per_second, self.seconds_to_full, short)
+        return label if self.pid is None else f"pid {self.pid} {label}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from textual.widgets import Footer, Static
 from textual_plotext import PlotextPlot
 
 from memtop.ui.render import FREE, SEVERITY_STYLES, fragmentation_style, gauge, short_bytes
-from memtop.ui.view import Detail, ProcessRow
+from memtop.ui.view import Detail, ProcessRow, leak_label
 from memtop.ui.widgets.suggestions import BADGES, EFFECT_STYLES
 from memtop.units import GiB, format_bytes, format_duration
 
@@ -232,7 +232,12 @@ def _facts(detail: Detail) -> Text:
     text.append("\n")
     leak = device.leak
     text.append("trend ", style="bold red" if leak.detected else "")
-    text.append(f"{leak.reason}\n", style="bold red" if leak.detected else FREE)
+    if leak.detected:
+        # The figures, short (the reason's sentence was cut at "per s…" in a half-width box).
+        label = leak_label(leak.bytes_per_step, leak.bytes_per_second, leak.seconds_to_full)
+        text.append(f"{label}\n", style="bold red")
+    else:
+        text.append(f"{leak.reason}\n", style=FREE)
     text.append(
         f"alloc {short_bytes(device.allocated_bytes)} · rsvd {short_bytes(device.reserved_bytes)}"
         f" · releasable {short_bytes(device.releasable_bytes)}\n"

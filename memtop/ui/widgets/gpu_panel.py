@@ -172,7 +172,8 @@ class GpuCard(Widget):
         if (compact or dense) and row.agents:
             tail += self._fragmentation(" ")
         if dense:
-            tail += Text(" ") + self._trend(28, short=True)
+            # One line: a leak's pid and time to full, not its sparkline, must fit 80 columns.
+            tail += Text(" ") + self._trend(28, short=True, spark=not row.trend.leak)
         bar_width = max(8, width - len(head) - len(tail) - 2)
         bar = memory_bar(
             bar_width, row.total, row.allocated, row.reserved, row.other, row.peak, row.used
@@ -245,13 +246,15 @@ class GpuCard(Widget):
             ("util ", FREE), util, " ", (temp, "bold red" if hot else ""), " ", power
         )
 
-    def _trend(self, room: int, short: bool) -> Text:
+    def _trend(self, room: int, short: bool, spark: bool = True) -> Text:
         trend = self.row.trend
         label = trend.label(short)
-        spark_width = max(6, min(32, room - len(label) - 1))
-        style = "bold red" if trend.leak else ("cyan" if trend.values else FREE)
-        text = Text(sparkline(trend.values, spark_width, trend.floor, trend.span), style=style)
-        text.append(" ")
+        text = Text()
+        if spark and room - len(label) - 1 >= 6:  # else the label alone: it is the news
+            spark_width = min(32, room - len(label) - 1)
+            style = "bold red" if trend.leak else ("cyan" if trend.values else FREE)
+            text.append(sparkline(trend.values, spark_width, trend.floor, trend.span), style=style)
+            text.append(" ")
         text.append(label, style="bold red" if trend.leak else FREE)
         return text
 

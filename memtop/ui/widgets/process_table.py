@@ -275,8 +275,13 @@ class ProcessTable(Widget, can_focus=True):
             self.cursor_row = keys.index(selected)
         self.cursor_row = max(0, min(self.cursor_row, len(self.rows) - 1))
         subtitle = self._subtitle()
+        # The compact layout draws only the top rule, where the subtitle (the filter, the sort)
+        # is not shown: there it goes into the title, or nothing said a filter was on.
+        title = f"Processes  {subtitle}" if self._compact and subtitle else "Processes"
         if subtitle != self.border_subtitle:  # setting it, even unchanged, repaints the border
             self.border_subtitle = subtitle
+        if title != self.border_title:
+            self.border_title = title
         self._render_rows()
 
     def _subtitle(self) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from rich.text import Text
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
@@ -32,6 +34,22 @@ def clip(text: Text, width: int) -> Text:
     return clipped
 
 
+_ASIDE = re.compile(r" \([^()]*\)")
+
+
+def fit_title(title: str, room: int) -> str:
+    """The title in `room` cells: its asides in parentheses go first, the last first, so the
+    figures a reader acts on survive 80 columns ("Leak: +8.0 MiB per step, full in ~49 min",
+    not "…(960.0 MiB/min), full in…")."""
+    while len(title) > room:
+        asides = list(_ASIDE.finditer(title))
+        if not asides:
+            break
+        last = asides[-1]
+        title = title[: last.start()] + title[last.end() :]
+    return title
+
+
 def suggestion_text(item: SuggestionItem, compact: bool, width: int | None = None) -> Text:
     """Title line (the pid and GPU first: they must survive any width), then what to do (a
     copyable fix, or for an urgent item with none the prose detail: a leak's culprits), then the
@@ -47,7 +65,10 @@ def suggestion_text(item: SuggestionItem, compact: bool, width: int | None = Non
     if where:
         title.append(" · ".join(where), style="bold")
         title.append("  ")
-    title.append(item.title, style="bold")
+    words = item.title
+    if width is not None:
+        words = fit_title(words, width - title.cell_len)
+    title.append(words, style="bold")
     if item.effect:
         title.append(f"  {item.effect}", style=EFFECT_STYLES.get(item.effect_kind, "green"))
     if item.room:
