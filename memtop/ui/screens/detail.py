@@ -136,6 +136,8 @@ def _title(row: ProcessRow) -> Text:
 def _suggestions(detail: Detail) -> Table | Text:
     """Every suggestion in full: a badge column, and the text wrapping beside it."""
     if not detail.suggestions:
+        if detail.device is None and detail.row.has_agent:
+            return Text("Nothing to judge: this process uses no CUDA device (CPU only).", FREE)
         return Text("Nothing to suggest.", FREE)
     grid = Table.grid(padding=(0, 1))
     grid.add_column(no_wrap=True)
