@@ -150,6 +150,12 @@ def test_suggestions_say_collecting_until_there_is_evidence() -> None:
     dash = view.build(Observer(store, clock=lambda: T0 + 3, uid=MY_UID).latest())
     assert not dash.suggestions or all(s.pid != trainer.pid for s in dash.suggestions)
     assert dash.quiet.startswith("Collecting")
+    # An agent whose hello lists a GPU but whose first sample has not come: not "CPU only".
+    early = Store()
+    early.update_nvml(nvml_at(0), T0)
+    early.update_agents([AgentPoll(trainer.pid, CONNECTED, trainer.hello(), None)], T0)
+    dash = view.build(Observer(early, clock=lambda: T0, uid=MY_UID).latest())
+    assert dash.quiet.startswith("Collecting"), dash.quiet
     healthy = view.build(Observer(frozen_store(), clock=lambda: NOW, uid=MY_UID).latest())
     assert healthy.quiet == "Nothing to suggest: memory looks healthy."
 

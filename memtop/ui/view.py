@@ -267,12 +267,20 @@ def _no_gpus(obs: Observation, nvml_error: str | None) -> str:
 
 def nothing_to_suggest(obs: Observation) -> str:
     """What an empty suggestions pane means: healthy only once there is evidence to judge."""
-    devices = [d for a in obs.live_agents for d in a.devices]
-    if obs.live_agents and not devices:
-        return "Nothing to judge: the PyTorch processes use no GPU (CPU only)."
+    live = obs.live_agents
+    devices = [d for a in live for d in a.devices]
+    if live and not devices:
+        # CPU only when the agents say they see no CUDA device; else their first samples are
+        # still on the way.
+        if all(a.hello is not None and not a.hello.devices for a in live):
+            return "Nothing to judge: the PyTorch processes use no GPU (CPU only)."
+        return COLLECTING
     if any(d.diagnosis.leak.basis == "none" for d in devices):
-        return "Collecting… suggestions come after a few dozen steps of history."
+        return COLLECTING
     return "Nothing to suggest: memory looks healthy."
+
+
+COLLECTING = "Collecting… suggestions come after a few dozen steps of history."
 
 
 def _source(obs: Observation) -> str:
