@@ -37,14 +37,15 @@ class Scope:
 
     def missing(self, obs: Observation) -> list[str]:
         """One line for each GPU asked for that this machine does not have (`--only 5`)."""
-        if self.gpus is None or not obs.gpus:
+        if self.gpus is None:
             return []
         here = sorted(g.index for g in obs.gpus)
         absent = sorted(self.gpus - set(here))
         if not absent:
             return []
         names = ", ".join(str(i) for i in absent)
-        return [f"--only: no GPU {names} on this machine (it has GPU {', '.join(map(str, here))})"]
+        has = f"it has GPU {', '.join(map(str, here))}" if here else "no GPU is visible"
+        return [f"--only: no GPU {names} on this machine ({has})"]
 
     # ------------------------------------------------------------------ the filter
 

@@ -209,6 +209,10 @@ def test_filters_reach_the_report_and_the_exporter() -> None:
     from memtop.export.server import Exporter
 
     whole = frozen_observer().latest()
+    assert Scope(gpus=frozenset({1, 5})).missing(whole) == [
+        "--only: no GPU 5 on this machine (it has GPU 0, 1)"
+    ]
+    assert not Scope(gpus=frozenset({1})).missing(whole)
     data = report.build(Scope(pids=frozenset({4102})).apply(whole))
     assert [a["pid"] for a in data["agents"]] == [4102]
     assert {s["pid"] for s in data["suggestions"]} <= {4102, None}
@@ -239,6 +243,10 @@ def test_filter_flags_parse_as_nvitop_spells_them() -> None:
     assert _scope(args) == Scope(gpus=frozenset({1}), pids=frozenset({7}))
     assert not _scope(build_parser().parse_args(["export"]))
     assert build_parser().parse_args(["--readonly"]).readonly is True
+    assert build_parser().parse_args(["demo", "--readonly"]).readonly is True
+    for bad in (["--pid", "x"], ["--pid", "٣"], ["--user", ","]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(bad)
 
 
 @pytest.mark.slow
