@@ -597,6 +597,7 @@ def _fleet(args: argparse.Namespace) -> int:
                 interval=args.interval,
                 host=f"fleet ({source.url})",
                 observer=sampler.observer(),
+                readonly=args.readonly,
             ).run()
         finally:
             sampler.stop()
