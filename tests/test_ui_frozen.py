@@ -91,7 +91,7 @@ def test_detail_snapshot(size: tuple[int, int]) -> None:
     text = screen_text(svg)
     assert "pid 4102" in text
     assert "optimizer" in text
-    assert "baseline grows" in text
+    assert "trend +8.0 MiB/step · full in 49 min" in text  # the figures, not a cut sentence
 
 
 def test_help_screen_lists_every_key() -> None:
