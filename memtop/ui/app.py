@@ -65,7 +65,6 @@ PROCESS_ACTIONS = {
 }
 # The binding ids of the keys that act on a process: none of them works under --readonly.
 ACTS_ON_PROCESS = ("cleanup", "reset_peak", "snapshot", "kill", "attach")
-ACTING_ACTIONS = {"cleanup", "reset_peak", "snapshot", "terminate", "attach"}
 EVENT_SHOW_S = 8.0  # "agent N attached" and the like stay this long in the status line
 # The signals `k` offers, in its dialog's order: (key, name, signal, what it does).
 SIGNALS = (
@@ -102,6 +101,9 @@ class MemtopApp(App[None]):
         # press says why nothing happens.
         Binding("c,r,s,k,a", "read_only", "read-only", key_display="·", id="readonly"),
     ]
+    ACTING_ACTIONS = frozenset(
+        b.action for b in BINDINGS if isinstance(b, Binding) and b.id in ACTS_ON_PROCESS
+    )
 
     def __init__(
         self,
@@ -475,7 +477,7 @@ class MemtopApp(App[None]):
         # place, and their keys reach it instead (a binding whose check fails passes its key on).
         if action == "read_only":
             return self.readonly
-        if self.readonly and action in ACTING_ACTIONS:
+        if self.readonly and action in self.ACTING_ACTIONS:
             return False
         # On the detail screen, keys that mean nothing there leave the footer (at 80 columns
         # it must show its last key, q Quit, whole).
