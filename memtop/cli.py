@@ -22,6 +22,7 @@ from memtop.commands import CommandError
 from memtop.protocol import UnsafeSocketDir
 
 if TYPE_CHECKING:
+    from memtop.scope import Scope
     from memtop.ui.config import UiConfig
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
@@ -180,7 +181,7 @@ def _add_filters(parser: argparse.ArgumentParser, default: object = None) -> Non
     )
 
 
-def _scope(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def _scope(args: argparse.Namespace) -> Scope:
     from memtop.scope import Scope
 
     return Scope(
