@@ -295,6 +295,9 @@ def test_readonly_no_key_acts_on_a_process_and_the_footer_says_so(tmp_path: Path
         await pilot.pause(0.05)
         assert getattr(app.screen, "shows_process", False)
         assert "read-only" in screen_text(app.export_screenshot()).splitlines()[-1]
+        await pilot.press("escape", "question_mark")
+        await pilot.pause(0.2)
+        assert "Read-only (--readonly)" in screen_text(app.export_screenshot())
 
     app = MemtopApp(
         frozen_store(), None, clock=lambda: NOW, my_uid=MY_UID, config=cfg, readonly=cfg.readonly

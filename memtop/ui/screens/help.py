@@ -125,8 +125,14 @@ def help_text(app: object = None) -> Group:
     terms.add_column(ratio=1)
     for term, meaning in TERMS:
         terms.add_row(term, meaning)
+    readonly = (
+        Text("Read-only (--readonly): cleanup, reset, snapshot, kill and attach are off.\n")
+        if getattr(app, "readonly", False)
+        else Text()
+    )
     return Group(
         Text("Keys  (rebind by id in ~/.config/memtop/config.toml [keys])", style="bold underline"),
+        readonly,
         keys,
         Text("\nThe GPU bar", style="bold underline"),
         legend,
