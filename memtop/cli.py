@@ -237,6 +237,8 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.command == "export":
             return _export(args)
         if args.prometheus and args.command is None:
+            if _scope(args):  # said, not silently ignored
+                raise CliError("--only, --user and --pid do not apply to --prometheus (yet)")
             return _fleet(args)
         if args.once:
             return _once(args)

@@ -234,7 +234,7 @@ def test_filters_reach_the_report_and_the_exporter() -> None:
     assert 'pid="4102"' in body and 'pid="4101"' not in body and 'pid="4201"' not in body
 
 
-def test_filter_flags_parse_as_nvitop_spells_them() -> None:
+def test_filter_flags_parse_as_nvitop_spells_them(capsys: pytest.CaptureFixture[str]) -> None:
     from memtop.cli import _scope, build_parser
 
     args = build_parser().parse_args(["--once", "--user", "ada,grace", "--pid", "4101,4102"])
@@ -244,6 +244,11 @@ def test_filter_flags_parse_as_nvitop_spells_them() -> None:
     assert not _scope(build_parser().parse_args(["export"]))
     assert build_parser().parse_args(["--readonly"]).readonly is True
     assert build_parser().parse_args(["demo", "--readonly"]).readonly is True
+    from memtop.cli import main
+
+    capsys.readouterr()
+    assert main(["--prometheus", "http://127.0.0.1:1", "--pid", "7"]) == 1  # not ignored
+    assert "do not apply to --prometheus" in capsys.readouterr().err
     for bad in (["--pid", "x"], ["--pid", "٣"], ["--user", ","]):
         with pytest.raises(SystemExit):
             build_parser().parse_args(bad)
