@@ -23,6 +23,7 @@ from memtop.commands import CommandError
 from memtop.protocol import UnsafeSocketDir
 
 if TYPE_CHECKING:
+    from memtop.scope import Scope
     from memtop.ui.config import UiConfig
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
@@ -62,7 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=_gpu_list,
         default=None,
         metavar="0,2",
-        help="the dashboard shows only these GPUs (the driver's numbers)",
+        help="show only these GPUs (the driver's numbers) and their processes",
+    )
+    _add_filters(parser)
+    parser.add_argument(
+        "--readonly",
+        action="store_true",
+        help="no key acts on a process (cleanup, reset, snapshot, kill, attach): for shared "
+        "boxes and screenshares (config: readonly = true)",
     )
     parser.add_argument("--socket-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument(
@@ -90,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-ui", action="store_true", help="only run the trainers until Ctrl-C")
     demo.add_argument("--interval", type=_positive_float, default=None, help=argparse.SUPPRESS)
     demo.add_argument("--only", type=_gpu_list, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    demo.add_argument(
+        "--readonly", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
 
     cleanup = sub.add_parser("cleanup", help="gc + empty_cache inside a trainer")
     cleanup.add_argument("pid", type=int)
@@ -148,7 +159,43 @@ def build_parser() -> argparse.ArgumentParser:
         "--web-config", type=Path, metavar="FILE", help="JSON file with TLS and basic auth"
     )
     export.add_argument("--interval", type=_positive_float, default=argparse.SUPPRESS)
+    export.add_argument(
+        "--only",
+        type=_gpu_list,
+        default=argparse.SUPPRESS,
+        metavar="0,2",
+        help="export only these GPUs and their processes",
+    )
+    _add_filters(export, default=argparse.SUPPRESS)
     return parser
+
+
+def _add_filters(parser: argparse.ArgumentParser, default: object = None) -> None:
+    """--user and --pid, as nvitop has them (memtop.scope): the dashboard, --once and export."""
+    parser.add_argument(
+        "--user",
+        type=_name_list,
+        default=default,
+        metavar="NAME",
+        help="show only the processes of these users (comma-separated)",
+    )
+    parser.add_argument(
+        "--pid",
+        type=_pid_list,
+        default=default,
+        metavar="PID",
+        help="show only these processes (comma-separated pids)",
+    )
+
+
+def _scope(args: argparse.Namespace) -> Scope:
+    from memtop.scope import Scope
+
+    return Scope(
+        gpus=getattr(args, "only", None),
+        users=getattr(args, "user", None),
+        pids=getattr(args, "pid", None),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -197,6 +244,8 @@ def _main(argv: Sequence[str] | None) -> int:
         if args.command == "export":
             return _export(args)
         if args.prometheus and args.command is None:
+            if _scope(args):  # said, not silently ignored
+                raise CliError("--only, --user and --pid do not apply to --prometheus (yet)")
             return _fleet(args)
         if args.once:
             return _once(args)
@@ -292,7 +341,11 @@ def _once(args: argparse.Namespace) -> int:
                 break
             time.sleep(ONCE_ROUND_GAP_S)
             sampler.sample_once(budget=min(ONCE_EXTRA_ROUND_S, left))
-        data = report.build(Observer(sampler.store).latest())
+        scope = _scope(args)
+        whole = Observer(sampler.store).latest()
+        for line in scope.missing(whole):
+            print(f"memtop: warning: {line}", file=sys.stderr)
+        data = report.build(scope.apply(whole))
     finally:
         sampler.stop()
     if args.json:
@@ -325,6 +378,22 @@ def _gpu_list(text: str) -> frozenset[int]:
     return numbers
 
 
+def _pid_list(text: str) -> frozenset[int]:
+    """`--pid 4101,4102`."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts or not all(part.isascii() and part.isdigit() for part in parts):
+        raise argparse.ArgumentTypeError(f"expected process ids like 4101,4102, got {text!r}")
+    return frozenset(int(part) for part in parts)
+
+
+def _name_list(text: str) -> frozenset[str]:
+    """`--user ada,grace`."""
+    names = frozenset(part.strip() for part in text.split(",") if part.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected user names like ada,grace, got {text!r}")
+    return names
+
+
 def _on_a_terminal() -> bool:
     return sys.stdout.isatty() and sys.stdin.isatty()
 
@@ -353,8 +422,9 @@ def _dashboard(args: argparse.Namespace, simulated_only: bool, painted: bool = F
                 sampler.store,
                 sampler,
                 interval=args.interval,
-                only=getattr(args, "only", None),
+                scope=_scope(args),
                 config=settings,
+                readonly=getattr(args, "readonly", False) or settings.readonly,
             ).run()
         finally:
             sampler.stop()
@@ -375,10 +445,17 @@ def _text_view(args: argparse.Namespace, simulated_only: bool) -> int:
     sampler.start()
     observer = Observer(sampler.store)  # one for the run: it keeps the leak verdicts
     interactive = sys.stdout.isatty()
+    scope = _scope(args)
+    warned = False
     try:
         while True:
             time.sleep(min(args.interval, 0.5) if sampler.rounds == 0 else args.interval)
-            data = report.build(observer.latest())
+            whole = observer.latest()
+            if not warned and whole.gpus:
+                warned = True
+                for line in scope.missing(whole):
+                    print(f"memtop: warning: {line}", file=sys.stderr, flush=True)
+            data = report.build(scope.apply(whole))
             text = report.render_text(data)
             if interactive:
                 sys.stdout.write("\x1b[H\x1b[2J" + text + "\n(Ctrl-C to quit)\n")
@@ -467,7 +544,12 @@ def _export(args: argparse.Namespace) -> int:
     try:
         config = load_web_config(args.web_config) if args.web_config else None
         exporter = Exporter(
-            _make_sampler(args), args.listen, host=args.hostname, job=args.job, web_config=config
+            _make_sampler(args),
+            args.listen,
+            host=args.hostname,
+            job=args.job,
+            web_config=config,
+            scope=_scope(args),
         )
     except ExportError as exc:
         raise CliError(str(exc)) from None
@@ -534,6 +616,7 @@ def _fleet(args: argparse.Namespace) -> int:
                 interval=args.interval,
                 host=f"fleet ({source.url})",
                 observer=sampler.observer(),
+                readonly=args.readonly,
             ).run()
         finally:
             sampler.stop()

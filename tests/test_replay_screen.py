@@ -87,7 +87,7 @@ def expected_cards(report: dict) -> list[tuple[str, str]]:
     cards = []
     for gpu in report["devices"]:
         live = [
-            d
+            {**d, "pid": a["pid"]}
             for a in report["agents"]
             if a["state"] == "connected"
             for d in a["devices"]
@@ -104,8 +104,10 @@ def expected_cards(report: dict) -> list[tuple[str, str]]:
         )
         leaking = [d for d in live if (d.get("leak") or {}).get("detected")]
         if leaking:
-            leak = max(leaking, key=lambda d: d["leak"]["bytes_per_second"] or 0)["leak"]
-            label = leak_label(
+            leader = max(leaking, key=lambda d: d["leak"]["bytes_per_second"] or 0)
+            leak = leader["leak"]
+            # The card names the leaking pid before its rate (issue 21.10).
+            label = f"pid {leader['pid']} " + leak_label(
                 leak["bytes_per_step"], leak["bytes_per_second"], leak["seconds_to_full"]
             )
         else:
@@ -173,7 +175,16 @@ def check_detail(text: str, agent: dict) -> None:
         f"step {agent['step']}",
         f"frag {dev['fragmentation_smoothed']:.2f} (now {dev['fragmentation']:.2f})",
         f"retries {pressure['num_alloc_retries']}, OOMs {pressure['num_ooms']}",
-        dev["leak"]["reason"],
+        (
+            "trend "
+            + leak_label(
+                dev["leak"]["bytes_per_step"],
+                dev["leak"]["bytes_per_second"],
+                dev["leak"]["seconds_to_full"],
+            )
+            if dev["leak"].get("detected")
+            else f"trend {dev['leak']['reason']}"
+        ),
         f"alloc {short_bytes(dev['allocated_bytes'])} · rsvd {short_bytes(dev['reserved_bytes'])}",
     ]
     for figure in expected:

@@ -91,7 +91,7 @@ def test_detail_snapshot(size: tuple[int, int]) -> None:
     text = screen_text(svg)
     assert "pid 4102" in text
     assert "optimizer" in text
-    assert "baseline grows" in text
+    assert "trend +8.0 MiB/step · full in 49 min" in text  # the figures, not a cut sentence
 
 
 def test_help_screen_lists_every_key() -> None:
@@ -190,7 +190,7 @@ def test_copy_fix_and_tab_focus() -> None:
             await pilot.press("tab")
             pane = app.query_one(SuggestionsPane)
             assert app.focused is pane
-            await pilot.press("down")  # the leak: no one-line fix
+            assert pane.highlighted == 0  # tab lands on the first: the leak, no one-line fix
             await pilot.press("y")
             assert "has no one-line fix" in " ".join(notifications(app))
             await pilot.press("down")  # the fragmentation warning, which has a fix

@@ -24,7 +24,7 @@ def test_gpu_rows_sum_their_agents_and_follow_the_leak():
     assert first.reserved == sum(a.reserved_bytes for a in agents)
     assert first.other == max(0, (first.used or 0) - first.reserved)
     assert first.trend.leak and first.trend.pid == 4102 and first.trend.values
-    assert first.trend.label(short=True).startswith("+8.0M/step")
+    assert first.trend.label(short=True).startswith("pid 4102 +8.0M/step")
     assert dash.gpus[1].trend.status in ("steady", "collecting")
 
 

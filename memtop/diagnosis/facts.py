@@ -36,6 +36,9 @@ class DeviceDiagnosis:
     # Without a report of its newest OOM (a recording, an agent that wrote none): the
     # growing-batch finding of memtop.oom.diagnose from the step marks and the OOM counter.
     oom_growth: dict[str, Any] | None = None
+    # Whether the agent has measured a breakdown at all: `breakdown` is None both before the
+    # first measurement and when it found no optimizer holding this device's parameters.
+    breakdown_measured: bool = False
 
     @property
     def transient_bytes(self) -> int | None:

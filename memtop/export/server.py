@@ -34,6 +34,7 @@ from memtop.export.metrics import ObservationCollector
 from memtop.export.text import CONTENT_TYPE
 from memtop.observation import Observer
 from memtop.sampler import Sampler
+from memtop.scope import Scope
 
 DEFAULT_LISTEN = "127.0.0.1:9482"
 
@@ -157,8 +158,10 @@ class Exporter:
         host: str | None = None,
         job: str | None = None,
         web_config: WebConfig | None = None,
+        scope: Scope | None = None,
     ) -> None:
         self.sampler = sampler
+        self.scope = scope or Scope()  # --only, --user, --pid: what is exported
         self.address = parse_listen(listen)
         self.observer = Observer(sampler.store, host=host)
         self.collector = ObservationCollector(host=host, job=job)
@@ -225,7 +228,7 @@ class Exporter:
 
     def round(self) -> None:
         self.sampler.sample_once()
-        self.collector.observe(self.observer.publish())
+        self.collector.observe(self.scope.apply(self.observer.publish()))
         # Render here, once per round, so that a scrape only copies bytes (the 5 ms budget of
         # DESIGN §9 holds whatever the number of agents; rendering 500 samples costs ~4 ms).
         self.collector.body()

@@ -2,8 +2,9 @@
 
 A step is: forward (activations allocated layer by layer, with transient workspaces between
 them), backward (layer by layer in reverse: the layer's gradients appear, its activations go),
-optimizer step (Adam state created on the first step, a few temporaries), zero_grad
-(set_to_none=True: gradients freed).  The work is paced over the step time, so an observer
+optimizer step (Adam state created on the first step, a few temporaries), then the step
+boundary with the gradients alive; zero_grad (set_to_none=True: gradients freed) opens the
+next step.  The work is paced over the step time, so an observer
 sees mid-step states as it would on a busy GPU.  The scenarios bend that pattern the way real
 bugs and real data do:
 
@@ -171,6 +172,13 @@ class Workload:
 
     def _train_step(self) -> None:
         factor = self._sequence_factor()
+        # zero_grad(set_to_none=True) at the top of the loop: the last step's gradients lived
+        # from its backward through its optimizer step and the step boundary after it, as in a
+        # real trainer, and the breakdown measured there counts them.
+        for address in self.grads:
+            self.alloc.free(address)
+        self.grads = []
+        self._grad_bytes = 0
         self._step_live = set()
         self.current_pass = "forward"
         layers: list[list[int]] = []
@@ -225,10 +233,7 @@ class Workload:
             self.retained.append(loss)  # `losses.append(loss)` keeps the graph alive
         else:
             self._f(loss)
-        for address in self.grads:
-            self._f(address)
-        self.grads = []
-        self._grad_bytes = 0
+        self._step_live.difference_update(self.grads)  # alive until the next zero_grad
         while len(self.long_lived) > 8 * self.shape.layers:
             self.alloc.free(self.long_lived.popleft())
         self.current_pass = "idle"

@@ -13,6 +13,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,7 @@ from textual.widgets import Footer, Input, OptionList, Static
 from memtop.model import snapshot_note
 from memtop.observation import Observation, Observer
 from memtop.sampler import Sampler
+from memtop.scope import Scope
 from memtop.sources.agents import AgentError, AgentUnreachable
 from memtop.sources.processes import TerminateRefused, terminate
 from memtop.store import Store
@@ -60,7 +62,10 @@ PROCESS_ACTIONS = {
     "pause",
     "filter",
     "attach",
+    "read_only",
 }
+# The binding ids of the keys that act on a process: none of them works under --readonly.
+ACTS_ON_PROCESS = ("cleanup", "reset_peak", "snapshot", "kill", "attach")
 EVENT_SHOW_S = 8.0  # "agent N attached" and the like stay this long in the status line
 # The signals `k` offers, in its dialog's order: (key, name, signal, what it does).
 SIGNALS = (
@@ -92,7 +97,14 @@ class MemtopApp(App[None]):
         Binding("p", "pause", "Pause", id="pause"),
         Binding("question_mark,f1", "help", "Help", key_display="?", id="help"),
         Binding("q,f10", "quit", "Quit", id="quit"),
+        # Only under --readonly, in place of the keys above that act on a process (its keys
+        # are theirs, as the user's keymap binds them): the footer says "read-only" and a
+        # press says why nothing happens.
+        Binding("c,r,s,k,a", "read_only", "read-only", key_display="·", id="readonly"),
     ]
+    ACTING_ACTIONS = frozenset(
+        b.action for b in BINDINGS if isinstance(b, Binding) and b.id in ACTS_ON_PROCESS
+    )
 
     def __init__(
         self,
@@ -107,6 +119,8 @@ class MemtopApp(App[None]):
         observer: Observer | None = None,
         only: set[int] | frozenset[int] | None = None,
         config: UiConfig | None = None,
+        scope: Scope | None = None,
+        readonly: bool = False,
     ) -> None:
         super().__init__()
         self.store = store
@@ -130,8 +144,14 @@ class MemtopApp(App[None]):
         self._shown: dict[str | None, tuple[object, ...]] = {}  # what each Static shows now
         self._mounted = False  # the first Resize arrives before on_mount
         self.refreshes = 0
-        self.only = frozenset(only) if only else None  # GPUs to show (--only 0,2)
+        # What the user asked to see (--only 0,2, --user NAME, --pid PID): every panel renders
+        # the observation through it (memtop.scope).
+        self.scope = scope or Scope()
+        if only:
+            self.scope = replace(self.scope, gpus=frozenset(only))
+        self._scope_warned = False
         self.config = config or UiConfig()
+        self.readonly = readonly  # --readonly, or readonly = true in the config
         self._users: dict[int, str] = {}  # pid → owner, remembered past the process's exit
         self._event: tuple[str | None, float] = (None, 0.0)  # status message, when first seen
         self.cell_diff: Any = None  # memtop.ui.cell_diff.CellDiff once the driver runs
@@ -192,13 +212,47 @@ class MemtopApp(App[None]):
         why = apply_theme(self, self.config.theme)
         if why:
             problems.append(why)
+        keymap: dict[str, str] = {}
         if self.config.keys:
             known = {b.id for b in self._bindings_with_ids()}
             unknown = sorted(set(self.config.keys) - known)
             if unknown:
                 problems.append(f"config: no binding with id {', '.join(unknown)} (see ? help)")
-            self.set_keymap({k: v for k, v in self.config.keys.items() if k in known})
+            keymap = {k: v for k, v in self.config.keys.items() if k in known}
+            clashes = self._key_clashes(keymap)
+            problems.extend(clashes.values())
+            keymap = {k: v for k, v in keymap.items() if k not in clashes}
+        if self.readonly:
+            keymap["readonly"] = ",".join(
+                key
+                for b in self._bindings_with_ids()
+                if b.id in ACTS_ON_PROCESS
+                for key in keymap.get(b.id or "", b.key).split(",")
+            )
+        if keymap:
+            self.set_keymap(keymap)
         self._config_problems = problems
+
+    def get_key_display(self, binding: Binding) -> str:
+        # (A keymap drops a binding's key_display: --readonly's stand-in is bound by keymap.)
+        return "·" if binding.id == "readonly" else super().get_key_display(binding)
+
+    def _key_clashes(self, keymap: dict[str, str]) -> dict[str, str]:
+        """The user's bindings that would take a key another binding keeps (`cleanup = "q"`
+        took q from quit): binding id → a one-line warning.  Those keep their default keys."""
+        bindings = [b for b in self._bindings_with_ids() if b.id != "readonly"]
+        keys_of = {b.id: set(keymap.get(b.id or "", b.key).split(",")) for b in bindings}
+        clashes: dict[str, str] = {}
+        for binding_id in keymap:
+            for other, keys in keys_of.items():
+                taken = sorted(keys_of.get(binding_id, set()) & keys)
+                if other != binding_id and taken:
+                    clashes[binding_id] = (
+                        f'config: keys.{binding_id} = "{keymap[binding_id]}" takes '
+                        f"{', '.join(taken)} from {other}; {binding_id} keeps its default keys"
+                    )
+                    break
+        return clashes
 
     def _bindings_with_ids(self) -> list[Binding]:
         return [
@@ -283,13 +337,15 @@ class MemtopApp(App[None]):
         self._generation = generation
         self._exact = exact
         self.refreshes += 1
-        self.observation = self.observer.latest()
+        whole = self.observer.latest()
         sampled = self.sampler is None or self.sampler.rounds > 0
+        observation = self.scope.apply(whole)
+        self.observation = observation
         dash = view.build(
-            self.observation, sampled=sampled, my_uid=self.my_uid, host=self.host, users=self._users
+            observation, sampled=sampled, my_uid=self.my_uid, host=self.host, users=self._users
         )
-        if self.only is not None:
-            dash = view.only_gpus(dash, self.only)
+        if self.scope and sampled:
+            dash = self._scoped(dash, whole)
         self.dashboard = dash
         compact = self.size.width < COMPACT_WIDTH or self.size.height < COMPACT_HEIGHT
         dense = len(dash.gpus) * 2 > max(4, int(self.size.height * 0.3))
@@ -306,9 +362,9 @@ class MemtopApp(App[None]):
             self._set(self.empty_state, _empty_text(dash))
         else:
             renew = self._renewal_due(dash, compact) or exact
-            self.gpu_panel.show(dash.gpus, dense, renew)
+            self.gpu_panel.show(dash.gpus, dense, renew, no_gpus=dash.no_gpus)
             self.table.show(dash.processes, compact, renew)
-            self.suggestions.show(dash.suggestions, compact, renew)
+            self.suggestions.show(dash.suggestions, compact, renew, quiet=dash.quiet)
         detail = self._detail_screen()
         if detail is not None:
             self._show_detail(detail)
@@ -341,25 +397,53 @@ class MemtopApp(App[None]):
             widget.update(content)
 
     def _header(self, dash: view.Dashboard) -> Text:
+        """The host, what is read, the filter, and the badges (PAUSED; a replay's clock), all
+        on one row: where the terminal is narrow, the interval, the source and the counts give
+        way, never a badge or the filter (80 columns cut "PAUSED (p resumes)" to "PAUSED (p")."""
         text = Text.assemble((" memtop ", "bold black on cyan"), " ", (dash.host, "bold white"))
-        parts = [
-            dash.source,
-            f"{len(dash.gpus)} GPU{'s' if len(dash.gpus) != 1 else ''}",
-            f"{dash.agents} agent{'s' if dash.agents != 1 else ''}",
-            f"every {self.interval:g} s",
-        ]
-        if self.only is not None:
-            parts.insert(1, "only GPU " + ",".join(str(i) for i in sorted(self.only)))
+        gpus = f"{len(dash.gpus)} GPU{'s' if len(dash.gpus) != 1 else ''}"
+        agents = f"{dash.agents} agent{'s' if dash.agents != 1 else ''}"
+        every = f"every {self.interval:g} s"
+        parts = [dash.source, *([self.scope.describe()] if self.scope else []), gpus, agents, every]
+        badges = self._badges()
+        room = self.size.width - text.cell_len - sum(len(badge) for badge, _ in badges)
+        for gives_way in (every, dash.source, agents, gpus):
+            if self.size.width <= 0 or len("  " + "  ·  ".join(parts)) <= room:
+                break
+            parts.remove(gives_way)
         text.append("  " + "  ·  ".join(parts), style=FREE)
-        if self.sampler is not None and self.sampler.paused:
-            text.append("   PAUSED (p resumes) ", style="bold black on yellow")
+        for badge, style in badges:
+            text.append(badge, style=style)
         return text
+
+    def _badges(self) -> list[tuple[str, str]]:
+        """What the header must show whole, at its right."""
+        if self.sampler is not None and self.sampler.paused:
+            return [("   PAUSED (p resumes) ", "bold black on yellow")]
+        return []
+
+    def _scoped(self, dash: view.Dashboard, whole: Observation) -> view.Dashboard:
+        """What a filter hides is not "nothing found": `--only 5` on a machine without a GPU 5
+        says so, once as a warning and in the GPU pane, over the panels (not the empty state)."""
+        if not self._scope_warned and whole.gpus:
+            self._scope_warned = True  # once the GPUs are known
+            for line in self.scope.missing(whole):
+                self.notify(line, severity="warning", timeout=10)
+        if dash.state == view.EMPTY and (whole.gpus or whole.agents):
+            dash = replace(dash, state=view.READY)
+        if self.scope.gpus is not None and not dash.gpus:
+            chosen = ",".join(str(i) for i in sorted(self.scope.gpus))
+            here = ", ".join(str(g.index) for g in whole.gpus)
+            has = f"it has GPU {here}" if here else "no GPU is visible"
+            dash = replace(dash, no_gpus=f"No GPU {chosen} on this machine ({has}): see --only.")
+        return dash
 
     def _status(self, dash: view.Dashboard) -> Text:
         if dash.problems:
             return Text(" " + dash.problems[-1], style="bold red")
-        if dash.nvml_error and dash.state != view.EMPTY:
-            return Text(f" NVML: {dash.nvml_error}", style="yellow")
+        if dash.nvml_error and dash.state != view.EMPTY and dash.no_gpus is None:
+            # (Without a GPU card, the GPU pane says it in place of the cards.)
+            return Text(f" {dash.nvml_error}", style="yellow")
         if dash.state == view.WAITING:
             return Text(" reading devices and agents…", style=FREE)
         # An event ("agent 4201 attached") is news for a few seconds, not a status.
@@ -431,6 +515,12 @@ class MemtopApp(App[None]):
         # Behind a modal (help, confirmation) the dashboard's keys are asleep.
         if action in PROCESS_ACTIONS and isinstance(self.screen, ModalScreen):
             return False
+        # Read-only: the keys that act on a process leave the footer, "read-only" takes their
+        # place, and their keys reach it instead (a binding whose check fails passes its key on).
+        if action == "read_only":
+            return self.readonly
+        if self.readonly and action in self.ACTING_ACTIONS:
+            return False
         # On the detail screen, keys that mean nothing there leave the footer (at 80 columns
         # it must show its last key, q Quit, whole).
         return not (action in ("pause", "filter") and self._detail_screen() is not None)
@@ -489,6 +579,14 @@ class MemtopApp(App[None]):
 
     def _failed(self, row: view.ProcessRow, cmd: str, why: str) -> None:
         self.notify(f"{cmd} in pid {row.pid} failed: {why}", severity="error", timeout=8)
+
+    def action_read_only(self) -> None:
+        self.notify(
+            "Read-only (--readonly): memtop does not act on processes here "
+            "(cleanup, reset, snapshot, kill, attach).",
+            severity="warning",
+            timeout=5,
+        )
 
     def action_cleanup(self) -> None:
         row = self._agent_target("clean up")
@@ -787,7 +885,7 @@ def _empty_text(dash: view.Dashboard) -> Text:
     text = Text()
     text.append("No GPUs and no PyTorch processes found.\n\n", style="bold")
     if dash.nvml_error:
-        text.append(f"NVML: {dash.nvml_error}\n\n", style="yellow")
+        text.append(f"{dash.nvml_error}\n\n", style="yellow")
     for problem in dash.problems:
         text.append(f"{problem}\n\n", style="red")
     text.append("To watch a training run, start it with the agent:\n\n")

@@ -1,6 +1,7 @@
 """The user's dashboard settings: `~/.config/memtop/config.toml` (platformdirs' user config).
 
     theme = "monochrome"          # or "memtop" (the default), or any Textual theme name
+    readonly = true               # as --readonly: no key acts on a process
     [keys]                        # binding id = keys, comma-separated (see the help screen)
     cleanup = "C"
     quit = "q,ctrl+q"
@@ -31,6 +32,7 @@ def config_path() -> Path:
 @dataclass(frozen=True)
 class UiConfig:
     theme: str = "memtop"
+    readonly: bool = False
     keys: dict[str, str] = field(default_factory=dict)  # binding id → "key,key"
     problems: tuple[str, ...] = ()  # one line each, shown as warnings
     path: Path | None = None
@@ -51,6 +53,10 @@ def load(path: Path | None = None) -> UiConfig:
     if not isinstance(theme, str) or not theme:
         problems.append(f'{path}: theme must be a name, e.g. "monochrome"')
         theme = "memtop"
+    readonly = data.get("readonly", False)
+    if not isinstance(readonly, bool):
+        problems.append(f"{path}: readonly must be true or false")
+        readonly = False
     keys: dict[str, str] = {}
     raw_keys = data.get("keys", {})
     if not isinstance(raw_keys, dict):
@@ -59,9 +65,11 @@ def load(path: Path | None = None) -> UiConfig:
     for binding_id, value in raw_keys.items():
         if isinstance(value, str) and value.strip():
             keys[str(binding_id)] = value.replace(" ", "")
+        elif isinstance(value, str):
+            problems.append(f'{path}: keys.{binding_id} is empty; give a key such as "C"')
         else:
             problems.append(f'{path}: keys.{binding_id} must be a string such as "C"')
-    unknown = sorted(set(data) - {"theme", "keys"})
+    unknown = sorted(set(data) - {"theme", "keys", "readonly"})
     if unknown:
         problems.append(f"{path}: unknown setting {', '.join(unknown)} (ignored)")
-    return UiConfig(theme=theme, keys=keys, problems=tuple(problems), path=path)
+    return UiConfig(theme=theme, readonly=readonly, keys=keys, problems=tuple(problems), path=path)

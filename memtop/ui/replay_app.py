@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from rich.text import Text
 from textual.app import App
 from textual.binding import Binding
 
@@ -17,12 +16,11 @@ from memtop.playback import Player
 from memtop.sampler import Sampler
 from memtop.sources.replay import Recording
 from memtop.store import Store
-from memtop.ui import view
 from memtop.ui.app import MemtopApp
 
 SEEK_S = 10.0
 BIG_SEEK_S = 60.0
-LIVE_ONLY = {"cleanup", "reset_peak", "snapshot", "kill", "pause", "attach"}
+LIVE_ONLY = {"cleanup", "reset_peak", "snapshot", "kill", "pause", "attach", "readonly"}
 
 
 def _clock_text(seconds: float) -> str:
@@ -34,16 +32,18 @@ def _clock_text(seconds: float) -> str:
 class ReplayApp(MemtopApp, inherit_bindings=False):
     # Textual merges the BINDINGS of every base class unless told not to: the live-only ones
     # must not come back from MemtopApp.
+    # The replay's keys first: at 80 columns the footer shows them all, then the shared ones
+    # ("Play/pause" and the order before cut it at "] F").
     BINDINGS = [
         *App.BINDINGS,
-        *(b for b in MemtopApp.BINDINGS if not (isinstance(b, Binding) and b.id in LIVE_ONLY)),
-        Binding("space", "toggle_play", "Play/pause", id="replay.play"),
+        Binding("space", "toggle_play", "Play", id="replay.play"),
         Binding("left", "seek(-1)", "Back", key_display="←", id="replay.back"),
         Binding("right", "seek(1)", "Forward", key_display="→", id="replay.forward"),
         Binding("shift+left", "seek(-6)", "Back 60 s", show=False, id="replay.back_more"),
         Binding("shift+right", "seek(6)", "Forward 60 s", show=False, id="replay.forward_more"),
         Binding("left_square_bracket", "speed(0)", "Slower", key_display="[", id="replay.slower"),
         Binding("right_square_bracket", "speed(1)", "Faster", key_display="]", id="replay.faster"),
+        *(b for b in MemtopApp.BINDINGS if not (isinstance(b, Binding) and b.id in LIVE_ONLY)),
     ]
 
     def __init__(self, store: Store, player: Player, recording: Recording, **kwargs: Any) -> None:
@@ -56,19 +56,18 @@ class ReplayApp(MemtopApp, inherit_bindings=False):
     def feed_still(self) -> bool:
         return self.player.still
 
-    def _header(self, dash: view.Dashboard) -> Text:
-        text = super()._header(dash)
-        live_pause = "   PAUSED (p resumes) "  # the live app's; here space plays and pauses
-        if text.plain.endswith(live_pause):
-            text.right_crop(len(live_pause))
+    def _badges(self) -> list[tuple[str, str]]:
+        # The live app's PAUSED says "p resumes"; here space plays and pauses, and the clock
+        # says it.
         player = self.player
         state = "PAUSED" if player.paused else ("END" if player.at_end else "▶")
-        text.append(
-            f"   REPLAY {_clock_text(player.offset)} / {_clock_text(self.recording.duration)}"
-            f"  ×{player.speed:g}  {state} ",
-            style="bold black on magenta",
-        )
-        return text
+        return [
+            (
+                f"  REPLAY {_clock_text(player.offset)} / {_clock_text(self.recording.duration)}"
+                f" ×{player.speed:g} {state} ",
+                "bold black on magenta",
+            )
+        ]
 
     def refresh_view(self, exact: bool = False) -> None:
         player = self.player

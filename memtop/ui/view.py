@@ -107,10 +107,12 @@ class Trend:
         return self.status == "leak"
 
     def label(self, short: bool = False) -> str:
-        """ "+8.0 MiB/step · full in 7 min", or "+8.0M/step 7 min" where room is short."""
+        """ "pid 4102 +8.0 MiB/step · full in 7 min", or "pid 4102 +8.0M/step 7 min" where room
+        is short: which process leaks is half the news (8 GPUs at 80×24 said only the rate)."""
         if not self.leak:
             return self.status
-        return leak_label(self.bytes_per_step, self.bytes_per_second, self.seconds_to_full, short)
+        label = leak_label(self.bytes_per_step, self.bytes_per_second, self.seconds_to_full, short)
+        return label if self.pid is None else f"pid {self.pid} {label}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +209,10 @@ class Dashboard:
     problems: tuple[str, ...]
     last_event: str | None
     agents: int
+    # What the suggestions pane says when it has nothing to suggest (healthy, or not yet known).
+    quiet: str = "Nothing to suggest: memory looks healthy."
+    # Why the GPU pane has no card, once sampled ("no NVIDIA driver", "no GPU 5 here").
+    no_gpus: str | None = None
 
 
 def build(
@@ -229,18 +235,53 @@ def build(
         state = EMPTY
     else:
         state = READY
+    nvml_error = None if obs.nvml_available else nvml_line(obs.nvml_error)
     return Dashboard(
         state=state,
         host=host if host is not None else obs.host,
         source=_source(obs),
-        nvml_error=None if obs.nvml_available else obs.nvml_error,
+        nvml_error=nvml_error,
         gpus=gpus,
         processes=processes,
         suggestions=suggestion_items(obs.suggestions, bool(obs.agents), _gpu_numbers(obs)),
         problems=obs.problems,
         last_event=obs.events[-1] if obs.events else None,
         agents=len(obs.live_agents),
+        quiet=nothing_to_suggest(obs),
+        no_gpus=None if gpus or not sampled else _no_gpus(obs, nvml_error),
     )
+
+
+def nvml_line(error: str | None) -> str | None:
+    """The driver's failure as one line that names NVML once ("NVML: NVML not available…")."""
+    if not error:
+        return error
+    return error if error.startswith("NVML") else f"NVML: {error}"
+
+
+def _no_gpus(obs: Observation, nvml_error: str | None) -> str:
+    """Why no GPU card is drawn: said once, in the GPU pane, while the agents still show."""
+    if nvml_error:
+        return f"No GPU visible. {nvml_error}"
+    return "No GPU visible: the NVIDIA driver lists none on this machine."
+
+
+def nothing_to_suggest(obs: Observation) -> str:
+    """What an empty suggestions pane means: healthy only once there is evidence to judge."""
+    live = obs.live_agents
+    devices = [d for a in live for d in a.devices]
+    if live and not devices:
+        # CPU only when the agents say they see no CUDA device; else their first samples are
+        # still on the way.
+        if all(a.hello is not None and not a.hello.devices for a in live):
+            return "Nothing to judge: the PyTorch processes use no GPU (CPU only)."
+        return COLLECTING
+    if any(d.diagnosis.leak.basis == "none" for d in devices):
+        return COLLECTING
+    return "Nothing to suggest: memory looks healthy."
+
+
+COLLECTING = "Collecting… suggestions come after a few dozen steps of history."
 
 
 def _source(obs: Observation) -> str:
@@ -679,15 +720,4 @@ def _trend_line(
         "leak trend",
         (times[first] - newest, times[last] - newest),
         (level + slope * steps[first], level + slope * steps[last]),
-    )
-
-
-def only_gpus(dash: Dashboard, only: frozenset[int]) -> Dashboard:
-    """The dashboard restricted to the GPUs the user chose (`--only 0,2`, the driver's
-    numbers): their cards, their processes, and the suggestions about them."""
-    return replace(
-        dash,
-        gpus=tuple(g for g in dash.gpus if g.index in only),
-        processes=tuple(p for p in dash.processes if p.gpu in only),
-        suggestions=tuple(s for s in dash.suggestions if s.device is None or s.device in only),
     )

@@ -1,8 +1,8 @@
 """A question asked before anything irreversible (signalling a process).
 
 Either yes/no (dismissed with True/False) or a choice of answers (`choices`: key, label,
-value, what it does), dismissed with the chosen value or None.  `n`, `esc` and `q` all cancel:
-the footer behind says "q Quit", and inside the dialog q must not do nothing.
+value, what it does), dismissed with the chosen value or None.  `n`, `esc` and `q` all cancel,
+and the dialog's own footer says so (the dashboard's behind it said "q Quit").
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Static
+from textual.widgets import Button, Footer, Static
 
 Choice = tuple[str, str, Any, str]  # key, button label, value, what it does
 
 
 class ConfirmScreen(ModalScreen[Any]):
     BINDINGS = [
-        Binding("n,escape,q", "cancel", "Cancel", id="confirm.cancel"),
+        Binding("n,escape,q", "cancel", "Cancel", key_display="n/q/esc", id="confirm.cancel"),
     ]
 
     def __init__(
@@ -49,9 +49,14 @@ class ConfirmScreen(ModalScreen[Any]):
                 else:
                     yield Button("Yes (y)", variant="error", id="yes")
                 yield Button("Cancel (n/q/esc)", variant="primary", id="no")
+        yield Footer(compact=True)
 
     def on_mount(self) -> None:
         self.query_one("#no", Button).focus()
+        # Toasts stack at the bottom right, where at 80×24 they covered the KILL (9) button;
+        # what they said is older than the question (the dialog also stands at the top, above
+        # where new ones appear).
+        self.app.clear_notifications()
 
     def on_key(self, event: Any) -> None:
         keys = [c[0] for c in self.choices] if self.choices else ["y"]

@@ -15,7 +15,7 @@ from textual.widgets import Footer, Static
 from textual_plotext import PlotextPlot
 
 from memtop.ui.render import FREE, SEVERITY_STYLES, fragmentation_style, gauge, short_bytes
-from memtop.ui.view import Detail, ProcessRow
+from memtop.ui.view import Detail, ProcessRow, leak_label
 from memtop.ui.widgets.suggestions import BADGES, EFFECT_STYLES
 from memtop.units import GiB, format_bytes, format_duration
 
@@ -138,6 +138,8 @@ def _title(row: ProcessRow) -> Text:
 def _suggestions(detail: Detail) -> Table | Text:
     """Every suggestion in full: a badge column, and the text wrapping beside it."""
     if not detail.suggestions:
+        if detail.device is None and detail.row.has_agent:
+            return Text("Nothing to judge: this process uses no CUDA device (CPU only).", FREE)
         return Text("Nothing to suggest.", FREE)
     grid = Table.grid(padding=(0, 1))
     grid.add_column(no_wrap=True)
@@ -164,10 +166,18 @@ def _breakdown(detail: Detail) -> Text:
     there, when gradients are alive): they add up to that total, which is drawn with them."""
     device = detail.device
     if device is None:
-        return _lines(["No agent in this process: run it under", "`memtop run` to see its parts."])
+        return _lines(_no_breakdown(detail.row))
     roles = device.breakdown
     if not roles:
-        return _lines(["Waiting for the agent's first", "breakdown (every 10 s)."])
+        if device.breakdown_measured:
+            return _lines(
+                [
+                    "No optimizer seen yet: the parts",
+                    "are counted from the optimizers",
+                    "the agent finds (after a step).",
+                ]
+            )
+        return _lines(["Not measured yet: the agent", "measures it after a step, every 10 s."])
     parts = {key: roles.get(key, 0) for key, _ in BREAKDOWN_ROLES}
     total = roles.get("allocated") or sum(parts.values())
     total = max(1, total, sum(parts.values()))
@@ -182,6 +192,21 @@ def _breakdown(detail: Detail) -> Text:
     if fp32:
         text.append(f"\nfp32 params {short_bytes(fp32):>6}", style=FREE)
     return text
+
+
+def _no_breakdown(row: ProcessRow) -> list[str]:
+    """Why a process has no device to break down, as its state says (the title shows it)."""
+    if row.state == "no agent":
+        return ["No memtop agent in this process:", "run it under `memtop run` to see its parts."]
+    if row.state == "exited":
+        return ["The process has exited."]
+    if row.state != "agent":
+        return [f"Its agent is {row.state}:", "no breakdown until it answers."]
+    return [
+        "The agent is running; this process",
+        "uses no CUDA device (CPU only):",
+        "no GPU memory to break down.",
+    ]
 
 
 def _lines(lines: list[str], style: str = FREE) -> Text:
@@ -211,7 +236,12 @@ def _facts(detail: Detail) -> Text:
     text.append("\n")
     leak = device.leak
     text.append("trend ", style="bold red" if leak.detected else "")
-    text.append(f"{leak.reason}\n", style="bold red" if leak.detected else FREE)
+    if leak.detected:
+        # The figures, short (the reason's sentence was cut at "per s…" in a half-width box).
+        label = leak_label(leak.bytes_per_step, leak.bytes_per_second, leak.seconds_to_full)
+        text.append(f"{label}\n", style="bold red")
+    else:
+        text.append(f"{leak.reason}\n", style=FREE)
     text.append(
         f"alloc {short_bytes(device.allocated_bytes)} · rsvd {short_bytes(device.reserved_bytes)}"
         f" · releasable {short_bytes(device.releasable_bytes)}\n"

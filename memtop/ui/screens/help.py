@@ -51,8 +51,8 @@ def key_rows(app: object) -> list[tuple[str, str, str]]:
     keymap = getattr(app, "_keymap", {}) or {}
     rows = []
     for binding in (*MemtopApp.BINDINGS, *ProcessTable.BINDINGS):
-        if not isinstance(binding, Binding) or not binding.id:
-            continue
+        if not isinstance(binding, Binding) or not binding.id or binding.id == "readonly":
+            continue  # (readonly: --readonly's stand-in for the keys that act on a process)
         keys = keymap.get(binding.id, binding.key)
         shown = " ".join(_display(k) for k in keys.split(","))
         rows.append((shown, EXPLAIN.get(binding.id, binding.description), binding.id))
@@ -125,8 +125,14 @@ def help_text(app: object = None) -> Group:
     terms.add_column(ratio=1)
     for term, meaning in TERMS:
         terms.add_row(term, meaning)
+    readonly = (
+        Text("Read-only (--readonly): cleanup, reset, snapshot, kill and attach are off.\n")
+        if getattr(app, "readonly", False)
+        else Text()
+    )
     return Group(
         Text("Keys  (rebind by id in ~/.config/memtop/config.toml [keys])", style="bold underline"),
+        readonly,
         keys,
         Text("\nThe GPU bar", style="bold underline"),
         legend,

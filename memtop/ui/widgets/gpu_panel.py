@@ -176,7 +176,8 @@ class GpuCard(Widget):
         if (compact or dense) and row.agents:
             tail += self._fragmentation(" ")
         if dense:
-            tail += Text(" ") + self._trend(28, short=True)
+            # One line: a leak's pid and time to full, not its sparkline, must fit 80 columns.
+            tail += Text(" ") + self._trend(28, short=True, spark=not row.trend.leak)
         bar_width = max(8, width - len(head) - len(tail) - 2)
         bar = memory_bar(
             bar_width, row.total, row.allocated, row.reserved, row.other, row.peak, row.used
@@ -249,15 +250,20 @@ class GpuCard(Widget):
             ("util ", FREE), util, " ", (temp, "bold red" if hot else ""), " ", power
         )
 
-    def _trend(self, room: int, short: bool) -> Text:
+    def _trend(self, room: int, short: bool, spark: bool = True) -> Text:
         trend = self.row.trend
         label = trend.label(short)
-        spark_width = max(6, min(32, room - len(label) - 1))
-        style = "bold red" if trend.leak else ("cyan" if trend.values else FREE)
-        text = Text(sparkline(trend.values, spark_width, trend.floor, trend.span), style=style)
-        text.append(" ")
+        text = Text()
+        if spark and room - len(label) - 1 >= 6:  # else the label alone: it is the news
+            spark_width = min(32, room - len(label) - 1)
+            style = "bold red" if trend.leak else ("cyan" if trend.values else FREE)
+            text.append(sparkline(trend.values, spark_width, trend.floor, trend.span), style=style)
+            text.append(" ")
         text.append(label, style="bold red" if trend.leak else FREE)
         return text
+
+
+WAITING = "Reading devices and agents…"
 
 
 class GpuPanel(VerticalScroll):
@@ -270,17 +276,38 @@ class GpuPanel(VerticalScroll):
     def __init__(self, id: str | None = None) -> None:
         super().__init__(id=id)
         self._cards: dict[str, GpuCard] = {}  # by GPU UUID
+        self._waiting: Static | None = Static(WAITING, id="gpu-waiting", classes="muted")
+        self._said = WAITING  # the line shown while there is no card
 
     def compose(self) -> ComposeResult:
-        yield Static("Reading devices and agents…", id="gpu-waiting", classes="muted")
+        if self._waiting is not None:
+            yield self._waiting
 
     def on_mount(self) -> None:
         self.border_title = "GPUs"
         self.border_subtitle = LEGEND
 
-    def show(self, gpus: tuple[GpuRow, ...], dense: bool, renew: bool | None = None) -> None:
-        if gpus and not self._cards:
-            self.query("#gpu-waiting").remove()
+    def show(
+        self,
+        gpus: tuple[GpuRow, ...],
+        dense: bool,
+        renew: bool | None = None,
+        no_gpus: str | None = None,
+    ) -> None:
+        """`renew`: as SuggestionsPane.show.  `no_gpus`: why there is no card (no driver, no
+        such GPU), said in place of the "Reading…" line, which otherwise stayed forever on a
+        machine without NVML."""
+        if gpus and self._waiting is not None:
+            self._waiting.remove()
+            self._waiting = None
+        elif not gpus:
+            line = no_gpus or WAITING
+            if self._waiting is None:
+                self._waiting = Static(line, id="gpu-waiting", classes="muted")
+                self.mount(self._waiting)
+            elif self._said != line:
+                self._waiting.update(line)
+            self._said = line
         wanted = {row.uuid for row in gpus}
         for uuid in [uuid for uuid in self._cards if uuid not in wanted]:
             self._cards.pop(uuid).remove()

@@ -256,7 +256,7 @@ class ProcessTable(Widget, can_focus=True):
         if self.sort_key is not None:
             column = next(c for c in COLUMNS if c.key == self.sort_key)
             assert column.sort is not None
-            rows.sort(key=column.sort, reverse=column.descending != self.sort_reverse)  # type: ignore[arg-type,return-value]
+            rows.sort(key=column.sort, reverse=self.sort_descending())  # type: ignore[arg-type,return-value]
         lines: list[Line] = []
         placed: set[str] = set()
         for row in rows:
@@ -280,18 +280,33 @@ class ProcessTable(Widget, can_focus=True):
             self.cursor_row = keys.index(selected)
         self.cursor_row = max(0, min(self.cursor_row, len(self.rows) - 1))
         subtitle = self._subtitle()
+        # The compact layout draws only the top rule, where the subtitle (the filter, the sort)
+        # is not shown: there it goes into the title, or nothing said a filter was on.
+        title = f"Processes  {subtitle}" if self._compact and subtitle else "Processes"
         if subtitle != self.border_subtitle:  # setting it, even unchanged, repaints the border
             self.border_subtitle = subtitle
+        if title != self.border_title:
+            self.border_title = title
         self._render_rows()
 
     def _subtitle(self) -> str:
         parts = []
         if self.sort_key is not None:
-            arrow = "▲" if self.sort_reverse else "▼"
-            parts.append(f"sort {self.sort_key} {arrow}")
+            parts.append(f"sort {self.sort_key} {self._arrow()}")
         if self.filter:
             parts.append(f"filter “{self.filter}” {len(self.rows)}/{len(self.source)}")
         return "  ·  ".join(parts)
+
+    def sort_descending(self) -> bool:
+        """Whether the rows run largest first: a column's natural order (sizes descend, pids
+        and names ascend), inverted by `I`."""
+        column = next((c for c in COLUMNS if c.key == self.sort_key), None)
+        return column is not None and column.descending != self.sort_reverse
+
+    def _arrow(self) -> str:
+        # What the order is (▼ largest first), not whether `I` was pressed: PID ascending
+        # showed ▼ beside USED▼ descending.
+        return "▼" if self.sort_descending() else "▲"
 
     def columns(self) -> list[Column]:
         slot = 1 if self._compact else 0
@@ -360,7 +375,7 @@ class ProcessTable(Widget, can_focus=True):
             if column.key == self.sort_key and len(label) < width:
                 # (Where the arrow has no room, "GP…" would say less than the underline and
                 # the subtitle's "sort gpu ▲" already do.)
-                label = label + ("▲" if self.sort_reverse else "▼")
+                label = label + self._arrow()
             spans.append((column.key, len(header), len(header) + width))
             header.append(
                 _fit(label, width, column.right),

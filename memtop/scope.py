@@ -1,0 +1,120 @@
+"""What the user asked to see: `--only GPUS`, `--user NAME`, `--pid PID[,PID]` (as nvitop has
+them).  One home for the filter: the dashboard, `--once` (text and JSON) and `memtop export`
+all render `Scope.apply(observation)`, so a process hidden from the table is also gone from the
+suggestions, the report and the metrics.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from memtop.observation import AgentObservation, Observation, ProcessEntry
+
+
+@dataclass(frozen=True)
+class Scope:
+    gpus: frozenset[int] | None = None  # the driver's numbers
+    users: frozenset[str] | None = None  # user names, as the process table shows them
+    pids: frozenset[int] | None = None
+    # The suggestions last filtered and what was kept: between two runs of the rules the
+    # observation carries the very same tuple, and the view reuses its items by identity.
+    _memo: list[Any] = field(default_factory=list, init=False, compare=False, repr=False)
+
+    def __bool__(self) -> bool:
+        return self.gpus is not None or self.users is not None or self.pids is not None
+
+    def describe(self) -> str:
+        """ "only GPU 1 · user ada · pid 4101,4102", for a header."""
+        parts = []
+        if self.gpus is not None:
+            parts.append("only GPU " + ",".join(str(i) for i in sorted(self.gpus)))
+        if self.users is not None:
+            parts.append("user " + ",".join(sorted(self.users)))
+        if self.pids is not None:
+            parts.append("pid " + ",".join(str(p) for p in sorted(self.pids)))
+        return " · ".join(parts)
+
+    def missing(self, obs: Observation) -> list[str]:
+        """One line for each GPU asked for that this machine does not have (`--only 5`)."""
+        if self.gpus is None:
+            return []
+        here = sorted(g.index for g in obs.gpus)
+        absent = sorted(self.gpus - set(here))
+        if not absent:
+            return []
+        names = ", ".join(str(i) for i in absent)
+        has = f"it has GPU {', '.join(map(str, here))}" if here else "no GPU is visible"
+        return [f"--only: no GPU {names} on this machine ({has})"]
+
+    # ------------------------------------------------------------------ the filter
+
+    def _owner_ok(self, pid: int, obs: Observation) -> bool:
+        if self.pids is not None and pid not in self.pids:
+            return False
+        if self.users is not None:
+            info = obs.processes.get(pid)
+            if info is None or info.user not in self.users:
+                return False
+        return True
+
+    def _entry_ok(self, entry: ProcessEntry, obs: Observation) -> bool:
+        if self.gpus is not None and entry.gpu not in self.gpus:
+            return False
+        return self._owner_ok(entry.pid, obs)
+
+    def apply(self, obs: Observation) -> Observation:
+        """`obs` with only what the scope shows: its GPUs, the processes on them that belong to
+        its users and pids, their agents' devices on those GPUs, and the suggestions about
+        them (a process-wide tip of a hidden process goes too)."""
+        if not self:
+            return obs
+        gpus = tuple(g for g in obs.gpus if self.gpus is None or g.index in self.gpus)
+        if self.users is not None or self.pids is not None:
+            # A GPU's own figures (used, total, its agents' sums) stay the whole GPU's; the
+            # processes it lists are the chosen ones.
+            gpus = tuple(
+                replace(g, processes=tuple(p for p in g.processes if self._owner_ok(p.pid, obs)))
+                for g in gpus
+            )
+        agents: list[AgentObservation] = []
+        for agent in obs.agents:
+            if not self._owner_ok(agent.pid, obs):
+                continue
+            if self.gpus is not None:
+                devices = tuple(d for d in agent.devices if d.gpu in self.gpus)
+                if not devices:
+                    continue  # nothing of it on the GPUs shown (a CPU-only agent included)
+                agent = replace(agent, devices=devices)
+            agents.append(agent)
+        shown = {a.pid for a in agents}
+        entries = tuple(e for e in obs.entries if self._entry_ok(e, obs))
+        shown |= {e.pid for e in entries}
+        suggestions = self._suggestions(obs, frozenset(shown))
+        return replace(
+            obs,
+            gpus=gpus,
+            agents=tuple(agents),
+            entries=entries,
+            diagnosis=replace(obs.diagnosis, suggestions=suggestions),
+        )
+
+    def _suggestions(self, obs: Observation, shown: frozenset[int]) -> tuple[Any, ...]:
+        made = obs.diagnosis.suggestions
+        if self._memo and self._memo[0] is made and self._memo[1] == shown:
+            return self._memo[2]  # type: ignore[no-any-return]
+        numbers = {(d.pid, d.index): d.gpu for a in obs.agents for d in a.devices}
+        kept = tuple(
+            s
+            for s in obs.diagnosis.suggestions
+            if (s.pid is None or s.pid in shown)
+            and (
+                self.gpus is None
+                or s.device is None
+                # a process's device is its own cuda index; a GPU-wide finding's the driver's
+                or (numbers.get((s.pid, s.device), s.device) if s.pid is not None else s.device)
+                in self.gpus
+            )
+        )
+        self._memo[:] = [made, shown, kept]
+        return kept
