@@ -111,8 +111,8 @@ def test_export_serves_every_scrape(odd_trainer: int, socket_dir: Path):
             with urllib.request.urlopen(url, timeout=10) as reply:
                 assert reply.status == 200
                 body = reply.read().decode("utf-8")
-            assert f"pid=\"{odd_trainer}\"" in body
-            assert SHOWN.replace("\\", "\\\\") in body  # the label value, escaped as Prometheus does
+            assert f'pid="{odd_trainer}"' in body
+            assert SHOWN.replace("\\", "\\\\") in body  # a label value: \\ escaped
             time.sleep(1.1)
         assert proc.poll() is None
     finally:
