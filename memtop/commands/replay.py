@@ -75,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
 
     recording = open_recording(args.path)
     store = Store()
+    for note in recording.notes:  # on the dashboard's status line
+        store.note(note)
     player = Player(store, recording, interval=getattr(args, "interval", 1.0) or 1.0)
     if args.once:
         return _once(args, recording, store, player)
@@ -99,8 +101,11 @@ def _once(args: argparse.Namespace, recording: Recording, store: Store, player: 
         "started": recording.start,
         "duration_s": round(recording.duration, 3),
         "at_s": round(player.offset, 3),
-        "skipped_lines": len(recording.skipped),
+        "skipped_lines": recording.skipped_count,
+        "notes": list(recording.notes),  # files not read to their end, and why
     }
+    for note in recording.notes:
+        print(f"memtop: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps(data, indent=2))
     else:
