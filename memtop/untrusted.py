@@ -112,7 +112,7 @@ _NOT_BRACKETS = re.compile(rb"[^\[\]{}]+")
 _STEP = {ord("["): 1, ord("{"): 1, ord("]"): -1, ord("}"): -1}
 
 
-def check_depth(data: bytes, limit: int = MAX_DEPTH) -> None:
+def check_depth(data: bytes | bytearray, limit: int = MAX_DEPTH) -> None:
     """UntrustedInput if JSON or TOML `data` nests deeper than `limit` levels.
 
     Linear and in C but for one pass over the brackets (about 40 ms for a megabyte of them);
@@ -169,7 +169,7 @@ _BOUNDED_DECODER = json.JSONDecoder(
 )
 
 
-def loads(data: bytes, *, max_depth: int = MAX_DEPTH) -> Any:
+def loads(data: bytes | bytearray, *, max_depth: int = MAX_DEPTH) -> Any:
     """`data` parsed as JSON (UTF-8), bounded in depth and in the range of its numbers; any
     problem is one UntrustedInput (OutOfRange for a number)."""
     check_depth(data, max_depth)
