@@ -23,7 +23,6 @@ import contextlib
 import hashlib
 import hmac
 import ipaddress
-import json
 import socket
 import ssl
 import threading
@@ -36,7 +35,7 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from memtop import protocol
+from memtop import protocol, untrusted
 from memtop.export.metrics import ObservationCollector
 from memtop.export.text import CONTENT_TYPE
 from memtop.observation import Observer
@@ -81,13 +80,16 @@ class WebConfig:
         return self.cert_file is not None
 
 
+MAX_WEB_CONFIG_BYTES = 64 << 10
+
+
 def load_web_config(path: Path) -> WebConfig:
     try:
-        data = json.loads(path.read_text())
+        data = untrusted.load_json_file(path, MAX_WEB_CONFIG_BYTES)
     except OSError as exc:
         raise ExportError(f"cannot read the web config {path}: {exc.strerror}") from None
-    except ValueError as exc:
-        raise ExportError(f"the web config {path} is not JSON: {exc}") from None
+    except untrusted.UntrustedInput as exc:  # a FIFO, /dev/zero, deep nesting, not JSON
+        raise ExportError(f"the web config {path} {exc}") from None
     if not isinstance(data, dict) or set(data) - {"tls", "basic_auth"}:
         raise ExportError(f"the web config {path} may hold only 'tls' and 'basic_auth'")
     tls = data.get("tls") or {}
