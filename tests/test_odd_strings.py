@@ -130,6 +130,14 @@ def test_record_then_replay_once(odd_trainer: int, socket_dir: Path, tmp_path: P
     as_json = memtop("replay", str(path), "--once", "--json", socket_dir=socket_dir)
     assert as_json.returncode == 0, as_json.stderr
     assert SHOWN in _command_of(json.loads(as_json.stdout), odd_trainer)
+    # A folder of recordings whose file name is not UTF-8 either: the name is shown escaped.
+    folder = tmp_path / "recordings"
+    folder.mkdir()
+    path.rename(folder / os.fsdecode(b"caf\xe9.memtop"))
+    for mode in ([], ["--json"]):
+        named = memtop("replay", str(folder), "--once", *mode, socket_dir=socket_dir)
+        assert named.returncode == 0, named.stderr
+        assert "caf\\xe9.memtop" in named.stdout.replace("\\\\", "\\")
 
 
 def test_oom_lists_a_report_of_that_trainer(socket_dir: Path, tmp_path: Path):
