@@ -43,7 +43,9 @@ def test_a_gzip_of_empty_lines_is_counted_not_kept(
     assert recording.skipped_count == 200_000 - 1  # the header is line 1
     assert len(recording.skipped) == recording_module.LineTally.KEEP
     assert recording.skipped[0] == f"{path}:2: no time"
-    assert recording.notes == (f"{path}: only its first 200,000 lines are replayed",)
+    assert recording.notes == (
+        f"{path}: read up to line 200000: a replay reads 200,000 lines at most",
+    )
     assert peak < 16 << 20, peak
 
 
@@ -56,11 +58,27 @@ def test_decompressed_bytes_are_capped(
     path.write_bytes(gzip.compress(HEADER + (line.encode() + b"\n") * 4000))  # 3.7 MB
     recording = load(path)
     assert 0 < len(recording.events) < 1200
-    assert recording.notes == (f"{path}: only its first 1 MiB are replayed",)
+    (note,) = recording.notes
+    assert note.startswith(f"{path}: read up to line ") and note.endswith("reads 1 MiB at most")
     assert main(["replay", str(path), "--once", "--json"]) == 0
     out = capsys.readouterr()
     assert json.loads(out.out)["replay"]["notes"] == list(recording.notes)
     assert out.err == f"memtop: {recording.notes[0]}\n"
+
+
+def test_the_caps_hold_for_a_folder_of_files_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(recording_module, "MAX_RECORDING_LINES", 1000)
+    line = json.dumps({"t": T0, "src": "agent", "pid": 7, "state": "exited", "error": None})
+    for number in range(50):  # 50 files of 300 lines: 15 000 lines in all
+        body = HEADER + (line.encode() + b"\n") * 299
+        (tmp_path / f"run-{number:02d}.memtop").write_bytes(gzip.compress(body))
+    recording = load(tmp_path)
+    assert len(recording.events) < 1000
+    assert recording.notes[-1] == (
+        "46 of the 50 files not read (run-04.memtop, …): the ones before hold all one replay reads"
+    )
 
 
 def test_a_gzip_bomb_inflates_a_bounded_chunk_at_a_time(tmp_path: Path) -> None:

@@ -138,22 +138,29 @@ class RecordWriter:
 # gzip of `{}` lines decompressed to 50 MB and held 16 M skipped lines: 58 s and 2.7 GB).
 # An agent records about 36 MB and 7 000 lines an hour (the H100 traces), which replay holds
 # in about three times the memory: the byte cap is 7 agent-hours; the line cap bounds the time
-# of tiny lines (5 us each).
-MAX_RECORDING_BYTES = 256 << 20  # decompressed, per file
-MAX_RECORDING_LINES = 1_000_000  # per file
+# of tiny lines (5 us each).  Both are for one replay, all files of a folder together.
+MAX_RECORDING_BYTES = 256 << 20  # decompressed
+MAX_RECORDING_LINES = 1_000_000
 OUT_CHUNK = 1 << 20  # decompressed at a time: a bomb inflates a chunk at most this far
 
 
 class LineTally:
-    """What a reader passed over: every skipped line counted, the first KEEP kept with why,
-    and a note (one line) for each file it stopped reading early."""
+    """What a reader read and passed over, across the files of one replay: bytes and lines
+    read (the caps hold for all of them), every skipped line counted and the first KEEP kept
+    with why, and a note (one line) for each file it stopped reading early."""
 
     KEEP = 20
 
     def __init__(self) -> None:
+        self.bytes_read = 0
+        self.lines_read = 0
         self.count = 0
         self.examples: list[str] = []
         self.notes: list[str] = []
+
+    @property
+    def exhausted(self) -> bool:
+        return self.bytes_read >= MAX_RECORDING_BYTES or self.lines_read >= MAX_RECORDING_LINES
 
     def skip(self, path: Path, number: int, why: str) -> None:
         self.count += 1
@@ -168,7 +175,8 @@ def read_lines(path: Path, tally: LineTally | None = None) -> Iterator[dict[str,
     crashed) yields what was flushed before the cut.  A line that is not a JSON object ends the
     file if it is the last one (half-written), else is an error; a line with a number out of
     range is skipped (counted in `tally`).  Only a regular file is read (a FIFO hung replay for
-    good), and only its first MAX_RECORDING_BYTES / MAX_RECORDING_LINES (a note in `tally`).
+    good), and only up to MAX_RECORDING_BYTES / MAX_RECORDING_LINES in all the files `tally`
+    has counted (a note in `tally` where reading stopped).
     """
     tally = tally if tally is not None else LineTally()
     try:
@@ -187,12 +195,12 @@ def read_lines(path: Path, tally: LineTally | None = None) -> Iterator[dict[str,
         )
         pending = b""
         number = 0
-        size = 0
         for chunk in chunks:
-            size += len(chunk)
-            if size > MAX_RECORDING_BYTES:
+            tally.bytes_read += len(chunk)
+            if tally.bytes_read > MAX_RECORDING_BYTES:
                 tally.notes.append(
-                    f"{path}: only its first {MAX_RECORDING_BYTES >> 20} MiB are replayed"
+                    f"{path}: read up to line {number}: a replay reads "
+                    f"{MAX_RECORDING_BYTES >> 20} MiB at most"
                 )
                 return
             pending += chunk
@@ -201,9 +209,11 @@ def read_lines(path: Path, tally: LineTally | None = None) -> Iterator[dict[str,
                 raise RecordError(f"{path}: a line longer than {MAX_LINE} bytes")
             for raw in whole:
                 number += 1
-                if number > MAX_RECORDING_LINES:
+                tally.lines_read += 1
+                if tally.lines_read > MAX_RECORDING_LINES:
                     tally.notes.append(
-                        f"{path}: only its first {MAX_RECORDING_LINES:,} lines are replayed"
+                        f"{path}: read up to line {number - 1}: a replay reads "
+                        f"{MAX_RECORDING_LINES:,} lines at most"
                     )
                     return
                 if raw.strip():

@@ -92,7 +92,11 @@ def load(path: Path) -> Recording:
     kinds = set()
     header: dict[str, Any] = {}
     taken: set[int] = set()
-    for file in files:
+    unread: list[Path] = []
+    for index, file in enumerate(files):
+        if tally.exhausted:  # a folder of many: the caps hold for all of them together
+            unread = files[index:]
+            break
         lines = read_lines(file, tally)
         first = next(lines, None)
         if first is None:
@@ -117,6 +121,11 @@ def load(path: Path) -> Recording:
             pids = {e.pid for e in mine if e.pid is not None}
         taken |= pids
         events += mine
+    if unread:
+        tally.notes.append(
+            f"{len(unread)} of the {len(files)} files not read ({unread[0].name}, …): "
+            "the ones before hold all one replay reads"
+        )
     events.sort(key=lambda e: e.t)
     header = protocol.clean_value(header)
     notes = tuple(protocol.clean_text(note, 300) for note in tally.notes)
