@@ -5,8 +5,8 @@ trainer), recordings (a file someone hands you), fleet replies (whatever answers
 its own TOML config (wherever MEMTOP_CONFIG points).  Each reader here refuses, with one
 `UntrustedInput` whose message is one line:
 
-- anything but a regular file (a FIFO hangs `open()` and `read()`, `/dev/zero` never ends), checked
-  on the opened descriptor (opened non-blocking, so a FIFO cannot hang the open itself);
+- anything but a regular file (a FIFO hangs `open()` and `read()`, `/dev/zero` never ends), found
+  before the file is opened for reading (see open_regular);
 - more bytes than the caller's cap (read at most cap + 1 bytes, whatever the file claims);
 - nesting deeper than MAX_DEPTH levels, found by scanning the bytes before any parser sees them
   (json and tomllib recurse once per level: `[` x 200k was a RecursionError traceback);
@@ -46,21 +46,23 @@ class UntrustedInput(Exception):
 def open_regular(path: Path | str, *, follow_symlinks: bool = True) -> IO[bytes]:
     """`path` opened for reading, if it is a regular file (else UntrustedInput).
 
-    Opened with O_NONBLOCK, so that opening a FIFO with no writer returns at once instead of
-    hanging; the type is then checked on the descriptor itself (no race with a rename).  A file
-    that cannot be opened raises the OSError, for the caller to word (a missing config file is
-    no problem at all, a missing report is)."""
-    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow_symlinks else os.O_NOFOLLOW)
-    fd = os.open(path, flags)
+    The path is opened with O_PATH first, which opens nothing: no FIFO waits for a writer and
+    no device's driver runs its open() (as root, opening /dev/watchdog starts the watchdog).
+    The type is checked on that descriptor, and only a regular file is then opened for reading,
+    through /proc/self/fd: the very file checked, whatever the path has become since.  Without
+    `follow_symlinks` a symlink is refused as such.  A path that cannot be opened raises the
+    OSError, for the caller to word (a missing config file is no problem at all, a missing
+    report is)."""
+    flags = os.O_PATH | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
+    handle = os.open(path, flags)
     try:
-        mode = os.fstat(fd).st_mode
+        mode = os.fstat(handle).st_mode
         if not stat.S_ISREG(mode):
             raise UntrustedInput(f"is not a regular file ({_kind(mode)})")
-        os.set_blocking(fd, True)  # a regular file never blocks; reads below are plain
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+        fd = os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(handle)
+    return os.fdopen(fd, "rb")
 
 
 def _kind(mode: int) -> str:
@@ -70,6 +72,7 @@ def _kind(mode: int) -> str:
         (stat.S_ISCHR, "a character device"),
         (stat.S_ISBLK, "a block device"),
         (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISLNK, "a symbolic link"),
     ):
         if test(mode):
             return name

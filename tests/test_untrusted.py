@@ -176,8 +176,27 @@ def test_only_regular_files_of_bounded_size(tmp_path: Path, fifo: Path):
         read_regular(tmp_path / "missing", 1024)
     link = tmp_path / "link"
     link.symlink_to(big)
-    with pytest.raises(OSError):
+    with pytest.raises(UntrustedInput, match=r"not a regular file \(a symbolic link\)"):
         read_regular(link, 4096, follow_symlinks=False)
+    assert read_regular(link, 4096) == b" " * 2048
+
+
+def test_what_is_not_a_regular_file_is_never_opened(fifo: Path):
+    # A writer's open() of a FIFO returns once a reader opens it: it still waits after the
+    # check, so the check opened nothing (as root, opening a device runs its driver's open()).
+    opened = threading.Event()
+
+    def writer() -> None:
+        os.close(os.open(fifo, os.O_WRONLY))
+        opened.set()
+
+    threading.Thread(target=writer, daemon=True).start()
+    time.sleep(0.2)
+    with pytest.raises(UntrustedInput, match="a FIFO"):
+        read_regular(fifo, 1024)
+    assert not opened.wait(0.5)
+    os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # let the writer go
+    assert opened.wait(5)
 
 
 def test_toml_dotted_keys_are_nesting_too():
