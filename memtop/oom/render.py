@@ -56,7 +56,7 @@ def _when(t: Any) -> str:
         return "?"
     try:
         return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
-    except (OverflowError, ValueError, OSError):  # a time no clock reaches (1e300)
+    except (OverflowError, ValueError, OSError):  # a time no clock reaches (1e18)
         return "?"
 
 
