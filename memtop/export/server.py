@@ -5,15 +5,16 @@ interval and hands the newest observation to the collector; a scrape renders wha
 
 Security: loopback by default.  Metrics carry process ids, command lines and memory figures of
 the host, so listening beyond loopback is opt-in (`--listen 0.0.0.0:9482`, with a warning), and a
-web config file adds TLS and HTTP basic auth.  Whoever reaches the port gets at most
-MAX_CONNECTIONS handler threads (717 slow connections made 718 threads) and HEADER_DEADLINE_S to
-finish the TLS handshake and the request's headers, after which basic auth is checked; when all
-are taken, the connection that has waited longest for its headers makes way, so a scrape that
-sends its request at once is served through a flood of slow ones.
-
+web config file adds TLS and HTTP basic auth:
 
     {"tls": {"cert_file": "/etc/memtop/cert.pem", "key_file": "/etc/memtop/key.pem"},
      "basic_auth": {"prometheus": "sha256:<hex digest of the password>"}}
+
+Whoever reaches the port gets at most MAX_CONNECTIONS handler threads (717 slow connections made
+718 threads) and HEADER_DEADLINE_S to finish the TLS handshake and the request's headers, after
+which basic auth is checked; when all are taken, the connection that has waited longest for its
+headers makes way, so a scrape that sends its request at once is served through a flood of slow
+ones.
 """
 
 from __future__ import annotations
