@@ -323,6 +323,8 @@ ONCE_ROUND_GAP_S = 0.05
 # reports whatever answered; each agent request has its own deadline within it.
 ONCE_BUDGET_S = 1.5
 ONCE_EXTRA_ROUND_S = 0.15
+# The fleet dashboard waits this long for its first read before it opens (then reads on).
+FLEET_FIRST_READ_S = 3.0
 
 
 def _once(args: argparse.Namespace) -> int:
@@ -599,14 +601,21 @@ def _fleet(args: argparse.Namespace) -> int:
             else:
                 sys.stdout.write(fleet_report.render_text(data))
             return EXIT_OK
-        source.read()  # a wrong URL is one line now, not an empty dashboard
     except PrometheusError as exc:
         raise CliError(str(exc)) from None
     sampler = fleet.FleetSampler(source, interval=max(args.interval, 1.0))
     if sys.stdout.isatty() and sys.stdin.isatty():
-        # Read before the first frame: the dashboard opens on the fleet, not on an empty state
-        # (which would also take the process table's focus away).
-        sampler.sample_once()
+        # The first read, on the sampler's thread: a wrong URL is one line now, not an empty
+        # dashboard, and a fleet that answers in time opens the dashboard on the fleet, not on
+        # an empty state (which would also take the process table's focus away).  A server
+        # that does not answer soon gets the dashboard anyway, where `q` works while it waits.
+        sampler.start()
+        waited = time.monotonic() + FLEET_FIRST_READ_S
+        while sampler.rounds == 0 and time.monotonic() < waited:
+            time.sleep(0.02)
+        if sampler.rounds and sampler.error:
+            sampler.stop()
+            raise CliError(sampler.error)
         from memtop.ui.app import MemtopApp
 
         try:

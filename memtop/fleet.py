@@ -171,6 +171,7 @@ class FleetSampler:
         self._thread: threading.Thread | None = None
         self._paused = False
         self._stop = threading.Event()
+        self.error: str | None = None  # why the newest read failed; None when it did not
 
     def observer(self) -> Observer:
         return Observer(self.store, self.diagnoser, host="fleet", uid=REMOTE_UID)
@@ -179,9 +180,11 @@ class FleetSampler:
         try:
             fleet = self.source.read()
         except Exception as exc:  # PrometheusError or worse: say it, keep the last picture
+            self.error = str(exc)
             self.store.set_problems([str(exc)])
             self.rounds += 1
             return
+        self.error = None
         if self.rounds == 0:
             self._load_history(fleet)
         self._apply(fleet)
@@ -286,6 +289,7 @@ class FleetSampler:
 
     def stop(self) -> None:
         self._stop.set()
+        self.source.close()  # a read in progress ends now: quitting never waits for a server
         if self._thread is not None:
             self._thread.join(timeout=5)
 

@@ -254,6 +254,8 @@ def test_basic_auth_and_tls(observation, tmp_path: Path):
     "config, message",
     [
         ("{", "not JSON"),
+        ("[" * 60_000, "nests deeper than 64 levels"),  # was a RecursionError traceback
+        (" " * (65 << 10), "larger than 64 KiB"),
         ('{"tls": {"cert_file": "a"}}', "both cert_file and key_file"),
         ('{"basic_auth": {"u": "plain"}}', "sha256:<64 hex>"),
         ('{"users": {}}', "only 'tls' and 'basic_auth'"),

@@ -75,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
 
     recording = open_recording(args.path)
     store = Store()
+    for note in recording.notes:  # on the dashboard's status line
+        store.note(note)
     player = Player(store, recording, interval=getattr(args, "interval", 1.0) or 1.0)
     if args.once:
         return _once(args, recording, store, player)
@@ -87,24 +89,28 @@ def _host(recording: Recording) -> str:
 
 
 def _once(args: argparse.Namespace, recording: Recording, store: Store, player: Player) -> int:
-    from memtop import report
+    from memtop import protocol, report
     from memtop.observation import Observer
 
     player.seek(moment(recording, args.at, default_end=True))
     observer = Observer(store, clock=player.clock, host=_host(recording))
     data = report.build(observer.latest())
     data["replay"] = {
-        "files": [str(f) for f in recording.files],
+        "files": [protocol.clean_text(str(f)) for f in recording.files],  # names from a listing
         "kind": recording.kind,
         "started": recording.start,
         "duration_s": round(recording.duration, 3),
         "at_s": round(player.offset, 3),
-        "skipped_lines": len(recording.skipped),
+        "skipped_lines": recording.skipped_count,
+        "notes": list(recording.notes),  # files not read to their end, and why
     }
+    for note in recording.notes:
+        print(f"memtop: {note}", file=sys.stderr)
     if args.json:
         print(json.dumps(data, indent=2))
     else:
-        at = f"replay of {', '.join(f.name for f in recording.files)} at {player.offset:.1f} s"
+        names = ", ".join(protocol.clean_text(f.name) for f in recording.files)
+        at = f"replay of {names} at {player.offset:.1f} s"
         sys.stdout.write(f"{at} of {recording.duration:.1f} s\n" + report.render_text(data))
     return 0
 

@@ -9,19 +9,26 @@ web config file adds TLS and HTTP basic auth:
 
     {"tls": {"cert_file": "/etc/memtop/cert.pem", "key_file": "/etc/memtop/key.pem"},
      "basic_auth": {"prometheus": "sha256:<hex digest of the password>"}}
+
+Whoever reaches the port gets at most MAX_CONNECTIONS handler threads (717 slow connections made
+718 threads) and HEADER_DEADLINE_S to finish the TLS handshake and the request's headers, after
+which basic auth is checked; when all are taken, the connection that has waited longest for its
+headers makes way, so a scrape that sends its request at once is served through a flood of slow
+ones.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 import ipaddress
-import json
 import socket
 import ssl
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +36,7 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from memtop import protocol
+from memtop import protocol, untrusted
 from memtop.export.metrics import ObservationCollector
 from memtop.export.text import CONTENT_TYPE
 from memtop.observation import Observer
@@ -75,13 +82,16 @@ class WebConfig:
         return self.cert_file is not None
 
 
+MAX_WEB_CONFIG_BYTES = 64 << 10
+
+
 def load_web_config(path: Path) -> WebConfig:
     try:
-        data = json.loads(path.read_text())
+        data = untrusted.load_json_file(path, MAX_WEB_CONFIG_BYTES)
     except OSError as exc:
         raise ExportError(f"cannot read the web config {path}: {exc.strerror}") from None
-    except ValueError as exc:
-        raise ExportError(f"the web config {path} is not JSON: {exc}") from None
+    except untrusted.UntrustedInput as exc:  # a FIFO, /dev/zero, deep nesting, not JSON
+        raise ExportError(f"the web config {path} {exc}") from None
     if not isinstance(data, dict) or set(data) - {"tls", "basic_auth"}:
         raise ExportError(f"the web config {path} may hold only 'tls' and 'basic_auth'")
     tls = data.get("tls") or {}
@@ -128,9 +138,86 @@ def _allowed(encoded: str, users: dict[str, str]) -> bool:
     return hmac.compare_digest(digest, expected or "sha256:" + "0" * 64) and expected is not None
 
 
+MAX_CONNECTIONS = 32  # handler threads: Prometheus scrapes over one; a few curls beside it
+HEADER_DEADLINE_S = 5.0  # from accept to the end of the request's headers, TLS handshake included
+
+
+class _Gate:
+    """The connections being served, and those still sending their headers with the time by
+    which they must be done; one reaper thread shuts the late ones."""
+
+    def __init__(self, limit: int, deadline_s: float) -> None:
+        self.limit = limit
+        self.deadline_s = deadline_s
+        self._lock = threading.Lock()
+        self._active = 0
+        self._waiting: OrderedDict[Any, float] = OrderedDict()  # oldest first
+        self._stopped = threading.Event()
+
+    def admit(self, sock: Any) -> bool:
+        """Whether to serve `sock`: yes while under the limit; at the limit, the connection
+        that has waited longest for its headers is shut to make way; past twice the limit
+        (evicted threads not gone yet), no."""
+        with self._lock:
+            if self._active >= self.limit and self._waiting:
+                oldest, _ = self._waiting.popitem(last=False)
+                _shut(oldest)
+            if self._active >= 2 * self.limit:
+                return False
+            self._active += 1
+            self._waiting[sock] = time.monotonic() + self.deadline_s
+            return True
+
+    def headers_done(self, sock: Any) -> None:
+        with self._lock:
+            self._waiting.pop(sock, None)
+
+    def release(self, sock: Any) -> None:
+        with self._lock:
+            self._waiting.pop(sock, None)
+            self._active -= 1
+
+    def reap(self) -> None:
+        while not self._stopped.wait(0.25):
+            now = time.monotonic()
+            with self._lock:
+                late = [sock for sock, until in self._waiting.items() if until <= now]
+                for sock in late:
+                    del self._waiting[sock]
+            for sock in late:
+                _shut(sock)  # its handler's read returns: the thread ends
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+
+def _shut(sock: Any) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
 class _Server(ThreadingMixIn, WSGIServer):
     daemon_threads = True
+    block_on_close = False  # stop() never waits on a client
+    request_queue_size = 128  # a burst of connects waits in the kernel, not in SYN retries
     allow_reuse_address = True
+    gate: _Gate  # set by Exporter.start_http, before serve_forever
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.gate.admit(request):
+            self.shutdown_request(request)  # in the accept thread: no handshake, no reply
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:  # no thread: no slot either
+            self.gate.release(request)
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.gate.release(request)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # a client that hangs up or speaks no TLS is its own problem: no traceback
@@ -141,7 +228,12 @@ class _Server6(_Server):
 
 
 class _QuietHandler(WSGIRequestHandler):
-    timeout = 10.0  # a client that connects and says nothing lets go of its thread
+    timeout = 10.0  # per read and write, once the headers are in
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        self.server.gate.headers_done(self.request)  # type: ignore[attr-defined]
+        return parsed
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -185,6 +277,7 @@ class Exporter:
             httpd = make_server(host, port, app, server_class, handler_class=_QuietHandler)
         except OSError as exc:
             raise ExportError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+        httpd.gate = _Gate(MAX_CONNECTIONS, HEADER_DEADLINE_S)  # type: ignore[attr-defined]
         if self.web_config.tls:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -202,6 +295,7 @@ class Exporter:
             )
         self._httpd = httpd
         threading.Thread(target=httpd.serve_forever, name="memtop-http", daemon=True).start()
+        threading.Thread(target=httpd.gate.reap, name="memtop-http-reaper", daemon=True).start()  # type: ignore[attr-defined]
         bound = httpd.server_address
         return str(bound[0]), int(bound[1])
 
@@ -247,5 +341,6 @@ class Exporter:
     def stop(self) -> None:
         self._stop.set()
         if self._httpd is not None:
+            self._httpd.gate.stop()  # type: ignore[attr-defined]
             self._httpd.shutdown()
             self._httpd.server_close()

@@ -52,9 +52,12 @@ def report_json(report: Report) -> dict[str, Any]:
 
 
 def _when(t: Any) -> str:
-    if not isinstance(t, int | float):
+    if not isinstance(t, int | float) or isinstance(t, bool):
         return "?"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    except (OverflowError, ValueError, OSError):  # a time no clock reaches (1e18)
+        return "?"
 
 
 def list_text(directory: str, reports: list[Report], problems: list[str]) -> str:

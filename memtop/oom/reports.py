@@ -1,11 +1,12 @@
 """Reading OOM reports: only this user's regular files in the OOM directory, none larger than a
 report can be, parsed as untrusted JSON (a report was written by a trainer, and a trainer is
-code we do not control), every string made inert for a terminal."""
+code we do not control: memtop.untrusted bounds its depth and its numbers), every string made
+inert and encodable for a terminal.  One report that cannot be read is one line in the list,
+never the end of it."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import stat
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memtop import protocol
+from memtop import protocol, untrusted
 
 REPORT_NAME = re.compile(r"^oom-(\d+)-(\d+)\.json$")  # as memtop.agent.oom writes them
 MAX_READ_BYTES = 1 << 20
@@ -31,28 +32,11 @@ class Report:
 
 def load_report(path: Path) -> Report:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        data = untrusted.load_json_file(path, MAX_READ_BYTES, follow_symlinks=False)
     except OSError as exc:
         raise ReportError(f"cannot open {path}: {exc.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ReportError(f"{path} is not a regular file")
-        if info.st_size > MAX_READ_BYTES:
-            raise ReportError(f"{path} is {info.st_size} bytes: not an OOM report")
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            raw = fh.read(MAX_READ_BYTES + 1)
-    finally:
-        os.close(fd)
-    try:
-        # Depth first: json.loads and clean_value recurse once per level of a hostile file.
-        protocol.check_depth(raw)
-    except protocol.ProtocolError:
-        raise ReportError(f"{path} nests deeper than any OOM report") from None
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise ReportError(f"{path} is not JSON") from None
+    except untrusted.UntrustedInput as exc:
+        raise ReportError(f"{path} {exc}") from None
     if not isinstance(data, dict) or data.get("memtop_oom_report") != 1:
         raise ReportError(f"{path} is not a memtop OOM report")
     return Report(path, protocol.clean_value(data))

@@ -219,21 +219,35 @@ _CONTROL = re.compile(
     "[\x00-\x1f\x7f-\x9f\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]"
 )
 MAX_TEXT = 4096
+# Lone surrogates: what Python makes of bytes that are not UTF-8 in an argv, a file name or an
+# environment (surrogateescape), and what a JSON `\udcxx` escape decodes to.  No UTF-8 encoder
+# takes them: one in a command line blanked the exporter (HTTP 500 on every scrape) and crashed
+# every text output, so they are written out as text where they enter.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escape_surrogate(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    # U+DC80..U+DCFF stand for the bytes 0x80..0xFF that were not UTF-8: show the byte, as
+    # Python's backslashreplace does (`caf\xe9.bin`); any other lone surrogate by its number.
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
 
 
 def clean_text(value: object, limit: int = MAX_TEXT) -> str:
-    """A peer's string made inert for any terminal: control characters become `?`, and it is
-    cut at `limit` characters.  Every string memtop takes from an agent passes through here."""
+    """A peer's string made inert for any terminal and encodable as UTF-8: control characters
+    become `?`, lone surrogates their escape (`\\xe9`), and it is cut at `limit` characters.
+    Every string memtop takes from an agent, a recording, an OOM report, the driver or another
+    process's command line passes through here, once, where it enters."""
     text = value if isinstance(value, str) else str(value)
     if len(text) > limit:
         text = text[: limit - 1] + "…"
-    return _CONTROL.sub("?", text)
+    return _SURROGATE.sub(_escape_surrogate, _CONTROL.sub("?", text))
 
 
 def _clean_str(text: str) -> str:
-    # Every character _CONTROL matches is one str.isprintable() refuses (Cc, Cf, Zl, Zp), so a
-    # printable string within the limit is already clean: the C check spares the regex and the
-    # copy for nearly every string an agent sends (key names, GPU names, phases).
+    # Every character _CONTROL or _SURROGATE matches is one str.isprintable() refuses (Cc, Cf,
+    # Zl, Zp, Cs), so a printable string within the limit is already clean: the C check spares
+    # the regex and the copy for nearly every string an agent sends (key names, GPU names).
     if len(text) <= MAX_TEXT and text.isprintable():
         return text
     return clean_text(text)

@@ -140,8 +140,9 @@ def _error_code(exc: BaseException) -> int | None:
 
 
 def _one_line(text: str) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= _MAX_LINE else line[: _MAX_LINE - 1] + "…"
+    # An error's text is the driver's (or a stand-in library's): inert and encodable like the
+    # rest of what it says (clean_text), and cut to one status line.
+    return clean_text(" ".join(text.split()), _MAX_LINE)
 
 
 def _describe(exc: BaseException) -> str:

@@ -10,21 +10,31 @@ coarser data.  The metric names are those of `memtop.export.metrics`.
 
 Prometheus attaches its own `job` target label to every series; with `honor_labels: false` (its
 default) memtop's `job` arrives as `exported_job`, and both spellings are read.
+
+The server is trusted for nothing (issue 27): every read has a total deadline, not just a socket
+timeout (a server dripping a byte every 2 s kept `--once` running past 60 s), and runs on a
+worker thread that the caller stops waiting for at the deadline or at `close()` (the dashboard's
+`q`); a reply is read up to MAX_REPLY_BYTES and parsed by memtop.untrusted (depth, numbers);
+credentials in the URL go only to the URL's own origin, never to where a redirect points.
 """
 
 from __future__ import annotations
 
 import base64
-import json
+import contextlib
+import http.client
 import math
+import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from memtop import untrusted
 from memtop.model import (
     SOURCE_AGENT,
     AgentDevice,
@@ -42,7 +52,15 @@ from memtop.sources.agents import AgentPoll
 ALL_SERIES = '{__name__=~"memtop_.+"}'
 # Targets that exported memtop series in the last hour and failed their newest scrape.
 DOWN = "count_over_time(memtop_observation_time_seconds[1h]) and on (job, instance) (up == 0)"
-MAX_REPLY_BYTES = 64 << 20
+# A reply is refused before it is parsed past these (a 57 MB one took 44 s and 1.9 GB): every
+# series of 80 hosts of 8 GPUs fits (memtop's series are about 600 bytes and 12 items each,
+# 40 per agent device), and no reply holds more than MAX_REPLY_ITEMS values or containers
+# (counted by their commas and brackets, strings included), whose objects then take ~100 MB
+# at most where 16 MiB of `{},` alone would have made 5.6 M dicts.
+MAX_REPLY_BYTES = 16 << 20
+MAX_REPLY_ITEMS = 1_000_000
+READ_DEADLINE_S = 10.0  # one read of the fleet (two queries) or of its history, all told
+_CHUNK = 1 << 16
 # The torch stats key each per-device series stands for (the sample is rebuilt from them).
 STAT_SERIES = {
     "memtop_allocated_bytes": "allocated_bytes.all.current",
@@ -119,10 +137,114 @@ class _Device:
     breakdown: dict[str, int] = field(default_factory=dict)
 
 
+class _Fetch:
+    """One query's sockets: shut at the deadline or at close(), so that a worker stuck in a
+    read (a server that drips, or says nothing) ends at once rather than at its socket timeout.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self.finished = threading.Event()  # the worker is done, or the caller gave up
+        self.abandoned = False
+
+    def register(self, sock: socket.socket) -> None:
+        with self._lock:
+            if self.abandoned:  # given up before this connection was made
+                _shut(sock)
+            self._sockets.append(sock)
+
+    def abandon(self) -> None:
+        with self._lock:
+            self.abandoned = True
+            for sock in self._sockets:
+                _shut(sock)
+        self.finished.set()
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def _registering(base: type[http.client.HTTPConnection], fetch: _Fetch) -> Callable[..., Any]:
+    """An HTTP(S) connection class whose sockets `fetch` can shut: the TCP socket as soon as
+    it is connected (a TLS handshake included), and the TLS socket once it is made."""
+
+    def make(*args: Any, **kwargs: Any) -> http.client.HTTPConnection:
+        connection = base(*args, **kwargs)
+
+        def create(address: Any, timeout: Any, source_address: Any = None) -> socket.socket:
+            sock = socket.create_connection(address, timeout, source_address)
+            fetch.register(sock)
+            return sock
+
+        connection._create_connection = create  # type: ignore[attr-defined]
+        connect = connection.connect
+
+        def connect_and_register() -> None:
+            connect()
+            if connection.sock is not None:
+                fetch.register(connection.sock)
+
+        connection.connect = connect_and_register  # type: ignore[method-assign]
+        return connection
+
+    return make
+
+
+class _Registering:
+    """Mixed into urllib's HTTP and HTTPS handlers: every connection they open is one whose
+    sockets the fetch can shut (whatever arguments this Python's handler passes along)."""
+
+    fetch: _Fetch
+
+    def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
+        return super().do_open(_registering(http_class, self.fetch), req, **kwargs)  # type: ignore[misc]
+
+
+class _HttpHandler(_Registering, urllib.request.HTTPHandler):
+    pass
+
+
+class _HttpsHandler(_Registering, urllib.request.HTTPSHandler):
+    pass
+
+
+def origin(url: str) -> tuple[str, str, int | None]:
+    """(scheme, host, port): what credentials are bound to (as browsers and curl bind them)."""
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    return parts.scheme, (parts.hostname or "").lower(), port
+
+
+class _Redirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect within http(s) only, and drops the credentials of the URL when the
+    redirect leaves its origin (urllib forwards every header to wherever it points)."""
+
+    max_redirections = 5
+
+    def redirect_request(
+        self,
+        req: urllib.request.Request,
+        fp: Any,
+        code: int,
+        msg: str,
+        headers: Any,
+        newurl: str,
+    ) -> urllib.request.Request | None:
+        if urllib.parse.urlsplit(newurl).scheme not in ("http", "https"):
+            raise urllib.error.URLError(f"redirected to {newurl[:100]!r}, not http(s)")
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and origin(new.full_url) != origin(req.full_url):
+            new.remove_header("Authorization")
+        return new
+
+
 class PrometheusSource:
     """A client of one Prometheus server's HTTP API (no state between reads)."""
 
-    def __init__(self, url: str, timeout: float = 5.0) -> None:
+    def __init__(self, url: str, timeout: float = 5.0, deadline: float = READ_DEADLINE_S) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise PrometheusError(f"--prometheus wants http(s)://HOST:PORT, got {url!r}")
@@ -135,28 +257,99 @@ class PrometheusSource:
             parts = parts._replace(netloc=netloc)
         self.url = urllib.parse.urlunsplit(parts).rstrip("/")
         self.timeout = timeout
+        self.deadline = deadline
+        self._closed = threading.Event()
+        self._lock = threading.Lock()
+        self._fetches: set[_Fetch] = set()
+
+    def close(self) -> None:
+        """Stop every read in progress now (it raises PrometheusError) and refuse new ones:
+        quitting the dashboard never waits for a server."""
+        self._closed.set()
+        with self._lock:
+            fetches = list(self._fetches)
+        for fetch in fetches:
+            fetch.abandon()
 
     # ------------------------------------------------------------------ the HTTP API
 
-    def _get(self, path: str, params: dict[str, str]) -> Any:
+    def _get(self, path: str, params: dict[str, str], until: float | None = None) -> Any:
+        """One query's `data`, by `until` (time.monotonic(); default: `deadline` from now)."""
+        until = time.monotonic() + self.deadline if until is None else until
         url = f"{self.url}{path}?{urllib.parse.urlencode(params)}"
+        fetch = _Fetch()
+        outcome: list[Any] = []
+
+        def work() -> None:
+            try:
+                outcome.append(self._fetch(url, fetch))
+            except BaseException as exc:  # handed to the caller, who says it in one line
+                outcome.append(exc)
+            finally:
+                fetch.finished.set()
+
+        with self._lock:
+            if self._closed.is_set():
+                raise PrometheusError(f"Prometheus at {self.url}: reading stopped")
+            self._fetches.add(fetch)
+        try:
+            threading.Thread(target=work, name="memtop-prometheus", daemon=True).start()
+            in_time = fetch.finished.wait(max(0.0, until - time.monotonic()))
+        finally:
+            with self._lock:
+                self._fetches.discard(fetch)
+        if not in_time:
+            fetch.abandon()  # the worker's socket is shut: it ends now, its reply unread
+            raise PrometheusError(
+                f"Prometheus at {self.url} did not answer within {self.deadline:g} s"
+            )
+        if fetch.abandoned:  # close(): whatever the worker made of its shut socket is moot
+            raise PrometheusError(f"Prometheus at {self.url}: reading stopped")
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
+
+    def _fetch(self, url: str, fetch: _Fetch) -> Any:
+        """The request itself, on the worker thread: at most MAX_REPLY_BYTES read, parsed as
+        untrusted JSON, checked for Prometheus's shape."""
+        http_handler, https_handler = _HttpHandler(), _HttpsHandler()
+        http_handler.fetch = https_handler.fetch = fetch
+        opener = urllib.request.build_opener(http_handler, https_handler, _Redirects())
         request = urllib.request.Request(url, headers=self.headers)
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as reply:
-                body = reply.read(MAX_REPLY_BYTES + 1)
+            with opener.open(request, timeout=self.timeout) as reply:
+                length = reply.headers.get("Content-Length")
+                if length and length.isdigit() and int(length) > MAX_REPLY_BYTES:
+                    raise PrometheusError(
+                        f"Prometheus at {self.url}: reply of {int(length)} bytes, "
+                        f"over {MAX_REPLY_BYTES >> 20} MiB"
+                    )
+                body = bytearray()  # grown in place: never a second copy of it
+                while len(body) <= MAX_REPLY_BYTES:
+                    chunk = reply.read(_CHUNK)
+                    if not chunk:
+                        break
+                    body += chunk
         except urllib.error.HTTPError as exc:
             detail = clean_text(_error_of(exc.read(4096)) or exc.reason, 300)
             raise PrometheusError(f"Prometheus at {self.url}: HTTP {exc.code}: {detail}") from None
-        except (urllib.error.URLError, OSError) as exc:
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             reason = clean_text(getattr(exc, "reason", exc), 300)
             raise PrometheusError(f"cannot reach Prometheus at {self.url}: {reason}") from None
         if len(body) > MAX_REPLY_BYTES:
-            raise PrometheusError(f"Prometheus at {self.url}: reply over {MAX_REPLY_BYTES} bytes")
-        try:
-            data = json.loads(body)
-        except ValueError:
             raise PrometheusError(
-                f"{self.url} did not answer as Prometheus does (not JSON)"
+                f"Prometheus at {self.url}: reply over {MAX_REPLY_BYTES >> 20} MiB"
+            )
+        items = body.count(b",") + body.count(b"[") + body.count(b"{")
+        if items > MAX_REPLY_ITEMS:
+            raise PrometheusError(
+                f"Prometheus at {self.url}: a reply of over {MAX_REPLY_ITEMS:,} values"
+            )
+        try:
+            data = untrusted.loads(body)
+        except untrusted.UntrustedInput as exc:
+            raise PrometheusError(
+                f"{self.url} did not answer as Prometheus does (its reply {exc})"
             ) from None
         if not isinstance(data, dict) or data.get("status") != "success":
             error = clean_text(data.get("error") if isinstance(data, dict) else None, 300)
@@ -166,12 +359,14 @@ class PrometheusSource:
             raise PrometheusError(f"Prometheus at {self.url}: a reply without its data")
         return found
 
-    def query(self, promql: str, at: float | None = None) -> list[tuple[dict[str, str], float]]:
+    def query(
+        self, promql: str, at: float | None = None, until: float | None = None
+    ) -> list[tuple[dict[str, str], float]]:
         """An instant vector: (labels, value) per series."""
         params = {"query": promql}
         if at is not None:
             params["time"] = f"{at:.3f}"
-        data = self._get("/api/v1/query", params)
+        data = self._get("/api/v1/query", params, until)
         if data.get("resultType") != "vector":
             raise PrometheusError(f"Prometheus at {self.url}: not a vector: {promql}")
         out = []
@@ -185,12 +380,13 @@ class PrometheusSource:
         return out
 
     def query_range(
-        self, promql: str, start: float, end: float, step: float
+        self, promql: str, start: float, end: float, step: float, until: float | None = None
     ) -> list[tuple[dict[str, str], list[tuple[float, float]]]]:
         """A range vector: (labels, [(time, value), ...]) per series, oldest first."""
         data = self._get(
             "/api/v1/query_range",
             {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"},
+            until,
         )
         out = []
         for series in data.get("result", []):
@@ -212,11 +408,12 @@ class PrometheusSource:
     def read(self) -> FleetReading:
         """Every host's newest readings (one query), and which exporters Prometheus could not
         scrape lately (their series go stale at once, so without this a host would just
-        vanish)."""
-        hosts = tuple(hosts_of(self.query(ALL_SERIES)))
+        vanish).  Both queries within one `deadline`."""
+        until = time.monotonic() + self.deadline
+        hosts = tuple(hosts_of(self.query(ALL_SERIES, until=until)))
         problems = []
         try:
-            for labels, _ in self.query(DOWN):
+            for labels, _ in self.query(DOWN, until=until):
                 problems.append(
                     f"{labels.get('hostname', '?')}: its exporter at {labels.get('instance', '?')} "
                     "did not answer Prometheus's last scrape (up == 0)"
@@ -230,14 +427,15 @@ class PrometheusSource:
     ) -> dict[str, dict[tuple[int, int], dict[str, list[tuple[float, float]]]]]:
         """The sampled history of every agent device: host -> (pid, cuda index) -> column ->
         [(time, value)], for the dashboard's charts (one range query per column)."""
+        until = time.monotonic() + self.deadline  # all four queries
         end = time.time() if end is None else end
         out: dict[str, dict[tuple[int, int], dict[str, list[tuple[float, float]]]]] = {}
         index_of = {
             (labels.get("hostname", ""), labels.get("pid", ""), labels.get("UUID", "")): int(v)
-            for labels, v in self.query("memtop_cuda_device_index", at=end)
+            for labels, v in self.query("memtop_cuda_device_index", at=end, until=until)
         }
         for column, name in HISTORY_SERIES.items():
-            for labels, points in self.query_range(name, end - seconds, end, step):
+            for labels, points in self.query_range(name, end - seconds, end, step, until):
                 host, pid = labels.get("hostname", ""), labels.get("pid", "")
                 index = index_of.get((host, pid, labels.get("UUID", "")))
                 pid_number = decimal(pid)
@@ -266,8 +464,8 @@ def _number(text: Any) -> float | None:
 
 def _error_of(body: bytes) -> str | None:
     try:
-        data = json.loads(body)
-    except ValueError:
+        data = untrusted.loads(body)
+    except untrusted.UntrustedInput:
         return None
     return str(data.get("error")) if isinstance(data, dict) and data.get("error") else None
 

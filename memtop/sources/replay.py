@@ -16,7 +16,6 @@ Two kinds of recording are read:
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,9 +23,17 @@ from typing import Any
 
 from memtop import protocol
 from memtop.model import AgentDevice, AgentHello, AgentSample, AgentStatus
-from memtop.sources.recording import RecordError, decode_processes, decode_reading, read_lines
+from memtop.sources.recording import (
+    LineTally,
+    RecordError,
+    decode_processes,
+    decode_reading,
+    read_lines,
+)
 
 AGENT_COMMANDS = ("hello", "sample", "breakdown", "snapshot")
+# Times a clock can show (time.localtime of t=1e308 raised OverflowError): year 1970 to 9999.
+LATEST_TIME = 253_402_300_799.0
 RECORDING_SUFFIXES = (".memtop", ".jsonl.gz", ".jsonl", ".gz")
 
 
@@ -45,9 +52,11 @@ class Recording:
     events: list[ReplayEvent]
     files: list[Path]
     kind: str  # "record" (memtop record) or "wire" (agent wire recordings)
-    # Lines that were skipped, with why (a reply that fails the wire schema, say).
+    # The first few lines that were skipped, with why (a reply that fails the wire schema, say).
     skipped: list[str] = field(default_factory=list)
     header: dict[str, Any] = field(default_factory=dict)
+    skipped_count: int = 0  # all of them
+    notes: tuple[str, ...] = ()  # one line per file that was not read to its end, and why
 
     @property
     def start(self) -> float:
@@ -79,12 +88,16 @@ def load(path: Path) -> Recording:
     else:
         raise RecordError(f"no such file or directory: {path}")
     events: list[ReplayEvent] = []
-    skipped: list[str] = []
+    tally = LineTally()
     kinds = set()
     header: dict[str, Any] = {}
     taken: set[int] = set()
-    for file in files:
-        lines = read_lines(file)
+    unread: list[Path] = []
+    for index, file in enumerate(files):
+        if tally.exhausted:  # a folder of many: the caps hold for all of them together
+            unread = files[index:]
+            break
+        lines = read_lines(file, tally)
         first = next(lines, None)
         if first is None:
             raise RecordError(f"{file}: empty")
@@ -93,10 +106,10 @@ def load(path: Path) -> Recording:
                 raise RecordError(f"{file}: record format {first['memtop_record']!r} is newer")
             kinds.add("record")
             header = header or first
-            mine = list(_record_events(lines, file, skipped))
+            mine = list(_record_events(lines, file, tally))
         elif first.get("cmd") == "hello":
             kinds.add("wire")
-            mine = list(_wire_events(first, lines, file, skipped))
+            mine = list(_wire_events(first, lines, file, tally))
         else:
             raise RecordError(f"{file}: neither a memtop record nor an agent wire recording")
         # Two recordings from different machines may share a pid: keep them apart.
@@ -108,11 +121,17 @@ def load(path: Path) -> Recording:
             pids = {e.pid for e in mine if e.pid is not None}
         taken |= pids
         events += mine
+    if unread:
+        tally.notes.append(
+            f"{len(unread)} of the {len(files)} files not read ({unread[0].name}, …): "
+            "the ones before hold all one replay reads"
+        )
     events.sort(key=lambda e: e.t)
-    # The reasons quote the file (a `src`, an exception's text): made inert like the rest.
-    skipped = [protocol.clean_text(why, 300) for why in skipped]
     header = protocol.clean_value(header)
-    return Recording(events, files, "+".join(sorted(kinds)), skipped, header)
+    notes = tuple(protocol.clean_text(note, 300) for note in tally.notes)
+    return Recording(
+        events, files, "+".join(sorted(kinds)), tally.examples, header, tally.count, notes
+    )
 
 
 def _shift_pid(event: ReplayEvent, shift: int) -> ReplayEvent:
@@ -122,16 +141,16 @@ def _shift_pid(event: ReplayEvent, shift: int) -> ReplayEvent:
 
 def _time(line: dict[str, Any]) -> float | None:
     t = line.get("t")
-    if not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t):
-        return None
+    if not isinstance(t, int | float) or isinstance(t, bool) or not 0 <= t <= LATEST_TIME:
+        return None  # NaN fails the comparison too
     return float(t)
 
 
 def _agent_event(
-    t: float, pid: int, cmd: str, result: Any, where: str, skipped: list[str]
+    t: float, pid: int, cmd: str, result: Any, where: tuple[Path, int], tally: LineTally
 ) -> ReplayEvent | None:
     if not isinstance(result, dict):
-        skipped.append(f"{where}: {cmd} without a result")
+        tally.skip(*where, f"{cmd} without a result")
         return None
     result = protocol.clean_value(result)  # as the live client does to every reply
     try:
@@ -147,16 +166,16 @@ def _agent_event(
             reply = protocol.parse_reply(cmd, result)
             return None if reply.pending else ReplayEvent(t, cmd, pid, reply)
     except protocol.ProtocolError as exc:
-        skipped.append(f"{where}: {cmd}: {exc}")
+        tally.skip(*where, f"{cmd}: {exc}")
         return None
     except (TypeError, ValueError, AttributeError) as exc:  # a key like "²" that isdigit()
-        skipped.append(f"{where}: {cmd}: {type(exc).__name__}")
+        tally.skip(*where, f"{cmd}: {type(exc).__name__}")
         return None
     return None
 
 
 def _wire_events(
-    first: dict[str, Any], lines: Iterable[dict[str, Any]], file: Path, skipped: list[str]
+    first: dict[str, Any], lines: Iterable[dict[str, Any]], file: Path, tally: LineTally
 ) -> Iterable[ReplayEvent]:
     reply = first.get("reply")
     result = reply.get("result") if isinstance(reply, dict) else None
@@ -164,15 +183,16 @@ def _wire_events(
     t0 = _time(first)
     if not isinstance(pid, int) or t0 is None:
         raise RecordError(f"{file}: the hello line names no pid or time")
-    event = _agent_event(t0, pid, "hello", result, f"{file}:1", skipped)
+    refused = LineTally()
+    event = _agent_event(t0, pid, "hello", result, (file, 1), refused)
     if event is None:
-        raise RecordError(f"{file}: bad hello ({skipped[-1]})")
+        raise RecordError(f"bad hello ({refused.examples[-1]})")
     yield event
     hello: AgentHello = event.value
     for number, line in enumerate(lines, start=2):
         t = _time(line)
         if t is None:
-            skipped.append(f"{file}:{number}: no time")
+            tally.skip(file, number, "no time")
             continue
         if "error" in line and "cmd" not in line:
             error = protocol.clean_text(line["error"], 300)
@@ -184,7 +204,7 @@ def _wire_events(
             continue
         if "error" in reply:
             continue  # a refused or failed request: the live viewer keeps nothing of it either
-        event = _agent_event(t, pid, cmd, reply.get("result"), f"{file}:{number}", skipped)
+        event = _agent_event(t, pid, cmd, reply.get("result"), (file, number), tally)
         if event is None:
             continue
         if event.kind == "sample":
@@ -216,14 +236,14 @@ def _hello_with_sampled_devices(hello: AgentHello, result: dict[str, Any]) -> Ag
 
 
 def _record_events(
-    lines: Iterable[dict[str, Any]], file: Path, skipped: list[str]
+    lines: Iterable[dict[str, Any]], file: Path, tally: LineTally
 ) -> Iterable[ReplayEvent]:
     for number, line in enumerate(lines, start=2):
         t = _time(line)
         src = line.get("src")
-        where = f"{file}:{number}"
+        where = (file, number)
         if t is None:
-            skipped.append(f"{where}: no time")
+            tally.skip(file, number, "no time")
             continue
         try:
             if src == "nvml":
@@ -233,7 +253,7 @@ def _record_events(
             elif src == "agent":
                 pid = line.get("pid")
                 if not isinstance(pid, int):
-                    skipped.append(f"{where}: agent line without a pid")
+                    tally.skip(file, number, "agent line without a pid")
                 elif "state" in line:
                     state = AgentStatus(line["state"])
                     error = line.get("error")
@@ -243,8 +263,10 @@ def _record_events(
                     cmd = line.get("cmd")
                     result = (line.get("reply") or {}).get("result")
                     if cmd in AGENT_COMMANDS:
-                        event = _agent_event(t, pid, cmd, result, where, skipped)
+                        event = _agent_event(t, pid, cmd, result, where, tally)
                         if event is not None:
                             yield event
+            else:
+                tally.skip(file, number, f"unknown src {str(src)[:40]!r}")
         except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a line of wrong shape
-            skipped.append(f"{where}: {src}: {type(exc).__name__}: {exc}")
+            tally.skip(file, number, f"{src}: {type(exc).__name__}: {exc}")

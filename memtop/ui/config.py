@@ -7,7 +7,10 @@
     quit = "q,ctrl+q"
 
 A file that cannot be read or holds a bad value gives a one-line warning on the dashboard;
-everything it got right still applies and memtop keeps running.
+everything it got right still applies and memtop keeps running.  MEMTOP_CONFIG may point
+anywhere: only a regular file of at most MAX_CONFIG_BYTES, nested at most MAX_DEPTH levels, is
+read (`/dev/zero` read until MemoryError, a FIFO hung the dashboard on a blank screen, deep
+nesting was a RecursionError); anything else is one warning and the defaults.
 """
 
 from __future__ import annotations
@@ -16,9 +19,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import tomllib
 from platformdirs import user_config_dir
 
+from memtop.untrusted import UntrustedInput, loads_toml, read_regular
+
+MAX_CONFIG_BYTES = 64 << 10  # a theme and a few dozen keys: far less
 THEMES = ("memtop", "monochrome")  # ours; Textual's own names are accepted too
 
 
@@ -41,13 +46,13 @@ class UiConfig:
 def load(path: Path | None = None) -> UiConfig:
     path = path if path is not None else config_path()
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        data = loads_toml(read_regular(path, MAX_CONFIG_BYTES))
     except FileNotFoundError:
         return UiConfig(path=path)
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         return UiConfig(problems=(f"{path}: cannot read ({exc.__class__.__name__})",), path=path)
-    except tomllib.TOMLDecodeError as exc:
-        return UiConfig(problems=(f"{path}: not valid TOML ({exc})",), path=path)
+    except UntrustedInput as exc:
+        return UiConfig(problems=(f"{path} {exc}: the defaults apply",), path=path)
     problems: list[str] = []
     theme = data.get("theme", "memtop")
     if not isinstance(theme, str) or not theme:
