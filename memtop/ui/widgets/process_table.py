@@ -78,7 +78,9 @@ def _runtime(row: ProcessRow, compact: bool) -> str:
 
 
 def _command(row: ProcessRow, compact: bool) -> str:
-    return row.command if row.rank is None else f"r{row.rank} {row.command}"
+    command = row.command if row.rank is None else f"r{row.rank} {row.command}"
+    # The fleet: the compact layout has no USER column, where a remote row names its host.
+    return f"{row.host}: {command}" if compact and row.host else command
 
 
 def _num(value: float | None) -> float:
