@@ -195,3 +195,45 @@ def test_bad_urls_and_unreachable_servers_are_one_line():
     assert source.headers["Authorization"] == "Basic dXNlcjpwYUBzcw=="
     with pytest.raises(PrometheusError, match="cannot reach Prometheus"):
         source.read()
+
+
+def test_an_exporters_url_is_read_as_that_one_host(tmp_path):
+    """`memtop --prometheus` given `memtop export`'s own URL (port 9482), not Prometheus's:
+    the exporter has no query API (HTTP 404); its /metrics is read as Prometheus would have
+    stored it, one host without history (it said only "HTTP 404: Not Found")."""
+    import contextlib
+    import json
+    import subprocess
+    import sys
+
+    from test_prometheus import STEP_A, _host
+
+    with contextlib.ExitStack() as stack:
+        host = stack.enter_context(_host("Node-E", "leak", STEP_A, stack))
+        (pid,) = host.pids
+        base = f"http://127.0.0.1:{host.port}"
+        for url in (base, f"{base}/metrics"):
+            out = subprocess.run(
+                [sys.executable, "-m", "memtop.cli", "--prometheus", url, "--once", "--json"],
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert out.returncode == 0, out.stderr
+            report = json.loads(out.stdout)
+            assert [h["host"] for h in report["hosts"]] == ["node-e"]
+            assert [(a["host"], a["pid"], a["state"]) for a in report["agents"]] == [
+                ("node-e", pid, "connected")
+            ]
+        # The dashboard's sampler reads it the same way, and says where actions run.
+        source = PrometheusSource(base)
+        sampler = FleetSampler(source, interval=1.0)
+        sampler.sample_once()
+        obs = sampler.observer().latest()
+        assert source.exporter and not obs.problems
+        assert [(host_of(a.pid), int(a.pid)) for a in obs.live_agents] == [("node-e", pid)]
+        # Neither Prometheus nor an exporter: one line that says where to point.
+        out = subprocess.run(
+            [sys.executable, "-m", "memtop.cli", "--prometheus", f"{base}/nothing", "--once"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+        assert "point --prometheus at Prometheus" in out.stderr

@@ -1,7 +1,8 @@
 """The fleet source: what `memtop export` on many hosts put into Prometheus, read back through
 the PromQL HTTP API (`/api/v1/query`, `/api/v1/query_range`).
 
-One instant query fetches every `memtop_*` series; they are grouped by their `hostname` label into
+One instant query fetches every `memtop_*` series (or, given one `memtop export`'s URL instead
+of Prometheus's, one scrape of its /metrics); they are grouped by their `hostname` label into
 one `HostReading` per host holding the same kinds of readings the local sampler writes into a
 store: an `NvmlReading` of the host's GPUs, one `AgentPoll` per agent (hello and sample rebuilt
 from the series), the breakdowns, and the host's own verdicts (leak, smoothed fragmentation,
@@ -24,6 +25,8 @@ import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from memtop.model import (
     SOURCE_AGENT,
@@ -85,6 +88,14 @@ class PrometheusError(Exception):
     """Prometheus could not be asked, or did not answer a query: one line for the user."""
 
 
+class PrometheusHTTPError(PrometheusError):
+    """An HTTP error status (a 404 where the query API should be: perhaps an exporter)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 @dataclass(frozen=True)
 class HostReading:
     """Everything one host's exporter reported, as readings of the local kinds."""
@@ -135,23 +146,38 @@ class PrometheusSource:
             parts = parts._replace(netloc=netloc)
         self.url = urllib.parse.urlunsplit(parts).rstrip("/")
         self.timeout = timeout
+        # `memtop export` itself rather than Prometheus: read its /metrics (one host, no
+        # history).  Known from a URL that names /metrics, or found when the API is missing.
+        self.exporter_path = parts.path.rstrip("/").endswith("/metrics")
+        self.exporter = self.exporter_path
+
+    @property
+    def name(self) -> str:
+        return "the memtop exporter" if self.exporter else "Prometheus"
 
     # ------------------------------------------------------------------ the HTTP API
 
-    def _get(self, path: str, params: dict[str, str]) -> Any:
-        url = f"{self.url}{path}?{urllib.parse.urlencode(params)}"
+    def _fetch(self, path: str, params: dict[str, str] | None = None) -> bytes:
+        """The body of one GET of `path` (`params` as its query string), or PrometheusError."""
+        url = f"{self.url}{path}" + (f"?{urllib.parse.urlencode(params)}" if params else "")
         request = urllib.request.Request(url, headers=self.headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as reply:
                 body = reply.read(MAX_REPLY_BYTES + 1)
         except urllib.error.HTTPError as exc:
             detail = clean_text(_error_of(exc.read(4096)) or exc.reason, 300)
-            raise PrometheusError(f"Prometheus at {self.url}: HTTP {exc.code}: {detail}") from None
+            raise PrometheusHTTPError(
+                exc.code, f"{self.name} at {self.url}: HTTP {exc.code}: {detail}"
+            ) from None
         except (urllib.error.URLError, OSError) as exc:
             reason = clean_text(getattr(exc, "reason", exc), 300)
-            raise PrometheusError(f"cannot reach Prometheus at {self.url}: {reason}") from None
+            raise PrometheusError(f"cannot reach {self.name} at {self.url}: {reason}") from None
         if len(body) > MAX_REPLY_BYTES:
-            raise PrometheusError(f"Prometheus at {self.url}: reply over {MAX_REPLY_BYTES} bytes")
+            raise PrometheusError(f"{self.name} at {self.url}: reply over {MAX_REPLY_BYTES} bytes")
+        return body
+
+    def _get(self, path: str, params: dict[str, str]) -> Any:
+        body = self._fetch(path, params)
         try:
             data = json.loads(body)
         except ValueError:
@@ -212,8 +238,22 @@ class PrometheusSource:
     def read(self) -> FleetReading:
         """Every host's newest readings (one query), and which exporters Prometheus could not
         scrape lately (their series go stale at once, so without this a host would just
-        vanish)."""
-        hosts = tuple(hosts_of(self.query(ALL_SERIES)))
+        vanish).  A URL that is one `memtop export` rather than Prometheus is read directly
+        (`_scrape`): that host alone, as Prometheus would have stored it."""
+        if self.exporter:
+            return FleetReading(time.time(), tuple(hosts_of(self._scrape())))
+        try:
+            series = self.query(ALL_SERIES)
+        except PrometheusHTTPError as exc:
+            if exc.status != 404:
+                raise
+            if not self._is_exporter():
+                raise PrometheusError(
+                    f"{exc}: no Prometheus query API there, nor a memtop exporter's /metrics; "
+                    "point --prometheus at Prometheus (http://HOST:9090) or at one memtop export"
+                ) from None
+            return self.read()
+        hosts = tuple(hosts_of(series))
         problems = []
         try:
             for labels, _ in self.query(DOWN):
@@ -225,6 +265,50 @@ class PrometheusSource:
             pass  # the readings stand without it
         return FleetReading(time.time(), hosts, tuple(sorted(problems)))
 
+    def _is_exporter(self) -> bool:
+        """Whether the URL (which has no Prometheus API: a 404) serves memtop_* series at
+        /metrics, as `memtop export` does; from then on it is read as one."""
+        try:
+            found = any(labels.get("__name__") for labels, _ in self._scrape())
+        except PrometheusError:
+            return False
+        if found:
+            self.exporter = True
+        return found
+
+    def _scrape(self) -> list[tuple[dict[str, str], float]]:
+        """One exporter's memtop_* series as Prometheus stores a scrape of them (what an
+        instant query returns): empty labels dropped, memtop's `job` kept (honor_labels), the
+        target named as its `instance`."""
+        path = "" if self.exporter_path else "/metrics"
+        body = self._fetch(path)
+        try:
+            families = list(text_string_to_metric_families(body.decode("utf-8", "replace")))
+        except (ValueError, TypeError, IndexError) as exc:
+            raise PrometheusError(
+                f"{self.url}: neither Prometheus nor a memtop exporter "
+                f"(not the Prometheus text format: {clean_text(exc, 120)})"
+            ) from None
+        instance = urllib.parse.urlsplit(self.url).netloc
+        rows = []
+        for family in families:
+            for sample in family.samples:
+                value = _number(sample.value)
+                if not sample.name.startswith("memtop_") or value is None:
+                    continue
+                labels = {
+                    clean_text(k, 200): clean_text(v, 1000)
+                    for k, v in sample.labels.items()
+                    if v != ""
+                }
+                rows.append(({**labels, "__name__": sample.name, "instance": instance}, value))
+        if not rows:
+            raise PrometheusError(
+                f"{self.url}: neither Prometheus (no query API) nor a memtop exporter "
+                "(no memtop_* series at /metrics): point --prometheus at your Prometheus"
+            )
+        return rows
+
     def history(
         self, seconds: float, step: float, end: float | None = None
     ) -> dict[str, dict[tuple[int, int], dict[str, list[tuple[float, float]]]]]:
@@ -232,6 +316,8 @@ class PrometheusSource:
         [(time, value)], for the dashboard's charts (one range query per column)."""
         end = time.time() if end is None else end
         out: dict[str, dict[tuple[int, int], dict[str, list[tuple[float, float]]]]] = {}
+        if self.exporter:
+            return out  # an exporter keeps no history: the charts start now
         index_of = {
             (labels.get("hostname", ""), labels.get("pid", ""), labels.get("UUID", "")): int(v)
             for labels, v in self.query("memtop_cuda_device_index", at=end)
