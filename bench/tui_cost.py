@@ -18,8 +18,10 @@ Each tool runs in a pseudo-terminal of the given size at its default refresh (me
 nvitop 2 s), stdin/stdout/stderr on the pty slave; a reader thread drains the master.
 - first_frame_s: from spawning to the first output that paints the tool's header ("memtop" /
   "NVITOP" on screen, escape sequences stripped). memtop paints its header row before Textual is
-  imported, so it also reports full_frame_s (until Textual's first frame, "Processes" on
-  screen) and first_data_s (until "GPU 7" is on screen); for nvitop all three are one time.
+  imported, and the first sampling round's figures as soon as they are known (memtop.ui.splash),
+  so it also reports first_data_s (until "GPU 7" is on screen, usually before Textual's frame)
+  and full_frame_s (until Textual's first frame, "Processes" on screen); for nvitop all three
+  are one time.
 - After --warmup s, a window of --seconds: the tool's user+system CPU over the wall time, the
   bytes read from the pty in the window, and its RSS at the end.  Then "q".
 - The tools take turns, --pairs times, the order alternating (m n, n m, m n …), so drift in the

@@ -359,6 +359,28 @@ def _once(args: argparse.Namespace) -> int:
 
 # Textual draws on stderr (its driver writes to sys.__stderr__); the first paint goes there too.
 TERMINAL_FD = 2
+# How long Textual's import waits for the first sampling round (whose figures are painted
+# first); a round that takes longer (a hung agent) is drawn by Textual when it lands.
+FIRST_ROUND_WAIT_S = 0.3
+
+
+def _first_round_wait_s() -> float:
+    """FIRST_ROUND_WAIT_S, or MEMTOP_FIRST_ROUND_WAIT_S (seconds, at most 30) where a slow or
+    loaded machine (a test on a busy CI box) would rather wait for the first figures."""
+    text = os.environ.get("MEMTOP_FIRST_ROUND_WAIT_S", "")
+    try:
+        value = float(text) if text.isascii() else FIRST_ROUND_WAIT_S
+    except ValueError:
+        return FIRST_ROUND_WAIT_S
+    return min(30.0, value) if value >= 0 else FIRST_ROUND_WAIT_S
+
+
+def _terminal_size() -> tuple[int, int]:
+    try:
+        size = os.get_terminal_size(TERMINAL_FD)
+    except OSError:
+        return 80, 24
+    return size.columns, size.lines
 
 
 def _watch(args: argparse.Namespace, simulated_only: bool, painted: bool = False) -> int:
@@ -415,19 +437,43 @@ def _dashboard(args: argparse.Namespace, simulated_only: bool, painted: bool = F
     try:
         if not painted:
             _paint_header(settings)
-        from memtop.ui.app import MemtopApp
+        from memtop.observation import Observer
 
         sampler = _make_sampler(args, simulated_only)
         try:
-            # The app starts the sampler once its first frame is out.
-            MemtopApp(
+            # The first sampling round runs while Textual is imported (~0.4 s of CPU, most of
+            # the start-up budget of DESIGN §9), its observation built on the sampler's thread.
+            # Its figures go on screen under the header as soon as they are known (splash), and
+            # Textual's first frame draws the same observation (the app takes `on_round` over).
+            observer = Observer(sampler.store)
+            scope = _scope(args)
+            first_round = threading.Event()
+            size = _terminal_size()
+
+            def on_first_round() -> None:
+                observation = observer.publish()
+                if not first_round.is_set():
+                    first_round.set()
+                    lines = splash.figure_lines(observation, *size, scope)
+                    splash.paint_figures(TERMINAL_FD, lines)
+
+            sampler.on_round = on_first_round
+            sampler.start()
+            # The figures first: Textual's import would take most of the CPU from the round.
+            first_round.wait(_first_round_wait_s())
+            from memtop.ui.app import MemtopApp
+
+            app = MemtopApp(
                 sampler.store,
                 sampler,
                 interval=args.interval,
-                scope=_scope(args),
+                scope=scope,
                 config=settings,
                 readonly=getattr(args, "readonly", False) or settings.readonly,
-            ).run()
+                observer=observer,
+            )
+            splash.hand_over()
+            app.run()
         finally:
             sampler.stop()
     finally:

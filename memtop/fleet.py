@@ -9,8 +9,9 @@ scrape-rate samples: `RemoteDiagnoser` takes the host's own.  Suggestions are de
 those, by the same rules.
 
 For the dashboard, `FleetSampler` stands in for the local sampler: each round it reads
-Prometheus and writes all hosts into one store (GPU names and process owners carry the host), so
-the unchanged app shows host -> GPU -> process.  Actions are local-only: on a remote row they are
+Prometheus and writes all hosts into one store, keyed by host (`in_fleet`: every pid a
+`HostPid`, every GPU named with its host; two hosts share pids and even GPU UUIDs), so the
+unchanged app shows host -> GPU -> process.  Actions are local-only: on a remote row they are
 refused with a line that says where to run them.
 """
 
@@ -31,13 +32,16 @@ from memtop.model import (
     AgentSample,
     AgentStatus,
     DeviceReading,
+    HostPid,
     NvmlReading,
+    host_of,
 )
 from memtop.observation import Observation, Observer
 from memtop.sources.agents import AgentError, AgentPoll
 from memtop.sources.processes import ProcessInfo
 from memtop.sources.prometheus import FleetReading, HostReading, PrometheusSource
 from memtop.store import AgentDeviceView, AgentView, Store
+from memtop.units import short_host
 
 REMOTE_UID = -1  # no remote process is "ours": the kill key never qualifies one
 HISTORY_S = 900.0  # what the dashboard's charts draw, fetched once at start
@@ -47,10 +51,10 @@ class RemoteDiagnoser(Diagnoser):
     """A Diagnoser that takes each device's leak verdict and snapshot figures as judged on its
     host (exported next to the numbers), and judges the rest (gauge, pressure, rules) as usual."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "its host") -> None:
         super().__init__(leak_refresh_s=float("inf"))
-        self.verdicts: dict[tuple[int, int], dict[str, float]] = {}
-        self.hosts: dict[int, str] = {}  # pid -> host, for the verdicts' reasons
+        self.verdicts: Mapping[tuple[int, int], dict[str, float]] = {}
+        self.host = host  # where the verdicts were judged, for a pid that does not say (local)
 
     def _device(
         self, store: Store, agent: AgentView, dev: AgentDeviceView, now: float
@@ -59,7 +63,7 @@ class RemoteDiagnoser(Diagnoser):
         verdict = self.verdicts.get(key, {})
         # Seeding the verdict cache keeps the base class from judging the leak again from
         # scrape-rate samples.
-        self._leaks[key] = (now, remote_leak(verdict, self.hosts.get(agent.pid, "its host")))
+        self._leaks[key] = (now, remote_leak(verdict, host_of(agent.pid) or self.host))
         found = super()._device(store, agent, dev, now)
         frag = found.fragmentation
         return dataclasses.replace(
@@ -110,13 +114,6 @@ def remote_leak(verdict: Mapping[str, float], host: str) -> LeakEstimate:
     )
 
 
-def short_host(host: str, width: int = 8) -> str:
-    """A host name that fits the process table's owner column, keeping its distinctive end
-    (gpu-node-01 and gpu-node-02 must not both read "gpu-node")."""
-    name = host.split(".")[0]
-    return name if len(name) <= width else "…" + name[-(width - 1) :]
-
-
 def _process_infos(reading: HostReading, owner: str) -> dict[int, ProcessInfo]:
     """The owner column says where a remote process runs; its command line is the agent's."""
     infos = {}
@@ -127,6 +124,48 @@ def _process_infos(reading: HostReading, owner: str) -> dict[int, ProcessInfo]:
         for process in device.processes:
             infos.setdefault(process.pid, ProcessInfo(process.pid, REMOTE_UID, owner, (), ""))
     return infos
+
+
+def in_fleet(reading: HostReading) -> HostReading:
+    """One host's readings as the fleet's one store keeps them, keyed by host: every pid a
+    `HostPid` (pids are unique on their host only: containers share them), every GPU UUID
+    prefixed with the host and every GPU told its host (two containers on one machine, or two
+    simulated hosts, list the same UUID)."""
+    host = reading.host
+
+    def pid(number: int) -> HostPid:
+        return HostPid(number, host)
+
+    def uuid(text: str) -> str:
+        return f"{host}/{text}" if text else text
+
+    devices = tuple(
+        dataclasses.replace(
+            d,
+            uuid=uuid(d.uuid),
+            host=host,
+            processes=tuple(dataclasses.replace(p, pid=pid(p.pid)) for p in d.processes),
+        )
+        for d in reading.nvml.devices
+    )
+    polls = []
+    for poll in reading.polls:
+        hello = poll.hello
+        if hello is not None:
+            hello = dataclasses.replace(
+                hello,
+                pid=pid(hello.pid),
+                devices=tuple(dataclasses.replace(d, uuid=uuid(d.uuid)) for d in hello.devices),
+            )
+        polls.append(dataclasses.replace(poll, pid=pid(poll.pid), hello=hello))
+    return dataclasses.replace(
+        reading,
+        nvml=dataclasses.replace(reading.nvml, devices=devices),
+        polls=tuple(polls),
+        breakdowns={pid(p): reply for p, reply in reading.breakdowns.items()},
+        verdicts={(pid(p), index): v for (p, index), v in reading.verdicts.items()},
+        jobs={pid(p): job for p, job in reading.jobs.items()},
+    )
 
 
 def _feed(store: Store, reading: HostReading, polls: Sequence[AgentPoll], nvml: NvmlReading,
@@ -141,9 +180,8 @@ def _feed(store: Store, reading: HostReading, polls: Sequence[AgentPoll], nvml: 
 def host_observation(reading: HostReading) -> Observation:
     """One host's observation, as `memtop --once` on that host would build it."""
     store = Store()
-    diagnoser = RemoteDiagnoser()
+    diagnoser = RemoteDiagnoser(reading.host)
     diagnoser.verdicts = dict(reading.verdicts)
-    diagnoser.hosts = {poll.pid: reading.host for poll in reading.polls}
     _feed(store, reading, reading.polls, reading.nvml, reading.host)
     observer = Observer(
         store, diagnoser, clock=lambda: reading.time, host=reading.host, uid=REMOTE_UID
@@ -167,7 +205,6 @@ class FleetSampler:
         self.store = Store()
         self.diagnoser = RemoteDiagnoser()
         self.rounds = 0
-        self.hosts: dict[int, str] = {}  # pid -> host in view
         self._thread: threading.Thread | None = None
         self._paused = False
         self._stop = threading.Event()
@@ -195,48 +232,33 @@ class FleetSampler:
         if not fleet.hosts:
             problems.append(f"no memtop exporter in {self.source.url} (memtop_* series)")
         devices: list[DeviceReading] = []
-        hosts: dict[int, str] = {}
         verdicts: dict[tuple[int, int], dict[str, float]] = {}
         infos: dict[int, ProcessInfo] = {}
-        for reading in fleet.hosts:
-            polls = []
-            for poll in reading.polls:
-                if poll.pid in hosts:  # one table keyed by pid: say so rather than mix them
-                    problems.append(
-                        f"pid {poll.pid} on {reading.host} hidden: {hosts[poll.pid]} has the "
-                        "same pid (memtop --prometheus URL --once --json lists both)"
-                    )
-                    continue
-                hosts[poll.pid] = reading.host
-                polls.append(poll)
-            verdicts.update(
-                {k: v for k, v in reading.verdicts.items() if hosts.get(k[0]) == reading.host}
-            )
+        in_view: set[int] = set()
+        for reading in map(in_fleet, fleet.hosts):
             # Fleet-wide GPU numbers in host order, so that the cards and the process table
             # (both sorted by GPU number) group host -> GPU -> process; the card names the
             # host and the GPU's own number there.
             for d in sorted(reading.nvml.devices, key=lambda d: d.index):
                 name = f"{reading.host} #{d.index}: {d.name}"
                 devices.append(dataclasses.replace(d, index=len(devices), name=name))
-            for pid, info in _process_infos(reading, short_host(reading.host)).items():
-                infos.setdefault(pid, info)  # a hidden same-pid process keeps the first owner
+            infos.update(_process_infos(reading, short_host(reading.host)))
+            in_view.update(poll.pid for poll in reading.polls)
+            verdicts.update(reading.verdicts)
             # Owners first: a row must never be on screen before its owner is known.
-            self.store.update_processes({**infos})
-            self.store.update_agents(polls, reading.time)
+            self.store.update_processes(dict(infos))
+            self.store.update_agents(reading.polls, reading.time)
             for pid, reply in reading.breakdowns.items():
-                if hosts.get(pid) == reading.host:
-                    self.store.update_breakdown(pid, reply, reading.time)
+                self.store.update_breakdown(pid, reply, reading.time)
         self.store.update_nvml(
             NvmlReading(available=bool(devices), devices=tuple(devices), source="prometheus"),
             max((h.time for h in fleet.hosts), default=time.time()),
         )
         # Agents that left Prometheus's view are gone from the fleet.
-        gone = [view.pid for view in self.store.agents() if view.pid not in hosts]
+        gone = [view.pid for view in self.store.agents() if view.pid not in in_view]
         if gone:
             self.store.update_agents([AgentPoll(pid, AgentStatus.EXITED) for pid in gone])
         self.diagnoser.verdicts = verdicts
-        self.diagnoser.hosts = hosts
-        self.hosts = hosts
         self.store.set_problems(problems)
 
     def _load_history(self, fleet: FleetReading) -> None:
@@ -246,16 +268,13 @@ class FleetSampler:
             history = self.source.history(HISTORY_S, max(self.interval, 1.0))
         except Exception:
             return
-        hellos = {(h.host, p.pid): p.hello for h in fleet.hosts for p in h.polls}
-        owners: dict[int, str] = {}  # as in _apply: a pid belongs to the first host with it
-        for h in fleet.hosts:
-            for p in h.polls:
-                owners.setdefault(p.pid, h.host)
+        hellos = {p.pid: p.hello for h in map(in_fleet, fleet.hosts) for p in h.polls}
         rows: dict[float, list[AgentPoll]] = {}
         for host, columns in history.items():
-            for (pid, index), series in columns.items():
-                hello = hellos.get((host, pid))
-                if hello is None or owners.get(pid) != host:
+            for (number, index), series in columns.items():
+                pid = HostPid(number, host)
+                hello = hellos.get(pid)
+                if hello is None:
                     continue
                 allocated = dict(series.get("allocated", []))
                 reserved = dict(series.get("reserved", []))
@@ -301,7 +320,7 @@ class FleetSampler:
         return self._paused
 
     def where(self, pid: int) -> str:
-        return self.hosts.get(pid, "a remote host")
+        return host_of(pid) or "a remote host"
 
     def may_signal(self, pid: int) -> str | None:
         host = self.where(pid)

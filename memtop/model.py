@@ -62,6 +62,50 @@ class Severity(str, Enum):
 _SEVERITY_RANK = {severity: i for i, severity in enumerate(Severity)}
 
 
+class HostPid(int):
+    """A pid of another machine: the number, and the host it runs on (the fleet view).
+
+    A pid names a process only on its own host; containers number theirs from 1, so two hosts
+    behind one Prometheus often share pids.  The fleet writes every host into one store, and
+    the store, the observation, the diagnosis and the screens all key processes by pid: as a
+    HostPid, that key is (host, pid) everywhere without any of them changing.  It reads and
+    prints as the plain pid ("pid 21062"), and equals only the same pid of the same host (never
+    a plain int: a local pid is not a remote one).  `host_of` tells a remote pid from a local."""
+
+    host: str
+
+    def __new__(cls, pid: int, host: str) -> HostPid:
+        self = super().__new__(cls, pid)
+        self.host = host
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, HostPid) and int(self) == int(other) and self.host == other.host
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash((self.host, int(self)))
+
+    def __repr__(self) -> str:
+        return f"HostPid({int(self)}, {self.host!r})"
+
+    def __str__(self) -> str:
+        return str(int(self))
+
+    def __format__(self, spec: str) -> str:
+        return format(int(self), spec)
+
+    def __getnewargs__(self) -> tuple[int, str]:  # type: ignore[override]
+        return (int(self), self.host)
+
+
+def host_of(pid: int | None) -> str | None:
+    """The host a pid runs on when it is another machine's (a HostPid); None for a local pid."""
+    return pid.host if isinstance(pid, HostPid) else None
+
+
 @dataclass(frozen=True, slots=True)
 class GpuProcess:
     """One process NVML lists on a device."""
@@ -97,6 +141,7 @@ class DeviceReading:
     # "amd" for AMD's GPUs (amdsmi, or the demo's simulated MI300Xs): the exporter then adds
     # AMD's labels.  None: NVIDIA's, or not said.
     vendor: str | None = None
+    host: str | None = None  # the machine it is in, when not this one (the fleet view)
 
 
 @dataclass(frozen=True, slots=True)

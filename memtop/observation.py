@@ -29,6 +29,7 @@ from memtop.model import (
     AgentStatus,
     GpuProcess,
     NvmlReading,
+    host_of,
 )
 from memtop.sources.processes import ProcessInfo
 from memtop.store import AgentDeviceView, AgentView, Store
@@ -143,6 +144,7 @@ class GpuObservation:
     power_watts: float | None = None
     pci_bus_id: str | None = None  # "dddd:bb:dd.f" where the driver (or the agent) says
     vendor: str | None = None  # "amd" for AMD's GPUs (DeviceReading.vendor)
+    host: str | None = None  # the machine it is in, when not this one (the fleet view)
 
     @property
     def peak_sum_bytes(self) -> int:
@@ -425,6 +427,7 @@ def _gpus(
                     processes=d.processes,
                     agents=tuple(on_it),
                     used_history=store.device_used_window(d.uuid, last=HISTORY_ROWS),
+                    host=d.host,
                 )
             )
     for uuid, on_it in on_gpu.items():
@@ -444,6 +447,7 @@ def _gpus(
                 processes=tuple(GpuProcess(a.pid, None) for a in on_it),
                 agents=tuple(on_it),
                 used_history=store.device_used_window(uuid, last=HISTORY_ROWS),
+                host=host_of(on_it[0].pid),
             )
         )
     gpus.sort(key=lambda g: (g.source == SOURCE_AGENT, g.index, g.uuid))

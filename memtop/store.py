@@ -23,6 +23,7 @@ from memtop.model import (
     AgentSample,
     AgentSnapshot,
     NvmlReading,
+    host_of,
 )
 from memtop.sources.agents import CONNECTED, EXITED, AgentPoll
 from memtop.sources.processes import ProcessInfo
@@ -227,12 +228,12 @@ class Store:
         if agent is None:
             agent = self._agents[poll.pid] = AgentState(poll.pid, poll.state, poll.hello)
             if poll.state == CONNECTED:
-                self.events.append((when, f"agent {poll.pid} attached"))
+                self.events.append((when, f"{_agent_name(poll.pid)} attached"))
             else:  # found hung, refused, …: said once, with why
-                message = f"agent {poll.pid} {poll.state}"
+                message = f"{_agent_name(poll.pid)} {poll.state}"
                 self.events.append((when, f"{message}: {poll.error}" if poll.error else message))
         elif agent.state != poll.state:
-            message = f"agent {poll.pid} {poll.state}"
+            message = f"{_agent_name(poll.pid)} {poll.state}"
             self.events.append((when, f"{message}: {poll.error}" if poll.error else message))
         agent.state = poll.state
         agent.error = poll.error
@@ -473,6 +474,12 @@ class Store:
             snapshot_time=agent.snapshot_time,
             last_oom=agent.last_oom,
         )
+
+
+def _agent_name(pid: int) -> str:
+    """ "agent 4102", or "agent 4102 on node-b" for another machine's (the fleet view)."""
+    host = host_of(pid)
+    return f"agent {pid} on {host}" if host else f"agent {pid}"
 
 
 def _pid(agent: AgentState) -> int:

@@ -48,3 +48,10 @@ def format_duration(seconds: float | None) -> str:
     if seconds < 48 * 3600:
         return f"{seconds / 3600:.1f} h"
     return f"{seconds / 86400:.1f} d"
+
+
+def short_host(host: str, width: int = 8) -> str:
+    """A host name in `width` cells (the process table's owner column, a GPU card's label),
+    keeping its distinctive end: gpu-node-01 and gpu-node-02 must not both read "gpu-node"."""
+    name = host.split(".")[0]
+    return name if len(name) <= width else "…" + name[-(width - 1) :]

@@ -3,6 +3,8 @@ read back by the fleet source into an observation that reports as the original d
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from helpers.observations import frozen_observation
 from prometheus_client.parser import text_string_to_metric_families
@@ -12,7 +14,9 @@ from memtop import report
 from memtop.export.metrics import render
 from memtop.export.text import exposition
 from memtop.fleet import FleetSampler, host_observation, short_host
+from memtop.model import HostPid, host_of
 from memtop.sources.prometheus import FleetReading, PrometheusError, PrometheusSource, hosts_of
+from memtop.ui import view
 
 
 def _as_prometheus_has_it(text: str, instance: str = "10.0.0.7:9482") -> list:
@@ -75,30 +79,110 @@ def test_a_host_reads_back_as_its_own_report(original):
     ]
 
 
-def test_two_hosts_stay_apart():
+class _Fixed:
+    """A Prometheus that always answers with the same hosts."""
+
+    url = "http://prometheus:9090"
+
+    def __init__(self, hosts) -> None:
+        self.hosts = tuple(hosts)
+
+    def read(self) -> FleetReading:
+        return FleetReading(0.0, self.hosts)
+
+    def history(self, *args, **kwargs):
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def _twin_hosts():
+    """Two hosts whose trainers have the same pids and whose GPUs the same UUIDs (two
+    containers, two simulated hosts); node-b's third trainer has exited."""
     first = exposition(render(frozen_observation(), host="node-a")).decode()
     second = exposition(render(frozen_observation(exited=TRAINERS[2].pid), host="node-b")).decode()
-    hosts = hosts_of(_as_prometheus_has_it(first) + _as_prometheus_has_it(second, "b:9482"))
+    return hosts_of(_as_prometheus_has_it(first) + _as_prometheus_has_it(second, "b:9482"))
+
+
+def test_two_hosts_stay_apart():
+    hosts = _twin_hosts()
     assert [h.host for h in hosts] == ["node-a", "node-b"]
     states = {p.pid: p.state.value for p in hosts[1].polls}
     assert states[TRAINERS[2].pid] == "exited"
 
-    class Source:
-        url = "http://prometheus:9090"
 
-        def read(self) -> FleetReading:
-            return FleetReading(0.0, tuple(hosts))
-
-        def history(self, *args, **kwargs):
-            return {}
-
-    sampler = FleetSampler(Source(), interval=1.0)  # type: ignore[arg-type]
+def test_the_fleet_keys_every_process_by_host_and_pid():
+    hosts = _twin_hosts()
+    sampler = FleetSampler(_Fixed(hosts), interval=1.0)  # type: ignore[arg-type]
     sampler.sample_once()
-    # The same pids on both hosts: one table keyed by pid shows the first and says so.
-    assert any("hidden" in p and "node-a has the same pid" in p for p in sampler.store.problems())
+    assert not any("same pid" in p for p in sampler.store.problems())
     obs = sampler.observer().latest()
+    # Each host's GPUs, each with its own host's processes and nobody else's.
     assert [g.index for g in obs.gpus] == [0, 1, 2, 3]
+    assert [g.host for g in obs.gpus] == ["node-a", "node-a", "node-b", "node-b"]
     assert obs.gpus[2].name.startswith("node-b #0: ")
+    for gpu in obs.gpus:
+        assert {host_of(d.pid) for d in gpu.agents} <= {gpu.host}
+        assert {host_of(p.pid) for p in gpu.processes} <= {gpu.host}
+    # Both hosts' trainers, each once, under its own host (the same pid on both).
+    pids = [t.pid for t in TRAINERS]
+    live = {(host_of(a.pid), int(a.pid)) for a in obs.live_agents}
+    assert live == {("node-a", p) for p in pids} | {("node-b", p) for p in pids[:2]}
+    assert obs.agent(HostPid(pids[2], "node-b")).status.value == "exited"  # type: ignore[union-attr]
+    assert obs.agent(HostPid(pids[2], "node-a")).live  # type: ignore[union-attr]
+    # Each host's verdicts stay with its own devices.
+    for agent in obs.live_agents:
+        for dev in agent.devices:
+            assert dev.diagnosis.leak.reason.endswith(f"on {host_of(agent.pid)}")
+    rows = view.build(obs)
+    assert len({r.key for r in rows.processes}) == len(rows.processes)
+    assert len({s.key for s in rows.suggestions}) == len(rows.suggestions)
+    assert sampler.may_signal(HostPid(pids[0], "node-b")) == (
+        f"pid {pids[0]} runs on node-b: the fleet view acts locally only (ssh node-b)"
+    )
+    # A host that leaves takes only its own processes with it.
+    sampler.source = _Fixed(hosts[:1])  # type: ignore[assignment]
+    sampler.sample_once()
+    obs = sampler.observer().latest()
+    assert {host_of(a.pid) for a in obs.live_agents} == {"node-a"}
+    assert len(obs.live_agents) == len(pids)
+
+
+def test_at_80_columns_every_gpu_and_process_line_names_its_host():
+    import asyncio
+
+    from ui_helpers import screen_text, wait_for
+
+    from memtop.ui.app import MemtopApp
+
+    sampler = FleetSampler(_Fixed(_twin_hosts()), interval=60.0)  # type: ignore[arg-type]
+    sampler.sample_once()
+    app = MemtopApp(
+        sampler.store, sampler, interval=60.0, host="fleet", observer=sampler.observer()
+    )  # type: ignore[arg-type]
+    shown: list[str] = []
+
+    async def main() -> None:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await wait_for(pilot, lambda: app.dashboard is not None and app.dashboard.processes)
+            await pilot.pause(0.3)
+            shown.extend(screen_text(app.export_screenshot()).splitlines())
+
+    try:
+        asyncio.run(main())
+    finally:
+        sampler.stop()
+    text = "\n".join(shown)
+    cards = [line for line in shown if re.search(r"\bGPU\d ", line)]
+    assert len(cards) == 4, text
+    assert [bool(re.search(r"GPU[01] node-a ", c)) for c in cards[:2]] == [True, True], text
+    assert [bool(re.search(r"GPU[23] node-b ", c)) for c in cards[2:]] == [True, True], text
+    pids = {str(t.pid) for t in TRAINERS}
+    rows = [line for line in shown if line.split()[:1] and line.split()[0] in pids]
+    assert len(rows) >= 5, text  # three trainers on node-a, two live and one exited on node-b
+    assert all(re.search(r"node-[ab]: ", row) for row in rows), text
+    assert "agent 4201 on node-b exited" in text
 
 
 def test_short_hosts_keep_their_distinctive_end():
@@ -114,3 +198,45 @@ def test_bad_urls_and_unreachable_servers_are_one_line():
     assert source.headers["Authorization"] == "Basic dXNlcjpwYUBzcw=="
     with pytest.raises(PrometheusError, match="cannot reach Prometheus"):
         source.read()
+
+
+def test_an_exporters_url_is_read_as_that_one_host(tmp_path):
+    """`memtop --prometheus` given `memtop export`'s own URL (port 9482), not Prometheus's:
+    the exporter has no query API (HTTP 404); its /metrics is read as Prometheus would have
+    stored it, one host without history (it said only "HTTP 404: Not Found")."""
+    import contextlib
+    import json
+    import subprocess
+    import sys
+
+    from test_prometheus import STEP_A, _host
+
+    with contextlib.ExitStack() as stack:
+        host = stack.enter_context(_host("Node-E", "leak", STEP_A, stack))
+        (pid,) = host.pids
+        base = f"http://127.0.0.1:{host.port}"
+        for url in (base, f"{base}/metrics"):
+            out = subprocess.run(
+                [sys.executable, "-m", "memtop.cli", "--prometheus", url, "--once", "--json"],
+                capture_output=True, text=True, timeout=60,
+            )  # fmt: skip
+            assert out.returncode == 0, out.stderr
+            report = json.loads(out.stdout)
+            assert [h["host"] for h in report["hosts"]] == ["node-e"]
+            assert [(a["host"], a["pid"], a["state"]) for a in report["agents"]] == [
+                ("node-e", pid, "connected")
+            ]
+        # The dashboard's sampler reads it the same way, and says where actions run.
+        source = PrometheusSource(base)
+        sampler = FleetSampler(source, interval=1.0)
+        sampler.sample_once()
+        obs = sampler.observer().latest()
+        assert source.exporter and not obs.problems
+        assert [(host_of(a.pid), int(a.pid)) for a in obs.live_agents] == [("node-e", pid)]
+        # Neither Prometheus nor an exporter: one line that says where to point.
+        out = subprocess.run(
+            [sys.executable, "-m", "memtop.cli", "--prometheus", f"{base}/nothing", "--once"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
+        assert "point --prometheus at Prometheus" in out.stderr

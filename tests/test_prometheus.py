@@ -141,41 +141,49 @@ def _host(name: str, scenario: str, step: float, stack: contextlib.ExitStack) ->
     yield Host(name.lower(), directory, demo, pids, exporter, int(match.group(1)))
 
 
+def _prometheus(ports: list[int], stack: contextlib.ExitStack) -> tuple[str, subprocess.Popen]:
+    """A Prometheus scraping the exporters on `ports` every SCRAPE_S, ready: its URL and
+    process (stopped by `stack`)."""
+    work = Path(tempfile.mkdtemp(prefix="prom-"))
+    stack.callback(shutil.rmtree, work, True)
+    port = _free_port()
+    config = work / "prometheus.yml"
+    targets = ", ".join(f"'127.0.0.1:{p}'" for p in ports)
+    config.write_text(
+        f"global:\n  scrape_interval: {SCRAPE_S:g}s\n  scrape_timeout: {SCRAPE_S:g}s\n"
+        "scrape_configs:\n"
+        "  - job_name: memtop\n"
+        "    honor_labels: true\n"
+        "    static_configs:\n"
+        f"      - targets: [{targets}]\n"
+    )
+    prometheus = subprocess.Popen(
+        [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={work / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=error"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    stack.callback(_stop, prometheus)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(f"{url}/-/ready", timeout=2) as reply,
+        ):
+            if reply.status == 200:
+                break
+        if prometheus.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(f"prometheus did not start: {prometheus.stderr.read()!r}")  # type: ignore[union-attr]
+        time.sleep(0.2)
+    return url, prometheus
+
+
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[Fleet]:
     with contextlib.ExitStack() as stack:
         a = stack.enter_context(_host("Node-A", "leak", STEP_A, stack))
         b = stack.enter_context(_host("node-b", "healthy", STEP_B, stack))
-        work = Path(tempfile.mkdtemp(prefix="prom-"))
-        stack.callback(shutil.rmtree, work, True)
-        port = _free_port()
-        config = work / "prometheus.yml"
-        config.write_text(
-            f"global:\n  scrape_interval: {SCRAPE_S:g}s\n  scrape_timeout: {SCRAPE_S:g}s\n"
-            "scrape_configs:\n"
-            "  - job_name: memtop\n"
-            "    honor_labels: true\n"
-            "    static_configs:\n"
-            f"      - targets: ['127.0.0.1:{a.port}', '127.0.0.1:{b.port}']\n"
-        )
-        prometheus = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={work / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=error"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )  # fmt: skip
-        stack.callback(_stop, prometheus)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while True:
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(f"{url}/-/ready", timeout=2) as reply,
-            ):
-                if reply.status == 200:
-                    break
-            if prometheus.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"prometheus did not start: {prometheus.stderr.read()!r}")  # type: ignore[union-attr]
-            time.sleep(0.2)
+        url, prometheus = _prometheus([a.port, b.port], stack)
         yield Fleet(a, b, url, prometheus)
 
 
@@ -323,9 +331,12 @@ def test_fleet_dashboard_groups_hosts_and_keeps_actions_local(fleet: Fleet):
     from ui_helpers import notifications, wait_for
 
     from memtop.fleet import FleetSampler
+    from memtop.model import HostPid, host_of
     from memtop.sources.prometheus import PrometheusSource
     from memtop.ui.app import MemtopApp
 
+    a_pids = [HostPid(p, "node-a") for p in fleet.a.pids]
+    b_pids = [HostPid(p, "node-b") for p in fleet.b.pids]
     sampler = FleetSampler(PrometheusSource(fleet.url), interval=1.0)
     sampler.sample_once()  # as `memtop --prometheus URL` does: the first frame has the fleet
     app = MemtopApp(sampler.store, sampler, interval=1.0, host="fleet", observer=sampler.observer())  # type: ignore[arg-type]
@@ -340,9 +351,12 @@ def test_fleet_dashboard_groups_hosts_and_keeps_actions_local(fleet: Fleet):
             assert obs is not None
             # host -> GPU -> process: fleet-wide GPU numbers in host order, the host named.
             assert [g.name.split(":")[0] for g in obs.gpus] == ["node-a #0", "node-b #0"]
-            assert [e.pid for e in obs.entries] == [*fleet.a.pids, *fleet.b.pids]
-            assert {obs.processes[p].user for p in fleet.a.pids} == {"node-a"}
-            leak = obs.device(fleet.a.pids[0], 0)
+            assert [(host_of(e.pid), e.pid) for e in obs.entries] == [
+                *(("node-a", p) for p in a_pids),
+                *(("node-b", p) for p in b_pids),
+            ]
+            assert {obs.processes[p].user for p in a_pids} == {"node-a"}
+            leak = obs.device(a_pids[0], 0)
             assert leak is not None and leak.diagnosis.leak.detected
             for key in ("c", "s"):
                 await pilot.press(key)
@@ -357,7 +371,7 @@ def test_fleet_dashboard_groups_hosts_and_keeps_actions_local(fleet: Fleet):
                 pilot, lambda: app.screen.detail is not None and app.screen.detail.series
             )
             await pilot.press("escape")
-            assert sampler.may_signal(fleet.b.pids[0]) == (
+            assert sampler.may_signal(b_pids[0]) == (
                 f"pid {fleet.b.pids[0]} runs on node-b: the fleet view acts locally only "
                 "(ssh node-b)"
             )
@@ -366,6 +380,70 @@ def test_fleet_dashboard_groups_hosts_and_keeps_actions_local(fleet: Fleet):
         asyncio.run(main())
     finally:
         sampler.stop()
+
+
+def _twin(port: int, host: str, twin: str, stack: contextlib.ExitStack) -> int:
+    """An exporter that serves what the one on `port` serves, as host `twin`: the same pids
+    and GPU UUIDs on another host (two containers of one job, numbered alike)."""
+    import http.server
+    import threading
+
+    class Twin(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+                body = reply.read().replace(
+                    f'hostname="{host}"'.encode(), f'hostname="{twin}"'.encode()
+                )
+                kind = reply.headers["Content-Type"]
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Twin)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    stack.callback(server.server_close)
+    stack.callback(server.shutdown)
+    return int(server.server_address[1])
+
+
+def test_two_hosts_with_the_same_pids_stay_apart_in_the_fleet():
+    from memtop.fleet import FleetSampler
+    from memtop.model import host_of
+    from memtop.sources.prometheus import PrometheusSource
+
+    with contextlib.ExitStack() as stack:
+        a = stack.enter_context(_host("node-a", "leak", STEP_A, stack))
+        url, _ = _prometheus([a.port, _twin(a.port, "node-a", "node-c", stack)], stack)
+        fleet = Fleet(a, a, url, _)
+        fleet.wait_for('count(count by (hostname) (memtop_agent_info{state="connected"})) == 2')
+        (pid,) = a.pids
+        out = subprocess.run(
+            [sys.executable, "-m", "memtop.cli", "--prometheus", url, "--once", "--json"],
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        report = json.loads(out.stdout)
+        assert [h["host"] for h in report["hosts"]] == ["node-a", "node-c"]
+        assert [(x["host"], x["pid"]) for x in report["agents"]] == [
+            ("node-a", pid),
+            ("node-c", pid),
+        ]
+        # The dashboard's one store: each host's GPU with its own trainer, nothing hidden.
+        sampler = FleetSampler(PrometheusSource(url), interval=1.0)
+        sampler.sample_once()
+        obs = sampler.observer().latest()
+        assert not any("same pid" in problem for problem in obs.problems), obs.problems
+        assert [g.host for g in obs.gpus] == ["node-a", "node-c"]
+        for gpu in obs.gpus:
+            assert [(host_of(d.pid), int(d.pid)) for d in gpu.agents] == [(gpu.host, pid)]
+        assert [(host_of(e.pid), int(e.pid)) for e in obs.entries] == [
+            ("node-a", pid),
+            ("node-c", pid),
+        ]
 
 
 GRAFANA = Path(__file__).parent.parent / "contrib" / "grafana" / "memtop.json"

@@ -5,6 +5,8 @@ scenario (a real trainer, the real agent and sampler; the viewer's clock runs 10
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from itertools import pairwise
@@ -189,3 +191,62 @@ def test_played_round_by_round_each_suggestion_quotes_its_rounds_figures():
             assert s.evidence.startswith(quoted), f"at {second} s: {s.evidence!r} ≠ {quoted!r}"
             checked += 1
     assert checked > 100
+
+
+MARKS = 200
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=False,
+    reason="issue 21.6 is not closed: with the simulator's gradients alive through the step "
+    "boundary, a loaded box still gives a rare leak alarm on the fragment scenario in its first "
+    "minute (the lag-1 correction in memtop.diagnosis.leak halved them; test_leak pins it)",
+)
+def test_the_fragment_scenario_under_a_cpu_hog_raises_no_leak_alarm(socket_dir: Path):
+    """Issue 21: under a load average of 6-16 on 2 cores a `leak` suggestion came and went on
+    the fragment scenario, whose trainers do not leak.  A loaded box slows each step until
+    every step is marked (the agent's 20-a-second limit no longer thins the marks), and the
+    fragment baseline, a moving sum of 8 steps' buffers, wanders from mark to mark: read as
+    independent points it looked like a rise.  Busy loops load the box here; the step time
+    makes every step marked on a fast box too.  Three trainers: three different baselines."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    demo = Demo(gpus=3, scenario="fragment", step_time=0.05, socket_dir=socket_dir)
+    store = Store()
+    sampler = Sampler(
+        store, DefaultDeviceSource(socket_dir, simulated_only=True), AgentPool(socket_dir)
+    )
+    clock = [time.time()]
+    observer = Observer(store, Diagnoser(leak_refresh_s=0.0), clock=lambda: clock[0])
+    leaks: list[tuple[int, str]] = []
+    marks = 0
+    try:
+        demo.start()
+        assert demo.wait_ready(60)
+        # The first MARKS step marks of each trainer, judged round by round: where the alarms
+        # came (from 46 to 142 marks).  Longer, the fragment baseline's slow wander over
+        # hundreds of steps is another matter (a few KiB per step, a week to full).
+        for round_ in range(600):
+            sampler.sample_once()
+            obs = observer.latest()
+            leaks += [(round_, s.title) for s in obs.diagnosis.suggestions if s.rule == "leak"]
+            marks = min(
+                (
+                    len(store.step_marks(a.pid, d.index, columns=("step",)).get("step", []))
+                    for a in obs.live_agents
+                    for d in a.devices
+                ),
+                default=0,
+            )
+            if marks >= MARKS and len(obs.live_agents) == 3:
+                break
+            clock[0] += 1.0
+            time.sleep(0.1)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+        sampler.stop()
+        demo.stop()
+    assert marks >= MARKS, f"only {marks} step marks: the scenario did not run long enough"
+    assert not leaks, leaks

@@ -274,3 +274,57 @@ def test_the_header_is_undone_once_and_only_when_it_was_painted(
     finally:
         os.close(master)
         os.close(slave)
+
+
+def test_the_first_figures_are_on_screen_before_textuals_first_frame(socket_dir: Path) -> None:
+    """Start-up (issue 21, DESIGN §9): the first sampling round runs while Textual is imported,
+    and its figures (every GPU's line, every agent's row) are painted under the header as soon
+    as they are known, before Textual's first frame (its "Processes" panel).  They waited for
+    Textual's frame and then a round: data at 0.77-1.06 s where nvitop draws at 0.12-0.24 s."""
+    from memtop.sim.demo import Demo
+    from memtop.ui import splash
+
+    demo = Demo(gpus=2, scenario="healthy", step_time=0.05, socket_dir=socket_dir)
+    process = master = None
+    try:
+        pids = demo.start()
+        assert demo.wait_ready(60)
+        # The order is what is tested, not the speed: on a loaded box (two suites at once) the
+        # first round can take longer than the 0.3 s Textual's import waits for it.
+        os.environ["MEMTOP_FIRST_ROUND_WAIT_S"] = "20"
+        try:
+            process, master = spawn_in_pty([], socket_dir)
+        finally:
+            del os.environ["MEMTOP_FIRST_ROUND_WAIT_S"]
+        before_textual = read_until(master, b"Processes", timeout=60)
+        text = before_textual.decode(errors="replace")
+        assert text.startswith(splash.ENTER)
+        for gpu in (0, 1):
+            assert f"GPU {gpu}  Simulated H100" in text, text[-800:]
+        rows = [line for line in text.split("\x1b[") if "sim_train.py --scenario=healthy" in line]
+        assert len(rows) == 2, text[-800:]
+        assert all(f" {pid} " in text for pid in pids)
+        os.write(master, b"q")
+        assert drain(master, process) == 0
+    finally:
+        if process is not None and process.poll() is None:
+            process.kill()
+        if master is not None:
+            os.close(master)
+        demo.stop()
+
+
+def test_no_figures_are_painted_once_textual_has_the_terminal(monkeypatch: pytest.MonkeyPatch):
+    from memtop.ui import splash
+
+    monkeypatch.setattr(splash, "_shown", True)  # as after `paint`
+    monkeypatch.setattr(splash, "_handed_over", False)
+    read, write = os.pipe()
+    try:
+        assert splash.paint_figures(write, ["GPU 0  x"])
+        assert os.read(read, 100).endswith(b"GPU 0  x")
+        splash.hand_over()
+        assert not splash.paint_figures(write, ["GPU 0  y"])  # Textual's frames are its own
+    finally:
+        os.close(read)
+        os.close(write)

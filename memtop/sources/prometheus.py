@@ -1,7 +1,8 @@
 """The fleet source: what `memtop export` on many hosts put into Prometheus, read back through
 the PromQL HTTP API (`/api/v1/query`, `/api/v1/query_range`).
 
-One instant query fetches every `memtop_*` series; they are grouped by their `hostname` label into
+One instant query fetches every `memtop_*` series (or, given one `memtop export`'s URL instead
+of Prometheus's, one scrape of its /metrics); they are grouped by their `hostname` label into
 one `HostReading` per host holding the same kinds of readings the local sampler writes into a
 store: an `NvmlReading` of the host's GPUs, one `AgentPoll` per agent (hello and sample rebuilt
 from the series), the breakdowns, and the host's own verdicts (leak, smoothed fragmentation,
@@ -33,6 +34,8 @@ import urllib.request
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from memtop import untrusted
 from memtop.model import (
@@ -101,6 +104,14 @@ HISTORY_SERIES = {
 
 class PrometheusError(Exception):
     """Prometheus could not be asked, or did not answer a query: one line for the user."""
+
+
+class PrometheusHTTPError(PrometheusError):
+    """An HTTP error status (a 404 where the query API should be: perhaps an exporter)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -261,6 +272,14 @@ class PrometheusSource:
         self._closed = threading.Event()
         self._lock = threading.Lock()
         self._fetches: set[_Fetch] = set()
+        # `memtop export` itself rather than Prometheus: read its /metrics (one host, no
+        # history).  Known from a URL that names /metrics, or found when the API is missing.
+        self.exporter_path = parts.path.rstrip("/").endswith("/metrics")
+        self.exporter = self.exporter_path
+
+    @property
+    def name(self) -> str:
+        return "the memtop exporter" if self.exporter else "Prometheus"
 
     def close(self) -> None:
         """Stop every read in progress now (it raises PrometheusError) and refuse new ones:
@@ -275,14 +294,20 @@ class PrometheusSource:
 
     def _get(self, path: str, params: dict[str, str], until: float | None = None) -> Any:
         """One query's `data`, by `until` (time.monotonic(); default: `deadline` from now)."""
-        until = time.monotonic() + self.deadline if until is None else until
         url = f"{self.url}{path}?{urllib.parse.urlencode(params)}"
+        return self._bounded(lambda fetch: self._data(self._fetch(url, fetch)), until)
+
+    def _bounded(self, work_on: Callable[[_Fetch], Any], until: float | None = None) -> Any:
+        """`work_on(fetch)` run on a worker thread, its result by `until` (time.monotonic();
+        default: `deadline` from now) or PrometheusError: its socket is shut at the deadline
+        or on close()."""
+        until = time.monotonic() + self.deadline if until is None else until
         fetch = _Fetch()
         outcome: list[Any] = []
 
         def work() -> None:
             try:
-                outcome.append(self._fetch(url, fetch))
+                outcome.append(work_on(fetch))
             except BaseException as exc:  # handed to the caller, who says it in one line
                 outcome.append(exc)
             finally:
@@ -290,7 +315,7 @@ class PrometheusSource:
 
         with self._lock:
             if self._closed.is_set():
-                raise PrometheusError(f"Prometheus at {self.url}: reading stopped")
+                raise PrometheusError(f"{self.name} at {self.url}: reading stopped")
             self._fetches.add(fetch)
         try:
             threading.Thread(target=work, name="memtop-prometheus", daemon=True).start()
@@ -301,17 +326,17 @@ class PrometheusSource:
         if not in_time:
             fetch.abandon()  # the worker's socket is shut: it ends now, its reply unread
             raise PrometheusError(
-                f"Prometheus at {self.url} did not answer within {self.deadline:g} s"
+                f"{self.name} at {self.url} did not answer within {self.deadline:g} s"
             )
         if fetch.abandoned:  # close(): whatever the worker made of its shut socket is moot
-            raise PrometheusError(f"Prometheus at {self.url}: reading stopped")
+            raise PrometheusError(f"{self.name} at {self.url}: reading stopped")
         if isinstance(outcome[0], BaseException):
             raise outcome[0]
         return outcome[0]
 
-    def _fetch(self, url: str, fetch: _Fetch) -> Any:
-        """The request itself, on the worker thread: at most MAX_REPLY_BYTES read, parsed as
-        untrusted JSON, checked for Prometheus's shape."""
+    def _fetch(self, url: str, fetch: _Fetch) -> bytearray:
+        """The request itself, on the worker thread: its body, at most MAX_REPLY_BYTES and
+        MAX_REPLY_ITEMS values."""
         http_handler, https_handler = _HttpHandler(), _HttpsHandler()
         http_handler.fetch = https_handler.fetch = fetch
         opener = urllib.request.build_opener(http_handler, https_handler, _Redirects())
@@ -321,7 +346,7 @@ class PrometheusSource:
                 length = reply.headers.get("Content-Length")
                 if length and length.isdigit() and int(length) > MAX_REPLY_BYTES:
                     raise PrometheusError(
-                        f"Prometheus at {self.url}: reply of {int(length)} bytes, "
+                        f"{self.name} at {self.url}: reply of {int(length)} bytes, "
                         f"over {MAX_REPLY_BYTES >> 20} MiB"
                     )
                 body = bytearray()  # grown in place: never a second copy of it
@@ -332,19 +357,25 @@ class PrometheusSource:
                     body += chunk
         except urllib.error.HTTPError as exc:
             detail = clean_text(_error_of(exc.read(4096)) or exc.reason, 300)
-            raise PrometheusError(f"Prometheus at {self.url}: HTTP {exc.code}: {detail}") from None
+            raise PrometheusHTTPError(
+                exc.code, f"{self.name} at {self.url}: HTTP {exc.code}: {detail}"
+            ) from None
         except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             reason = clean_text(getattr(exc, "reason", exc), 300)
-            raise PrometheusError(f"cannot reach Prometheus at {self.url}: {reason}") from None
+            raise PrometheusError(f"cannot reach {self.name} at {self.url}: {reason}") from None
         if len(body) > MAX_REPLY_BYTES:
             raise PrometheusError(
-                f"Prometheus at {self.url}: reply over {MAX_REPLY_BYTES >> 20} MiB"
+                f"{self.name} at {self.url}: reply over {MAX_REPLY_BYTES >> 20} MiB"
             )
-        items = body.count(b",") + body.count(b"[") + body.count(b"{")
+        items = body.count(b",") + body.count(b"[") + body.count(b"{") + body.count(b"\n")
         if items > MAX_REPLY_ITEMS:
             raise PrometheusError(
-                f"Prometheus at {self.url}: a reply of over {MAX_REPLY_ITEMS:,} values"
+                f"{self.name} at {self.url}: a reply of over {MAX_REPLY_ITEMS:,} values"
             )
+        return body
+
+    def _data(self, body: bytearray) -> Any:
+        """A query reply's `data`: parsed as untrusted JSON, checked for Prometheus's shape."""
         try:
             data = untrusted.loads(body)
         except untrusted.UntrustedInput as exc:
@@ -408,9 +439,24 @@ class PrometheusSource:
     def read(self) -> FleetReading:
         """Every host's newest readings (one query), and which exporters Prometheus could not
         scrape lately (their series go stale at once, so without this a host would just
-        vanish).  Both queries within one `deadline`."""
+        vanish).  Both queries within one `deadline`.  A URL that is one `memtop export` rather
+        than Prometheus is read directly (`_scrape`): that host alone, as Prometheus would have
+        stored it."""
         until = time.monotonic() + self.deadline
-        hosts = tuple(hosts_of(self.query(ALL_SERIES, until=until)))
+        if self.exporter:
+            return FleetReading(time.time(), tuple(hosts_of(self._scrape(until))))
+        try:
+            series = self.query(ALL_SERIES, until=until)
+        except PrometheusHTTPError as exc:
+            if exc.status != 404:
+                raise
+            if not self._is_exporter(until):
+                raise PrometheusError(
+                    f"{exc}: no Prometheus query API there, nor a memtop exporter's /metrics; "
+                    "point --prometheus at Prometheus (http://HOST:9090) or at one memtop export"
+                ) from None
+            return self.read()
+        hosts = tuple(hosts_of(series))
         problems = []
         try:
             for labels, _ in self.query(DOWN, until=until):
@@ -422,6 +468,50 @@ class PrometheusSource:
             pass  # the readings stand without it
         return FleetReading(time.time(), hosts, tuple(sorted(problems)))
 
+    def _is_exporter(self, until: float) -> bool:
+        """Whether the URL (which has no Prometheus API: a 404) serves memtop_* series at
+        /metrics, as `memtop export` does; from then on it is read as one."""
+        try:
+            found = any(labels.get("__name__") for labels, _ in self._scrape(until))
+        except PrometheusError:
+            return False
+        if found:
+            self.exporter = True
+        return found
+
+    def _scrape(self, until: float | None = None) -> list[tuple[dict[str, str], float]]:
+        """One exporter's memtop_* series as Prometheus stores a scrape of them (what an
+        instant query returns): empty labels dropped, memtop's `job` kept (honor_labels), the
+        target named as its `instance`.  Read under the same deadline and caps as a query."""
+        url = self.url if self.exporter_path else f"{self.url}/metrics"
+        body = self._bounded(lambda fetch: self._fetch(url, fetch), until)
+        try:
+            families = list(text_string_to_metric_families(body.decode("utf-8", "replace")))
+        except (ValueError, TypeError, IndexError) as exc:
+            raise PrometheusError(
+                f"{self.url}: neither Prometheus nor a memtop exporter "
+                f"(not the Prometheus text format: {clean_text(exc, 120)})"
+            ) from None
+        instance = urllib.parse.urlsplit(self.url).netloc
+        rows = []
+        for family in families:
+            for sample in family.samples:
+                value = _number(sample.value)
+                if not sample.name.startswith("memtop_") or value is None:
+                    continue
+                labels = {
+                    clean_text(k, 200): clean_text(v, 1000)
+                    for k, v in sample.labels.items()
+                    if v != ""
+                }
+                rows.append(({**labels, "__name__": sample.name, "instance": instance}, value))
+        if not rows:
+            raise PrometheusError(
+                f"{self.url}: neither Prometheus (no query API) nor a memtop exporter "
+                "(no memtop_* series at /metrics): point --prometheus at your Prometheus"
+            )
+        return rows
+
     def history(
         self, seconds: float, step: float, end: float | None = None
     ) -> dict[str, dict[tuple[int, int], dict[str, list[tuple[float, float]]]]]:
@@ -430,6 +520,8 @@ class PrometheusSource:
         until = time.monotonic() + self.deadline  # all four queries
         end = time.time() if end is None else end
         out: dict[str, dict[tuple[int, int], dict[str, list[tuple[float, float]]]]] = {}
+        if self.exporter:
+            return out  # an exporter keeps no history: the charts start now
         index_of = {
             (labels.get("hostname", ""), labels.get("pid", ""), labels.get("UUID", "")): int(v)
             for labels, v in self.query("memtop_cuda_device_index", at=end, until=until)

@@ -8,12 +8,25 @@ nothing imported. Textual then takes the same alternate screen over and repaints
 
 `restore()` undoes it when Textual never got as far as starting (an error or Ctrl-C while
 importing); once Textual ran it has left the alternate screen itself, and restore is a no-op.
+
+The first sampling round runs meanwhile (memtop.cli starts the sampler before importing
+Textual), and when its observation lands before Textual is ready, `paint_figures` writes every
+GPU's and process's figures under the header (the view-model's rows, plainly: the same values
+Textual draws next).  `hand_over()`, called just before Textual starts, ends that: no write of
+ours can land inside Textual's frames (Textual's first frame, on a fresh alternate screen,
+covers every cell).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from memtop.observation import Observation
+    from memtop.scope import Scope
 
 ENTER = "\x1b[?1049h\x1b[?25l\x1b[H\x1b[2J"  # alternate screen, cursor hidden, cleared
 # Only leave and show the cursor: after Textual has left already, this changes nothing (no clear,
@@ -52,6 +65,66 @@ def paint(fd: int, colour: bool = True) -> bool:
 
 
 _shown = False  # the alternate screen was entered here and not left yet
+_handed_over = False  # Textual has the terminal: nothing more is written here
+_lock = threading.Lock()  # a paint from the sampler's thread against the hand-over
+
+
+def figure_lines(
+    obs: Observation, width: int, height: int, scope: Scope | None = None
+) -> list[str]:
+    """The rows under the header: a line per GPU, then the process table's rows (as many as
+    fit), from the view-model Textual renders (memtop.ui.view): the same figures, plain, and
+    filtered by the same `scope` (--only, --user, --pid)."""
+    from memtop.ui import view
+    from memtop.ui.render import short_bytes
+
+    dash = view.build(scope.apply(obs) if scope else obs)
+    source = f"{dash.source}  ·  {len(dash.gpus)} GPUs  ·  {dash.agents} agents"
+    lines = [source]
+    for gpu in dash.gpus:
+        share = f"{100 * gpu.used_share:5.1f} %" if gpu.used_share is not None else "    —"
+        where = f" {gpu.host}" if gpu.host else ""
+        lines.append(
+            f"GPU {gpu.index}{where}  {gpu.name[:26]:<26} "
+            f"{short_bytes(gpu.used):>6} / {short_bytes(gpu.total):<6} {share}"
+        )
+    lines.append("")
+    lines.append(f"{'PID':>7} {'GPU':>3} {'USED':>6} {'ALLOC':>6} {'RSVD':>6} {'STEP':>7}  COMMAND")
+    for row in dash.processes[: max(0, height - len(lines) - 3)]:
+        step = "—" if row.step is None else str(row.step)
+        number = "—" if row.gpu is None else str(row.gpu)
+        command = f"{row.host}: {row.command}" if row.host else row.command
+        lines.append(
+            f"{row.pid:>7} {number:>3} {short_bytes(row.used):>6} {short_bytes(row.allocated):>6} "
+            f"{short_bytes(row.reserved):>6} {step:>7}  {command}"
+        )
+    return [line[:width] for line in lines]
+
+
+def paint_figures(fd: int, lines: list[str]) -> bool:
+    """Write `lines` under the header painted by `paint`, unless Textual has the terminal
+    already (`hand_over`); whether they were written.  Safe from any thread."""
+    text = "".join(f"\x1b[{row};1H\x1b[2K" + _printable(line) for row, line in enumerate(lines, 2))
+    with _lock:
+        if not _shown or _handed_over:
+            return False
+        try:
+            os.write(fd, text.encode())
+        except OSError:
+            return False
+    return True
+
+
+def _printable(line: str) -> str:
+    return "".join(ch if ch.isprintable() else "?" for ch in line)
+
+
+def hand_over() -> None:
+    """Textual is about to take the terminal: no figures are painted from now on (a paint in
+    progress finishes first)."""
+    global _handed_over
+    with _lock:
+        _handed_over = True
 
 
 def restore(fd: int) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from memtop.diagnosis import DeviceDiagnosis, Suggestion
-from memtop.model import SOURCE_AGENT, SOURCE_SIM, AgentStatus, Severity
+from memtop.model import SOURCE_AGENT, SOURCE_SIM, AgentStatus, Severity, host_of
 from memtop.observation import (
     AgentDeviceObservation,
     DeviceHistory,
@@ -22,7 +22,7 @@ from memtop.observation import (
     ProcessEntry,
 )
 from memtop.ui.render import bin_reduce, short_bytes
-from memtop.units import format_bytes, format_duration
+from memtop.units import format_bytes, format_duration, short_host
 
 if TYPE_CHECKING:
     from memtop.sources.processes import ProcessInfo
@@ -136,6 +136,7 @@ class GpuRow:
     utilization: int | None = None  # percent, NVML
     temperature: int | None = None  # °C
     power_watts: float | None = None
+    host: str = ""  # the machine it is in, short, when not this one (the fleet view)
 
     @property
     def used_share(self) -> float | None:
@@ -170,6 +171,7 @@ class ProcessRow:
     started: float | None = None  # unix time the process started
     run_seconds: float | None = None  # how long it has run, at the observation's time
     rocm: str | None = None  # the HIP version when its torch is a ROCm build (AMD GPUs)
+    host: str = ""  # the machine it runs on, short, when not this one (the fleet view)
 
     @property
     def last_known(self) -> bool:
@@ -325,6 +327,7 @@ def _gpu_row(gpu: GpuObservation, flagged: set[tuple[int | None, int | None]]) -
         utilization=gpu.utilization_percent,
         temperature=gpu.temperature_c,
         power_watts=getattr(gpu, "power_watts", None),
+        host=short_host(gpu.host) if gpu.host else "",
     )
 
 
@@ -407,12 +410,16 @@ def _process_row(
         users[entry.pid] = info.user
     user = users.get(entry.pid, "?")
     host = _host_usage(info, now)
+    remote = host_of(entry.pid)
+    where = short_host(remote) if remote else ""
+    process = process_key(entry.pid)
     agent, dev = entry.agent, entry.device
     if agent is None:
         argv = info.cmdline if info and info.visible and info.cmdline else ()
         return ProcessRow(
-            key=f"{entry.pid}:{entry.uuid}",
+            key=f"{process}:{entry.uuid}",
             pid=entry.pid,
+            host=where,
             user=user,
             command=short_command(argv) if argv else (info.name if info and info.visible else "?"),
             full_command=info.command if info and info.visible else "?",
@@ -446,8 +453,9 @@ def _process_row(
     # Without a device (an agent that has not sampled yet, or cannot be reached) the row keeps
     # its process and agent columns and leaves the GPU's blank.
     return ProcessRow(
-        key=f"{agent.pid}:{dev.uuid or dev.index}" if dev else f"{agent.pid}:-",
+        key=f"{process}:{dev.uuid or dev.index}" if dev else f"{process}:-",
         pid=agent.pid,
+        host=where,
         user=user,
         command=command,
         full_command=full,
@@ -465,6 +473,12 @@ def _process_row(
         own=own,
         rocm=agent.hip,
     )
+
+
+def process_key(pid: int | None) -> str:
+    """A pid as a widget key: with its host in the fleet view, where two hosts share pids."""
+    remote = host_of(pid)
+    return f"{remote}/{pid}" if remote else str(pid)
 
 
 def _int_or_none(value: object) -> int | None:
@@ -545,7 +559,7 @@ def _suggestion_items(
         unused = f"{format_bytes(room)} unused" if room else None
         items.append(
             SuggestionItem(
-                key=f"tips:{pid}",
+                key=f"tips:{process_key(pid)}",
                 severity=Severity.INFO,
                 pid=pid,
                 device=None,
@@ -600,7 +614,7 @@ def _item(s: Suggestion) -> SuggestionItem:
     if s.effect_bytes:
         effect = EFFECT_WORDING.get(s.rule, "saves {}").format(format_bytes(s.effect_bytes))
     return SuggestionItem(
-        key=f"{s.rule}:{s.pid}:{s.device}",
+        key=f"{s.rule}:{process_key(s.pid)}:{s.device}",
         severity=s.severity,
         pid=s.pid,
         device=s.device,

@@ -163,6 +163,8 @@ class GpuCard(Widget):
         row = self.row
         dense = self.has_class("-dense")
         label = f"GPU{row.index} " if compact else f"GPU {row.index}  {row.name[:26]} "
+        if compact and row.host:  # the fleet: the card without its name still names its host
+            label = f"GPU{row.index} {row.host} "
         head = Text(label, style="bold")
         if row.error and row.used is None:
             return head + Text(row.error, style="bold red")

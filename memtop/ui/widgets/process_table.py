@@ -79,7 +79,9 @@ def _runtime(row: ProcessRow, compact: bool) -> str:
 
 def _command(row: ProcessRow, compact: bool) -> str:
     command = row.command if row.rocm is None else f"ROCm {row.command}"  # on AMD GPUs
-    return command if row.rank is None else f"r{row.rank} {command}"
+    command = command if row.rank is None else f"r{row.rank} {command}"
+    # The fleet: the compact layout has no USER column, where a remote row names its host.
+    return f"{row.host}: {command}" if compact and row.host else command
 
 
 def _num(value: float | None) -> float:
