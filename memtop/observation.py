@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuFacts
 from memtop.diagnosis.stability import Stabilizer
+from memtop.jobs import JobIdentity, job_identity
 from memtop.model import (
     MARK_WINDOW,
     SOURCE_AGENT,
@@ -112,6 +113,11 @@ class AgentObservation:
     @property
     def allocator_conf(self) -> str:
         return self.hello.allocator_conf if self.hello is not None else ""
+
+    @property
+    def job(self) -> JobIdentity | None:
+        """Its scheduler job and rendezvous, as its hello said (memtop.jobs)."""
+        return job_identity(self.hello.extra) if self.hello is not None else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,12 +21,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from memtop.export.text import exposition
+from memtop.jobs import DCGM_LABELS, dcgm_labels
 from memtop.model import AgentStatus
 from memtop.observation import AgentDeviceObservation, AgentObservation, Observation
 
 GPU_LABELS = ("hostname", "UUID", "gpu", "modelName")
-PROCESS_LABELS = (*GPU_LABELS, "pid", "rank", "job")
-AGENT_LABELS = ("hostname", "pid", "rank", "job")
+# DCGM exporter's job labels (hpc_job, pod, namespace, container), so series join its own.
+PROCESS_LABELS = (*GPU_LABELS, "pid", "rank", "job", *DCGM_LABELS)
+AGENT_LABELS = ("hostname", "pid", "rank", "job", *DCGM_LABELS)
 INFO_LABELS = (*AGENT_LABELS, "state", "command", "python", "torch", "allocator_conf")
 BREAKDOWN_PARTS = ("parameters", "gradients", "optimizer_state", "other")
 COMMAND_CHARS = 200  # a label value is stored with every sample: keep the command line short
@@ -263,7 +265,8 @@ def render(
     for agent in obs.agents:
         rank = rank_of(agent)
         agent_job = job or job_name(agent.argv)
-        agent_labels = [host, str(agent.pid), rank, agent_job]
+        where = dcgm_labels(agent.job)
+        agent_labels = [host, str(agent.pid), rank, agent_job, *where]
         info.add_metric(
             [
                 *agent_labels,
@@ -280,7 +283,16 @@ def render(
         if agent.status != AgentStatus.CONNECTED:
             continue  # an exited or hung agent's last numbers are not the present
         for dev in agent.devices:
-            labels = [host, dev.uuid, str(dev.gpu), dev.name, str(agent.pid), rank, agent_job]
+            labels = [
+                host,
+                dev.uuid,
+                str(dev.gpu),
+                dev.name,
+                str(agent.pid),
+                rank,
+                agent_job,
+                *where,
+            ]
             for key, value in _device_values(dev):
                 if value is not None:
                     families[key].add_metric(labels, value)

@@ -167,6 +167,7 @@ class ProcessRow:
     rss: int | None = None  # host resident memory
     started: float | None = None  # unix time the process started
     run_seconds: float | None = None  # how long it has run, at the observation's time
+    job: str = ""  # its scheduler job or rendezvous, compact (memtop.jobs): "slurm 4242"
 
     @property
     def last_known(self) -> bool:
@@ -391,6 +392,7 @@ def _process_row(
         "world_size": _int_or_none(extra.get("world_size")),
         "launcher": getattr(info, "ppid", None) if extra.get("rank") is not None else None,
     }
+    job = agent.job
     state = STATE_LABELS.get(agent.status, str(agent.status))
     trend = ""
     if dev is not None and dev.diagnosis.leak.detected and state == "agent":
@@ -406,6 +408,7 @@ def _process_row(
         full_command=full,
         **ranks,
         **host,
+        job=job.label if job is not None else "",
         gpu=dev.gpu if dev else None,
         device=dev.index if dev else None,
         used=entry.used_bytes if dev else None,
