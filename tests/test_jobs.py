@@ -127,8 +127,15 @@ class Trainer:
 
     def __init__(self, socket_dir: Path, env: dict[str, str], registry: Path) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "memtop.sim.trainer", "--registry", str(registry)]
-            + ["--step-time", "0.05"],
+            [
+                sys.executable,
+                "-m",
+                "memtop.sim.trainer",
+                "--registry",
+                str(registry),
+                "--step-time",
+                "0.05",
+            ],
             env=dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir), **env),
             stderr=subprocess.DEVNULL,
         )
@@ -182,8 +189,16 @@ def test_once_json_shows_the_job(trainers: list[Trainer], socket_dir: Path) -> N
 def test_exported_series_carry_dcgms_job_labels(trainers: list[Trainer], socket_dir: Path) -> None:
     env = dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir))
     exporter = subprocess.Popen(
-        [sys.executable, "-m", "memtop.cli", "export", "--listen", "127.0.0.1:0"]
-        + ["--interval", "0.5"],
+        [
+            sys.executable,
+            "-m",
+            "memtop.cli",
+            "export",
+            "--listen",
+            "127.0.0.1:0",
+            "--interval",
+            "0.5",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
