@@ -168,3 +168,45 @@ def dcgm_labels(job: JobIdentity | None) -> list[str]:
 
 
 DCGM_LABELS = ("hpc_job", "pod", "namespace", "container")
+
+
+def info_labels(job: JobIdentity | None) -> list[str]:
+    """Values of the exporter's `rendezvous` and `world_size` labels of `memtop_agent_info`
+    (what groups ranks of one torchrun job across hosts in the fleet view)."""
+    if job is None:
+        return ["", ""]
+    return [job.rendezvous or "", str(job.world_size) if job.world_size else ""]
+
+
+INFO_JOB_LABELS = ("rendezvous", "world_size")
+
+
+def hello_fields_from_labels(labels: Mapping[str, str]) -> dict[str, Any]:
+    """`scheduler` and `rendezvous` hello fields rebuilt from an exported `memtop_agent_info`
+    series' labels (the fleet view reads agents back from Prometheus)."""
+    out: dict[str, Any] = {}
+    hpc_job = labels.get("hpc_job", "")
+    if hpc_job:
+        job_id, _, task = hpc_job.partition("_")
+        out["scheduler"] = {
+            "kind": "slurm",
+            "job_id": hpc_job,
+            "array_job_id": job_id if task else None,
+            "array_task_id": task or None,
+        }
+    elif labels.get("pod"):
+        out["scheduler"] = {
+            "kind": "kubernetes",
+            "pod": labels.get("pod"),
+            "namespace": labels.get("namespace") or None,
+            "container": labels.get("container") or None,
+        }
+    addr, colon, port = labels.get("rendezvous", "").rpartition(":")
+    if colon:
+        world = labels.get("world_size", "")
+        out["rendezvous"] = {
+            "master_addr": addr if addr != "?" else None,
+            "master_port": int(port) if port.isdigit() and len(port) <= 5 else None,
+            "world_size": int(world) if world.isdigit() and len(world) <= 9 else None,
+        }
+    return out

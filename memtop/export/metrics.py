@@ -21,7 +21,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from memtop.export.text import exposition
-from memtop.jobs import DCGM_LABELS, dcgm_labels
+from memtop.jobs import DCGM_LABELS, INFO_JOB_LABELS, dcgm_labels, info_labels
 from memtop.model import AgentStatus
 from memtop.observation import AgentDeviceObservation, AgentObservation, Observation
 
@@ -29,7 +29,15 @@ GPU_LABELS = ("hostname", "UUID", "gpu", "modelName")
 # DCGM exporter's job labels (hpc_job, pod, namespace, container), so series join its own.
 PROCESS_LABELS = (*GPU_LABELS, "pid", "rank", "job", *DCGM_LABELS)
 AGENT_LABELS = ("hostname", "pid", "rank", "job", *DCGM_LABELS)
-INFO_LABELS = (*AGENT_LABELS, "state", "command", "python", "torch", "allocator_conf")
+INFO_LABELS = (
+    *AGENT_LABELS,
+    "state",
+    "command",
+    "python",
+    "torch",
+    "allocator_conf",
+    *INFO_JOB_LABELS,
+)
 BREAKDOWN_PARTS = ("parameters", "gradients", "optimizer_state", "other")
 COMMAND_CHARS = 200  # a label value is stored with every sample: keep the command line short
 
@@ -275,6 +283,7 @@ def render(
                 agent.hello.python if agent.hello else "",
                 (agent.hello.torch or "") if agent.hello else "",
                 agent.allocator_conf[:COMMAND_CHARS],
+                *info_labels(agent.job),
             ],
             1,
         )
