@@ -31,6 +31,12 @@ class DeviceDiagnosis:
     # The newest OOM report of this process on this device (its headline and diagnosis, as
     # the agent's sample carries it), None without one.
     last_oom: dict[str, Any] | None = None
+    # Its job's other ranks in view (memtop.diagnosis.ranks): its rank, the job's label, how
+    # many other ranks, and the median of their peaks.
+    rank: int | None = None
+    job: str | None = None
+    peer_ranks: int = 0
+    peers_median_peak_bytes: int | None = None
 
     @property
     def transient_bytes(self) -> int | None:
