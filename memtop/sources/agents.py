@@ -653,6 +653,8 @@ class AgentPool:
         self._refused_gone: set[int] = set()
         # Sockets of agents in other pid namespaces: name -> (socket inode, pid seen here).
         self._foreign: dict[str, tuple[int, int]] = {}
+        # ... and those refused: name -> (socket inode, retry after, why).
+        self._foreign_refused: dict[str, tuple[int, float, str]] = {}
         # The last full scan: (its directories' versions, when, what it found).
         self._last_scan: tuple[tuple[object, ...], float, _Scan] | None = None
 
@@ -706,6 +708,7 @@ class AgentPool:
                 problems.append(f"ignoring agents: cannot list {directory}: {exc.strerror}")
                 continue
             candidates = []
+            foreign_seen = 0
             for name in names:
                 parsed = namespaces.parse_socket_name(name)
                 if parsed is None:
@@ -713,7 +716,11 @@ class AgentPool:
                 path = directory / name
                 pid, namespace = parsed
                 if namespace is not None and namespace != own_namespace:
-                    # An agent in a container: found by the pid this viewer sees.
+                    # An agent in a container: found by the pid this viewer sees (at most as
+                    # many per directory as agents are read from one).
+                    foreign_seen += 1
+                    if foreign_seen > self.MAX_AGENTS_PER_USER:
+                        continue
                     seen = self._resolve_foreign(path, owner, problems)
                     if seen is not None:
                         foreign[seen] = name
@@ -742,6 +749,11 @@ class AgentPool:
                     )
                     continue
                 candidates.append(pid)
+            if foreign_seen > self.MAX_AGENTS_PER_USER:
+                problems.append(
+                    f"uid {owner}: {foreign_seen} agent sockets of other pid namespaces in "
+                    f"{directory}; reading the first {self.MAX_AGENTS_PER_USER}"
+                )
             candidates.sort()
             if len(candidates) > self.MAX_AGENTS_PER_USER:
                 problems.append(
@@ -766,8 +778,6 @@ class AgentPool:
         in_sight = {pid: name for pid, name in foreign.items() if pid in found}
         return _Scan(found, refused, tuple(problems), in_sight)
 
-    FOREIGN_CONNECT_S = 0.5
-
     def _resolve_foreign(self, path: Path, owner: int, problems: list[str]) -> int | None:
         """The pid this viewer sees for the agent socket `path` of another pid namespace, or
         None (stale: removed; refused or out of sight: one line in `problems`).
@@ -775,7 +785,9 @@ class AgentPool:
         The kernel tells: SO_PEERCRED's pid is translated into our namespace.  Nothing is sent;
         the process must be the one the name stands for (namespace inode and innermost pid)
         and run as the directory's owner.  Known sockets (same inode) are checked again with
-        two small /proc reads instead of a connection."""
+        two small /proc reads instead of a connection; refused ones are not tried again before
+        REFUSED_RETRY_S unless replaced.  The connection is non-blocking: a listener whose
+        backlog is full (a stopped or hostile agent) costs the round nothing."""
         name = path.name
         try:
             protocol.check_socket_entry(path, owner)
@@ -791,8 +803,13 @@ class AgentPool:
             if protocol.pid_alive(seen) and namespaces.expected_socket_name(seen) == name:
                 return seen
         self._foreign.pop(name, None)
+        now = time.monotonic()
+        refused = self._foreign_refused.get(name)
+        if refused is not None and refused[0] == inode and now < refused[1]:
+            problems.append(refused[2])
+            return None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.FOREIGN_CONNECT_S)
+        sock.setblocking(False)
         try:
             sock.connect(str(path))
             seen, uid, _ = protocol.peer_credentials(sock)
@@ -800,22 +817,28 @@ class AgentPool:
             with contextlib.suppress(OSError):
                 os.unlink(path)  # stale: nobody listens (unlink never follows a symlink)
             return None
+        except BlockingIOError:
+            return None  # its backlog is full: asked again at the next full scan
         except OSError as exc:
             problems.append(f"cannot reach the agent socket {path}: {exc.strerror or exc}")
             return None
         finally:
             sock.close()
+        why = None
         if seen <= 0:
-            problems.append(
+            why = (
                 f"ignoring {path}: its process is not visible from this pid namespace (run the "
                 "viewer in the host's pid namespace, e.g. a pod with hostPID: true)"
             )
-            return None
-        if uid != owner:
-            problems.append(f"refused: {path} is served by uid {uid}, not by its owner {owner}")
-            return None
-        if namespaces.expected_socket_name(seen) != name:
-            problems.append(f"refused: {path} is served by pid {seen}, not the process it names")
+        elif uid != owner:
+            why = f"refused: {path} is served by uid {uid}, not by its owner {owner}"
+        elif namespaces.expected_socket_name(seen) != name:
+            why = f"refused: {path} is served by pid {seen}, not the process it names"
+        if why is not None:
+            if len(self._foreign_refused) > 4 * self.MAX_AGENTS_PER_USER:
+                self._foreign_refused.clear()
+            self._foreign_refused[name] = (inode, now + self.REFUSED_RETRY_S, why)
+            problems.append(why)
             return None
         self._foreign[name] = (inode, seen)
         return seen
