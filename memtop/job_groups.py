@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from memtop.diagnosis.suggestions import RANK_DRIFT_MIN_BYTES, RANK_DRIFT_SHARE
 from memtop.jobs import JobIdentity
 from memtop.observation import AgentObservation, Observation
 
@@ -53,6 +54,27 @@ class JobGroup:
         return int(statistics.median(peaks)) if peaks else None
 
     @property
+    def drifting(self) -> tuple[RankView, float] | None:
+        """The rank whose peak is furthest above the median of the job's other ranks, when it
+        is above by more than the `rank_drift` rule's limits (15 % and 1 GiB), with its share
+        above: across hosts, where each host's own diagnosis sees only its ranks."""
+        best: tuple[RankView, float] | None = None
+        for rank in self.ranks:
+            others = [r.peak_bytes for r in self.ranks if r is not rank and r.peak_bytes]
+            if rank.peak_bytes is None or not others:
+                continue
+            median = statistics.median(others)
+            excess = rank.peak_bytes - median
+            share = excess / median if median > 0 else 0.0
+            if (
+                share > RANK_DRIFT_SHARE
+                and excess > RANK_DRIFT_MIN_BYTES
+                and (best is None or share > best[1])
+            ):
+                best = (rank, share)
+        return best
+
+    @property
     def leaking(self) -> RankView | None:
         """The rank that leaks fastest, if any does."""
         leaks = [r for r in self.ranks if r.leak_bytes_per_step]
@@ -60,6 +82,7 @@ class JobGroup:
 
     def as_json(self) -> dict[str, Any]:
         leaking = self.leaking
+        drifting = self.drifting
         return {
             "key": list(self.key),
             "label": self.label,
@@ -70,6 +93,16 @@ class JobGroup:
             ],
             "spread_bytes": self.spread_bytes,
             "median_peak_bytes": self.median_peak_bytes,
+            "drifting": (
+                None
+                if drifting is None
+                else {
+                    "host": drifting[0].host,
+                    "pid": drifting[0].pid,
+                    "rank": drifting[0].rank,
+                    "above_share": round(drifting[1], 4),
+                }
+            ),
             "leaking": (
                 None
                 if leaking is None
@@ -151,6 +184,17 @@ def render_lines(groups: Sequence[dict[str, Any]], format_bytes: Any) -> list[st
             text += f" · peak median {format_bytes(group['median_peak_bytes'])}"
         if group["spread_bytes"] is not None:
             text += f", spread {format_bytes(group['spread_bytes'])}"
+        drifting = group.get("drifting")
+        if drifting is not None:
+            who = (
+                f"rank {drifting['rank']}"
+                if drifting["rank"] is not None
+                else f"pid {drifting['pid']}"
+            )
+            text += (
+                f" · {who} on {drifting['host']} peaks "
+                f"{100 * drifting['above_share']:.0f} % above the others"
+            )
         leaking = group["leaking"]
         if leaking is not None:
             who = (

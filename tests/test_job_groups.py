@@ -28,11 +28,11 @@ GiB = 2**30
 
 
 class Host:
-    def __init__(self, name: str, socket_dir: Path, env: dict[str, str]) -> None:
+    def __init__(self, name: str, socket_dir: Path, env: dict[str, str], scale: float) -> None:
         self.name = name
         registry = registry_dir(socket_dir, os.getpid())
         SimGpuRegistry(registry).create(simulated_gpu_specs(1, total_bytes=16 * GiB, seed=name))
-        self.trainer = Trainer(socket_dir, env, registry)
+        self.trainer = Trainer(socket_dir, env, registry, "--scale", str(scale))
         self.exporter = subprocess.Popen(
             [
                 sys.executable,
@@ -60,8 +60,9 @@ class Host:
         while True:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
                 body = r.read().decode()
-            if "memtop_allocated_bytes{" in body:
-                return body
+            steps = re.search(r"^memtop_steps_total\{.*\} (\S+)$", body, re.MULTILINE)
+            if "memtop_allocated_bytes{" in body and steps and float(steps.group(1)) >= 5:
+                return body  # a few steps in: the true peak is reached
             assert time.monotonic() < deadline, body
             time.sleep(0.3)
 
@@ -90,7 +91,8 @@ def two_hosts(tmp_path: Path) -> Iterator[list[Host]]:
         for i, name in enumerate(("Node-A", "node-b")):
             directory = Path(f"/tmp/mtj{os.getpid()}-{i}")
             directory.mkdir(mode=0o700)
-            hosts.append(Host(name, directory, slurm_rank(i)))
+            # Rank 0 evaluates on top of training: its peak runs 30 % above rank 1's.
+            hosts.append(Host(name, directory, slurm_rank(i), 1.3 if i == 0 else 1.0))
         yield hosts
     finally:
         for host in hosts:
@@ -111,6 +113,10 @@ def test_one_job_on_two_hosts_is_one_group_with_both_ranks(two_hosts: list[Host]
     assert job["hosts"] == ["node-a", "node-b"]
     assert [(r["host"], r["rank"]) for r in job["ranks"]] == [("node-a", 0), ("node-b", 1)]
     assert [r["pid"] for r in job["ranks"]] == [h.trainer.process.pid for h in two_hosts]
-    assert job["spread_bytes"] is not None and job["median_peak_bytes"] > 0
+    assert job["spread_bytes"] > 2**30 and job["median_peak_bytes"] > 0
+    # Each host's diagnosis sees one rank; the fleet sees that rank 0 drifts above rank 1.
+    assert job["drifting"]["rank"] == 0 and job["drifting"]["host"] == "node-a"
+    assert 0.25 < job["drifting"]["above_share"] < 0.35
     text = fleet_report.render_text(data)
     assert "slurm 777: 2 ranks on 2 hosts (node-a, node-b)" in text
+    assert "rank 0 on node-a peaks 3" in text

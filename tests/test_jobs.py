@@ -125,7 +125,7 @@ def test_the_viewer_types_and_bounds_what_an_agent_says() -> None:
 class Trainer:
     """A simulated trainer with the real agent, started with `env` added."""
 
-    def __init__(self, socket_dir: Path, env: dict[str, str], registry: Path) -> None:
+    def __init__(self, socket_dir: Path, env: dict[str, str], registry: Path, *extra: str) -> None:
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -135,6 +135,7 @@ class Trainer:
                 str(registry),
                 "--step-time",
                 "0.05",
+                *extra,
             ],
             env=dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir), **env),
             stderr=subprocess.DEVNULL,
