@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -85,20 +87,21 @@ def slurm_rank(rank: int) -> dict[str, str]:
 
 
 @pytest.fixture
-def two_hosts(tmp_path: Path) -> Iterator[list[Host]]:
+def two_hosts() -> Iterator[list[Host]]:
     hosts: list[Host] = []
+    # Short (AF_UNIX paths are limited to 108 bytes), private and random: one per host.
+    directories = [Path(tempfile.mkdtemp(prefix="mtj-")) for _ in range(2)]
     try:
         for i, name in enumerate(("Node-A", "node-b")):
-            directory = Path(f"/tmp/mtj{os.getpid()}-{i}")
-            directory.mkdir(mode=0o700)
+            directories[i].chmod(0o700)
             # Rank 0 evaluates on top of training: its peak runs 30 % above rank 1's.
-            hosts.append(Host(name, directory, slurm_rank(i), 1.3 if i == 0 else 1.0))
+            hosts.append(Host(name, directories[i], slurm_rank(i), 1.3 if i == 0 else 1.0))
         yield hosts
     finally:
         for host in hosts:
             host.stop()
-        for i in range(2):
-            subprocess.run(["rm", "-rf", f"/tmp/mtj{os.getpid()}-{i}"], check=False)
+        for directory in directories:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def test_one_job_on_two_hosts_is_one_group_with_both_ranks(two_hosts: list[Host]) -> None:
