@@ -653,7 +653,7 @@ def _agent_answers(target: Target, timeout: float) -> str | None:
     from memtop.sources.agents import AgentClient, AgentError, AgentUnreachable
 
     directory = target.socket_dir
-    path = directory / f"{target.pid}.sock"
+    path = protocol.socket_path(target.pid, directory)
     if not os.path.lexists(path):
         return None
     try:

@@ -218,3 +218,35 @@ def test_cleanup_by_host_pid_reaches_the_contained_agent(
     )
     assert done.returncode == 0, done.stderr
     assert str(contained.pid) in done.stdout or "released" in done.stdout.lower(), done.stdout
+
+
+def test_a_viewer_inside_the_container_sees_its_trainer_by_its_own_pid(socket_dir: Path) -> None:
+    """Both in one new pid namespace (`docker exec memtop` beside the trainer): the agent's
+    long socket name is this namespace's, so the viewer there reads it as a local pid."""
+    registry = registry_dir(socket_dir, os.getpid())
+    SimGpuRegistry(registry).create(simulated_gpu_specs(1, total_bytes=16 * GiB))
+    script = (
+        f"{sys.executable} -m memtop.sim.trainer --registry {registry} --step-time 0.05 "
+        "2>/dev/null & trainer=$!; "
+        "for i in $(seq 300); do ls $MEMTOP_SOCKET_DIR | grep -q '^'$trainer'\\.ns' && break; "
+        "sleep 0.1; done; "
+        f"echo trainer=$trainer; {sys.executable} -m memtop --once --json; kill $trainer; wait"
+    )
+    try:
+        done = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", script],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir)),
+            timeout=120,
+        )
+    finally:
+        shutil.rmtree(registry, ignore_errors=True)
+    first, _, rest = done.stdout.partition("\n")
+    trainer = int(first.removeprefix("trainer="))
+    assert trainer < 10  # its pid inside the namespace
+    data = json.loads(rest)
+    agents = {a["pid"]: a for a in data["agents"]}
+    assert trainer in agents, data
+    (device,) = data["devices"]
+    assert [p["pid"] for p in device["processes"]] == [trainer]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from memtop import protocol
 from memtop.agent import identity
 from memtop.jobs import JobIdentity, dcgm_labels, job_identity, pod_set
 from memtop.sim.demo import registry_dir
@@ -141,7 +142,7 @@ class Trainer:
             stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 60
-        while not (socket_dir / f"{self.process.pid}.sock").exists():
+        while not protocol.socket_path(self.process.pid, socket_dir).exists():
             assert self.process.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
 

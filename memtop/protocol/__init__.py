@@ -817,17 +817,20 @@ def pid_alive(pid: int) -> bool:
 
 
 def list_agent_sockets(directory: Path | None = None, remove_stale: bool = True) -> list[int]:
-    """Pids with a socket in the directory; sockets of dead pids are removed on the way."""
+    """Pids with a socket in the directory (of processes in this pid namespace, as their agents
+    name them: protocol.namespaces); sockets of dead pids are removed on the way."""
     directory = directory or socket_dir()
     try:
         names = os.listdir(directory)
     except OSError:
         return []
+    own = namespaces.own_pid_namespace()
     pids = []
     for name in names:
-        pid = socket_pid(name)
-        if pid is None:
+        parsed = namespaces.parse_socket_name(name)
+        if parsed is None or parsed[1] not in (None, own):
             continue
+        pid = parsed[0]
         if pid_alive(pid):
             pids.append(pid)
         elif remove_stale:
