@@ -9,9 +9,11 @@ host's, the one the driver lists), joined with its GPU usage, and signal that pr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -83,14 +85,21 @@ class Contained:
             env=env,
             stderr=subprocess.DEVNULL,
         )
-        self.pid = self._child()
-        self.inside = namespaces.innermost_pid(self.pid)
-        self.socket = socket_dir / namespaces.expected_socket_name(self.pid)  # type: ignore[operator]
-        deadline = time.monotonic() + 60
-        while not self.socket.exists():
-            assert self.unshare.poll() is None, "the contained trainer died"
-            assert time.monotonic() < deadline, f"no socket {self.socket}"
-            time.sleep(0.1)
+        self.pid = -1
+        try:
+            self.pid = self._child()
+            self.inside = namespaces.innermost_pid(self.pid)
+            name = namespaces.expected_socket_name(self.pid)
+            assert name is not None
+            self.socket = socket_dir / name
+            deadline = time.monotonic() + 60
+            while not self.socket.exists():
+                assert self.unshare.poll() is None, "the contained trainer died"
+                assert time.monotonic() < deadline, f"no socket {self.socket}"
+                time.sleep(0.1)
+        except BaseException:
+            self.stop()
+            raise
 
     def _child(self) -> int:
         deadline = time.monotonic() + 30
@@ -107,9 +116,17 @@ class Contained:
         return self.unshare.poll() is None
 
     def stop(self) -> None:
+        # The namespace's pid 1 first: everything in the namespace dies with it (unshare's own
+        # death would leave it running; --kill-child is not in every util-linux).
+        if self.pid > 0:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
         if self.unshare.poll() is None:
-            self.unshare.kill()  # pid 1 of the namespace dies with it: so does everything in it
-            self.unshare.wait(10)
+            self.unshare.kill()
+        self.unshare.wait(10)
+        deadline = time.monotonic() + 10
+        while self.pid > 0 and os.path.exists(f"/proc/{self.pid}") and time.monotonic() < deadline:
+            time.sleep(0.05)  # reaped by unshare, which waits for it
         shutil.rmtree(self.registry, ignore_errors=True)
 
 
@@ -231,7 +248,9 @@ def test_cleanup_by_host_pid_reaches_the_contained_agent(
 def test_a_viewer_inside_the_container_sees_its_trainer_by_its_own_pid(socket_dir: Path) -> None:
     """Both in one new pid namespace (`docker exec memtop` beside the trainer): the agent's
     long socket name is this namespace's, so the viewer there reads it as a local pid."""
-    registry = registry_dir(socket_dir, os.getpid())
+    # The simulated GPUs' registry is named after a pid alive in there (the shell, pid 1):
+    # a viewer removes the registry of a demo it sees no more.
+    registry = registry_dir(socket_dir, 1)
     SimGpuRegistry(registry).create(simulated_gpu_specs(1, total_bytes=16 * GiB))
     script = (
         f"{sys.executable} -m memtop.sim.trainer --registry {registry} --step-time 0.05 "
