@@ -228,6 +228,9 @@ def read_target(pid: int) -> Target:
         raise AttachRefused(
             f"pid {pid} belongs to {describe_uid(uid)}: attach as that user (or as root)"
         )
+    refusal = container_refusal(pid)
+    if refusal is not None:
+        raise AttachRefused(refusal)
     name = "exe"
     try:
         exe = os.readlink(proc / "exe")
@@ -256,6 +259,28 @@ def read_target(pid: int) -> Target:
     if target.version is None:
         raise AttachRefused(f"pid {pid} ({_command(target)}) is not a Python process")
     return target
+
+
+def container_refusal(pid: int) -> str | None:
+    """Why memtop does not attach to `pid` from here: it runs in another pid namespace (a
+    container).  Its interpreter, its memtop and the socket directory its agent would use are
+    paths of the container's mount namespace, which memtop does not enter from the host (what
+    it would check and load there is not what the target runs); inside the container, attach
+    works as anywhere."""
+    from memtop.protocol import namespaces
+
+    theirs = namespaces.pid_namespace(pid)
+    ours = namespaces.own_pid_namespace()
+    if theirs is None or ours is None or theirs == ours:
+        return None
+    inside = namespaces.innermost_pid(pid)
+    as_pid = f" (pid {inside} there)" if inside is not None else ""
+    return (
+        f"pid {pid} runs in another pid namespace (a container){as_pid}: memtop attaches only "
+        "within its own; run `memtop attach` inside the container (docker exec, kubectl exec), "
+        "or start the trainer under `memtop run` with MEMTOP_SOCKET_DIR on a directory shared "
+        "with the host"
+    )
 
 
 def unreadable(pid: int, name: str, me: int) -> str:
@@ -628,7 +653,7 @@ def _agent_answers(target: Target, timeout: float) -> str | None:
     from memtop.sources.agents import AgentClient, AgentError, AgentUnreachable
 
     directory = target.socket_dir
-    path = directory / f"{target.pid}.sock"
+    path = protocol.socket_path(target.pid, directory)
     if not os.path.lexists(path):
         return None
     try:

@@ -691,14 +691,17 @@ def _agent_location(pid: int, socket_dir: Path | None) -> tuple[Path, int]:
     """The socket directory of `pid` and the uid that must own it: ours, or as root the
     directory of the user who runs `pid` (never another user's socket for that pid)."""
     from memtop import protocol
+    from memtop.protocol import namespaces
 
     if socket_dir is not None or os.geteuid() != 0 or os.environ.get("MEMTOP_SOCKET_DIR"):
         return socket_dir or protocol.socket_dir(), os.getuid()
     process_owner = protocol.pid_owner(pid)
     if process_owner is None:
         raise CliError(f"no process {pid}")
+    name = namespaces.foreign_socket_name(pid)
     for directory, owner in protocol.discovery_dirs():
-        if owner == process_owner and os.path.lexists(protocol.socket_path(pid, directory)):
+        path = directory / name if name else protocol.socket_path(pid, directory)
+        if owner == process_owner and os.path.lexists(path):
             return directory, owner
     raise CliError(
         f"no agent socket for pid {pid} in the socket directory of its owner (uid "
@@ -709,15 +712,18 @@ def _agent_location(pid: int, socket_dir: Path | None) -> tuple[Path, int]:
 
 def _action(pid: int, cmd: str, cmd_args: dict[str, object], socket_dir: Path | None) -> dict:  # type: ignore[type-arg]
     from memtop import protocol
+    from memtop.protocol import namespaces
     from memtop.sources.agents import AgentClient, AgentError, AgentUnreachable
 
     directory, owner = _agent_location(pid, socket_dir)
+    # A process in a container: its agent's socket carries its own pid and namespace.
+    name = namespaces.foreign_socket_name(pid)
     # The agent answers within its wait for a step boundary; give the reply time to come.
     wait = cmd_args.get("wait_s", 0.0)
     timeout = 15.0 + (float(wait) if isinstance(wait, int | float) else 0.0)
     try:
         # The same checks as the dashboard: lstat, no symlink, SO_PEERCRED pid and uid, hello.
-        with AgentClient(pid, directory, timeout=timeout, owner=owner) as client:
+        with AgentClient(pid, directory, timeout=timeout, owner=owner, name=name) as client:
             client.connect(timeout=5.0)
             reply = client.request(cmd, cmd_args or None, timeout=timeout)
     except (AgentUnreachable, AgentError) as exc:

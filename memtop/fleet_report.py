@@ -12,9 +12,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from memtop import report
+from memtop import job_groups, report
 from memtop._version import __version__
 from memtop.observation import Observation
+from memtop.units import format_bytes
 
 
 def build(
@@ -32,6 +33,8 @@ def build(
         "agents": [{**a, "host": h["host"]} for h in hosts for a in h["agents"]],
         "suggestions": [{**s, "host": h["host"]} for h in hosts for s in h["suggestions"]],
         "problems": list(problems),
+        # The ranks of one job across hosts, one entry per job (issue 25).
+        "jobs": [group.as_json() for group in job_groups.job_groups(observations)],
     }
 
 
@@ -44,6 +47,10 @@ def render_text(data: dict[str, Any]) -> str:
         lines.append("No memtop exporter found there (no memtop_* series).")
         lines.append("  On each host: memtop export   (then add it to Prometheus's scrape_configs)")
         return "\n".join(lines) + "\n"
+    if data.get("jobs"):
+        lines.append("")
+        lines.append("Jobs across hosts:")
+        lines += [f"  {line}" for line in job_groups.render_lines(data["jobs"], format_bytes)]
     for host in data["hosts"]:
         lines.append("")
         lines.append("=" * 100)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuFacts
 from memtop.diagnosis.stability import Stabilizer
+from memtop.jobs import JobIdentity, job_identity
 from memtop.model import (
     MARK_WINDOW,
     SOURCE_AGENT,
@@ -121,6 +122,11 @@ class AgentObservation:
         the hello since AMD support); None on CUDA, or from an older agent."""
         value = self.hello.extra.get("hip") if self.hello is not None else None
         return value if isinstance(value, str) and value else None
+
+    @property
+    def job(self) -> JobIdentity | None:
+        """Its scheduler job and rendezvous, as its hello said (memtop.jobs)."""
+        return job_identity(self.hello.extra) if self.hello is not None else None
 
 
 @dataclass(frozen=True, slots=True)

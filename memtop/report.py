@@ -117,6 +117,7 @@ def _agent(agent: AgentObservation) -> dict[str, Any]:
         "allocator_conf": hello.allocator_conf if hello else None,
         "step": agent.step,
         "devices": devices,
+        "job": job.as_json() if (job := agent.job) is not None else None,
     }
 
 

@@ -282,13 +282,14 @@ class Sampler:
         result, or raises AgentError / AgentUnreachable with a one-line message."""
         directory: Path | None = self.agents.directory_of(pid)
         owner = self.agents.owner_of(pid)
+        name = self.agents.socket_name_of(pid)
 
         def work() -> dict[str, Any]:
             # One deadline for the whole action (connect, authenticate, hello, the reply): the
             # dashboard waits `timeout` for it, so the worker never outlives that wait.
             deadline = time.monotonic() + timeout
             # A fresh connection, authenticated like every other (peer pid and uid).
-            with AgentClient(pid, directory, timeout, owner) as client:
+            with AgentClient(pid, directory, timeout, owner, name) as client:
                 client.connect()
                 result = client.request(cmd, args, max(0.001, deadline - time.monotonic()))
             if cmd in protocol.REPLY_PARSERS:

@@ -22,6 +22,7 @@ from ui_frozen import TRAINERS, UUIDS
 from memtop.export.metrics import ObservationCollector, job_name, render
 from memtop.export.server import Exporter, ExportError, WebConfig, load_web_config, parse_listen
 from memtop.export.text import exposition
+from memtop.jobs import DCGM_LABELS as JOB_LABELS
 
 DCGM_LABELS = {"hostname", "UUID", "gpu", "modelName"}
 
@@ -63,7 +64,8 @@ def test_names_units_and_labels_follow_the_conventions(scrape: str):
     for (name, labels), _ in samples.items():
         if name == "memtop_allocated_bytes":
             keys = dict(labels)
-            assert DCGM_LABELS | {"pid", "rank", "job"} == set(keys)
+            # with DCGM's job labels (issue 25): hpc_job, pod, namespace, container
+            assert DCGM_LABELS | {"pid", "rank", "job", *JOB_LABELS} == set(keys)
             assert keys["hostname"] == "gpu-box"  # lower case, as DCGM's
             assert keys["UUID"] in UUIDS and keys["gpu"] in ("0", "1")
             assert keys["modelName"] == "NVIDIA H100 80GB HBM3"
@@ -82,6 +84,7 @@ def test_values_are_the_observations(observation, scrape: str):
                 "pid": str(agent.pid),
                 "rank": "",
                 "job": "train.py",
+                **dict.fromkeys(JOB_LABELS, ""),  # no scheduler: empty, as DCGM leaves them
             }
             labels = tuple(sorted(key.items()))
             assert samples[("memtop_allocated_bytes", labels)] == dev.allocated_bytes

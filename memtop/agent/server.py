@@ -33,7 +33,7 @@ from typing import Any
 
 from memtop import protocol
 from memtop._version import __version__
-from memtop.agent import files
+from memtop.agent import files, identity
 from memtop.agent.boundary import MARK_BUFFER, StepBoundary, TrainerJob
 from memtop.agent.oom import OomRecorder
 from memtop.agent.probe import SAMPLE_STAT_KEYS, Probe, ProbeDevice
@@ -208,6 +208,9 @@ class Agent:
         self.rank = _env_int("RANK")
         self.local_rank = _env_int("LOCAL_RANK")
         self.world_size = _env_int("WORLD_SIZE")
+        # Where it runs (Slurm job, Kubernetes pod, torchrun rendezvous): read once, bounded.
+        self.scheduler = identity.scheduler()
+        self.rendezvous = identity.rendezvous()
         self.directory = directory
         self.path: Path | None = None
         self.started_at = time.time()
@@ -777,6 +780,8 @@ class Agent:
             "rank": self.rank,
             "local_rank": self.local_rank,
             "world_size": self.world_size,
+            "scheduler": self.scheduler,
+            "rendezvous": self.rendezvous,
         }
 
     def _hip_version(self) -> str | None:

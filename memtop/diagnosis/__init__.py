@@ -20,6 +20,7 @@ from memtop.diagnosis.fragmentation import (
     pressure,
 )
 from memtop.diagnosis.leak import MAX_MARKS, LeakEstimate, detect
+from memtop.diagnosis.ranks import with_job_peers
 from memtop.diagnosis.suggestions import Suggestion
 from memtop.oom.diagnose import growing_batch
 
@@ -78,7 +79,7 @@ class Diagnoser:
             for dev in agent.devices:
                 devices[(agent.pid, dev.index)] = self._device(store, agent, dev, now)
         self._leaks = {k: v for k, v in self._leaks.items() if k in devices}
-        return devices
+        return with_job_peers(devices, agents)
 
     def _device(
         self, store: Store, agent: AgentView, dev: AgentDeviceView, now: float

@@ -39,6 +39,12 @@ class DeviceDiagnosis:
     # Whether the agent has measured a breakdown at all: `breakdown` is None both before the
     # first measurement and when it found no optimizer holding this device's parameters.
     breakdown_measured: bool = False
+    # Its job's other ranks in view (memtop.diagnosis.ranks): its rank, the job's label, how
+    # many other ranks, and the median of their peaks.
+    rank: int | None = None
+    job: str | None = None
+    peer_ranks: int = 0
+    peers_median_peak_bytes: int | None = None
 
     @property
     def transient_bytes(self) -> int | None:

@@ -583,10 +583,56 @@ VETOES: dict[str, Callable[[DeviceDiagnosis], str | None]] = {
     "bigger_batch": bigger_batch_vetoed,
 }
 
+RANK_DRIFT_SHARE = 0.15  # a rank's peak above the median of its job's other ranks ...
+RANK_DRIFT_MIN_BYTES = 1 << 30  # ... and by at least this much
+# The usual causes, most common first (the rank-0 OOM is the classic multi-GPU report).
+RANK_DRIFT_CAUSES = (
+    "rank 0 doing extra work: evaluation, logging or metrics on gathered tensors, or gathering "
+    "a full state dict for a checkpoint (save with a sharded/distributed checkpoint, or offload "
+    "the gather to CPU); uneven sequence lengths across ranks (bucket or pack by length); an "
+    "unbalanced pipeline stage (move layers off this stage)"
+)
+
+
+def rank_drift(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable[Suggestion]:
+    """A rank whose true peak exceeds the median of its job's other ranks by more than 15 %
+    and 1 GiB: the rank that OOMs first."""
+    for agent in gpu.agents:
+        median = agent.peers_median_peak_bytes
+        if median is None or median <= 0 or agent.peer_ranks < 1:
+            continue
+        is_held = ("rank_drift", agent.pid, agent.index) in held
+        excess = agent.peak_bytes - median
+        share = excess / median
+        if not (
+            _at_least(share, RANK_DRIFT_SHARE, is_held, share=True)
+            and _at_least(excess, RANK_DRIFT_MIN_BYTES, is_held)
+        ):
+            continue
+        who = f"Rank {agent.rank}" if agent.rank is not None else f"pid {agent.pid}"
+        phase = (agent.last_oom or {}).get("phase")
+        where = f"; its last OOM was in phase {phase!r}" if isinstance(phase, str) else ""
+        yield Suggestion(
+            rule="rank_drift",
+            severity=WARNING,
+            pid=agent.pid,
+            device=agent.index,
+            title=f"{who} peaks {_pct(share)} above its job's other ranks",
+            detail=f"Usual causes, most likely first: {RANK_DRIFT_CAUSES}{where}.",
+            evidence=(
+                f"peak {format_bytes(agent.peak_bytes)} vs median {format_bytes(median)} of "
+                f"{agent.peer_ranks} other rank{'s' if agent.peer_ranks != 1 else ''}"
+                + (f" of {agent.job}" if agent.job else "")
+            ),
+            effect_bytes=excess,
+        )
+
+
 RULES: tuple[Rule, ...] = (
     usage,
     out_of_memory,
     leak,
+    rank_drift,
     expandable_segments,
     cleanup_for_neighbour,
     gradient_checkpointing,

@@ -25,14 +25,23 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from memtop.export.text import exposition
+from memtop.jobs import DCGM_LABELS, INFO_JOB_LABELS, dcgm_labels, info_labels
 from memtop.model import AgentStatus
 from memtop.observation import AgentDeviceObservation, AgentObservation, Observation
 
 GPU_LABELS = ("hostname", "UUID", "gpu", "modelName")
-PROCESS_LABELS = (*GPU_LABELS, "pid", "rank", "job")
 AMD_GPU_LABELS = ("gpu_id", "gpu_uuid", "card_model")
-AGENT_LABELS = ("hostname", "pid", "rank", "job")
-INFO_LABELS = (*AGENT_LABELS, "state", "command", "python", "torch", "allocator_conf")
+# DCGM exporter's job labels (hpc_job, pod, namespace, container), so series join its own.
+AGENT_LABELS = ("hostname", "pid", "rank", "job", *DCGM_LABELS)
+INFO_LABELS = (
+    *AGENT_LABELS,
+    "state",
+    "command",
+    "python",
+    "torch",
+    "allocator_conf",
+    *INFO_JOB_LABELS,
+)
 BREAKDOWN_PARTS = ("parameters", "gradients", "optimizer_state", "other")
 COMMAND_CHARS = 200  # a label value is stored with every sample: keep the command line short
 
@@ -118,7 +127,7 @@ def render(
     amd_ids = {g.uuid: str(n) for n, g in enumerate(g for g in obs.gpus if g.vendor == "amd")}
     amd_labels = AMD_GPU_LABELS if amd_ids else ()
     gpu_label_names = (*GPU_LABELS, *amd_labels)
-    process_label_names = (*gpu_label_names, "pid", "rank", "job")
+    process_label_names = (*gpu_label_names, "pid", "rank", "job", *DCGM_LABELS)
 
     def gpu_labels(uuid: str, index: int, name: str) -> list[str]:
         values = [host, uuid, str(index), name]
@@ -283,7 +292,8 @@ def render(
     for agent in obs.agents:
         rank = rank_of(agent)
         agent_job = job or job_name(agent.argv)
-        agent_labels = [host, str(agent.pid), rank, agent_job]
+        where = dcgm_labels(agent.job)
+        agent_labels = [host, str(agent.pid), rank, agent_job, *where]
         info.add_metric(
             [
                 *agent_labels,
@@ -292,6 +302,7 @@ def render(
                 agent.hello.python if agent.hello else "",
                 (agent.hello.torch or "") if agent.hello else "",
                 agent.allocator_conf[:COMMAND_CHARS],
+                *info_labels(agent.job),
             ],
             1,
         )
@@ -300,7 +311,13 @@ def render(
         if agent.status != AgentStatus.CONNECTED:
             continue  # an exited or hung agent's last numbers are not the present
         for dev in agent.devices:
-            labels = [*gpu_labels(dev.uuid, dev.gpu, dev.name), str(agent.pid), rank, agent_job]
+            labels = [
+                *gpu_labels(dev.uuid, dev.gpu, dev.name),
+                str(agent.pid),
+                rank,
+                agent_job,
+                *where,
+            ]
             for key, value in _device_values(dev):
                 if value is not None:
                     families[key].add_metric(labels, value)

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from memtop.oom.diagnose import diagnose
+from memtop.oom.groups import group_reports
 from memtop.oom.reports import Report
 from memtop.units import format_bytes
 
@@ -43,6 +44,8 @@ def list_json(directory: str, reports: list[Report], problems: list[str]) -> dic
     return {
         "directory": directory,
         "reports": [summary_json(r) for r in reports],
+        # The same OOM coming back, one entry per fingerprint, newest first (issue 25).
+        "groups": [group.as_json() for group in group_reports(reports)],
         "unreadable": problems,
     }
 
@@ -64,11 +67,18 @@ def list_text(directory: str, reports: list[Report], problems: list[str]) -> str
     if not reports:
         lines = [f"no OOM reports in {directory}"]
     else:
-        lines = [f"{len(reports)} OOM report(s) in {directory}, newest first:", ""]
-        for report in reports:
+        groups = group_reports(reports)
+        distinct = f" ({len(groups)} distinct)" if len(groups) < len(reports) else ""
+        lines = [f"{len(reports)} OOM report(s) in {directory}{distinct}, newest first:", ""]
+        for group in groups:
+            # One OOM that came back is explained once, from its newest report.
+            report = group.newest
             data = report.data
             verdict = diagnose(data)
             command = " ".join(str(a) for a in data.get("argv") or [])[:60]
+            if len(group.reports) > 1:
+                where = f" at {group.line}" if group.line else ""
+                lines.append(f"{group.headline()}{where} (requests of {group.size}); the newest:")
             lines.append(
                 f"{_when(data.get('time'))}  pid {data.get('pid')}  GPU {data.get('device')}  "
                 f"step {data.get('step')}  {data.get('phase')}  {command}"
@@ -76,6 +86,8 @@ def list_text(directory: str, reports: list[Report], problems: list[str]) -> str
             lines.append(f"  {verdict['cause']}: {verdict['detail']}")
             lines.append(f"  fix: {verdict['fix']}")
             lines.append(f"  {report.path}")
+            if len(group.reports) > 1:
+                lines.append(f"  and {len(group.reports) - 1} more (memtop oom --json lists them)")
     lines += [f"unreadable: {p}" for p in problems]
     return "\n".join(lines)
 

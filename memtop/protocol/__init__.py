@@ -32,6 +32,7 @@ from memtop.model import (
     AgentSnapshot,
     StepMark,
 )
+from memtop.protocol import namespaces
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 1 << 20
@@ -807,7 +808,9 @@ def discovery_dirs() -> list[tuple[Path, int]]:
 
 
 def socket_path(pid: int, directory: Path | None = None) -> Path:
-    return (directory or socket_dir()) / f"{pid}.sock"
+    """The socket of the agent of `pid`, a process in this process's pid namespace: `<pid>.sock`
+    in the host's, `<pid>.ns<inode>.sock` in a container's (see protocol.namespaces)."""
+    return (directory or socket_dir()) / namespaces.socket_name(pid, namespaces.own_pid_namespace())
 
 
 def socket_pid(name: str) -> int | None:
@@ -856,17 +859,20 @@ def pid_alive(pid: int) -> bool:
 
 
 def list_agent_sockets(directory: Path | None = None, remove_stale: bool = True) -> list[int]:
-    """Pids with a socket in the directory; sockets of dead pids are removed on the way."""
+    """Pids with a socket in the directory (of processes in this pid namespace, as their agents
+    name them: protocol.namespaces); sockets of dead pids are removed on the way."""
     directory = directory or socket_dir()
     try:
         names = os.listdir(directory)
     except OSError:
         return []
+    own = namespaces.own_pid_namespace()
     pids = []
     for name in names:
-        pid = socket_pid(name)
-        if pid is None:
+        parsed = namespaces.parse_socket_name(name)
+        if parsed is None or parsed[1] not in (None, own):
             continue
+        pid = parsed[0]
         if pid_alive(pid):
             pids.append(pid)
         elif remove_stale:
@@ -938,16 +944,24 @@ def check_peer(sock: socket.socket, pid: int, owner: int) -> None:
 
 
 def connect_agent(
-    pid: int, directory: Path, owner: int | None = None, timeout: float = 2.0
+    pid: int,
+    directory: Path,
+    owner: int | None = None,
+    timeout: float = 2.0,
+    name: str | None = None,
 ) -> socket.socket:
     """Connect to the agent of `pid` in `directory` (owned by `owner`, default: us) and make
     sure it is that agent: the directory and the socket are checked with lstat (no symlink
     followed), and the server's SO_PEERCRED must show pid `pid` and uid `owner`.  Nothing is
     sent before these checks pass.  Raises UnsafeSocketDir or PeerRefused (refused) or OSError
-    (not reachable)."""
+    (not reachable).
+
+    `name`: the socket's file name when `pid` (as this viewer sees it) runs in another pid
+    namespace (`<its pid>.ns<inode>.sock`); the server must then be `pid` AND be that process
+    of that namespace (protocol.namespaces)."""
     owner = os.getuid() if owner is None else owner
     check_socket_dir(directory, owner)
-    path = socket_path(pid, directory)
+    path = directory / name if name is not None else socket_path(pid, directory)
     check_socket_entry(path, owner)
     process_owner = pid_owner(pid)
     if process_owner is not None and process_owner != owner:
@@ -962,6 +976,8 @@ def connect_agent(
         # The socket could have been swapped between lstat and connect (only by the directory's
         # owner, who could equally run a fake agent): the peer's credentials settle it.
         check_peer(sock, pid, owner)
+        if name is not None and namespaces.expected_socket_name(pid) != name:
+            raise PeerRefused(f"pid {pid} is not the process {name} stands for")
     except BaseException:
         sock.close()
         raise

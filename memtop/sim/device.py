@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
-from memtop.protocol import pid_alive
+from memtop.protocol import namespaces, pid_alive
 
 __all__ = [
     "DeviceMemory",
@@ -108,29 +108,78 @@ class LocalDeviceMemory:
 # The shared ledger
 
 
-def _parse_ledger(text: str | bytes) -> dict[int, int]:
+# Ledger keys: "<pid>" for a process of the host's pid namespace, "<pid>.ns<inode>" for one in
+# a container (its pid as it sees itself): the simulated driver, like the real one, then lists
+# each process under the pid the READER sees (see protocol.namespaces).
+
+
+def ledger_key(pid: int) -> str:
+    """The ledger key of `pid`, a process of this process's pid namespace."""
+    return namespaces.socket_name(pid, namespaces.own_pid_namespace()).removesuffix(".sock")
+
+
+def _key_parts(key: str) -> tuple[int, int | None] | None:
+    return namespaces.parse_socket_name(key + ".sock")
+
+
+def visible_pid(key: str) -> int | None:
+    """The pid this process sees for the ledger entry `key` (None: not visible from here)."""
+    parts = _key_parts(key)
+    if parts is None:
+        return None
+    pid, namespace = parts
+    own = namespaces.own_pid_namespace()
+    here = namespace == own or (namespace is None and own in (None, namespaces.INIT_PID_NAMESPACE))
+    if here:
+        return pid
+    if namespace is None:
+        return None  # a host process, seen from inside a container
+    return namespaces.find_pid(namespace, pid)
+
+
+def _entry_alive(key: str) -> bool:
+    """Whether the process of a ledger entry still runs; an entry this process cannot judge
+    (a host process, seen from a container) is kept."""
+    parts = _key_parts(key)
+    if parts is None:
+        return False
+    seen = visible_pid(key)
+    if seen is not None:
+        return pid_alive(seen)
+    own = namespaces.own_pid_namespace()
+    return parts[1] is None and own not in (None, namespaces.INIT_PID_NAMESPACE)
+
+
+def _parse_ledger(text: str | bytes) -> dict[str, int]:
     try:
         raw = json.loads(text) if text.strip() else {}
     except ValueError:
         return {}
     if not isinstance(raw, dict):
         return {}
-    out: dict[int, int] = {}
+    out: dict[str, int] = {}
     for key, value in raw.items():
-        try:
-            pid = int(key)
-        except (TypeError, ValueError):
+        if not isinstance(key, str) or _key_parts(key) is None:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             continue
-        out[pid] = value
+        out[key] = value
+    return out
+
+
+def _by_visible_pid(ledger: dict[str, int]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for key, used in ledger.items():
+        seen = visible_pid(key)
+        if seen is not None:
+            out[seen] = used
     return out
 
 
 LEDGER_MAX_BYTES = 1 << 20  # a ledger holds one small entry per process
 
 
-def _read_ledger_file(path: Path | str) -> dict[int, int]:
+def _read_ledger_file(path: Path | str) -> dict[str, int]:
     # os.open/read: a viewer reads every simulated GPU's ledger every second, and a buffered
     # text file object costs more than the read itself.
     try:
@@ -200,9 +249,10 @@ def read_ledger(path: Path, live_only: bool = True, locked: bool = True) -> dict
     else:
         with _flocked(path, exclusive=False):
             ledger = _read_ledger_file(path)
+    pids = _by_visible_pid(ledger)
     if live_only:
-        ledger = {pid: used for pid, used in ledger.items() if pid_alive(pid)}
-    return ledger
+        pids = {pid: used for pid, used in pids.items() if pid_alive(pid)}
+    return pids
 
 
 class SharedDeviceMemory:
@@ -225,6 +275,7 @@ class SharedDeviceMemory:
         self.ledger_path = Path(ledger_path)
         self.total_bytes = int(total_bytes)
         self.pid = os.getpid() if pid is None else int(pid)
+        self._key = ledger_key(self.pid)
         self.overhead_bytes = _check_nbytes(overhead_bytes)
         self._reserved = 0
         self._closed = False
@@ -235,21 +286,21 @@ class SharedDeviceMemory:
     # -- ledger plumbing ---------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _ledger(self, exclusive: bool) -> Iterator[dict[int, int]]:
+    def _ledger(self, exclusive: bool) -> Iterator[dict[str, int]]:
         with _flocked(self.ledger_path, exclusive):
             yield _read_ledger_file(self.ledger_path)
 
-    def _others(self, ledger: dict[int, int]) -> dict[int, int]:
-        return {pid: used for pid, used in ledger.items() if pid != self.pid and pid_alive(pid)}
+    def _others(self, ledger: dict[str, int]) -> dict[str, int]:
+        return {key: used for key, used in ledger.items() if key != self._key and _entry_alive(key)}
 
-    def _publish(self, ledger: dict[int, int]) -> None:
+    def _publish(self, ledger: dict[str, int]) -> None:
         """Rewrite the ledger with this process's current entry and without dead pids.
 
         Called with the exclusive lock held."""
         out = self._others(ledger)
         if not self._closed:
-            out[self.pid] = self._mine()
-        text = json.dumps({str(pid): used for pid, used in sorted(out.items())})
+            out[self._key] = self._mine()
+        text = json.dumps(dict(sorted(out.items())))
         _write_atomically(self.ledger_path, text)
 
     def _mine(self) -> int:
@@ -290,7 +341,7 @@ class SharedDeviceMemory:
     def usage_by_pid(self) -> dict[int, int]:
         """{pid: used bytes} of the live processes on this device, this one included."""
         with self._lock, self._ledger(exclusive=False) as ledger:
-            out = self._others(ledger)
+            out = _by_visible_pid(self._others(ledger))
             if not self._closed:
                 out[self.pid] = self._mine()
         return dict(sorted(out.items()))

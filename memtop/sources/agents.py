@@ -43,6 +43,7 @@ from memtop.model import (
     AgentSnapshot,
     AgentStatus,
 )
+from memtop.protocol import namespaces
 
 
 class AgentError(Exception):
@@ -191,6 +192,9 @@ class AgentClient:
     """A blocking connection to one agent.  Used from a sampler worker or an action worker.
 
     `owner` is the uid that must own the socket directory and run the agent (default: ours).
+    `pid` is the pid THIS process sees; `name` the socket's file name when that process runs in
+    another pid namespace (a container: `<its own pid>.ns<inode>.sock`), whose agent then says
+    it is the pid in the name (protocol.namespaces).
     """
 
     def __init__(
@@ -199,8 +203,13 @@ class AgentClient:
         directory: Path | None = None,
         timeout: float = 2.0,
         owner: int | None = None,
+        name: str | None = None,
     ) -> None:
         self.pid = pid
+        self.name = name
+        parsed = namespaces.parse_socket_name(name) if name is not None else None
+        # The pid the agent reports in its hello: its own, inside its namespace.
+        self.agent_pid = parsed[0] if parsed is not None else pid
         self.directory = directory
         self.timeout = timeout
         self.owner = os.getuid() if owner is None else owner
@@ -219,7 +228,9 @@ class AgentClient:
         directory = self.directory or protocol.socket_dir()
         try:
             self._decoder = protocol.FrameDecoder()
-            self._sock = protocol.connect_agent(self.pid, directory, self.owner, limit)
+            self._sock = protocol.connect_agent(
+                self.pid, directory, self.owner, limit, name=self.name
+            )
             self._sock.setblocking(False)  # every wait is against a deadline (_wait_for)
         except (protocol.PeerRefused, protocol.UnsafeSocketDir) as exc:
             raise AgentRefused(f"refused: {exc}") from None
@@ -236,10 +247,12 @@ class AgentClient:
         except protocol.ProtocolError as exc:
             self.close()
             raise AgentUnreachable(f"bad hello from the agent of pid {self.pid}: {exc}") from None
-        if hello.pid != self.pid:
+        if hello.pid != self.agent_pid:
             self.close()
             raise AgentRefused(
-                f"refused: the agent behind the socket of pid {self.pid} says it is pid {hello.pid}"
+                f"refused: the agent behind the socket of pid {self.pid} says it is pid "
+                f"{hello.pid}"
+                + (f" (expected {self.agent_pid} in its pid namespace)" if self.name else "")
             )
         self.hello = hello
         self.hello_at = time.monotonic()
@@ -505,6 +518,7 @@ class _Agent:
     pid: int
     directory: Path
     owner: int
+    name: str | None = None  # the socket's name for a process of another pid namespace
     client: AgentClient | None = None
     hello: AgentHello | None = None
     state: AgentStatus | None = None
@@ -584,6 +598,8 @@ class _Scan(NamedTuple):
     found: dict[int, tuple[Path, int]]  # pid -> (directory, owner)
     refused: dict[int, tuple[str, int]]  # pid -> (why, owner)
     problems: tuple[str, ...]
+    # pid (as this viewer sees it) -> socket name, for agents in other pid namespaces
+    names: Mapping[int, str] = {}
 
 
 def _directory_version(directory: Path, owner: int) -> tuple[object, ...] | None:
@@ -637,6 +653,10 @@ class AgentPool:
         # Pids whose server passed authentication since the viewer started (the kill key).
         self._verified: set[int] = set()
         self._refused_gone: set[int] = set()
+        # Sockets of agents in other pid namespaces: name -> (socket inode, pid seen here).
+        self._foreign: dict[str, tuple[int, int]] = {}
+        # ... and those refused: name -> (socket inode, retry after, why).
+        self._foreign_refused: dict[str, tuple[int, float, str]] = {}
         # The last full scan: (its directories' versions, when, what it found).
         self._last_scan: tuple[tuple[object, ...], float, _Scan] | None = None
 
@@ -674,7 +694,9 @@ class AgentPool:
     def _full_scan(self, directories: list[tuple[Path, int]]) -> _Scan:
         found: dict[int, tuple[Path, int]] = {}
         refused: dict[int, tuple[str, int]] = {}
-        problems = []
+        problems: list[str] = []
+        foreign: dict[int, str] = {}
+        own_namespace = namespaces.own_pid_namespace()
         for directory, owner in directories:
             try:
                 protocol.check_socket_dir(directory, owner)
@@ -688,11 +710,24 @@ class AgentPool:
                 problems.append(f"ignoring agents: cannot list {directory}: {exc.strerror}")
                 continue
             candidates = []
+            foreign_seen = 0
             for name in names:
-                pid = protocol.socket_pid(name)
-                if pid is None:
+                parsed = namespaces.parse_socket_name(name)
+                if parsed is None:
                     continue
                 path = directory / name
+                pid, namespace = parsed
+                if namespace is not None and namespace != own_namespace:
+                    # An agent in a container: found by the pid this viewer sees (at most as
+                    # many per directory as agents are read from one).
+                    foreign_seen += 1
+                    if foreign_seen > self.MAX_AGENTS_PER_USER:
+                        continue
+                    seen = self._resolve_foreign(path, owner, problems)
+                    if seen is not None:
+                        foreign[seen] = name
+                        candidates.append(seen)
+                    continue
                 if not protocol.pid_alive(pid):
                     with contextlib.suppress(OSError):
                         os.unlink(path)  # stale (unlink never follows a symlink)
@@ -716,6 +751,11 @@ class AgentPool:
                     )
                     continue
                 candidates.append(pid)
+            if foreign_seen > self.MAX_AGENTS_PER_USER:
+                problems.append(
+                    f"uid {owner}: {foreign_seen} agent sockets of other pid namespaces in "
+                    f"{directory}; reading the first {self.MAX_AGENTS_PER_USER}"
+                )
             candidates.sort()
             if len(candidates) > self.MAX_AGENTS_PER_USER:
                 problems.append(
@@ -737,7 +777,73 @@ class AgentPool:
             )
             refused = dict(sorted(refused.items())[: self.MAX_REFUSED_ROWS])
         self.problems = problems
-        return _Scan(found, refused, tuple(problems))
+        in_sight = {pid: name for pid, name in foreign.items() if pid in found}
+        return _Scan(found, refused, tuple(problems), in_sight)
+
+    def _resolve_foreign(self, path: Path, owner: int, problems: list[str]) -> int | None:
+        """The pid this viewer sees for the agent socket `path` of another pid namespace, or
+        None (stale: removed; refused or out of sight: one line in `problems`).
+
+        The kernel tells: SO_PEERCRED's pid is translated into our namespace.  Nothing is sent;
+        the process must be the one the name stands for (namespace inode and innermost pid)
+        and run as the directory's owner.  Known sockets (same inode) are checked again with
+        two small /proc reads instead of a connection; refused ones are not tried again before
+        REFUSED_RETRY_S unless replaced.  The connection is non-blocking: a listener whose
+        backlog is full (a stopped or hostile agent) costs the round nothing."""
+        name = path.name
+        try:
+            protocol.check_socket_entry(path, owner)
+            inode = os.lstat(path).st_ino
+        except protocol.PeerRefused as exc:
+            problems.append(f"refused: {exc}")
+            return None
+        except OSError:
+            return None
+        known = self._foreign.get(name)
+        if known is not None and known[0] == inode:
+            seen = known[1]
+            if protocol.pid_alive(seen) and namespaces.expected_socket_name(seen) == name:
+                return seen
+        self._foreign.pop(name, None)
+        now = time.monotonic()
+        refused = self._foreign_refused.get(name)
+        if refused is not None and refused[0] == inode and now < refused[1]:
+            problems.append(refused[2])
+            return None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            sock.connect(str(path))
+            seen, uid, _ = protocol.peer_credentials(sock)
+        except (ConnectionRefusedError, FileNotFoundError):
+            with contextlib.suppress(OSError):
+                os.unlink(path)  # stale: nobody listens (unlink never follows a symlink)
+            return None
+        except BlockingIOError:
+            return None  # its backlog is full: asked again at the next full scan
+        except OSError as exc:
+            problems.append(f"cannot reach the agent socket {path}: {exc.strerror or exc}")
+            return None
+        finally:
+            sock.close()
+        why = None
+        if seen <= 0:
+            why = (
+                f"ignoring {path}: its process is not visible from this pid namespace (run the "
+                "viewer in the host's pid namespace, e.g. a pod with hostPID: true)"
+            )
+        elif uid != owner:
+            why = f"refused: {path} is served by uid {uid}, not by its owner {owner}"
+        elif namespaces.expected_socket_name(seen) != name:
+            why = f"refused: {path} is served by pid {seen}, not the process it names"
+        if why is not None:
+            if len(self._foreign_refused) > 4 * self.MAX_AGENTS_PER_USER:
+                self._foreign_refused.clear()
+            self._foreign_refused[name] = (inode, now + self.REFUSED_RETRY_S, why)
+            problems.append(why)
+            return None
+        self._foreign[name] = (inode, seen)
+        return seen
 
     # ------------------------------------------------------------------ polling
 
@@ -749,7 +855,7 @@ class AgentPool:
         (default: the request timeout)."""
         started = time.monotonic()
         budget = self.timeout if budget is None else budget
-        found, refused, _ = self._scan()
+        found, refused, _, names = self._scan()
         results: dict[int, AgentPoll] = {}
         for pid in list(self._agents):
             if pid not in found:
@@ -758,10 +864,15 @@ class AgentPool:
         sampling: list[tuple[_Agent, PendingReply]] = []
         for pid, (directory, owner) in found.items():
             agent = self._agents.get(pid)
-            if agent is None or (agent.directory, agent.owner) != (directory, owner):
+            name = names.get(pid)
+            if agent is None or (agent.directory, agent.owner, agent.name) != (
+                directory,
+                owner,
+                name,
+            ):
                 if agent is not None:
                     self._drop_client(agent)
-                agent = self._agents[pid] = _Agent(pid, directory, owner)
+                agent = self._agents[pid] = _Agent(pid, directory, owner, name)
             if agent.job is None and started >= agent.retry_at:
                 extras = self._extras_due(agent)
                 client = agent.client
@@ -876,7 +987,7 @@ class AgentPool:
         client = agent.client
         if client is None:
             client = agent.client = AgentClient(
-                agent.pid, agent.directory, self.timeout, agent.owner
+                agent.pid, agent.directory, self.timeout, agent.owner, agent.name
             )
             client.tap = self.tap
         inbox = agent.inbox
@@ -1003,6 +1114,11 @@ class AgentPool:
         """Where the socket of `pid` was found (for actions on a fresh connection)."""
         agent = self._agents.get(pid)
         return agent.directory if agent is not None else self.directory
+
+    def socket_name_of(self, pid: int) -> str | None:
+        """The socket's file name of `pid` when it runs in another pid namespace (else None)."""
+        agent = self._agents.get(pid)
+        return agent.name if agent is not None else None
 
     def owner_of(self, pid: int) -> int | None:
         agent = self._agents.get(pid)

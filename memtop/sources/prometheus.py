@@ -38,6 +38,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from memtop import untrusted
+from memtop.jobs import hello_fields_from_labels
 from memtop.model import (
     SOURCE_AGENT,
     AgentDevice,
@@ -676,7 +677,11 @@ def _host(host: str, rows: list[tuple[dict[str, str], float]]) -> HostReading:
             torch=labels.get("torch") or None,
             allocator_conf=labels.get("allocator_conf", ""),
             devices=tuple(AgentDevice(d.index or 0, d.uuid, d.name, d.total) for d in mine),
-            extra={"rank": _int(rank) if rank else None, "host": host},
+            extra={
+                "rank": _int(rank) if rank else None,
+                "host": host,
+                **hello_fields_from_labels(labels),
+            },
         )
         jobs[pid] = labels.get("exported_job") or labels.get("job", "")
         try:

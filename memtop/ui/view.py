@@ -172,6 +172,7 @@ class ProcessRow:
     run_seconds: float | None = None  # how long it has run, at the observation's time
     rocm: str | None = None  # the HIP version when its torch is a ROCm build (AMD GPUs)
     host: str = ""  # the machine it runs on, short, when not this one (the fleet view)
+    job: str = ""  # its scheduler job or rendezvous, compact (memtop.jobs): "slurm 4242"
 
     @property
     def last_known(self) -> bool:
@@ -445,6 +446,7 @@ def _process_row(
         "world_size": _int_or_none(extra.get("world_size")),
         "launcher": getattr(info, "ppid", None) if extra.get("rank") is not None else None,
     }
+    job = agent.job
     state = STATE_LABELS.get(agent.status, str(agent.status))
     trend = ""
     if dev is not None and dev.diagnosis.leak.detected and state == "agent":
@@ -461,6 +463,7 @@ def _process_row(
         full_command=full,
         **ranks,
         **host,
+        job=job.label if job is not None else "",
         gpu=dev.gpu if dev else None,
         device=dev.index if dev else None,
         used=entry.used_bytes if dev else None,

@@ -128,6 +128,8 @@ def _title(row: ProcessRow) -> Text:
         text.append(f" · rank {row.rank}/{row.world_size or '?'}")
     if row.step is not None:
         text.append(f" · step {row.step}")
+    if row.job:
+        text.append(f" · {row.job}")  # its scheduler job (cleaned agent text: no markup here)
     text.append(f" · {row.user} · ", style=FREE)
     text.append(row.full_command or row.command)  # the whole line here (the table shortens it)
     text.no_wrap = True
