@@ -21,6 +21,7 @@ from memtop.diagnosis.facts import (
     uses_async_backend,
 )
 from memtop.model import Severity
+from memtop.sites import stack_phrase
 from memtop.units import MiB, format_bytes, format_duration
 
 INFO, WARNING, CRITICAL, EMERGENCY = (
@@ -193,6 +194,8 @@ def out_of_memory(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterabl
                 title=(
                     f"Out of memory at step {report.get('step')} in {report.get('phase')}: "
                     f"{OOM_CAUSES.get(str(verdict.get('cause')), verdict.get('cause'))}"
+                    # The failing request's own line, when the agent saw one (DESIGN §12).
+                    + (f" {where}" if (where := stack_phrase(report.get("stack"))) else "")
                 ),
                 detail=str(verdict["detail"]),
                 evidence=(
