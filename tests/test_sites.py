@@ -15,12 +15,15 @@ from test_suggestions import device, gpu
 from memtop.agent import stacks
 from memtop.agent.probe import ProbeDevice
 from memtop.agent.server import Agent
+from memtop.agent.sites import site_of
 from memtop.cli import main
 from memtop.diagnosis import suggestions as rules
 from memtop.diagnosis.fragmentation import Pressure
+from memtop.sim import scenarios
 from memtop.sim.allocator import SimulatedCachingAllocator, SimulatedOutOfMemoryError
 from memtop.sim.device import LocalDeviceMemory
 from memtop.sim.probe import SimulatedGpu, SimulatedProbe
+from memtop.sim.scenarios import Workload, model_for
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -126,3 +129,60 @@ def test_the_stack_walk_is_bounded_and_cheap():
         deep(20)
     per_call_us = (time.perf_counter() - started) / 200 * 1e6
     assert per_call_us < 5000  # measured: tens of µs; this box is shared and noisy
+
+
+# ------------------------------------------------------------------ the simulator's history
+
+
+def scenario_line(marker: str) -> tuple[str, int]:
+    """(file, line) of memtop.sim.scenarios that holds `marker`."""
+    path = Path(scenarios.__file__)
+    lines = path.read_text().splitlines()
+    return str(path), next(i for i, text in enumerate(lines, 1) if marker in text)
+
+
+def test_the_simulated_allocator_keeps_each_blocks_frames_in_torchs_format(allocator):
+    untracked = allocator.malloc(4 * MiB)
+    allocator.record_history(True)
+    tracked = attention(allocator, 4 * MiB)
+    blocks = {b["address"]: b for s in allocator.snapshot()["segments"] for b in s["blocks"]}
+    assert blocks[untracked]["frames"] == []  # allocated before history was on
+    innermost = blocks[tracked]["frames"][0]
+    assert innermost == {
+        "filename": str(HERE),
+        "line": line_of("the failing request"),
+        "name": "attention",
+    }
+    allocator.free(tracked)
+    again = allocator.malloc(4 * MiB)  # the same address, reused: its own frames
+    frames = next(
+        b["frames"]
+        for s in allocator.snapshot()["segments"]
+        for b in s["blocks"]
+        if b["address"] == again
+    )
+    assert (
+        frames
+        and frames[0]["name"]
+        == "test_the_simulated_allocator_keeps_each_blocks_frames_in_torchs_format"
+    )
+    allocator.record_history(False)
+    assert all(b["frames"] == [] for s in allocator.snapshot()["segments"] for b in s["blocks"])
+
+
+def test_the_leak_scenarios_leak_comes_from_one_known_line(allocator):
+    allocator.record_history(True)
+    shape = model_for("leak", 2 * GiB, 0.05)
+    workload = Workload("leak", allocator, shape, leak_bytes_per_step=4 * MiB)
+    for _ in range(5):
+        assert workload.step()
+    by_site: dict = {}
+    for segment in allocator.snapshot()["segments"]:
+        for block in segment["blocks"]:
+            if block["state"] == "active_allocated":
+                site = site_of(block["frames"])
+                by_site[site] = by_site.get(site, 0) + 1
+    filename, line = scenario_line("kept = self._m(self.leak_bytes_per_step)")
+    assert by_site[(filename, line, "_leaked_tensors")] == 5
+    # `_m` stands for torch's op: no block's site is its own line.
+    assert not any(site and site[2] == "_m" for site in by_site)
