@@ -164,6 +164,8 @@ class OomRecorder:
             # The failing request's innermost user frames, innermost first (DESIGN §12).
             "stack": stack,
             "stack_capture_us": stack_us,
+            # The top live sites of the latest grouping, when stack recording was on.
+            "sites": _safe(agent.sites.top_sites, []),
             "limit_bytes": limit,
             "free_bytes": free,
             "allocated_bytes": stats.get("allocated_bytes.all.current"),
