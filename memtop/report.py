@@ -117,6 +117,12 @@ def _agent(agent: AgentObservation) -> dict[str, Any]:
         "allocator_conf": hello.allocator_conf if hello else None,
         "step": agent.step,
         "devices": devices,
+        # Live memory by the user's line, per device (stack recording on; DESIGN §12).
+        "sites": [
+            {"device": dev.index, **trend.as_dict()}
+            for dev in agent.devices
+            for trend in dev.diagnosis.sites
+        ],
     }
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +15,8 @@ from pathlib import Path
 import pytest
 from test_suggestions import device, gpu
 
+from memtop import protocol
+from memtop.agent import sites as site_tracking
 from memtop.agent import stacks
 from memtop.agent.probe import ProbeDevice
 from memtop.agent.server import Agent
@@ -24,6 +29,7 @@ from memtop.sim.allocator import SimulatedCachingAllocator, SimulatedOutOfMemory
 from memtop.sim.device import LocalDeviceMemory
 from memtop.sim.probe import SimulatedGpu, SimulatedProbe
 from memtop.sim.scenarios import Workload, model_for
+from memtop.sources.agents import AgentClient, AgentError
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -186,3 +192,204 @@ def test_the_leak_scenarios_leak_comes_from_one_known_line(allocator):
     assert by_site[(filename, line, "_leaked_tensors")] == 5
     # `_m` stands for torch's op: no block's site is its own line.
     assert not any(site and site[2] == "_m" for site in by_site)
+
+
+# ------------------------------------------------------------------ the agent's `sites`
+
+
+def make_batch(allocator, size):
+    return allocator.malloc(size)  # batch site
+
+
+def make_activations(allocator, size):
+    return allocator.malloc(size)  # activations site
+
+
+def make_logits(allocator, size):
+    return allocator.malloc(size)  # logits site
+
+
+def three_line_step(allocator, kept: list[int], leaking: int) -> None:
+    """One step: three similar lines allocate 2 MiB each; the `leaking`-th keeps its block."""
+    blocks = [
+        make_batch(allocator, 2 * MiB),
+        make_activations(allocator, 2 * MiB),
+        make_logits(allocator, 2 * MiB),
+    ]
+    for i, block in enumerate(blocks):
+        if i == leaking:
+            kept.append(block)  # a list that outlives the step: the leak
+        else:
+            allocator.free(block)
+
+
+@pytest.fixture
+def fast_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(site_tracking, "MIN_INTERVAL_S", 0.0)
+    monkeypatch.setattr(site_tracking, "COST_FACTOR", 0)
+
+
+def client_for(agent: Agent) -> AgentClient:
+    client = AgentClient(agent.pid, agent.directory, timeout=5.0)
+    client.connect()
+    return client
+
+
+def test_sites_are_off_until_asked_and_switched_on_the_trainers_thread(
+    agent, allocator, fast_rounds
+):
+    client = client_for(agent)
+    try:
+        off = protocol.parse_sites(client.request("sites"))
+        assert not off.enabled and off.sites == ()
+        asked = client.request("sites", {"stacks": True})
+        assert asked["wanted"] and not asked["enabled"]
+        assert not allocator.history_enabled  # the agent thread never switches it
+        agent.on_step(explicit=True)  # the trainer's step boundary: switched here
+        assert allocator.history_enabled
+        with pytest.raises(AgentError, match="boolean"):
+            client.request("sites", {"stacks": "yes"})
+        client.request("sites", {"stacks": False})
+        agent.on_step(explicit=True)
+        assert not allocator.history_enabled and not client.request("sites")["enabled"]
+    finally:
+        client.close()
+
+
+def test_sites_are_not_switched_during_a_cuda_graph_capture(agent, allocator, fast_rounds):
+    capturing = {"now": True}
+    agent.probe.is_capturing = lambda: capturing["now"]  # type: ignore[method-assign]
+    agent.sites.wanted = True
+    agent.on_step(explicit=True)
+    assert not allocator.history_enabled
+    capturing["now"] = False
+    agent.on_step(explicit=True)
+    assert allocator.history_enabled
+
+
+@pytest.mark.parametrize("leaking", [0, 1, 2])
+def test_the_site_that_keeps_its_blocks_is_the_leaks_line(agent, allocator, fast_rounds, leaking):
+    agent.sites.wanted = True
+    agent.on_step(explicit=True)
+    kept: list[int] = []
+    for _ in range(6):
+        three_line_step(allocator, kept, leaking)
+        agent.on_step(explicit=True)
+    client = client_for(agent)
+    try:
+        reply = protocol.parse_sites(client.request("sites"))
+    finally:
+        client.close()
+    assert reply.enabled and reply.step == 7
+    (top,) = [s for s in reply.sites if s.blocks > 0][:1]
+    marker = ["batch site", "activations site", "logits site"][leaking]
+    assert top.site.file == str(HERE) and top.site.line == line_of(marker)
+    assert top.site.text.endswith(f"# {marker}")
+    assert top.bytes == 6 * 2 * MiB and top.blocks == 6
+    assert top.old_blocks == 5  # alive at the previous reading: all but this step's
+    assert len(reply.sites) == 1  # the other lines hold nothing at the boundary
+
+
+def test_a_grouping_round_over_its_time_cap_is_skipped(agent, allocator, monkeypatch):
+    monkeypatch.setattr(site_tracking, "MIN_INTERVAL_S", 0.0)
+    monkeypatch.setattr(site_tracking, "ROUND_CAP_S", 0.0)
+    monkeypatch.setattr(site_tracking, "CHECK_EVERY", 1)
+    agent.sites.wanted = True
+    agent.on_step(explicit=True)
+    kept = [make_batch(allocator, MiB) for _ in range(4)]
+    agent.on_step(explicit=True)
+    assert agent.sites.rounds == 0 and agent.sites.rounds_abandoned == 1
+    assert agent.sites.result()["sites"] == []
+    for block in kept:
+        allocator.free(block)
+
+
+def test_an_oom_report_carries_the_live_sites_when_stacks_are_on(
+    agent, allocator, oom_dir, fast_rounds
+):
+    agent.sites.wanted = True
+    agent.on_step(explicit=True)
+    held = make_activations(allocator, GiB)
+    agent.on_step(explicit=True)
+    with pytest.raises(SimulatedOutOfMemoryError):
+        forward(allocator, 3 * GiB // 2)
+    assert agent.oom.flush(5.0)
+    (path,) = oom_dir.glob("oom-*.json")
+    report = json.loads(path.read_text())
+    assert report["sites"][0]["site"]["line"] == line_of("activations site")
+    assert report["sites"][0]["bytes"] == GiB
+    allocator.free(held)
+
+
+def test_stacks_from_the_environment(monkeypatch):
+    assert site_tracking.stacks_wanted({"MEMTOP_STACKS": "1"})
+    assert not site_tracking.stacks_wanted({"MEMTOP_STACKS": "0"})
+    assert not site_tracking.stacks_wanted({})
+
+
+def test_memtop_run_stacks_turns_them_on(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import json, memtop.agent\n"
+        "agent = memtop.agent.current_agent()\n"
+        "print(json.dumps({'wanted': agent.sites.wanted if agent else None}))\n"
+    )
+    env = dict(os.environ, MEMTOP_SOCKET_DIR=str(tmp_path / "s"))
+    env.pop("MEMTOP_STACKS", None)
+    for flags, wanted in ((["--stacks", "--auto-cleanup"], True), ([], False)):
+        done = subprocess.run(
+            [sys.executable, "-m", "memtop.cli", "run", *flags, str(script)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout.splitlines()[-1]) == {"wanted": wanted}
+
+
+# ------------------------------------------------------------------ the viewer names the line
+
+
+@pytest.mark.slow
+def test_the_leak_demo_with_stacks_names_the_leaking_line(socket_dir: Path):
+    from test_diagnosis_scenarios import Watch
+
+    from memtop import report
+    from memtop.sim.demo import Demo
+
+    demo = Demo(
+        gpus=1,
+        scenario="leak",
+        step_time=0.02,
+        socket_dir=socket_dir,
+        extra_env={"MEMTOP_STACKS": "1"},
+    )
+    demo.start()
+    watch = Watch(socket_dir)
+    watch.sampler.agents.low_rate["sites"] = 0.5
+    try:
+        assert demo.wait_ready(30)
+        started = time.monotonic()
+        diagnosis = watch.until(
+            60, lambda d: any(s.rule == "leak" and "`" in s.title for s in d.suggestions)
+        )
+        took = time.monotonic() - started
+    finally:
+        watch.sampler.stop()
+        demo.stop()
+    filename, line = scenario_line("kept = self._m(self.leak_bytes_per_step)")
+    (shown,) = [s for s in diagnosis.suggestions if s.rule == "leak"]
+    assert shown.title.startswith(
+        f"Leak: blocks from `scenarios.py:{line} kept = self._m(self.leak_bytes_per_step)` "
+        "outlive their step: +8.0 MiB per step"
+    ), shown.title
+    assert took < 60
+    (device,) = diagnosis.devices.values()
+    top = device.sites[0]
+    assert top.leaking and (top.site.file, top.site.line) == (filename, line)
+    assert 7 * MiB < (top.bytes_per_step or 0) < 9 * MiB
+    # --once --json carries the sites per agent.
+    data = report.build(watch.observer.latest())
+    (agent,) = data["agents"]
+    assert agent["sites"][0]["site"]["line"] == line and agent["sites"][0]["leaking"]

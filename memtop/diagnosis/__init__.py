@@ -20,6 +20,7 @@ from memtop.diagnosis.fragmentation import (
     pressure,
 )
 from memtop.diagnosis.leak import MAX_MARKS, LeakEstimate, detect
+from memtop.diagnosis.sites import site_trends
 from memtop.diagnosis.suggestions import Suggestion
 
 if TYPE_CHECKING:  # the store is only read through its methods: the package stays light
@@ -138,6 +139,7 @@ class Diagnoser:
                 if agent.last_oom is not None and agent.last_oom.get("device") == dev.index
                 else None
             ),
+            sites=site_trends(agent.sites, dev.index, leak) if agent.sites else (),
         )
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from memtop.diagnosis.fragmentation import Fragmentation, Pressure
 from memtop.diagnosis.leak import LeakEstimate
+from memtop.diagnosis.sites import SiteTrend
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,8 @@ class DeviceDiagnosis:
     last_oom: dict[str, Any] | None = None
     # torch.version.hip of the trainer: a ROCm build (AMD GPUs), whose fixes are spelt for ROCm.
     hip: str | None = None
+    # Live memory by the user's line (stack recording on), largest first; the leak's marked.
+    sites: tuple[SiteTrend, ...] = ()
 
     @property
     def transient_bytes(self) -> int | None:
