@@ -393,3 +393,45 @@ def test_the_leak_demo_with_stacks_names_the_leaking_line(socket_dir: Path):
     data = report.build(watch.observer.latest())
     (agent,) = data["agents"]
     assert agent["sites"][0]["site"]["line"] == line and agent["sites"][0]["leaking"]
+
+
+def test_a_leak_in_one_of_three_similar_lines_is_named_ten_runs_of_ten(
+    agent, allocator, fast_rounds
+):
+    import random
+
+    from memtop.diagnosis.leak import LeakEstimate
+    from memtop.diagnosis.sites import leaking_site, site_trends
+
+    markers = ["batch site", "activations site", "logits site"]
+    detected = LeakEstimate(True, 2 * MiB, None, None, None, 0.99, "steps", 60, 1, "grows")
+    agent.sites.wanted = True
+    agent.on_step(explicit=True)
+    for run in range(10):
+        rng = random.Random(run)
+        leaking = rng.randrange(3)
+        kept: list[int] = []
+        carried: list[int] = []  # the other lines' blocks, now and then alive across a step
+        readings = []
+        for _ in range(8):
+            for block in carried:
+                allocator.free(block)
+            carried = []
+            blocks = [make(allocator, rng.randint(1, 4) * MiB) for make in
+                      (make_batch, make_activations, make_logits)]  # fmt: skip
+            for i, block in enumerate(blocks):
+                if i == leaking:
+                    kept.append(block)
+                elif rng.random() < 0.5:
+                    carried.append(block)
+                else:
+                    allocator.free(block)
+            agent.on_step(explicit=True)
+            readings.append(protocol.parse_sites(agent.sites.result()))
+        culprit = leaking_site(site_trends(readings, 0, detected))
+        assert culprit is not None, run
+        assert culprit.site.line == line_of(markers[leaking]), (run, culprit)
+        # Without a detected leak no line is blamed.
+        assert leaking_site(site_trends(readings, 0, None)) is None
+        for block in kept + carried:
+            allocator.free(block)
