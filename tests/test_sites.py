@@ -393,6 +393,12 @@ def test_the_leak_demo_with_stacks_names_the_leaking_line(socket_dir: Path):
     data = report.build(watch.observer.latest())
     (agent,) = data["agents"]
     assert agent["sites"][0]["site"]["line"] == line and agent["sites"][0]["leaking"]
+    # The exporter: a bounded family with a `site` label.
+    from memtop.export.metrics import EXPORT_TOP_SITES, render
+
+    (family,) = [f for f in render(watch.observer.latest()) if f.name == "memtop_site_bytes"]
+    labels = [sample.labels["site"] for sample in family.samples]
+    assert f"scenarios.py:{line}" in labels and len(labels) <= EXPORT_TOP_SITES
 
 
 def test_a_leak_in_one_of_three_similar_lines_is_named_ten_runs_of_ten(
