@@ -10,7 +10,8 @@ What it runs, all at once for `--seconds`:
   the optimizer's tensors that once crashed trainers really runs.
 - M viewer processes (they never import torch, like memtop): each keeps one connection to every
   agent and sends `sample` at 10 Hz, and between samples `breakdown`, `snapshot` (to a file),
-  `cleanup`, `reset_peak` and `sites` (stacks on) as fast as the agent allows (it answers `rate_limited` when not).
+  `cleanup`, `reset_peak` and `sites` (stacks on) as fast as the agent allows (it answers
+  `rate_limited` when not).
 
 What it prints, JSON last:
 - trainer crashes (a non-zero exit, a signal or a faulthandler dump): must be 0;
