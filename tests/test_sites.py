@@ -441,3 +441,45 @@ def test_a_leak_in_one_of_three_similar_lines_is_named_ten_runs_of_ten(
         assert leaking_site(site_trends(readings, 0, None)) is None
         for block in kept + carried:
             allocator.free(block)
+
+
+def test_the_who_holds_it_table_marks_the_leak_and_hides_without_sites():
+    import asyncio
+
+    from rich.console import Console
+    from textual.app import App, ComposeResult
+
+    from memtop.diagnosis.sites import SiteTrend
+    from memtop.model import Site
+    from memtop.ui.widgets.sites_table import SitesPanel, sites_table
+
+    leak = SiteTrend(
+        Site("/home/u/train.py", 45, "train", "out = model(x)"),
+        96 * MiB, 8, 7, 12 * MiB, 310, leaking=True,
+    )  # fmt: skip
+    weights = SiteTrend(Site("", 0, "", ""), 2 * GiB, 40, 40, 0.0, 300)
+    console = Console(width=120, record=True)
+    console.print(sites_table([leak, weights]))
+    text = console.export_text()
+    first, second = [line for line in text.splitlines() if line.strip()][1:3]
+    assert "◀ leak train.py:45" in first and "out = model(x)" in first
+    assert "+12.0 MiB/step" in first and "8 (7 old)" in first
+    assert "(before stacks)" in second
+
+    class Host(App[None]):
+        def compose(self) -> ComposeResult:
+            yield SitesPanel()
+
+    async def run() -> None:
+        app = Host()
+        async with app.run_test() as pilot:
+            panel = app.query_one(SitesPanel)
+            assert not panel.display  # no stacks: no table
+            panel.show([leak])
+            await pilot.pause()
+            assert panel.display and panel.region.height > 2
+            panel.show([])
+            await pilot.pause()
+            assert not panel.display
+
+    asyncio.run(run())
