@@ -483,3 +483,22 @@ def test_the_who_holds_it_table_marks_the_leak_and_hides_without_sites():
             assert not panel.display
 
     asyncio.run(run())
+
+
+def test_a_recordings_sites_replies_are_replayed():
+    from memtop.sources.replay import _agent_event
+
+    site = {"file": "/u/train.py", "line": 45, "function": "train", "text": "out = model(x)"}
+    result = {
+        "enabled": True,
+        "time": 100.0,
+        "step": 310,
+        "sites": [{"device": 0, "site": site, "bytes": MiB, "blocks": 2, "old_blocks": 1}],
+    }
+    skipped: list[str] = []
+    event = _agent_event(100.0, 7, "sites", result, "rec.jsonl:3", skipped)
+    assert event is not None and event.kind == "sites" and not skipped
+    assert event.value.sites[0].site.line == 45
+    broken = {**result, "sites": [{"device": 0}]}
+    assert _agent_event(100.0, 7, "sites", broken, "rec.jsonl:4", skipped) is None
+    assert skipped and "sites" in skipped[0]
