@@ -502,3 +502,49 @@ def test_a_recordings_sites_replies_are_replayed():
     broken = {**result, "sites": [{"device": 0}]}
     assert _agent_event(100.0, 7, "sites", broken, "rec.jsonl:4", skipped) is None
     assert skipped and "sites" in skipped[0]
+
+
+@pytest.mark.slow
+def test_the_stacks_key_asks_then_the_detail_screen_shows_who_holds_it(socket_dir: Path):
+    import asyncio
+
+    from test_ui_live import agent_rows, live_app, select
+    from ui_helpers import notifications, screen_text, wait_for
+
+    from memtop.sim.demo import Demo
+    from memtop.ui.screens.confirm import ConfirmScreen
+    from memtop.ui.screens.detail import DetailScreen
+
+    demo = Demo(gpus=1, scenario="leak", step_time=0.05, socket_dir=socket_dir)
+    demo.start()
+    app, sampler = live_app(socket_dir)
+    _, line = scenario_line("kept = self._m(self.leak_bytes_per_step)")
+
+    async def main() -> None:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_for(pilot, lambda: len(agent_rows(app)) == 1, 30)
+            pid = agent_rows(app)[0].pid
+            await select(app, pid)
+            await pilot.press("w")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+            assert "a few % of step time" in screen_text(app.export_screenshot())
+            await pilot.press("y")
+            await wait_for(
+                pilot, lambda: any("Stack recording asked" in n for n in notifications(app))
+            )
+            await wait_for(pilot, lambda: bool(app.store.agent(pid).sites), 30)
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: isinstance(app.screen, DetailScreen))
+            await wait_for(
+                pilot,
+                lambda: f"scenarios.py:{line}" in screen_text(app.export_screenshot()),
+                60,
+            )
+            text = screen_text(app.export_screenshot())
+            assert "Who holds it" in text and "kept = self._m(self.leak_bytes_per_step)" in text
+
+    try:
+        asyncio.run(main())
+    finally:
+        sampler.stop()
+        demo.stop()

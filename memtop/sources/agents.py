@@ -797,6 +797,11 @@ class AgentPool:
         self._refused_gone = set(refused)
         return [results[pid] for pid in sorted(results)]
 
+    def ask_soon(self, pid: int, cmd: str) -> None:
+        """Send low-rate `cmd` to `pid` in the next round (the user just changed what it
+        answers: stack recording switched on)."""
+        self._due[(pid, cmd)] = 0.0
+
     def _extras_due(self, agent: _Agent) -> list[str]:
         """The low-rate commands due for `agent` now (marked as sent)."""
         now = time.monotonic()
