@@ -548,3 +548,85 @@ def test_the_stacks_key_asks_then_the_detail_screen_shows_who_holds_it(socket_di
     finally:
         sampler.stop()
         demo.stop()
+
+
+# ------------------------------------------------------------------ real torch
+
+
+def test_the_torch_probe_records_nothing_before_a_device_is_in_use():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_initialized():
+        pytest.skip("CUDA is already initialised in this process")
+    from memtop.agent.torch_probe import TorchProbe
+
+    probe = TorchProbe()
+    assert probe.record_history(True) is False  # nothing to record: asked again later
+    assert not torch.cuda.is_initialized()  # and no CUDA context made for it
+
+
+GPU_OOM_LINE = """\
+import json, torch, memtop
+agent = memtop.start_agent()
+torch.cuda.set_per_process_memory_fraction(0.05, 0)
+big = int(0.2 * torch.cuda.get_device_properties(0).total_memory)
+try:
+    x = torch.empty(big, dtype=torch.uint8, device="cuda")  # the failing request
+except torch.OutOfMemoryError:
+    pass
+agent.oom.flush(10)
+memtop.agent.stop_agent()
+"""
+
+GPU_LEAK_LINE = """\
+import json, time, torch, memtop
+agent = memtop.start_agent()
+model = torch.nn.Linear(256, 256).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+kept = []
+for step in range(120):
+    x = torch.randn(64, 256, device="cuda")
+    a = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")  # similar line 1
+    b = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")  # similar line 2
+    c = torch.empty(1 << 20, dtype=torch.uint8, device="cuda")  # similar line 3
+    kept.append(b)
+    model(x).sum().backward(); opt.step(); opt.zero_grad(set_to_none=True)
+    time.sleep(0.05)
+print(json.dumps(agent.sites.result()))
+memtop.agent.stop_agent()
+"""
+
+
+def _run_gpu_script(tmp_path: Path, text: str, **env_extra: str) -> subprocess.CompletedProcess:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    script = tmp_path / "train.py"
+    script.write_text(text)
+    env = dict(os.environ, MEMTOP_SOCKET_DIR=str(tmp_path / "s"), **env_extra)
+    env["MEMTOP_OOM_DIR"] = str(tmp_path / "oom")
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.gpu
+def test_a_real_cuda_oom_names_its_line(tmp_path: Path):
+    _run_gpu_script(tmp_path, GPU_OOM_LINE)
+    (path,) = (tmp_path / "oom").glob("oom-*.json")
+    report = json.loads(path.read_text())
+    assert report["stack"][0]["file"] == str(tmp_path / "train.py")
+    assert report["stack"][0]["line"] == 6, report["stack"]
+    assert "torch.empty(big" in report["stack"][0]["text"]
+
+
+@pytest.mark.gpu
+def test_a_real_cuda_leak_is_named_by_its_line(tmp_path: Path):
+    done = _run_gpu_script(tmp_path, GPU_LEAK_LINE, MEMTOP_STACKS="1")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["enabled"], result
+    mine = [s for s in result["sites"] if s["site"]["file"] == str(tmp_path / "train.py")]
+    top = max(mine, key=lambda s: s["bytes"])
+    assert top["site"]["line"] == 9, mine  # similar line 2: the one kept
+    assert top["blocks"] >= 10 and top["old_blocks"] >= 5
