@@ -292,6 +292,7 @@ def test_the_site_that_keeps_its_blocks_is_the_leaks_line(agent, allocator, fast
 
 def test_a_grouping_round_over_its_time_cap_is_skipped(agent, allocator, monkeypatch):
     monkeypatch.setattr(site_tracking, "MIN_INTERVAL_S", 0.0)
+    monkeypatch.setattr(site_tracking, "COST_FACTOR", 0)
     monkeypatch.setattr(site_tracking, "ROUND_CAP_S", 0.0)
     monkeypatch.setattr(site_tracking, "CHECK_EVERY", 1)
     agent.sites.wanted = True

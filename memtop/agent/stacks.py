@@ -13,10 +13,8 @@ Nothing here imports torch or raises: a frame that cannot be read is skipped.
 
 from __future__ import annotations
 
-import linecache
 import os
 import sys
-import sysconfig
 from types import FrameType
 from typing import Any
 
@@ -32,6 +30,8 @@ _SIMULATED_USER_CODE = frozenset({os.path.join(_MEMTOP_DIR, "sim", "scenarios.py
 
 
 def _library_prefixes() -> tuple[str, ...]:
+    import sysconfig  # here, not at import: the agent starts in every `memtop run` program
+
     prefixes = {_MEMTOP_DIR}
     paths = sysconfig.get_paths()
     for key in ("stdlib", "platstdlib", "purelib", "platlib"):
@@ -46,7 +46,7 @@ def _library_prefixes() -> tuple[str, ...]:
     return tuple(sorted(prefixes))
 
 
-_LIBRARY_PREFIXES = _library_prefixes()
+_library: tuple[str, ...] | None = None  # the prefixes, computed at the first site asked
 _LIBRARY_PARTS = (
     f"{os.sep}site-packages{os.sep}",
     f"{os.sep}dist-packages{os.sep}",
@@ -74,7 +74,10 @@ def is_user_file(filename: str) -> bool:
     elif not filename or filename.startswith("<"):
         answer = False  # <frozen importlib._bootstrap>, <string>: no line to show
     else:
-        answer = not filename.startswith(_LIBRARY_PREFIXES) and not any(
+        global _library
+        if _library is None:
+            _library = _library_prefixes()
+        answer = not filename.startswith(_library) and not any(
             part in filename for part in _LIBRARY_PARTS
         )
     if len(_user_file) >= _CACHE_LIMIT:
@@ -103,6 +106,8 @@ def user_frames(
 
 def source_text(filename: str, line: int) -> str:
     """The source line, stripped and cut at MAX_TEXT characters ("" when unreadable)."""
+    import linecache  # imported by the first OOM or grouping round, not at the agent's start
+
     try:
         text = linecache.getline(filename, int(line)).strip()
     except Exception:
