@@ -631,3 +631,12 @@ def test_a_real_cuda_leak_is_named_by_its_line(tmp_path: Path):
     top = max(mine, key=lambda s: s["bytes"])
     assert top["site"]["line"] == 9, mine  # similar line 2: the one kept
     assert top["blocks"] >= 10 and top["old_blocks"] >= 5
+
+
+def test_a_switch_that_cannot_be_made_is_retried_every_few_seconds_not_every_step(agent, allocator):
+    calls = []
+    agent.probe.record_history = lambda on: calls.append(on) or False  # type: ignore[attr-defined]
+    agent.sites.wanted = True
+    for _ in range(50):
+        agent.on_step(explicit=True)
+    assert calls == [True] and not agent.sites.enabled

@@ -60,7 +60,8 @@ class SiteTracker:
         self.enabled = False  # what the trainer's thread last switched history to
         self.latest: dict[str, Any] | None = None  # replaced whole: the agent thread serves it
         self.error: str | None = None
-        self._due = 0.0
+        self._due = 0.0  # the next grouping round
+        self._switch_due = 0.0  # the next try at a switch (a failed one waits)
         self._previous: dict[int, set[int]] = {}  # device -> live block addresses last round
         self.rounds = 0
         self.rounds_abandoned = 0
@@ -75,14 +76,19 @@ class SiteTracker:
     def on_boundary(self, now: float, step: int | None) -> None:
         """At a step boundary, on the trainer's thread.  O(1) unless a switch or a round is due;
         never raises (the boundary's caller catches, but a failed round must not repeat)."""
-        if self.wanted == self.enabled and (not self.enabled or now < self._due):
+        switching = self.wanted != self.enabled
+        if switching:
+            if now < self._switch_due:
+                return  # a switch that could not be made: tried again every few seconds
+        elif not self.enabled or now < self._due:
             return
         started = time.perf_counter()
         try:
             if self.probe.is_capturing():
                 return  # a CUDA graph capture: touch nothing, try at a later step
-            if self.wanted != self.enabled:
+            if switching:
                 wanted = self.wanted
+                self._switch_due = now + MIN_INTERVAL_S
                 self._due = now + MIN_INTERVAL_S  # blocks allocated before it carry no frames
                 record = getattr(self.probe, "record_history", None)  # optional in a Probe
                 if record is None or not record(wanted):
@@ -95,7 +101,7 @@ class SiteTracker:
             self._round(now, step, started)
         except Exception as exc:
             self.error = f"sites: {exc!r}"[:300]
-            self._due = now + 60.0
+            self._due = self._switch_due = now + 60.0
         finally:
             spent = time.perf_counter() - started
             self.total_s += spent
