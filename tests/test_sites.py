@@ -381,12 +381,15 @@ def test_the_leak_demo_with_stacks_names_the_leaking_line(socket_dir: Path):
         demo.stop()
     filename, line = scenario_line("kept = self._m(self.leak_bytes_per_step)")
     (shown,) = [s for s in diagnosis.suggestions if s.rule == "leak"]
+    (device,) = diagnosis.devices.values()
+    readings = watch.store.agent(demo.processes[0].pid).sites
+    # What the viewer had, should it not name the line (this box is shared: rounds run late).
+    assert "`" in shown.title, (took, len(readings), [r.step for r in readings], device.sites[:3])
     assert shown.title.startswith(
         f"Leak: blocks from `scenarios.py:{line} kept = self._m(self.leak_bytes_per_step)` "
         "outlive their step: +8.0 MiB per step"
     ), shown.title
     assert took < 60
-    (device,) = diagnosis.devices.values()
     top = device.sites[0]
     assert top.leaking and (top.site.file, top.site.line) == (filename, line)
     assert 7 * MiB < (top.bytes_per_step or 0) < 9 * MiB

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from memtop.agent.probe import Probe
 
 MIN_INTERVAL_S = 2.0  # rounds at most this often
-COST_FACTOR = 100  # ... and at most 1 % of the trainer's time, amortised
+COST_FACTOR = 100  # ... and at most 1 % of the trainer thread's CPU time, amortised
 ROUND_CAP_S = 0.25  # a walk of the blocks longer than this is abandoned
 CHECK_EVERY = 256  # blocks between two looks at the clock
 TOP_SITES = 20  # per device
@@ -83,6 +83,7 @@ class SiteTracker:
         elif not self.enabled or now < self._due:
             return
         started = time.perf_counter()
+        cpu_started = time.thread_time()
         try:
             if self.probe.is_capturing():
                 return  # a CUDA graph capture: touch nothing, try at a later step
@@ -103,8 +104,10 @@ class SiteTracker:
             self.error = f"sites: {exc!r}"[:300]
             self._due = self._switch_due = now + 60.0
         finally:
-            spent = time.perf_counter() - started
-            self.total_s += spent
+            self.total_s += time.perf_counter() - started
+            # The back-off counts the CPU this thread spent, not the wall time: on a loaded box
+            # a round descheduled for 100 ms cost the trainer nothing then.
+            spent = time.thread_time() - cpu_started
             self._due = max(self._due, now + spent * COST_FACTOR)
 
     def _round(self, now: float, step: int | None, started: float) -> None:
