@@ -10,7 +10,8 @@ What it runs, all at once for `--seconds`:
   the optimizer's tensors that once crashed trainers really runs.
 - M viewer processes (they never import torch, like memtop): each keeps one connection to every
   agent and sends `sample` at 10 Hz, and between samples `breakdown`, `snapshot` (to a file),
-  `cleanup` and `reset_peak` as fast as the agent allows (it answers `rate_limited` when not).
+  `cleanup`, `reset_peak` and `sites` (stacks on) as fast as the agent allows (it answers
+  `rate_limited` when not).
 
 What it prints, JSON last:
 - trainer crashes (a non-zero exit, a signal or a faulthandler dump): must be 0;
@@ -117,7 +118,7 @@ def viewer_main(pids: list[int], directory: Path, seconds: float, out_dir: Path)
     # on its own, and pauses the heavy ones first when its CPU bound is reached.
     clients: dict[tuple[int, str], AgentClient] = {}
     deadline = time.monotonic() + seconds
-    extra = ("breakdown", "snapshot", "cleanup", "reset_peak")
+    extra = ("breakdown", "snapshot", "cleanup", "reset_peak", "sites")
     lock = threading.Lock()
 
     def ask(pid: int, role: str, cmd: str, args: dict[str, Any]) -> dict[str, Any] | None:
@@ -172,6 +173,8 @@ def viewer_main(pids: list[int], directory: Path, seconds: float, out_dir: Path)
                 args = {"path": str(out_dir / f"snap-{pid}.pickle"), "overwrite": True}
             if cmd == "cleanup":
                 args = {"wait_s": 2.0}
+            if cmd == "sites":
+                args = {"stacks": True}  # stack recording asked on, as the dashboard's key does
             result = ask(pid, "hammer", cmd, args)
             fresh = (
                 cmd == "breakdown"

@@ -268,13 +268,19 @@ def _main(argv: Sequence[str] | None) -> int:
 
 def _run(rest: list[str]) -> int:
     usage = (
-        "usage: memtop run [--auto-cleanup] [--] script.py [args...] | "
-        "memtop run [--auto-cleanup] -m module [args...]"
+        "usage: memtop run [--auto-cleanup] [--stacks] [--] script.py [args...] | "
+        "memtop run [--auto-cleanup] [--stacks] -m module [args...]"
     )
-    if rest and rest[0] == "--auto-cleanup":
-        # gc + empty_cache at a step boundary when a GPU is >= 95 % full; the environment
-        # carries it to the ranks this program starts (their agents read it too).
-        os.environ["MEMTOP_AUTO_CLEANUP"] = "1"
+    # The options, in any order, before the program; the environment carries them to the
+    # ranks this program starts (their agents read it too).
+    options = {
+        # gc + empty_cache at a step boundary when a GPU is >= 95 % full
+        "--auto-cleanup": "MEMTOP_AUTO_CLEANUP",
+        # record each live block's allocating stack from the first step (the `sites`)
+        "--stacks": "MEMTOP_STACKS",
+    }
+    while rest and rest[0] in options:
+        os.environ[options[rest[0]]] = "1"
         rest = rest[1:]
     if rest and rest[0] == "--":
         rest = rest[1:]

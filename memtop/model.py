@@ -322,3 +322,35 @@ class AgentResetPeak:
     """A `reset_peak` reply: the devices whose torch peak restarted."""
 
     devices: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Site:
+    """A line of the user's code that allocated live memory (DESIGN §12); strings cleaned."""
+
+    file: str
+    line: int
+    function: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class SiteUsage:
+    """One site's live blocks on one device: old blocks were alive at the previous reading."""
+
+    device: int
+    site: Site
+    bytes: int
+    blocks: int
+    old_blocks: int
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSites:
+    """A `sites` reply: whether stacks are recorded, and the newest grouping (top N)."""
+
+    enabled: bool
+    time: float | None
+    step: int | None
+    sites: tuple[SiteUsage, ...]
+    pending: bool = False  # never: the newest grouping is served at once (the pool asks)

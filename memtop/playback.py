@@ -122,6 +122,8 @@ class Player:
             store.update_breakdown(pid, event.value, event.t)
         elif event.kind == "snapshot":
             store.update_snapshot_summary(pid, event.value, event.t)
+        elif event.kind == "sites":
+            store.update_sites(pid, event.value)
         elif event.kind == "state":
             state, error = event.value
             store.update_agents(

@@ -118,6 +118,12 @@ def _agent(agent: AgentObservation) -> dict[str, Any]:
         "step": agent.step,
         "devices": devices,
         "job": job.as_json() if (job := agent.job) is not None else None,
+        # Live memory by the user's line, per device (stack recording on; DESIGN §12).
+        "sites": [
+            {"device": dev.index, **trend.as_dict()}
+            for dev in agent.devices
+            for trend in dev.diagnosis.sites
+        ],
     }
 
 

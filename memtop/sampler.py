@@ -113,6 +113,9 @@ class IsolatedDevices:
 # replies, ~1 ms of the viewer's CPU on a 2-core box): every 30 s, the figures are at most a
 # minute old and eight agents cost the viewer ~0.3 ms/s, against ~0.8 at 10 s.
 BREAKDOWN_INTERVAL_S = 30.0
+# How often an agent recording stacks is asked for its sites: the agent groups its live blocks
+# every 2 s at most; a leak's site is named from a few readings.
+SITES_INTERVAL_S = 5.0
 
 
 class Sampler:
@@ -133,7 +136,12 @@ class Sampler:
         self.snapshot_interval = snapshot_interval
         # The low-rate requests: the breakdown, and a trace-free snapshot whose summary gives the
         # external fragmentation (the agent walks every segment for it, so not every round).
-        agents.low_rate = {"breakdown": breakdown_interval, "snapshot": snapshot_interval}
+        agents.low_rate = {
+            "breakdown": breakdown_interval,
+            "snapshot": snapshot_interval,
+            # Live memory by line (only where stacks are recorded: the pool backs off otherwise)
+            "sites": SITES_INTERVAL_S,
+        }
         self.rounds = 0
         self.last_round_s = 0.0
         self.processes = ProcessDirectory()
@@ -195,6 +203,8 @@ class Sampler:
                 self.store.update_breakdown(poll.pid, poll.breakdown)
             if poll.snapshot is not None:
                 self.store.update_snapshot_summary(poll.pid, poll.snapshot)
+            if poll.sites is not None:
+                self.store.update_sites(poll.pid, poll.sites)
         self.rounds += 1
         self.last_round_s = time.monotonic() - started
 

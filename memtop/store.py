@@ -21,6 +21,7 @@ from memtop.model import (
     AgentDeviceSample,
     AgentHello,
     AgentSample,
+    AgentSites,
     AgentSnapshot,
     NvmlReading,
     host_of,
@@ -30,6 +31,7 @@ from memtop.sources.processes import ProcessInfo
 
 HISTORY_SAMPLES = 3600  # one hour at the default 1 s interval
 STEP_MARKS = 4096
+SITES_READINGS = 32  # `sites` readings kept per agent (minutes at the sampler's rate)
 # One agent device's sampled history; the pressure counters are kept so that their deltas over a
 # window can be read back.
 HISTORY_COLUMNS = (
@@ -133,6 +135,8 @@ class AgentState:
     snapshot_time: float | None = None
     # The newest OOM report's headline, as the agent's sample says (None: no OOM yet).
     last_oom: Mapping[str, Any] | None = None
+    # The agent's `sites` readings, oldest first (stack recording on): the leak's line.
+    sites: deque[AgentSites] = field(default_factory=lambda: deque(maxlen=SITES_READINGS))
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,7 @@ class AgentView:
     snapshot_summary: dict[int, dict[str, Any]] | None = None
     snapshot_time: float | None = None
     last_oom: Mapping[str, Any] | None = None
+    sites: tuple[AgentSites, ...] = ()
 
 
 class Store:
@@ -307,6 +312,19 @@ class Store:
 
         def apply(agent: AgentState) -> None:
             agent.snapshot_summary, agent.snapshot_time = summary, stamp
+
+        self._update_agent(pid, apply)
+
+    def update_sites(self, pid: int, result: AgentSites | Mapping[str, Any]) -> None:
+        """Keep a `sites` reply (a new grouping only: the same one read twice is kept once);
+        stack recording off forgets the readings."""
+        reply = result if isinstance(result, AgentSites) else protocol.parse_sites(result)
+
+        def apply(agent: AgentState) -> None:
+            if not reply.enabled:
+                agent.sites.clear()
+            elif reply.time is not None and (not agent.sites or agent.sites[-1].time != reply.time):
+                agent.sites.append(reply)
 
         self._update_agent(pid, apply)
 
@@ -473,6 +491,7 @@ class Store:
             ),
             snapshot_time=agent.snapshot_time,
             last_oom=agent.last_oom,
+            sites=tuple(agent.sites),
         )
 
 

@@ -53,6 +53,7 @@ def test_memtops_own_agent_passes_every_check(agent: Agent, capsys):
         "sample options",
         "breakdown",
         "snapshot",
+        "sites",
         "unknown command",
         "bad arguments",
         "malformed frame",
@@ -94,7 +95,7 @@ def test_it_runs_as_a_module_against_a_live_agent(agent: Agent):
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "10 of 10 checks passed" in done.stdout
+    assert "11 of 11 checks passed" in done.stdout
     assert re.search(r"PASS  sample options +columns", done.stdout), done.stdout
 
 
@@ -115,6 +116,25 @@ def test_every_reply_parser_refuses_what_breaks_the_schema():
         protocol.parse_cleanup({"released_bytes": {"0": -1}})
     with pytest.raises(protocol.ProtocolError):
         protocol.parse_reset_peak({"devices": ["0"]})
+    site = {"file": "t.py", "line": 3, "function": "f", "text": "x = y"}
+    good = {"device": 0, "site": site, "bytes": 10, "blocks": 2, "old_blocks": 1}
+    assert protocol.parse_sites({"enabled": True, "sites": [good]}).sites[0].site.line == 3
+    for bad in (
+        {"old_blocks": 3},
+        {"bytes": -1},
+        {"site": {**site, "line": "3"}},
+        {"device": True},
+    ):
+        with pytest.raises(protocol.ProtocolError):
+            protocol.parse_sites({"enabled": True, "sites": [{**good, **bad}]})
+    with pytest.raises(protocol.ProtocolError):
+        protocol.parse_sites({"enabled": "yes", "sites": []})
+    # An agent's text is made inert like every string it sends.
+    hostile = {**good, "site": {**site, "text": "x\x1b[2J = 1"}}
+    assert (
+        protocol.parse_sites({"enabled": True, "sites": [hostile]}).sites[0].site.text
+        == "x?[2J = 1"
+    )
     with pytest.raises(protocol.ProtocolError):
         protocol.parse_reply("sample", [])  # type: ignore[arg-type]
     cleanup = protocol.parse_cleanup(

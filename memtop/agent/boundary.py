@@ -122,6 +122,9 @@ class StepBoundary:
         self._hook_steps = 0
         # Opt-in work at every boundary, rate-limited by itself (auto_cleanup.AutoCleanup).
         self.on_boundary: Callable[[float], None] | None = None
+        # Stack recording and the grouping of live blocks by site (sites.SiteTracker): O(1)
+        # until a switch or a round is due, rate- and time-capped by itself.
+        self.sites_hook: Callable[[float, int | None], None] | None = None
 
     # ------------------------------------------------------------ trainer's thread
 
@@ -181,6 +184,8 @@ class StepBoundary:
             self._mark(now)
         if self.on_boundary is not None:
             self.on_boundary(now)
+        if self.sites_hook is not None:
+            self.sites_hook(now, step)
         if self._has_jobs or self._mem_info_due <= now < self._mem_info_wanted_until:
             self._boundary_work(now)
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from memtop import protocol
 from memtop._version import __version__
-from memtop.agent import files
+from memtop.agent import files, stacks
 from memtop.agent.driver_usage import read_driver_usage, split_usage
 from memtop.agent.snapshot_summary import summarize_snapshot
 from memtop.oom.diagnose import diagnose
@@ -117,6 +117,10 @@ class OomRecorder:
     ) -> dict[str, Any]:
         agent, boundary, probe = self.agent, self.agent.boundary, self.agent.probe
         key = str(device)
+        # First, while the failing call's frames are still the ones above us: its user line.
+        started = time.perf_counter()
+        stack = stacks.capture()
+        stack_us = round((time.perf_counter() - started) * 1e6, 1)
         stats = _safe(lambda: probe.memory_stats(device), {})
         summary = _safe(
             lambda: summarize_snapshot(probe.snapshot().get("segments", [])).get(key), None
@@ -162,6 +166,11 @@ class OomRecorder:
             "device_name": info.name if info else None,
             "total_bytes": info.total_bytes if info else None,
             "requested_bytes": requested,
+            # The failing request's innermost user frames, innermost first (DESIGN §12).
+            "stack": stack,
+            "stack_capture_us": stack_us,
+            # The top live sites of the latest grouping, when stack recording was on.
+            "sites": _safe(agent.sites.top_sites, []),
             "limit_bytes": limit,
             "free_bytes": free,
             "allocated_bytes": stats.get("allocated_bytes.all.current"),
@@ -220,6 +229,7 @@ class OomRecorder:
                 **{k: report[k] for k in headline},
                 "path": str(path),
                 "diagnosis": verdict,
+                "stack": report.get("stack", [])[:1],  # the line the dashboard names
             }
             prune(directory)
         except Exception as exc:

@@ -37,6 +37,7 @@ from memtop.agent import files, identity
 from memtop.agent.boundary import MARK_BUFFER, StepBoundary, TrainerJob
 from memtop.agent.oom import OomRecorder
 from memtop.agent.probe import SAMPLE_STAT_KEYS, Probe, ProbeDevice
+from memtop.agent.sites import SiteTracker, stacks_wanted
 from memtop.agent.snapshot_summary import summarize_snapshot
 
 __all__ = ["MARK_BUFFER", "Agent", "summarize_snapshot"]
@@ -245,6 +246,9 @@ class Agent:
         self._cpu_mark = (time.monotonic(), 0.0)
         # The OOM flight recorder: the allocator calls it at every out-of-memory.
         self.oom = OomRecorder(self, self._worker.submit)
+        # Live memory by the user's line that allocated it (`sites`; stack recording opt-in).
+        self.sites = SiteTracker(probe, wanted=stacks_wanted(os.environ))
+        self.boundary.sites_hook = self.sites.on_boundary
 
     # ---------------------------------------------------------------- trainer side
 
@@ -694,6 +698,8 @@ class Agent:
             return self._cmd_cleanup(conn, request)
         if cmd == "reset_peak":
             return self._cmd_reset_peak()
+        if cmd == "sites":
+            return self._cmd_sites(request)
         # parse_request only lets the closed set through
         raise protocol.ProtocolError(protocol.E_UNKNOWN_COMMAND, cmd)
 
@@ -1115,6 +1121,20 @@ class Agent:
             "thread_ident": threading.get_ident(),
             "took_s": took,
         }
+
+    def _cmd_sites(self, request: protocol.Request) -> dict[str, Any]:
+        """The newest grouping of live blocks by site; `{"stacks": true|false}` asks the
+        trainer's thread to switch stack recording at its next step boundary."""
+        wanted = request.args.get("stacks")
+        if wanted is not None:
+            if not isinstance(wanted, bool):
+                raise protocol.ProtocolError(protocol.E_BAD_REQUEST, "'stacks' must be a boolean")
+            if wanted and not self.sites.supported():
+                raise protocol.ProtocolError(
+                    protocol.E_UNAVAILABLE, "this trainer's allocator cannot record stacks"
+                )
+            self.sites.wanted = wanted
+        return self.sites.result()
 
     def _cmd_reset_peak(self) -> dict[str, Any]:
         # A host-side counter reset: safe from this thread.

@@ -191,6 +191,9 @@ def _pci_bus_id(props: Any) -> str | None:
 
 
 # The nested path of each SAMPLE_STAT_KEYS key in torch._C._cuda_memoryStats()'s dict.
+# torch's max_entries for stack recording: a bound on its trace ring (unused by enabled="state",
+# which keeps only the live blocks' stacks, but bounded all the same).
+HISTORY_MAX_ENTRIES = 10_000
 _SAMPLE_PATHS = tuple((key, tuple(key.split("."))) for key in SAMPLE_STAT_KEYS)
 
 
@@ -315,6 +318,28 @@ class TorchProbe:
         if not self._used_indices():
             return {"segments": [], "device_traces": []}
         return dict(torch.cuda.memory._snapshot())
+
+    def record_history(self, enabled: bool) -> bool:
+        """Stack recording in its cheapest form that still keeps each live block's allocating
+        stack: state only (no trace ring), allocation context, Python frames.  The trainer's
+        thread at a step boundary only (DESIGN §6).  False while no device is in use (nothing
+        to record yet: CUDA is not initialised here for it)."""
+        indices = self._used_indices()
+        if not indices:
+            return False
+        record = torch.cuda.memory._record_memory_history
+        for index in indices:
+            if enabled:
+                record(
+                    enabled="state",
+                    context="alloc",
+                    stacks="python",
+                    max_entries=HISTORY_MAX_ENTRIES,
+                    device=index,
+                )
+            else:
+                record(enabled=None, device=index)
+        return True
 
     def install_step_hook(self, on_step: StepCallback) -> bool:
         if _register_step_post_hook is None:

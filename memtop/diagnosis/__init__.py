@@ -21,6 +21,7 @@ from memtop.diagnosis.fragmentation import (
 )
 from memtop.diagnosis.leak import MAX_MARKS, LeakEstimate, detect
 from memtop.diagnosis.ranks import with_job_peers
+from memtop.diagnosis.sites import site_trends
 from memtop.diagnosis.suggestions import Suggestion
 from memtop.oom.diagnose import growing_batch
 
@@ -155,6 +156,7 @@ class Diagnoser:
             hip=_hip(agent.hello.extra.get("hip") if agent.hello else None),
             last_oom=last_oom,
             oom_growth=oom_growth,
+            sites=site_trends(agent.sites, dev.index, leak) if agent.sites else (),
         )
 
 

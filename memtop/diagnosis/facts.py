@@ -7,6 +7,7 @@ from typing import Any
 
 from memtop.diagnosis.fragmentation import Fragmentation, Pressure
 from memtop.diagnosis.leak import LeakEstimate
+from memtop.diagnosis.sites import SiteTrend
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +46,8 @@ class DeviceDiagnosis:
     job: str | None = None
     peer_ranks: int = 0
     peers_median_peak_bytes: int | None = None
+    # Live memory by the user's line (stack recording on), largest first; the leak's marked.
+    sites: tuple[SiteTrend, ...] = ()
 
     @property
     def transient_bytes(self) -> int | None:

@@ -20,8 +20,10 @@ from memtop.diagnosis.facts import (
     parse_allocator_conf,
     uses_async_backend,
 )
+from memtop.diagnosis.sites import leaking_site
 from memtop.estimate.calibrate import BatchModel
 from memtop.model import Severity
+from memtop.sites import site_name, stack_phrase
 from memtop.units import MiB, format_bytes, format_duration
 
 INFO, WARNING, CRITICAL, EMERGENCY = (
@@ -195,6 +197,8 @@ def out_of_memory(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterabl
                 title=(
                     f"Out of memory at step {report.get('step')} in {report.get('phase')}: "
                     f"{OOM_CAUSES.get(str(verdict.get('cause')), verdict.get('cause'))}"
+                    # The failing request's own line, when the agent saw one (DESIGN §12).
+                    + (f" {where}" if (where := stack_phrase(report.get("stack"))) else "")
                 ),
                 detail=str(verdict["detail"]),
                 evidence=(
@@ -338,6 +342,17 @@ LEAK_CULPRITS = (
 )
 
 
+LEAK_AT_SITE = (
+    "Something keeps what that line returns alive across steps: a list it is appended to, a "
+    "running total with its graph (`total += loss`: use `loss.item()`), an output stored for "
+    "later (`.detach()` it, or keep it on the CPU)."
+)
+
+
+def _site_dict(site: Any) -> dict[str, Any]:
+    return {"file": site.file, "line": site.line, "function": site.function, "text": site.text}
+
+
 def leak(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable[Suggestion]:
     for agent in gpu.agents:
         estimate = agent.leak
@@ -361,13 +376,24 @@ def leak(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable[Suggest
         eta = f", full in ~{format_duration(seconds)}" if seconds is not None else ""
         if estimate.steps_to_full is not None:
             eta += f" ({estimate.steps_to_full} steps)"
+        title, detail = f"Leak: {rate}{eta}", LEAK_CULPRITS
+        culprit = leaking_site(agent.sites)
+        named = site_name(_site_dict(culprit.site)) if culprit is not None else None
+        if culprit is not None and named is not None:
+            # Stack recording names the line whose blocks stay (DESIGN §12).
+            title = f"Leak: blocks from `{named}` outlive their step: {rate} {since}".rstrip()
+            detail = (
+                f"{format_bytes(culprit.bytes)} in {culprit.blocks} live blocks allocated at "
+                f"{named.split(' ', 1)[0]} in {culprit.site.function or '?'}() "
+                f"({culprit.old_blocks} of them older than the previous reading). {LEAK_AT_SITE}"
+            )
         yield Suggestion(
             rule="leak",
             severity=severity,
             pid=agent.pid,
             device=agent.index,
-            title=f"Leak: {rate}{eta}",
-            detail=LEAK_CULPRITS,
+            title=title,
+            detail=detail,
             # The rate is in the title: the evidence says how sure, so a narrow pane that cuts
             # it still shows the confidence and the sample count.
             evidence=(

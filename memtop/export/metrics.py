@@ -46,6 +46,16 @@ BREAKDOWN_PARTS = ("parameters", "gradients", "optimizer_state", "other")
 COMMAND_CHARS = 200  # a label value is stored with every sample: keep the command line short
 
 
+EXPORT_TOP_SITES = 5  # `site` label values per device: a bounded family
+
+
+def site_label(file: str, line: int) -> str | None:
+    """A site as a label value: the file's base name and the line ("train.py:45")."""
+    if not file:
+        return None  # blocks allocated before stacks were recorded
+    return f"{file.replace(chr(92), '/').rsplit('/', 1)[-1][:80]}:{line}"
+
+
 def hostname(name: str | None = None) -> str:
     """DCGM exporter's `hostname` label: the node name, lower case."""
     return (name or os.uname().nodename).lower()
@@ -289,6 +299,15 @@ def render(
         "memtop_ooms", "torch num_ooms: out-of-memory errors raised.", process_label_names
     )
 
+    # Live bytes by the user's line (stack recording on): the top few per device, so the
+    # family's cardinality stays bounded however many lines allocate (DESIGN §12).
+    site_bytes = gauge(
+        "memtop_site_bytes",
+        f"Live bytes allocated at a line of user code (file:line), the top {EXPORT_TOP_SITES} "
+        "per device; only while stacks are recorded.",
+        (*process_label_names, "site"),
+    )
+
     for agent in obs.agents:
         rank = rank_of(agent)
         agent_job = job or job_name(agent.argv)
@@ -327,6 +346,10 @@ def render(
             for part in BREAKDOWN_PARTS:
                 if part in parts:
                     breakdown.add_metric([*labels, part], parts[part])
+            for trend in dev.diagnosis.sites[:EXPORT_TOP_SITES]:
+                name = site_label(trend.site.file, trend.site.line)
+                if name is not None:
+                    site_bytes.add_metric([*labels, name], trend.bytes)
 
     suggestions = gauge(
         "memtop_suggestions",
@@ -351,6 +374,7 @@ def render(
         steps,
         *families.values(),
         breakdown,
+        site_bytes,
         retries,
         ooms,
         suggestions,

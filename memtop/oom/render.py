@@ -8,6 +8,7 @@ from typing import Any
 from memtop.oom.diagnose import diagnose
 from memtop.oom.groups import group_reports
 from memtop.oom.reports import Report
+from memtop.sites import site_name, stack_phrase
 from memtop.units import format_bytes
 
 # The report fields the list carries (DESIGN §11), beside the diagnosis.
@@ -28,6 +29,7 @@ SUMMARY_FIELDS = (
     "largest_free_block_bytes",
     "inactive_split_bytes",
     "allocator_conf",
+    "stack",
 )
 
 
@@ -84,6 +86,9 @@ def list_text(directory: str, reports: list[Report], problems: list[str]) -> str
                 f"step {data.get('step')}  {data.get('phase')}  {command}"
             )
             lines.append(f"  {verdict['cause']}: {verdict['detail']}")
+            failing = stack_phrase(data.get("stack"), function=True)
+            if failing:
+                lines.append(f"  the failing request: {failing}")
             lines.append(f"  fix: {verdict['fix']}")
             lines.append(f"  {report.path}")
             if len(group.reports) > 1:
@@ -126,6 +131,17 @@ def report_text(report: Report) -> str:
             f"optimizer state {b(breakdown.get('optimizer_state'))}, "
             f"other {b(breakdown.get('other'))}"
         )
+    stack = data.get("stack")
+    where = stack_phrase(stack, function=True)
+    if where:
+        # The failing request's own line (DESIGN §12), then the user frames that called it.
+        lines.insert(5, f"  the failing request {where}")
+    if isinstance(stack, list) and len(stack) > 1:
+        lines.append("  called from")
+        for frame in stack[1:]:
+            name = site_name(frame)
+            if name:
+                lines.append(f"    {name}")
     recent = data.get("recent") or []
     lines.append(f"  {len(recent)} step marks in the last {data.get('recent_window_s')} s")
     lines += ["", f"{verdict['cause']}: {verdict['detail']}", f"fix: {verdict['fix']}"]

@@ -29,7 +29,10 @@ from memtop.model import (
     AgentHello,
     AgentResetPeak,
     AgentSample,
+    AgentSites,
     AgentSnapshot,
+    Site,
+    SiteUsage,
     StepMark,
 )
 from memtop.protocol import namespaces
@@ -62,7 +65,7 @@ SAMPLE_STAT_KEYS: tuple[str, ...] = (
     "num_device_free",
 )
 
-COMMANDS = frozenset({"hello", "sample", "breakdown", "snapshot", "cleanup", "reset_peak"})
+COMMANDS = frozenset({"hello", "sample", "breakdown", "snapshot", "cleanup", "reset_peak", "sites"})
 
 # Error codes carried in error frames.
 E_BAD_FRAME = "bad_frame"
@@ -664,6 +667,52 @@ def parse_reset_peak(result: Mapping[str, Any]) -> AgentResetPeak:
     return AgentResetPeak(devices=tuple(raw))
 
 
+MAX_SITES = 1024
+
+
+def parse_sites(result: Mapping[str, Any]) -> AgentSites:
+    """Validate a `sites` result (DESIGN §12): `{"enabled": bool, "time", "step", "sites":
+    [{"device", "site": {"file", "line", "function", "text"}, "bytes", "blocks",
+    "old_blocks"}]}`; every string cleaned, every number a count."""
+    enabled = _require(result, "enabled", bool, "sites")
+    raw = _bounded(_require(result, "sites", list, "sites"), MAX_SITES, "sites")
+    entries = []
+    for item in raw:
+        if not isinstance(item, Mapping):
+            raise ProtocolError("bad_reply", "sites: an entry is not an object")
+        site = _require(item, "site", Mapping, "sites entry")
+        counts = [
+            _require(item, key, int, "sites entry")
+            for key in ("device", "bytes", "blocks", "old_blocks")
+        ]
+        line = _require(site, "line", int, "site")
+        if min([*counts, line]) < 0 or counts[3] > counts[2]:
+            raise ProtocolError(
+                "bad_reply", "sites: a negative count or more old blocks than blocks"
+            )
+        entries.append(
+            SiteUsage(
+                device=counts[0],
+                site=Site(
+                    file=clean_text(_require(site, "file", str, "site"), 1000),
+                    line=line,
+                    function=clean_text(_require(site, "function", str, "site"), 200),
+                    text=clean_text(_require(site, "text", str, "site"), 400),
+                ),
+                bytes=counts[1],
+                blocks=counts[2],
+                old_blocks=counts[3],
+            )
+        )
+    when = _optional(result, "time", (int, float), "sites")
+    return AgentSites(
+        enabled=enabled,
+        time=None if when is None else float(when),
+        step=_optional(result, "step", int, "sites"),
+        sites=tuple(entries),
+    )
+
+
 REPLY_PARSERS = {
     "hello": parse_hello,
     "sample": parse_sample,
@@ -671,6 +720,7 @@ REPLY_PARSERS = {
     "snapshot": parse_snapshot,
     "cleanup": parse_cleanup,
     "reset_peak": parse_reset_peak,
+    "sites": parse_sites,
 }
 
 

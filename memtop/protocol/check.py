@@ -7,7 +7,8 @@ SO_PEERCRED pid and uid) and holds the agent to the wire schema of DESIGN §6: e
 by `memtop.protocol` (the same parsers the viewer uses), ids echoed, errors as error frames with
 the protocol's codes, a malformed frame answered and the connection closed, the stats keys memtop
 reads all present, numbers that can be true together.  It sends only read-only commands
-(`hello`, `sample`, `breakdown`, `snapshot` without a file) and never `cleanup` or `reset_peak`,
+(`hello`, `sample`, `breakdown`, `snapshot` without a file, `sites`
+without switching stacks) and never `cleanup` or `reset_peak`,
 which act inside the trainer: their reply parsers are exercised by memtop's own tests.
 
 Exit status 0 when every check passes, 1 when one fails, 2 when the agent cannot be reached.
@@ -154,6 +155,9 @@ def run_checks(pid: int, directory: Path) -> list[Check]:
                     )
                     return f"declined: {error['code']}"
                 parsed = protocol.parse_reply(cmd, reply["result"])
+                if cmd == "sites":
+                    state_of = "on" if parsed.enabled else "off"
+                    return f"stacks {state_of}, {len(parsed.sites)} site(s)"
                 return "pending" if parsed.pending else f"{len(parsed.devices)} device(s)"
 
             return body
@@ -203,7 +207,7 @@ def run_checks(pid: int, directory: Path) -> list[Check]:
         if check("hello", hello):
             check("sample", sample)
             check("sample options", sample_options)
-        for cmd in ("breakdown", "snapshot"):
+        for cmd in ("breakdown", "snapshot", "sites"):
             check(cmd, low_rate(cmd))
         check("unknown command", unknown_command)
         check("bad arguments", bad_arguments)

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import bisect
 import math
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from memtop.agent import stacks
 from memtop.sim.device import DeviceMemory
 
 __all__ = [
@@ -505,6 +507,10 @@ class SimulatedCachingAllocator:
         self._requested_bytes = s["requested_bytes"]
         self._oom_observers: list[Callable[[int, int, int, int], Any]] = []
         self._last_oom = (device_index, 0, 0, 0)
+        # History (torch's _record_memory_history(enabled="state", context="alloc",
+        # stacks="python")): each live block's allocating user frames, by address.
+        self._history = False
+        self._frames: dict[int, list[dict[str, Any]]] = {}
 
     # -- public API ----------------------------------------------------------------------------
 
@@ -514,9 +520,14 @@ class SimulatedCachingAllocator:
             raise ValueError(f"cannot allocate {nbytes} bytes")
         if nbytes == 0:
             return 0
+        # Off the lock, and only with history on: a bounded walk of the caller's frames.
+        frames = stacks.user_frames(sys._getframe(1)) if self._history else None
         with self._lock:
             try:
-                return self._malloc(int(nbytes), int(stream))
+                address = self._malloc(int(nbytes), int(stream))
+                if frames is not None:
+                    self._frames[address] = frames
+                return address
             except SimulatedOutOfMemoryError as exc:
                 error, observed = exc, self._last_oom
         # As torch does: the observers run on the allocating thread, with the allocator's lock
@@ -524,6 +535,19 @@ class SimulatedCachingAllocator:
         for observer in list(self._oom_observers):
             observer(*observed)
         raise error
+
+    def record_history(self, enabled: bool) -> None:
+        """torch.cuda.memory._record_memory_history(enabled="state" or None, context="alloc",
+        stacks="python"): from now on, each new block keeps its allocating frames, which the
+        snapshot carries as torch does (`frames`, innermost first); off forgets them all."""
+        with self._lock:
+            self._history = bool(enabled)
+            if not enabled:
+                self._frames.clear()
+
+    @property
+    def history_enabled(self) -> bool:
+        return self._history
 
     def attach_out_of_memory_observer(self, observer: Callable[[int, int, int, int], Any]) -> None:
         """torch._C._cuda_attach_out_of_memory_observer: `observer(device, alloc_size,
@@ -539,6 +563,7 @@ class SimulatedCachingAllocator:
             block = self._active.pop(address, None)
             if block is None:
                 raise ValueError(f"{address:#x} is not an allocated block of this allocator")
+            self._frames.pop(address, None)
             self._free(block)
 
     def empty_cache(self) -> int:
@@ -1154,7 +1179,7 @@ class SimulatedCachingAllocator:
                             "size": block.size,
                             "requested_size": block.requested,
                             "state": "active_allocated" if block.allocated else "inactive",
-                            "frames": [],
+                            "frames": self._frames.get(block.addr, []) if block.allocated else [],
                         }
                     )
                     total += block.size

@@ -90,6 +90,12 @@ class SimulatedProbe:
             gpu.allocator.attach_out_of_memory_observer(observer)
         return True
 
+    def record_history(self, enabled: bool) -> bool:
+        """torch.cuda.memory._record_memory_history(enabled="state"/None, stacks="python")."""
+        for gpu in self._gpus.values():
+            gpu.allocator.record_history(enabled)
+        return True
+
     def current_pass(self) -> str | None:
         """Any thread: forward / backward / optimizer, as the simulated workload says."""
         return self._current_pass() if self._current_pass is not None else None

@@ -29,6 +29,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from memtop.agent import stacks
 from memtop.agent.probe import Breakdown
 from memtop.sim.allocator import SimulatedCachingAllocator, SimulatedOutOfMemoryError
 
@@ -153,6 +154,7 @@ class Workload:
             self.batch_factor *= OOM_GROWTH
         return True
 
+    @stacks.plumbing  # torch's op: the site of a block is the line that called it
     def _m(self, nbytes: float) -> int:
         address = self.alloc.malloc(max(512, int(nbytes)))
         self._step_live.add(address)

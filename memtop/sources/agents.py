@@ -40,6 +40,7 @@ from memtop.model import (
     AgentBreakdown,
     AgentHello,
     AgentSample,
+    AgentSites,
     AgentSnapshot,
     AgentStatus,
 )
@@ -457,6 +458,7 @@ class AgentPoll:
     # Replies to the low-rate commands that arrived this round, parsed by the protocol.
     breakdown: AgentBreakdown | None = None
     snapshot: AgentSnapshot | None = None
+    sites: AgentSites | None = None  # live memory by the user's line (DESIGN §12)
     # The uid owning the socket directory (who runs the agent).
     owner: int | None = None
 
@@ -633,6 +635,8 @@ class AgentPool:
     WORKERS = 256
     LOW_RATE_RETRY_S = 1.0  # a low-rate command the agent could not answer yet
     PENDING_RETRY_S = 0.1  # one the agent answered "pending" (measured at the next step)
+    UNSUPPORTED_RETRY_S = 600.0  # one the agent does not know (another implementation)
+    SITES_OFF_RETRY_S = 30.0  # `sites` of an agent that records no stacks
     # Every socket is checked again (owner, kind, liveness, zombies) at least this often; in
     # between, a round whose directories have the very same entries only asks whether each
     # agent's process still exists (see _scan).
@@ -904,6 +908,11 @@ class AgentPool:
         self._refused_gone = set(refused)
         return [results[pid] for pid in sorted(results)]
 
+    def ask_soon(self, pid: int, cmd: str) -> None:
+        """Send low-rate `cmd` to `pid` in the next round (the user just changed what it
+        answers: stack recording switched on)."""
+        self._due[(pid, cmd)] = 0.0
+
     def _extras_due(self, agent: _Agent) -> list[str]:
         """The low-rate commands due for `agent` now (marked as sent)."""
         now = time.monotonic()
@@ -1001,8 +1010,11 @@ class AgentPool:
                 # still a fine agent: the dashboard just goes without that figure.
                 try:
                     reply = protocol.parse_reply(cmd, client.request(cmd))
-                except AgentError:
-                    inbox.append(("retry", cmd))  # not ready yet (no step seen): ask again soon
+                except AgentError as exc:
+                    if exc.code == protocol.E_UNKNOWN_COMMAND:
+                        inbox.append(("unsupported", cmd))  # an older agent: ask rarely
+                    else:
+                        inbox.append(("retry", cmd))  # not ready yet (no step seen): soon
                     continue
                 if reply.pending:
                     # Measured at the trainer's next step boundary: ask again shortly.
@@ -1020,6 +1032,7 @@ class AgentPool:
         sample: AgentSample | None = None
         breakdown: AgentBreakdown | None = None
         snapshot: AgentSnapshot | None = None
+        sites: AgentSites | None = None
         for kind, value in received:
             if kind == "hello":
                 agent.hello = value
@@ -1030,17 +1043,23 @@ class AgentPool:
                 self._due[(agent.pid, value)] = time.monotonic() + self.LOW_RATE_RETRY_S
             elif kind == "pending":
                 self._due[(agent.pid, value)] = time.monotonic() + self.PENDING_RETRY_S
+            elif kind == "unsupported":
+                self._due[(agent.pid, value)] = time.monotonic() + self.UNSUPPORTED_RETRY_S
             elif isinstance(value, AgentBreakdown):
                 breakdown = value
             elif isinstance(value, AgentSnapshot):
                 snapshot = value
+            elif isinstance(value, AgentSites):
+                sites = value
+                if not value.enabled:  # no stacks recorded: nothing to read for a while
+                    self._due[(agent.pid, "sites")] = time.monotonic() + self.SITES_OFF_RETRY_S
         job = agent.job
         if job is not None and job.done():
             agent.job = None
             exc = job.exception()
             if exc is not None:
                 self._failed(agent, exc)
-                sample, breakdown, snapshot = None, None, None
+                sample, breakdown, snapshot, sites = None, None, None, None
         if sample is not None:
             now = time.monotonic()
             problem = sanity_problem(agent.hello, sample, known_devices, agent.counters)
@@ -1053,7 +1072,7 @@ class AgentPool:
                 # Its numbers are neither kept nor summed nor used for suggestions.
                 agent.state = INCONSISTENT
                 agent.error = f"numbers that cannot be true: {agent.last_violation}"
-                sample, breakdown, snapshot = None, None, None
+                sample, breakdown, snapshot, sites = None, None, None, None
             else:
                 agent.state, agent.error = CONNECTED, None
         if agent.state is None:
@@ -1066,6 +1085,7 @@ class AgentPool:
             error=agent.error,
             breakdown=breakdown,
             snapshot=snapshot,
+            sites=sites,
             owner=agent.owner,
         )
 

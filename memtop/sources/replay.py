@@ -160,7 +160,7 @@ def _agent_event(
         if cmd == "sample":
             sample: AgentSample = protocol.parse_sample(result)
             return ReplayEvent(t, "sample", pid, sample)
-        if cmd in ("breakdown", "snapshot"):
+        if cmd in ("breakdown", "snapshot", "sites"):
             # Parsed here, at load, as the live pool parses them: a reply that breaks the
             # schema is one skipped line, never an error in the middle of playback.
             reply = protocol.parse_reply(cmd, result)

@@ -79,6 +79,15 @@ class Sampled(Message):
     """A sampling round landed in the store (posted from the sampler thread)."""
 
 
+# What the stacks key says before it asks: the cost, in the user's terms.
+STACKS_COST = (
+    "torch then records the Python stack of every allocation (enabled='state', Python frames): "
+    "a few % of step time in allocation-heavy steps, and snapshots get slower; memtop groups "
+    "live blocks at most every 2 s, within 1 % of the trainer's time. New blocks only: what is "
+    "already allocated has no stack."
+)
+
+
 class MemtopApp(App[None]):
     TITLE = "memtop"
     CSS_PATH = "memtop.tcss"
@@ -92,6 +101,7 @@ class MemtopApp(App[None]):
         Binding("k", "terminate", "Kill", id="kill"),
         # Off the footer (80 columns are spoken for); in the help screen.
         Binding("a", "attach", "Attach", id="attach", show=False),
+        Binding("w", "stacks", "Stacks", id="stacks", show=False),
         Binding("y", "copy_fix", "Copy fix", id="copy_fix"),
         Binding("slash", "filter", "Filter", key_display="/", id="filter"),
         Binding("p", "pause", "Pause", id="pause"),
@@ -700,6 +710,43 @@ class MemtopApp(App[None]):
             self.call_from_thread(self.notify, str(exc), severity="error")
         else:
             self.call_from_thread(self.notify, message)
+
+    def action_stacks(self) -> None:
+        """Stack recording on or off in the selected trainer (asks first, says the cost):
+        the `sites` command, switched by the trainer at its next step boundary."""
+        row = self._agent_target("record stacks")
+        if row is None:
+            return
+
+        def answered(choice: object) -> None:
+            if isinstance(choice, bool):
+                self._run_agent_command(row, "sites", {"stacks": choice}, self._stacks_done)
+
+        from memtop.ui.screens.confirm import ConfirmScreen
+
+        self.push_screen(
+            ConfirmScreen(
+                f"Record allocation stacks in pid {row.pid}?",
+                STACKS_COST,
+                choices=[
+                    ("y", "On (y)", True, "who holds the memory, by line (detail screen)"),
+                    ("o", "Off (o)", False, "stop recording; torch forgets the stacks"),
+                ],
+            ),
+            answered,
+        )
+
+    def _stacks_done(self, row: view.ProcessRow, result: dict[str, Any]) -> None:
+        if self.sampler is not None:
+            self.sampler.agents.ask_soon(row.pid, "sites")  # not at its slow off-rate
+        if result.get("wanted"):
+            said = (
+                f"Stack recording asked in pid {row.pid}: it starts at the trainer's next "
+                "step; the detail screen (enter) shows who holds the memory."
+            )
+        else:
+            said = f"Stack recording stops in pid {row.pid} at its next step."
+        self.notify(said, timeout=8)
 
     def action_attach(self) -> None:
         """Start memtop's agent inside the selected process, which has none yet (asks first)."""

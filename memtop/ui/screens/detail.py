@@ -16,6 +16,7 @@ from textual_plotext import PlotextPlot
 
 from memtop.ui.render import FREE, SEVERITY_STYLES, fragmentation_style, gauge, short_bytes
 from memtop.ui.view import Detail, ProcessRow, leak_label
+from memtop.ui.widgets.sites_table import SitesPanel
 from memtop.ui.widgets.suggestions import BADGES, EFFECT_STYLES
 from memtop.units import GiB, format_bytes, format_duration
 
@@ -60,6 +61,7 @@ class DetailScreen(Screen[None]):
         with Horizontal(id="detail-facts"):
             yield Static(id="breakdown")
             yield Static(id="facts")
+        yield SitesPanel(id="detail-sites")  # shown only while the process records stacks
         yield VerticalScroll(Static(id="detail-suggestions"), id="detail-suggestions-box")
         yield Footer(compact=True)
 
@@ -85,6 +87,7 @@ class DetailScreen(Screen[None]):
         self.query_one("#breakdown", Static).update(_breakdown(detail))
         self.query_one("#facts", Static).update(_facts(detail))
         self.query_one("#detail-suggestions", Static).update(_suggestions(detail))
+        self.query_one(SitesPanel).show(detail.device.sites if detail.device else ())
 
     def _chart(self, detail: Detail) -> None:
         plot = self.query_one(PlotextPlot)

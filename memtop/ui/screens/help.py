@@ -20,6 +20,8 @@ EXPLAIN = {
     "snapshot": "write a memory snapshot file; open it at https://pytorch.org/memory_viz",
     "kill": "terminate the selected process: TERM, INT or KILL (asks first; your own only)",
     "attach": "attach memtop's agent to the selected process that has none (asks first; gdb)",
+    "stacks": "record allocation stacks in the selected trainer, or stop: who holds the memory, "
+    "by line, on the detail screen (asks first, says the cost)",
     "copy_fix": "copy a fix to the clipboard: the highlighted suggestion's (suggestions pane) "
     "or the selected process's most severe one (table, detail screen)",
     "filter": "filter the table by pid, user, command or gpuN (enter keeps, esc clears)",

@@ -1,0 +1,200 @@
+"""Sites: live memory grouped by the user's line that allocated it (DESIGN §12, issue 23).
+
+With stack recording on (torch's `_record_memory_history(enabled="state", context="alloc",
+stacks="python")`, or the simulator's), every live block of the allocator's snapshot carries its
+allocating frames.  `SiteTracker.on_boundary` runs on the *trainer's* thread at step boundaries
+(DESIGN §6: history is switched and snapshots are taken there, never from the agent thread, and
+never while a CUDA graph is being captured); it
+- switches history on or off when asked (MEMTOP_STACKS=1, `memtop run --stacks`, a viewer's
+  `sites` request with `enable`),
+- at a bounded rate groups the live blocks by site - the innermost frame of user code - into
+  bytes, blocks, and old blocks (alive at the previous reading, by address), per device, and
+  publishes the top ones for the agent thread to serve.
+
+Its cost is bounded twice: a round that walks for longer than ROUND_CAP_S is abandoned (nothing
+published, the next round comes later), and the next round is due no sooner than COST_FACTOR
+times the last round's cost (a snapshot with history on can take hundreds of ms on a big cache:
+then rounds come minutes apart, and the trainer loses at most 1/COST_FACTOR of its time).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from memtop.agent import stacks
+
+if TYPE_CHECKING:
+    from memtop.agent.probe import Probe
+
+MIN_INTERVAL_S = 2.0  # rounds at most this often
+COST_FACTOR = 100  # ... and at most 1 % of the trainer thread's CPU time, amortised
+ROUND_CAP_S = 0.25  # a walk of the blocks longer than this is abandoned
+CHECK_EVERY = 256  # blocks between two looks at the clock
+TOP_SITES = 20  # per device
+UNKNOWN = {"file": "", "line": 0, "function": "", "text": ""}  # blocks without user frames
+
+
+def stacks_wanted(env: dict[str, str] | Any) -> bool:
+    """MEMTOP_STACKS=1 (what `memtop run --stacks` sets): stack recording from the start."""
+    return str(env.get("MEMTOP_STACKS", "")).strip().lower() in ("1", "true", "yes", "on")
+
+
+def site_of(frames: Any) -> tuple[str, int, str] | None:
+    """The innermost user frame of a block's torch-format frames (innermost first)."""
+    if not isinstance(frames, list):
+        return None
+    for frame in frames:
+        if not isinstance(frame, dict):
+            continue
+        filename = frame.get("filename")
+        if isinstance(filename, str) and stacks.is_user_file(filename):
+            return filename, int(frame.get("line") or 0), str(frame.get("name") or "")
+    return None
+
+
+class SiteTracker:
+    def __init__(self, probe: Probe, wanted: bool = False) -> None:
+        self.probe = probe
+        self.wanted = wanted  # set from any thread; acted on at the next boundary
+        self.enabled = False  # what the trainer's thread last switched history to
+        self.latest: dict[str, Any] | None = None  # replaced whole: the agent thread serves it
+        self.error: str | None = None
+        self._due = 0.0  # the next grouping round
+        self._switch_due = 0.0  # the next try at a switch (a failed one waits)
+        self._previous: dict[int, set[int]] = {}  # device -> live block addresses last round
+        self.rounds = 0
+        self.rounds_abandoned = 0
+        self.last_round_s = 0.0
+        self.total_s = 0.0
+
+    def supported(self) -> bool:
+        return callable(getattr(self.probe, "record_history", None))
+
+    # ------------------------------------------------------------ trainer's thread
+
+    def on_boundary(self, now: float, step: int | None) -> None:
+        """At a step boundary, on the trainer's thread.  O(1) unless a switch or a round is due;
+        never raises (the boundary's caller catches, but a failed round must not repeat)."""
+        switching = self.wanted != self.enabled
+        if switching:
+            if now < self._switch_due:
+                return  # a switch that could not be made: tried again every few seconds
+        elif not self.enabled or now < self._due:
+            return
+        started = time.perf_counter()
+        cpu_started = time.thread_time()
+        try:
+            if self.probe.is_capturing():
+                return  # a CUDA graph capture: touch nothing, try at a later step
+            if switching:
+                wanted = self.wanted
+                self._switch_due = now + MIN_INTERVAL_S
+                self._due = now + MIN_INTERVAL_S  # blocks allocated before it carry no frames
+                record = getattr(self.probe, "record_history", None)  # optional in a Probe
+                if record is None or not record(wanted):
+                    return  # no device in use yet: try again later
+                self.enabled = wanted
+                self._previous = {}
+                if not self.enabled:
+                    self.latest = None
+                return
+            self._round(now, step, started)
+        except Exception as exc:
+            self.error = f"sites: {exc!r}"[:300]
+            self._due = self._switch_due = now + 60.0
+        finally:
+            self.total_s += time.perf_counter() - started
+            # The back-off counts the CPU this thread spent, not the wall time: on a loaded box
+            # a round descheduled for 100 ms cost the trainer nothing then.
+            spent = time.thread_time() - cpu_started
+            self._due = max(self._due, now + spent * COST_FACTOR)
+
+    def _round(self, now: float, step: int | None, started: float) -> None:
+        self._due = now + MIN_INTERVAL_S
+        snapshot = self.probe.snapshot()
+        groups: dict[tuple[int, tuple[str, int, str] | None], list[int]] = {}
+        live: dict[int, set[int]] = {}
+        seen = 0
+        for segment in snapshot.get("segments", []):
+            device = int(segment.get("device", 0))
+            previous = self._previous.get(device, set())
+            addresses = live.setdefault(device, set())
+            for block in segment.get("blocks", []):
+                if block.get("state") != "active_allocated":
+                    continue
+                seen += 1
+                if seen % CHECK_EVERY == 0 and time.perf_counter() - started > ROUND_CAP_S:
+                    self.rounds_abandoned += 1
+                    return  # too many blocks for this round: skip it, the trainer goes on
+                address = int(block.get("address", 0))
+                addresses.add(address)
+                entry = groups.get((device, key := site_of(block.get("frames"))))
+                if entry is None:
+                    entry = groups[(device, key)] = [0, 0, 0]
+                entry[0] += int(block.get("size", 0))
+                entry[1] += 1
+                entry[2] += address in previous
+        self._previous = live
+        sites = []
+        for device in sorted(live):
+            ranked = sorted(
+                ((key, value) for (d, key), value in groups.items() if d == device),
+                key=lambda item: -item[1][0],
+            )
+            for key, (nbytes, blocks, old) in ranked[:TOP_SITES]:
+                site = UNKNOWN
+                if key is not None:
+                    filename, line, function = key
+                    site = {
+                        "file": filename,
+                        "line": line,
+                        "function": function,
+                        "text": stacks.source_text(filename, line),
+                    }
+                sites.append(
+                    {
+                        "device": device,
+                        "site": site,
+                        "bytes": nbytes,
+                        "blocks": blocks,
+                        "old_blocks": old,
+                    }
+                )
+        self.rounds += 1
+        self.last_round_s = time.perf_counter() - started
+        self.latest = {
+            "time": time.time(),
+            "step": step,
+            "sites": sites,
+            "blocks": seen,
+            "took_s": round(self.last_round_s, 6),
+        }
+
+    # ------------------------------------------------------------ agent's thread
+
+    def top_sites(self, limit: int = 10) -> list[dict[str, Any]]:
+        """The newest round's largest sites over all devices (an OOM report carries them)."""
+        latest = self.latest
+        if latest is None or not self.enabled:
+            return []
+        return sorted(latest["sites"], key=lambda s: -s["bytes"])[:limit]
+
+    def result(self) -> dict[str, Any]:
+        """What the `sites` command answers: the newest round (empty before the first)."""
+        latest = self.latest
+        out: dict[str, Any] = {
+            "enabled": self.enabled,
+            "wanted": self.wanted,
+            "supported": self.supported(),
+            "sites": [],
+            "time": None,
+            "step": None,
+        }
+        if latest is not None and self.enabled:
+            out.update(latest)
+        out["rounds"] = self.rounds
+        out["rounds_abandoned"] = self.rounds_abandoned
+        if self.error:
+            out["error"] = self.error
+        return out
