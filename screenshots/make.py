@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import shutil
 import tempfile
 import time
@@ -37,6 +38,8 @@ SHOTS = (
     ("oom", "oom", 1, 75, ()),
     ("detail", "mixed", 2, 40, ("leak-row", "enter")),
     ("mixed-80x24", "mixed", 2, 40, ()),
+    # Eight GPUs on 80×24: the first screen names the leaking pid and its time to full.
+    ("mixed-8gpu-80x24", "mixed", 8, 40, ()),
     ("detail-80x24", "mixed", 2, 40, ("leak-row", "enter")),
     # What an nvitop user reaches for: sort, filter, rank grouping, a theme, the help.
     ("ranks", "mixed", 4, 40, ()),
@@ -45,11 +48,16 @@ SHOTS = (
     ("monochrome", "mixed", 2, 40, ("theme:monochrome",)),
     ("help", "mixed", 2, 5, ("question_mark",)),
     ("kill-dialog", "mixed", 2, 10, ("leak-row", "k")),
+    # Who holds the memory: the leak demo with allocation stacks recorded (MEMTOP_STACKS=1),
+    # its detail screen's table by line, the leaking line on top.
+    ("leak-stacks", "leak", 1, 60, ("leak-row", "enter")),
     # AMD GPUs: `memtop demo --vendor amd` (simulated MI300Xs, trainers on ROCm).
     ("amd", "mixed", 2, 40, ()),
 )
 # Shots of another vendor's simulated GPUs than NVIDIA's (Demo's `vendor`).
 VENDORS = {"amd": "amd"}
+# Shots whose trainers record allocation stacks (the environment `memtop run --stacks` sets).
+STACKS = {"leak-stacks"}
 
 
 async def shoot(name: str, socket_dir: Path, seconds: float, keys: tuple[str, ...], size) -> Path:  # type: ignore[no-untyped-def]
@@ -112,6 +120,10 @@ def main() -> None:
         started = time.monotonic()
         try:
             vendor = VENDORS.get(name, "nvidia")
+            if name in STACKS:
+                os.environ["MEMTOP_STACKS"] = "1"
+            else:
+                os.environ.pop("MEMTOP_STACKS", None)
             with Demo(gpus, scenario, 0.1, socket_dir=socket_dir, vendor=vendor) as demo:
                 if not demo.wait_ready():
                     raise SystemExit(f"{name}: simulated trainers failed to start")
