@@ -403,3 +403,43 @@ def test_a_client_that_reconnects_for_every_frame_is_governed_across_connections
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+def test_big_requests_under_the_rate_exemption_are_governed_by_what_they_cost(
+    trainer: _Trainer,
+):
+    # Ten connections, up to 8 requests/s each (a dashboard's pace, under GOVERN_EXEMPT_RATE),
+    # each request 60 KiB of small arrays: parsing them is what costs.  Metered by requests
+    # alone, they were never paused and took ~14 % of a core.
+    pad = [[1]] * 12_000
+    frame = protocol.encode_frame({"id": 1, "cmd": "hello", "args": {"pad": pad}})
+    answered: Counter[str] = Counter()
+
+    def viewer() -> None:
+        sock = _connect_to(trainer.path)
+        deadline = time.monotonic() + 4.0
+        try:
+            while time.monotonic() < deadline:
+                sock.sendall(frame)
+                reply = protocol.recv_message(sock)
+                answered["error" if "error" in reply else "result"] += 1
+                time.sleep(0.125)
+        finally:
+            sock.close()
+
+    cpu_before, started = trainer.agent_cpu_s(), time.monotonic()
+    viewers = [threading.Thread(target=viewer) for _ in range(10)]
+    for thread in viewers:
+        thread.start()
+    for thread in viewers:
+        thread.join()
+    share = (trainer.agent_cpu_s() - cpu_before) / (time.monotonic() - started)
+    assert sum(answered.values()) >= 10, answered  # paused, not refused
+    assert share < 0.05, (share, answered)
+
+
+def _connect_to(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(15)
+    sock.connect(str(path))
+    return sock
