@@ -270,6 +270,7 @@ class Agent:
         self.refused_requests = 0
         self.governed_s = 0.0  # time every viewer was paused to keep the agent's CPU in bounds
         self._cpu_mark = (time.monotonic(), 0.0)
+        self._counted_since = time.monotonic()  # requests, CPU and connects counted since then
         # The OOM flight recorder: the allocator calls it at every out-of-memory.
         self.oom = OomRecorder(self, self._worker.submit)
 
@@ -363,6 +364,7 @@ class Agent:
     def _run(self) -> None:
         assert self._selector is not None
         self._cpu_mark = (time.monotonic(), time.thread_time())
+        self._counted_since = self._cpu_mark[0]
         try:
             while not self._stopping.is_set():
                 for key, events in self._selector.select(timeout=self._select_timeout()):
@@ -382,7 +384,7 @@ class Agent:
                         self._govern(now)
                         self._sweep(now)
                     elif self._over_bound_by(now) > GOVERN_EARLY_S:
-                        self._govern(now)
+                        self._govern(now, early=True)
                 except Exception as exc:
                     self.errors.append(f"agent sweep: {exc!r}")
         finally:
@@ -399,16 +401,16 @@ class Agent:
         since, cpu_then = self._cpu_mark
         return (time.thread_time() - cpu_then) - (now - since) * AGENT_MAX_CPU_SHARE
 
-    def _govern(self, now: float) -> None:
+    def _govern(self, now: float, early: bool = False) -> None:
         """Keep the agent thread's CPU under AGENT_MAX_CPU_SHARE of a core, whatever viewers do:
-        over it, pause the heavy connections and refuse the new ones of uids that churn."""
-        since = self._cpu_mark[0]
+        over it, pause the heavy connections and refuse the new ones of uids that churn.
+        `early`: between two sweeps; what viewers did is counted on until the next one."""
         over = self._over_bound_by(now)
         self._cpu_mark = (now, time.thread_time())
         conns = list(self._connections.values())
         accounts = list(self._accounts.values())
         # Rates over half a second at least: an early look must not find a dashboard heavy.
-        window = max(now - since, SWEEP_INTERVAL_S)
+        window = max(now - self._counted_since, SWEEP_INTERVAL_S)
         if over > 0:
             pause = min(over / AGENT_MAX_CPU_SHARE, GOVERN_MAX_PAUSE_S)
             until = now + pause
@@ -438,6 +440,9 @@ class Agent:
                         self._listen(False)
                         self._accept_again_at = max(self._accept_again_at, until)
                         account.refuse_until = until + GOVERN_MAX_PAUSE_S
+        if early:
+            return
+        self._counted_since = now
         for conn in conns:
             conn.window_requests = 0
             conn.window_cpu = 0.0
