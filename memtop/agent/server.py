@@ -90,7 +90,7 @@ CONNECT_EXEMPT_RATE = 2.0  # connections/s a uid may open and never be refused..
 CONNECT_EXEMPT_BURST = 8  # ... plus this many at once
 # Over the bound by this much CPU, the agent governs at once, not at the next sweep: a client
 # that churns connections gets at most this much in one go.
-GOVERN_EARLY_S = 0.01
+GOVERN_EARLY_S = 0.005
 DEFAULT_WAIT_S = 8.0  # how long a cleanup / snapshot waits for a step boundary by default
 MAX_WAIT_S = 60.0
 WORKER_QUEUE = 4
@@ -436,10 +436,11 @@ class Agent:
                     account.refuse_until = max(account.refuse_until, until)
                     if account.refused:
                         # Refusing this uid's connections costs over the bound by itself: stop
-                        # accepting, and refuse what waited in the backlog when accepting again.
+                        # accepting for the longest pause, and refuse what waited in the backlog
+                        # when accepting again.
                         self._listen(False)
-                        self._accept_again_at = max(self._accept_again_at, until)
-                        account.refuse_until = until + GOVERN_MAX_PAUSE_S
+                        self._accept_again_at = max(self._accept_again_at, now + GOVERN_MAX_PAUSE_S)
+                        account.refuse_until = self._accept_again_at + GOVERN_MAX_PAUSE_S
         if early:
             return
         self._counted_since = now
