@@ -84,8 +84,9 @@ GOVERN_EXEMPT_CPU_SHARE = 0.02
 # 15 s, each with one 64 KiB deeply nested frame, held a trainer to 0.15x its step rate
 # (issue 27).  Over the bound, a uid that opened more connections than a dashboard does (one per
 # agent; `memtop --once`, one per run) has its new ones refused with an error frame until the
-# pause ends; when refusing them still costs over the bound, the agent stops accepting until
-# then (the kernel holds new connections in the listen backlog meanwhile, at no cost here).
+# pause ends; when refusing them still costs over the bound, the agent stops accepting for
+# GOVERN_MAX_PAUSE_S (the kernel holds new connections in the listen backlog meanwhile, at no
+# cost here) and refuses that uid's for as long again after.
 CONNECT_EXEMPT_RATE = 2.0  # connections/s a uid may open and never be refused...
 CONNECT_EXEMPT_BURST = 8  # ... plus this many at once
 # Over the bound by this much CPU, the agent governs at once, not at the next sweep: a client
