@@ -84,9 +84,9 @@ GOVERN_EXEMPT_CPU_SHARE = 0.02
 # 15 s, each with one 64 KiB deeply nested frame, held a trainer to 0.15x its step rate
 # (issue 27).  Over the bound, a uid that opened more connections than a dashboard does (one per
 # agent; `memtop --once`, one per run) has its new ones refused with an error frame until the
-# pause ends; when refusing them still costs over the bound, the agent stops accepting for
-# GOVERN_MAX_PAUSE_S (the kernel holds new connections in the listen backlog meanwhile, at no
-# cost here) and refuses that uid's for as long again after.
+# pause ends; when refusing them still costs over the bound, the agent stops accepting for the
+# pause (the kernel holds new connections in the listen backlog meanwhile, at no cost here) and
+# refuses that uid's for as long again after.
 CONNECT_EXEMPT_RATE = 2.0  # connections/s a uid may open and never be refused...
 CONNECT_EXEMPT_BURST = 8  # ... plus this many at once
 # Over the bound by this much CPU, the agent governs at once, not at the next sweep: a client
@@ -437,11 +437,11 @@ class Agent:
                     account.refuse_until = max(account.refuse_until, until)
                     if account.refused:
                         # Refusing this uid's connections costs over the bound by itself: stop
-                        # accepting for the longest pause, and refuse what waited in the backlog
-                        # when accepting again.
+                        # accepting for the pause, and refuse what waited in the backlog for as
+                        # long again when accepting.
                         self._listen(False)
-                        self._accept_again_at = max(self._accept_again_at, now + GOVERN_MAX_PAUSE_S)
-                        account.refuse_until = self._accept_again_at + GOVERN_MAX_PAUSE_S
+                        self._accept_again_at = max(self._accept_again_at, until)
+                        account.refuse_until = until + pause
         if early:
             return
         self._counted_since = now
