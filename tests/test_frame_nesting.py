@@ -169,3 +169,13 @@ def test_strings_and_pairs_cost_no_per_byte_loop(monkeypatch, body):
     monkeypatch.setattr(nesting, "accumulate", counting)
     assert not nesting.nests_deeper_than(body, protocol.MAX_DEPTH)
     assert counting.steps == 0
+
+
+def test_the_decoder_says_what_a_begun_frame_lacks_so_a_reader_takes_it_in_one_read():
+    frame = protocol.encode_frame({"pad": "x" * 60_000})
+    decoder = protocol.FrameDecoder(max_frame=64 << 10)
+    assert decoder.missing_bytes == 0
+    assert list(decoder.feed(frame[:4096])) == []
+    assert decoder.missing_bytes == len(frame) - 4096
+    assert [m["pad"][:1] for m in decoder.feed(frame[4096:])] == ["x"]
+    assert decoder.missing_bytes == 0

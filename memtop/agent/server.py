@@ -609,8 +609,10 @@ class Agent:
             self._update_interest(conn)
 
     def _read(self, conn: _Connection) -> None:
+        # The rest of a large frame in one read: a 64 KiB request read 4 KiB at a time woke this
+        # thread, and took the GIL from the trainer, 16 times.
         try:
-            data = conn.sock.recv(RECV_BYTES)
+            data = conn.sock.recv(max(RECV_BYTES, conn.decoder.missing_bytes))
         except (BlockingIOError, InterruptedError):
             return
         except OSError:

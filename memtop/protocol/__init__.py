@@ -171,6 +171,15 @@ class FrameDecoder:
     def pending_bytes(self) -> int:
         return len(self._buffer)
 
+    @property
+    def missing_bytes(self) -> int:
+        """How many bytes the frame begun in the buffer still lacks (0: none begun): a reader
+        can take them in one read instead of many small ones."""
+        if len(self._buffer) < _HEADER.size:
+            return 0
+        (length,) = _HEADER.unpack_from(self._buffer)
+        return max(0, _HEADER.size + min(length, self._max_frame) - len(self._buffer))
+
 
 def _recv_exactly(sock: socket.socket, size: int) -> bytes:
     chunks = bytearray()
