@@ -1,6 +1,7 @@
 """Soak: real torch trainers under `memtop run`, hammered by viewers, beside a control group.
 
     .venv/bin/python bench/soak.py [--trainers 4] [--viewers 4] [--seconds 300] [--device cpu|cuda]
+                                   [--hostile N]
 
 What it runs, all at once for `--seconds`:
 - N trainers under `memtop run` (the agent inside), and N control trainers without an agent.
@@ -21,6 +22,11 @@ What it prints, JSON last:
 - replies by kind and error code, the agent threads' CPU time as a share of their trainer's,
   trainer threads and fds at the start and the end (must stay flat).
 
+`--hostile N` adds N hostile client processes (same uid, as an attacker on the box would be):
+each connects to every agent in turn, sends one 64 KiB frame nested ~32 000 deep, reads what
+comes back and reconnects at once, for the whole run.  The agent must reject those frames in
+bounded time and govern the churn across connections, so the trainers keep their step rate.
+
 `--inject-race` adds, in the agent group, a thread that walks the optimizer's tensors in a loop,
 as the agent's breakdown once did on its own thread (shared/gpu/race.py): the soak must report
 crashes then.  That is how we know it can see one.
@@ -29,6 +35,7 @@ crashes then.  That is how we know it can see one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -193,6 +200,47 @@ def viewer_main(pids: list[int], directory: Path, seconds: float, out_dir: Path)
     return 0
 
 
+# ---------------------------------------------------------------------------------- hostile
+
+
+def hostile_frame(size: int = 64 << 10) -> bytes:
+    """A frame as large as the agent reads (64 KiB), a request whose args nest as deep as fits:
+    the costliest shape for a depth check that builds or peels (issue 27, finding 4)."""
+    head, tail = b'{"id":1,"cmd":"sample","args":', b"}"
+    depth = (size - len(head) - len(tail)) // 2
+    body = head + b"[" * depth + b"]" * depth + tail
+    return len(body).to_bytes(4, "big") + body
+
+
+def hostile_main(pids: list[int], directory: Path, seconds: float) -> int:
+    """Reconnect to every agent in a loop, one deep 64 KiB frame per connection; print counts."""
+    import socket
+
+    from memtop import protocol
+
+    frame = hostile_frame()
+    counts: Counter[str] = Counter()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for pid in pids:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(2.0)
+            try:
+                sock.connect(str(directory / f"{pid}.sock"))
+                counts["connects"] += 1
+                with contextlib.suppress(OSError):  # refused unread: the agent hung up
+                    sock.sendall(frame)
+                reply = protocol.recv_message(sock)
+                error = reply.get("error") or {}
+                counts[f"reply:{error.get('code', 'result')}"] += 1
+            except (OSError, protocol.ProtocolError, protocol.ConnectionClosed) as exc:
+                counts[f"failed:{type(exc).__name__}"] += 1
+            finally:
+                sock.close()
+    print(json.dumps({"counts": counts}), flush=True)
+    return 0
+
+
 # ---------------------------------------------------------------------------------- driver
 
 
@@ -270,6 +318,10 @@ def _soak(
     viewer_command = [*me, "--viewer", "--seconds", str(args.seconds - 2), "--socket-dir"]
     viewer_command += [str(sockets), "--out", str(work), "--pids", ",".join(map(str, pids))]
     viewers.extend(_spawn(viewer_command, env, work) for _ in range(args.viewers))
+    hostile_command = [*me, "--hostile-client", "--seconds", str(args.seconds - 2)]
+    hostile_command += ["--socket-dir", str(sockets), "--pids", ",".join(map(str, pids))]
+    hostiles = [_spawn(hostile_command, env, work) for _ in range(args.hostile)]
+    viewers.extend(hostiles)  # stopped with the viewers when the soak is interrupted
     # Thread and fd counts, and agent CPU, sampled while the soak runs.
     end_counts: dict[int, tuple[int, int] | None] = {}
     max_counts: dict[int, tuple[int, int]] = {}
@@ -290,8 +342,15 @@ def _soak(
                     agent_ticks[pid][0] = total
         time.sleep(0.5)
     results = {"agent": [_finish(p) for p in agents], "control": [_finish(p) for p in controls]}
-    viewer_out = [_finish(p, timeout=30) for p in viewers]
-    return _report(args, results, viewer_out, start_counts, end_counts, max_counts, agent_ticks)
+    viewer_out = [_finish(p, timeout=30) for p in viewers if p not in hostiles]
+    hostile_out = [_finish(p, timeout=30) for p in hostiles]
+    report = _report(args, results, viewer_out, start_counts, end_counts, max_counts, agent_ticks)
+    hostile_counts: Counter[str] = Counter()
+    for out in hostile_out:
+        hostile_counts.update(out.get("counts", {}))
+    report["hostile"] = args.hostile
+    report["hostile_counts"] = dict(hostile_counts)
+    return report
 
 
 def _spawn(command: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:
@@ -402,14 +461,24 @@ def main() -> int:
     parser.add_argument("--device", default="cuda" if _cuda_here() else "cpu")
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--inject-race", action="store_true")
+    parser.add_argument(
+        "--hostile",
+        type=int,
+        default=0,
+        help="hostile clients: reconnect and send 64 KiB deeply nested frames, all run long",
+    )
     parser.add_argument("--trainer", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--viewer", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--hostile-client", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--socket-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--pids", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.trainer:
         return trainer_main(args.seconds, args.device, args.inject_race, args.width)
+    if args.hostile_client:
+        pids = [int(p) for p in args.pids.split(",") if p]
+        return hostile_main(pids, args.socket_dir, args.seconds)
     if args.viewer:
         pids = [int(p) for p in args.pids.split(",") if p]
         return viewer_main(pids, args.socket_dir, args.seconds, args.out)
@@ -426,6 +495,8 @@ def main() -> int:
     )
     print(f"replies ok           {report['replies_ok']}")
     print(f"replies refused      {report['replies_refused']}")
+    if report["hostile"]:
+        print(f"hostile clients      {report['hostile']}: {report['hostile_counts']}")
     print(f"agent CPU share      {report['agent_cpu_share_pct']} % of its trainer's CPU")
     print(
         f"threads, fds         start {report['threads_fds_start']} "

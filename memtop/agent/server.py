@@ -75,6 +75,24 @@ ON_DEMAND_MAX_SHARE = 0.002
 AGENT_MAX_CPU_SHARE = 0.005
 GOVERN_EXEMPT_RATE = 12.0  # requests/s (a viewer sampling at 10 Hz): paused only if all are
 GOVERN_MAX_PAUSE_S = 3.0  # a pause longer than this would trip viewers' deadlines
+# Connections under GOVERN_EXEMPT_RATE are heavy still when they cost the agent more than this
+# share of a core, alone or together with the other light ones of their uid: a 64 KiB request
+# 11 times a second costs ~5 % of a core to parse, and 32 connections can add up.  A dashboard
+# sampling one agent at 10 Hz costs ~0.35 % (measured on a loaded 2-core box).
+GOVERN_EXEMPT_CPU_SHARE = 0.02
+# The CPU bound holds across the connections of a uid, not only within each: a client that
+# reconnects for every request starts a fresh connection budget each time, and 215 connects in
+# 15 s, each with one 64 KiB deeply nested frame, held a trainer to 0.15x its step rate
+# (issue 27).  Over the bound, a uid that opened more connections than a dashboard does (one per
+# agent; `memtop --once`, one per run) has its new ones refused with an error frame until the
+# pause ends; when refusing them still costs over the bound, the agent stops accepting for the
+# pause (the kernel holds new connections in the listen backlog meanwhile, at no cost here) and
+# refuses that uid's for as long again after.
+CONNECT_EXEMPT_RATE = 2.0  # connections/s a uid may open and never be refused...
+CONNECT_EXEMPT_BURST = 8  # ... plus this many at once
+# Over the bound by this much CPU, the agent governs at once, not at the next sweep: a client
+# that churns connections gets at most this much in one go.
+GOVERN_EARLY_S = 0.005
 DEFAULT_WAIT_S = 8.0  # how long a cleanup / snapshot waits for a step boundary by default
 MAX_WAIT_S = 60.0
 WORKER_QUEUE = 4
@@ -83,6 +101,18 @@ WORKER_QUEUE = 4
 class _Unavailable(protocol.ProtocolError):
     def __init__(self, message: str) -> None:
         super().__init__(protocol.E_UNAVAILABLE, message)
+
+
+class _Account:
+    """What one uid's connections did in the governor's window, whichever connection it was:
+    reconnecting resets a connection's budget, not its uid's account."""
+
+    __slots__ = ("connects", "refuse_until", "refused")
+
+    def __init__(self) -> None:
+        self.connects = 0  # connections opened in the window (refused ones too)
+        self.refused = 0  # ... of which refused for the uid's churn
+        self.refuse_until = 0.0  # new connections of this uid refused until then
 
 
 class _Connection:
@@ -100,13 +130,16 @@ class _Connection:
         "resume_at",
         "sock",
         "tokens",
+        "uid",
+        "window_cpu",
         "window_requests",
     )
 
-    def __init__(self, sock: socket.socket, peer_pid: int) -> None:
+    def __init__(self, sock: socket.socket, peer_pid: int, uid: int) -> None:
         now = time.monotonic()
         self.sock = sock
         self.peer_pid = peer_pid
+        self.uid = uid
         self.decoder = protocol.FrameDecoder(max_frame=MAX_REQUEST_BYTES)
         self.outbound = bytearray()
         self.mark_cursor = 0  # sequence number of the last step mark this viewer has seen
@@ -115,6 +148,7 @@ class _Connection:
         self.pending = 0  # deferred replies this viewer is waiting for
         self.tokens = float(REQUEST_BURST)
         self.window_requests = 0  # requests since the agent last checked its CPU
+        self.window_cpu = 0.0  # the agent thread's CPU spent on it since then
         self.refilled = now
         self.resume_at: float | None = None  # reading paused (over budget) until then
         self.interest = 0  # the selector events registered now (0: not registered)
@@ -223,6 +257,7 @@ class Agent:
         self._wake_w: socket.socket | None = None
         self._replies: queue.SimpleQueue[tuple[_Connection, dict[str, Any]]] = queue.SimpleQueue()
         self._connections: dict[int, _Connection] = {}
+        self._accounts: dict[int, _Account] = {}  # by peer uid: the owner's, root's
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._worker = _Worker()
@@ -244,6 +279,7 @@ class Agent:
         self.refused_requests = 0
         self.governed_s = 0.0  # time every viewer was paused to keep the agent's CPU in bounds
         self._cpu_mark = (time.monotonic(), 0.0)
+        self._counted_since = time.monotonic()  # requests, CPU and connects counted since then
         # The OOM flight recorder: the allocator calls it at every out-of-memory.
         self.oom = OomRecorder(self, self._worker.submit)
         # Live memory by the user's line that allocated it (`sites`; stack recording opt-in).
@@ -340,23 +376,29 @@ class Agent:
     def _run(self) -> None:
         assert self._selector is not None
         self._cpu_mark = (time.monotonic(), time.thread_time())
+        self._counted_since = self._cpu_mark[0]
         try:
             while not self._stopping.is_set():
                 for key, events in self._selector.select(timeout=self._select_timeout()):
+                    started = time.thread_time()
                     try:
                         self._dispatch(key, events)
                     except Exception as exc:
                         self.errors.append(f"agent loop: {exc!r}")
+                    if isinstance(key.data, _Connection):
+                        key.data.window_cpu += time.thread_time() - started
                 self._flush_replies()
                 now = time.monotonic()
                 self._resume_reading(now)
-                if now - self._last_sweep >= SWEEP_INTERVAL_S:
-                    self._last_sweep = now
-                    try:
+                try:
+                    if now - self._last_sweep >= SWEEP_INTERVAL_S:
+                        self._last_sweep = now
                         self._govern(now)
                         self._sweep(now)
-                    except Exception as exc:
-                        self.errors.append(f"agent sweep: {exc!r}")
+                    elif self._over_bound_by(now) > GOVERN_EARLY_S:
+                        self._govern(now, early=True)
+                except Exception as exc:
+                    self.errors.append(f"agent sweep: {exc!r}")
         finally:
             for conn in list(self._connections.values()):
                 self._close(conn)
@@ -366,29 +408,63 @@ class Agent:
                         sock.close()
             self._selector.close()
 
-    def _govern(self, now: float) -> None:
-        """Keep the agent thread's CPU under AGENT_MAX_CPU_SHARE of a core, whatever viewers do."""
+    def _over_bound_by(self, now: float) -> float:
+        """The agent thread's CPU since the governor last looked, past what its share allows."""
         since, cpu_then = self._cpu_mark
-        cpu = time.thread_time()
-        self._cpu_mark = (now, cpu)
-        if (cpu - cpu_then) <= (now - since) * AGENT_MAX_CPU_SHARE:
-            for conn in self._connections.values():
-                conn.window_requests = 0
-            return
-        over = (cpu - cpu_then) - (now - since) * AGENT_MAX_CPU_SHARE
-        pause = min(over / AGENT_MAX_CPU_SHARE, GOVERN_MAX_PAUSE_S)
-        until = now + pause
-        self.governed_s += pause
-        # Only viewers that asked for more than a dashboard does are paused: a dashboard (at
-        # most 12 requests/s) is never slowed by another viewer's abuse, nor by a slow box.
-        window = max(now - since, 1e-3)
+        return (time.thread_time() - cpu_then) - (now - since) * AGENT_MAX_CPU_SHARE
+
+    def _govern(self, now: float, early: bool = False) -> None:
+        """Keep the agent thread's CPU under AGENT_MAX_CPU_SHARE of a core, whatever viewers do:
+        over it, pause the heavy connections and refuse the new ones of uids that churn.
+        `early`: between two sweeps; what viewers did is counted on until the next one."""
+        over = self._over_bound_by(now)
+        self._cpu_mark = (now, time.thread_time())
         conns = list(self._connections.values())
-        heavy = [c for c in conns if c.window_requests > GOVERN_EXEMPT_RATE * window]
-        for conn in heavy:
-            conn.resume_at = max(conn.resume_at or now, until)
-            self._update_interest(conn)
+        accounts = list(self._accounts.values())
+        # Rates over half a second at least: an early look must not find a dashboard heavy.
+        window = max(now - self._counted_since, SWEEP_INTERVAL_S)
+        if over > 0:
+            pause = min(over / AGENT_MAX_CPU_SHARE, GOVERN_MAX_PAUSE_S)
+            until = now + pause
+            self.governed_s += pause
+            # Only viewers that asked for more than a dashboard does are paused: a dashboard
+            # (at most 12 requests/s, a fraction of GOVERN_EXEMPT_CPU_SHARE) is never slowed by
+            # another viewer's abuse, nor by a slow box.
+            light: dict[int, list[_Connection]] = {}
+            for conn in conns:
+                if (
+                    conn.window_requests > GOVERN_EXEMPT_RATE * window
+                    or conn.window_cpu > GOVERN_EXEMPT_CPU_SHARE * window
+                ):
+                    self._pause(conn, until)
+                else:
+                    light.setdefault(conn.uid, []).append(conn)
+            for group in light.values():
+                if sum(c.window_cpu for c in group) > GOVERN_EXEMPT_CPU_SHARE * window:
+                    for conn in group:
+                        self._pause(conn, until)
+            for account in accounts:
+                if account.connects > CONNECT_EXEMPT_RATE * window + CONNECT_EXEMPT_BURST:
+                    account.refuse_until = max(account.refuse_until, until)
+                    if account.refused:
+                        # Refusing this uid's connections costs over the bound by itself: stop
+                        # accepting for the pause, and refuse what waited in the backlog for as
+                        # long again when accepting.
+                        self._listen(False)
+                        self._accept_again_at = max(self._accept_again_at, until)
+                        account.refuse_until = until + pause
+        if early:
+            return
+        self._counted_since = now
         for conn in conns:
             conn.window_requests = 0
+            conn.window_cpu = 0.0
+        for account in accounts:
+            account.connects = account.refused = 0
+
+    def _pause(self, conn: _Connection, until: float) -> None:
+        conn.resume_at = max(conn.resume_at or until, until)
+        self._update_interest(conn)
 
     def _select_timeout(self) -> float:
         timeout = SWEEP_INTERVAL_S
@@ -511,12 +587,24 @@ class Agent:
                 sock.close()
                 continue
             refusal = None
-            if not protocol.peer_allowed(peer_uid):
+            account = None
+            if protocol.peer_allowed(peer_uid):
+                account = self._accounts.setdefault(peer_uid, _Account())
+                account.connects += 1
+            if account is None:
                 refusal = ("forbidden", f"uid {peer_uid} may not attach to this agent")
             elif len(self._connections) >= MAX_CONNECTIONS:
                 refusal = (
                     protocol.E_UNAVAILABLE,
                     f"agent busy: it serves at most {MAX_CONNECTIONS} viewers at once",
+                )
+            elif account.refuse_until > time.monotonic():
+                account.refused += 1
+                wait = account.refuse_until - time.monotonic()
+                refusal = (
+                    protocol.E_RATE_LIMITED,
+                    f"agent busy: uid {peer_uid} opens connections faster than a viewer does; "
+                    f"new ones are refused for {max(1.0, wait):.0f} s",
                 )
             if refusal is not None:
                 self.refused_requests += 1
@@ -527,13 +615,15 @@ class Agent:
                 sock.close()
                 continue
             sock.setblocking(False)
-            conn = _Connection(sock, peer_pid)
+            conn = _Connection(sock, peer_pid, peer_uid)
             self._connections[sock.fileno()] = conn
             self._update_interest(conn)
 
     def _read(self, conn: _Connection) -> None:
+        # The rest of a large frame in one read: a 64 KiB request read 4 KiB at a time woke this
+        # thread, and took the GIL from the trainer, 16 times.
         try:
-            data = conn.sock.recv(RECV_BYTES)
+            data = conn.sock.recv(max(RECV_BYTES, conn.decoder.missing_bytes))
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
