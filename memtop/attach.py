@@ -648,6 +648,30 @@ def _remote_exec(target: Target, code: str) -> None:
         raise AttachRefused(f"sys.remote_exec failed: {exc}") from None
 
 
+def record_stacks(pid: int, timeout: float = 5.0) -> str:
+    """Ask the agent of `pid` (just attached, or there already) to record allocation stacks
+    from its trainer's next step boundary (the `sites` command with `stacks: true`, as the
+    dashboard's `w` key does); one line saying what happens, or AttachError with why not."""
+    from memtop.sources.agents import AgentClient, AgentError, AgentUnreachable
+
+    target = read_target(pid)
+    try:
+        with AgentClient(pid, target.socket_dir, timeout=timeout, owner=target.uid) as client:
+            hello = client.connect(timeout=timeout)
+            client.request("sites", {"stacks": True}, timeout=timeout)
+    except (AgentUnreachable, AgentError, OSError) as exc:
+        raise AttachError(f"attached, but stack recording was not switched on: {exc}") from None
+    if not hello.devices:  # a CPU-only trainer: torch records no stacks for the CPU
+        return (
+            f"stack recording asked in pid {pid}, which uses no CUDA device yet: it starts at "
+            "its first step on one (torch records no allocation stacks on the CPU)"
+        )
+    return (
+        f"stack recording asked in pid {pid}: it starts at the trainer's next step; "
+        "memtop's detail screen (enter) shows who holds the memory, by line"
+    )
+
+
 def _agent_answers(target: Target, timeout: float) -> str | None:
     """The socket of an agent answering as `target.pid`, or None."""
     from memtop.sources.agents import AgentClient, AgentError, AgentUnreachable

@@ -407,3 +407,36 @@ def test_the_probe_is_bounded_in_size_and_time(tmp_path: Path, monkeypatch, trap
     assert elapsed < 3.0 + 2.0, elapsed
     assert target.problems == [f"could not ask {venv / 'bin' / 'python'} about memtop (no answer)"]
     assert target.version == sys.version_info[:2]  # from /proc: what the probe could not say
+
+
+@needs_gdb
+def test_attach_stacks_on_a_cpu_trainer_says_it_waits_for_a_cuda_device(trainer, socket_dir: Path):
+    # CPU torch records no allocator history: attached, asked, and told the truth about when.
+    result = memtop("attach", "--stacks", str(trainer.pid), socket_dir=socket_dir)
+    assert result.returncode == 0, result.stderr
+    attached, asked = result.stdout.strip().splitlines()
+    assert f"attached to pid {trainer.pid}" in attached
+    assert f"stack recording asked in pid {trainer.pid}, which uses no CUDA device" in asked
+
+
+def test_attach_stacks_switches_them_on_in_a_trainer_that_can(socket_dir: Path):
+    # A simulated trainer (its agent already there): --stacks asks, and its sites show up in
+    # --once --json, with the leak scenario's own line among them.
+    from memtop.sim.demo import Demo
+
+    with Demo(gpus=1, scenario="leak", step_time=0.02, socket_dir=socket_dir) as demo:
+        assert demo.wait_ready(30)
+        pid = demo.processes[0].pid
+        before = json.loads(memtop("--once", "--json", socket_dir=socket_dir).stdout)
+        assert [a["sites"] for a in before["agents"] if a["pid"] == pid] == [[]]
+        result = memtop("attach", "--stacks", "--yes", str(pid), socket_dir=socket_dir)
+        assert result.returncode == 0, result.stderr
+        assert "already has an agent" in result.stdout
+        assert f"stack recording asked in pid {pid}" in result.stdout
+        sites: list = []
+        deadline = time.monotonic() + 30
+        while not sites and time.monotonic() < deadline:
+            time.sleep(1.0)
+            data = json.loads(memtop("--once", "--json", socket_dir=socket_dir).stdout)
+            sites = [s for a in data["agents"] if a["pid"] == pid for s in a["sites"]]
+        assert any("leak_bytes_per_step" in s["site"]["text"] for s in sites), sites

@@ -21,6 +21,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         help="how long to wait for the agent to answer (default 10)",
     )
     attach.add_argument(
+        "--stacks",
+        action="store_true",
+        help="then record allocation stacks in it (who holds the memory, by line; as `w` does)",
+    )
+    attach.add_argument(
         "--yes",
         action="store_true",
         help="as root, attach to another user's process without asking (it asks y/N otherwise)",
@@ -28,7 +33,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def run(args: argparse.Namespace) -> int:
-    from memtop.attach import AttachError, attach, consent_question, consent_refusal, read_target
+    from memtop.attach import (
+        AttachError,
+        attach,
+        consent_question,
+        consent_refusal,
+        read_target,
+        record_stacks,
+    )
 
     if args.wait <= 0:
         raise CommandError("--wait must be greater than 0")
@@ -47,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
             if answer.strip().lower() not in ("y", "yes"):
                 raise CommandError(f"not attached to pid {args.pid}")
         print(attach(args.pid, wait=args.wait, consent_uid=target.uid).message)
+        if args.stacks:
+            print(record_stacks(args.pid))
     except AttachError as exc:
         raise CommandError(str(exc)) from None
     return 0
