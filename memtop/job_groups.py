@@ -16,6 +16,7 @@ from typing import Any
 
 from memtop.diagnosis.suggestions import RANK_DRIFT_MIN_BYTES, RANK_DRIFT_SHARE
 from memtop.jobs import JobIdentity
+from memtop.model import host_of
 from memtop.observation import AgentObservation, Observation
 
 
@@ -142,11 +143,13 @@ def _rank_view(host: str, agent: AgentObservation, job: JobIdentity) -> RankView
 
 def job_groups(observations: Iterable[Observation]) -> list[JobGroup]:
     """Every job with at least one live rank in view, its ranks in rank order; keyed by
-    (host, pid), so one pid on two hosts is two ranks."""
+    (host, pid), so one pid on two hosts is two ranks.  One observation per host (the report),
+    or the fleet dashboard's one observation whose pids are `HostPid`s."""
     found: dict[tuple[str, ...], tuple[str, dict[tuple[str, int], RankView]]] = {}
     for observation in observations:
-        host = observation.host
         for agent in observation.agents:
+            # The fleet dashboard's one merged observation keys every pid with its host.
+            host = host_of(agent.pid) or observation.host
             job = agent.job
             key = job.group_key if job is not None and agent.live else None
             if job is None or key is None:

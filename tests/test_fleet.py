@@ -240,3 +240,98 @@ def test_an_exporters_url_is_read_as_that_one_host(tmp_path):
         )  # fmt: skip
         assert out.returncode == 1 and out.stderr.count("\n") == 1, out.stderr
         assert "point --prometheus at Prometheus" in out.stderr
+
+
+def _in_job(hosts, jobs):
+    """`hosts` with some trainers put into Slurm jobs, as their hellos would say it (read back
+    from the exporter's `hpc_job` label): jobs maps (host, pid) -> (job id, rank)."""
+    import dataclasses
+
+    out = []
+    for host in hosts:
+        polls = []
+        for poll in host.polls:
+            job = jobs.get((host.host, poll.pid))
+            if job is not None and poll.hello is not None:
+                extra = {
+                    **poll.hello.extra,
+                    "scheduler": {"kind": "slurm", "job_id": job[0]},
+                    "rank": job[1],
+                    "world_size": 2,
+                }
+                poll = dataclasses.replace(poll, hello=dataclasses.replace(poll.hello, extra=extra))
+            polls.append(poll)
+        out.append(dataclasses.replace(host, polls=tuple(polls)))
+    return out
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 36)])
+def test_the_dashboard_groups_one_jobs_ranks_across_hosts(size):
+    """Issue 25.3 in the fleet dashboard: a Slurm job with a rank on each host is one header
+    line (its label, 2 of 2 ranks on 2 hosts) with both ranks under it, each naming its host;
+    another job stays apart under its own header; a trainer in no job is in neither."""
+    import asyncio
+
+    from ui_helpers import screen_text, wait_for
+
+    from memtop.ui.app import MemtopApp
+
+    a, b, c = (t.pid for t in TRAINERS)
+    hosts = _in_job(
+        _twin_hosts(),
+        {
+            ("node-a", a): ("4242", 0),
+            ("node-b", a): ("4242", 1),
+            ("node-a", b): ("5151", 1),
+            ("node-b", b): ("5151", 0),
+        },
+    )
+    sampler = FleetSampler(_Fixed(hosts), interval=60.0)  # type: ignore[arg-type]
+    sampler.sample_once()
+    app = MemtopApp(
+        sampler.store, sampler, interval=60.0, host="fleet", observer=sampler.observer()
+    )  # type: ignore[arg-type]
+    shown: list[str] = []
+
+    async def main() -> None:
+        async with app.run_test(size=size) as pilot:
+            await wait_for(pilot, lambda: app.dashboard is not None and app.dashboard.processes)
+            app.table.focus()
+            await pilot.pause(0.3)
+            shown.extend(screen_text(app.export_screenshot()).splitlines())
+            lines.extend(app.table.lines)
+
+    lines: list = []
+    try:
+        asyncio.run(main())
+    finally:
+        sampler.stop()
+    text = "\n".join(shown)
+    headers = [i for i, line in enumerate(shown) if "▾ slurm" in line]
+    assert len(headers) == 2, text
+    first, second = (shown[i] for i in headers)
+    assert re.search(r"▾ slurm 4242\s+2 of 2 ranks on 2 hosts", first), text
+    assert re.search(r"▾ slurm 5151\s+2 of 2 ranks on 2 hosts", second), text
+
+    def rows_under(header: int) -> list[str]:
+        return shown[header + 1 : header + 3]
+
+    # Each job's ranks right under its header, in rank order, each naming its host (in the
+    # command at 80 columns, in the USER column at 120).
+    job_a = rows_under(headers[0])
+    assert [line.replace("│", " ").split()[0] for line in job_a] == [str(a), str(a)], text
+    assert re.search(r"node-a\b.* r0 train", job_a[0]) and re.search(
+        r"node-b\b.* r1 train", job_a[1]
+    ), text
+    job_b = rows_under(headers[1])
+    assert [line.replace("│", " ").split()[0] for line in job_b] == [str(b), str(b)], text
+    assert re.search(r"node-b\b.* r0 train", job_b[0]) and re.search(
+        r"node-a\b.* r1 train", job_b[1]
+    ), text
+    assert "r0 on node-b leaks +8.0M" in second, text  # the rank that leaks, and where
+    # The trainer in no job is under neither header: its rows follow the jobs' on their own.
+    assert all(str(c) not in line for line in shown[: headers[1] + 3]), text
+    # (At 80×24 they are below the fold: the table's own lines say where they went.)
+    kinds = [type(line).__name__ for line in lines]
+    assert kinds[:6] == ["JobLine", "ProcessRow", "ProcessRow"] * 2, kinds
+    assert "JobLine" not in kinds[6:] and any(int(getattr(x, "pid", 0)) == c for x in lines[6:])

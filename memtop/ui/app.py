@@ -373,7 +373,7 @@ class MemtopApp(App[None]):
         else:
             renew = self._renewal_due(dash, compact) or exact
             self.gpu_panel.show(dash.gpus, dense, renew, no_gpus=dash.no_gpus)
-            self.table.show(dash.processes, compact, renew)
+            self.table.show(dash.processes, compact, renew, jobs=dash.jobs)
             self.suggestions.show(dash.suggestions, compact, renew, quiet=dash.quiet)
         detail = self._detail_screen()
         if detail is not None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from memtop.diagnosis import DeviceDiagnosis, Suggestion
+from memtop.job_groups import JobGroup, job_groups
 from memtop.model import SOURCE_AGENT, SOURCE_SIM, AgentStatus, Severity, host_of
 from memtop.observation import (
     AgentDeviceObservation,
@@ -185,6 +186,20 @@ class ProcessRow:
 
 
 @dataclass(frozen=True, slots=True)
+class JobHeader:
+    """One job's ranks across hosts in the fleet view (issue 25.3): the header line the process
+    table draws above them, with memtop.job_groups' own figures (never recomputed here)."""
+
+    key: str  # stable: the job's group key
+    label: str  # "slurm 4242 (pretrain)", "torchrun node-a:29500 x8"
+    members: tuple[str, ...]  # process_key of each rank, in rank order
+    hosts: tuple[str, ...]  # short, sorted
+    spread: int | None  # between the ranks' true peaks
+    drifting: str = ""  # "r0 on node-a peaks +30 %"
+    leaking: str = ""  # "r1 on node-b leaks +8.0M/step"
+
+
+@dataclass(frozen=True, slots=True)
 class SuggestionItem:
     key: str
     severity: Severity
@@ -216,6 +231,8 @@ class Dashboard:
     quiet: str = "Nothing to suggest: memory looks healthy."
     # Why the GPU pane has no card, once sampled ("no NVIDIA driver", "no GPU 5 here").
     no_gpus: str | None = None
+    # The fleet view: each job's ranks across hosts, drawn grouped under one header line.
+    jobs: tuple[JobHeader, ...] = ()
 
 
 def build(
@@ -252,6 +269,38 @@ def build(
         agents=len(obs.live_agents),
         quiet=nothing_to_suggest(obs),
         no_gpus=None if gpus or not sampled else _no_gpus(obs, nvml_error),
+        jobs=job_headers(obs),
+    )
+
+
+def job_headers(obs: Observation) -> tuple[JobHeader, ...]:
+    """The jobs of the fleet view (its pids carry their hosts), from memtop.job_groups.  On
+    one host the table groups a torchrun job under its launcher instead."""
+    if not any(host_of(agent.pid) for agent in obs.agents):
+        return ()
+    return tuple(_job_header(group) for group in job_groups([obs]))
+
+
+def _job_header(group: JobGroup) -> JobHeader:
+    def who(rank: int | None, pid: int, host: str) -> str:
+        return f"{'pid ' + str(pid) if rank is None else f'r{rank}'} on {short_host(host)}"
+
+    drifting = group.drifting
+    leaking = group.leaking
+    return JobHeader(
+        key="/".join(group.key),
+        label=group.label,
+        members=tuple(process_key(r.pid) for r in group.ranks),
+        hosts=tuple(short_host(h) for h in group.hosts),
+        spread=group.spread_bytes,
+        drifting=""
+        if drifting is None
+        else f"{who(drifting[0].rank, drifting[0].pid, drifting[0].host)} peaks "
+        f"+{100 * drifting[1]:.0f} %",
+        leaking=""
+        if leaking is None
+        else f"{who(leaking.rank, leaking.pid, leaking.host)} leaks "
+        f"{leak_label(leaking.leak_bytes_per_step, None, None, short=True)}",
     )
 
 

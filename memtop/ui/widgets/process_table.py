@@ -8,7 +8,8 @@ grows never shifts its neighbours).
 
 What htop and nvitop users expect: sort by any column (`<` `>` move the sort column, `I`
 inverts, a click on a header sorts by it), a filter (`/`), and the ranks of a torchrun job
-grouped under their launcher with the spread between them.
+grouped under their launcher with the spread between them; in the fleet view, the ranks of one
+job across hosts grouped under that job (view.JobHeader).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 
 from memtop.ui.render import FREE, short_bytes, slow_tick
-from memtop.ui.view import ProcessRow
+from memtop.ui.view import JobHeader, ProcessRow, process_key
 from memtop.ui.widgets.lines import changed_cells, looks_alike, text_strip
 
 
@@ -157,7 +158,38 @@ class Group:
         return text
 
 
-Line = ProcessRow | Group
+@dataclass(frozen=True)
+class JobLine:
+    """The header line of one job's ranks across hosts (the fleet view): its label, how many
+    of its ranks are shown, its hosts, the spread of the ranks' peaks and the rank that drifts
+    or leaks, as memtop.job_groups judged them.  Each rank's row below names its host."""
+
+    job: JobHeader
+    rows: tuple[ProcessRow, ...]
+
+    def text(self) -> Text:
+        job = self.job
+        shown = len({r.pid for r in self.rows})
+        world = next((r.world_size for r in self.rows if r.world_size), len(job.members))
+        hosts = len(job.hosts)
+        text = Text(" ▾ ", style="bold")
+        text.append(job.label, style="bold")
+        text.append(f"  {shown} of {world} ranks", style=FREE)
+        text.append(f" on {hosts} host{'s' if hosts != 1 else ''}", style=FREE)
+        # Most telling first: at 80 columns the line's end is cut.
+        if job.leaking:
+            text.append(f"  {job.leaking}", style="bold red")
+        if job.drifting:
+            text.append(f"  {job.drifting}", style="bold yellow")
+        if job.spread is not None:
+            text.append("  peak spread ", style=FREE)
+            text.append(short_bytes(job.spread), style="bold")
+        if hosts <= 4:  # the names last: each rank's row names its host anyway
+            text.append(f"  ({', '.join(job.hosts)})", style=FREE)
+        return text
+
+
+Line = ProcessRow | Group | JobLine
 
 
 class ProcessTable(Widget, can_focus=True):
@@ -196,6 +228,7 @@ class ProcessTable(Widget, can_focus=True):
     def __init__(self) -> None:
         super().__init__(id="processes")
         self.source: tuple[ProcessRow, ...] = ()  # as the observation lists them
+        self.jobs: tuple[JobHeader, ...] = ()  # the fleet view's jobs across hosts
         self.rows: tuple[ProcessRow, ...] = ()  # shown, in display order (cursor moves here)
         self.rows_by_key: dict[str, ProcessRow] = {}
         self.lines: list[Line] = []  # rows and group headers as drawn
@@ -217,9 +250,16 @@ class ProcessTable(Widget, can_focus=True):
 
     # ------------------------------------------------------------------ data
 
-    def show(self, rows: tuple[ProcessRow, ...], compact: bool, renew: bool | None = None) -> None:
+    def show(
+        self,
+        rows: tuple[ProcessRow, ...],
+        compact: bool,
+        renew: bool | None = None,
+        jobs: tuple[JobHeader, ...] = (),
+    ) -> None:
         """`renew`: whether the slow figures are shown anew now (the dashboard decides it for
-        every widget at once, MemtopApp.refresh_view); None: once per slow period."""
+        every widget at once, MemtopApp.refresh_view); None: once per slow period.  `jobs`:
+        the fleet view's jobs, each drawn above its ranks."""
         tick = slow_tick()
         if renew is None:
             renew = tick != self._slow_tick
@@ -229,6 +269,7 @@ class ProcessTable(Widget, can_focus=True):
         else:
             self._slow_tick = tick
         self.source = rows
+        self.jobs = jobs
         self._compact = compact
         self._arrange()
 
@@ -261,8 +302,21 @@ class ProcessTable(Widget, can_focus=True):
             rows.sort(key=column.sort, reverse=self.sort_descending())  # type: ignore[arg-type,return-value]
         lines: list[Line] = []
         placed: set[str] = set()
+        # The fleet view: each row's job across hosts, looked up once per row (every second).
+        job_of = {member: job for job in self.jobs for member in job.members}
+        jobs = {r.key: job_of.get(process_key(r.pid)) for r in rows} if job_of else {}
         for row in rows:
             if row.key in placed:
+                continue
+            job = jobs.get(row.key)
+            ranks = [r for r in rows if jobs[r.key] is job] if job is not None else []
+            if job is not None and len({r.pid for r in ranks}) >= 2:  # under its job
+                if self.sort_key is None:  # in the job's rank order, then by GPU
+                    order = {key: i for i, key in enumerate(job.members)}
+                    ranks.sort(key=lambda r: (order[process_key(r.pid)], _num(r.gpu)))
+                lines.append(JobLine(job, tuple(ranks)))
+                lines.extend(ranks)
+                placed.update(r.key for r in ranks)
                 continue
             members = [r for r in rows if row.launcher is not None and r.launcher == row.launcher]
             if len(members) >= 2:  # a job of several ranks: under its launcher, in rank order
@@ -338,7 +392,9 @@ class ProcessTable(Widget, can_focus=True):
             self.sort_reverse,  # the header's ▲/▼
         )
         texts = [
-            line.text() if isinstance(line, Group) else self._row_text(line, columns, widths, gap)
+            line.text()
+            if isinstance(line, Group | JobLine)
+            else self._row_text(line, columns, widths, gap)
             for line in self.lines
         ]
         if layout_key != self._layout_key:
@@ -493,7 +549,8 @@ class ProcessTable(Widget, can_focus=True):
         visible = max(1, self.size.height - 1)
         top = self._top
         if line <= top:  # show the group header above the first rank too
-            top = line - 1 if line > 0 and isinstance(self.lines[line - 1], Group) else line
+            header = line > 0 and isinstance(self.lines[line - 1], Group | JobLine)
+            top = line - 1 if header else line
         elif line >= top + visible:
             top = line - visible + 1
         top = max(0, top)
