@@ -257,7 +257,8 @@ def _in_job(hosts, jobs):
                     **poll.hello.extra,
                     "scheduler": {"kind": "slurm", "job_id": job[0]},
                     "rank": job[1],
-                    "world_size": 2,
+                    # WORLD_SIZE, as the fleet reads it back from `memtop_agent_info`.
+                    "rendezvous": {"master_addr": "node-a", "master_port": 29500, "world_size": 4},
                 }
                 poll = dataclasses.replace(poll, hello=dataclasses.replace(poll.hello, extra=extra))
             polls.append(poll)
@@ -268,7 +269,7 @@ def _in_job(hosts, jobs):
 @pytest.mark.parametrize("size", [(80, 24), (120, 36)])
 def test_the_dashboard_groups_one_jobs_ranks_across_hosts(size):
     """Issue 25.3 in the fleet dashboard: a Slurm job with a rank on each host is one header
-    line (its label, 2 of 2 ranks on 2 hosts) with both ranks under it, each naming its host;
+    line (its label, 2 of 4 ranks on 2 hosts) with both ranks under it, each naming its host;
     another job stays apart under its own header; a trainer in no job is in neither."""
     import asyncio
 
@@ -310,8 +311,8 @@ def test_the_dashboard_groups_one_jobs_ranks_across_hosts(size):
     headers = [i for i, line in enumerate(shown) if "▾ slurm" in line]
     assert len(headers) == 2, text
     first, second = (shown[i] for i in headers)
-    assert re.search(r"▾ slurm 4242\s+2 of 2 ranks on 2 hosts", first), text
-    assert re.search(r"▾ slurm 5151\s+2 of 2 ranks on 2 hosts", second), text
+    assert re.search(r"▾ slurm 4242\s+2 of 4 ranks on 2 hosts", first), text
+    assert re.search(r"▾ slurm 5151\s+2 of 4 ranks on 2 hosts", second), text
 
     def rows_under(header: int) -> list[str]:
         return shown[header + 1 : header + 3]

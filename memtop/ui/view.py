@@ -195,6 +195,7 @@ class JobHeader:
     members: tuple[str, ...]  # process_key of each rank, in rank order
     hosts: tuple[str, ...]  # short, sorted
     spread: int | None  # between the ranks' true peaks
+    world_size: int | None = None  # as its ranks' hellos say (WORLD_SIZE), when they do
     drifting: str = ""  # "r0 on node-a peaks +30 %"
     leaking: str = ""  # "r1 on node-b leaks +8.0M/step"
 
@@ -278,10 +279,16 @@ def job_headers(obs: Observation) -> tuple[JobHeader, ...]:
     one host the table groups a torchrun job under its launcher instead."""
     if not any(host_of(agent.pid) for agent in obs.agents):
         return ()
-    return tuple(_job_header(group) for group in job_groups([obs]))
+    headers = []
+    agents = {agent.pid: agent for agent in obs.agents}
+    for group in job_groups([obs]):
+        jobs = [agents[r.pid].job for r in group.ranks]
+        world = max((job.world_size for job in jobs if job and job.world_size), default=None)
+        headers.append(_job_header(group, world))
+    return tuple(headers)
 
 
-def _job_header(group: JobGroup) -> JobHeader:
+def _job_header(group: JobGroup, world_size: int | None = None) -> JobHeader:
     def who(rank: int | None, pid: int, host: str) -> str:
         return f"{'pid ' + str(pid) if rank is None else f'r{rank}'} on {short_host(host)}"
 
@@ -293,6 +300,7 @@ def _job_header(group: JobGroup) -> JobHeader:
         members=tuple(process_key(r.pid) for r in group.ranks),
         hosts=tuple(short_host(h) for h in group.hosts),
         spread=group.spread_bytes,
+        world_size=world_size,
         drifting=""
         if drifting is None
         else f"{who(drifting[0].rank, drifting[0].pid, drifting[0].host)} peaks "

@@ -170,7 +170,9 @@ class JobLine:
     def text(self) -> Text:
         job = self.job
         shown = len({r.pid for r in self.rows})
-        world = next((r.world_size for r in self.rows if r.world_size), len(job.members))
+        world = job.world_size or next(
+            (r.world_size for r in self.rows if r.world_size), len(job.members)
+        )
         hosts = len(job.hosts)
         text = Text(" ▾ ", style="bold")
         text.append(job.label, style="bold")
