@@ -490,6 +490,7 @@ def test_the_who_holds_it_table_marks_the_leak_and_hides_without_sites():
 
 
 def test_a_recordings_sites_replies_are_replayed():
+    from memtop.sources.recording import LineTally
     from memtop.sources.replay import _agent_event
 
     site = {"file": "/u/train.py", "line": 45, "function": "train", "text": "out = model(x)"}
@@ -499,13 +500,13 @@ def test_a_recordings_sites_replies_are_replayed():
         "step": 310,
         "sites": [{"device": 0, "site": site, "bytes": MiB, "blocks": 2, "old_blocks": 1}],
     }
-    skipped: list[str] = []
-    event = _agent_event(100.0, 7, "sites", result, "rec.jsonl:3", skipped)
-    assert event is not None and event.kind == "sites" and not skipped
+    skipped = LineTally()
+    event = _agent_event(100.0, 7, "sites", result, (Path("rec.jsonl"), 3), skipped)
+    assert event is not None and event.kind == "sites" and not skipped.count
     assert event.value.sites[0].site.line == 45
     broken = {**result, "sites": [{"device": 0}]}
-    assert _agent_event(100.0, 7, "sites", broken, "rec.jsonl:4", skipped) is None
-    assert skipped and "sites" in skipped[0]
+    assert _agent_event(100.0, 7, "sites", broken, (Path("rec.jsonl"), 4), skipped) is None
+    assert skipped.count == 1 and "rec.jsonl:4: sites" in skipped.examples[0]
 
 
 @pytest.mark.slow

@@ -4,8 +4,10 @@ what to do about it."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -40,18 +42,29 @@ def test_a_writable_directory_of_ones_own_says_chmod(tmp_path: Path) -> None:
 @needs_root
 @pytest.mark.slow
 @pytest.mark.skipif(
-    SYSTEM_PYTHON is None or shutil.which("unshare") is None or shutil.which("setpriv") is None,
-    reason="needs python3, unshare and setpriv",
+    SYSTEM_PYTHON is None
+    or shutil.which("unshare") is None
+    or shutil.which("setpriv") is None
+    or not Path("/var/tmp").is_dir(),
+    reason="needs python3, unshare, setpriv and /var/tmp",
 )
 def test_a_users_agent_in_a_squatted_tmp_says_what_to_do() -> None:
     # A private mount namespace with a /tmp of its own: the real /tmp/memtop-* are not touched.
     # There root (the squatter) makes /tmp/memtop-<uid> first; then the user's trainer starts
     # its agent with neither XDG_RUNTIME_DIR nor MEMTOP_SOCKET_DIR set.
+    # The checkout may itself live under /tmp (a CI clone), which the namespace's own /tmp
+    # hides: the agent's package (standard library only) is copied outside /tmp for the user.
+    outside = Path(tempfile.mkdtemp(prefix="mtsq-", dir="/var/tmp"))
+    outside.chmod(0o755)
+    shutil.copytree(ROOT / "memtop", outside / "memtop", ignore=shutil.ignore_patterns("*.pyc"))
+    for path in outside.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
     program = (
-        f"import sys; sys.path.append({str(ROOT)!r}); import memtop; "
+        f"import sys; sys.path.append({str(outside)!r}); import memtop; "
         "memtop.start_agent(quiet=False)"
     )
-    with local_user("mtsqt") as user:
+    with local_user("mtsqt") as user, contextlib.ExitStack() as cleanup:
+        cleanup.callback(shutil.rmtree, outside, ignore_errors=True)
         script = (
             "mount -t tmpfs -o mode=1777 tmpfs /tmp && "
             f"mkdir -m 700 {protocol.socket_dir({}, user.uid)} && "
