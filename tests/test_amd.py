@@ -841,3 +841,15 @@ def test_nvml_gives_the_pci_bus_id_too_so_the_join_has_its_second_key_on_nvidia(
     assert first.pci_bus_id == "0000:3b:00.0"
     assert second.pci_bus_id is None and second.error is None  # not supported: silently
     assert NvmlSource(fake).read().devices[0].pci_bus_id == "0000:3b:00.0"
+
+
+def test_an_unexpected_amdsmi_error_is_one_inert_line():
+    # The library's (or a stand-in's) own words reach root's status line: control characters
+    # and lone surrogates made inert, as NVML's are (memtop.sources.driver_text, one home).
+    class Odd(Exception):
+        pass
+
+    line = amd_source.amdsmi_error_line(Odd("gone\x1b]0;owned\x07 caf\udce9\n  again"))
+    assert "\x1b" not in line and "\x07" not in line and "\n" not in line
+    line.encode("utf-8")  # strict
+    assert line.startswith("amdsmi: unexpected Odd: gone") and line.endswith("again")

@@ -32,7 +32,11 @@ from pathlib import Path
 from typing import Any
 
 from memtop.model import SOURCE_AMDSMI, DeviceReading, GpuProcess, NvmlReading
-from memtop.protocol import canonical_pci_bus_id, clean_text
+from memtop.protocol import canonical_pci_bus_id
+from memtop.sources.driver_text import DeviceLost as _DeviceLost
+from memtop.sources.driver_text import DriverDown as _Down
+from memtop.sources.driver_text import driver_text as _text
+from memtop.sources.driver_text import one_line as _one_line
 
 __all__ = ["AmdSmiSource", "amdsmi_error_line"]
 
@@ -73,7 +77,6 @@ _ABSENT_CODES = frozenset({_NOT_SUPPORTED, _NOT_YET_IMPLEMENTED, _NO_DATA})
 
 LIBRARY_NAME = "libamd_smi.so"
 VENDOR = "amd"  # DeviceReading.vendor
-_MAX_LINE = 200
 
 _MESSAGES: dict[int, str] = {
     _NO_PERM: "amdsmi: insufficient permissions (the user needs the render and video groups)",
@@ -113,11 +116,6 @@ def _error_code(exc: BaseException) -> int | None:
         if isinstance(code, int) and not isinstance(code, bool):
             return abs(code)
     return None
-
-
-def _one_line(text: str) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= _MAX_LINE else line[: _MAX_LINE - 1] + "…"
 
 
 def amdsmi_error_line(exc: BaseException) -> str:
@@ -179,30 +177,12 @@ def _foreign(package: Path) -> str | None:
     return None
 
 
-def _text(value: Any) -> str:
-    if isinstance(value, bytes | bytearray):
-        value = bytes(value).decode("utf-8", errors="replace").strip("\x00")
-    return clean_text(value, 200)
-
-
 def _number(value: Any) -> int | None:
     """An amdsmi figure, None for its "N/A" (a string, or an all-ones integer)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     number = int(value)
     return None if number < 0 or number in _NOT_AVAILABLE else number
-
-
-class _DeviceLost(Exception):
-    def __init__(self, line: str) -> None:
-        super().__init__(line)
-        self.line = line
-
-
-class _Down(Exception):
-    def __init__(self, line: str) -> None:
-        super().__init__(line)
-        self.line = line
 
 
 @dataclass

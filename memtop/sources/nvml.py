@@ -23,7 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memtop.model import SOURCE_NVML, DeviceReading, GpuProcess, NvmlReading
-from memtop.protocol import canonical_pci_bus_id, clean_text
+from memtop.protocol import canonical_pci_bus_id
+from memtop.sources.driver_text import DeviceLost as _DeviceLost
+from memtop.sources.driver_text import DriverDown as _NvmlDown
+from memtop.sources.driver_text import driver_text as _text
+from memtop.sources.driver_text import one_line as _one_line
 
 __all__ = ["DEFAULT_RETRY_INTERVAL", "NvmlSource", "nvml_error_line"]
 
@@ -95,7 +99,6 @@ _ABSENT_CODES = frozenset({_NOT_SUPPORTED, _FUNCTION_NOT_FOUND})
 _VALUE_NOT_AVAILABLE = 2**64 - 1
 
 _LIBRARY_NAME = "nvml.dll" if sys.platform.startswith("win") else "libnvidia-ml.so.1"
-_MAX_LINE = 200
 
 _MESSAGES: dict[int, str] = {
     _LIBRARY_NOT_FOUND: (
@@ -139,12 +142,6 @@ def _error_code(exc: BaseException) -> int | None:
     return None
 
 
-def _one_line(text: str) -> str:
-    # An error's text is the driver's (or a stand-in library's): inert and encodable like the
-    # rest of what it says (clean_text), and cut to one status line.
-    return clean_text(" ".join(text.split()), _MAX_LINE)
-
-
 def _describe(exc: BaseException) -> str:
     try:
         text = str(exc)
@@ -166,14 +163,6 @@ def nvml_error_line(exc: BaseException) -> str:
     return _one_line(f"NVML: unexpected {type(exc).__name__}: {_describe(exc)}")
 
 
-def _text(value: Any) -> str:
-    """Old bindings return bytes for names, UUIDs and versions; new ones return str.  Made inert
-    like any text from outside memtop (a driver, or a stand-in library, says what it likes)."""
-    if isinstance(value, bytes | bytearray):
-        value = bytes(value).decode("utf-8", errors="replace").strip("\x00")
-    return clean_text(value, 200)
-
-
 def _u64(value: Any) -> int | None:
     if value is None:
         return None
@@ -184,22 +173,6 @@ def _u64(value: Any) -> int | None:
 def _percent(value: Any) -> int | None:
     number = _u64(value)
     return None if number is None or number > 100 else number
-
-
-class _DeviceLost(Exception):
-    """Internal: the device stopped answering; stop querying it until a reopen attempt."""
-
-    def __init__(self, line: str) -> None:
-        super().__init__(line)
-        self.line = line
-
-
-class _NvmlDown(Exception):
-    """Internal: NVML as a whole stopped working; re-initialise later."""
-
-    def __init__(self, line: str) -> None:
-        super().__init__(line)
-        self.line = line
 
 
 @dataclass
