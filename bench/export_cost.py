@@ -32,8 +32,8 @@ from memtop.model import (
     AgentHello,
     AgentSample,
     DeviceReading,
+    DriverReading,
     GpuProcess,
-    NvmlReading,
     StepMark,
 )
 from memtop.observation import Observer
@@ -85,7 +85,7 @@ def filled_store(gpus: int, agents: int, seconds: int) -> Store:
                           processes=tuple(processes[u]))
             for i, u in enumerate(uuids)
         )  # fmt: skip
-        store.update_nvml(NvmlReading(True, devices, "550.54.15"), T0 + t)
+        store.update_driver(DriverReading(True, devices, "550.54.15"), T0 + t)
         store.update_agents(polls, T0 + t + 0.01)
     for pid in pids:
         parts = {"parameters": 3 * GiB, "gradients": 3 * GiB, "optimizer_state": 6 * GiB}

@@ -32,8 +32,8 @@ from memtop.model import (
     AgentSample,
     AgentStatus,
     DeviceReading,
+    DriverReading,
     HostPid,
-    NvmlReading,
     host_of,
 )
 from memtop.observation import Observation, Observer
@@ -120,7 +120,7 @@ def _process_infos(reading: HostReading, owner: str) -> dict[int, ProcessInfo]:
     for poll in reading.polls:
         argv = poll.hello.argv if poll.hello else ()
         infos[poll.pid] = ProcessInfo(poll.pid, REMOTE_UID, owner, argv, argv[0] if argv else "")
-    for device in reading.nvml.devices:
+    for device in reading.driver.devices:
         for process in device.processes:
             infos.setdefault(process.pid, ProcessInfo(process.pid, REMOTE_UID, owner, (), ""))
     return infos
@@ -146,7 +146,7 @@ def in_fleet(reading: HostReading) -> HostReading:
             host=host,
             processes=tuple(dataclasses.replace(p, pid=pid(p.pid)) for p in d.processes),
         )
-        for d in reading.nvml.devices
+        for d in reading.driver.devices
     )
     polls = []
     for poll in reading.polls:
@@ -160,7 +160,7 @@ def in_fleet(reading: HostReading) -> HostReading:
         polls.append(dataclasses.replace(poll, pid=pid(poll.pid), hello=hello))
     return dataclasses.replace(
         reading,
-        nvml=dataclasses.replace(reading.nvml, devices=devices),
+        driver=dataclasses.replace(reading.driver, devices=devices),
         polls=tuple(polls),
         breakdowns={pid(p): reply for p, reply in reading.breakdowns.items()},
         verdicts={(pid(p), index): v for (p, index), v in reading.verdicts.items()},
@@ -168,10 +168,10 @@ def in_fleet(reading: HostReading) -> HostReading:
     )
 
 
-def _feed(store: Store, reading: HostReading, polls: Sequence[AgentPoll], nvml: NvmlReading,
+def _feed(store: Store, reading: HostReading, polls: Sequence[AgentPoll], driver: DriverReading,
           owner: str) -> None:  # fmt: skip
     store.update_processes(_process_infos(reading, owner))
-    store.update_nvml(nvml, reading.time)
+    store.update_driver(driver, reading.time)
     store.update_agents(polls, reading.time)
     for pid, reply in reading.breakdowns.items():
         store.update_breakdown(pid, reply, reading.time)
@@ -182,7 +182,7 @@ def host_observation(reading: HostReading) -> Observation:
     store = Store()
     diagnoser = RemoteDiagnoser(reading.host)
     diagnoser.verdicts = dict(reading.verdicts)
-    _feed(store, reading, reading.polls, reading.nvml, reading.host)
+    _feed(store, reading, reading.polls, reading.driver, reading.host)
     observer = Observer(
         store, diagnoser, clock=lambda: reading.time, host=reading.host, uid=REMOTE_UID
     )
@@ -239,7 +239,7 @@ class FleetSampler:
             # Fleet-wide GPU numbers in host order, so that the cards and the process table
             # (both sorted by GPU number) group host -> GPU -> process; the card names the
             # host and the GPU's own number there.
-            for d in sorted(reading.nvml.devices, key=lambda d: d.index):
+            for d in sorted(reading.driver.devices, key=lambda d: d.index):
                 name = f"{reading.host} #{d.index}: {d.name}"
                 devices.append(dataclasses.replace(d, index=len(devices), name=name))
             infos.update(_process_infos(reading, short_host(reading.host)))
@@ -250,8 +250,8 @@ class FleetSampler:
             self.store.update_agents(reading.polls, reading.time)
             for pid, reply in reading.breakdowns.items():
                 self.store.update_breakdown(pid, reply, reading.time)
-        self.store.update_nvml(
-            NvmlReading(available=bool(devices), devices=tuple(devices), source="prometheus"),
+        self.store.update_driver(
+            DriverReading(available=bool(devices), devices=tuple(devices), source="prometheus"),
             max((h.time for h in fleet.hosts), default=time.time()),
         )
         # Agents that left Prometheus's view are gone from the fleet.

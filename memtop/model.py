@@ -145,19 +145,15 @@ class DeviceReading:
 
 
 @dataclass(frozen=True, slots=True)
-class NvmlReading:
-    """One poll of the driver: every device, or why there are none.  (Named for NVML, the first
-    driver memtop read; AMD's amdsmi and the simulator give the same: see `DriverReading`.)"""
+class DriverReading:
+    """One poll of the driver: every device, or why there are none.  NVML, AMD's amdsmi and the
+    simulator each give one; `source` says which (the JSON report still calls it "nvml")."""
 
     available: bool
     devices: tuple[DeviceReading, ...] = ()
     driver_version: str | None = None
     error: str | None = None
     source: str = SOURCE_NVML
-
-
-# The vendor-neutral name of a driver poll (NVML, amdsmi or the simulator).
-DriverReading = NvmlReading
 
 
 @dataclass(frozen=True, slots=True)

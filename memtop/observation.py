@@ -28,8 +28,8 @@ from memtop.model import (
     AgentDeviceSample,
     AgentHello,
     AgentStatus,
+    DriverReading,
     GpuProcess,
-    NvmlReading,
     host_of,
 )
 from memtop.sources.processes import ProcessInfo
@@ -271,7 +271,7 @@ class Observer:
     def _build(self, generation: int) -> Observation:
         store = self.store
         now = self.clock()
-        reading = store.nvml() or NvmlReading(available=False, error="devices not read")
+        reading = store.driver() or DriverReading(available=False, error="devices not read")
         views = store.agents()
         infos = store.processes()
         diagnosed = self.diagnoser.diagnose_devices(store, views, now)
@@ -342,7 +342,7 @@ class Observer:
 
 
 def _driver_uuids(
-    reading: NvmlReading | None,
+    reading: DriverReading | None,
 ) -> Callable[[AgentView, AgentDeviceView], str]:
     """The GPU an agent's device is, as the driver's UUID: the agent's own UUID when the
     driver lists it (CUDA), else the driver's GPU at the PCI bus id the agent's hello gave (on
@@ -403,7 +403,7 @@ def _agent_device(
 
 
 def _gpus(
-    store: Store, reading: NvmlReading, devices: Sequence[AgentDeviceObservation]
+    store: Store, reading: DriverReading, devices: Sequence[AgentDeviceObservation]
 ) -> tuple[GpuObservation, ...]:
     """The driver's GPUs, each with the live agent devices on it (by UUID); then the GPUs only
     agents know about (no driver view, or a UUID the driver does not list), whose account is
@@ -475,7 +475,7 @@ def _facts(gpu: GpuObservation) -> GpuFacts:
 
 
 def _entries(
-    reading: NvmlReading,
+    reading: DriverReading,
     agents: Sequence[AgentObservation],
     infos: Mapping[int, ProcessInfo],
 ) -> tuple[ProcessEntry, ...]:

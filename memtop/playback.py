@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any
 
-from memtop.model import AgentHello, AgentStatus, NvmlReading
+from memtop.model import AgentHello, AgentStatus, DriverReading
 from memtop.sources.agents import CONNECTED, AgentPoll, sanity_problem
 from memtop.sources.replay import Recording, ReplayEvent
 from memtop.store import Store
@@ -43,7 +43,7 @@ class Player:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         if not recording.has_devices:
-            store.update_nvml(NvmlReading(available=False, error=NO_DEVICES), recording.start)
+            store.update_driver(DriverReading(available=False, error=NO_DEVICES), recording.start)
 
     # ------------------------------------------------------------------ the cursor
 
@@ -88,8 +88,8 @@ class Player:
         self._hellos.clear()
         self._counters.clear()
         if not self.recording.has_devices:
-            self.store.update_nvml(
-                NvmlReading(available=False, error=NO_DEVICES), self.recording.start
+            self.store.update_driver(
+                DriverReading(available=False, error=NO_DEVICES), self.recording.start
             )
 
     def _apply_until(self, when: float) -> None:
@@ -101,7 +101,7 @@ class Player:
     def _apply(self, event: ReplayEvent) -> None:
         store, pid = self.store, event.pid
         if event.kind == "nvml":
-            store.update_nvml(event.value, event.t)
+            store.update_driver(event.value, event.t)
         elif event.kind == "processes":
             store.update_processes(event.value)
         elif pid is None:

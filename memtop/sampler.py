@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from memtop import protocol
-from memtop.model import SOURCE_AGENT, AgentStatus, NvmlReading
+from memtop.model import SOURCE_AGENT, AgentStatus, DriverReading
 from memtop.sources.agents import AgentClient, AgentError, AgentPoll, AgentPool
 from memtop.sources.processes import ProcessDirectory, ProcessInfo
 from memtop.store import Store
 
 
 class DeviceSource(Protocol):
-    def read(self) -> NvmlReading: ...
+    def read(self) -> DriverReading: ...
 
     def close(self) -> None: ...
 
@@ -35,7 +35,7 @@ class SamplerTap(Protocol):
     """What `memtop record` is told of each round (the agents' replies it taps on the wire,
     AgentPool.tap)."""
 
-    def nvml(self, when: float, reading: NvmlReading) -> None: ...
+    def driver(self, when: float, reading: DriverReading) -> None: ...
 
     def processes(self, when: float, processes: dict[int, ProcessInfo]) -> None: ...
 
@@ -55,13 +55,13 @@ class IsolatedDevices:
         self._asked = threading.Event()
         self._closed = False
         self._worker: threading.Thread | None = None
-        self._result: NvmlReading | None = None
+        self._result: DriverReading | None = None
         self._error: BaseException | None = None
         self._running_since: float | None = None  # wall time of the read in flight
-        self._latest: NvmlReading | None = None
+        self._latest: DriverReading | None = None
         self.stalled_since: float | None = None
 
-    def read(self, wait: float) -> NvmlReading:
+    def read(self, wait: float) -> DriverReading:
         if self._running_since is None:
             self._done.clear()
             self._running_since = time.time()
@@ -77,13 +77,13 @@ class IsolatedDevices:
             if self._result is not None:
                 self._latest = self._result
             else:
-                self._latest = NvmlReading(available=False, error=f"device read: {self._error}")
+                self._latest = DriverReading(available=False, error=f"device read: {self._error}")
             return self._latest
         self.stalled_since = self._running_since
         if self._latest is not None:
             return self._latest
         since = time.strftime("%H:%M:%S", time.localtime(self._running_since))
-        return NvmlReading(
+        return DriverReading(
             available=False, error=f"the GPU driver is not answering (since {since})"
         )
 
@@ -195,7 +195,7 @@ class Sampler:
         if self.tap is not None:
             self._tap_round(now, polled, reading, infos, polls)
         self.store.update_processes(infos)
-        self.store.update_nvml(reading, now)
+        self.store.update_driver(reading, now)
         self.store.update_agents(polls, polled)
         self.store.set_problems(self.agents.problems)
         for poll in polls:
@@ -212,7 +212,7 @@ class Sampler:
         self,
         now: float,
         polled: float,
-        reading: NvmlReading,
+        reading: DriverReading,
         infos: dict[int, ProcessInfo],
         polls: list[AgentPoll],
     ) -> None:
@@ -220,7 +220,7 @@ class Sampler:
         if infos != self._tapped_processes:  # as the store: only when it changed
             self._tapped_processes = dict(infos)
             self.tap.processes(now, infos)
-        self.tap.nvml(now, reading)
+        self.tap.driver(now, reading)
         for poll in polls:
             state = str(poll.state)
             if self._tapped_states.get(poll.pid) != state:
@@ -234,7 +234,7 @@ class Sampler:
         A pid qualifies when the driver lists it, or when an agent serving as that pid passed
         authentication (SO_PEERCRED) since the viewer started.  A socket that merely carries a
         pid's number in its name qualifies nothing."""
-        reading = self.store.nvml()
+        reading = self.store.driver()
         if reading is not None and reading.source != SOURCE_AGENT:
             listed = {p.pid for d in reading.devices for p in d.processes}
             if pid in listed:

@@ -23,7 +23,7 @@ from memtop.model import (
     AgentSample,
     AgentSites,
     AgentSnapshot,
-    NvmlReading,
+    DriverReading,
     host_of,
 )
 from memtop.sources.agents import CONNECTED, EXITED, AgentPoll
@@ -177,7 +177,7 @@ class Store:
         self._history = history
         self._step_marks = step_marks
         self._keep_exited_s = keep_exited_s
-        self._nvml: NvmlReading | None = None
+        self._nvml: DriverReading | None = None
         self._nvml_time: float | None = None
         self._device_used: dict[str, Ring] = {}
         self._agents: dict[int, AgentState] = {}
@@ -201,7 +201,7 @@ class Store:
             self.events.clear()
             self.generation += 1
 
-    def update_nvml(self, reading: NvmlReading, when: float | None = None) -> None:
+    def update_driver(self, reading: DriverReading, when: float | None = None) -> None:
         when = when if when is not None else time.time()
         with self._lock:
             if self._nvml is not None and self._nvml.error != reading.error and reading.error:
@@ -372,7 +372,7 @@ class Store:
 
     # ------------------------------------------------------------------ readers
 
-    def nvml(self) -> NvmlReading | None:
+    def driver(self) -> DriverReading | None:
         with self._lock:
             return self._nvml
 

@@ -23,7 +23,7 @@ import pytest
 from amd_standin import STATE_ENV, Gpu, State, build, mi300x
 
 from memtop import protocol
-from memtop.model import SOURCE_AMDSMI, DeviceReading, GpuProcess, NvmlReading
+from memtop.model import SOURCE_AMDSMI, DeviceReading, DriverReading, GpuProcess
 from memtop.sources import amdsmi as amd_source
 from memtop.sources.amdsmi import NO_LIBRARY, NOT_INSTALLED, AmdSmiSource
 
@@ -443,11 +443,11 @@ def test_read_never_raises() -> None:
 
 
 class Fixed:
-    def __init__(self, reading: NvmlReading, found: bool = True) -> None:
+    def __init__(self, reading: DriverReading, found: bool = True) -> None:
         self.reading = reading
         self.library_found = found
 
-    def read(self) -> NvmlReading:
+    def read(self) -> DriverReading:
         return self.reading
 
     def close(self) -> None:
@@ -458,7 +458,7 @@ def _gpu(index: int, source: str) -> DeviceReading:
     return DeviceReading(index, f"{source}-{index}", "GPU", 1, 0, source=source)
 
 
-def _sources(nvidia: NvmlReading, amd: NvmlReading, amd_found: bool = True) -> Any:
+def _sources(nvidia: DriverReading, amd: DriverReading, amd_found: bool = True) -> Any:
     from memtop.sources.devices import DefaultDeviceSource
 
     devices = DefaultDeviceSource(Path("/nonexistent-socket-dir"))
@@ -467,12 +467,12 @@ def _sources(nvidia: NvmlReading, amd: NvmlReading, amd_found: bool = True) -> A
     return devices
 
 
-NO_NVML = NvmlReading(False, error="NVML not available: no driver")
+NO_NVML = DriverReading(False, error="NVML not available: no driver")
 
 
 def test_a_mixed_box_shows_both_vendors_amd_numbered_after_nvidia() -> None:
-    nvidia = NvmlReading(True, (_gpu(0, "nvml"), _gpu(1, "nvml")), driver_version="580")
-    amd = NvmlReading(True, (_gpu(0, "amdsmi"),), driver_version="6.12", source="amdsmi")
+    nvidia = DriverReading(True, (_gpu(0, "nvml"), _gpu(1, "nvml")), driver_version="580")
+    amd = DriverReading(True, (_gpu(0, "amdsmi"),), driver_version="6.12", source="amdsmi")
     reading = _sources(nvidia, amd).read()
     assert reading.source == "nvml+amdsmi"
     assert [(d.index, d.uuid) for d in reading.devices] == [
@@ -484,14 +484,14 @@ def test_a_mixed_box_shows_both_vendors_amd_numbered_after_nvidia() -> None:
 
 
 def test_an_amd_box_reads_amdsmi_and_says_its_error() -> None:
-    amd = NvmlReading(True, (_gpu(0, "amdsmi"),), source="amdsmi")
+    amd = DriverReading(True, (_gpu(0, "amdsmi"),), source="amdsmi")
     assert _sources(NO_NVML, amd).read() is amd
-    failing = NvmlReading(False, error="amdsmi: insufficient permissions", source="amdsmi")
+    failing = DriverReading(False, error="amdsmi: insufficient permissions", source="amdsmi")
     assert _sources(NO_NVML, failing).read() is failing
 
 
 def test_without_any_driver_library_the_error_is_nvmls_as_before() -> None:
-    missing = NvmlReading(False, error=NO_LIBRARY, source="amdsmi")
+    missing = DriverReading(False, error=NO_LIBRARY, source="amdsmi")
     assert _sources(NO_NVML, missing, amd_found=False).read() is NO_NVML
 
 

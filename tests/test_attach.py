@@ -248,7 +248,7 @@ class OneGpuListing:
     """A driver that lists one process on one GPU (the machine has no GPU: a stand-in)."""
 
     def __init__(self, pid: int) -> None:
-        from memtop.model import DeviceReading, GpuProcess, NvmlReading
+        from memtop.model import DeviceReading, DriverReading, GpuProcess
 
         device = DeviceReading(
             0,
@@ -258,7 +258,7 @@ class OneGpuListing:
             3 << 30,
             processes=(GpuProcess(pid, 2 << 30),),
         )
-        self.reading = NvmlReading(available=True, devices=(device,), driver_version="test")
+        self.reading = DriverReading(available=True, devices=(device,), driver_version="test")
 
     def read(self):  # type: ignore[no-untyped-def]
         return self.reading

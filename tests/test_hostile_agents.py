@@ -23,7 +23,7 @@ import pytest
 from ui_helpers import notifications, wait_for
 
 from memtop import protocol
-from memtop.model import AgentStatus, NvmlReading
+from memtop.model import AgentStatus, DriverReading
 from memtop.sampler import Sampler
 from memtop.sim.demo import Demo
 from memtop.sim.device import SimGpuRegistry
@@ -268,9 +268,9 @@ class HangingDevices:
     def __init__(self) -> None:
         self.release = threading.Event()
 
-    def read(self) -> NvmlReading:
+    def read(self) -> DriverReading:
         self.release.wait(30)
-        return NvmlReading(available=False, error="late")
+        return DriverReading(available=False, error="late")
 
     def close(self) -> None:
         self.release.set()
@@ -288,7 +288,7 @@ def test_a_hung_device_read_does_not_stop_agent_sampling(arena: Arena) -> None:
         took = time.monotonic() - started
         assert took < 5 * 0.2 + 1.5, took
         assert rows(store, pid) >= 4
-        reading = store.nvml()
+        reading = store.driver()
         assert reading is not None and "not answering" in (reading.error or "")
     finally:
         sampler.stop()

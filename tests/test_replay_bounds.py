@@ -15,7 +15,7 @@ import pytest
 from test_viewer_inputs import hello_result, sample_result
 
 from memtop.cli import main
-from memtop.model import DeviceReading, NvmlReading
+from memtop.model import DeviceReading, DriverReading
 from memtop.sources import recording as recording_module
 from memtop.sources.processes import ProcessInfo
 from memtop.sources.recording import RecordError, RecordWriter
@@ -119,7 +119,7 @@ def _record(path: Path) -> None:
     """One good round, then one line each with a number no clock or counter reaches."""
     writer = RecordWriter(path)
     device = DeviceReading(0, "GPU-a", "H100", 80 << 30, 2 << 30, power_watts=300.0)
-    writer.nvml(T0, NvmlReading(True, (device,)))
+    writer.driver(T0, DriverReading(True, (device,)))
     writer.processes(T0, {4242: ProcessInfo(4242, 1000, "me", ("train.py",), "python", T0)})
     writer.write({"t": T0, "src": "agent", "pid": 4242, "cmd": "hello",
                   "reply": {"result": hello_result(4242)}})  # fmt: skip
@@ -130,7 +130,7 @@ def _record(path: Path) -> None:
     odd_sample["devices"][0]["stats"]["allocated_bytes.all.current"] = huge  # type: ignore[index]
     writer.write({"t": T0 + 2, "src": "agent", "pid": 4242, "cmd": "sample",
                   "reply": {"result": odd_sample}})  # fmt: skip
-    hot = dataclasses.asdict(NvmlReading(True, (device,)))
+    hot = dataclasses.asdict(DriverReading(True, (device,)))
     hot["devices"][0]["power_watts"] = huge
     writer.write({"t": T0 + 2, "src": "nvml", "reading": hot})
     old = dataclasses.asdict(ProcessInfo(4242, 1000, "me", ("train.py",), "python", T0))

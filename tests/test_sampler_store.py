@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from memtop.model import AgentDeviceSample, AgentHello, AgentSample, NvmlReading, StepMark
+from memtop.model import AgentDeviceSample, AgentHello, AgentSample, DriverReading, StepMark
 from memtop.sampler import Sampler
 from memtop.sim.demo import Demo
 from memtop.sources.agents import CONNECTED, EXITED, AgentClient, AgentPoll, AgentPool
@@ -82,8 +82,8 @@ def test_store_keeps_device_history_by_uuid():
 
     store = Store()
     for used in (1, 2, 3):
-        reading = NvmlReading(True, (DeviceReading(0, "GPU-a", "g", 10, used),))
-        store.update_nvml(reading, when=float(used))
+        reading = DriverReading(True, (DeviceReading(0, "GPU-a", "g", 10, used),))
+        store.update_driver(reading, when=float(used))
     assert store.device_used_history("GPU-a") == [(1.0, 1.0), (2.0, 2.0), (3.0, 3.0)]
 
 
@@ -119,7 +119,7 @@ def test_sampler_joins_devices_and_agents_and_notices_exits(demo: Demo):
             break
         time.sleep(0.05)
         sampler.sample_once()
-    reading = store.nvml()
+    reading = store.driver()
     assert reading is not None and reading.available and reading.source == "sim"
     assert len(reading.devices) == 2
     agents = store.agents()
@@ -196,11 +196,11 @@ def test_device_reads_share_one_thread_and_recover_after_a_hang() -> None:
             self.gate.set()
             self.reads = 0
 
-        def read(self) -> NvmlReading:
+        def read(self) -> DriverReading:
             self.threads.add(threading.get_ident())
             self.gate.wait(10)
             self.reads += 1
-            return NvmlReading(available=False, error=f"read {self.reads}")
+            return DriverReading(available=False, error=f"read {self.reads}")
 
         def close(self) -> None:
             self.gate.set()

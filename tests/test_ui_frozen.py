@@ -12,7 +12,7 @@ import textual
 from ui_frozen import MY_UID, NOW, frozen_store
 from ui_helpers import notifications, screen_text, wait_for
 
-from memtop.model import NvmlReading
+from memtop.model import DriverReading
 from memtop.store import Store
 from memtop.ui.app import MemtopApp
 from memtop.ui.screens.detail import DetailScreen
@@ -114,7 +114,7 @@ def test_help_screen_lists_every_key() -> None:
 
 def test_empty_state_suggests_run_and_demo() -> None:
     store = Store()
-    store.update_nvml(NvmlReading(available=False, error="NVML Shared Library Not Found"))
+    store.update_driver(DriverReading(available=False, error="NVML Shared Library Not Found"))
     store.update_agents([])
     svg = shoot(frozen_app(store), (80, 24))
     text = screen_text(svg)

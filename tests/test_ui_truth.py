@@ -25,7 +25,7 @@ from ui_frozen import (
 )
 from ui_helpers import notifications, screen_text, wait_for
 
-from memtop.model import AgentHello, AgentSample, NvmlReading
+from memtop.model import AgentHello, AgentSample, DriverReading
 from memtop.observation import Observer
 from memtop.scope import Scope
 from memtop.sources.agents import CONNECTED, AgentPoll
@@ -79,7 +79,7 @@ def cpu_only_store(steps: int = 689) -> Store:
     store = Store()
     hello = AgentHello(1, 5150, ("train_cpu.py",), "3.12.3", "2.13.0", "", ())
     for t in range(5):
-        store.update_nvml(NvmlReading(available=False, error=NO_DRIVER), T0 + t)
+        store.update_driver(DriverReading(available=False, error=NO_DRIVER), T0 + t)
         sample = AgentSample(time=T0 + t, step=steps - 4 + t, devices=())
         store.update_agents([AgentPoll(5150, CONNECTED, hello, sample)], T0 + t + 0.01)
     store.update_processes(
@@ -145,14 +145,14 @@ def test_suggestions_say_collecting_until_there_is_evidence() -> None:
     store = Store()
     trainer = TRAINERS[0]
     for t in range(3):
-        store.update_nvml(nvml_at(t), T0 + t)
+        store.update_driver(nvml_at(t), T0 + t)
         store.update_agents([poll_at(trainer, t, TOTAL // 2)], T0 + t + 0.01)
     dash = view.build(Observer(store, clock=lambda: T0 + 3, uid=MY_UID).latest())
     assert not dash.suggestions or all(s.pid != trainer.pid for s in dash.suggestions)
     assert dash.quiet.startswith("Collecting")
     # An agent whose hello lists a GPU but whose first sample has not come: not "CPU only".
     early = Store()
-    early.update_nvml(nvml_at(0), T0)
+    early.update_driver(nvml_at(0), T0)
     early.update_agents([AgentPoll(trainer.pid, CONNECTED, trainer.hello(), None)], T0)
     dash = view.build(Observer(early, clock=lambda: T0, uid=MY_UID).latest())
     assert dash.quiet.startswith("Collecting"), dash.quiet
@@ -458,7 +458,7 @@ def test_eight_gpus_at_80x24_name_the_leaking_pid_and_its_time_to_full() -> None
         replace(reading.devices[1], index=i, uuid=f"GPU-extra-{i}", processes=(), used_bytes=0)
         for i in range(2, 8)
     )
-    store.update_nvml(replace(reading, devices=reading.devices + extra), NOW)
+    store.update_driver(replace(reading, devices=reading.devices + extra), NOW)
 
     async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
         screen = screen_text(app.export_screenshot())

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from memtop.cli import main
-from memtop.model import DeviceReading, GpuProcess, NvmlReading
+from memtop.model import DeviceReading, DriverReading, GpuProcess
 from memtop.sources.processes import ProcessInfo
 from memtop.sources.recording import RecordWriter
 from memtop.sources.replay import load
@@ -49,7 +49,7 @@ def hostile_record(path: Path) -> None:
     device = DeviceReading(
         0, "GPU-a" + ESC, "H100" + ESC, 80 << 30, 2 << 30, processes=(GpuProcess(4242, 2 << 30),)
     )
-    writer.nvml(t, NvmlReading(True, (device,), driver_version="550" + ESC))
+    writer.driver(t, DriverReading(True, (device,), driver_version="550" + ESC))
     writer.processes(
         t, {4242: ProcessInfo(4242, 1000, "me" + ESC, ("python", "train.py" + ESC), "py" + ESC)}
     )
@@ -258,8 +258,8 @@ def _agent_server(directory: Path, replies: dict[str, object], delay: float = 0.
 
 
 class _NoDevices:
-    def read(self) -> NvmlReading:
-        return NvmlReading(False, error="none")
+    def read(self) -> DriverReading:
+        return DriverReading(False, error="none")
 
     def close(self) -> None:
         pass

@@ -13,8 +13,8 @@ from memtop.model import (
     AgentHello,
     AgentSample,
     DeviceReading,
+    DriverReading,
     GpuProcess,
-    NvmlReading,
     StepMark,
 )
 from memtop.sources.agents import CONNECTED, EXITED, AgentPoll
@@ -97,7 +97,7 @@ RANKED = (
 OTHERS = ((0, 7001, 3 * GiB), (1, 7002, 900 * MiB))  # (gpu, pid, used) without an agent
 
 
-def nvml_at(t: int, gpu_error: str | None = None) -> NvmlReading:
+def nvml_at(t: int, gpu_error: str | None = None) -> DriverReading:
     devices = []
     for gpu in (0, 1):
         processes = [GpuProcess(tr.pid, tr.at(t)[1] + CONTEXT) for tr in TRAINERS if tr.gpu == gpu]
@@ -116,7 +116,7 @@ def nvml_at(t: int, gpu_error: str | None = None) -> NvmlReading:
                 error=error,
             )
         )
-    return NvmlReading(available=True, devices=tuple(devices), driver_version="550.54.15")
+    return DriverReading(available=True, devices=tuple(devices), driver_version="550.54.15")
 
 
 def poll_at(trainer: Trainer, t: int, free: int) -> AgentPoll:
@@ -146,7 +146,7 @@ def frozen_store(
     store = Store()
     for t in range(SECONDS + 1):
         reading = nvml_at(t, gpu_error if t == SECONDS else None)
-        store.update_nvml(reading, T0 + t)
+        store.update_driver(reading, T0 + t)
         polls = []
         for trainer in trainers:
             if trainer.pid == exited and t == SECONDS:

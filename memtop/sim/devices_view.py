@@ -7,7 +7,7 @@ import os
 import time
 from pathlib import Path
 
-from memtop.model import SOURCE_SIM, DeviceReading, GpuProcess, NvmlReading
+from memtop.model import SOURCE_SIM, DeviceReading, DriverReading, GpuProcess
 from memtop.sim.demo import live_registries
 from memtop.sim.device import SimGpuRegistry, SimGpuSpec
 
@@ -32,7 +32,7 @@ class SimulatedDeviceSource:
             known = self._specs[registry.root] = (version, registry.gpus())
         return known[1]
 
-    def read(self) -> NvmlReading:
+    def read(self) -> DriverReading:
         devices = []
         roots = live_registries(self.socket_dir)
         self._specs = {root: known for root, known in self._specs.items() if root in roots}
@@ -60,8 +60,8 @@ class SimulatedDeviceSource:
                     )
                 )
         if not devices:
-            return NvmlReading(available=False, error="no simulated GPUs", source=SOURCE_SIM)
-        return NvmlReading(available=True, devices=tuple(devices), source=SOURCE_SIM)
+            return DriverReading(available=False, error="no simulated GPUs", source=SOURCE_SIM)
+        return DriverReading(available=True, devices=tuple(devices), source=SOURCE_SIM)
 
     def close(self) -> None:
         pass

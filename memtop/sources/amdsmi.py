@@ -5,7 +5,7 @@
 amdsmi 7.0 (ROCm 7.0); see the README's "AMD GPUs" section for what has run where.
 
 `AmdSmiSource.read()` is the same contract as `NvmlSource.read()`: called about once a second by
-the sampler's device thread, it never raises.  A failure is data: `NvmlReading(available=False,
+the sampler's device thread, it never raises.  A failure is data: `DriverReading(available=False,
 error=...)` when amdsmi as a whole is unusable (package or library missing, driver not loaded,
 no permission) and a `DeviceReading.error` line for one GPU (lost, a query refused).
 
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memtop.model import SOURCE_AMDSMI, DeviceReading, GpuProcess, NvmlReading
+from memtop.model import SOURCE_AMDSMI, DeviceReading, DriverReading, GpuProcess
 from memtop.protocol import canonical_pci_bus_id
 from memtop.sources.driver_text import DeviceLost as _DeviceLost
 from memtop.sources.driver_text import DriverDown as _Down
@@ -238,7 +238,7 @@ class AmdSmiSource:
 
     # -- public API ----------------------------------------------------------------------------
 
-    def read(self) -> NvmlReading:
+    def read(self) -> DriverReading:
         """One poll of every GPU. Never raises."""
         with self._lock:
             try:
@@ -255,8 +255,8 @@ class AmdSmiSource:
 
     # -- initialisation ------------------------------------------------------------------------
 
-    def _unavailable(self, error: str) -> NvmlReading:
-        return NvmlReading(
+    def _unavailable(self, error: str) -> DriverReading:
+        return DriverReading(
             available=False,
             driver_version=self._driver_version,
             error=error,
@@ -320,7 +320,7 @@ class AmdSmiSource:
 
     # -- one poll ------------------------------------------------------------------------------
 
-    def _read_locked(self) -> NvmlReading:
+    def _read_locked(self) -> DriverReading:
         error = self._ensure_initialised()
         if error is not None:
             return self._unavailable(error)
@@ -333,7 +333,7 @@ class AmdSmiSource:
             self._init_error = down.line
             self._next_init_at = self._clock() + self._retry_interval
             return self._unavailable(down.line)
-        return NvmlReading(
+        return DriverReading(
             available=True,
             devices=readings,
             driver_version=self._driver_version,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from memtop.model import NvmlReading
+from memtop.model import DriverReading
 from memtop.sim.devices_view import SimulatedDeviceSource
 from memtop.sources.amdsmi import AmdSmiSource
 from memtop.sources.nvml import NvmlSource
@@ -27,7 +27,7 @@ class DefaultDeviceSource:
         self.amd = None if simulated_only else AmdSmiSource()
         self.sim = SimulatedDeviceSource(socket_dir)
 
-    def read(self) -> NvmlReading:
+    def read(self) -> DriverReading:
         nvidia = self.nvml.read() if self.nvml is not None else None
         amd = self.amd.read() if self.amd is not None else None
         answering = [r for r in (nvidia, amd) if r is not None and r.available]
@@ -49,13 +49,13 @@ class DefaultDeviceSource:
                 source.close()
 
 
-def _both(nvidia: NvmlReading, amd: NvmlReading) -> NvmlReading:
+def _both(nvidia: DriverReading, amd: DriverReading) -> DriverReading:
     """One reading of a box with NVIDIA and AMD GPUs: AMD's numbered after NVIDIA's, so that a
     GPU number (`--only`, the table's GPU column) names one GPU."""
     offset = 1 + max((d.index for d in nvidia.devices), default=-1)
     renumbered = tuple(replace(d, index=d.index + offset) for d in amd.devices)
     versions = [v for v in (nvidia.driver_version, amd.driver_version) if v]
-    return NvmlReading(
+    return DriverReading(
         available=True,
         devices=nvidia.devices + renumbered,
         driver_version=" / ".join(versions) or None,

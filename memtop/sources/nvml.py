@@ -1,7 +1,7 @@
 """Device memory, utilisation and GPU processes as the NVIDIA driver reports them, through NVML.
 
 `NvmlSource.read()` is called by the sampler thread about once a second and never raises: every
-failure becomes data, either `NvmlReading(available=False, error=...)` when NVML as a whole is
+failure becomes data, either `DriverReading(available=False, error=...)` when NVML as a whole is
 unusable (no driver, driver not loaded, no permission) or a `DeviceReading.error` line with the
 fields that could not be read set to None (GPU fallen off the bus, a query not supported, …).
 
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from memtop.model import SOURCE_NVML, DeviceReading, GpuProcess, NvmlReading
+from memtop.model import SOURCE_NVML, DeviceReading, DriverReading, GpuProcess
 from memtop.protocol import canonical_pci_bus_id
 from memtop.sources.driver_text import DeviceLost as _DeviceLost
 from memtop.sources.driver_text import DriverDown as _NvmlDown
@@ -228,7 +228,7 @@ class NvmlSource:
 
     # -- public API ----------------------------------------------------------------------------
 
-    def read(self) -> NvmlReading:
+    def read(self) -> DriverReading:
         """One poll of every device. Never raises."""
         with self._lock:
             try:
@@ -246,8 +246,8 @@ class NvmlSource:
 
     # -- initialisation ------------------------------------------------------------------------
 
-    def _unavailable(self, error: str) -> NvmlReading:
-        return NvmlReading(
+    def _unavailable(self, error: str) -> DriverReading:
+        return DriverReading(
             available=False,
             driver_version=self._driver_version,
             error=error,
@@ -298,7 +298,7 @@ class NvmlSource:
 
     # -- one poll ------------------------------------------------------------------------------
 
-    def _read_locked(self) -> NvmlReading:
+    def _read_locked(self) -> DriverReading:
         error = self._ensure_initialised()
         if error is not None:
             return self._unavailable(error)
@@ -311,7 +311,7 @@ class NvmlSource:
             self._init_error = down.line
             self._next_init_at = self._clock() + self._retry_interval
             return self._unavailable(down.line)
-        return NvmlReading(
+        return DriverReading(
             available=True,
             devices=readings,
             driver_version=self._driver_version,

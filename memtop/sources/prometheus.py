@@ -4,7 +4,7 @@ the PromQL HTTP API (`/api/v1/query`, `/api/v1/query_range`).
 One instant query fetches every `memtop_*` series (or, given one `memtop export`'s URL instead
 of Prometheus's, one scrape of its /metrics); they are grouped by their `hostname` label into
 one `HostReading` per host holding the same kinds of readings the local sampler writes into a
-store: an `NvmlReading` of the host's GPUs, one `AgentPoll` per agent (hello and sample rebuilt
+store: an `DriverReading` of the host's GPUs, one `AgentPoll` per agent (hello and sample rebuilt
 from the series), the breakdowns, and the host's own verdicts (leak, smoothed fragmentation,
 snapshot figures), which the fleet view shows as judged there rather than judging again from
 coarser data.  The metric names are those of `memtop.export.metrics`.
@@ -47,8 +47,8 @@ from memtop.model import (
     AgentSample,
     AgentStatus,
     DeviceReading,
+    DriverReading,
     GpuProcess,
-    NvmlReading,
 )
 from memtop.protocol import clean_text, decimal
 from memtop.sources.agents import AgentPoll
@@ -121,7 +121,7 @@ class HostReading:
 
     host: str
     time: float  # the host's newest observation (unix seconds)
-    nvml: NvmlReading
+    driver: DriverReading
     polls: tuple[AgentPoll, ...]
     breakdowns: Mapping[int, dict[str, Any]]  # pid -> a `breakdown` reply
     verdicts: Mapping[tuple[int, int], dict[str, float]]  # (pid, cuda index) -> judged there
@@ -651,13 +651,15 @@ def _host(host: str, rows: list[tuple[dict[str, str], float]]) -> HostReading:
                 source=gpu.get("source", "nvml"),
             )
         )
-    driver = [r for r in readings if r.source != SOURCE_AGENT]
-    if driver:
-        nvml = NvmlReading(
-            True, tuple(sorted(driver, key=lambda r: r.index)), source=driver[0].source
+    driver_devices = [r for r in readings if r.source != SOURCE_AGENT]
+    if driver_devices:
+        driver = DriverReading(
+            True,
+            tuple(sorted(driver_devices, key=lambda r: r.index)),
+            source=driver_devices[0].source,
         )
     else:  # the host had no driver view: its GPUs come from the agents, as they did there
-        nvml = NvmlReading(False, error="no NVML on this host", source=SOURCE_AGENT)
+        driver = DriverReading(False, error="no NVML on this host", source=SOURCE_AGENT)
 
     polls = []
     breakdowns: dict[int, dict[str, Any]] = {}
@@ -706,7 +708,7 @@ def _host(host: str, rows: list[tuple[dict[str, str], float]]) -> HostReading:
     return HostReading(
         host=host,
         time=stamp,
-        nvml=nvml,
+        driver=driver,
         polls=tuple(polls),
         breakdowns=breakdowns,
         verdicts=verdicts,

@@ -4,7 +4,7 @@ One gzip stream of JSON lines, written as it goes.  Line 1 is a header
 `{"memtop_record": 1, "version", "host", "started"}`; every other line is one thing the sampler
 read, with `t` (unix seconds) and `src`:
 
-- `{"t", "src": "nvml", "reading": {...NvmlReading...}}` — a driver (or stand-in) reading;
+- `{"t", "src": "nvml", "reading": {...DriverReading...}}` — a driver (or stand-in) reading;
 - `{"t", "src": "processes", "processes": [{...ProcessInfo...}]}` — owners and command lines;
 - `{"t", "src": "agent", "pid", "cmd": "hello"|"sample"|"breakdown"|"snapshot", "reply":
   {"result": {...}}}` — an agent's reply as it came over the wire;
@@ -37,7 +37,7 @@ from typing import IO, Any
 
 from memtop import protocol, untrusted
 from memtop._version import __version__
-from memtop.model import DeviceReading, GpuProcess, NvmlReading
+from memtop.model import DeviceReading, DriverReading, GpuProcess
 from memtop.sources.processes import ProcessInfo
 
 RECORD_FORMAT = 1
@@ -116,7 +116,7 @@ class RecordWriter:
 
     # What the sampler read, in the record's line shapes.
 
-    def nvml(self, when: float, reading: NvmlReading) -> None:
+    def driver(self, when: float, reading: DriverReading) -> None:
         self.write({"t": when, "src": "nvml", "reading": dataclasses.asdict(reading)})
 
     def processes(self, when: float, processes: dict[int, ProcessInfo]) -> None:
@@ -275,7 +275,7 @@ def _gunzip(handle: IO[bytes], path: Path) -> Iterator[bytes]:
 # output mode sees it.  A line that breaks this raises ValueError or TypeError (a skipped line).
 
 
-def decode_reading(data: dict[str, Any]) -> NvmlReading:
+def decode_reading(data: dict[str, Any]) -> DriverReading:
     data = protocol.clean_value(data)
     devices = tuple(
         DeviceReading(
@@ -286,7 +286,7 @@ def decode_reading(data: dict[str, Any]) -> NvmlReading:
         )
         for d in _list_of_objects(data.get("devices", []))
     )
-    return NvmlReading(**{**_typed(NvmlReading, data), "devices": devices})
+    return DriverReading(**{**_typed(DriverReading, data), "devices": devices})
 
 
 def decode_processes(rows: list[dict[str, Any]]) -> dict[int, ProcessInfo]:
@@ -343,5 +343,6 @@ def _fits(value: Any, hint: Any) -> bool:
 
 
 _HINTS = {
-    cls: typing.get_type_hints(cls) for cls in (DeviceReading, GpuProcess, NvmlReading, ProcessInfo)
+    cls: typing.get_type_hints(cls)
+    for cls in (DeviceReading, GpuProcess, DriverReading, ProcessInfo)
 }

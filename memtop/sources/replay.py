@@ -42,7 +42,7 @@ class ReplayEvent:
     t: float
     kind: str  # "nvml", "processes", "hello", "sample", "breakdown", "snapshot", "state"
     pid: int | None = None
-    # NvmlReading | dict[int, ProcessInfo] | AgentHello | AgentSample | reply dict |
+    # DriverReading | dict[int, ProcessInfo] | AgentHello | AgentSample | reply dict |
     # (AgentStatus, error)
     value: Any = None
 
