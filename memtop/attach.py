@@ -472,7 +472,7 @@ def choose_method(target: Target) -> str:
             f"memtop is not installed in the environment of pid {target.pid} (Python "
             f"{version[0]}.{version[1]}), and this memtop runs on Python "
             f"{sys.version_info[0]}.{sys.version_info[1]}: install memtop there "
-            f"(`{target.exe} -m pip install memtop`) and run its `memtop attach`"
+            f"(`{target.exe} -m pip install memtop-gpu`) and run its `memtop attach`"
         )
     if version >= (3, 14) and target.remote_debug_disabled:
         raise AttachRefused(

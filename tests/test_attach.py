@@ -197,7 +197,7 @@ def test_python_version_mismatch_without_memtop_there(capsys, sleeper, monkeypat
     monkeypatch.setattr(attach, "_probe_environment", other_python)
     err = refused(capsys, str(sleeper.pid))
     assert "memtop is not installed in the environment of pid" in err
-    assert "Python 3.10" in err and "-m pip install memtop" in err
+    assert "Python 3.10" in err and "-m pip install memtop-gpu" in err
 
 
 def test_remote_debugging_disabled_on_3_14(capsys, socket_dir: Path, monkeypatch):

@@ -134,6 +134,6 @@ def print_user_traceback(exc: BaseException) -> None:
         sys.stderr.write(
             f"memtop: `memtop run` runs the program with memtop's own Python ({sys.executable}),"
             " which has no torch: install memtop into the trainer's environment"
-            " (`python -m pip install memtop` there) and run that memtop\n"
+            " (`python -m pip install memtop-gpu` there) and run that memtop\n"
         )
     sys.stderr.flush()
