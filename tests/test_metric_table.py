@@ -6,10 +6,13 @@ help text or a label that changes here breaks a user's script, dashboard or aler
 from __future__ import annotations
 
 from helpers.observations import frozen_observation
+from prometheus_client.parser import text_string_to_metric_families
 
-from memtop import report
+from memtop import metric_table, report
 from memtop.export.metrics import render
 from memtop.export.text import exposition
+from memtop.metric_table import DeviceMetric
+from memtop.sources.prometheus import hosts_of
 
 # agents[].devices[] of `memtop --once --json`.
 DEVICE_JSON_FIELDS = {
@@ -256,3 +259,90 @@ def test_every_family_keeps_its_name_type_help_and_labels():
         for family in families
     }
     assert labels == {name: names for name, (_, _, names) in FAMILIES.items()}
+
+
+# ------------------------------------------------------------------ the table is the one home
+
+
+def _as_prometheus_stores_it(text: str) -> list[tuple[dict[str, str], float]]:
+    """An exposition's samples as an instant query returns them (empty labels dropped)."""
+    return [
+        ({**{k: v for k, v in s.labels.items() if v != ""}, "__name__": s.name}, s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    ]
+
+
+def test_a_figure_added_to_the_table_reaches_the_report_the_exporter_and_the_fleet(monkeypatch):
+    widgets = DeviceMetric(
+        "widgets",
+        "widget_bytes",
+        "memtop_widget_bytes",
+        "Bytes of widgets (a figure made up for this test).",
+        "bytes",
+        lambda d: 4096 + d.index,
+        fleet=(metric_table.VERDICT, "widget_bytes"),
+    )
+    counted = DeviceMetric(
+        "gadgets",
+        "num_gadgets",
+        "memtop_gadgets",
+        "Gadgets made (a counter made up for this test).",
+        "count",
+        lambda d: 7,
+        kind="counter",
+        fleet=(metric_table.STATS, "num_gadgets"),
+    )
+    monkeypatch.setattr(
+        metric_table, "DEVICE_METRICS", (*metric_table.DEVICE_METRICS, widgets, counted)
+    )
+    observation = frozen_observation()
+    devices = [(a.pid, d.index) for a in observation.agents for d in a.devices]
+
+    built = report.build(observation)
+    for agent in built["agents"]:
+        for dev in agent["devices"]:
+            assert dev["widget_bytes"] == 4096 + dev["index"]
+            assert dev["num_gadgets"] == 7
+
+    text = exposition(render(observation)).decode()
+    exposed = _exposed(text)
+    assert exposed["memtop_widget_bytes"] == {
+        "HELP": "Bytes of widgets (a figure made up for this test).",
+        "TYPE": "gauge",
+    }
+    assert exposed["memtop_gadgets_total"]["TYPE"] == "counter"
+
+    (host,) = hosts_of(_as_prometheus_stores_it(text))
+    for pid, index in devices:
+        assert host.verdicts[(pid, index)]["widget_bytes"] == 4096 + index
+    for poll in host.polls:
+        assert poll.sample is not None
+        for dev in poll.sample.devices:
+            assert dev.stats["num_gadgets"] == 7
+
+
+def test_every_row_reads_a_real_device_and_follows_the_naming_conventions():
+    observation = frozen_observation()
+    dev = observation.agents[0].devices[0]
+    keys, jsons, names = set(), set(), set()
+    for row in metric_table.DEVICE_METRICS:
+        row.read(dev)  # every getter names attributes the observation has
+        assert row.key not in keys and row.json not in jsons and row.prometheus not in names
+        keys.add(row.key)
+        if row.json is not None:
+            jsons.add(row.json)
+        if row.prometheus is None:
+            continue
+        names.add(row.prometheus)
+        assert row.prometheus.startswith("memtop_") and not row.prometheus.endswith("_total")
+        suffix = {"bytes": "_bytes", "ratio": "_ratio", "seconds": "_seconds"}.get(row.unit)
+        if suffix is not None:
+            assert row.prometheus.endswith(suffix), row
+        if row.unit == "timestamp":
+            assert row.prometheus.endswith("_timestamp_seconds"), row
+    # The fleet reads back what it rebuilds its readings from: torch's stats, the device's
+    # own figures and the host's verdicts.
+    fleet = {row.fleet for row in metric_table.DEVICE_METRICS if row.fleet}
+    assert (metric_table.DEVICE, "index") in fleet
+    assert (metric_table.STATS, "allocated_bytes.all.current") in fleet
