@@ -2,7 +2,8 @@
 
 Only a renderer: the join and the diagnosis are done once in `memtop.observation`.
 
-The JSON shape is a contract (DESIGN §7): fields may be added, never renamed or dropped.
+The JSON shape is a contract (DESIGN §7): fields may be added, never renamed or dropped.  An
+agent device's figures are the rows of `memtop.metric_table` (the exporter's too).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import time
 from typing import Any
 
+from memtop import metric_table
 from memtop._version import __version__
 from memtop.observation import AgentObservation, GpuObservation, Observation
 from memtop.units import format_bytes
@@ -64,9 +66,7 @@ def _agent(agent: AgentObservation) -> dict[str, Any]:
     hello = agent.hello
     devices = []
     for dev in agent.devices:
-        latest = dev.sample
         found = dev.diagnosis
-        frag = found.fragmentation
         breakdown = found.breakdown
         devices.append(
             {
@@ -74,31 +74,15 @@ def _agent(agent: AgentObservation) -> dict[str, Any]:
                 "uuid": dev.uuid,
                 "name": dev.name,
                 "gpu": dev.gpu,
-                "allocated_bytes": latest.allocated,
-                "reserved_bytes": latest.reserved,
-                "peak_bytes": dev.peak_bytes,
-                "torch_peak_bytes": dev.torch_peak_bytes,
-                "sampled_peak_bytes": dev.sampled_peak_bytes,
-                "cached_bytes": latest.cached,
-                "inactive_split_bytes": latest.inactive_split,
-                "fragmentation": round(latest.fragmentation, 4),
-                "num_alloc_retries": latest.num_alloc_retries,
-                "num_ooms": latest.num_ooms,
+                # Every figure of the metric table that the report carries.
+                **{
+                    row.json: row.json_value(dev)
+                    for row in metric_table.DEVICE_METRICS
+                    if row.json is not None
+                },
                 "step": agent.step,
-                "free_bytes": latest.free_bytes,
-                "total_bytes": latest.total_bytes,
-                "non_pytorch_bytes": dev.non_pytorch_bytes,
                 "leak": found.leak.as_dict(),
-                "fragmentation_smoothed": round(frag.gauge_smoothed, 4),
-                "fragmentation_samples": frag.samples,
-                "external_fragmentation": (
-                    round(frag.external, 4) if frag.external is not None else None
-                ),
-                "stranded_bytes": frag.stranded_bytes,
-                "largest_cached_request_bytes": frag.largest_free_block_bytes,
-                "internal_fragmentation_bytes": frag.internal_bytes,
                 "pressure": found.pressure.as_dict(),
-                "baseline_bytes": found.baseline_bytes,
                 "breakdown": (
                     {k: breakdown[k] for k in BREAKDOWN_KEYS if k in breakdown}
                     if breakdown

@@ -114,11 +114,23 @@ def test_retries_under_pressure_make_it_critical():
 
 
 @pytest.mark.parametrize(
-    "conf", ["expandable_segments:True", "garbage_collection_threshold:0.6,expandable_segments:1"]
+    "conf",
+    ["expandable_segments:True", "garbage_collection_threshold:0.6, expandable_segments : True"],
 )
 def test_expandable_segments_is_not_suggested_when_the_trainer_has_it(conf: str):
     facts = gpu(device(fragmentation=frag(0.4, 4 * GiB), conf=conf))
     assert fired(rules.expandable_segments, facts) == []
+
+
+def test_a_spelling_torch_refuses_is_not_expandable_segments():
+    # torch takes True or False only (memtop.alloc_conf): `:1` is not on, and the fix spells it.
+    conf = "garbage_collection_threshold:0.6,expandable_segments:1"
+    (found,) = fired(
+        rules.expandable_segments, gpu(device(fragmentation=frag(0.4, 4 * GiB), conf=conf))
+    )
+    assert found.fix == (
+        "PYTORCH_CUDA_ALLOC_CONF=garbage_collection_threshold:0.6,expandable_segments:True"
+    )
 
 
 def test_expandable_segments_is_not_suggested_without_fragmentation_or_retries():
@@ -142,7 +154,8 @@ def test_fragmentation_is_not_judged_on_one_or_two_readings():
 
 
 def test_allocator_conf_parsing():
-    assert parse_allocator_conf(" Expandable_Segments:True , max_split_size_mb:64") == {
+    # Keys as written: torch's are case sensitive (tests/test_alloc_conf.py).
+    assert parse_allocator_conf(" expandable_segments : True , max_split_size_mb:64") == {
         "expandable_segments": "True",
         "max_split_size_mb": "64",
     }

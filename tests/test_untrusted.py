@@ -320,3 +320,29 @@ def test_one_odd_report_is_skipped_with_a_line_and_the_rest_listed(
     assert len(listed["unreadable"]) == 3
     assert main(["oom", str(directory / report_name(1011.0, 11))]) == 1
     assert "number out of range" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ a model's config.json
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "nests deeper"),  # was a RecursionError traceback
+        (b'{"hidden_size": 1' + b"0" * 400 + b"}", "out of range"),
+        (b"{", "not JSON"),
+    ],
+)
+def test_a_hostile_model_config_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, why: str
+):
+    path = tmp_path / "config.json"
+    path.write_bytes(content)
+    assert main(["estimate", "--config", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("memtop: ") and err.count("\n") == 1 and why in err
+
+
+def test_a_fifo_for_a_model_config_does_not_hang(fifo: Path, capsys: pytest.CaptureFixture[str]):
+    assert _finishes(lambda: main(["estimate", "--config", str(fifo)])) == 1
+    assert "not a regular file" in capsys.readouterr().err

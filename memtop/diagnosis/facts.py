@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from memtop import alloc_conf
 from memtop.diagnosis.fragmentation import Fragmentation, Pressure
 from memtop.diagnosis.leak import LeakEstimate
 from memtop.diagnosis.sites import SiteTrend
@@ -86,24 +87,20 @@ class GpuFacts:
         return len(pids)
 
 
+# The trainer's allocator options, read as torch reads them (memtop.alloc_conf: the one reader
+# of them, which the simulator and the OOM diagnosis use too).
 def parse_allocator_conf(conf: str) -> dict[str, str]:
-    """`PYTORCH_CUDA_ALLOC_CONF` ("key:value,key:value") as a dict, keys lower-cased."""
-    options: dict[str, str] = {}
-    for part in conf.split(","):
-        key, _, value = part.partition(":")
-        if key.strip():
-            options[key.strip().lower()] = value.strip()
-    return options
+    """`PYTORCH_CUDA_ALLOC_CONF` ("key:value,key:value") as a dict, in the order given."""
+    return alloc_conf.options(conf)
 
 
 def has_expandable_segments(conf: str) -> bool:
-    options = parse_allocator_conf(conf)
-    return options.get("expandable_segments", "").lower() in ("true", "1")
+    return alloc_conf.parse(conf).expandable_segments
 
 
 def uses_async_backend(conf: str) -> bool:
     """cudaMallocAsync replaces the caching allocator: its segment options do not apply."""
-    return parse_allocator_conf(conf).get("backend", "").lower() == "cudamallocasync"
+    return alloc_conf.parse(conf).async_backend
 
 
 def as_json(value: Any) -> Any:

@@ -9,11 +9,12 @@ parameter count gets an assumed Llama-like shape (said so in the output).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from memtop import untrusted
 
 GPT, LLAMA = "gpt", "llama"
 
@@ -26,6 +27,8 @@ ALL_LINEAR = "all-linear"
 # A thousand times the largest model trained so far: a count above it is a typo (1e30 printed
 # figures in the quintillions of TiB).
 MAX_PARAMS = 1e15
+# A Hugging Face config.json is a few KiB; one with a large label map (id2label) about 1 MiB.
+MAX_CONFIG_BYTES = 16 << 20
 
 
 class ArchitectureError(ValueError):
@@ -280,14 +283,14 @@ def load_hf_config(path: str | Path) -> Architecture:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
+    # A config someone hands you (a download, a shared directory), read as memtop reads every
+    # file it did not write: a FIFO hung here, and `[` nested 100 000 deep was a traceback.
     try:
-        text = path.read_text(encoding="utf-8")
+        config = untrusted.load_json_file(path, MAX_CONFIG_BYTES)
     except OSError as exc:
         raise ArchitectureError(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ArchitectureError(f"{path} is not JSON: {exc.msg} at line {exc.lineno}") from None
+    except untrusted.UntrustedInput as exc:  # "is not JSON", "nests deeper than 64 levels"
+        raise ArchitectureError(f"{path} {exc}") from None
     if not isinstance(config, dict):
         raise ArchitectureError(f"{path} does not hold a JSON object")
     return from_hf_config(config, name=path.name)

@@ -12,7 +12,8 @@ per-process series also carry the labels of AMD's device metrics exporter
 `gpu_id` (amdsmi's GPU number), `gpu_uuid` and `card_model`, empty on an NVIDIA GPU beside them;
 a host without AMD GPUs exports exactly what it did before.
 
-`memtop.fleet` reads these names back from Prometheus: change both together.
+The per-device families are the rows of `memtop.metric_table`, which `memtop.report` and the
+fleet's reader (`memtop.sources.prometheus`) read too: a new per-device figure is a row there.
 """
 
 from __future__ import annotations
@@ -24,10 +25,11 @@ from collections.abc import Iterable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from memtop import metric_table
 from memtop.export.text import exposition
 from memtop.jobs import DCGM_LABELS, INFO_JOB_LABELS, dcgm_labels, info_labels
 from memtop.model import AgentStatus
-from memtop.observation import AgentDeviceObservation, AgentObservation, Observation
+from memtop.observation import AgentObservation, Observation
 
 GPU_LABELS = ("hostname", "UUID", "gpu", "modelName")
 AMD_GPU_LABELS = ("gpu_id", "gpu_uuid", "card_model")
@@ -192,111 +194,18 @@ def render(
         INFO_LABELS,
     )
     steps = counter("memtop_steps", "Training steps the agent counted.", AGENT_LABELS)
-    names = {
-        "allocated": ("memtop_allocated_bytes", "torch allocated_bytes.all.current."),
-        "reserved": ("memtop_reserved_bytes", "torch reserved_bytes.all.current."),
-        "peak": (
-            "memtop_peak_bytes",
-            "torch allocated_bytes.all.peak: the true peak since start or reset.",
-        ),
-        "sampled_peak": (
-            "memtop_sampled_peak_bytes",
-            "The highest allocated bytes memtop sampled.",
-        ),
-        "cached": ("memtop_cached_bytes", "Reserved minus allocated: reusable by this process."),
-        "inactive_split": (
-            "memtop_inactive_split_bytes",
-            "torch inactive_split_bytes.all.current.",
-        ),
-        "large_split": (
-            "memtop_large_pool_inactive_split_bytes",
-            "torch inactive_split_bytes.large_pool.current.",
-        ),
-        "large_reserved": (
-            "memtop_large_pool_reserved_bytes",
-            "torch reserved_bytes.large_pool.current.",
-        ),
-        "fragmentation": (
-            "memtop_fragmentation_ratio",
-            "Inactive split over reserved bytes of the large pool (latest sample).",
-        ),
-        "fragmentation_smoothed": (
-            "memtop_fragmentation_smoothed_ratio",
-            "Median of the recent fragmentation samples (what rules judge).",
-        ),
-        "fragmentation_samples": (
-            "memtop_fragmentation_samples",
-            "How many samples the smoothed fragmentation is the median of (rules want 3).",
-        ),
-        "external": (
-            "memtop_external_fragmentation_ratio",
-            "Stranded over reserved large-pool bytes, from the newest snapshot summary.",
-        ),
-        "stranded": (
-            "memtop_stranded_bytes",
-            "Free bytes inside large segments that also hold live blocks.",
-        ),
-        "largest": (
-            "memtop_largest_cached_request_bytes",
-            "The largest request the cache can serve without a new cudaMalloc.",
-        ),
-        "non_pytorch": (
-            "memtop_non_pytorch_bytes",
-            "Driver-charged bytes outside PyTorch's caches (context, NCCL, ...).",
-        ),
-        "cuda_free": (
-            "memtop_cuda_free_bytes",
-            "The device's free bytes as the agent's mem_get_info saw them.",
-        ),
-        "cuda_total": ("memtop_cuda_total_bytes", "The device's bytes as the agent sees them."),
-        "fp32_parameters": (
-            "memtop_fp32_parameter_bytes",
-            "Bytes of parameters held in fp32 (a bf16 copy would halve them).",
-        ),
-        "cuda_index": (
-            "memtop_cuda_device_index",
-            "The trainer's own CUDA index of this GPU "
-            "(CUDA_VISIBLE_DEVICES renumbers; `gpu` is the driver's number).",
-        ),
-        "baseline": ("memtop_step_baseline_bytes", "Allocated bytes right after the newest step."),
-        "leak_step": ("memtop_leak_bytes_per_step", "Trend of the per-step baseline (bytes/step)."),
-        "leak_second": (
-            "memtop_leak_bytes_per_second",
-            "Trend of the baseline in bytes per second.",
-        ),
-        "leak_detected": ("memtop_leak_detected", "1 when the trend is called a leak."),
-        "leak_confidence": ("memtop_leak_confidence_ratio", "Confidence of the leak verdict."),
-        "leak_samples": ("memtop_leak_samples", "Baselines or samples the verdict rests on."),
-        "since_step": (
-            "memtop_leak_since_step",
-            "The step where the judged regime starts (per-step verdicts).",
-        ),
-        "since_time": (
-            "memtop_leak_since_timestamp_seconds",
-            "Unix time where the judged regime starts (verdicts over time, without steps).",
-        ),
-        "to_full": (
-            "memtop_time_to_full_seconds",
-            "Seconds until the device is full at the leak's rate (only while a leak is detected).",
-        ),
-        "steps_to_full": (
-            "memtop_steps_to_full",
-            "Steps until the device is full at the leak's rate (only while a leak is detected).",
-        ),
+    # One family per exported figure of the metric table (memtop.metric_table).
+    table = [row for row in metric_table.DEVICE_METRICS if row.prometheus is not None]
+    families = {
+        row.key: (counter if row.kind == "counter" else gauge)(
+            row.prometheus or "", row.help, process_label_names
+        )
+        for row in table
     }
-    families = {key: gauge(name, text, process_label_names) for key, (name, text) in names.items()}
     breakdown = gauge(
         "memtop_breakdown_bytes",
         "Allocated bytes by role: parameters, gradients, optimizer state, other (activations).",
         (*process_label_names, "part"),
-    )
-    retries = counter(
-        "memtop_alloc_retries",
-        "torch num_alloc_retries: free-the-cache-and-retry rounds.",
-        process_label_names,
-    )
-    ooms = counter(
-        "memtop_ooms", "torch num_ooms: out-of-memory errors raised.", process_label_names
     )
 
     # Live bytes by the user's line (stack recording on): the top few per device, so the
@@ -337,11 +246,10 @@ def render(
                 agent_job,
                 *where,
             ]
-            for key, value in _device_values(dev):
+            for row in table:
+                value = row.read(dev)
                 if value is not None:
-                    families[key].add_metric(labels, value)
-            retries.add_metric(labels, dev.sample.num_alloc_retries)
-            ooms.add_metric(labels, dev.sample.num_ooms)
+                    families[row.key].add_metric(labels, value)
             parts = dev.diagnosis.breakdown or {}
             for part in BREAKDOWN_PARTS:
                 if part in parts:
@@ -375,42 +283,5 @@ def render(
         *families.values(),
         breakdown,
         site_bytes,
-        retries,
-        ooms,
         suggestions,
     ]
-
-
-def _device_values(dev: AgentDeviceObservation) -> Iterator[tuple[str, float | None]]:
-    sample, found = dev.sample, dev.diagnosis
-    frag, leak = found.fragmentation, found.leak
-    stats = sample.stats
-    yield "allocated", sample.allocated
-    yield "reserved", sample.reserved
-    yield "peak", dev.peak_bytes
-    yield "sampled_peak", dev.sampled_peak_bytes
-    yield "cached", sample.cached
-    yield "inactive_split", sample.inactive_split
-    yield "large_split", stats.get("inactive_split_bytes.large_pool.current")
-    yield "large_reserved", stats.get("reserved_bytes.large_pool.current")
-    yield "fragmentation", sample.fragmentation
-    yield "fragmentation_smoothed", frag.gauge_smoothed
-    yield "fragmentation_samples", frag.samples
-    yield "external", frag.external
-    yield "stranded", frag.stranded_bytes
-    yield "largest", frag.largest_free_block_bytes
-    yield "non_pytorch", dev.non_pytorch_bytes
-    yield "cuda_free", sample.free_bytes
-    yield "cuda_total", sample.total_bytes
-    yield "cuda_index", dev.index
-    yield "fp32_parameters", (found.breakdown or {}).get("fp32_parameter_bytes")
-    yield "baseline", found.baseline_bytes
-    yield "leak_step", leak.bytes_per_step
-    yield "leak_second", leak.bytes_per_second
-    yield "leak_detected", 1 if leak.detected else 0 if leak.basis != "none" else None
-    yield "leak_confidence", leak.confidence if leak.basis != "none" else None
-    yield "leak_samples", leak.samples
-    yield "since_step", leak.since if leak.basis == "steps" else None
-    yield "since_time", leak.since if leak.basis == "time" else None
-    yield "to_full", leak.seconds_to_full
-    yield "steps_to_full", leak.steps_to_full

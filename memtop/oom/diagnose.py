@@ -22,6 +22,7 @@ import itertools
 import statistics
 from typing import Any
 
+from memtop import alloc_conf
 from memtop.units import MiB, format_bytes
 
 CONTEXT_BYTES = 512 * MiB  # the process's own CUDA context, outside torch's counters
@@ -274,7 +275,7 @@ def diagnose(report: dict[str, Any]) -> dict[str, Any]:
 
     cached = reserved - allocated
     if largest is not None and cached >= requested > largest:
-        expandable = "expandable_segments:true" in conf.replace(" ", "").lower()
+        expandable = alloc_conf.parse(conf).expandable_segments  # as torch reads it
         # ROCm builds of torch read PYTORCH_HIP_ALLOC_CONF (diagnosis.suggestions says when).
         variable = "PYTORCH_HIP_ALLOC_CONF" if report.get("hip") else "PYTORCH_CUDA_ALLOC_CONF"
         found.append(

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from memtop import alloc_conf
 from memtop.agent import stacks
 from memtop.sim.device import DeviceMemory
 
@@ -99,25 +100,8 @@ def format_size(size: int) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# PYTORCH_CUDA_ALLOC_CONF
-
-
-def _tokenize(conf: str) -> list[str]:
-    # Like torch's lexArgs: separators are tokens of their own, so "[256:1,>:4]" survives
-    # the comma split that separates options.
-    tokens: list[str] = []
-    word: list[str] = []
-    for ch in conf:
-        if ch in ",:[]":
-            if word:
-                tokens.append("".join(word))
-                word = []
-            tokens.append(ch)
-        elif not ch.isspace():
-            word.append(ch)
-    if word:
-        tokens.append("".join(word))
-    return tokens
+# PYTORCH_CUDA_ALLOC_CONF: tokens and booleans as memtop.alloc_conf reads them (torch's way);
+# the keys, checks and defaults below are torch's too, and it refuses what torch refuses.
 
 
 def _is_pow2(n: int) -> bool:
@@ -125,9 +109,10 @@ def _is_pow2(n: int) -> bool:
 
 
 def _parse_bool(key: str, value: str) -> bool:
-    if value not in ("True", "true", "False", "false"):
+    found = alloc_conf.boolean(value)  # torch's spelling: True or False, nothing else
+    if found is None:
         raise ValueError(f"allocator option {key} expects True or False, got {value!r}")
-    return value in ("True", "true")
+    return found
 
 
 @dataclass(frozen=True)
@@ -148,7 +133,7 @@ class AllocatorConfig:
 
     @classmethod
     def parse(cls, conf: str) -> AllocatorConfig:
-        tokens = _tokenize(conf or "")
+        tokens = alloc_conf.tokenize(conf or "")
         values: dict[str, Any] = {}
         extra: dict[str, str] = {}
         i = 0

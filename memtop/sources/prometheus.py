@@ -7,7 +7,8 @@ one `HostReading` per host holding the same kinds of readings the local sampler 
 store: an `DriverReading` of the host's GPUs, one `AgentPoll` per agent (hello and sample rebuilt
 from the series), the breakdowns, and the host's own verdicts (leak, smoothed fragmentation,
 snapshot figures), which the fleet view shows as judged there rather than judging again from
-coarser data.  The metric names are those of `memtop.export.metrics`.
+coarser data.  The metric names are those of `memtop.export.metrics`; the per-device ones, and
+where each is put back, are the rows of `memtop.metric_table`.
 
 Prometheus attaches its own `job` target label to every series; with `honor_labels: false` (its
 default) memtop's `job` arrives as `exported_job`, and both spellings are read.
@@ -37,7 +38,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from memtop import untrusted
+from memtop import metric_table, untrusted
 from memtop.jobs import hello_fields_from_labels
 from memtop.model import (
     SOURCE_AGENT,
@@ -65,42 +66,14 @@ MAX_REPLY_BYTES = 16 << 20
 MAX_REPLY_ITEMS = 1_000_000
 READ_DEADLINE_S = 10.0  # one read of the fleet (two queries) or of its history, all told
 _CHUNK = 1 << 16
-# The torch stats key each per-device series stands for (the sample is rebuilt from them).
-STAT_SERIES = {
-    "memtop_allocated_bytes": "allocated_bytes.all.current",
-    "memtop_reserved_bytes": "reserved_bytes.all.current",
-    "memtop_peak_bytes": "allocated_bytes.all.peak",
-    "memtop_inactive_split_bytes": "inactive_split_bytes.all.current",
-    "memtop_large_pool_inactive_split_bytes": "inactive_split_bytes.large_pool.current",
-    "memtop_large_pool_reserved_bytes": "reserved_bytes.large_pool.current",
-    "memtop_alloc_retries_total": "num_alloc_retries",
-    "memtop_ooms_total": "num_ooms",
-}
-# The verdicts judged on the host, by the short names `memtop.fleet` reads.
-VERDICT_SERIES = {
-    "memtop_leak_bytes_per_step": "bytes_per_step",
-    "memtop_leak_bytes_per_second": "bytes_per_second",
-    "memtop_leak_detected": "detected",
-    "memtop_leak_confidence_ratio": "confidence",
-    "memtop_leak_samples": "samples",
-    "memtop_time_to_full_seconds": "seconds_to_full",
-    "memtop_leak_since_step": "since_step",
-    "memtop_leak_since_timestamp_seconds": "since_time",
-    "memtop_steps_to_full": "steps_to_full",
-    "memtop_step_baseline_bytes": "baseline_bytes",
-    "memtop_fragmentation_smoothed_ratio": "gauge_smoothed",
-    "memtop_fragmentation_samples": "fragmentation_samples",
-    "memtop_external_fragmentation_ratio": "external",
-    "memtop_stranded_bytes": "stranded_bytes",
-    "memtop_largest_cached_request_bytes": "largest_free_block_bytes",
-    "memtop_sampled_peak_bytes": "sampled_peak_bytes",
-}
-# The sampled history the dashboard draws, by store column.
+# The sampled history the dashboard draws, by store column (and the rows of the metric table
+# it comes from), and the series that says which of the trainer's CUDA devices a GPU is.
+_HISTORY_ROWS = {"allocated": "allocated", "reserved": "reserved", "torch_peak": "peak"}
 HISTORY_SERIES = {
-    "allocated": "memtop_allocated_bytes",
-    "reserved": "memtop_reserved_bytes",
-    "torch_peak": "memtop_peak_bytes",
+    column: metric_table.by_key()[key].series or "" for column, key in _HISTORY_ROWS.items()
 }
+
+INDEX_SERIES = metric_table.by_key()["cuda_index"].series or ""
 
 
 class PrometheusError(Exception):
@@ -147,6 +120,21 @@ class _Device:
     total: int = 0
     verdict: dict[str, float] = field(default_factory=dict)
     breakdown: dict[str, int] = field(default_factory=dict)
+
+    def put(self, place: metric_table.FleetPlace, key: str, value: float) -> None:
+        """One series of the metric table, where its row's `fleet` says."""
+        if place == metric_table.STATS:
+            self.stats[key] = int(value)
+        elif place == metric_table.VERDICT:
+            self.verdict[key] = value
+        elif place == metric_table.BREAKDOWN:
+            self.breakdown[key] = int(value)
+        elif key == "index":
+            self.index = int(value)
+        elif key == "free":
+            self.free = int(value)
+        elif key == "total":
+            self.total = int(value)
 
 
 class _Fetch:
@@ -525,7 +513,7 @@ class PrometheusSource:
             return out  # an exporter keeps no history: the charts start now
         index_of = {
             (labels.get("hostname", ""), labels.get("pid", ""), labels.get("UUID", "")): int(v)
-            for labels, v in self.query("memtop_cuda_device_index", at=end, until=until)
+            for labels, v in self.query(INDEX_SERIES, at=end, until=until)
         }
         for column, name in HISTORY_SERIES.items():
             for labels, points in self.query_range(name, end - seconds, end, step, until):
@@ -598,6 +586,7 @@ def _host(host: str, rows: list[tuple[dict[str, str], float]]) -> HostReading:
             )
         return found
 
+    per_device = metric_table.by_series()  # the series of the metric table the fleet reads
     for labels, value in rows:
         name = labels.get("__name__", "")
         instance = instance or labels.get("instance")
@@ -621,20 +610,10 @@ def _host(host: str, rows: list[tuple[dict[str, str], float]]) -> HostReading:
             agents[_int(labels.get("pid"))] = labels
         elif name == "memtop_steps_total":
             steps[_int(labels.get("pid"))] = int(value)
-        elif name in STAT_SERIES:
-            device(labels).stats[STAT_SERIES[name]] = int(value)
-        elif name in VERDICT_SERIES:
-            device(labels).verdict[VERDICT_SERIES[name]] = value
         elif name == "memtop_breakdown_bytes":
             device(labels).breakdown[labels.get("part", "other")] = int(value)
-        elif name == "memtop_fp32_parameter_bytes":
-            device(labels).breakdown["fp32_parameter_bytes"] = int(value)
-        elif name == "memtop_cuda_free_bytes":
-            device(labels).free = int(value)
-        elif name == "memtop_cuda_total_bytes":
-            device(labels).total = int(value)
-        elif name == "memtop_cuda_device_index":
-            device(labels).index = int(value)
+        elif (row := per_device.get(name)) is not None and row.fleet is not None:
+            device(labels).put(*row.fleet, value)
 
     readings = []
     for uuid, gpu in gpus.items():
