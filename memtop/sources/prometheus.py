@@ -38,6 +38,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from memtop import untrusted
+from memtop.errors import MemtopError
 from memtop.jobs import hello_fields_from_labels
 from memtop.model import (
     SOURCE_AGENT,
@@ -103,7 +104,7 @@ HISTORY_SERIES = {
 }
 
 
-class PrometheusError(Exception):
+class PrometheusError(MemtopError):
     """Prometheus could not be asked, or did not answer a query: one line for the user."""
 
 
