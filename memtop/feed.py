@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from memtop.observation import Observer
+from memtop.sources.processes import ProcessInfo
 from memtop.store import Store
 
 T = TypeVar("T")
@@ -102,7 +103,7 @@ class Feed(Protocol):
         """Why `pid` must not be signalled from here (None: it may, after the owner check)."""
         ...
 
-    def signal(self, pid: int, sig: signal.Signals, expected: Any) -> ActionReply:
+    def signal(self, pid: int, sig: signal.Signals, expected: ProcessInfo | None) -> ActionReply:
         """Signal one of the user's own processes, if `may_signal` allows and the pid still
         runs what the user saw (`expected`, its ProcessInfo); blocks briefly (a worker's)."""
         ...
@@ -178,7 +179,7 @@ class FeedLoop:
     def stop(self) -> None:
         self._stop_thread()
 
-    def signal(self, pid: int, sig: signal.Signals, expected: Any) -> ActionReply:
+    def signal(self, pid: int, sig: signal.Signals, expected: ProcessInfo | None) -> ActionReply:
         # Only a pid this feed vouches for (memtop.sampler.Sampler.may_signal); the others
         # refuse every pid, so the signal itself lives with the sampler.
         why = self.may_signal(pid)
@@ -202,7 +203,7 @@ class StillFeed(FeedLoop):
     def may_signal(self, pid: int) -> str | None:
         return None  # the kill dialog is shown as on a live screen; `signal` sends nothing
 
-    def signal(self, pid: int, sig: signal.Signals, expected: Any) -> ActionReply:
+    def signal(self, pid: int, sig: signal.Signals, expected: ProcessInfo | None) -> ActionReply:
         return ActionReply(pid, "signal", error="this view is not live: it signals no process")
 
     def act(

@@ -299,7 +299,7 @@ class Sampler(FeedLoop):
             agents.directory_of(pid), agents.owner_of(pid), agents.socket_name_of(pid)
         )
 
-    def signal(self, pid: int, sig: signal.Signals, expected: Any) -> ActionReply:
+    def signal(self, pid: int, sig: signal.Signals, expected: ProcessInfo | None) -> ActionReply:
         # Checked again just before the signal (terminate re-reads owner, command, start).
         refusal = self.may_signal(pid)
         if refusal is not None:
