@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from memtop import protocol
+from memtop.errors import MemtopError
 
 # Seams for the tests (and for systems that keep these elsewhere).
 YAMA_PTRACE_SCOPE = Path("/proc/sys/kernel/yama/ptrace_scope")
@@ -65,7 +66,7 @@ MEMTOP_PARENT = str(Path(__file__).resolve().parent.parent)  # the folder holdin
 _PYTHON_LIB = re.compile(r"(?:^|/)(?:lib)?python(\d)\.(\d+)[a-z]*(?:\.so[.\d]*|$)")
 
 
-class AttachError(Exception):
+class AttachError(MemtopError):
     """Attaching did not work; one line saying why."""
 
 

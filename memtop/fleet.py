@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from memtop.diagnosis import DeviceDiagnosis, Diagnoser
 from memtop.diagnosis.fragmentation import GAUGE_SAMPLES
 from memtop.diagnosis.leak import LeakEstimate
+from memtop.feed import ActionReply, FeedLoop, refused
 from memtop.model import (
     AgentDeviceSample,
     AgentSample,
@@ -37,7 +37,7 @@ from memtop.model import (
     host_of,
 )
 from memtop.observation import Observation, Observer
-from memtop.sources.agents import AgentError, AgentPoll
+from memtop.sources.agents import AgentPoll
 from memtop.sources.processes import ProcessInfo
 from memtop.sources.prometheus import FleetReading, HostReading, PrometheusSource
 from memtop.store import AgentDeviceView, AgentView, Store
@@ -194,24 +194,29 @@ def fleet_observations(source: PrometheusSource) -> tuple[FleetReading, list[Obs
     return reading, [host_observation(host) for host in reading.hosts]
 
 
-class FleetSampler:
-    """Stands in for `memtop.sampler.Sampler` under the dashboard: reads Prometheus at the
-    interval and writes every host into one store.  Duck-typed: the app calls start, stop,
-    pause, paused, rounds, run_action and may_signal."""
+class FleetSampler(FeedLoop):
+    """The fleet's feed (memtop.feed.Feed) under the dashboard: reads Prometheus at the
+    interval and writes every host into one store."""
+
+    thread_name = "memtop-fleet"
+    failure_label = "fleet"
 
     def __init__(self, source: PrometheusSource, interval: float = 2.0) -> None:
+        super().__init__(Store())
         self.source = source
         self.interval = interval
-        self.store = Store()
         self.diagnoser = RemoteDiagnoser()
-        self.rounds = 0
-        self._thread: threading.Thread | None = None
-        self._paused = False
-        self._stop = threading.Event()
         self.error: str | None = None  # why the newest read failed; None when it did not
 
-    def observer(self) -> Observer:
-        return Observer(self.store, self.diagnoser, host="fleet", uid=REMOTE_UID)
+    def observer(
+        self,
+        *,
+        clock: Callable[[], float] = time.time,
+        host: str | None = None,
+        uid: int | None = None,
+    ) -> Observer:
+        # Every host's verdicts are the fleet diagnoser's; no remote process is the viewer's.
+        return Observer(self.store, self.diagnoser, clock=clock, host="fleet", uid=REMOTE_UID)
 
     def sample_once(self, budget: float | None = None) -> None:
         try:
@@ -294,30 +299,16 @@ class FleetSampler:
 
     # ------------------------------------------------------------------ the sampler's face
 
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="memtop-fleet", daemon=True)
-            self._thread.start()
+    def _period(self) -> float:
+        return self.interval
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            deadline = time.monotonic() + self.interval
-            if not self._paused:
-                self.sample_once()
-            self._stop.wait(max(0.0, deadline - time.monotonic()))
+    def _round(self) -> None:
+        self.sample_once()
 
     def stop(self) -> None:
         self._stop.set()
         self.source.close()  # a read in progress ends now: quitting never waits for a server
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-
-    def pause(self, paused: bool) -> None:
-        self._paused = paused
-
-    @property
-    def paused(self) -> bool:
-        return self._paused
+        self._stop_thread()
 
     def where(self, pid: int) -> str:
         return host_of(pid) or "a remote host"
@@ -326,12 +317,8 @@ class FleetSampler:
         host = self.where(pid)
         return f"pid {pid} runs on {host}: the fleet view acts locally only (ssh {host})"
 
-    def run_action(
+    def act(
         self, pid: int, cmd: str, args: dict[str, Any] | None = None, timeout: float = 10.0
-    ) -> concurrent.futures.Future[dict[str, Any]]:
-        future: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
+    ) -> concurrent.futures.Future[ActionReply]:
         host = self.where(pid)
-        future.set_exception(
-            AgentError("remote", f"pid {pid} runs on {host}: {cmd} is local-only; run memtop there")
-        )
-        return future
+        return refused(pid, cmd, f"pid {pid} runs on {host}: {cmd} is local-only; run memtop there")

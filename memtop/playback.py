@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any
 
+from memtop.feed import ActionReply, FeedLoop, refused
 from memtop.model import AgentHello, AgentStatus, DriverReading
 from memtop.sources.agents import CONNECTED, AgentPoll, sanity_problem
 from memtop.sources.replay import Recording, ReplayEvent
@@ -27,21 +28,25 @@ SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 TICK_S = 0.1
 
 
-class Player:
+class Player(FeedLoop):
+    """The replay's feed (memtop.feed.Feed): the recording at a cursor that moves on by itself
+    at `speed` until paused or at the end."""
+
+    thread_name = "memtop-replay"
+    failure_label = "replay"
+    join_timeout_s = 2.0
+
     def __init__(self, store: Store, recording: Recording, interval: float = 1.0) -> None:
-        self.store = store
+        super().__init__(store)
         self.recording = recording
         self.interval = interval
         self.cursor = recording.start  # unix time of the recording shown now
         self.speed = 1.0
-        self.rounds = 0
         self._next = 0  # index of the first event not yet applied
         self._hellos: dict[int, AgentHello] = {}
         self._counters: dict[int, dict[str, int]] = {}
         self._lock = threading.RLock()
-        self._paused = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._last_tick = time.monotonic()
         if not recording.has_devices:
             store.update_driver(DriverReading(available=False, error=NO_DEVICES), recording.start)
 
@@ -137,47 +142,34 @@ class Player:
         self.step_by(self.interval * self.speed)
 
     def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="memtop-replay", daemon=True)
-            self._thread.start()
+        self._last_tick = time.monotonic()  # the cursor moves from when playing starts
+        super().start()
 
-    def _run(self) -> None:
-        last = time.monotonic()
-        while not self._stop.wait(TICK_S):
-            now = time.monotonic()
-            with self._lock:  # `pause` waits for a tick under way: none lands after it
-                if not self._paused.is_set() and not self.at_end:
-                    self.step_by((now - last) * self.speed)
-            last = now
+    def _period(self) -> float:
+        return TICK_S
+
+    def _round(self) -> None:
+        now = time.monotonic()
+        with self._lock:  # `pause` waits for a tick under way: none lands after it
+            if not self._paused.is_set() and not self.at_end:
+                self.step_by((now - self._last_tick) * self.speed)
+            self._last_tick = now
 
     def pause(self, paused: bool) -> None:
         """Once `pause(True)` returns the cursor stays where it is (no tick lands after it)."""
         with self._lock:
-            if paused:
-                self._paused.set()
-            else:
-                self._paused.clear()
+            super().pause(paused)
+            self._last_tick = time.monotonic()  # a resumed replay moves on from now
 
     @property
     def still(self) -> bool:
         """No later moment will come by itself: paused, or at the end of the recording."""
         return self._paused.is_set() or self.at_end
 
-    @property
-    def paused(self) -> bool:
-        return self._paused.is_set()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2)
-
     def may_signal(self, pid: int) -> str | None:
         return "this is a replay: there is no process to signal"
 
-    def run_action(
+    def act(
         self, pid: int, cmd: str, args: dict[str, Any] | None = None, timeout: float = 10.0
-    ) -> concurrent.futures.Future[dict[str, Any]]:
-        future: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
-        future.set_exception(RuntimeError("this is a replay: there is no agent to act on"))
-        return future
+    ) -> concurrent.futures.Future[ActionReply]:
+        return refused(pid, cmd, "this is a replay: there is no agent to act on")

@@ -12,16 +12,18 @@ driver call that hangs leaves the last reading on screen and the agents sampled.
 from __future__ import annotations
 
 import concurrent.futures
+import signal
 import threading
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from memtop import protocol
+from memtop.feed import ActionReply, FeedLoop
 from memtop.model import SOURCE_AGENT, AgentStatus, DriverReading
-from memtop.sources.agents import AgentClient, AgentError, AgentPoll, AgentPool
-from memtop.sources.processes import ProcessDirectory, ProcessInfo
+from memtop.sources.agents import AgentClient, AgentError, AgentPoll, AgentPool, AgentUnreachable
+from memtop.sources.processes import ProcessDirectory, ProcessInfo, TerminateRefused, terminate
 from memtop.store import Store
 
 
@@ -118,7 +120,12 @@ BREAKDOWN_INTERVAL_S = 30.0
 SITES_INTERVAL_S = 5.0
 
 
-class Sampler:
+class Sampler(FeedLoop):
+    """The live feed (memtop.feed.Feed): NVML or the demo's GPUs, and the agents."""
+
+    thread_name = "memtop-sampler"
+    failure_label = "sampler"
+
     def __init__(
         self,
         store: Store,
@@ -128,7 +135,7 @@ class Sampler:
         breakdown_interval: float = BREAKDOWN_INTERVAL_S,
         snapshot_interval: float = 60.0,
     ) -> None:
-        self.store = store
+        super().__init__(store)
         self.devices = IsolatedDevices(devices)
         self.agents = agents
         self.interval = interval
@@ -142,20 +149,13 @@ class Sampler:
             # Live memory by line (only where stacks are recorded: the pool backs off otherwise)
             "sites": SITES_INTERVAL_S,
         }
-        self.rounds = 0
         self.last_round_s = 0.0
         self.processes = ProcessDirectory()
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._paused = threading.Event()
         self._device_stall_noted: float | None = None
         self._actions = concurrent.futures.ThreadPoolExecutor(
             max_workers=2, thread_name_prefix="memtop-action"
         )
         self.tap: SamplerTap | None = None
-        # Called on the sampler thread after each round (the dashboard draws the round then,
-        # not on a timer of its own that may land in the middle of the next one).
-        self.on_round: Callable[[], None] | None = None
         self._tapped_processes: dict[int, ProcessInfo] | None = None
         self._tapped_states: dict[int, str] = {}
 
@@ -248,37 +248,16 @@ class Sampler:
 
     # ------------------------------------------------------------------ thread
 
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="memtop-sampler", daemon=True)
-            self._thread.start()
+    def _period(self) -> float:
+        return self.interval
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            deadline = time.monotonic() + self.interval
-            if not self._paused.is_set():
-                try:
-                    self.sample_once()
-                    if self.on_round is not None:
-                        self.on_round()
-                except Exception as exc:  # keep sampling; say what happened
-                    self.store.note(f"sampler: {type(exc).__name__}: {exc}")
-            self._stop.wait(max(0.0, deadline - time.monotonic()))
-
-    def pause(self, paused: bool) -> None:
-        if paused:
-            self._paused.set()
-        else:
-            self._paused.clear()
-
-    @property
-    def paused(self) -> bool:
-        return self._paused.is_set()
+    def _round(self) -> None:
+        self.sample_once()
+        if self.on_round is not None:
+            self.on_round()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        self._stop_thread()
         self._actions.shutdown(wait=False, cancel_futures=True)
         self.agents.close()
         self.devices.close()
@@ -290,27 +269,85 @@ class Sampler:
     ) -> concurrent.futures.Future[dict[str, Any]]:
         """Run one agent command on a worker with its own connection; the future holds the
         result, or raises AgentError / AgentUnreachable with a one-line message."""
-        directory: Path | None = self.agents.directory_of(pid)
-        owner = self.agents.owner_of(pid)
-        name = self.agents.socket_name_of(pid)
+        where = self._agent_address(pid)
+        return self._actions.submit(ask_agent, pid, cmd, args, where, timeout)
 
-        def work() -> dict[str, Any]:
-            # One deadline for the whole action (connect, authenticate, hello, the reply): the
-            # dashboard waits `timeout` for it, so the worker never outlives that wait.
-            deadline = time.monotonic() + timeout
-            # A fresh connection, authenticated like every other (peer pid and uid).
-            with AgentClient(pid, directory, timeout, owner, name) as client:
-                client.connect()
-                result = client.request(cmd, args, max(0.001, deadline - time.monotonic()))
-            if cmd in protocol.REPLY_PARSERS:
-                # The reply keeps the wire schema or the action fails with one line: what the
-                # dashboard then shows of it (bytes per device) is known to be numbers.
-                try:
-                    protocol.parse_reply(cmd, result)
-                except protocol.ProtocolError as exc:
-                    raise AgentError(
-                        exc.code, f"the agent of pid {pid} sent a malformed reply: {exc.message}"
-                    ) from None
-            return result
+    def act(
+        self, pid: int, cmd: str, args: dict[str, Any] | None = None, timeout: float = 10.0
+    ) -> concurrent.futures.Future[ActionReply]:
+        """`run_action` as the dashboard takes it: a typed reply, failures in its `error`; and
+        what the command changes in what this feed shows, done here."""
+        where = self._agent_address(pid)
+
+        def work() -> ActionReply:
+            try:
+                result = ask_agent(pid, cmd, args, where, timeout)
+            except (AgentError, AgentUnreachable) as exc:
+                return ActionReply(pid, cmd, error=str(exc))
+            parsed = protocol.parse_reply(cmd, result) if cmd in protocol.REPLY_PARSERS else None
+            if cmd == "reset_peak":
+                self.store.reset_peak(pid)  # the sampled peak restarts with torch's
+            elif cmd == "sites":
+                self.agents.ask_soon(pid, "sites")  # the new state now, not at its slow rate
+            return ActionReply(pid, cmd, wire=result, parsed=parsed)
 
         return self._actions.submit(work)
+
+    def _agent_address(self, pid: int) -> AgentAddress:
+        agents = self.agents
+        return AgentAddress(
+            agents.directory_of(pid), agents.owner_of(pid), agents.socket_name_of(pid)
+        )
+
+    def signal(self, pid: int, sig: signal.Signals, expected: ProcessInfo | None) -> ActionReply:
+        # Checked again just before the signal (terminate re-reads owner, command, start).
+        refusal = self.may_signal(pid)
+        if refusal is not None:
+            return ActionReply(pid, "signal", error=refusal)
+        try:
+            return ActionReply(pid, "signal", message=terminate(pid, expected=expected, sig=sig))
+        except TerminateRefused as exc:
+            return ActionReply(pid, "signal", error=str(exc))
+
+
+@dataclass(frozen=True, slots=True)
+class AgentAddress:
+    """Where the agent of a pid listens and who must own it (its socket's directory, the uid
+    behind it, and its name when the process runs in a container)."""
+
+    directory: Path | None
+    owner: int | None
+    name: str | None = None
+
+
+def ask_agent(
+    pid: int,
+    cmd: str,
+    args: dict[str, Any] | None,
+    where: AgentAddress,
+    timeout: float,
+    connect_timeout: float | None = None,
+) -> dict[str, Any]:
+    """One agent command on a connection of its own, authenticated like every other (lstat, no
+    symlink, SO_PEERCRED pid and uid, hello): the result, or AgentError / AgentUnreachable with
+    one line.  The dashboard's keys and the CLI's commands both act through here."""
+    # One deadline for the whole action (connect, authenticate, hello, the reply): the
+    # dashboard waits `timeout` for it, so the worker never outlives that wait.
+    deadline = time.monotonic() + timeout
+    with AgentClient(pid, where.directory, timeout, where.owner, where.name) as client:
+        client.connect(timeout=connect_timeout)
+        result = client.request(cmd, args, max(0.001, deadline - time.monotonic()))
+    if cmd in protocol.REPLY_PARSERS:
+        # The reply keeps the wire schema or the action fails with one line: what is then
+        # shown of it (bytes per device) is known to be numbers.
+        try:
+            protocol.parse_reply(cmd, result)
+        except protocol.ProtocolError as exc:
+            raise MalformedReply(
+                exc.code, f"the agent of pid {pid} sent a malformed reply: {exc.message}"
+            ) from None
+    return result
+
+
+class MalformedReply(AgentError):
+    """A reply that breaks the wire schema: the agent's fault, said without the wire's code."""

@@ -344,7 +344,7 @@ def test_fleet_dashboard_groups_hosts_and_keeps_actions_local(fleet: Fleet):
     b_pids = [HostPid(p, "node-b") for p in fleet.b.pids]
     sampler = FleetSampler(PrometheusSource(fleet.url), interval=1.0)
     sampler.sample_once()  # as `memtop --prometheus URL` does: the first frame has the fleet
-    app = MemtopApp(sampler.store, sampler, interval=1.0, host="fleet", observer=sampler.observer())  # type: ignore[arg-type]
+    app = MemtopApp(sampler.store, sampler, interval=1.0, host="fleet", observer=sampler.observer())
 
     async def main() -> None:
         async with app.run_test(size=(120, 36)) as pilot:

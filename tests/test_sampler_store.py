@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from memtop.model import AgentDeviceSample, AgentHello, AgentSample, DriverReading, StepMark
+from memtop.model import (
+    AgentCleanup,
+    AgentDeviceSample,
+    AgentHello,
+    AgentResetPeak,
+    AgentSample,
+    DriverReading,
+    StepMark,
+)
 from memtop.sampler import Sampler
 from memtop.sim.demo import Demo
 from memtop.sources.agents import CONNECTED, EXITED, AgentClient, AgentPoll, AgentPool
@@ -165,6 +173,37 @@ def test_sampler_thread_and_an_action(demo: Demo):
     time.sleep(0.4)
     assert sampler.rounds == paused_at
     sampler.stop()
+
+
+@pytest.mark.slow
+def test_an_action_comes_back_as_a_typed_reply_and_its_consequence_is_the_feeds(demo: Demo):
+    directory = demo.socket_dir
+    store = Store()
+    sampler = Sampler(
+        store, DefaultDeviceSource(directory, simulated_only=True), AgentPool(directory)
+    )
+    try:
+        sampler.sample_once()
+        pid = demo.processes[0].pid
+        cleanup = sampler.act(pid, "cleanup").result(timeout=15)
+        assert cleanup.ok and cleanup.wire["at_step_boundary"] is True
+        parsed = cleanup.parsed_as(AgentCleanup)
+        assert parsed is not None and 0 in parsed.released_bytes  # by device, as numbers
+        assert cleanup.parsed_as(AgentResetPeak) is None
+
+        written = store.generation  # nothing samples meanwhile: only the action writes
+        reset = sampler.act(pid, "reset_peak").result(timeout=15)
+        assert reset.ok and reset.parsed_as(AgentResetPeak) is not None
+        assert store.generation > written  # the feed restarted its sampled peak itself
+
+        # A pid with no agent: the reply says why, the future does not raise.
+        missing = sampler.act(999_999_999, "cleanup", timeout=1.0).result(timeout=5)
+        assert not missing.ok and missing.error
+        # A pid neither the driver lists nor an authenticated agent serves is never signalled.
+        refused = sampler.signal(999_999_999, signal.SIGTERM, None)
+        assert refused.error and "never verified" in refused.error
+    finally:
+        sampler.stop()
 
 
 def test_a_foreign_or_open_socket_dir_is_reported_not_used(socket_dir: Path):

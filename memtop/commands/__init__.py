@@ -1,8 +1,40 @@
-"""The subcommands that grew beyond argument parsing: record, replay, attach.
+"""The subcommands, one module each; `memtop.cli` parses (memtop.commands.parser) and
+dispatches through `COMMANDS`.
 
-`memtop.cli` parses and dispatches; each module here runs one command and returns its exit code.
+Each module's `run(args)` runs its command and returns the exit code; a `MemtopError` it raises
+is printed by the CLI as one line (exit code 1, or the error's own).  A module is imported only
+when its command runs (the start-up budget, DESIGN §9).
 """
 
+from __future__ import annotations
 
-class CommandError(Exception):
-    """Shown as one line on stderr with exit code 1 (as memtop.cli's CliError)."""
+import argparse
+import importlib
+from collections.abc import Callable
+
+from memtop.errors import MemtopError
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
+
+# The old names of the one-line error (memtop.cli's CliError is the same class).
+CommandError = MemtopError
+
+# Subcommand -> the module that runs it (`memtop run` is dispatched before argparse).
+COMMANDS = {
+    "demo": "memtop.commands.demo",
+    "cleanup": "memtop.commands.actions",
+    "snapshot": "memtop.commands.actions",
+    "replay": "memtop.commands.replay",
+    "record": "memtop.commands.record",
+    "attach": "memtop.commands.attach",
+    "estimate": "memtop.commands.estimate",
+    "oom": "memtop.commands.oom",
+    "export": "memtop.commands.export",
+}
+
+
+def runner(command: str) -> Callable[[argparse.Namespace], int]:
+    """The `run(args)` of a subcommand's module (imported now)."""
+    module = importlib.import_module(COMMANDS[command])
+    run: Callable[[argparse.Namespace], int] = module.run
+    return run

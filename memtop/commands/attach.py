@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from memtop.commands import CommandError
+from memtop.errors import MemtopError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -34,7 +34,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 def run(args: argparse.Namespace) -> int:
     from memtop.attach import (
-        AttachError,
         attach,
         consent_question,
         consent_refusal,
@@ -43,24 +42,22 @@ def run(args: argparse.Namespace) -> int:
     )
 
     if args.wait <= 0:
-        raise CommandError("--wait must be greater than 0")
-    try:
-        target = read_target(args.pid)
-        if target.foreign and not args.yes:
-            # Root about to pause another user's process and run code in it: say whose it is
-            # and ask; without a terminal to ask on, refuse (a script says --yes).
-            if not sys.stdin.isatty():
-                raise CommandError(consent_refusal(target))
-            print(consent_question(target), end="", file=sys.stderr, flush=True)
-            try:
-                answer = sys.stdin.readline(16)
-            except (OSError, UnicodeDecodeError):
-                answer = ""
-            if answer.strip().lower() not in ("y", "yes"):
-                raise CommandError(f"not attached to pid {args.pid}")
-        print(attach(args.pid, wait=args.wait, consent_uid=target.uid).message)
-        if args.stacks:
-            print(record_stacks(args.pid))
-    except AttachError as exc:
-        raise CommandError(str(exc)) from None
+        raise MemtopError("--wait must be greater than 0")
+    # An AttachError is a MemtopError: said in one line by the CLI.
+    target = read_target(args.pid)
+    if target.foreign and not args.yes:
+        # Root about to pause another user's process and run code in it: say whose it is
+        # and ask; without a terminal to ask on, refuse (a script says --yes).
+        if not sys.stdin.isatty():
+            raise MemtopError(consent_refusal(target))
+        print(consent_question(target), end="", file=sys.stderr, flush=True)
+        try:
+            answer = sys.stdin.readline(16)
+        except (OSError, UnicodeDecodeError):
+            answer = ""
+        if answer.strip().lower() not in ("y", "yes"):
+            raise MemtopError(f"not attached to pid {args.pid}")
+    print(attach(args.pid, wait=args.wait, consent_uid=target.uid).message)
+    if args.stacks:
+        print(record_stacks(args.pid))
     return 0

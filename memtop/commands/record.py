@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memtop.commands import CommandError
+from memtop.errors import MemtopError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -37,21 +37,18 @@ def run(args: argparse.Namespace) -> int:
     from memtop.sampler import Sampler
     from memtop.sources.agents import AgentPool
     from memtop.sources.devices import DefaultDeviceSource
-    from memtop.sources.recording import RecordError, RecordWriter
+    from memtop.sources.recording import RecordWriter
     from memtop.store import Store
 
     interval = getattr(args, "interval", None) or 1.0
     if interval <= 0:
-        raise CommandError("--interval must be greater than 0")
+        raise MemtopError("--interval must be greater than 0")
     if args.seconds is not None and args.seconds <= 0:
-        raise CommandError("--seconds must be greater than 0")
+        raise MemtopError("--seconds must be greater than 0")
     path: Path = args.output
     if not path.parent.resolve().is_dir():
-        raise CommandError(f"no such directory: {path.parent}")
-    try:
-        writer = RecordWriter(path, overwrite=args.force)
-    except RecordError as exc:
-        raise CommandError(str(exc)) from None
+        raise MemtopError(f"no such directory: {path.parent}")
+    writer = RecordWriter(path, overwrite=args.force)  # a RecordError is said in one line
 
     agents = AgentPool(args.socket_dir)
     agents.tap = writer.agent_reply

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from memtop.commands import CommandError
+from memtop.errors import MemtopError
 
 if TYPE_CHECKING:  # loaded when the command runs, not when the parser is built
     from memtop.playback import Player
@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # loaded when the command runs, not when the parser is built
     from memtop.store import Store
 
 
-class ReplayError(CommandError):
+class ReplayError(MemtopError):
     """One line for the user, exit code 1."""
 
 
@@ -46,13 +46,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def open_recording(path: Path) -> Recording:
-    from memtop.sources.recording import RecordError
     from memtop.sources.replay import load
 
-    try:
-        recording = load(path)
-    except RecordError as exc:
-        raise ReplayError(str(exc)) from None
+    recording = load(path)  # a RecordError is said in one line
     if not recording.events:
         raise ReplayError(f"{path}: the recording holds nothing to replay")
     return recording

@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+from memtop.errors import MemtopError
 from memtop.estimate.architecture import (
     PRESETS,
     Architecture,
@@ -28,13 +29,15 @@ from memtop.estimate.memory import (
 from memtop.estimate.render import Target, calibrated_json, calibrated_text, to_json, to_text
 
 
-class EstimateError(Exception):
+class EstimateError(MemtopError):
     """One line for the user (exit code 1)."""
 
 
 class EstimateUsageError(EstimateError):
     """A flag's value that cannot be used: one line for the user (exit code 2, as argparse's
     own usage errors)."""
+
+    exit_code = 2
 
 
 # argparse takes "-7B" for an option ("expected one argument"): only "-7" and "-.5" look like

@@ -37,6 +37,7 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from memtop import protocol, untrusted
+from memtop.errors import MemtopError
 from memtop.export.metrics import ObservationCollector
 from memtop.export.text import CONTENT_TYPE
 from memtop.observation import Observer
@@ -48,7 +49,7 @@ DEFAULT_LISTEN = "127.0.0.1:9482"
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
-class ExportError(Exception):
+class ExportError(MemtopError):
     """A bad --listen or web config: one line for the user."""
 
 

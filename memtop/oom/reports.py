@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from memtop import protocol, untrusted
+from memtop.errors import MemtopError
 
 REPORT_NAME = re.compile(r"^oom-(\d+)-(\d+)\.json$")  # as memtop.agent.oom writes them
 MAX_READ_BYTES = 1 << 20
 
 
-class ReportError(Exception):
+class ReportError(MemtopError):
     """A report that cannot be read: one line for the user."""
 
 

@@ -39,6 +39,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from memtop import metric_table, untrusted
+from memtop.errors import MemtopError
 from memtop.jobs import hello_fields_from_labels
 from memtop.model import (
     SOURCE_AGENT,
@@ -76,7 +77,7 @@ HISTORY_SERIES = {
 INDEX_SERIES = metric_table.by_key()["cuda_index"].series or ""
 
 
-class PrometheusError(Exception):
+class PrometheusError(MemtopError):
     """Prometheus could not be asked, or did not answer a query: one line for the user."""
 
 

@@ -37,6 +37,7 @@ from typing import IO, Any
 
 from memtop import protocol, untrusted
 from memtop._version import __version__
+from memtop.errors import MemtopError
 from memtop.model import DeviceReading, DriverReading, GpuProcess
 from memtop.sources.processes import ProcessInfo
 
@@ -46,7 +47,7 @@ READ_CHUNK = 1 << 16
 MAX_LINE = 8 << 20  # a line longer than this is not one of ours
 
 
-class RecordError(Exception):
+class RecordError(MemtopError):
     """A file that is not a recording memtop can read (one line, for the user)."""
 
 

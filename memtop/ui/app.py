@@ -27,13 +27,10 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Input, OptionList, Static
 
-from memtop.model import snapshot_note
+from memtop.feed import ActionReply, Feed, still_feed
+from memtop.model import AgentCleanup, AgentResetPeak, AgentSnapshot, snapshot_note
 from memtop.observation import Observation, Observer
-from memtop.sampler import Sampler
 from memtop.scope import Scope
-from memtop.sources.agents import AgentError, AgentUnreachable
-from memtop.sources.processes import TerminateRefused, terminate
-from memtop.store import Store
 from memtop.ui import view
 from memtop.ui.config import UiConfig
 from memtop.ui.lean_screen import LeanScreen
@@ -118,8 +115,8 @@ class MemtopApp(App[None]):
 
     def __init__(
         self,
-        store: Store,
-        sampler: Sampler | None = None,
+        store: object,
+        sampler: Feed | None = None,
         *,
         interval: float = 1.0,
         snapshot_dir: Path | None = None,
@@ -133,8 +130,11 @@ class MemtopApp(App[None]):
         readonly: bool = False,
     ) -> None:
         super().__init__()
+        # The store the feed writes (the app reads it only through the feed and its observer;
+        # a store handed without a feed is a frozen picture).
         self.store = store
-        self.sampler = sampler
+        self.sampler = sampler  # None: nothing is live here (no action is offered)
+        self.feed: Feed = sampler if sampler is not None else still_feed(store)
         self.interval = interval
         # Absolute, never resolved (a path the agent opens keeps its links for its checks).
         self.snapshot_dir = Path.cwd() / (snapshot_dir or "")
@@ -143,7 +143,7 @@ class MemtopApp(App[None]):
         self.my_uid = os.getuid() if my_uid is None else my_uid
         # One observer for the app's life (it holds the one Diagnoser and its leak verdicts);
         # every panel and screen renders the one observation it builds per store generation.
-        self.observer = observer or Observer(store, clock=clock, host=host, uid=self.my_uid)
+        self.observer = observer or self.feed.observer(clock=clock, host=host, uid=self.my_uid)
         self.dashboard: view.Dashboard | None = None
         self.observation: Observation | None = None
         self._generation = -1
@@ -290,10 +290,9 @@ class MemtopApp(App[None]):
         # frame never runs beside the next round; the timer only lets a status line expire
         # (and drives a store fed by something other than a sampler).
         self.set_interval(self.interval, self.refresh_view)
-        if self.sampler is not None:
-            self.sampler.on_round = self._post_sampled
-            self.call_after_refresh(self.sampler.start)  # idempotent; after the first frame
-        if self.sampler is not None and self.sampler.rounds == 0:
+        self.feed.on_round = self._post_sampled
+        self.call_after_refresh(self.feed.start)  # idempotent; after the first frame
+        if self.feed.rounds == 0:
             # The first frame goes out before the first sampling round; look again as soon as
             # that round lands rather than a whole interval later.
             self._early = self.set_interval(0.05, self._refresh_when_sampled)
@@ -305,7 +304,7 @@ class MemtopApp(App[None]):
         self.refresh_view()
 
     def _refresh_when_sampled(self) -> None:
-        if self.sampler is None or self.sampler.rounds > 0:
+        if self.feed.rounds > 0:
             self._early.stop()
             self.refresh_view()
             if not self.is_headless:  # the process is the dashboard's (not a test's)
@@ -322,7 +321,7 @@ class MemtopApp(App[None]):
 
     def feed_still(self) -> bool:
         """The feed brings no later round for now (paused): the screen keeps this one."""
-        return self.sampler is not None and self.sampler.paused
+        return self.feed.still
 
     def refresh_view(self, exact: bool = False) -> None:
         """Render the newest observation, if anything was written since the last time.
@@ -339,7 +338,7 @@ class MemtopApp(App[None]):
         if not self.screen_stack:
             return  # the app is closing: a timer tick that lands after the last screen left
         exact = exact or self.feed_still()
-        generation = self.store.generation
+        generation = self.feed.generation
         if generation == self._generation and (self._exact or not exact):
             if self.dashboard is not None and self._event[0] and self._mounted:
                 self._set(self.status_line, self._status(self.dashboard))  # let it expire
@@ -348,7 +347,7 @@ class MemtopApp(App[None]):
         self._exact = exact
         self.refreshes += 1
         whole = self.observer.latest()
-        sampled = self.sampler is None or self.sampler.rounds > 0
+        sampled = self.feed.rounds > 0
         observation = self.scope.apply(whole)
         self.observation = observation
         dash = view.build(
@@ -428,7 +427,7 @@ class MemtopApp(App[None]):
 
     def _badges(self) -> list[tuple[str, str]]:
         """What the header must show whole, at its right."""
-        if self.sampler is not None and self.sampler.paused:
+        if self.feed.paused:
             return [("   PAUSED (p resumes) ", "bold black on yellow")]
         return []
 
@@ -568,22 +567,22 @@ class MemtopApp(App[None]):
         row: view.ProcessRow,
         cmd: str,
         args: dict[str, Any],
-        done: Callable[[view.ProcessRow, dict[str, Any]], None],
+        done: Callable[[view.ProcessRow, ActionReply], None],
     ) -> None:
-        assert self.sampler is not None
-        future = self.sampler.run_action(row.pid, cmd, args, timeout=ACTION_TIMEOUT_S)
+        future = self.feed.act(row.pid, cmd, args, timeout=ACTION_TIMEOUT_S)
 
         def wait() -> None:
             try:
-                result = future.result(timeout=ACTION_TIMEOUT_S + 1)
-            except (AgentError, AgentUnreachable) as exc:
-                self.call_from_thread(self._failed, row, cmd, str(exc))
+                reply = future.result(timeout=ACTION_TIMEOUT_S + 1)
             except concurrent.futures.TimeoutError:
                 self.call_from_thread(self._failed, row, cmd, "no answer in time")
             except Exception as exc:  # a bug must not take the dashboard down
                 self.call_from_thread(self._failed, row, cmd, f"{type(exc).__name__}: {exc}")
             else:
-                self.call_from_thread(done, row, result)
+                if reply.error is not None:
+                    self.call_from_thread(self._failed, row, cmd, reply.error)
+                else:
+                    self.call_from_thread(done, row, reply)
 
         self.run_worker(wait, thread=True, exit_on_error=False, group="actions")
 
@@ -604,20 +603,20 @@ class MemtopApp(App[None]):
             self.notify(f"Cleaning up in pid {row.pid}…", timeout=2)
             self._run_agent_command(row, "cleanup", {}, self._cleanup_done)
 
-    def _cleanup_done(self, row: view.ProcessRow, result: dict[str, Any]) -> None:
-        released = result.get("released_bytes") or {}
-        before = result.get("reserved_before") or {}
-        after = result.get("reserved_after") or {}
+    def _cleanup_done(self, row: view.ProcessRow, reply: ActionReply) -> None:
+        cleanup = reply.parsed_as(AgentCleanup)
         lines = []
-        for index in sorted(released, key=lambda k: int(k) if str(k).isdigit() else 0):
+        for index, released in sorted(cleanup.released_bytes.items() if cleanup else ()):
+            assert cleanup is not None
+            before, after = cleanup.reserved_before.get(index), cleanup.reserved_after.get(index)
             lines.append(
-                f"{self._gpu_name(row.pid, index)}: released {format_bytes(released[index])} "
-                f"(reserved {format_bytes(before.get(index))} → {format_bytes(after.get(index))})"
+                f"{self._gpu_name(row.pid, index)}: released {format_bytes(released)} "
+                f"(reserved {format_bytes(before)} → {format_bytes(after)})"
             )
-        if not lines:  # the agent did nothing (and started no cooldown)
+        if cleanup is None or not lines:  # the agent did nothing (and started no cooldown)
             lines.append("no CUDA device in use: nothing to clean up")
         else:
-            lines.append(f"gc collected {result.get('gc_collected', 0)} objects")
+            lines.append(f"gc collected {cleanup.gc_collected or 0} objects")
         self.notify("\n".join(lines), title=f"Cleanup in pid {row.pid}", timeout=10)
 
     def _gpu_name(self, pid: int, index: str | int) -> str:
@@ -632,9 +631,11 @@ class MemtopApp(App[None]):
         if row is not None:
             self._run_agent_command(row, "reset_peak", {}, self._reset_done)
 
-    def _reset_done(self, row: view.ProcessRow, result: dict[str, Any]) -> None:
-        self.store.reset_peak(row.pid)
-        devices = ", ".join(self._gpu_name(row.pid, i) for i in result.get("devices", []))
+    def _reset_done(self, row: view.ProcessRow, reply: ActionReply) -> None:
+        # The feed restarted its sampled peak with torch's (memtop.sampler.Sampler.act).
+        reset = reply.parsed_as(AgentResetPeak)
+        indices = reset.devices if reset is not None else ()
+        devices = ", ".join(self._gpu_name(row.pid, i) for i in indices)
         self.notify(f"Peak reset in pid {row.pid} ({devices or 'no devices'}).", timeout=5)
 
     def action_snapshot(self) -> None:
@@ -647,9 +648,11 @@ class MemtopApp(App[None]):
         self.notify(f"Writing a snapshot of pid {row.pid}…", timeout=2)
         self._run_agent_command(row, "snapshot", {"path": str(path)}, self._snapshot_done)
 
-    def _snapshot_done(self, row: view.ProcessRow, result: dict[str, Any]) -> None:
+    def _snapshot_done(self, row: view.ProcessRow, reply: ActionReply) -> None:
+        snapshot = reply.parsed_as(AgentSnapshot)
+        path = snapshot.path if snapshot is not None else None
         self.notify(
-            f"{result.get('path')}\n{snapshot_note(result.get('devices') or {})}",
+            f"{path}\n{snapshot_note(snapshot.devices if snapshot is not None else {})}",
             title=f"Snapshot of pid {row.pid} written",
             timeout=15,
             markup=False,  # a path is not markup
@@ -663,7 +666,7 @@ class MemtopApp(App[None]):
         if row.state == "exited":
             self.notify(f"pid {row.pid} has already exited.", severity="warning")
             return
-        info = self.store.processes().get(row.pid)
+        info = self._process(row.pid)
         if info is None or not info.visible:
             self.notify(f"pid {row.pid} is not visible from here.", severity="error")
             return
@@ -675,7 +678,7 @@ class MemtopApp(App[None]):
             return
         # Only a pid the driver lists, or whose agent passed authentication (SO_PEERCRED): a
         # socket named after a pid proves nothing about it.
-        refusal = self.sampler.may_signal(row.pid) if self.sampler is not None else None
+        refusal = self.feed.may_signal(row.pid)
         if refusal is not None:
             self.notify(refusal, severity="error", timeout=8)
             return
@@ -700,16 +703,15 @@ class MemtopApp(App[None]):
         )
 
     def _terminate(self, pid: int, info: Any, sig: signal.Signals = signal.SIGTERM) -> None:
-        try:
-            # Checked again just before the signal (terminate re-reads owner, command, start).
-            refusal = self.sampler.may_signal(pid) if self.sampler is not None else None
-            if refusal is not None:
-                raise TerminateRefused(refusal)
-            message = terminate(pid, expected=info, sig=sig)
-        except TerminateRefused as exc:
-            self.call_from_thread(self.notify, str(exc), severity="error")
+        reply = self.feed.signal(pid, sig, expected=info)  # checks again, just before it
+        if reply.error is not None:
+            self.call_from_thread(self.notify, reply.error, severity="error")
         else:
-            self.call_from_thread(self.notify, message)
+            self.call_from_thread(self.notify, reply.message)
+
+    def _process(self, pid: int) -> Any:
+        """The owner and command of `pid` as the screen shows them (its ProcessInfo)."""
+        return self.observation.processes.get(pid) if self.observation is not None else None
 
     def action_stacks(self) -> None:
         """Stack recording on or off in the selected trainer (asks first, says the cost):
@@ -720,7 +722,8 @@ class MemtopApp(App[None]):
 
         def answered(choice: object) -> None:
             if isinstance(choice, bool):
-                self._run_agent_command(row, "sites", {"stacks": choice}, self._stacks_done)
+                done = self._stacks_on if choice else self._stacks_off
+                self._run_agent_command(row, "sites", {"stacks": choice}, done)
 
         from memtop.ui.screens.confirm import ConfirmScreen
 
@@ -736,17 +739,16 @@ class MemtopApp(App[None]):
             answered,
         )
 
-    def _stacks_done(self, row: view.ProcessRow, result: dict[str, Any]) -> None:
-        if self.sampler is not None:
-            self.sampler.agents.ask_soon(row.pid, "sites")  # not at its slow off-rate
-        if result.get("wanted"):
-            said = (
-                f"Stack recording asked in pid {row.pid}: it starts at the trainer's next "
-                "step; the detail screen (enter) shows who holds the memory."
-            )
-        else:
-            said = f"Stack recording stops in pid {row.pid} at its next step."
+    # The feed asks the agent's sites again at once (memtop.sampler.Sampler.act).
+    def _stacks_on(self, row: view.ProcessRow, reply: ActionReply) -> None:
+        said = (
+            f"Stack recording asked in pid {row.pid}: it starts at the trainer's next "
+            "step; the detail screen (enter) shows who holds the memory."
+        )
         self.notify(said, timeout=8)
+
+    def _stacks_off(self, row: view.ProcessRow, reply: ActionReply) -> None:
+        self.notify(f"Stack recording stops in pid {row.pid} at its next step.", timeout=8)
 
     def action_attach(self) -> None:
         """Start memtop's agent inside the selected process, which has none yet (asks first)."""
@@ -762,7 +764,7 @@ class MemtopApp(App[None]):
         if self.sampler is None:
             self.notify("This view is not live: it cannot act on processes.", severity="warning")
             return
-        info = self.store.processes().get(row.pid)
+        info = self._process(row.pid)
         if info is None or not info.visible:
             self.notify(f"pid {row.pid} is not visible from here.", severity="error")
             return
@@ -823,10 +825,10 @@ class MemtopApp(App[None]):
     def action_pause(self) -> None:
         if self.sampler is None:
             return
-        self.sampler.pause(not self.sampler.paused)
+        self.feed.pause(not self.feed.paused)
         self._generation = -1
         self.refresh_view()
-        self.notify("Sampling paused." if self.sampler.paused else "Sampling resumed.", timeout=2)
+        self.notify("Sampling paused." if self.feed.paused else "Sampling resumed.", timeout=2)
 
     def action_copy_fix(self) -> None:
         """Copy a fix (OSC 52: works over SSH in most terminals): the focused suggestion's; from

@@ -7,15 +7,12 @@ offered: there is none.
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 from textual.app import App
 from textual.binding import Binding
 
 from memtop.playback import Player
-from memtop.sampler import Sampler
-from memtop.sources.replay import Recording
-from memtop.store import Store
 from memtop.ui.app import MemtopApp
 
 SEEK_S = 10.0
@@ -46,15 +43,13 @@ class ReplayApp(MemtopApp, inherit_bindings=False):
         *(b for b in MemtopApp.BINDINGS if not (isinstance(b, Binding) and b.id in LIVE_ONLY)),
     ]
 
-    def __init__(self, store: Store, player: Player, recording: Recording, **kwargs: Any) -> None:
-        # The Player stands where the Sampler stands (start, stop, pause, rounds).
-        super().__init__(store, cast(Sampler, player), clock=player.clock, **kwargs)
+    def __init__(self, store: object, player: Player, recording: object, **kwargs: Any) -> None:
+        # The Player is the feed (memtop.feed.Feed) and holds the recording (`recording` is
+        # the player's, taken for the callers that name it).
+        super().__init__(store, player, clock=player.clock, **kwargs)
         self.player = player
-        self.recording = recording
+        self.recording = player.recording
         self._settled_at: float | None = None  # the cursor of the still moment on screen
-
-    def feed_still(self) -> bool:
-        return self.player.still
 
     def _badges(self) -> list[tuple[str, str]]:
         # The live app's PAUSED says "p resumes"; here space plays and pauses, and the clock

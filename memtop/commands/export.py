@@ -1,0 +1,53 @@
+"""`memtop export`: serve Prometheus metrics on /metrics."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+from memtop.commands import EXIT_OK, common
+
+
+def run(args: argparse.Namespace) -> int:
+    from memtop.export.server import Exporter, ExportError, load_web_config
+
+    config = load_web_config(args.web_config) if args.web_config else None
+    exporter = Exporter(
+        common.make_sampler(args),
+        args.listen,
+        host=args.hostname,
+        job=args.job,
+        web_config=config,
+        scope=common.scope(args),
+    )
+    try:
+        host, port = exporter.start_http()  # a port in use fails before any sampling
+    except ExportError:
+        exporter.sampler.stop()
+        raise
+    exporter.round()  # "serving" is said once there is something to serve
+    scheme = "https" if config is not None and config.tls else "http"
+    print(f"memtop export: serving {scheme}://{host}:{port}/metrics", flush=True)
+    if exporter.exposed:
+        print(
+            f"memtop export: warning: {host} is not loopback; anyone who reaches port {port} "
+            "reads this host's process ids, commands and memory"
+            + ("" if config is not None and config.users else " (no basic auth: see --web-config)"),
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def on_signal(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_signal)
+    try:
+        exporter.run(args.interval)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        exporter.stop()
+        exporter.sampler.stop()
+    return EXIT_OK

@@ -1,0 +1,194 @@
+"""The command line's parser: every subcommand, flag and help text (DESIGN §7).
+
+They are a contract (tests/data/cli-help.txt pins each `--help`): extend them, never rename or
+drop one.  The subcommands that grew their own module add their parsers there.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from memtop._version import __version__
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be greater than 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="memtop",
+        description="GPU memory dashboard for PyTorch: live allocator view, diagnosis, actions.",
+        epilog=(
+            "commands: memtop demo | memtop run [--] script.py args | memtop run -m module args"
+            " | memtop cleanup PID | memtop snapshot PID -o FILE"
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"memtop {__version__}")
+    parser.add_argument("--once", action="store_true", help="print one report and exit")
+    parser.add_argument("--json", action="store_true", help="with --once: print JSON")
+    parser.add_argument(
+        "--interval", type=_positive_float, default=1.0, help="refresh interval in seconds"
+    )
+    parser.add_argument(
+        "--only",
+        type=_gpu_list,
+        default=None,
+        metavar="0,2",
+        help="show only these GPUs (the driver's numbers) and their processes",
+    )
+    _add_filters(parser)
+    parser.add_argument(
+        "--readonly",
+        action="store_true",
+        help="no key acts on a process (cleanup, reset, snapshot, kill, attach): for shared "
+        "boxes and screenshares (config: readonly = true)",
+    )
+    parser.add_argument("--socket-dir", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--prometheus",
+        metavar="URL",
+        help="the fleet: every host whose `memtop export` this Prometheus scrapes",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    demo = sub.add_parser("demo", help="simulated GPUs and trainers, then the dashboard")
+    demo.add_argument("--gpus", type=int, default=None, help="simulated GPUs (default 1; mixed: 2)")
+    demo.add_argument(
+        "--scenario",
+        default="mixed",
+        choices=["healthy", "leak", "fragment", "pressure", "oom", "mixed"],
+        help="workload the simulated trainers run (default mixed)",
+    )
+    demo.add_argument("--step-time", type=_positive_float, default=0.1, help="seconds per step")
+    demo.add_argument(
+        "--vendor",
+        choices=["nvidia", "amd"],
+        default="nvidia",
+        help="simulate NVIDIA H100s (default) or AMD MI300Xs with trainers on ROCm",
+    )
+    demo.add_argument("--no-ui", action="store_true", help="only run the trainers until Ctrl-C")
+    demo.add_argument("--interval", type=_positive_float, default=None, help=argparse.SUPPRESS)
+    demo.add_argument("--only", type=_gpu_list, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    demo.add_argument(
+        "--readonly", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS
+    )
+
+    cleanup = sub.add_parser("cleanup", help="gc + empty_cache inside a trainer")
+    cleanup.add_argument("pid", type=int)
+    cleanup.add_argument("--json", action="store_true")
+    cleanup.add_argument(
+        "--wait",
+        type=float,
+        default=8.0,
+        metavar="SECONDS",
+        help="how long to wait for the trainer's next step boundary (default 8)",
+    )
+
+    snapshot = sub.add_parser("snapshot", help="write a memory snapshot (memory_viz pickle)")
+    snapshot.add_argument("pid", type=int)
+    snapshot.add_argument("-o", "--output", required=True, type=Path)
+    snapshot.add_argument("--json", action="store_true")
+    snapshot.add_argument("--force", action="store_true", help="overwrite an existing file")
+    snapshot.add_argument(
+        "--wait",
+        type=float,
+        default=8.0,
+        metavar="SECONDS",
+        help="how long to wait for the trainer's next step boundary (default 8)",
+    )
+
+    sub.add_parser("run", help="run a Python program with the agent: run [--] script.py args")
+
+    from memtop.commands import attach as attach_command
+    from memtop.commands import record as record_command
+    from memtop.commands import replay as replay_command
+
+    attach_command.add_parser(sub)
+    record_command.add_parser(sub)
+    replay_command.add_parser(sub)
+
+    from memtop.estimate.command import add_arguments as add_estimate_arguments
+
+    add_estimate_arguments(
+        sub.add_parser("estimate", help="will a training run fit: memory per GPU, before the run")
+    )
+
+    oom = sub.add_parser("oom", help="the OOM reports trainers left here, each explained")
+    oom.add_argument("file", nargs="?", type=Path, help="explain this report")
+    oom.add_argument("--json", action="store_true")
+
+    export = sub.add_parser("export", help="serve Prometheus metrics on /metrics")
+    export.add_argument(
+        "--listen",
+        default="127.0.0.1:9482",
+        metavar="HOST:PORT",
+        help="address to serve on (default 127.0.0.1:9482; 0.0.0.0:PORT exposes it)",
+    )
+    export.add_argument("--job", help="the job label (default: each trainer's command)")
+    export.add_argument("--hostname", help="the hostname label (default: this node's name)")
+    export.add_argument(
+        "--web-config", type=Path, metavar="FILE", help="JSON file with TLS and basic auth"
+    )
+    export.add_argument("--interval", type=_positive_float, default=argparse.SUPPRESS)
+    export.add_argument(
+        "--only",
+        type=_gpu_list,
+        default=argparse.SUPPRESS,
+        metavar="0,2",
+        help="export only these GPUs and their processes",
+    )
+    _add_filters(export, default=argparse.SUPPRESS)
+    return parser
+
+
+def _add_filters(parser: argparse.ArgumentParser, default: object = None) -> None:
+    """--user and --pid, as nvitop has them (memtop.scope): the dashboard, --once and export."""
+    parser.add_argument(
+        "--user",
+        type=_name_list,
+        default=default,
+        metavar="NAME",
+        help="show only the processes of these users (comma-separated)",
+    )
+    parser.add_argument(
+        "--pid",
+        type=_pid_list,
+        default=default,
+        metavar="PID",
+        help="show only these processes (comma-separated pids)",
+    )
+
+
+def _gpu_list(text: str) -> frozenset[int]:
+    """`--only 0,2`: GPU numbers as the driver numbers them."""
+    try:
+        numbers = frozenset(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected GPU numbers like 0,2, got {text!r}") from None
+    if not numbers or min(numbers) < 0:
+        raise argparse.ArgumentTypeError(f"expected GPU numbers like 0,2, got {text!r}")
+    return numbers
+
+
+def _pid_list(text: str) -> frozenset[int]:
+    """`--pid 4101,4102`."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts or not all(part.isascii() and part.isdigit() for part in parts):
+        raise argparse.ArgumentTypeError(f"expected process ids like 4101,4102, got {text!r}")
+    return frozenset(int(part) for part in parts)
+
+
+def _name_list(text: str) -> frozenset[str]:
+    """`--user ada,grace`."""
+    names = frozenset(part.strip() for part in text.split(",") if part.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected user names like ada,grace, got {text!r}")
+    return names

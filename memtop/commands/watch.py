@@ -1,0 +1,179 @@
+"""`memtop` with no subcommand: the dashboard on a terminal, a refreshing text report on a pipe,
+or one report with `--once [--json]`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from memtop.commands import EXIT_OK, common
+from memtop.commands.common import TERMINAL_FD
+
+if TYPE_CHECKING:
+    from memtop.ui.config import UiConfig
+
+ONCE_EXTRA_ROUNDS = 6
+ONCE_ROUND_GAP_S = 0.05
+# --once waits at most this long for agents in all (a stopped or hostile agent included), then
+# reports whatever answered; each agent request has its own deadline within it.
+ONCE_BUDGET_S = 1.5
+ONCE_EXTRA_ROUND_S = 0.15
+# How long Textual's import waits for the first sampling round (whose figures are painted
+# first); a round that takes longer (a hung agent) is drawn by Textual when it lands.
+FIRST_ROUND_WAIT_S = 0.3
+
+
+def once(args: argparse.Namespace) -> int:
+    from memtop import report
+    from memtop.observation import Observer
+
+    sampler = common.make_sampler(args)
+    deadline = time.monotonic() + ONCE_BUDGET_S
+    try:
+        sampler.sample_once()
+        # The fragmentation gauge swings within a step; with agents attached, a few quick
+        # rounds let the report judge its median rather than one mid-step reading.
+        for _ in range(ONCE_EXTRA_ROUNDS if sampler.store.agents() else 0):
+            left = deadline - time.monotonic() - ONCE_ROUND_GAP_S
+            if left <= 0.02:
+                break
+            time.sleep(ONCE_ROUND_GAP_S)
+            sampler.sample_once(budget=min(ONCE_EXTRA_ROUND_S, left))
+        scope = common.scope(args)
+        whole = Observer(sampler.store).latest()
+        for line in scope.missing(whole):
+            print(f"memtop: warning: {line}", file=sys.stderr)
+        data = report.build(scope.apply(whole))
+    finally:
+        sampler.stop()
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        sys.stdout.write(report.render_text(data))
+    return EXIT_OK
+
+
+def _first_round_wait_s() -> float:
+    """FIRST_ROUND_WAIT_S, or MEMTOP_FIRST_ROUND_WAIT_S (seconds, at most 30) where a slow or
+    loaded machine (a test on a busy CI box) would rather wait for the first figures."""
+    text = os.environ.get("MEMTOP_FIRST_ROUND_WAIT_S", "")
+    try:
+        value = float(text) if text.isascii() else FIRST_ROUND_WAIT_S
+    except ValueError:
+        return FIRST_ROUND_WAIT_S
+    return min(30.0, value) if value >= 0 else FIRST_ROUND_WAIT_S
+
+
+def _terminal_size() -> tuple[int, int]:
+    try:
+        size = os.get_terminal_size(TERMINAL_FD)
+    except OSError:
+        return 80, 24
+    return size.columns, size.lines
+
+
+def watch(args: argparse.Namespace, simulated_only: bool, painted: bool = False) -> int:
+    """The dashboard on a terminal; the plain text view when stdout is not one.  `painted`: the
+    header is on screen already (`memtop demo` paints it while its trainers start)."""
+    if common.on_a_terminal():
+        return _dashboard(args, simulated_only, painted)
+    return _text_view(args, simulated_only)
+
+
+def paint_header(settings: UiConfig) -> bool:
+    """The dashboard's header row on the terminal before Textual is imported (start-up budget,
+    DESIGN §9); whether it was painted (memtop.ui.splash)."""
+    from memtop.ui import splash
+
+    return splash.paint(TERMINAL_FD, colour=settings.theme != "monochrome")
+
+
+def _dashboard(args: argparse.Namespace, simulated_only: bool, painted: bool = False) -> int:
+    from memtop.ui import config, splash
+
+    settings = config.load()
+    try:
+        if not painted:
+            paint_header(settings)
+        from memtop.observation import Observer
+
+        sampler = common.make_sampler(args, simulated_only)
+        try:
+            # The first sampling round runs while Textual is imported (~0.4 s of CPU, most of
+            # the start-up budget of DESIGN §9), its observation built on the sampler's thread.
+            # Its figures go on screen under the header as soon as they are known (splash), and
+            # Textual's first frame draws the same observation (the app takes `on_round` over).
+            observer = Observer(sampler.store)
+            scope = common.scope(args)
+            first_round = threading.Event()
+            size = _terminal_size()
+
+            def on_first_round() -> None:
+                observation = observer.publish()
+                if not first_round.is_set():
+                    first_round.set()
+                    lines = splash.figure_lines(observation, *size, scope)
+                    splash.paint_figures(TERMINAL_FD, lines)
+
+            sampler.on_round = on_first_round
+            sampler.start()
+            # The figures first: Textual's import would take most of the CPU from the round.
+            first_round.wait(_first_round_wait_s())
+            from memtop.ui.app import MemtopApp
+
+            app = MemtopApp(
+                sampler.store,
+                sampler,
+                interval=args.interval,
+                scope=scope,
+                config=settings,
+                readonly=getattr(args, "readonly", False) or settings.readonly,
+                observer=observer,
+            )
+            splash.hand_over()
+            app.run()
+        finally:
+            sampler.stop()
+    finally:
+        # Textual leaves the alternate screen when it ran; when it never got that far (an
+        # error or Ctrl-C while importing, even one that lands as the header is written) this
+        # gives the terminal back.  Twice is harmless; without a header it does nothing.
+        splash.restore(TERMINAL_FD)
+    return EXIT_OK
+
+
+def _text_view(args: argparse.Namespace, simulated_only: bool) -> int:
+    """A plain refreshing text report, for a pipe or a log file."""
+    from memtop import report
+    from memtop.observation import Observer
+
+    sampler = common.make_sampler(args, simulated_only)
+    sampler.start()
+    observer = Observer(sampler.store)  # one for the run: it keeps the leak verdicts
+    interactive = sys.stdout.isatty()
+    scope = common.scope(args)
+    warned = False
+    try:
+        while True:
+            time.sleep(min(args.interval, 0.5) if sampler.rounds == 0 else args.interval)
+            whole = observer.latest()
+            if not warned and whole.gpus:
+                warned = True
+                for line in scope.missing(whole):
+                    print(f"memtop: warning: {line}", file=sys.stderr, flush=True)
+            data = report.build(scope.apply(whole))
+            text = report.render_text(data)
+            if interactive:
+                sys.stdout.write("\x1b[H\x1b[2J" + text + "\n(Ctrl-C to quit)\n")
+            else:
+                sys.stdout.write(text + "\n")
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        return EXIT_OK
+    finally:
+        sampler.stop()
