@@ -152,8 +152,8 @@ def test_observations_built_while_the_sampler_writes_never_see_a_torn_round(
     finally:
         sys.setswitchinterval(switch)
         sampler.stop()
-    assert sampler.rounds > 20 and built > 20  # both sides did run
     assert not torn, f"observations mixing rounds (generation, rounds seen): {torn}"
+    assert sampler.rounds > 20 and built > 20  # both sides did run
 
 
 def test_a_round_is_one_generation(sampler: Sampler) -> None:
