@@ -21,6 +21,7 @@ from typing import Any
 
 from memtop import protocol
 from memtop.model import (
+    MARK_WINDOW,
     AgentBreakdown,
     AgentDeviceSample,
     AgentHello,
@@ -36,6 +37,8 @@ from memtop.sources.processes import ProcessInfo
 HISTORY_SAMPLES = 3600  # one hour at the default 1 s interval
 STEP_MARKS = 4096
 SITES_READINGS = 32  # `sites` readings kept per agent (minutes at the sampler's rate)
+# The step marks a view copies per device: as many as the leak test and the screens look at.
+VIEW_MARKS = MARK_WINDOW
 # One agent device's sampled history; the pressure counters are kept so that their deltas over a
 # window can be read back.
 HISTORY_COLUMNS = (
@@ -150,8 +153,8 @@ class AgentDeviceView:
 
     In a `RoundView` it also holds the device's windows, copied in the same lock take as the
     latest sample (so they are of one round): `history`, the HISTORY_COLUMNS of every row the
-    store keeps, and `marks`, its step marks (step, time, allocated), oldest first, as arrays
-    (Ring.window: a memcpy, no float object per row until one is read)."""
+    store keeps, and `marks`, its newest VIEW_MARKS step marks (step, time, allocated), oldest
+    first, as arrays (Ring.window: a memcpy, no float object per row until one is read)."""
 
     index: int
     uuid: str
@@ -567,7 +570,9 @@ class Store:
                     d.latest,
                     d.sampled_peak_bytes,
                     {name: d.history.window(name) for name in d.history.names} if windows else {},
-                    {name: d.marks.window(name) for name in d.marks.names} if windows else {},
+                    {name: d.marks.window(name, VIEW_MARKS) for name in d.marks.names}
+                    if windows
+                    else {},
                 )
                 for d in sorted(agent.devices.values(), key=lambda d: d.index)
             ),
