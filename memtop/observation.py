@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuFacts
+from memtop.diagnosis.facts import ReadsSample
 from memtop.diagnosis.stability import Stabilizer
 from memtop.jobs import JobIdentity, job_identity
 from memtop.model import (
@@ -63,8 +64,9 @@ class DeviceHistory:
 
 
 @dataclass(frozen=True, slots=True)
-class AgentDeviceObservation:
-    """One CUDA device of one agent, with the metrics of DESIGN §4."""
+class AgentDeviceObservation(ReadsSample):
+    """One CUDA device of one agent, with the metrics of DESIGN §4 (its sample's bytes read
+    through the sample, ReadsSample)."""
 
     pid: int
     index: int  # the agent's own cuda index (actions and the detail screen use it)
@@ -76,19 +78,6 @@ class AgentDeviceObservation:
     nvml_used_bytes: int | None  # what the driver charges this process on this GPU
     diagnosis: DeviceDiagnosis
     history: DeviceHistory
-
-    @property
-    def allocated_bytes(self) -> int:
-        return self.sample.allocated
-
-    @property
-    def reserved_bytes(self) -> int:
-        return self.sample.reserved
-
-    @property
-    def peak_bytes(self) -> int:
-        """torch's allocated_bytes.all.peak: the true peak (since start or `r`)."""
-        return self.sample.torch_peak
 
     @property
     def torch_peak_bytes(self) -> int:

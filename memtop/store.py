@@ -506,21 +506,6 @@ class Store:
     ) -> dict[str, list[float]]:
         """HISTORY_COLUMNS of one agent device, oldest first: all rows, the newest `last`, or
         those sampled at or after `since` (whichever is fewer), and only `columns` if given."""
-        return {
-            name: window.tolist()
-            for name, window in self.history_windows(pid, index, last, since, columns).items()
-        }
-
-    def history_windows(
-        self,
-        pid: int,
-        index: int,
-        last: int | None = None,
-        since: float | None = None,
-        columns: Sequence[str] | None = None,
-    ) -> dict[str, array[float]]:
-        """`history` as arrays (Ring.window): a copy of the bytes, no float object per row
-        until one is read."""
         with self._lock:
             device = self._device_state(pid, index)
             if device is None:
@@ -529,7 +514,7 @@ class Store:
             if since is not None:
                 recent = ring.count_since("time", since)
                 last = recent if last is None else min(last, recent)
-            return {name: ring.window(name, last) for name in (columns or ring.names)}
+            return {name: ring.column(name, last) for name in (columns or ring.names)}
 
     def step_marks(
         self,

@@ -11,11 +11,46 @@ from memtop.diagnosis.sites import SiteTrend
 from memtop.model import AgentDeviceSample
 
 
+class ReadsSample:
+    """The byte figures of one agent device's latest sample, read through the `sample` a class
+    holds by reference: the diagnosis and the observation share these instead of copying the
+    bytes into fields of their own."""
+
+    __slots__ = ()
+    sample: AgentDeviceSample
+
+    @property
+    def allocated_bytes(self) -> int:
+        return self.sample.allocated
+
+    @property
+    def reserved_bytes(self) -> int:
+        return self.sample.reserved
+
+    @property
+    def cached_bytes(self) -> int:
+        return self.sample.cached
+
+    @property
+    def peak_bytes(self) -> int:
+        """torch's allocated_bytes.all.peak: the true peak (since start or `r`)."""
+        return self.sample.torch_peak
+
+    @property
+    def free_bytes(self) -> int:
+        """The device's free bytes as the agent's mem_get_info saw them."""
+        return self.sample.free_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.sample.total_bytes
+
+
 @dataclass(frozen=True, slots=True)
-class DeviceDiagnosis:
+class DeviceDiagnosis(ReadsSample):
     """One device of one agent: the judgements behind every rule (leak, fragmentation,
     pressure, baseline), beside the sample they were judged on, held by reference: its bytes
-    are read through it (the properties below), never copied."""
+    are read through it (ReadsSample), never copied."""
 
     pid: int
     index: int
@@ -46,32 +81,6 @@ class DeviceDiagnosis:
     peers_median_peak_bytes: int | None = None
     # Live memory by the user's line (stack recording on), largest first; the leak's marked.
     sites: tuple[SiteTrend, ...] = ()
-
-    @property
-    def allocated_bytes(self) -> int:
-        return self.sample.allocated
-
-    @property
-    def reserved_bytes(self) -> int:
-        return self.sample.reserved
-
-    @property
-    def cached_bytes(self) -> int:
-        return self.sample.cached
-
-    @property
-    def peak_bytes(self) -> int:
-        """torch's allocated_bytes.all.peak: the true peak (since start or `r`)."""
-        return self.sample.torch_peak
-
-    @property
-    def free_bytes(self) -> int:
-        """The device's free bytes as the agent's mem_get_info saw them."""
-        return self.sample.free_bytes
-
-    @property
-    def total_bytes(self) -> int:
-        return self.sample.total_bytes
 
     @property
     def transient_bytes(self) -> int | None:
