@@ -199,3 +199,22 @@ def test_one_observation_takes_the_store_lock_once(sampler: Sampler) -> None:
     assert counting.takes == 1
     observer.latest()  # the same generation: nothing read again
     assert counting.takes == 1
+
+
+def test_a_replay_seek_is_one_generation() -> None:
+    """A replay's seek applies many events (and a seek back starts the store over): a screen
+    refreshing meanwhile sees the moment before it or after it, one generation apart."""
+    from pathlib import Path
+
+    from memtop.playback import Player
+    from memtop.sources.replay import load
+
+    recording = load(Path(__file__).parent / "data" / "traces" / "leak.jsonl.gz")
+    store = Store()
+    player = Player(store, recording)
+    for offset in (30.0, 150.0, 60.0):  # on, on, and back (the store starts over)
+        before = store.generation
+        player.seek_offset(offset)
+        assert store.generation == before + 1
+    (agent,) = Observer(store, clock=player.clock).latest().agents
+    assert agent.step is not None and agent.devices
