@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -170,7 +169,6 @@ class CountingLock:
     def __init__(self, lock: Any) -> None:
         self.lock = lock
         self.takes = 0
-        self.lock_thread = threading.get_ident()
 
     def acquire(self, *args: Any, **kwargs: Any) -> bool:
         self.takes += 1
