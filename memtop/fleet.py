@@ -56,15 +56,13 @@ class RemoteDiagnoser(Diagnoser):
         self.verdicts: Mapping[tuple[int, int], dict[str, float]] = {}
         self.host = host  # where the verdicts were judged, for a pid that does not say (local)
 
-    def _device(
-        self, store: Store, agent: AgentView, dev: AgentDeviceView, now: float
-    ) -> DeviceDiagnosis:
+    def _device(self, agent: AgentView, dev: AgentDeviceView, now: float) -> DeviceDiagnosis:
         key = (agent.pid, dev.index)
         verdict = self.verdicts.get(key, {})
         # Seeding the verdict cache keeps the base class from judging the leak again from
         # scrape-rate samples.
         self._leaks[key] = (now, remote_leak(verdict, host_of(agent.pid) or self.host))
-        found = super()._device(store, agent, dev, now)
+        found = super()._device(agent, dev, now)
         frag = found.fragmentation
         return dataclasses.replace(
             found,
@@ -170,11 +168,12 @@ def in_fleet(reading: HostReading) -> HostReading:
 
 def _feed(store: Store, reading: HostReading, polls: Sequence[AgentPoll], driver: DriverReading,
           owner: str) -> None:  # fmt: skip
-    store.update_processes(_process_infos(reading, owner))
-    store.update_driver(driver, reading.time)
-    store.update_agents(polls, reading.time)
-    for pid, reply in reading.breakdowns.items():
-        store.update_breakdown(pid, reply, reading.time)
+    with store.round():  # one host's read is one round
+        store.update_processes(_process_infos(reading, owner))
+        store.update_driver(driver, reading.time)
+        store.update_agents(polls, reading.time)
+        for pid, reply in reading.breakdowns.items():
+            store.update_breakdown(pid, reply, reading.time)
 
 
 def host_observation(reading: HostReading) -> Observation:
@@ -227,9 +226,11 @@ class FleetSampler(FeedLoop):
             self.rounds += 1
             return
         self.error = None
-        if self.rounds == 0:
-            self._load_history(fleet)
-        self._apply(fleet)
+        # Every host's readings of this read are published together, as one generation.
+        with self.store.round():
+            if self.rounds == 0:
+                self._load_history(fleet)
+            self._apply(fleet)
         self.rounds += 1
 
     def _apply(self, fleet: FleetReading) -> None:

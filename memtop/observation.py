@@ -1,11 +1,14 @@
 """One observation per sampler round: the whole picture, joined and diagnosed once.
 
-`Observer.latest()` reads the store once per store generation and builds one immutable
-`Observation`: every GPU with the processes the driver lists on it and the agent devices on it
+`Observer.latest()` takes the store's view of its newest generation (`Store.view()`: one lock
+take, one whole round) and builds one immutable `Observation` from it, at most once per
+generation: every GPU with the processes the driver lists on it and the agent devices on it
 (joined by GPU UUID, else by PCI bus id, never by index: CUDA_VISIBLE_DEVICES and
 HIP_VISIBLE_DEVICES renumber, and on ROCm torch's UUID is not amdsmi's), every agent with each of
 its devices' metrics, the history windows the screens draw, the diagnosis and the suggestions.
 The dashboard, the detail screen, `--once` (text and JSON) and any exporter only render it.
+The observation holds the round's readings by reference (a GPU's `DeviceReading`, an agent
+device's `AgentDeviceSample`) and reads their figures through properties; it copies none.
 
 This module is the only place that joins NVML devices, NVML processes and agents; one `Diagnoser`
 lives in each `Observer`, and a running memtop has one `Observer`.
@@ -20,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuFacts
+from memtop.diagnosis.facts import ReadsSample
 from memtop.diagnosis.stability import Stabilizer
 from memtop.jobs import JobIdentity, job_identity
 from memtop.model import (
@@ -28,12 +32,13 @@ from memtop.model import (
     AgentDeviceSample,
     AgentHello,
     AgentStatus,
+    DeviceReading,
     DriverReading,
     GpuProcess,
     host_of,
 )
 from memtop.sources.processes import ProcessInfo
-from memtop.store import AgentDeviceView, AgentView, Store
+from memtop.store import AgentDeviceView, AgentView, RoundView, Store
 
 # The history windows the screens draw (the store keeps an hour).
 HISTORY_ROWS = 900  # sampled rows: 15 minutes at the default 1 s interval
@@ -45,9 +50,9 @@ EVENTS = 20  # the newest event messages kept
 class DeviceHistory:
     """The newest sampled rows and step marks of one agent device, oldest first.
 
-    Each column is a sequence of floats that nobody changes: the store hands out copies
-    (`array('d')`, Store.device_windows), which cost a memcpy rather than a float object per
-    row; most rounds nobody reads them (the detail screen and the trend, once in a while)."""
+    Each column is a sequence of floats that nobody changes: slices of the round's view
+    (`array('d')`, Store.view), which cost a memcpy rather than a float object per row; most
+    rounds nobody reads them (the detail screen and the trend, once in a while)."""
 
     time: Sequence[float] = ()
     allocated: Sequence[float] = ()
@@ -59,8 +64,9 @@ class DeviceHistory:
 
 
 @dataclass(frozen=True, slots=True)
-class AgentDeviceObservation:
-    """One CUDA device of one agent, with the metrics of DESIGN §4."""
+class AgentDeviceObservation(ReadsSample):
+    """One CUDA device of one agent, with the metrics of DESIGN §4 (its sample's bytes read
+    through the sample, ReadsSample)."""
 
     pid: int
     index: int  # the agent's own cuda index (actions and the detail screen use it)
@@ -68,23 +74,14 @@ class AgentDeviceObservation:
     name: str
     gpu: int  # the GPU as the driver numbers it (the agent's index without a driver view)
     sample: AgentDeviceSample
-    peak_bytes: int  # torch's allocated_bytes.all.peak: the true peak (since start or `r`)
     sampled_peak_bytes: int  # memtop's own maximum of what it sampled (misses step peaks)
     nvml_used_bytes: int | None  # what the driver charges this process on this GPU
     diagnosis: DeviceDiagnosis
     history: DeviceHistory
 
     @property
-    def allocated_bytes(self) -> int:
-        return self.sample.allocated
-
-    @property
-    def reserved_bytes(self) -> int:
-        return self.sample.reserved
-
-    @property
     def torch_peak_bytes(self) -> int:
-        return self.peak_bytes
+        return self.sample.torch_peak
 
     @property
     def non_pytorch_bytes(self) -> int | None:
@@ -131,26 +128,73 @@ class AgentObservation:
 
 @dataclass(frozen=True, slots=True)
 class GpuObservation:
-    """One physical GPU: the driver's view (or, without one, the agents'), the processes the
-    driver lists on it, and the devices of live agents on it."""
+    """One physical GPU: the driver's reading of it (or, without one, the agents' account,
+    as a reading of source "agent"), the processes the driver lists on it, and the devices of
+    live agents on it.  The reading's figures are read through it (the properties below)."""
 
-    index: int
-    uuid: str
-    name: str
-    total_bytes: int | None
-    used_bytes: int | None
-    free_bytes: int | None
-    utilization_percent: int | None
-    temperature_c: int | None
-    source: str
-    error: str | None
+    reading: DeviceReading
     processes: tuple[GpuProcess, ...]  # as the driver lists them (agents' pids without one)
     agents: tuple[AgentDeviceObservation, ...]
     used_history: tuple[Sequence[float], Sequence[float]] = ((), ())  # times, used bytes
-    power_watts: float | None = None
-    pci_bus_id: str | None = None  # "dddd:bb:dd.f" where the driver (or the agent) says
-    vendor: str | None = None  # "amd" for AMD's GPUs (DeviceReading.vendor)
-    host: str | None = None  # the machine it is in, when not this one (the fleet view)
+
+    @property
+    def index(self) -> int:
+        return self.reading.index
+
+    @property
+    def uuid(self) -> str:
+        return self.reading.uuid
+
+    @property
+    def name(self) -> str:
+        return self.reading.name
+
+    @property
+    def total_bytes(self) -> int | None:
+        return self.reading.total_bytes
+
+    @property
+    def used_bytes(self) -> int | None:
+        return self.reading.used_bytes
+
+    @property
+    def free_bytes(self) -> int | None:
+        return self.reading.free_bytes
+
+    @property
+    def utilization_percent(self) -> int | None:
+        return self.reading.utilization_percent
+
+    @property
+    def temperature_c(self) -> int | None:
+        return self.reading.temperature_c
+
+    @property
+    def source(self) -> str:
+        return self.reading.source
+
+    @property
+    def error(self) -> str | None:
+        return self.reading.error
+
+    @property
+    def power_watts(self) -> float | None:
+        return self.reading.power_watts
+
+    @property
+    def pci_bus_id(self) -> str | None:
+        """ "dddd:bb:dd.f" where the driver (or the agent) says."""
+        return self.reading.pci_bus_id
+
+    @property
+    def vendor(self) -> str | None:
+        """ "amd" for AMD's GPUs (DeviceReading.vendor)."""
+        return self.reading.vendor
+
+    @property
+    def host(self) -> str | None:
+        """The machine it is in, when not this one (the fleet view)."""
+        return self.reading.host
 
     @property
     def peak_sum_bytes(self) -> int:
@@ -245,9 +289,8 @@ class Observer:
 
     def latest(self) -> Observation:
         with self._lock:
-            generation = self.store.generation
-            if self._latest is None or self._latest.generation != generation:
-                self._latest = self._build(generation)
+            if self._latest is None or self._latest.generation != self.store.generation:
+                self._latest = self._build(self.store.view())
             return self._latest
 
     def forget(self) -> None:
@@ -263,18 +306,18 @@ class Observer:
     def publish(self) -> Observation:
         """Build now (the sampler's end-of-round hook); later `latest()` calls reuse it."""
         with self._lock:
-            self._latest = self._build(self.store.generation)
+            self._latest = self._build(self.store.view())
             return self._latest
 
     # ------------------------------------------------------------------ the one join
 
-    def _build(self, generation: int) -> Observation:
-        store = self.store
+    def _build(self, view: RoundView) -> Observation:
+        """The one join, of one round: everything read comes from `view` (no store query)."""
         now = self.clock()
-        reading = store.driver() or DriverReading(available=False, error="devices not read")
-        views = store.agents()
-        infos = store.processes()
-        diagnosed = self.diagnoser.diagnose_devices(store, views, now)
+        reading = view.driver or DriverReading(available=False, error="devices not read")
+        views = view.agents
+        infos = view.processes
+        diagnosed = self.diagnoser.diagnose_devices(view, now)
         driver = reading.available and reading.source != SOURCE_AGENT
         # The driver's number and per-process charge of each GPU, by UUID.
         gpu_number = {d.uuid: d.index for d in reading.devices} if reading.available else {}
@@ -286,34 +329,33 @@ class Observer:
                     charged[(p.pid, d.uuid)] = p.used_bytes
 
         agents = []
-        for view in views:
+        for agent in views:
             devices = []
-            for dev in view.devices:
-                uuid = driver_uuid(view, dev)
+            for dev in agent.devices:
+                uuid = driver_uuid(agent, dev)
                 devices.append(
                     _agent_device(
-                        store,
-                        view,
+                        agent,
                         dev,
                         uuid,
                         gpu_number.get(uuid, dev.index),
-                        charged.get((view.pid, uuid)),
-                        diagnosed[(view.pid, dev.index)],
+                        charged.get((agent.pid, uuid)),
+                        diagnosed[(agent.pid, dev.index)],
                     )
                 )
             agents.append(
                 AgentObservation(
-                    pid=view.pid,
-                    status=AgentStatus(view.state),
-                    error=view.error,
-                    hello=view.hello,
-                    step=view.step,
+                    pid=agent.pid,
+                    status=AgentStatus(agent.state),
+                    error=agent.error,
+                    hello=agent.hello,
+                    step=agent.step,
                     devices=tuple(devices),
-                    info=infos.get(view.pid),
+                    info=infos.get(agent.pid),
                 )
             )
 
-        gpus = _gpus(store, reading, [d for a in agents if a.live for d in a.devices])
+        gpus = _gpus(view, reading, [d for a in agents if a.live for d in a.devices])
         facts = tuple(_facts(g) for g in gpus)
         diagnosis = Diagnosis(
             time=now,
@@ -324,7 +366,7 @@ class Observer:
         self.builds += 1
         return Observation(
             time=now,
-            generation=generation,
+            generation=view.generation,
             host=self.host,
             uid=self.uid,
             nvml_available=reading.available,
@@ -335,8 +377,8 @@ class Observer:
             agents=tuple(agents),
             entries=_entries(reading, agents, infos),
             diagnosis=diagnosis,
-            problems=tuple(store.problems()),
-            events=tuple(message for _, message in list(store.events)[-EVENTS:]),
+            problems=view.problems,
+            events=tuple(message for _, message in view.events[-EVENTS:]),
             processes=infos,
         )
 
@@ -363,7 +405,6 @@ def _driver_uuids(
 
 
 def _agent_device(
-    store: Store,
     agent: AgentView,
     dev: AgentDeviceView,
     uuid: str,
@@ -371,21 +412,15 @@ def _agent_device(
     nvml_used: int | None,
     diagnosis: DeviceDiagnosis,
 ) -> AgentDeviceObservation:
-    rows, marks = store.device_windows(
-        agent.pid,
-        dev.index,
-        HISTORY_ROWS,
-        ("time", "allocated", "reserved", "torch_peak"),
-        MARK_ROWS,
-    )
+    rows, marks = dev.history, dev.marks
     history = DeviceHistory(
-        time=rows.get("time", ()),
-        allocated=rows.get("allocated", ()),
-        reserved=rows.get("reserved", ()),
-        torch_peak=rows.get("torch_peak", ()),
-        mark_step=marks.get("step", ()),
-        mark_time=marks.get("time", ()),
-        mark_allocated=marks.get("allocated", ()),
+        time=rows.get("time", ())[-HISTORY_ROWS:],
+        allocated=rows.get("allocated", ())[-HISTORY_ROWS:],
+        reserved=rows.get("reserved", ())[-HISTORY_ROWS:],
+        torch_peak=rows.get("torch_peak", ())[-HISTORY_ROWS:],
+        mark_step=marks.get("step", ())[-MARK_ROWS:],
+        mark_time=marks.get("time", ())[-MARK_ROWS:],
+        mark_allocated=marks.get("allocated", ())[-MARK_ROWS:],
     )
     return AgentDeviceObservation(
         pid=agent.pid,
@@ -394,8 +429,7 @@ def _agent_device(
         name=dev.name,
         gpu=gpu,
         sample=dev.latest,
-        peak_bytes=dev.latest.torch_peak,
-        sampled_peak_bytes=dev.peak_bytes,
+        sampled_peak_bytes=dev.sampled_peak_bytes,
         nvml_used_bytes=nvml_used,
         diagnosis=diagnosis,
         history=history,
@@ -403,7 +437,7 @@ def _agent_device(
 
 
 def _gpus(
-    store: Store, reading: DriverReading, devices: Sequence[AgentDeviceObservation]
+    view: RoundView, reading: DriverReading, devices: Sequence[AgentDeviceObservation]
 ) -> tuple[GpuObservation, ...]:
     """The driver's GPUs, each with the live agent devices on it (by UUID); then the GPUs only
     agents know about (no driver view, or a UUID the driver does not list), whose account is
@@ -415,49 +449,30 @@ def _gpus(
     if reading.available:
         for d in reading.devices:
             on_it = on_gpu.pop(d.uuid, [])
-            gpus.append(
-                GpuObservation(
-                    index=d.index,
-                    uuid=d.uuid,
-                    name=d.name,
-                    total_bytes=d.total_bytes,
-                    used_bytes=d.used_bytes,
-                    free_bytes=d.free_bytes,
-                    utilization_percent=d.utilization_percent,
-                    temperature_c=d.temperature_c,
-                    power_watts=d.power_watts,
-                    pci_bus_id=d.pci_bus_id,
-                    vendor=d.vendor,
-                    source=d.source,
-                    error=d.error,
-                    processes=d.processes,
-                    agents=tuple(on_it),
-                    used_history=store.device_used_window(d.uuid, last=HISTORY_ROWS),
-                    host=d.host,
-                )
-            )
+            gpus.append(GpuObservation(d, d.processes, tuple(on_it), _used_window(view, d.uuid)))
     for uuid, on_it in on_gpu.items():
         first = on_it[0].sample
-        gpus.append(
-            GpuObservation(
-                index=on_it[0].index,
-                uuid=on_it[0].uuid,
-                name=on_it[0].name,
-                total_bytes=first.total_bytes,
-                used_bytes=first.total_bytes - first.free_bytes,
-                free_bytes=first.free_bytes,
-                utilization_percent=None,
-                temperature_c=None,
-                source=SOURCE_AGENT,
-                error=None,
-                processes=tuple(GpuProcess(a.pid, None) for a in on_it),
-                agents=tuple(on_it),
-                used_history=store.device_used_window(uuid, last=HISTORY_ROWS),
-                host=host_of(on_it[0].pid),
-            )
+        processes = tuple(GpuProcess(a.pid, None) for a in on_it)
+        account = DeviceReading(  # the agents' own mem_get_info stands in for a driver's
+            index=on_it[0].index,
+            uuid=on_it[0].uuid,
+            name=on_it[0].name,
+            total_bytes=first.total_bytes,
+            used_bytes=first.total_bytes - first.free_bytes,
+            free_bytes=first.free_bytes,
+            processes=processes,
+            source=SOURCE_AGENT,
+            host=host_of(on_it[0].pid),
         )
+        gpus.append(GpuObservation(account, processes, tuple(on_it), _used_window(view, uuid)))
     gpus.sort(key=lambda g: (g.source == SOURCE_AGENT, g.index, g.uuid))
     return tuple(gpus)
+
+
+def _used_window(view: RoundView, uuid: str) -> tuple[Sequence[float], Sequence[float]]:
+    """The newest HISTORY_ROWS of one GPU's used bytes: (times, used), oldest first."""
+    times, used = view.used_window(uuid)
+    return (times[-HISTORY_ROWS:], used[-HISTORY_ROWS:])
 
 
 def _facts(gpu: GpuObservation) -> GpuFacts:

@@ -68,7 +68,9 @@ class Player(FeedLoop):
     def seek(self, when: float) -> None:
         """Show the recording as it was at unix time `when` (clamped to the recording)."""
         when = min(max(when, self.recording.start), self.recording.end)
-        with self._lock:
+        # The events up to the cursor are published as one round (one generation): a screen
+        # refreshing meanwhile shows the moment before the seek or after it, never between.
+        with self._lock, self.store.round():
             if when < self.cursor:
                 self._restart()
             self.cursor = when

@@ -171,10 +171,6 @@ class Sampler(FeedLoop):
         budget = self.round_budget() if budget is None else budget
         now = time.time()
         reading = self.devices.read(wait=min(budget, 0.5) if self.rounds else budget)
-        stalled = self.devices.stalled_since
-        if stalled is not None and self._device_stall_noted != stalled:
-            self._device_stall_noted = stalled
-            self.store.note("the GPU driver is not answering: showing its last reading")
         known = None
         if reading.available and reading.source != SOURCE_AGENT:
             # By UUID, and by PCI bus id for the agents whose UUID is not the driver's (ROCm).
@@ -194,17 +190,24 @@ class Sampler(FeedLoop):
         infos = self.processes.lookup(pids)
         if self.tap is not None:
             self._tap_round(now, polled, reading, infos, polls)
-        self.store.update_processes(infos)
-        self.store.update_driver(reading, now)
-        self.store.update_agents(polls, polled)
-        self.store.set_problems(self.agents.problems)
-        for poll in polls:
-            if poll.breakdown is not None:
-                self.store.update_breakdown(poll.pid, poll.breakdown)
-            if poll.snapshot is not None:
-                self.store.update_snapshot_summary(poll.pid, poll.snapshot)
-            if poll.sites is not None:
-                self.store.update_sites(poll.pid, poll.sites)
+        # The round's I/O is done: its writes are published together, as one generation (a
+        # dashboard refreshing meanwhile sees the previous round whole, never half of this one).
+        with self.store.round():
+            stalled = self.devices.stalled_since
+            if stalled is not None and self._device_stall_noted != stalled:
+                self._device_stall_noted = stalled
+                self.store.note("the GPU driver is not answering: showing its last reading")
+            self.store.update_processes(infos)
+            self.store.update_driver(reading, now)
+            self.store.update_agents(polls, polled)
+            self.store.set_problems(self.agents.problems)
+            for poll in polls:
+                if poll.breakdown is not None:
+                    self.store.update_breakdown(poll.pid, poll.breakdown)
+                if poll.snapshot is not None:
+                    self.store.update_snapshot_summary(poll.pid, poll.snapshot)
+                if poll.sites is not None:
+                    self.store.update_sites(poll.pid, poll.sites)
         self.rounds += 1
         self.last_round_s = time.monotonic() - started
 

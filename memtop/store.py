@@ -1,6 +1,9 @@
 """The thread-safe store of what the sampler read: latest values plus bounded history.
 
-The sampler thread is the only writer; the UI, the report and the exporters read copies.
+The sampler thread is the only writer, and it writes a round at a time (`Store.round()`): the
+round's writes become visible together, as one generation.  Readers take `Store.view()`: one
+immutable `RoundView` per generation, copied under one lock take, that the observation and the
+diagnosis read and never query the store again.
 History lives in fixed-size columns of doubles (`Ring`), so an hour of 8 GPUs × 8 agents at 1 Hz
 costs a few MB and never grows.
 """
@@ -11,12 +14,14 @@ import threading
 import time
 from array import array
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from memtop import protocol
 from memtop.model import (
+    MARK_WINDOW,
     AgentBreakdown,
     AgentDeviceSample,
     AgentHello,
@@ -32,6 +37,8 @@ from memtop.sources.processes import ProcessInfo
 HISTORY_SAMPLES = 3600  # one hour at the default 1 s interval
 STEP_MARKS = 4096
 SITES_READINGS = 32  # `sites` readings kept per agent (minutes at the sampler's rate)
+# The step marks a view copies per device: as many as the leak test and the screens look at.
+VIEW_MARKS = MARK_WINDOW
 # One agent device's sampled history; the pressure counters are kept so that their deltas over a
 # window can be read back.
 HISTORY_COLUMNS = (
@@ -112,7 +119,8 @@ class AgentDeviceState:
     uuid: str
     name: str
     latest: AgentDeviceSample
-    peak_bytes: int  # memtop's own maximum of what it sampled (the observation's sampled peak)
+    # memtop's own maximum of what it sampled (misses a step's peak; torch's is the sample's)
+    sampled_peak_bytes: int
     history: Ring
     marks: Ring
 
@@ -141,13 +149,20 @@ class AgentState:
 
 @dataclass(frozen=True)
 class AgentDeviceView:
-    """A copy of one agent device's latest values, safe to read off the sampler thread."""
+    """A copy of one agent device's latest values, safe to read off the sampler thread.
+
+    In a `RoundView` it also holds the device's windows, copied in the same lock take as the
+    latest sample (so they are of one round): `history`, the HISTORY_COLUMNS of every row the
+    store keeps, and `marks`, its newest VIEW_MARKS step marks (step, time, allocated), oldest
+    first, as arrays (Ring.window: a memcpy, no float object per row until one is read)."""
 
     index: int
     uuid: str
     name: str
     latest: AgentDeviceSample
-    peak_bytes: int
+    sampled_peak_bytes: int
+    history: Mapping[str, array[float]] = field(default_factory=dict)
+    marks: Mapping[str, array[float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -166,6 +181,24 @@ class AgentView:
     sites: tuple[AgentSites, ...] = ()
 
 
+@dataclass(frozen=True)
+class RoundView:
+    """Everything the store holds of one generation, copied under one lock take: what the
+    observation joins and the diagnosis judges.  Nothing in it changes afterwards."""
+
+    generation: int
+    driver: DriverReading | None
+    # (times, used bytes) of each GPU the driver reported, by UUID, oldest first
+    device_used: Mapping[str, tuple[array[float], array[float]]]
+    agents: tuple[AgentView, ...]  # by pid, each device with its windows
+    processes: Mapping[int, ProcessInfo]
+    problems: tuple[str, ...]
+    events: tuple[tuple[float, str], ...]  # newest last
+
+    def used_window(self, uuid: str) -> tuple[array[float], array[float]]:
+        return self.device_used.get(uuid) or (array("d"), array("d"))
+
+
 class Store:
     def __init__(
         self,
@@ -173,7 +206,8 @@ class Store:
         step_marks: int = STEP_MARKS,
         keep_exited_s: float = 60.0,
     ) -> None:
-        self._lock = threading.Lock()
+        # Re-entrant: the writes of a round (`round()`) each take it again inside the round's.
+        self._lock = threading.RLock()
         self._history = history
         self._step_marks = step_marks
         self._keep_exited_s = keep_exited_s
@@ -184,7 +218,35 @@ class Store:
         self._processes: dict[int, ProcessInfo] = {}
         self._problems: list[str] = []
         self.events: deque[tuple[float, str]] = deque(maxlen=200)
-        self.generation = 0  # bumped on every write: the UI redraws only when it moved
+        # Bumped once per round (once per write outside one): the UI redraws only when it moved.
+        self.generation = 0
+        self._rounds_open = 0  # depth of `round()` on the thread that holds the lock
+        self._changed_in_round = False
+        self._view: RoundView | None = None  # the newest generation's view, once asked for
+
+    # ------------------------------------------------------------------ rounds
+
+    @contextmanager
+    def round(self) -> Iterator[None]:
+        """The writes of one round (a sampler's, a replay's seek, a fleet read), published
+        together: no reader sees the store between them, and the generation moves once, at the
+        end.  Do the round's I/O first: the lock is held throughout."""
+        with self._lock:
+            self._rounds_open += 1
+            try:
+                yield
+            finally:
+                self._rounds_open -= 1
+                if not self._rounds_open and self._changed_in_round:
+                    self._changed_in_round = False
+                    self.generation += 1
+
+    def _changed(self) -> None:
+        """A write happened (the lock is held): a new generation now, or at the round's end."""
+        if self._rounds_open:
+            self._changed_in_round = True
+        else:
+            self.generation += 1
 
     # ------------------------------------------------------------------ writers (sampler)
 
@@ -199,7 +261,7 @@ class Store:
             self._processes = {}
             self._problems = []
             self.events.clear()
-            self.generation += 1
+            self._changed()
 
     def update_driver(self, reading: DriverReading, when: float | None = None) -> None:
         when = when if when is not None else time.time()
@@ -215,7 +277,7 @@ class Store:
                 if ring is None:
                     ring = self._device_used[device.uuid] = Ring(self._history, ("time", "used"))
                 ring.append(when, float(device.used_bytes))
-            self.generation += 1
+            self._changed()
 
     def update_agents(self, polls: Iterable[AgentPoll], when: float | None = None) -> None:
         when = when if when is not None else time.time()
@@ -226,7 +288,7 @@ class Store:
                 expired = agent.last_sample_time or agent.first_seen
                 if agent.state == EXITED and when - expired > self._keep_exited_s:
                     del self._agents[pid]
-            self.generation += 1
+            self._changed()
 
     def _apply_poll(self, poll: AgentPoll, when: float) -> None:
         agent = self._agents.get(poll.pid)
@@ -262,12 +324,12 @@ class Store:
                     uuid=uuid,
                     name=name,
                     latest=device,
-                    peak_bytes=0,
+                    sampled_peak_bytes=0,
                     history=Ring(self._history, HISTORY_COLUMNS),
                     marks=Ring(self._step_marks, ("step", "time", "allocated")),
                 )
             state.latest = device
-            state.peak_bytes = max(state.peak_bytes, device.allocated)
+            state.sampled_peak_bytes = max(state.sampled_peak_bytes, device.allocated)
             state.history.append(
                 sample.time,
                 float(device.allocated),
@@ -282,7 +344,7 @@ class Store:
                 state = agent.devices.get(index)
                 if state is not None:
                     state.marks.append(float(mark.step), mark.time, float(allocated))
-                    state.peak_bytes = max(state.peak_bytes, allocated)
+                    state.sampled_peak_bytes = max(state.sampled_peak_bytes, allocated)
 
     def update_breakdown(
         self, pid: int, result: AgentBreakdown | Mapping[str, Any], when: float | None = None
@@ -290,30 +352,38 @@ class Store:
         """Keep a `breakdown` reply: bytes by role per device.  A raw reply (a recording, a
         scrape) is parsed by the protocol first, as the live one was."""
         reply = result if isinstance(result, AgentBreakdown) else protocol.parse_breakdown(result)
-        if reply.pending:
-            return
-        breakdown = {index: dict(parts) for index, parts in reply.devices.items()}
-        stamp = when if when is not None else time.time()
 
-        def apply(agent: AgentState) -> None:
-            agent.breakdown, agent.breakdown_time = breakdown, stamp
+        def keep(agent: AgentState, devices: dict[int, dict[str, Any]], stamp: float) -> None:
+            agent.breakdown, agent.breakdown_time = devices, stamp
 
-        self._update_agent(pid, apply)
+        self._keep_per_device(pid, reply.pending, reply.devices, when, keep)
 
     def update_snapshot_summary(
         self, pid: int, result: AgentSnapshot | Mapping[str, Any], when: float | None = None
     ) -> None:
         """Keep the per-device summary of a `snapshot` reply (no file written)."""
         reply = result if isinstance(result, AgentSnapshot) else protocol.parse_snapshot(result)
-        if reply.pending:
+
+        def keep(agent: AgentState, devices: dict[int, dict[str, Any]], stamp: float) -> None:
+            agent.snapshot_summary, agent.snapshot_time = devices, stamp
+
+        self._keep_per_device(pid, reply.pending, reply.devices, when, keep)
+
+    def _keep_per_device(
+        self,
+        pid: int,
+        pending: bool,
+        devices: Mapping[int, Mapping[str, Any]],
+        when: float | None,
+        keep: Callable[[AgentState, dict[int, dict[str, Any]], float], None],
+    ) -> None:
+        """Keep a parsed per-device reply (breakdown, snapshot summary) with its stamp: a copy
+        of each device's figures, unless the agent is still measuring (`pending`)."""
+        if pending:
             return
-        summary = {index: dict(figures) for index, figures in reply.devices.items()}
+        copied = {index: dict(figures) for index, figures in devices.items()}
         stamp = when if when is not None else time.time()
-
-        def apply(agent: AgentState) -> None:
-            agent.snapshot_summary, agent.snapshot_time = summary, stamp
-
-        self._update_agent(pid, apply)
+        self._update_agent(pid, lambda agent: keep(agent, copied, stamp))
 
     def update_sites(self, pid: int, result: AgentSites | Mapping[str, Any]) -> None:
         """Keep a `sites` reply (a new grouping only: the same one read twice is kept once);
@@ -333,14 +403,14 @@ class Store:
             agent = self._agents.get(pid)
             if agent is not None:
                 apply(agent)
-                self.generation += 1
+                self._changed()
 
     def update_processes(self, processes: dict[int, ProcessInfo]) -> None:
         """Owner and command line of every pid in view (read by the sampler)."""
         with self._lock:
             if processes != self._processes:
                 self._processes = dict(processes)
-                self.generation += 1
+                self._changed()
 
     def reset_peak(self, pid: int) -> None:
         """memtop's own peak restarts from the current value (the `r` key)."""
@@ -348,8 +418,8 @@ class Store:
             agent = self._agents.get(pid)
             if agent is not None:
                 for device in agent.devices.values():
-                    device.peak_bytes = device.latest.allocated
-                self.generation += 1
+                    device.sampled_peak_bytes = device.latest.allocated
+                self._changed()
 
     def set_problems(self, problems: list[str]) -> None:
         """Standing conditions (an unsafe socket directory, say) shown until they clear."""
@@ -359,7 +429,7 @@ class Store:
                     self.events.append((time.time(), problem))
             if problems != self._problems:
                 self._problems = list(problems)
-                self.generation += 1
+                self._changed()
 
     def problems(self) -> list[str]:
         with self._lock:
@@ -368,9 +438,32 @@ class Store:
     def note(self, message: str, when: float | None = None) -> None:
         with self._lock:
             self.events.append((when if when is not None else time.time(), message))
-            self.generation += 1
+            self._changed()
 
     # ------------------------------------------------------------------ readers
+
+    def view(self) -> RoundView:
+        """The newest generation, whole, in one lock take (and once per generation: readers of
+        one generation share its view)."""
+        with self._lock:
+            view = self._view
+            if view is None or view.generation != self.generation:
+                view = self._view = RoundView(
+                    generation=self.generation,
+                    driver=self._nvml,
+                    device_used={
+                        uuid: (ring.window("time"), ring.window("used"))
+                        for uuid, ring in self._device_used.items()
+                    },
+                    agents=tuple(
+                        self._view_of(agent, windows=True)
+                        for agent in sorted(self._agents.values(), key=_pid)
+                    ),
+                    processes=dict(self._processes),
+                    problems=tuple(self._problems),
+                    events=tuple(self.events),
+                )
+            return view
 
     def driver(self) -> DriverReading | None:
         with self._lock:
@@ -392,12 +485,12 @@ class Store:
 
     def agents(self) -> list[AgentView]:
         with self._lock:
-            return [self._view(agent) for agent in sorted(self._agents.values(), key=_pid)]
+            return [self._view_of(agent) for agent in sorted(self._agents.values(), key=_pid)]
 
     def agent(self, pid: int) -> AgentView | None:
         with self._lock:
             agent = self._agents.get(pid)
-            return self._view(agent) if agent is not None else None
+            return self._view_of(agent) if agent is not None else None
 
     def processes(self) -> dict[int, ProcessInfo]:
         with self._lock:
@@ -413,22 +506,6 @@ class Store:
     ) -> dict[str, list[float]]:
         """HISTORY_COLUMNS of one agent device, oldest first: all rows, the newest `last`, or
         those sampled at or after `since` (whichever is fewer), and only `columns` if given."""
-        return {
-            name: window.tolist()
-            for name, window in self.history_windows(pid, index, last, since, columns).items()
-        }
-
-    def history_windows(
-        self,
-        pid: int,
-        index: int,
-        last: int | None = None,
-        since: float | None = None,
-        columns: Sequence[str] | None = None,
-    ) -> dict[str, array[float]]:
-        """`history` as arrays (Ring.window): a copy of the bytes, no float object per row
-        until one is read.  The diagnosis reads ten minutes of counters per device per round
-        only to find where they rose."""
         with self._lock:
             device = self._device_state(pid, index)
             if device is None:
@@ -437,19 +514,7 @@ class Store:
             if since is not None:
                 recent = ring.count_since("time", since)
                 last = recent if last is None else min(last, recent)
-            return {name: ring.window(name, last) for name in (columns or ring.names)}
-
-    def device_windows(
-        self, pid: int, index: int, history_rows: int, history_columns: Sequence[str], marks: int
-    ) -> tuple[dict[str, array[float]], dict[str, array[float]]]:
-        """The newest `history_rows` of `history_columns` and the newest `marks` step marks
-        (every column) of one agent device, as arrays (Ring.window), in one lock."""
-        with self._lock:
-            device = self._device_state(pid, index)
-            if device is None:
-                return {}, {}
-            rows = {name: device.history.window(name, history_rows) for name in history_columns}
-            return rows, {name: device.marks.window(name, marks) for name in device.marks.names}
+            return {name: ring.column(name, last) for name in (columns or ring.names)}
 
     def step_marks(
         self,
@@ -473,7 +538,8 @@ class Store:
         return agent.devices.get(index) if agent is not None else None
 
     @staticmethod
-    def _view(agent: AgentState) -> AgentView:
+    def _view_of(agent: AgentState, windows: bool = False) -> AgentView:
+        """A copy of one agent; `windows`: with each device's history and step marks."""
         return AgentView(
             pid=agent.pid,
             state=agent.state,
@@ -482,7 +548,17 @@ class Store:
             step=agent.step,
             last_sample_time=agent.last_sample_time,
             devices=tuple(
-                AgentDeviceView(d.index, d.uuid, d.name, d.latest, d.peak_bytes)
+                AgentDeviceView(
+                    d.index,
+                    d.uuid,
+                    d.name,
+                    d.latest,
+                    d.sampled_peak_bytes,
+                    {name: d.history.window(name) for name in d.history.names} if windows else {},
+                    {name: d.marks.window(name, VIEW_MARKS) for name in d.marks.names}
+                    if windows
+                    else {},
+                )
                 for d in sorted(agent.devices.values(), key=lambda d: d.index)
             ),
             breakdown=None if agent.breakdown is None else dict(agent.breakdown),

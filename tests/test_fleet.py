@@ -112,6 +112,16 @@ def test_two_hosts_stay_apart():
     assert states[TRAINERS[2].pid] == "exited"
 
 
+def test_a_fleet_read_is_one_generation():
+    """Every host of one Prometheus read is published together (issue 22.1): the dashboard
+    never shows node-a of this read beside node-b of the last."""
+    sampler = FleetSampler(_Fixed(_twin_hosts()), interval=60.0)  # type: ignore[arg-type]
+    for _ in range(2):  # the first read loads the history too
+        before = sampler.store.generation
+        sampler.sample_once()
+        assert sampler.store.generation == before + 1
+
+
 def test_the_fleet_keys_every_process_by_host_and_pid():
     hosts = _twin_hosts()
     sampler = FleetSampler(_Fixed(hosts), interval=1.0)  # type: ignore[arg-type]

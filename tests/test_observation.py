@@ -41,7 +41,7 @@ def test_the_observation_is_immutable():
     with pytest.raises(dataclasses.FrozenInstanceError):
         obs.gpus = ()  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
-        obs.gpus[0].agents[0].peak_bytes = 0  # type: ignore[misc]
+        obs.gpus[0].agents[0].sampled_peak_bytes = 0  # type: ignore[misc]
 
 
 def test_built_at_most_once_per_store_generation():

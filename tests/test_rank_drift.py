@@ -20,6 +20,7 @@ from memtop.diagnosis.facts import DeviceDiagnosis, GpuFacts
 from memtop.diagnosis.fragmentation import Fragmentation, Pressure
 from memtop.diagnosis.leak import not_enough
 from memtop.diagnosis.stability import Stabilizer
+from memtop.model import AgentDeviceSample
 from memtop.sim.demo import registry_dir
 from memtop.sim.device import SimGpuRegistry, simulated_gpu_specs
 
@@ -31,13 +32,17 @@ def rank_device(pid: int, rank: int, peak: int, median: int, others: int) -> Dev
         pid=pid,
         index=0,
         uuid=f"GPU-{rank}",
-        allocated_bytes=peak // 2,
-        reserved_bytes=peak,
-        cached_bytes=0,
-        peak_bytes=peak,
+        sample=AgentDeviceSample(
+            0,
+            {
+                "allocated_bytes.all.current": peak // 2,
+                "reserved_bytes.all.current": peak,
+                "allocated_bytes.all.peak": peak,
+            },
+            80 * GiB - peak,
+            80 * GiB,
+        ),
         baseline_bytes=peak // 2,
-        free_bytes=80 * GiB - peak,
-        total_bytes=80 * GiB,
         leak=not_enough("steady"),
         fragmentation=Fragmentation(0.0, 0.0, 0, 10 * GiB, None, None, None, 0, samples=10),
         pressure=Pressure(0, 0, 0, 0, 60.0),

@@ -70,11 +70,11 @@ def test_store_tracks_peaks_marks_and_resets():
     store.update_agents([poll(7, 3, 150 * MiB, marks)])
     (agent,) = store.agents()
     assert agent.step == 3
-    assert agent.devices[0].peak_bytes == 300 * MiB  # a step baseline counts towards the peak
+    assert agent.devices[0].sampled_peak_bytes == 300 * MiB  # a step baseline counts
     assert store.step_marks(7, 0)["allocated"] == [300 * MiB, 120 * MiB]
     assert store.history(7, 0)["allocated"] == [100 * MiB, 150 * MiB]
     store.reset_peak(7)
-    assert store.agent(7).devices[0].peak_bytes == 150 * MiB  # type: ignore[union-attr]
+    assert store.agent(7).devices[0].sampled_peak_bytes == 150 * MiB  # type: ignore[union-attr]
 
 
 def test_store_marks_exited_agents_then_forgets_them():

@@ -11,6 +11,7 @@ from memtop.diagnosis import suggestions as rules
 from memtop.diagnosis.facts import DeviceDiagnosis, GpuFacts, parse_allocator_conf
 from memtop.diagnosis.fragmentation import Fragmentation, Pressure
 from memtop.diagnosis.leak import LeakEstimate, not_enough
+from memtop.model import AgentDeviceSample
 
 MiB, GiB = 1 << 20, 1 << 30
 TOTAL = 80 * GiB
@@ -18,6 +19,16 @@ TOTAL = 80 * GiB
 
 def frag(gauge: float = 0.0, split: int = 0) -> Fragmentation:
     return Fragmentation(gauge, gauge, split, 10 * GiB, None, None, None, 0, samples=10)
+
+
+def sample(allocated: int, reserved: int, peak: int, free: int) -> AgentDeviceSample:
+    """The sample a diagnosis was judged on (it reads the bytes through it)."""
+    stats = {
+        "allocated_bytes.all.current": allocated,
+        "reserved_bytes.all.current": reserved,
+        "allocated_bytes.all.peak": peak,
+    }
+    return AgentDeviceSample(0, stats, free, TOTAL)
 
 
 def device(
@@ -36,13 +47,8 @@ def device(
         pid=pid,
         index=0,
         uuid="GPU-1",
-        allocated_bytes=allocated,
-        reserved_bytes=reserved,
-        cached_bytes=reserved - allocated,
-        peak_bytes=peak,
+        sample=sample(allocated, reserved, peak, free=TOTAL - reserved),
         baseline_bytes=baseline,
-        free_bytes=TOTAL - reserved,
-        total_bytes=TOTAL,
         leak=leak or not_enough("no data"),
         fragmentation=fragmentation or frag(),
         pressure=pressure or Pressure(0, 0, 0, 0, 600.0),
@@ -279,7 +285,7 @@ def test_headroom_says_how_much_larger_a_batch_fits():
 def test_headroom_does_not_move_with_the_moment_in_the_step():
     # The same trainer sampled at its baseline and at its peak: the same room either way.
     at_baseline = device(allocated=10 * GiB, reserved=16 * GiB, peak=14 * GiB, baseline=10 * GiB)
-    at_peak = dataclasses.replace(at_baseline, allocated_bytes=14 * GiB, cached_bytes=2 * GiB)
+    at_peak = device(allocated=14 * GiB, reserved=16 * GiB, peak=14 * GiB, baseline=10 * GiB)
     rooms = {
         found.effect_bytes
         for facts in (at_baseline, at_peak)

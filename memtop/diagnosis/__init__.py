@@ -4,10 +4,14 @@
 breakdown); `suggestions.suggest` turns the facts of each GPU into what to do.  Joining devices,
 processes and agents is not done here: `memtop.observation` does it once per round and
 assembles the `Diagnosis` every consumer renders.
+
+The diagnosis is a function of one `RoundView` (the store's immutable view of one generation,
+with each device's windows): it never sees the store, so it cannot read two rounds at once.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -25,8 +29,8 @@ from memtop.diagnosis.sites import site_trends
 from memtop.diagnosis.suggestions import Suggestion
 from memtop.oom.diagnose import growing_batch
 
-if TYPE_CHECKING:  # the store is only read through its methods: the package stays light
-    from memtop.store import AgentDeviceView, AgentView, Store
+if TYPE_CHECKING:  # the store's view is only read: the package stays light
+    from memtop.store import AgentDeviceView, AgentView, RoundView
 
 __all__ = [
     "DeviceDiagnosis",
@@ -72,48 +76,40 @@ class Diagnoser:
         self._leaks.clear()
 
     def diagnose_devices(
-        self, store: Store, agents: Sequence[AgentView], now: float
+        self, view: RoundView, now: float
     ) -> dict[tuple[int, int], DeviceDiagnosis]:
-        """Every device of `agents` (as read from `store`), by (pid, device index)."""
+        """Every agent device of one round's `view`, by (pid, device index)."""
         devices: dict[tuple[int, int], DeviceDiagnosis] = {}
-        for agent in agents:
+        for agent in view.agents:
             for dev in agent.devices:
-                devices[(agent.pid, dev.index)] = self._device(store, agent, dev, now)
+                devices[(agent.pid, dev.index)] = self._device(agent, dev, now)
         self._leaks = {k: v for k, v in self._leaks.items() if k in devices}
-        return with_job_peers(devices, agents)
+        return with_job_peers(devices, view.agents)
 
-    def _device(
-        self, store: Store, agent: AgentView, dev: AgentDeviceView, now: float
-    ) -> DeviceDiagnosis:
+    def _device(self, agent: AgentView, dev: AgentDeviceView, now: float) -> DeviceDiagnosis:
         latest = dev.latest
         key = (agent.pid, dev.index)
-        # Only the rows each measure needs: the gauge's median and the pressure window, read every
-        # time; the whole allocated history only when the leak verdict is due again (a dashboard
-        # diagnoses every second, and an hour of history is 3600 rows per device).
+        history, marks = dev.history, dev.marks
+        # Only the rows each measure needs: the gauge's median and the pressure window, judged
+        # every time; the whole allocated history only when the leak verdict is due again (a
+        # dashboard diagnoses every second, and an hour of history is 3600 rows per device).
         newest_sample = agent.last_sample_time if agent.last_sample_time is not None else now
-        recent = store.history_windows(
-            agent.pid,
-            dev.index,
-            since=newest_sample - PRESSURE_WINDOW_S,
-            columns=("time", "num_alloc_retries", "num_ooms"),
-        )
-        gauge = store.history(agent.pid, dev.index, last=GAUGE_SAMPLES, columns=("fragmentation",))
+        times = history.get("time", ())
+        first = bisect_left(times, newest_sample - PRESSURE_WINDOW_S)
+        recent = {name: history.get(name, ())[first:] for name in _PRESSURE_COLUMNS}
+        gauge = history.get("fragmentation", ())[-GAUGE_SAMPLES:]
         # The baseline is the newest step mark.
-        newest = store.step_marks(agent.pid, dev.index, last=1, columns=("allocated",)).get(
-            "allocated", []
-        )
+        newest = marks.get("allocated", ())[-1:]
         cached = self._leaks.get(key)
         if cached is not None and 0 <= now - cached[0] < self.leak_refresh_s:
             leak = cached[1]
         else:
-            marks = store.step_marks(agent.pid, dev.index, last=MAX_MARKS)
-            history = store.history(agent.pid, dev.index, columns=("time", "allocated"))
             leak = detect(
-                marks.get("step", []),
-                marks.get("time", []),
-                marks.get("allocated", []),
-                history.get("time", []),
-                history.get("allocated", []),
+                _newest(marks, "step", MAX_MARKS),
+                _newest(marks, "time", MAX_MARKS),
+                _newest(marks, "allocated", MAX_MARKS),
+                _newest(history, "time"),
+                _newest(history, "allocated"),
                 headroom_bytes=latest.free_bytes + latest.cached,
             )
             self._leaks[key] = (now, leak)
@@ -131,24 +127,17 @@ class Diagnoser:
         oom_growth = None
         ooms = pressure_now.ooms if pressure_now.ooms_recent is None else pressure_now.ooms_recent
         if last_oom is None and ooms > 0:
-            oom_growth = _growth_from_marks(store, agent.pid, dev.index, recent)
+            oom_growth = _growth_from_marks(marks, recent)
         summaries = agent.snapshot_summary or {}
         snapshot_age = now - agent.snapshot_time if agent.snapshot_time is not None else None
         return DeviceDiagnosis(
             pid=agent.pid,
             index=dev.index,
             uuid=dev.uuid,
-            allocated_bytes=latest.allocated,
-            reserved_bytes=latest.reserved,
-            cached_bytes=latest.cached,
-            peak_bytes=latest.torch_peak,
+            sample=latest,
             baseline_bytes=int(newest[-1]) if newest else None,
-            free_bytes=latest.free_bytes,
-            total_bytes=latest.total_bytes,
             leak=leak,
-            fragmentation=fragmentation(
-                latest, gauge.get("fragmentation", []), summaries.get(dev.index), snapshot_age
-            ),
+            fragmentation=fragmentation(latest, gauge, summaries.get(dev.index), snapshot_age),
             pressure=pressure_now,
             breakdown=(agent.breakdown or {}).get(dev.index),
             breakdown_measured=agent.breakdown is not None,
@@ -160,21 +149,34 @@ class Diagnoser:
         )
 
 
+_PRESSURE_COLUMNS = ("time", "num_alloc_retries", "num_ooms")
+
+
+def _newest(
+    columns: Mapping[str, Sequence[float]], name: str, last: int | None = None
+) -> list[float]:
+    """The newest `last` rows (all: None) of one column as floats, oldest first."""
+    column = columns.get(name, ())
+    return list(column if last is None else column[-last:])
+
+
 def _hip(value: object) -> str | None:
     """The hello's `hip` (torch.version.hip) when it is one."""
     return value if isinstance(value, str) and value else None
 
 
 def _growth_from_marks(
-    store: Store, pid: int, index: int, recent: Mapping[str, Sequence[float]]
+    marks: Mapping[str, Sequence[float]], recent: Mapping[str, Sequence[float]]
 ) -> dict[str, Any] | None:
     """A growing batch judged from the newest step marks as an OOM report judges it
     (memtop.oom.diagnose, one home), for OOMs seen only as a counter."""
-    marks = store.step_marks(pid, index, last=GROWTH_MARKS)
     recent_marks = [
         {"step": int(step), "time": when, "allocated_bytes": int(allocated)}
         for step, when, allocated in zip(
-            marks.get("step", []), marks.get("time", []), marks.get("allocated", []), strict=False
+            _newest(marks, "step", GROWTH_MARKS),
+            _newest(marks, "time", GROWTH_MARKS),
+            _newest(marks, "allocated", GROWTH_MARKS),
+            strict=False,
         )
     ]
     counts = recent.get("num_ooms", [])

@@ -9,22 +9,55 @@ from memtop import alloc_conf
 from memtop.diagnosis.fragmentation import Fragmentation, Pressure
 from memtop.diagnosis.leak import LeakEstimate
 from memtop.diagnosis.sites import SiteTrend
+from memtop.model import AgentDeviceSample
+
+
+class ReadsSample:
+    """The byte figures of one agent device's latest sample, read through the `sample` a class
+    holds by reference: the diagnosis and the observation share these instead of copying the
+    bytes into fields of their own."""
+
+    __slots__ = ()
+    sample: AgentDeviceSample
+
+    @property
+    def allocated_bytes(self) -> int:
+        return self.sample.allocated
+
+    @property
+    def reserved_bytes(self) -> int:
+        return self.sample.reserved
+
+    @property
+    def cached_bytes(self) -> int:
+        return self.sample.cached
+
+    @property
+    def peak_bytes(self) -> int:
+        """torch's allocated_bytes.all.peak: the true peak (since start or `r`)."""
+        return self.sample.torch_peak
+
+    @property
+    def free_bytes(self) -> int:
+        """The device's free bytes as the agent's mem_get_info saw them."""
+        return self.sample.free_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.sample.total_bytes
 
 
 @dataclass(frozen=True, slots=True)
-class DeviceDiagnosis:
-    """One device of one agent: the metrics behind every rule."""
+class DeviceDiagnosis(ReadsSample):
+    """One device of one agent: the judgements behind every rule (leak, fragmentation,
+    pressure, baseline), beside the sample they were judged on, held by reference: its bytes
+    are read through it (ReadsSample), never copied."""
 
     pid: int
     index: int
     uuid: str
-    allocated_bytes: int
-    reserved_bytes: int
-    cached_bytes: int
-    peak_bytes: int  # torch's allocated_bytes.all.peak: the true peak (since start or `r`)
+    sample: AgentDeviceSample  # the round's latest sample of this device
     baseline_bytes: int | None  # allocated right after the newest step
-    free_bytes: int  # the device's free bytes as the agent's mem_get_info saw them
-    total_bytes: int
     leak: LeakEstimate
     fragmentation: Fragmentation
     pressure: Pressure
