@@ -23,6 +23,18 @@ SOURCE_AGENT = "agent"
 MARK_WINDOW = 1024
 
 
+class Choice(str, Enum):
+    """A closed set of words (a str enum): its members compare, hash and serialise (JSON, the
+    wire, recordings) as the plain strings they stand for, and print as them too.  `StrEnum`
+    would do, but memtop runs on Python 3.10."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
 class AgentStatus(str, Enum):
     """An agent as the viewer sees it.  A str enum, so the values compare and serialise as the
     plain strings the JSON report has always carried."""

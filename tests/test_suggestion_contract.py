@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.observations import frozen_observation
-from test_suggestions import BREAKDOWN, GiB, MiB, TOTAL, device, frag, gpu, leak
+from test_suggestions import BREAKDOWN, TOTAL, GiB, MiB, device, frag, gpu, leak
 
 from memtop.diagnosis import suggestions as rules
 from memtop.diagnosis.fragmentation import Pressure
@@ -130,3 +130,17 @@ def test_suggestions_read_as_pinned():
     assert "bigger_batch" in spoken
     assert any(i["rule"] == "tips" for story in found.values() for i in story["pane"])
     assert MiB  # (the helpers' units, imported for the stories above)
+
+
+def test_the_view_says_a_rule_in_its_records_words(monkeypatch):
+    # One home per rule: changing a rule's record is all it takes to change how the pane says
+    # it (no table keyed by rule strings in the view).
+    reworded = dataclasses.replace(
+        rules.leak, effect_words="grows {} an hour", short_title="the leak", effect_kind="room"
+    )
+    monkeypatch.setitem(rules.RULES_BY_ID, "leak", reworded)
+    (found,) = rules.suggest([gpu(device(leak=leak(86_400)))])
+    shown = view.suggestion_item(found)
+    assert shown.effect == "grows 281.2 GiB an hour"
+    assert shown.effect_kind == "room"
+    assert found.short_title == "the leak"

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from memtop.diagnosis import DeviceDiagnosis, Suggestion
+from memtop.diagnosis.suggestions import EffectKind, RuleId
 from memtop.job_groups import JobGroup, job_groups
 from memtop.model import SOURCE_AGENT, SOURCE_SIM, AgentStatus, Severity, host_of
 from memtop.observation import (
@@ -211,7 +212,7 @@ class SuggestionItem:
     fix: str | None
     effect: str | None
     detail: str = ""  # what to do / why, in prose (a leak's usual culprits)
-    effect_kind: str = "saving"  # "saving" (green), "growth" (red), "excess" (yellow), "room"
+    effect_kind: str = EffectKind.SAVING  # its colour on screen: widgets.suggestions
     rule: str = ""
     room: str | None = None  # a roll-up's headroom ("53.8 GiB unused"), drawn apart from savings
 
@@ -246,7 +247,7 @@ def build(
     """The whole dashboard from one observation.  `users`, kept by the caller between builds,
     remembers each pid's owner so that an exited process still names its user."""
     my_uid = obs.uid if my_uid is None else my_uid
-    flagged = {(s.pid, s.device) for s in obs.suggestions if s.rule == "expandable_segments"}
+    flagged = {(s.pid, s.device) for s in obs.suggestions if s.rule == RuleId.EXPANDABLE_SEGMENTS}
     gpus = tuple(_gpu_row(gpu, flagged) for gpu in obs.gpus)
     users = users if users is not None else {}
     processes = tuple(_process_row(entry, my_uid, users, obs.time) for entry in obs.entries)
@@ -612,9 +613,9 @@ def _suggestion_items(
             continue
         # Savings add up (each is memory the process would stop using); a bigger batch's
         # headroom is memory it does not use yet: never summed with them.
-        saving = sum(s.effect_bytes or 0 for s in group if EFFECT_KINDS.get(s.rule) is None)
-        room = sum(s.effect_bytes or 0 for s in group if EFFECT_KINDS.get(s.rule) == "room")
-        names = ", ".join(_short_title(s) for s in group)
+        saving = sum(s.effect_bytes or 0 for s in group if s.effect_kind == EffectKind.SAVING)
+        room = sum(s.effect_bytes or 0 for s in group if s.effect_kind == EffectKind.ROOM)
+        names = ", ".join(s.short_title for s in group)
         effect = f"saves up to {format_bytes(saving)}" if saving else None
         unused = f"{format_bytes(room)} unused" if room else None
         items.append(
@@ -628,7 +629,7 @@ def _suggestion_items(
                 fix=None,
                 effect=effect or unused,
                 detail=" ".join(s.detail for s in group if s.detail),
-                effect_kind="saving" if saving else "room",
+                effect_kind=EffectKind.SAVING if saving else EffectKind.ROOM,
                 rule="tips",
                 room=unused if effect else None,
             )
@@ -651,28 +652,8 @@ def _suggestion_items(
     return tuple(items)
 
 
-# What `effect_bytes` means differs by rule; the pane says it in words.
-EFFECT_WORDING = {
-    "leak": "+{}/hour",
-    "usage": "{} over 85 %",
-    "cleanup": "frees {}",
-    "bigger_batch": "{} unused",
-    "expandable_segments": "{} stuck in splits",
-}
-# How the pane colours an effect: savings green, growth (a leak) red, excess yellow.
-EFFECT_KINDS = {"leak": "growth", "usage": "excess", "bigger_batch": "room"}
-SHORT_TITLES = {
-    "8bit_optimizer": "8-bit optimizer",
-    "bf16_parameters": "bf16 weights",
-    "bigger_batch": "bigger batch",
-    "gradient_checkpointing": "checkpointing",
-}
-
-
 def _item(s: Suggestion) -> SuggestionItem:
-    effect = None
-    if s.effect_bytes:
-        effect = EFFECT_WORDING.get(s.rule, "saves {}").format(format_bytes(s.effect_bytes))
+    # What `effect_bytes` means differs by rule: its rule record says it in words.
     return SuggestionItem(
         key=f"{s.rule}:{process_key(s.pid)}:{s.device}",
         severity=s.severity,
@@ -681,18 +662,14 @@ def _item(s: Suggestion) -> SuggestionItem:
         title=s.title,
         evidence=s.evidence,
         fix=s.fix,
-        effect=effect,
+        effect=s.effect_text,
         detail=s.detail,
-        effect_kind=EFFECT_KINDS.get(s.rule, "saving"),
+        effect_kind=s.effect_kind,
         rule=s.rule,
     )
 
 
 suggestion_item = _item  # one suggestion as the pane draws it, unfolded
-
-
-def _short_title(s: Suggestion) -> str:
-    return SHORT_TITLES.get(s.rule, s.title.split(":")[0])
 
 
 # --------------------------------------------------------------------------------- detail
