@@ -197,6 +197,7 @@ class AmdSmiSource(DriverLibrarySource[DriverDevice]):
     SHUTDOWN = "amdsmi_shut_down"
     LOST_CODES = _LOST_CODES
     DOWN_CODES = _DOWN_CODES
+    ABSENT_CODES = _ABSENT_CODES
 
     def __init__(
         self,
@@ -273,12 +274,12 @@ class AmdSmiSource(DriverLibrarySource[DriverDevice]):
     def _query_device(self, gpu: DriverDevice, errors: list[str]) -> DeviceReading:
         if not gpu.identified:
             self._identify(gpu, errors)
-        total = self._query(gpu, "memory", errors, "amdsmi_get_gpu_memory_total", "VRAM")
-        used = self._query(gpu, "memory", errors, "amdsmi_get_gpu_memory_usage", "VRAM")
+        total = self._optional(gpu, "memory", errors, "amdsmi_get_gpu_memory_total", "VRAM")
+        used = self._optional(gpu, "memory", errors, "amdsmi_get_gpu_memory_usage", "VRAM")
         processes = self._processes(gpu, errors)
-        activity = self._query(gpu, "activity", errors, "amdsmi_get_gpu_activity")
+        activity = self._optional(gpu, "activity", errors, "amdsmi_get_gpu_activity")
         temperature = self._temperature(gpu, errors)
-        power = self._query(gpu, "power", errors, "amdsmi_get_power_info")
+        power = self._optional(gpu, "power", errors, "amdsmi_get_power_info")
         total_bytes, used_bytes = _number(total), _number(used)
         activity = activity if isinstance(activity, dict) else {}
         return DeviceReading(
@@ -317,9 +318,9 @@ class AmdSmiSource(DriverLibrarySource[DriverDevice]):
         )
 
     def _identify(self, gpu: DriverDevice, errors: list[str]) -> None:
-        uuid = self._query(gpu, "uuid", errors, "amdsmi_get_gpu_device_uuid")
-        bdf = self._query(gpu, "bdf", errors, "amdsmi_get_gpu_device_bdf")
-        asic = self._query(gpu, "asic", errors, "amdsmi_get_gpu_asic_info")
+        uuid = self._optional(gpu, "uuid", errors, "amdsmi_get_gpu_device_uuid")
+        bdf = self._optional(gpu, "bdf", errors, "amdsmi_get_gpu_device_bdf")
+        asic = self._optional(gpu, "asic", errors, "amdsmi_get_gpu_asic_info")
         name = _text(asic.get("market_name", "")) if isinstance(asic, dict) else ""
         gpu.uuid = _text(uuid) if uuid else gpu.uuid
         gpu.pci_bus_id = canonical_pci_bus_id(bdf) or gpu.pci_bus_id
@@ -329,33 +330,14 @@ class AmdSmiSource(DriverLibrarySource[DriverDevice]):
             gpu.uuid = f"PCI-{gpu.pci_bus_id}" if gpu.pci_bus_id else f"AMD-GPU-{gpu.index}"
         gpu.identified = True
 
-    def _query(
-        self, gpu: DriverDevice, key: str, errors: list[str], function: str, *args: Any
-    ) -> Any:
-        """One amdsmi call for `gpu`: its answer, or None (unsupported: silently from then on;
-        refused or failed: with a line in `errors`).  A lost GPU or a dead library unwinds."""
-        if key in gpu.absent:
-            return None
-        query = getattr(self._lib, function, None)
-        if query is None:
-            gpu.absent.add(key)
-            return None
-        try:
-            return query(gpu.handle, *(self._enum(arg) for arg in args))
-        except Exception as exc:
-            self._check_fatal(exc)
-            code = _error_code(exc)
-            if code in _ABSENT_CODES:
-                gpu.absent.add(key)
-            elif code == _NO_PERM:
-                errors.append(f"{key}: no permission")
-            else:
-                errors.append(f"{key}: {amdsmi_error_line(exc)}")
-            return None
+    def _arguments(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """amdsmi's AmdSmiMemoryType.<name> for each name (the interface refuses a bare int)."""
+        return tuple(getattr(self._lib.AmdSmiMemoryType, name) for name in args)
 
-    def _enum(self, name: str) -> Any:
-        """amdsmi's AmdSmiMemoryType.<name> (the interface refuses a bare int)."""
-        return getattr(self._lib.AmdSmiMemoryType, name)
+    def _query_error(self, key: str, code: int | None, exc: Exception) -> str | None:
+        if code == _NO_PERM:
+            return f"{key}: no permission"
+        return f"{key}: {amdsmi_error_line(exc)}"
 
     def _temperature(self, gpu: DriverDevice, errors: list[str]) -> int | None:
         """The hotspot (junction) sensor, else the edge one: an MI300X has no edge sensor and a

@@ -101,6 +101,7 @@ class DriverLibrarySource(ABC, Generic[D]):
     SHUTDOWN: ClassVar[str]  # the library's function that shuts it down
     LOST_CODES: ClassVar[frozenset[int]]  # the device cannot be queried until reopened
     DOWN_CODES: ClassVar[frozenset[int]]  # the library as a whole stopped working
+    ABSENT_CODES: ClassVar[frozenset[int]]  # the query does not exist here: stop asking
 
     def __init__(
         self,
@@ -179,6 +180,14 @@ class DriverLibrarySource(ABC, Generic[D]):
     def _forget(self) -> None:
         """What else a vendor drops with its devices when the library shuts down."""
 
+    def _query_error(self, key: str, code: int | None, exc: Exception) -> str | None:
+        """The line a failed optional query adds to its device's error; None: say nothing."""
+        return f"{key}: {self.error_line(exc)}"
+
+    def _arguments(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """An optional query's arguments as the library takes them (asked at each call)."""
+        return args
+
     # -- initialisation ------------------------------------------------------------------------
 
     def _unavailable(self, error: str) -> DriverReading:
@@ -252,6 +261,27 @@ class DriverLibrarySource(ABC, Generic[D]):
             device.down_error = lost.line
             device.retry_at = now + self._retry_interval
             return self._failed_device(device, lost.line)
+
+    def _optional(self, device: D, key: str, errors: list[str], function: str, *args: Any) -> Any:
+        """One query of `device` that may be unsupported (utilisation, temperature, power):
+        its answer, or None (unsupported or missing: silently, and not asked again; failed:
+        with `_query_error`'s line in `errors`).  A lost device or a dead library unwinds."""
+        if key in device.absent:
+            return None
+        query = getattr(self._lib, function, None)
+        if query is None:
+            device.absent.add(key)
+            return None
+        try:
+            return query(device.handle, *self._arguments(args))
+        except Exception as exc:
+            self._check_fatal(exc)
+            code = self._error_code(exc)
+            if code in self.ABSENT_CODES:
+                device.absent.add(key)
+            elif (line := self._query_error(key, code, exc)) is not None:
+                errors.append(line)
+            return None
 
     def _check_fatal(self, exc: Exception) -> None:
         """Turn a lost device or a dead library into the internal exceptions that unwind a

@@ -195,6 +195,7 @@ class NvmlSource(DriverLibrarySource[_Device]):
     SHUTDOWN = "nvmlShutdown"
     LOST_CODES = _LOST_CODES
     DOWN_CODES = _DOWN_CODES
+    ABSENT_CODES = _ABSENT_CODES
 
     def __init__(
         self,
@@ -219,6 +220,12 @@ class NvmlSource(DriverLibrarySource[_Device]):
 
     def _error_code(self, exc: BaseException) -> int | None:
         return _error_code(exc)
+
+    def _query_error(self, key: str, code: int | None, exc: Exception) -> str | None:
+        # No permission, or nothing to report (no process, no sensor): not worth a line.
+        if code in (_NO_PERMISSION, _NOT_FOUND):
+            return None
+        return f"{key}: {nvml_error_line(exc)}"
 
     # -- initialisation ------------------------------------------------------------------------
 
@@ -444,24 +451,3 @@ class NvmlSource(DriverLibrarySource[_Device]):
         if missing is not None:
             raise missing
         return None  # the lib (a simulated one, say) does not have it
-
-    def _optional(
-        self, device: _Device, key: str, errors: list[str], function: str, *args: Any
-    ) -> Any:
-        """A query that may be unsupported (utilisation, temperature): None, silently, if so."""
-        if key in device.absent:
-            return None
-        query = getattr(self._lib, function, None)
-        if query is None:
-            device.absent.add(key)
-            return None
-        try:
-            return query(device.handle, *args)
-        except Exception as exc:
-            self._check_fatal(exc)
-            code = _error_code(exc)
-            if code in _ABSENT_CODES:
-                device.absent.add(key)
-            elif code not in (_NO_PERMISSION, _NOT_FOUND):
-                errors.append(f"{key}: {nvml_error_line(exc)}")
-            return None
