@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from memtop._version import __version__
 from memtop.commands import CommandError
 from memtop.protocol import UnsafeSocketDir
+from memtop.sim.scenario_names import DEMO_SCENARIOS
 
 if TYPE_CHECKING:
     from memtop.scope import Scope
@@ -85,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--scenario",
         default="mixed",
-        choices=["healthy", "leak", "fragment", "pressure", "oom", "mixed"],
+        choices=DEMO_SCENARIOS,
         help="workload the simulated trainers run (default mixed)",
     )
     demo.add_argument("--step-time", type=_positive_float, default=0.1, help="seconds per step")

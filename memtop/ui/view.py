@@ -13,9 +13,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from memtop.diagnosis import DeviceDiagnosis, Suggestion
+from memtop.diagnosis.leak import LeakBasis
 from memtop.diagnosis.suggestions import EffectKind, RuleId
 from memtop.job_groups import JobGroup, job_groups
-from memtop.model import SOURCE_AGENT, SOURCE_SIM, AgentStatus, Severity, host_of
+from memtop.model import SOURCE_AGENT, SOURCE_SIM, AgentStatus, Choice, Severity, host_of
 from memtop.observation import (
     AgentDeviceObservation,
     DeviceHistory,
@@ -80,12 +81,21 @@ class TrendLine:
         return f"TrendLine({self.points()!r})"
 
 
+class TrendStatus(Choice):
+    """What a GPU's leak-trend sparkline says, in the words its label shows."""
+
+    LEAK = "leak"
+    STEADY = "steady"
+    COLLECTING = "collecting"  # too little data for a verdict yet
+    NO_AGENT = "no PyTorch agent"
+
+
 @dataclass(frozen=True, slots=True)
 class Trend:
     """The leak-trend sparkline of one GPU and what it says."""
 
     line: TrendLine
-    status: str  # "leak", "steady", "collecting", "no PyTorch agent"
+    status: TrendStatus
     pid: int | None
     bytes_per_step: float | None = None  # of a leak
     bytes_per_second: float | None = None
@@ -106,7 +116,7 @@ class Trend:
 
     @property
     def leak(self) -> bool:
-        return self.status == "leak"
+        return self.status == TrendStatus.LEAK
 
     def label(self, short: bool = False) -> str:
         """ "pid 4102 +8.0 MiB/step · full in 7 min", or "pid 4102 +8.0M/step 7 min" where room
@@ -160,7 +170,7 @@ class ProcessRow:
     reserved: int | None
     peak: int | None  # torch's allocated_bytes.all.peak
     step: int | None
-    state: str  # "agent", "exited", "unreachable", "no agent"
+    state: ProcessState
     trend: str  # "+8.0 MiB/step" for a leak, "" otherwise
     own: bool
     full_command: str = ""  # the whole command line (the table shows `command`: basename + args)
@@ -179,11 +189,11 @@ class ProcessRow:
     @property
     def last_known(self) -> bool:
         """Its memory figures are the last ones seen, not live (the process has exited)."""
-        return self.state == "exited"
+        return self.state == ProcessState.EXITED
 
     @property
     def has_agent(self) -> bool:
-        return self.state == "agent"
+        return self.state == ProcessState.AGENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,7 +347,7 @@ def nothing_to_suggest(obs: Observation) -> str:
         if all(a.hello is not None and not a.hello.devices for a in live):
             return "Nothing to judge: the PyTorch processes use no GPU (CPU only)."
         return COLLECTING
-    if any(d.diagnosis.leak.basis == "none" for d in devices):
+    if any(d.diagnosis.leak.basis == LeakBasis.NONE for d in devices):
         return COLLECTING
     return "Nothing to suggest: memory looks healthy."
 
@@ -404,17 +414,17 @@ def _trend(gpu: GpuObservation) -> Trend:
         focus = max(on_it, key=lambda d: d.reserved_bytes, default=None)
     if focus is None:
         used = gpu.used_history[1][-TREND_SAMPLES:]
-        return Trend(TrendLine(used), "no PyTorch agent", None)
+        return Trend(TrendLine(used), TrendStatus.NO_AGENT, None)
     history = focus.history
     marks = history.mark_allocated[-TREND_MARKS:]
     raw = history.allocated[-TREND_SAMPLES:] if len(marks) < 2 else marks
     leak = focus.diagnosis.leak
     if leak.detected:
-        status = "leak"
-    elif leak.basis == "none":
-        status = "collecting"
+        status = TrendStatus.LEAK
+    elif leak.basis == LeakBasis.NONE:
+        status = TrendStatus.COLLECTING
     else:
-        status = "steady"
+        status = TrendStatus.STEADY
     return Trend(
         TrendLine(raw, focus.sample.total_bytes),
         status,
@@ -444,7 +454,28 @@ def leak_label(
 
 # ------------------------------------------------------------------------------ processes
 
-STATE_LABELS = {AgentStatus.CONNECTED: "agent", AgentStatus.EXITED: "exited"}
+
+class ProcessState(Choice):
+    """A process row's state, in the words the table shows: its agent's status (AgentStatus),
+    or that it has none."""
+
+    AGENT = "agent"  # an agent answers: its numbers are live
+    EXITED = "exited"  # gone; its last numbers stay a while, dimmed
+    NO_AGENT = "no agent"  # the driver lists it; no memtop agent runs in it
+    UNREACHABLE = "unreachable"
+    HUNG = "hung"
+    INCONSISTENT = "inconsistent"
+    REFUSED = "refused"
+
+
+STATE_LABELS = {
+    AgentStatus.CONNECTED: ProcessState.AGENT,
+    AgentStatus.EXITED: ProcessState.EXITED,
+    AgentStatus.UNREACHABLE: ProcessState.UNREACHABLE,
+    AgentStatus.HUNG: ProcessState.HUNG,
+    AgentStatus.INCONSISTENT: ProcessState.INCONSISTENT,
+    AgentStatus.REFUSED: ProcessState.REFUSED,
+}
 
 
 def short_command(argv: Sequence[str]) -> str:
@@ -490,7 +521,7 @@ def _process_row(
             reserved=None,
             peak=None,
             step=None,
-            state="no agent",
+            state=ProcessState.NO_AGENT,
             trend="",
             own=own,
         )
@@ -505,9 +536,9 @@ def _process_row(
         "launcher": getattr(info, "ppid", None) if extra.get("rank") is not None else None,
     }
     job = agent.job
-    state = STATE_LABELS.get(agent.status, str(agent.status))
+    state = STATE_LABELS[agent.status]
     trend = ""
-    if dev is not None and dev.diagnosis.leak.detected and state == "agent":
+    if dev is not None and dev.diagnosis.leak.detected and state == ProcessState.AGENT:
         leak = dev.diagnosis.leak
         trend = leak_label(leak.bytes_per_step, leak.bytes_per_second, None, short=True)
     # Without a device (an agent that has not sampled yet, or cannot be reached) the row keeps
@@ -757,7 +788,7 @@ def _trend_line(
     level the median offset of the baselines from that slope."""
     leak = device.leak
     steps, times, allocated = marks.mark_step, marks.mark_time, marks.mark_allocated
-    if leak.basis != "steps" or leak.bytes_per_step is None or not steps:
+    if leak.basis != LeakBasis.STEPS or leak.bytes_per_step is None or not steps:
         return None
     since = leak.since if leak.since is not None else steps[0]
     chosen = [i for i, s in enumerate(steps) if s >= since and times[i] >= oldest]
