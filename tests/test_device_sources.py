@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fake_nvml import FakeClock, FakeNvml
+from test_amd import Fixed
 
 from memtop.model import SOURCE_AMDSMI, SOURCE_NVML, SOURCE_SIM, DeviceReading, DriverReading
 from memtop.sim.devices_view import SimulatedDeviceSource
@@ -132,19 +133,6 @@ def test_a_new_vendor_gets_the_shared_retry_and_lost_device_logic():
     assert source.read().error == "vendor: code 2"
     clock.advance(11)
     assert source.read().available and lib.inits == 2
-
-
-class Fixed:
-    def __init__(self, reading: DriverReading, found: bool = True) -> None:
-        self.reading = reading
-        self.library_found = found
-        self.source = reading.source
-
-    def read(self) -> DriverReading:
-        return self.reading
-
-    def close(self) -> None:
-        pass
 
 
 def _gpus(source: str, n: int) -> DriverReading:
