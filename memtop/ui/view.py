@@ -222,7 +222,7 @@ class SuggestionItem:
     fix: str | None
     effect: str | None
     detail: str = ""  # what to do / why, in prose (a leak's usual culprits)
-    effect_kind: str = EffectKind.SAVING  # its colour on screen: widgets.suggestions
+    effect_kind: EffectKind = EffectKind.SAVING  # its colour on screen: widgets.suggestions
     rule: str = ""
     room: str | None = None  # a roll-up's headroom ("53.8 GiB unused"), drawn apart from savings
 
