@@ -25,7 +25,7 @@ from typing import Any
 
 from memtop.diagnosis import DeviceDiagnosis, Diagnoser
 from memtop.diagnosis.fragmentation import GAUGE_SAMPLES
-from memtop.diagnosis.leak import LeakEstimate
+from memtop.diagnosis.leak import LeakBasis, LeakEstimate
 from memtop.feed import ActionReply, FeedLoop, refused
 from memtop.model import (
     AgentDeviceSample,
@@ -92,7 +92,13 @@ def _opt_int(value: float | None) -> int | None:
 def remote_leak(verdict: Mapping[str, float], host: str) -> LeakEstimate:
     per_step = verdict.get("bytes_per_step")
     per_second = verdict.get("bytes_per_second")
-    basis = "steps" if per_step is not None else "time" if per_second is not None else "none"
+    basis = (
+        LeakBasis.STEPS
+        if per_step is not None
+        else LeakBasis.TIME
+        if per_second is not None
+        else LeakBasis.NONE
+    )
     detected = bool(verdict.get("detected", 0))
     to_full = verdict.get("seconds_to_full")
     steps_to_full = verdict.get("steps_to_full")
@@ -105,9 +111,9 @@ def remote_leak(verdict: Mapping[str, float], host: str) -> LeakEstimate:
         confidence=verdict.get("confidence", 0.0),
         basis=basis,
         samples=round(verdict.get("samples", 0)),
-        since=verdict.get("since_step" if basis == "steps" else "since_time"),
+        since=verdict.get("since_step" if basis == LeakBasis.STEPS else "since_time"),
         reason=f"as judged by memtop export on {host}"
-        if basis != "none"
+        if basis != LeakBasis.NONE
         else f"too little data yet on {host}",
     )
 

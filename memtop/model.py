@@ -11,19 +11,42 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-# Where a device reading came from: the driver (NVML), a simulated GPU of `memtop demo`, or,
-# with neither, what an agent reported through torch.cuda.mem_get_info.
-SOURCE_NVML = "nvml"
-SOURCE_AMDSMI = "amdsmi"  # AMD GPUs through AMD's own library (ROCm), memtop.sources.amdsmi
-SOURCE_SIM = "sim"
-SOURCE_AGENT = "agent"
-
 # The newest per-step baselines memtop judges a trend by: the leak verdict's window, the rows the
 # observation reads, and so all a viewer asks an agent for (DESIGN §6, `sample` `max_marks`).
 MARK_WINDOW = 1024
 
 
-class AgentStatus(str, Enum):
+class Choice(str, Enum):
+    """A closed set of words (a str enum): its members compare, hash and serialise (JSON, the
+    wire, recordings) as the plain strings they stand for, and print as them too.  `StrEnum`
+    would do, but memtop runs on Python 3.10."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class SourceKind(Choice):
+    """Where a device reading came from (DESIGN §12): a driver library, a simulated GPU of
+    `memtop demo`, or, with neither, what an agent reported through torch.cuda.mem_get_info.
+    The JSON's `source` and a recording's `src` carry these words."""
+
+    NVML = "nvml"
+    AMDSMI = "amdsmi"  # AMD GPUs through AMD's own library (ROCm), memtop.sources.amdsmi
+    SIM = "sim"
+    AGENT = "agent"
+
+
+# The names every module imports (kept: they are the kinds above).
+SOURCE_NVML = SourceKind.NVML
+SOURCE_AMDSMI = SourceKind.AMDSMI
+SOURCE_SIM = SourceKind.SIM
+SOURCE_AGENT = SourceKind.AGENT
+
+
+class AgentStatus(Choice):
     """An agent as the viewer sees it.  A str enum, so the values compare and serialise as the
     plain strings the JSON report has always carried."""
 
@@ -34,11 +57,8 @@ class AgentStatus(str, Enum):
     INCONSISTENT = "inconsistent"  # answers, but its numbers break sanity rules; not summed
     REFUSED = "refused"  # failed authentication (wrong peer pid/uid, symlink, foreign directory)
 
-    def __str__(self) -> str:
-        return self.value
 
-
-class Severity(str, Enum):
+class Severity(Choice):
     """How urgent a suggestion is, in rising order.  A str enum: the JSON carries the plain
     strings it always has ("info", "warning", "critical", "emergency")."""
 
@@ -46,12 +66,6 @@ class Severity(str, Enum):
     WARNING = "warning"
     CRITICAL = "critical"
     EMERGENCY = "emergency"
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
     @property
     def rank(self) -> int:

@@ -446,6 +446,7 @@ class Fixed:
     def __init__(self, reading: DriverReading, found: bool = True) -> None:
         self.reading = reading
         self.library_found = found
+        self.source = reading.source
 
     def read(self) -> DriverReading:
         return self.reading
@@ -459,12 +460,11 @@ def _gpu(index: int, source: str) -> DeviceReading:
 
 
 def _sources(nvidia: DriverReading, amd: DriverReading, amd_found: bool = True) -> Any:
-    from memtop.sources.devices import DefaultDeviceSource
+    from memtop.sim.devices_view import SimulatedDeviceSource
+    from memtop.sources.devices import CombinedDeviceSource
 
-    devices = DefaultDeviceSource(Path("/nonexistent-socket-dir"))
-    devices.nvml = Fixed(nvidia)  # type: ignore[assignment]
-    devices.amd = Fixed(amd, amd_found)  # type: ignore[assignment]
-    return devices
+    simulated = SimulatedDeviceSource(Path("/nonexistent-socket-dir"))
+    return CombinedDeviceSource([Fixed(nvidia), Fixed(amd, amd_found)], simulated)
 
 
 NO_NVML = DriverReading(False, error="NVML not available: no driver")

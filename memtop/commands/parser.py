@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 
 from memtop._version import __version__
+from memtop.sim.scenario_names import DEMO_SCENARIOS
 
 
 def _positive_float(text: str) -> float:
@@ -64,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--scenario",
         default="mixed",
-        choices=["healthy", "leak", "fragment", "pressure", "oom", "mixed"],
+        choices=DEMO_SCENARIOS,
         help="workload the simulated trainers run (default mixed)",
     )
     demo.add_argument("--step-time", type=_positive_float, default=0.1, help="seconds per step")

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
-from memtop.model import MARK_WINDOW
+from memtop.model import MARK_WINDOW, Choice
 from memtop.units import MiB
 
 MIN_MARKS = 30  # fewer per-step baselines than this say nothing about a trend
@@ -47,6 +47,14 @@ MIN_HISTORY_SECONDS = 60.0  # the time basis needs this much sampled history
 MIN_WINDOW_SECONDS = 10.0  # rolling-minimum window of the time basis
 
 
+class LeakBasis(Choice):
+    """What a leak verdict was judged on (the JSON's `leak.basis`)."""
+
+    STEPS = "steps"  # the per-step baselines
+    TIME = "time"  # the rolling minimum over time (no steps seen)
+    NONE = "none"  # too little data for either
+
+
 @dataclass(frozen=True, slots=True)
 class LeakEstimate:
     """The verdict on one agent device.  The rates are the measured trend of the baseline even
@@ -58,7 +66,7 @@ class LeakEstimate:
     steps_to_full: int | None
     seconds_to_full: float | None
     confidence: float
-    basis: str  # "steps" (per-step baselines), "time" (rolling minimum), "none" (too little data)
+    basis: LeakBasis
     samples: int
     since: float | None  # where the analysed regime starts: a step number, or a unix time
     reason: str
@@ -85,7 +93,7 @@ def _int_or_none(value: float | None) -> int | None:
 
 
 def not_enough(reason: str, samples: int = 0) -> LeakEstimate:
-    return LeakEstimate(False, None, None, None, None, 0.0, "none", samples, None, reason)
+    return LeakEstimate(False, None, None, None, None, 0.0, LeakBasis.NONE, samples, None, reason)
 
 
 # ------------------------------------------------------------------------------ entry points
@@ -142,7 +150,9 @@ def detect_from_steps(
         reason = (
             f"regime changed at step {steps[first]:.0f}; {regime_marks} of {MIN_MARKS} steps since"
         )
-        return LeakEstimate(False, None, None, None, None, 0.0, "steps", n, steps[first], reason)
+        return LeakEstimate(
+            False, None, None, None, None, 0.0, LeakBasis.STEPS, n, steps[first], reason
+        )
     per_step = trend.slope
     per_second = per_step * steps_per_second if steps_per_second else None
     detected, reason = _verdict(trend, per_step * step_span, "step")
@@ -158,7 +168,7 @@ def detect_from_steps(
         steps_to_full,
         seconds_to_full,
         trend.confidence,
-        "steps",
+        LeakBasis.STEPS,
         n,
         steps[first],
         reason,
@@ -181,7 +191,9 @@ def detect_from_history(
     first, trend = _analyse(times, allocated, reduce, 2)
     if trend is None or times[-1] - times[first] < MIN_HISTORY_SECONDS / 2:
         reason = f"regime changed {times[-1] - times[first]:.0f} s ago; watching the new level"
-        return LeakEstimate(False, None, None, None, None, 0.0, "time", n, times[first], reason)
+        return LeakEstimate(
+            False, None, None, None, None, 0.0, LeakBasis.TIME, n, times[first], reason
+        )
     per_second = trend.slope
     detected, reason = _verdict(trend, per_second * (times[-1] - times[first]), "second")
     seconds_to_full = None
@@ -194,7 +206,7 @@ def detect_from_history(
         None,
         seconds_to_full,
         trend.confidence,
-        "time",
+        LeakBasis.TIME,
         n,
         times[first],
         reason,

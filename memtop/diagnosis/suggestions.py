@@ -9,7 +9,7 @@ agent.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,7 @@ from memtop.diagnosis.facts import (
 )
 from memtop.diagnosis.sites import leaking_site
 from memtop.estimate.calibrate import BatchModel
-from memtop.model import Severity
+from memtop.model import Choice, Severity
 from memtop.sites import site_name, stack_phrase
 from memtop.units import MiB, format_bytes, format_duration
 
@@ -73,9 +73,34 @@ def _below(value: float, limit: float, held: bool, share: bool = False) -> bool:
     return value < limit
 
 
+class RuleId(Choice):
+    """Every rule's id: the JSON's `rule`, the exporter's `rule` label, the key on screen."""
+
+    USAGE = "usage"
+    OOM = "oom"
+    LEAK = "leak"
+    RANK_DRIFT = "rank_drift"
+    EXPANDABLE_SEGMENTS = "expandable_segments"
+    CLEANUP = "cleanup"
+    GRADIENT_CHECKPOINTING = "gradient_checkpointing"
+    EIGHT_BIT_OPTIMIZER = "8bit_optimizer"
+    BF16_PARAMETERS = "bf16_parameters"
+    BIGGER_BATCH = "bigger_batch"
+
+
+class EffectKind(Choice):
+    """What a suggestion's `effect_bytes` is, which decides its colour on screen and whether a
+    folded line may add it up with others."""
+
+    SAVING = "saving"  # memory the fix would stop using (green); savings add up
+    GROWTH = "growth"  # a leak's growth (red)
+    EXCESS = "excess"  # memory over a line (yellow)
+    ROOM = "room"  # memory not used yet (cyan): never summed with savings
+
+
 @dataclass(frozen=True, slots=True)
 class Suggestion:
-    rule: str
+    rule: str  # a RuleId (a str enum): plain strings from a test or a recording compare equal
     severity: Severity
     pid: int | None
     device: int | None  # the agent's device index (the NVML index for GPU-wide findings)
@@ -102,9 +127,98 @@ class Suggestion:
     def key(self) -> Key:
         return (self.rule, self.pid, self.device)
 
+    # -- its rule's words (the view asks these; it keeps no table by rule of its own)
 
-# A rule judges one GPU; `held` holds the keys of the suggestions on screen now (hysteresis).
-Rule = Callable[..., Iterable[Suggestion]]
+    @property
+    def effect_kind(self) -> EffectKind:
+        rule = RULES_BY_ID.get(self.rule)
+        return rule.effect_kind if rule is not None else EffectKind.SAVING
+
+    @property
+    def effect_text(self) -> str | None:
+        """The effect in words ("saves 9.0 GiB", "+280.0 GiB/hour"); None without one."""
+        if not self.effect_bytes:
+            return None
+        rule = RULES_BY_ID.get(self.rule)
+        words = rule.effect_words if rule is not None else SAVES
+        return words.format(format_bytes(self.effect_bytes))
+
+    @property
+    def short_title(self) -> str:
+        """Its name among others in one folded line ("8-bit optimizer, bf16 weights")."""
+        rule = RULES_BY_ID.get(self.rule)
+        short = rule.short_title if rule is not None else None
+        return short or self.title.split(":")[0]
+
+
+SAVES = "saves {}"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """What a rule found at one place: a suggestion without its rule, pid and device."""
+
+    severity: Severity
+    title: str
+    detail: str
+    evidence: str
+    fix: str | None = None
+    effect_bytes: int | None = None
+
+
+# Whether the suggestion of this rule at (pid, device) is on screen now (hysteresis).
+Held = Callable[[int | None, int | None], bool]
+# A rule's predicate over one GPU: each (pid, device, finding) it fires at.
+Judge = Callable[[GpuFacts, Held], Iterable[tuple[int | None, int | None, Finding]]]
+# ... or over one agent device on it (most rules): a finding or None, told whether it is held.
+AgentJudge = Callable[[DeviceDiagnosis, GpuFacts, bool], Finding | None]
+
+
+def per_agent(judge: AgentJudge) -> Judge:
+    """A rule judged on each agent device of the GPU on its own."""
+
+    def over_gpu(gpu: GpuFacts, held: Held) -> Iterator[tuple[int | None, int | None, Finding]]:
+        for agent in gpu.agents:
+            found = judge(agent, gpu, held(agent.pid, agent.index))
+            if found is not None:
+                yield agent.pid, agent.index, found
+
+    return over_gpu
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One suggestion rule: its id, its predicate, and the words the view says it in.  A new
+    rule is one record here (and in RULES), plus its tests."""
+
+    id: RuleId
+    judge: Judge
+    effect_words: str = SAVES  # the effect in words: `{}` is its size
+    effect_kind: EffectKind = EffectKind.SAVING
+    short_title: str | None = None  # its name in a folded line; None: its title up to ":"
+    # What ends its suggestion at once, not after its minimum time on screen (see
+    # memtop.diagnosis.stability): an event that contradicts it, where the dwell is for a
+    # measure hovering at a line.  "Room for a bigger batch" must not stay up after an OOM.
+    veto: Callable[[DeviceDiagnosis], str | None] | None = None
+
+    def __call__(self, gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterator[Suggestion]:
+        """Its suggestions on one GPU; `held`: the keys of the suggestions on screen now."""
+
+        def is_held(pid: int | None, device: int | None) -> bool:
+            return (self.id, pid, device) in held
+
+        for pid, device, f in self.judge(gpu, is_held):
+            yield Suggestion(
+                self.id,
+                f.severity,
+                pid,
+                device,
+                f.title,
+                f.detail,
+                f.evidence,
+                f.fix,
+                f.effect_bytes,
+            )
 
 
 def _pct(share: float) -> str:
@@ -118,14 +232,14 @@ def _heaviest(gpu: GpuFacts) -> DeviceDiagnosis | None:
 # ------------------------------------------------------------------------------ the rules
 
 
-def usage(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable[Suggestion]:
+def _usage(gpu: GpuFacts, held: Held) -> Iterator[tuple[int | None, int | None, Finding]]:
     """85 % warning, 90 % critical, 95 % emergency of the device's memory in use."""
     share = gpu.used_share
     if share is None or gpu.used_bytes is None:
         return
     heaviest = _heaviest(gpu)
-    key = ("usage", heaviest.pid if heaviest else None, heaviest.index if heaviest else gpu.index)
-    was = key in held
+    pid, device = (heaviest.pid, heaviest.index) if heaviest else (None, gpu.index)
+    was = held(pid, device)
     severity = next(
         (level for limit, level in USAGE_LEVELS if _at_least(share, limit, was, share=True)), None
     )
@@ -150,16 +264,17 @@ def usage(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable[Sugges
             "length, or act on the other suggestions."
         )
         fix = None
-    yield Suggestion(
-        rule="usage",
-        severity=severity,
-        pid=heaviest.pid if heaviest else None,
-        device=heaviest.index if heaviest else gpu.index,
-        title=f"GPU {gpu.index} memory at {_pct(share)}",
-        detail=detail,
-        evidence=evidence,
-        fix=fix,
-        effect_bytes=max(0, gpu.used_bytes - int(0.85 * gpu.total_bytes)),
+    yield (
+        pid,
+        device,
+        Finding(
+            severity=severity,
+            title=f"GPU {gpu.index} memory at {_pct(share)}",
+            detail=detail,
+            evidence=evidence,
+            fix=fix,
+            effect_bytes=max(0, gpu.used_bytes - int(0.85 * gpu.total_bytes)),
+        ),
     )
 
 
@@ -174,70 +289,58 @@ OOM_CAUSES = {
 }
 
 
-def out_of_memory(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable[Suggestion]:
-    for agent in gpu.agents:
-        p = agent.pressure
-        recent = p.ooms_recent if p.ooms_recent is not None else p.ooms
-        if recent <= 0:
-            continue
-        when = (
-            f"in the last {format_duration(p.window_s)}"
-            if p.ooms_recent is not None and p.window_s
-            else "since the trainer started"
-        )
-        report = agent.last_oom
-        verdict = report.get("diagnosis") if report else None
-        if report and isinstance(verdict, dict) and verdict.get("detail"):
-            # The flight recorder's report of the newest OOM says why (`memtop oom` explains).
-            yield Suggestion(
-                rule="oom",
-                severity=CRITICAL,
-                pid=agent.pid,
-                device=agent.index,
-                title=(
-                    f"Out of memory at step {report.get('step')} in {report.get('phase')}: "
-                    f"{OOM_CAUSES.get(str(verdict.get('cause')), verdict.get('cause'))}"
-                    # The failing request's own line, when the agent saw one (DESIGN §12).
-                    + (f" {where}" if (where := stack_phrase(report.get("stack"))) else "")
-                ),
-                detail=str(verdict["detail"]),
-                evidence=(
-                    f"{recent} OOM{'s' if recent != 1 else ''} {when}; "
-                    f"report: memtop oom {report.get('path') or ''}".rstrip()
-                ),
-                fix=str(verdict.get("fix") or ""),
-            )
-            continue
-        growth = agent.oom_growth
-        if growth is not None:
-            # No report, but the step marks and the OOM counter show a batch that outgrows
-            # the GPU (memtop.oom.diagnose judges it as it judges a report).
-            yield Suggestion(
-                rule="oom",
-                severity=CRITICAL,
-                pid=agent.pid,
-                device=agent.index,
-                title=(
-                    f"{recent} out-of-memory error{'s' if recent != 1 else ''} {when}: "
-                    f"{OOM_CAUSES['growing_batch']}"
-                ),
-                detail=str(growth["detail"]),
-                evidence=f"num_ooms {p.ooms}, num_alloc_retries {p.retries}; step marks",
-                fix=str(growth["fix"]),
-            )
-            continue
-        yield Suggestion(
-            rule="oom",
+def _out_of_memory(agent: DeviceDiagnosis, gpu: GpuFacts, held: bool) -> Finding | None:
+    p = agent.pressure
+    recent = p.ooms_recent if p.ooms_recent is not None else p.ooms
+    if recent <= 0:
+        return None
+    when = (
+        f"in the last {format_duration(p.window_s)}"
+        if p.ooms_recent is not None and p.window_s
+        else "since the trainer started"
+    )
+    report = agent.last_oom
+    verdict = report.get("diagnosis") if report else None
+    if report and isinstance(verdict, dict) and verdict.get("detail"):
+        # The flight recorder's report of the newest OOM says why (`memtop oom` explains).
+        return Finding(
             severity=CRITICAL,
-            pid=agent.pid,
-            device=agent.index,
-            title=f"{recent} out-of-memory error{'s' if recent != 1 else ''} {when}",
-            detail=(
-                "The allocator ran out even after freeing its cache; batches were lost. "
-                "See the usage, leak and fragmentation findings for why."
+            title=(
+                f"Out of memory at step {report.get('step')} in {report.get('phase')}: "
+                f"{OOM_CAUSES.get(str(verdict.get('cause')), verdict.get('cause'))}"
+                # The failing request's own line, when the agent saw one (DESIGN §12).
+                + (f" {where}" if (where := stack_phrase(report.get("stack"))) else "")
             ),
-            evidence=f"num_ooms {p.ooms}, num_alloc_retries {p.retries}",
+            detail=str(verdict["detail"]),
+            evidence=(
+                f"{recent} OOM{'s' if recent != 1 else ''} {when}; "
+                f"report: memtop oom {report.get('path') or ''}".rstrip()
+            ),
+            fix=str(verdict.get("fix") or ""),
         )
+    growth = agent.oom_growth
+    if growth is not None:
+        # No report, but the step marks and the OOM counter show a batch that outgrows the
+        # GPU (memtop.oom.diagnose judges it as it judges a report).
+        return Finding(
+            severity=CRITICAL,
+            title=(
+                f"{recent} out-of-memory error{'s' if recent != 1 else ''} {when}: "
+                f"{OOM_CAUSES['growing_batch']}"
+            ),
+            detail=str(growth["detail"]),
+            evidence=f"num_ooms {p.ooms}, num_alloc_retries {p.retries}; step marks",
+            fix=str(growth["fix"]),
+        )
+    return Finding(
+        severity=CRITICAL,
+        title=f"{recent} out-of-memory error{'s' if recent != 1 else ''} {when}",
+        detail=(
+            "The allocator ran out even after freeing its cache; batches were lost. "
+            "See the usage, leak and fragmentation findings for why."
+        ),
+        evidence=f"num_ooms {p.ooms}, num_alloc_retries {p.retries}",
+    )
 
 
 def _fragmented(agent: DeviceDiagnosis, held: bool) -> bool:
@@ -285,54 +388,49 @@ def alloc_conf_variable(agent: DeviceDiagnosis) -> str:
     return "PYTORCH_HIP_ALLOC_CONF" if agent.hip is not None else "PYTORCH_CUDA_ALLOC_CONF"
 
 
-def expandable_segments(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable[Suggestion]:
+def _expandable_segments(agent: DeviceDiagnosis, gpu: GpuFacts, was: bool) -> Finding | None:
     """Split segments or allocator retries → expandable_segments:True (not if already set)."""
-    for agent in gpu.agents:
-        was = ("expandable_segments", agent.pid, agent.index) in held
-        if expandable_segments_vetoed(agent):
-            continue
-        frag = agent.fragmentation
-        p = agent.pressure
-        retries = p.retries_recent if p.retries_recent is not None else p.retries
-        fragmented = _fragmented(agent, was)
-        if not fragmented and retries <= 0:
-            continue
-        conf = agent.allocator_conf
-        evidence = [
-            f"fragmentation {frag.gauge_smoothed:.2f} "
-            f"({format_bytes(frag.inactive_split_bytes)} free inside split segments)"
-        ]
-        if frag.external is not None:
-            evidence.append(f"external fragmentation {frag.external:.2f}")
-        if retries > 0:
-            evidence.append(f"{retries} allocator retries (cache flushed to satisfy a request)")
-        share = gpu.used_share or 0.0
-        severity = CRITICAL if retries > 0 and _at_least(share, 0.90, was, share=True) else WARNING
-        options = parse_allocator_conf(conf)
-        options["expandable_segments"] = "True"
-        value = ",".join(f"{k}:{v}" for k, v in options.items())
-        detail = (
-            "Freed blocks inside partly used segments cannot serve larger requests. "
-            "Expandable segments grow one mapping per stream instead, so that space "
-            "becomes usable; set it in the trainer's environment and restart it."
-        )
-        if agent.hip is not None:
-            detail += ROCM_EXPANDABLE_SEGMENTS
-        yield Suggestion(
-            rule="expandable_segments",
-            severity=severity,
-            pid=agent.pid,
-            device=agent.index,
-            title=(
-                "Allocator retries: use expandable segments"
-                if retries > 0
-                else f"Fragmentation {frag.gauge_smoothed:.2f}: use expandable segments"
-            ),
-            detail=detail,
-            evidence="; ".join(evidence),
-            fix=f"{alloc_conf_variable(agent)}={value}",
-            effect_bytes=frag.inactive_split_bytes,
-        )
+    if expandable_segments_vetoed(agent):
+        return None
+    frag = agent.fragmentation
+    p = agent.pressure
+    retries = p.retries_recent if p.retries_recent is not None else p.retries
+    fragmented = _fragmented(agent, was)
+    if not fragmented and retries <= 0:
+        return None
+    conf = agent.allocator_conf
+    evidence = [
+        f"fragmentation {frag.gauge_smoothed:.2f} "
+        f"({format_bytes(frag.inactive_split_bytes)} free inside split segments)"
+    ]
+    if frag.external is not None:
+        evidence.append(f"external fragmentation {frag.external:.2f}")
+    if retries > 0:
+        evidence.append(f"{retries} allocator retries (cache flushed to satisfy a request)")
+    share = gpu.used_share or 0.0
+    severity = CRITICAL if retries > 0 and _at_least(share, 0.90, was, share=True) else WARNING
+    options = parse_allocator_conf(conf)
+    options["expandable_segments"] = "True"
+    value = ",".join(f"{k}:{v}" for k, v in options.items())
+    detail = (
+        "Freed blocks inside partly used segments cannot serve larger requests. "
+        "Expandable segments grow one mapping per stream instead, so that space "
+        "becomes usable; set it in the trainer's environment and restart it."
+    )
+    if agent.hip is not None:
+        detail += ROCM_EXPANDABLE_SEGMENTS
+    return Finding(
+        severity=severity,
+        title=(
+            "Allocator retries: use expandable segments"
+            if retries > 0
+            else f"Fragmentation {frag.gauge_smoothed:.2f}: use expandable segments"
+        ),
+        detail=detail,
+        evidence="; ".join(evidence),
+        fix=f"{alloc_conf_variable(agent)}={value}",
+        effect_bytes=frag.inactive_split_bytes,
+    )
 
 
 LEAK_CULPRITS = (
@@ -353,156 +451,135 @@ def _site_dict(site: Any) -> dict[str, Any]:
     return {"file": site.file, "line": site.line, "function": site.function, "text": site.text}
 
 
-def leak(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable[Suggestion]:
-    for agent in gpu.agents:
-        estimate = agent.leak
-        if not estimate.detected:
-            continue
-        seconds = estimate.seconds_to_full
-        if seconds is not None and seconds < 300:
-            severity = EMERGENCY
-        elif seconds is not None and seconds < 3600:
-            severity = CRITICAL
-        else:
-            severity = WARNING
-        if estimate.bytes_per_step is not None:
-            rate = f"+{format_bytes(estimate.bytes_per_step)} per step"
-            if estimate.bytes_per_second is not None:
-                rate += f" ({format_bytes(estimate.bytes_per_second * 60)}/min)"
-            since = f"since step {estimate.since:.0f}" if estimate.since is not None else ""
-        else:
-            rate = f"+{format_bytes((estimate.bytes_per_second or 0) * 60)}/min"
-            since = "over time (no steps seen)"
-        eta = f", full in ~{format_duration(seconds)}" if seconds is not None else ""
-        if estimate.steps_to_full is not None:
-            eta += f" ({estimate.steps_to_full} steps)"
-        title, detail = f"Leak: {rate}{eta}", LEAK_CULPRITS
-        culprit = leaking_site(agent.sites)
-        named = site_name(_site_dict(culprit.site)) if culprit is not None else None
-        if culprit is not None and named is not None:
-            # Stack recording names the line whose blocks stay (DESIGN §12).
-            title = f"Leak: blocks from `{named}` outlive their step: {rate} {since}".rstrip()
-            detail = (
-                f"{format_bytes(culprit.bytes)} in {culprit.blocks} live blocks allocated at "
-                f"{named.split(' ', 1)[0]} in {culprit.site.function or '?'}() "
-                f"({culprit.old_blocks} of them older than the previous reading). {LEAK_AT_SITE}"
-            )
-        yield Suggestion(
-            rule="leak",
-            severity=severity,
-            pid=agent.pid,
-            device=agent.index,
-            title=title,
-            detail=detail,
-            # The rate is in the title: the evidence says how sure, so a narrow pane that cuts
-            # it still shows the confidence and the sample count.
-            evidence=(
-                f"confidence {100 * estimate.confidence:.1f} % over {estimate.samples} samples; "
-                f"the baseline after each step grows {since}"
-            ),
-            effect_bytes=(
-                round(estimate.bytes_per_second * 3600)
-                if estimate.bytes_per_second is not None
-                else None
-            ),
+def _leak(agent: DeviceDiagnosis, gpu: GpuFacts, held: bool) -> Finding | None:
+    estimate = agent.leak
+    if not estimate.detected:
+        return None
+    seconds = estimate.seconds_to_full
+    if seconds is not None and seconds < 300:
+        severity = EMERGENCY
+    elif seconds is not None and seconds < 3600:
+        severity = CRITICAL
+    else:
+        severity = WARNING
+    if estimate.bytes_per_step is not None:
+        rate = f"+{format_bytes(estimate.bytes_per_step)} per step"
+        if estimate.bytes_per_second is not None:
+            rate += f" ({format_bytes(estimate.bytes_per_second * 60)}/min)"
+        since = f"since step {estimate.since:.0f}" if estimate.since is not None else ""
+    else:
+        rate = f"+{format_bytes((estimate.bytes_per_second or 0) * 60)}/min"
+        since = "over time (no steps seen)"
+    eta = f", full in ~{format_duration(seconds)}" if seconds is not None else ""
+    if estimate.steps_to_full is not None:
+        eta += f" ({estimate.steps_to_full} steps)"
+    title, detail = f"Leak: {rate}{eta}", LEAK_CULPRITS
+    culprit = leaking_site(agent.sites)
+    named = site_name(_site_dict(culprit.site)) if culprit is not None else None
+    if culprit is not None and named is not None:
+        # Stack recording names the line whose blocks stay (DESIGN §12).
+        title = f"Leak: blocks from `{named}` outlive their step: {rate} {since}".rstrip()
+        detail = (
+            f"{format_bytes(culprit.bytes)} in {culprit.blocks} live blocks allocated at "
+            f"{named.split(' ', 1)[0]} in {culprit.site.function or '?'}() "
+            f"({culprit.old_blocks} of them older than the previous reading). {LEAK_AT_SITE}"
         )
+    return Finding(
+        severity=severity,
+        title=title,
+        detail=detail,
+        # The rate is in the title: the evidence says how sure, so a narrow pane that cuts it
+        # still shows the confidence and the sample count.
+        evidence=(
+            f"confidence {100 * estimate.confidence:.1f} % over {estimate.samples} samples; "
+            f"the baseline after each step grows {since}"
+        ),
+        effect_bytes=(
+            round(estimate.bytes_per_second * 3600)
+            if estimate.bytes_per_second is not None
+            else None
+        ),
+    )
 
 
-def eight_bit_optimizer(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable[Suggestion]:
-    for agent in gpu.agents:
-        was = ("8bit_optimizer", agent.pid, agent.index) in held
-        state = (agent.breakdown or {}).get("optimizer_state", 0)
-        peak = agent.peak_bytes
-        if peak <= 0 or not _at_least(state, max(BIG_ENOUGH, OPTIMIZER_SHARE * peak), was):
-            continue
-        saving = state * 3 // 4  # fp32 moments (4 bytes) → 8-bit (1 byte)
-        yield Suggestion(
-            rule="8bit_optimizer",
-            severity=INFO,
-            pid=agent.pid,
-            device=agent.index,
-            title=f"Optimizer state is {_pct(state / agent.peak_bytes)} of the peak",
-            detail=(
-                f"An 8-bit optimizer keeps its moments in one byte instead of four: about "
-                f"{format_bytes(saving)} less, if the state is fp32 (Adam's usually is)."
-            ),
-            evidence=f"optimizer state {format_bytes(state)}, peak {format_bytes(peak)}",
-            fix="optimizer = bitsandbytes.optim.AdamW8bit(model.parameters(), lr=lr)",
-            effect_bytes=saving,
-        )
+def _eight_bit_optimizer(agent: DeviceDiagnosis, gpu: GpuFacts, was: bool) -> Finding | None:
+    state = (agent.breakdown or {}).get("optimizer_state", 0)
+    peak = agent.peak_bytes
+    if peak <= 0 or not _at_least(state, max(BIG_ENOUGH, OPTIMIZER_SHARE * peak), was):
+        return None
+    saving = state * 3 // 4  # fp32 moments (4 bytes) → 8-bit (1 byte)
+    return Finding(
+        severity=INFO,
+        title=f"Optimizer state is {_pct(state / agent.peak_bytes)} of the peak",
+        detail=(
+            f"An 8-bit optimizer keeps its moments in one byte instead of four: about "
+            f"{format_bytes(saving)} less, if the state is fp32 (Adam's usually is)."
+        ),
+        evidence=f"optimizer state {format_bytes(state)}, peak {format_bytes(peak)}",
+        fix="optimizer = bitsandbytes.optim.AdamW8bit(model.parameters(), lr=lr)",
+        effect_bytes=saving,
+    )
 
 
-def bf16_parameters(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable[Suggestion]:
-    for agent in gpu.agents:
-        was = ("bf16_parameters", agent.pid, agent.index) in held
-        breakdown = agent.breakdown or {}
-        fp32 = breakdown.get("fp32_parameter_bytes", 0)
-        limit = max(BIG_ENOUGH, FP32_SHARE * agent.peak_bytes)
-        if agent.peak_bytes <= 0 or not _at_least(fp32, limit, was):
-            continue
-        # Weights halve; their gradients, when they exist at the peak, halve with them.
-        saving = fp32 // 2 + min(breakdown.get("gradients", 0), fp32) // 2
-        yield Suggestion(
-            rule="bf16_parameters",
-            severity=INFO,
-            pid=agent.pid,
-            device=agent.index,
-            title=f"{format_bytes(fp32)} of parameters are fp32",
-            detail=(
-                f"bf16 weights (and gradients) take half: about {format_bytes(saving)} less. "
-                "Keep fp32 master weights in the optimizer if the model needs them."
-            ),
-            evidence=(
-                f"fp32 parameters {format_bytes(fp32)} of "
-                f"{format_bytes(breakdown.get('parameters', 0))}"
-            ),
-            fix="model.to(torch.bfloat16)",
-            effect_bytes=saving,
-        )
+def _bf16_parameters(agent: DeviceDiagnosis, gpu: GpuFacts, was: bool) -> Finding | None:
+    breakdown = agent.breakdown or {}
+    fp32 = breakdown.get("fp32_parameter_bytes", 0)
+    limit = max(BIG_ENOUGH, FP32_SHARE * agent.peak_bytes)
+    if agent.peak_bytes <= 0 or not _at_least(fp32, limit, was):
+        return None
+    # Weights halve; their gradients, when they exist at the peak, halve with them.
+    saving = fp32 // 2 + min(breakdown.get("gradients", 0), fp32) // 2
+    return Finding(
+        severity=INFO,
+        title=f"{format_bytes(fp32)} of parameters are fp32",
+        detail=(
+            f"bf16 weights (and gradients) take half: about {format_bytes(saving)} less. "
+            "Keep fp32 master weights in the optimizer if the model needs them."
+        ),
+        evidence=(
+            f"fp32 parameters {format_bytes(fp32)} of "
+            f"{format_bytes(breakdown.get('parameters', 0))}"
+        ),
+        fix="model.to(torch.bfloat16)",
+        effect_bytes=saving,
+    )
 
 
-def gradient_checkpointing(
-    gpu: GpuFacts, held: Container[Key] = NOTHING_HELD
-) -> Iterable[Suggestion]:
+def _gradient_checkpointing(agent: DeviceDiagnosis, gpu: GpuFacts, was: bool) -> Finding | None:
     share_used = gpu.used_share or 0.0
-    for agent in gpu.agents:
-        was = ("gradient_checkpointing", agent.pid, agent.index) in held
-        breakdown = agent.breakdown
-        if breakdown is None or agent.peak_bytes <= 0:
-            continue
-        retries = agent.pressure.retries_recent or 0
-        if not _at_least(share_used, TIGHT_USAGE, was, share=True) and retries <= 0:
-            continue  # memory is not short: recomputation would only cost time
-        static = breakdown.get("parameters", 0) + breakdown.get("optimizer_state", 0)
-        activations = agent.peak_bytes - static
-        limit = max(BIG_ENOUGH, ACTIVATION_SHARE * agent.peak_bytes)
-        if not _at_least(activations, limit, was):
-            continue
-        # Checkpointing every block keeps one input per block instead of all its
-        # intermediates; two thirds of the activations is a typical saving.
-        saving = activations * 2 // 3
-        yield Suggestion(
-            rule="gradient_checkpointing",
-            severity=WARNING if _at_least(share_used, 0.85, was, share=True) else INFO,
-            pid=agent.pid,
-            device=agent.index,
-            title=f"Activations are {_pct(activations / agent.peak_bytes)} of the peak",
-            detail=(
-                f"Gradient checkpointing recomputes them in backward (~30 % more compute): "
-                f"typically about {format_bytes(saving)} less at the peak."
-            ),
-            evidence=(
-                f"peak {format_bytes(agent.peak_bytes)} = parameters and optimizer state "
-                f"{format_bytes(static)} + activations and gradients {format_bytes(activations)}"
-            ),
-            fix="torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)",
-            effect_bytes=saving,
-        )
+    breakdown = agent.breakdown
+    if breakdown is None or agent.peak_bytes <= 0:
+        return None
+    retries = agent.pressure.retries_recent or 0
+    if not _at_least(share_used, TIGHT_USAGE, was, share=True) and retries <= 0:
+        return None  # memory is not short: recomputation would only cost time
+    static = breakdown.get("parameters", 0) + breakdown.get("optimizer_state", 0)
+    activations = agent.peak_bytes - static
+    limit = max(BIG_ENOUGH, ACTIVATION_SHARE * agent.peak_bytes)
+    if not _at_least(activations, limit, was):
+        return None
+    # Checkpointing every block keeps one input per block instead of all its intermediates;
+    # two thirds of the activations is a typical saving.
+    saving = activations * 2 // 3
+    return Finding(
+        severity=WARNING if _at_least(share_used, 0.85, was, share=True) else INFO,
+        title=f"Activations are {_pct(activations / agent.peak_bytes)} of the peak",
+        detail=(
+            f"Gradient checkpointing recomputes them in backward (~30 % more compute): "
+            f"typically about {format_bytes(saving)} less at the peak."
+        ),
+        evidence=(
+            f"peak {format_bytes(agent.peak_bytes)} = parameters and optimizer state "
+            f"{format_bytes(static)} + activations and gradients {format_bytes(activations)}"
+        ),
+        fix="torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)",
+        effect_bytes=saving,
+    )
 
 
-def cleanup_for_neighbour(
-    gpu: GpuFacts, held: Container[Key] = NOTHING_HELD
-) -> Iterable[Suggestion]:
+def _cleanup_for_neighbour(
+    gpu: GpuFacts, held: Held
+) -> Iterator[tuple[int | None, int | None, Finding]]:
     """Cache one process holds while another on the same GPU is short → cleanup."""
     if gpu.process_count < 2:
         return
@@ -511,35 +588,39 @@ def cleanup_for_neighbour(
         for a in gpu.agents
         if (a.pressure.retries_recent or 0) > 0 or (a.pressure.ooms_recent or 0) > 0
     ]
-    any_held = any(("cleanup", a.pid, a.index) in held for a in gpu.agents)
+    any_held = any(held(a.pid, a.index) for a in gpu.agents)
     device_short = _at_least(gpu.used_share or 0.0, 0.90, any_held, share=True)
     if not short and not device_short:
         return
     for agent in gpu.agents:
-        was = ("cleanup", agent.pid, agent.index) in held
+        was = held(agent.pid, agent.index)
         others = [a for a in short if a.pid != agent.pid]
         if short and not others:
             continue  # only this process is short: its own cache is already available to it
         if not _at_least(agent.releasable_bytes, CLEANUP_MIN_BYTES, was):
             continue
         who = f"pid {others[0].pid}" if others else "other processes"
-        yield Suggestion(
-            rule="cleanup",
-            severity=WARNING,
-            pid=agent.pid,
-            device=agent.index,
-            title=f"pid {agent.pid} caches {format_bytes(agent.releasable_bytes)} {who} could use",
-            detail=(
-                "Cached memory is reusable only by the process that holds it. Cleanup runs "
-                "gc and empty_cache in the trainer at its next step boundary (c in the dashboard)."
+        yield (
+            agent.pid,
+            agent.index,
+            Finding(
+                severity=WARNING,
+                title=(
+                    f"pid {agent.pid} caches {format_bytes(agent.releasable_bytes)} {who} could use"
+                ),
+                detail=(
+                    "Cached memory is reusable only by the process that holds it. Cleanup runs "
+                    "gc and empty_cache in the trainer at its next step boundary (c in the "
+                    "dashboard)."
+                ),
+                evidence=(
+                    f"reserved {format_bytes(agent.reserved_bytes)}, allocated "
+                    f"{format_bytes(agent.allocated_bytes)}; GPU {gpu.index} at "
+                    f"{_pct(gpu.used_share or 0.0)}"
+                ),
+                fix=f"memtop cleanup {agent.pid}",
+                effect_bytes=agent.releasable_bytes,
             ),
-            evidence=(
-                f"reserved {format_bytes(agent.reserved_bytes)}, allocated "
-                f"{format_bytes(agent.allocated_bytes)}; GPU {gpu.index} at "
-                f"{_pct(gpu.used_share or 0.0)}"
-            ),
-            fix=f"memtop cleanup {agent.pid}",
-            effect_bytes=agent.releasable_bytes,
         )
 
 
@@ -553,17 +634,15 @@ def bigger_batch_vetoed(agent: DeviceDiagnosis) -> str | None:
     return None
 
 
-def bigger_batch(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable[Suggestion]:
+def _bigger_batch(agent: DeviceDiagnosis, gpu: GpuFacts, was: bool) -> Finding | None:
     share = gpu.used_share
     if share is None or gpu.process_count != 1 or len(gpu.agents) != 1:
-        return
-    agent = gpu.agents[0]
-    was = ("bigger_batch", agent.pid, agent.index) in held
+        return None  # only a trainer alone on its GPU can count the free memory as its own
     if not _below(share, ROOMY_USAGE, was, share=True):
-        return
+        return None
     transient = agent.transient_bytes
     if bigger_batch_vetoed(agent) or transient is None or transient < 64 * MiB:
-        return
+        return None
     free = gpu.total_bytes - (gpu.used_bytes or 0)
     # The room at the step's peak, not at this sample's moment: between peaks the transient's
     # memory waits in the cache, so the cache of the moment counted it twice (the batch factor
@@ -581,12 +660,9 @@ def bigger_batch(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable
     )
     factor = model.factor(agent.reserved_bytes + free - safety)
     if not _at_least(factor - 1, BATCH_FACTOR_MIN - 1, was):
-        return
-    yield Suggestion(
-        rule="bigger_batch",
+        return None
+    return Finding(
         severity=INFO,
-        pid=agent.pid,
-        device=agent.index,
         title=f"Room for a batch about {factor:.1f}× larger",
         detail=(
             f"Each step adds {format_bytes(transient)} on top of its baseline; "
@@ -601,14 +677,6 @@ def bigger_batch(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable
     )
 
 
-# What ends a suggestion at once, not after its minimum time on screen (see
-# memtop.diagnosis.stability): an event that contradicts it, where the dwell is for a measure
-# hovering at a line.  "Room for a bigger batch" must not stay up for a minute after an OOM.
-VETOES: dict[str, Callable[[DeviceDiagnosis], str | None]] = {
-    "expandable_segments": expandable_segments_vetoed,
-    "bigger_batch": bigger_batch_vetoed,
-}
-
 RANK_DRIFT_SHARE = 0.15  # a rank's peak above the median of its job's other ranks ...
 RANK_DRIFT_MIN_BYTES = 1 << 30  # ... and by at least this much
 # The usual causes, most common first (the rank-0 OOM is the classic multi-GPU report).
@@ -620,39 +688,65 @@ RANK_DRIFT_CAUSES = (
 )
 
 
-def rank_drift(gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterable[Suggestion]:
+def _rank_drift(agent: DeviceDiagnosis, gpu: GpuFacts, is_held: bool) -> Finding | None:
     """A rank whose true peak exceeds the median of its job's other ranks by more than 15 %
     and 1 GiB: the rank that OOMs first."""
-    for agent in gpu.agents:
-        median = agent.peers_median_peak_bytes
-        if median is None or median <= 0 or agent.peer_ranks < 1:
-            continue
-        is_held = ("rank_drift", agent.pid, agent.index) in held
-        excess = agent.peak_bytes - median
-        share = excess / median
-        if not (
-            _at_least(share, RANK_DRIFT_SHARE, is_held, share=True)
-            and _at_least(excess, RANK_DRIFT_MIN_BYTES, is_held)
-        ):
-            continue
-        who = f"Rank {agent.rank}" if agent.rank is not None else f"pid {agent.pid}"
-        phase = (agent.last_oom or {}).get("phase")
-        where = f"; its last OOM was in phase {phase!r}" if isinstance(phase, str) else ""
-        yield Suggestion(
-            rule="rank_drift",
-            severity=WARNING,
-            pid=agent.pid,
-            device=agent.index,
-            title=f"{who} peaks {_pct(share)} above its job's other ranks",
-            detail=f"Usual causes, most likely first: {RANK_DRIFT_CAUSES}{where}.",
-            evidence=(
-                f"peak {format_bytes(agent.peak_bytes)} vs median {format_bytes(median)} of "
-                f"{agent.peer_ranks} other rank{'s' if agent.peer_ranks != 1 else ''}"
-                + (f" of {agent.job}" if agent.job else "")
-            ),
-            effect_bytes=excess,
-        )
+    median = agent.peers_median_peak_bytes
+    if median is None or median <= 0 or agent.peer_ranks < 1:
+        return None
+    excess = agent.peak_bytes - median
+    share = excess / median
+    if not (
+        _at_least(share, RANK_DRIFT_SHARE, is_held, share=True)
+        and _at_least(excess, RANK_DRIFT_MIN_BYTES, is_held)
+    ):
+        return None
+    who = f"Rank {agent.rank}" if agent.rank is not None else f"pid {agent.pid}"
+    phase = (agent.last_oom or {}).get("phase")
+    where = f"; its last OOM was in phase {phase!r}" if isinstance(phase, str) else ""
+    return Finding(
+        severity=WARNING,
+        title=f"{who} peaks {_pct(share)} above its job's other ranks",
+        detail=f"Usual causes, most likely first: {RANK_DRIFT_CAUSES}{where}.",
+        evidence=(
+            f"peak {format_bytes(agent.peak_bytes)} vs median {format_bytes(median)} of "
+            f"{agent.peer_ranks} other rank{'s' if agent.peer_ranks != 1 else ''}"
+            + (f" of {agent.job}" if agent.job else "")
+        ),
+        effect_bytes=excess,
+    )
 
+
+# ------------------------------------------------------------------------------ the records
+
+usage = Rule(RuleId.USAGE, _usage, effect_words="{} over 85 %", effect_kind=EffectKind.EXCESS)
+out_of_memory = Rule(RuleId.OOM, per_agent(_out_of_memory))
+leak = Rule(RuleId.LEAK, per_agent(_leak), effect_words="+{}/hour", effect_kind=EffectKind.GROWTH)
+rank_drift = Rule(RuleId.RANK_DRIFT, per_agent(_rank_drift))
+expandable_segments = Rule(
+    RuleId.EXPANDABLE_SEGMENTS,
+    per_agent(_expandable_segments),
+    effect_words="{} stuck in splits",
+    veto=expandable_segments_vetoed,
+)
+cleanup_for_neighbour = Rule(RuleId.CLEANUP, _cleanup_for_neighbour, effect_words="frees {}")
+gradient_checkpointing = Rule(
+    RuleId.GRADIENT_CHECKPOINTING, per_agent(_gradient_checkpointing), short_title="checkpointing"
+)
+eight_bit_optimizer = Rule(
+    RuleId.EIGHT_BIT_OPTIMIZER, per_agent(_eight_bit_optimizer), short_title="8-bit optimizer"
+)
+bf16_parameters = Rule(
+    RuleId.BF16_PARAMETERS, per_agent(_bf16_parameters), short_title="bf16 weights"
+)
+bigger_batch = Rule(
+    RuleId.BIGGER_BATCH,
+    per_agent(_bigger_batch),
+    effect_words="{} unused",
+    effect_kind=EffectKind.ROOM,
+    short_title="bigger batch",
+    veto=bigger_batch_vetoed,
+)
 
 RULES: tuple[Rule, ...] = (
     usage,
@@ -666,6 +760,11 @@ RULES: tuple[Rule, ...] = (
     bf16_parameters,
     bigger_batch,
 )
+RULES_BY_ID: dict[str, Rule] = {rule.id: rule for rule in RULES}
+# The vetoes by rule, for memtop.diagnosis.stability (each is its rule record's).
+VETOES: dict[str, Callable[[DeviceDiagnosis], str | None]] = {
+    rule.id: rule.veto for rule in RULES if rule.veto is not None
+}
 
 
 def suggest(

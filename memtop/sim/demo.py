@@ -21,9 +21,8 @@ from pathlib import Path
 from memtop import protocol
 from memtop.children import stop_all
 from memtop.sim.device import VENDORS, SimGpuRegistry, simulated_gpu_specs
-from memtop.sim.scenarios import SCENARIOS
+from memtop.sim.scenario_names import DEMO_SCENARIOS
 
-DEMO_SCENARIOS = (*SCENARIOS, "mixed")
 GiB = 1 << 30
 LOGS_KEPT = 5  # the newest demo logs kept in the state directory's demo/
 

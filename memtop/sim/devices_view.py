@@ -13,13 +13,18 @@ from memtop.sim.device import SimGpuRegistry, SimGpuSpec
 
 
 class SimulatedDeviceSource:
-    """Devices and per-process usage from demo registries (the demo's stand-in for NVML)."""
+    """Devices and per-process usage from demo registries (the demo's stand-in for NVML): a
+    memtop.sources.device_source.DeviceSource."""
 
     def __init__(self, socket_dir: Path | None = None) -> None:
         self.socket_dir = socket_dir
         # Each registry's GPU list, parsed again only when its file changes (a stat a second
         # instead of a read and a JSON parse: the list is written once, when a demo starts).
         self._specs: dict[Path, tuple[tuple[int, int], list[SimGpuSpec]]] = {}
+
+    @property
+    def source(self) -> str:
+        return SOURCE_SIM
 
     def _gpus(self, registry: SimGpuRegistry) -> list[SimGpuSpec]:
         try:

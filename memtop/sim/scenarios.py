@@ -32,11 +32,12 @@ from dataclasses import dataclass
 from memtop.agent import stacks
 from memtop.agent.probe import Breakdown
 from memtop.sim.allocator import SimulatedCachingAllocator, SimulatedOutOfMemoryError
+from memtop.sim.scenario_names import TRAINER_SCENARIOS
 
 MiB = 1 << 20
 GiB = 1 << 30
 
-SCENARIOS = ("healthy", "leak", "fragment", "pressure", "oom")
+SCENARIOS = TRAINER_SCENARIOS
 OOM_GROWTH = 1.25  # the oom scenario's batch growth per step
 
 

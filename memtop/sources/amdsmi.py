@@ -24,25 +24,25 @@ import io
 import logging
 import os
 import stat
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memtop.model import SOURCE_AMDSMI, DeviceReading, DriverReading, GpuProcess
+from memtop.model import SOURCE_AMDSMI, DeviceReading, GpuProcess
 from memtop.protocol import canonical_pci_bus_id
-from memtop.sources.driver_text import DeviceLost as _DeviceLost
-from memtop.sources.driver_text import DriverDown as _Down
+from memtop.sources.device_source import (
+    DEFAULT_RETRY_INTERVAL,
+    DriverDevice,
+    DriverLibrarySource,
+    joined_errors,
+)
 from memtop.sources.driver_text import driver_text as _text
 from memtop.sources.driver_text import one_line as _one_line
 
 __all__ = ["AmdSmiSource", "amdsmi_error_line"]
 
 _LOG = logging.getLogger(__name__)
-
-DEFAULT_RETRY_INTERVAL = 10.0  # as NVML's: slow enough not to hammer a sick driver
 
 # amdsmi_status_t (amdsmi.h): part of the C ABI.
 _INVAL = 1
@@ -185,27 +185,19 @@ def _number(value: Any) -> int | None:
     return None if number < 0 or number in _NOT_AVAILABLE else number
 
 
-@dataclass
-class _Gpu:
-    """What is cached about one GPU (by its position in amdsmi's processor list) between reads."""
-
-    index: int
-    handle: Any
-    identified: bool = False
-    uuid: str = ""
-    name: str = ""
-    pci_bus_id: str | None = None
-    absent: set[str] = field(default_factory=set)  # queries this GPU does not support
-    down_error: str | None = None  # why it is not queried now (lost), until retry_at
-    retry_at: float = 0.0
-
-
-class AmdSmiSource:
-    """Polls amdsmi for every AMD GPU; see the module docstring.
+class AmdSmiSource(DriverLibrarySource[DriverDevice]):
+    """Polls amdsmi for every AMD GPU (by its position in amdsmi's processor list); see the
+    module docstring.
 
     `lib`: the module-like object with amdsmi's functions (None: import `amdsmi` on the first
     read).  `read()` and `close()` may be called from different threads.
     """
+
+    NAME = "amdsmi"
+    SHUTDOWN = "amdsmi_shut_down"
+    LOST_CODES = _LOST_CODES
+    DOWN_CODES = _DOWN_CODES
+    ABSENT_CODES = _ABSENT_CODES
 
     def __init__(
         self,
@@ -213,22 +205,10 @@ class AmdSmiSource:
         clock: Callable[[], float] = time.monotonic,
         retry_interval: float = DEFAULT_RETRY_INTERVAL,
     ) -> None:
-        self._lib: Any = lib
-        self._clock = clock
-        self._retry_interval = retry_interval
-        self._lock = threading.Lock()
-        self._initialised = False
-        self._init_error: str | None = None
-        self._next_init_at: float | None = None
+        super().__init__(lib, SOURCE_AMDSMI, clock, retry_interval)
         # The package or library is missing: that does not change while memtop runs, so it is
         # not looked for again (an import of amdsmi costs ~0.1 s of CPU).
         self._missing: str | None = None
-        self._driver_version: str | None = None
-        self._gpus: list[_Gpu] = []
-
-    @property
-    def source(self) -> str:
-        return SOURCE_AMDSMI
 
     @property
     def library_found(self) -> bool:
@@ -236,131 +216,70 @@ class AmdSmiSource:
         Where they are, the box is an AMD one and amdsmi's errors are the ones to show."""
         return self._lib is not None and self._missing is None
 
-    # -- public API ----------------------------------------------------------------------------
+    def error_line(self, exc: BaseException) -> str:
+        return amdsmi_error_line(exc)
 
-    def read(self) -> DriverReading:
-        """One poll of every GPU. Never raises."""
-        with self._lock:
-            try:
-                return self._read_locked()
-            except Exception as exc:
-                _LOG.debug("amdsmi read failed", exc_info=True)
-                return self._unavailable(amdsmi_error_line(exc))
-
-    def close(self) -> None:
-        with self._lock:
-            self._shutdown()
-            self._next_init_at = None
-            self._init_error = None
+    def _error_code(self, exc: BaseException) -> int | None:
+        return _error_code(exc)
 
     # -- initialisation ------------------------------------------------------------------------
-
-    def _unavailable(self, error: str) -> DriverReading:
-        return DriverReading(
-            available=False,
-            driver_version=self._driver_version,
-            error=error,
-            source=SOURCE_AMDSMI,
-        )
 
     def _ensure_initialised(self) -> str | None:
         if self._missing is not None:
             return self._missing
-        if self._initialised:
-            return None
-        now = self._clock()
-        if self._next_init_at is not None and now < self._next_init_at:
-            return self._init_error or "amdsmi not available"
-        self._next_init_at = now + self._retry_interval
-        try:
-            if self._lib is None:
+        error = super()._ensure_initialised()
+        if error is None and not self._devices:
+            return "amdsmi: no AMD GPU found"
+        return error
+
+    def _initialise(self) -> None:
+        if self._lib is None:
+            try:
                 self._lib = import_amdsmi()
-            flags = getattr(self._lib, "AmdSmiInitFlags", None)
-            if flags is not None:
-                self._lib.amdsmi_init(flags.INIT_AMD_GPUS)
-            else:
-                self._lib.amdsmi_init()
-            self._initialised = True  # from here a failure shuts amdsmi down again
-            handles = list(self._lib.amdsmi_get_processor_handles())
-        except _LibraryMissing as missing:
-            self._missing = str(missing)
-            return self._missing
-        except Exception as exc:
-            self._init_error = amdsmi_error_line(exc)
-            _LOG.debug("amdsmi_init failed: %s", self._init_error)
-            self._shutdown()
-            return self._init_error
-        self._init_error = None
-        self._next_init_at = None
-        self._gpus = [_Gpu(index, handle) for index, handle in enumerate(handles)]
+            except _LibraryMissing as missing:
+                self._missing = str(missing)
+                raise
+        flags = getattr(self._lib, "AmdSmiInitFlags", None)
+        if flags is not None:
+            self._lib.amdsmi_init(flags.INIT_AMD_GPUS)
+        else:
+            self._lib.amdsmi_init()
+        self._initialised = True  # from here a failure shuts amdsmi down again
+        handles = list(self._lib.amdsmi_get_processor_handles())
+        self._devices = [DriverDevice(index, handle) for index, handle in enumerate(handles)]
         self._driver_version = self._read_driver_version()
-        return None
 
     def _read_driver_version(self) -> str | None:
-        if not self._gpus:
+        if not self._devices:
             return None
         try:
-            info = self._lib.amdsmi_get_gpu_driver_info(self._gpus[0].handle)
+            info = self._lib.amdsmi_get_gpu_driver_info(self._devices[0].handle)
         except Exception:
             _LOG.debug("amdsmi_get_gpu_driver_info failed", exc_info=True)
             return None
         version = _text(info.get("driver_version", "")) if isinstance(info, dict) else ""
         return version if version and version != "N/A" else None
 
-    def _shutdown(self) -> None:
-        was_initialised = self._initialised
-        self._initialised = False
-        self._gpus = []
-        shutdown = getattr(self._lib, "amdsmi_shut_down", None)
-        if was_initialised and shutdown is not None:
-            try:
-                shutdown()
-            except Exception:
-                _LOG.debug("amdsmi_shut_down failed", exc_info=True)
-
     # -- one poll ------------------------------------------------------------------------------
 
-    def _read_locked(self) -> DriverReading:
-        error = self._ensure_initialised()
-        if error is not None:
-            return self._unavailable(error)
-        if not self._gpus:
-            return self._unavailable("amdsmi: no AMD GPU found")
-        try:
-            readings = tuple(self._read_gpu(gpu) for gpu in self._gpus)
-        except _Down as down:
-            self._shutdown()
-            self._init_error = down.line
-            self._next_init_at = self._clock() + self._retry_interval
-            return self._unavailable(down.line)
-        return DriverReading(
-            available=True,
-            devices=readings,
-            driver_version=self._driver_version,
-            source=SOURCE_AMDSMI,
-        )
+    def _devices_to_read(self) -> list[DriverDevice]:
+        return self._devices
 
-    def _read_gpu(self, gpu: _Gpu) -> DeviceReading:
-        now = self._clock()
-        if gpu.down_error is not None:
-            if now < gpu.retry_at:
-                return self._failed(gpu, gpu.down_error)
-            gpu.down_error = None
-            gpu.identified = False
-        errors: list[str] = []
-        try:
-            if not gpu.identified:
-                self._identify(gpu, errors)
-            total = self._query(gpu, "memory", errors, "amdsmi_get_gpu_memory_total", "VRAM")
-            used = self._query(gpu, "memory", errors, "amdsmi_get_gpu_memory_usage", "VRAM")
-            processes = self._processes(gpu, errors)
-            activity = self._query(gpu, "activity", errors, "amdsmi_get_gpu_activity")
-            temperature = self._temperature(gpu, errors)
-            power = self._query(gpu, "power", errors, "amdsmi_get_power_info")
-        except _DeviceLost as lost:
-            gpu.down_error = lost.line
-            gpu.retry_at = now + self._retry_interval
-            return self._failed(gpu, lost.line)
+    def _reopen(self, device: DriverDevice, now: float) -> bool:
+        """amdsmi's handle outlives a lost GPU: ask it again, identifying it anew."""
+        device.down_error = None
+        device.identified = False
+        return True
+
+    def _query_device(self, gpu: DriverDevice, errors: list[str]) -> DeviceReading:
+        if not gpu.identified:
+            self._identify(gpu, errors)
+        total = self._optional(gpu, "memory", errors, "amdsmi_get_gpu_memory_total", "VRAM")
+        used = self._optional(gpu, "memory", errors, "amdsmi_get_gpu_memory_usage", "VRAM")
+        processes = self._processes(gpu, errors)
+        activity = self._optional(gpu, "activity", errors, "amdsmi_get_gpu_activity")
+        temperature = self._temperature(gpu, errors)
+        power = self._optional(gpu, "power", errors, "amdsmi_get_power_info")
         total_bytes, used_bytes = _number(total), _number(used)
         activity = activity if isinstance(activity, dict) else {}
         return DeviceReading(
@@ -380,12 +299,12 @@ class AmdSmiSource:
             processes=processes,
             power_watts=_watts(power),
             source=SOURCE_AMDSMI,
-            error="; ".join(dict.fromkeys(errors)) or None,
+            error=joined_errors(errors),
             pci_bus_id=gpu.pci_bus_id,
             vendor=VENDOR,
         )
 
-    def _failed(self, gpu: _Gpu, error: str) -> DeviceReading:
+    def _failed_device(self, gpu: DriverDevice, error: str) -> DeviceReading:
         return DeviceReading(
             index=gpu.index,
             uuid=gpu.uuid or f"AMD-GPU-{gpu.index}",  # lost before it could be identified
@@ -398,10 +317,10 @@ class AmdSmiSource:
             vendor=VENDOR,
         )
 
-    def _identify(self, gpu: _Gpu, errors: list[str]) -> None:
-        uuid = self._query(gpu, "uuid", errors, "amdsmi_get_gpu_device_uuid")
-        bdf = self._query(gpu, "bdf", errors, "amdsmi_get_gpu_device_bdf")
-        asic = self._query(gpu, "asic", errors, "amdsmi_get_gpu_asic_info")
+    def _identify(self, gpu: DriverDevice, errors: list[str]) -> None:
+        uuid = self._optional(gpu, "uuid", errors, "amdsmi_get_gpu_device_uuid")
+        bdf = self._optional(gpu, "bdf", errors, "amdsmi_get_gpu_device_bdf")
+        asic = self._optional(gpu, "asic", errors, "amdsmi_get_gpu_asic_info")
         name = _text(asic.get("market_name", "")) if isinstance(asic, dict) else ""
         gpu.uuid = _text(uuid) if uuid else gpu.uuid
         gpu.pci_bus_id = canonical_pci_bus_id(bdf) or gpu.pci_bus_id
@@ -411,33 +330,16 @@ class AmdSmiSource:
             gpu.uuid = f"PCI-{gpu.pci_bus_id}" if gpu.pci_bus_id else f"AMD-GPU-{gpu.index}"
         gpu.identified = True
 
-    def _query(self, gpu: _Gpu, key: str, errors: list[str], function: str, *args: Any) -> Any:
-        """One amdsmi call for `gpu`: its answer, or None (unsupported: silently from then on;
-        refused or failed: with a line in `errors`).  A lost GPU or a dead library unwinds."""
-        if key in gpu.absent:
-            return None
-        query = getattr(self._lib, function, None)
-        if query is None:
-            gpu.absent.add(key)
-            return None
-        try:
-            return query(gpu.handle, *(self._enum(arg) for arg in args))
-        except Exception as exc:
-            self._check_fatal(exc)
-            code = _error_code(exc)
-            if code in _ABSENT_CODES:
-                gpu.absent.add(key)
-            elif code == _NO_PERM:
-                errors.append(f"{key}: no permission")
-            else:
-                errors.append(f"{key}: {amdsmi_error_line(exc)}")
-            return None
+    def _arguments(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """amdsmi's AmdSmiMemoryType.<name> for each name (the interface refuses a bare int)."""
+        return tuple(getattr(self._lib.AmdSmiMemoryType, name) for name in args)
 
-    def _enum(self, name: str) -> Any:
-        """amdsmi's AmdSmiMemoryType.<name> (the interface refuses a bare int)."""
-        return getattr(self._lib.AmdSmiMemoryType, name)
+    def _query_error(self, key: str, code: int | None, exc: Exception) -> str | None:
+        if code == _NO_PERM:
+            return f"{key}: no permission"
+        return f"{key}: {amdsmi_error_line(exc)}"
 
-    def _temperature(self, gpu: _Gpu, errors: list[str]) -> int | None:
+    def _temperature(self, gpu: DriverDevice, errors: list[str]) -> int | None:
         """The hotspot (junction) sensor, else the edge one: an MI300X has no edge sensor and a
         Radeon may lack the hotspot one.  Degrees Celsius."""
         lib = self._lib
@@ -463,7 +365,7 @@ class AmdSmiSource:
                 return None
         return None
 
-    def _processes(self, gpu: _Gpu, errors: list[str]) -> tuple[GpuProcess, ...]:
+    def _processes(self, gpu: DriverDevice, errors: list[str]) -> tuple[GpuProcess, ...]:
         """The processes holding VRAM on `gpu`, by pid.  amdsmi 6.3+ lists each process's
         details; older ones list handles to pass to amdsmi_get_gpu_process_info."""
         if "processes" in gpu.absent:
@@ -493,14 +395,6 @@ class AmdSmiSource:
                 errors.append(f"processes: {amdsmi_error_line(exc)}")
             return ()
         return tuple(GpuProcess(pid=pid, used_bytes=found[pid]) for pid in sorted(found))
-
-    @staticmethod
-    def _check_fatal(exc: Exception) -> None:
-        code = _error_code(exc)
-        if code in _LOST_CODES:
-            raise _DeviceLost(amdsmi_error_line(exc)) from exc
-        if code in _DOWN_CODES:
-            raise _Down(amdsmi_error_line(exc)) from exc
 
 
 def _percent(value: Any) -> int | None:

@@ -16,26 +16,26 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from memtop.model import SOURCE_NVML, DeviceReading, DriverReading, GpuProcess
+from memtop.model import SOURCE_NVML, DeviceReading, GpuProcess
 from memtop.protocol import canonical_pci_bus_id
-from memtop.sources.driver_text import DeviceLost as _DeviceLost
-from memtop.sources.driver_text import DriverDown as _NvmlDown
+from memtop.sources.device_source import (
+    DEFAULT_RETRY_INTERVAL,
+    DriverDevice,
+    DriverLibrarySource,
+    joined_errors,
+)
+from memtop.sources.driver_text import DriverDown
 from memtop.sources.driver_text import driver_text as _text
 from memtop.sources.driver_text import one_line as _one_line
 
 __all__ = ["DEFAULT_RETRY_INTERVAL", "NvmlSource", "nvml_error_line"]
 
 _LOG = logging.getLogger(__name__)
-
-# Seconds between attempts to initialise NVML after a failure, and between attempts to reopen a
-# device that was lost or could not be opened: slow enough not to hammer a sick driver.
-DEFAULT_RETRY_INTERVAL = 10.0
 
 # NVML return codes (nvml.h). They are part of the C ABI and stable across driver versions.
 _UNINITIALIZED = 1
@@ -176,31 +176,26 @@ def _percent(value: Any) -> int | None:
 
 
 @dataclass
-class _Device:
+class _Device(DriverDevice):
     """What is cached about one device index between reads."""
 
-    index: int
-    handle: Any = None
-    identified: bool = False  # uuid and name fetched for the current handle
-    uuid: str = ""
-    name: str = ""
-    pci_bus_id: str | None = None  # canonical form; the join's second key (UUID first)
     # True: nvmlDeviceGetMemoryInfo with version=nvmlMemory_v2 works; False: use v1; None: untried.
     memory_v2: bool | None = None
-    # Queries that reported NotSupported / FunctionNotFound for this device.
-    absent: set[str] = field(default_factory=set)
-    # Why the handle is None (lost, could not be opened), and when to try again.
-    down_error: str | None = None
-    retry_at: float = 0.0
 
 
-class NvmlSource:
+class NvmlSource(DriverLibrarySource[_Device]):
     """Polls NVML for every device; see the module docstring.
 
     `lib` is the module-like object with pynvml's functions and error classes (None: import
     `pynvml` on the first read). `source` is copied into every reading. `clock` is the monotonic
     clock that paces retries. `read()` and `close()` may be called from different threads.
     """
+
+    NAME = "NVML"
+    SHUTDOWN = "nvmlShutdown"
+    LOST_CODES = _LOST_CODES
+    DOWN_CODES = _DOWN_CODES
+    ABSENT_CODES = _ABSENT_CODES
 
     def __init__(
         self,
@@ -209,72 +204,38 @@ class NvmlSource:
         clock: Callable[[], float] = time.monotonic,
         retry_interval: float = DEFAULT_RETRY_INTERVAL,
     ) -> None:
-        self._lib: Any = lib  # None until resolved on the first read
-        self._source = source
-        self._clock = clock
-        self._retry_interval = retry_interval
-        self._lock = threading.Lock()
-        self._initialised = False
-        self._init_error: str | None = None
-        self._next_init_at: float | None = None  # None: try at once
-        self._driver_version: str | None = None
-        self._devices: list[_Device] = []
+        super().__init__(lib, source, clock, retry_interval)
         # Which variant of a process-list function works with this driver, by base name.
         self._process_functions: dict[str, str] = {}
 
     @property
-    def source(self) -> str:
-        return self._source
+    def library_found(self) -> bool:
+        """Whether pynvml was imported.  It comes with memtop, so its presence says nothing of
+        the box: listed first, NVML's error is the one shown unless a rarer vendor's library is
+        here (memtop.sources.devices)."""
+        return self._lib is not None
 
-    # -- public API ----------------------------------------------------------------------------
+    def error_line(self, exc: BaseException) -> str:
+        return nvml_error_line(exc)
 
-    def read(self) -> DriverReading:
-        """One poll of every device. Never raises."""
-        with self._lock:
-            try:
-                return self._read_locked()
-            except Exception as exc:
-                _LOG.debug("NVML read failed", exc_info=True)
-                return self._unavailable(nvml_error_line(exc))
+    def _error_code(self, exc: BaseException) -> int | None:
+        return _error_code(exc)
 
-    def close(self) -> None:
-        """Shut NVML down if this source initialised it. Idempotent; a later read re-initialises."""
-        with self._lock:
-            self._shutdown()
-            self._next_init_at = None
-            self._init_error = None
+    def _query_error(self, key: str, code: int | None, exc: Exception) -> str | None:
+        # No permission, or nothing to report (no process, no sensor): not worth a line.
+        if code in (_NO_PERMISSION, _NOT_FOUND):
+            return None
+        return f"{key}: {nvml_error_line(exc)}"
 
     # -- initialisation ------------------------------------------------------------------------
 
-    def _unavailable(self, error: str) -> DriverReading:
-        return DriverReading(
-            available=False,
-            driver_version=self._driver_version,
-            error=error,
-            source=self._source,
-        )
+    def _initialise(self) -> None:
+        if self._lib is None:
+            import pynvml
 
-    def _ensure_initialised(self) -> str | None:
-        """Initialise NVML if needed; the one-line reason when it is not usable (now)."""
-        if self._initialised:
-            return None
-        now = self._clock()
-        if self._next_init_at is not None and now < self._next_init_at:
-            return self._init_error or "NVML not available"
-        self._next_init_at = now + self._retry_interval
-        try:
-            if self._lib is None:
-                import pynvml
-
-                self._lib = pynvml
-            self._lib.nvmlInit()
-        except Exception as exc:
-            self._init_error = nvml_error_line(exc)
-            _LOG.debug("nvmlInit failed: %s", self._init_error)
-            return self._init_error
+            self._lib = pynvml
+        self._lib.nvmlInit()
         self._initialised = True
-        self._init_error = None
-        self._next_init_at = None
         self._driver_version = None
         query = getattr(self._lib, "nvmlSystemGetDriverVersion", None)
         if query is not None:
@@ -282,50 +243,20 @@ class NvmlSource:
                 self._driver_version = _text(query())
             except Exception:
                 _LOG.debug("nvmlSystemGetDriverVersion failed", exc_info=True)
-        return None
 
-    def _shutdown(self) -> None:
-        was_initialised = self._initialised
-        self._initialised = False
-        self._devices = []
+    def _forget(self) -> None:
         self._process_functions = {}
-        shutdown = getattr(self._lib, "nvmlShutdown", None)
-        if was_initialised and shutdown is not None:
-            try:
-                shutdown()
-            except Exception:
-                _LOG.debug("nvmlShutdown failed", exc_info=True)
 
     # -- one poll ------------------------------------------------------------------------------
 
-    def _read_locked(self) -> DriverReading:
-        error = self._ensure_initialised()
-        if error is not None:
-            return self._unavailable(error)
-        try:
-            devices = self._enumerate()
-            readings = tuple(self._read_device(device) for device in devices)
-        except _NvmlDown as down:
-            # The driver went away under us: start over, at the retry pace.
-            self._shutdown()
-            self._init_error = down.line
-            self._next_init_at = self._clock() + self._retry_interval
-            return self._unavailable(down.line)
-        return DriverReading(
-            available=True,
-            devices=readings,
-            driver_version=self._driver_version,
-            source=self._source,
-        )
-
-    def _enumerate(self) -> list[_Device]:
+    def _devices_to_read(self) -> list[_Device]:
         """The devices to read, re-enumerated when the count changes."""
         try:
             count = int(self._lib.nvmlDeviceGetCount())
         except Exception as exc:
             code = _error_code(exc)
             if code in _DOWN_CODES or not self._devices:
-                raise _NvmlDown(nvml_error_line(exc)) from exc
+                raise DriverDown(nvml_error_line(exc)) from exc
             # Keep the known devices: each one reports its own errors below.
             return self._devices
         if count != len(self._devices):
@@ -333,30 +264,17 @@ class NvmlSource:
             self._process_functions = {}
         return self._devices
 
-    def _read_device(self, device: _Device) -> DeviceReading:
-        now = self._clock()
-        if device.handle is None:
-            if now < device.retry_at:
-                return self._failed_device(device, device.down_error or "GPU not available")
-            if not self._open(device, now):
-                return self._failed_device(device, device.down_error or "GPU not available")
-        errors: list[str] = []
-        try:
-            if not device.identified:
-                self._identify(device, errors)
-            total, used, free = self._memory(device, errors)
-            processes = self._processes(device, errors)
-            rates = self._optional(device, "utilization", errors, "nvmlDeviceGetUtilizationRates")
-            temperature_sensor = getattr(self._lib, "NVML_TEMPERATURE_GPU", 0)
-            temperature = self._optional(
-                device, "temperature", errors, "nvmlDeviceGetTemperature", temperature_sensor
-            )
-            milliwatts = self._optional(device, "power", errors, "nvmlDeviceGetPowerUsage")
-        except _DeviceLost as lost:
-            device.handle = None
-            device.down_error = lost.line
-            device.retry_at = now + self._retry_interval
-            return self._failed_device(device, lost.line)
+    def _query_device(self, device: _Device, errors: list[str]) -> DeviceReading:
+        if not device.identified:
+            self._identify(device, errors)
+        total, used, free = self._memory(device, errors)
+        processes = self._processes(device, errors)
+        rates = self._optional(device, "utilization", errors, "nvmlDeviceGetUtilizationRates")
+        temperature_sensor = getattr(self._lib, "NVML_TEMPERATURE_GPU", 0)
+        temperature = self._optional(
+            device, "temperature", errors, "nvmlDeviceGetTemperature", temperature_sensor
+        )
+        milliwatts = self._optional(device, "power", errors, "nvmlDeviceGetPowerUsage")
         return DeviceReading(
             index=device.index,
             uuid=device.uuid,
@@ -373,7 +291,7 @@ class NvmlSource:
             power_watts=None if _u64(milliwatts) is None else (_u64(milliwatts) or 0) / 1000,
             pci_bus_id=device.pci_bus_id,
             source=self._source,
-            error="; ".join(dict.fromkeys(errors)) or None,
+            error=joined_errors(errors),
         )
 
     def _failed_device(self, device: _Device, error: str) -> DeviceReading:
@@ -388,14 +306,14 @@ class NvmlSource:
             pci_bus_id=device.pci_bus_id,
         )
 
-    def _open(self, device: _Device, now: float) -> bool:
+    def _reopen(self, device: _Device, now: float) -> bool:
         """Get the handle of `device.index` (first read, or a retry after it was lost)."""
         try:
             handle = self._lib.nvmlDeviceGetHandleByIndex(device.index)
         except Exception as exc:
             code = _error_code(exc)
             if code in _DOWN_CODES:
-                raise _NvmlDown(nvml_error_line(exc)) from exc
+                raise DriverDown(nvml_error_line(exc)) from exc
             device.down_error = nvml_error_line(exc)
             device.retry_at = now + self._retry_interval
             return False
@@ -441,15 +359,6 @@ class NvmlSource:
             if _error_code(exc) not in _ABSENT_CODES:
                 errors.append(nvml_error_line(exc))
             return None
-
-    @staticmethod
-    def _check_fatal(exc: Exception) -> None:
-        """Turn a lost device or a dead NVML into the internal exceptions that unwind a read."""
-        code = _error_code(exc)
-        if code in _LOST_CODES:
-            raise _DeviceLost(nvml_error_line(exc)) from exc
-        if code in _DOWN_CODES:
-            raise _NvmlDown(nvml_error_line(exc)) from exc
 
     def _memory(
         self, device: _Device, errors: list[str]
@@ -542,24 +451,3 @@ class NvmlSource:
         if missing is not None:
             raise missing
         return None  # the lib (a simulated one, say) does not have it
-
-    def _optional(
-        self, device: _Device, key: str, errors: list[str], function: str, *args: Any
-    ) -> Any:
-        """A query that may be unsupported (utilisation, temperature): None, silently, if so."""
-        if key in device.absent:
-            return None
-        query = getattr(self._lib, function, None)
-        if query is None:
-            device.absent.add(key)
-            return None
-        try:
-            return query(device.handle, *args)
-        except Exception as exc:
-            self._check_fatal(exc)
-            code = _error_code(exc)
-            if code in _ABSENT_CODES:
-                device.absent.add(key)
-            elif code not in (_NO_PERMISSION, _NOT_FOUND):
-                errors.append(f"{key}: {nvml_error_line(exc)}")
-            return None

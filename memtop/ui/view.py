@@ -13,8 +13,10 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from memtop.diagnosis import DeviceDiagnosis, Suggestion
+from memtop.diagnosis.leak import LeakBasis
+from memtop.diagnosis.suggestions import EffectKind, RuleId
 from memtop.job_groups import JobGroup, job_groups
-from memtop.model import SOURCE_AGENT, SOURCE_SIM, AgentStatus, Severity, host_of
+from memtop.model import SOURCE_AGENT, SOURCE_SIM, AgentStatus, Choice, Severity, host_of
 from memtop.observation import (
     AgentDeviceObservation,
     DeviceHistory,
@@ -79,12 +81,21 @@ class TrendLine:
         return f"TrendLine({self.points()!r})"
 
 
+class TrendStatus(Choice):
+    """What a GPU's leak-trend sparkline says, in the words its label shows."""
+
+    LEAK = "leak"
+    STEADY = "steady"
+    COLLECTING = "collecting"  # too little data for a verdict yet
+    NO_AGENT = "no PyTorch agent"
+
+
 @dataclass(frozen=True, slots=True)
 class Trend:
     """The leak-trend sparkline of one GPU and what it says."""
 
     line: TrendLine
-    status: str  # "leak", "steady", "collecting", "no PyTorch agent"
+    status: TrendStatus
     pid: int | None
     bytes_per_step: float | None = None  # of a leak
     bytes_per_second: float | None = None
@@ -105,7 +116,7 @@ class Trend:
 
     @property
     def leak(self) -> bool:
-        return self.status == "leak"
+        return self.status == TrendStatus.LEAK
 
     def label(self, short: bool = False) -> str:
         """ "pid 4102 +8.0 MiB/step · full in 7 min", or "pid 4102 +8.0M/step 7 min" where room
@@ -159,7 +170,7 @@ class ProcessRow:
     reserved: int | None
     peak: int | None  # torch's allocated_bytes.all.peak
     step: int | None
-    state: str  # "agent", "exited", "unreachable", "no agent"
+    state: ProcessState
     trend: str  # "+8.0 MiB/step" for a leak, "" otherwise
     own: bool
     full_command: str = ""  # the whole command line (the table shows `command`: basename + args)
@@ -178,11 +189,11 @@ class ProcessRow:
     @property
     def last_known(self) -> bool:
         """Its memory figures are the last ones seen, not live (the process has exited)."""
-        return self.state == "exited"
+        return self.state == ProcessState.EXITED
 
     @property
     def has_agent(self) -> bool:
-        return self.state == "agent"
+        return self.state == ProcessState.AGENT
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +222,7 @@ class SuggestionItem:
     fix: str | None
     effect: str | None
     detail: str = ""  # what to do / why, in prose (a leak's usual culprits)
-    effect_kind: str = "saving"  # "saving" (green), "growth" (red), "excess" (yellow), "room"
+    effect_kind: EffectKind = EffectKind.SAVING  # its colour on screen: widgets.suggestions
     rule: str = ""
     room: str | None = None  # a roll-up's headroom ("53.8 GiB unused"), drawn apart from savings
 
@@ -246,7 +257,7 @@ def build(
     """The whole dashboard from one observation.  `users`, kept by the caller between builds,
     remembers each pid's owner so that an exited process still names its user."""
     my_uid = obs.uid if my_uid is None else my_uid
-    flagged = {(s.pid, s.device) for s in obs.suggestions if s.rule == "expandable_segments"}
+    flagged = {(s.pid, s.device) for s in obs.suggestions if s.rule == RuleId.EXPANDABLE_SEGMENTS}
     gpus = tuple(_gpu_row(gpu, flagged) for gpu in obs.gpus)
     users = users if users is not None else {}
     processes = tuple(_process_row(entry, my_uid, users, obs.time) for entry in obs.entries)
@@ -336,7 +347,7 @@ def nothing_to_suggest(obs: Observation) -> str:
         if all(a.hello is not None and not a.hello.devices for a in live):
             return "Nothing to judge: the PyTorch processes use no GPU (CPU only)."
         return COLLECTING
-    if any(d.diagnosis.leak.basis == "none" for d in devices):
+    if any(d.diagnosis.leak.basis == LeakBasis.NONE for d in devices):
         return COLLECTING
     return "Nothing to suggest: memory looks healthy."
 
@@ -403,17 +414,17 @@ def _trend(gpu: GpuObservation) -> Trend:
         focus = max(on_it, key=lambda d: d.reserved_bytes, default=None)
     if focus is None:
         used = gpu.used_history[1][-TREND_SAMPLES:]
-        return Trend(TrendLine(used), "no PyTorch agent", None)
+        return Trend(TrendLine(used), TrendStatus.NO_AGENT, None)
     history = focus.history
     marks = history.mark_allocated[-TREND_MARKS:]
     raw = history.allocated[-TREND_SAMPLES:] if len(marks) < 2 else marks
     leak = focus.diagnosis.leak
     if leak.detected:
-        status = "leak"
-    elif leak.basis == "none":
-        status = "collecting"
+        status = TrendStatus.LEAK
+    elif leak.basis == LeakBasis.NONE:
+        status = TrendStatus.COLLECTING
     else:
-        status = "steady"
+        status = TrendStatus.STEADY
     return Trend(
         TrendLine(raw, focus.sample.total_bytes),
         status,
@@ -443,7 +454,28 @@ def leak_label(
 
 # ------------------------------------------------------------------------------ processes
 
-STATE_LABELS = {AgentStatus.CONNECTED: "agent", AgentStatus.EXITED: "exited"}
+
+class ProcessState(Choice):
+    """A process row's state, in the words the table shows: its agent's status (AgentStatus),
+    or that it has none."""
+
+    AGENT = "agent"  # an agent answers: its numbers are live
+    EXITED = "exited"  # gone; its last numbers stay a while, dimmed
+    NO_AGENT = "no agent"  # the driver lists it; no memtop agent runs in it
+    UNREACHABLE = "unreachable"
+    HUNG = "hung"
+    INCONSISTENT = "inconsistent"
+    REFUSED = "refused"
+
+
+STATE_LABELS = {
+    AgentStatus.CONNECTED: ProcessState.AGENT,
+    AgentStatus.EXITED: ProcessState.EXITED,
+    AgentStatus.UNREACHABLE: ProcessState.UNREACHABLE,
+    AgentStatus.HUNG: ProcessState.HUNG,
+    AgentStatus.INCONSISTENT: ProcessState.INCONSISTENT,
+    AgentStatus.REFUSED: ProcessState.REFUSED,
+}
 
 
 def short_command(argv: Sequence[str]) -> str:
@@ -489,7 +521,7 @@ def _process_row(
             reserved=None,
             peak=None,
             step=None,
-            state="no agent",
+            state=ProcessState.NO_AGENT,
             trend="",
             own=own,
         )
@@ -504,9 +536,9 @@ def _process_row(
         "launcher": getattr(info, "ppid", None) if extra.get("rank") is not None else None,
     }
     job = agent.job
-    state = STATE_LABELS.get(agent.status, str(agent.status))
+    state = STATE_LABELS[agent.status]
     trend = ""
-    if dev is not None and dev.diagnosis.leak.detected and state == "agent":
+    if dev is not None and dev.diagnosis.leak.detected and state == ProcessState.AGENT:
         leak = dev.diagnosis.leak
         trend = leak_label(leak.bytes_per_step, leak.bytes_per_second, None, short=True)
     # Without a device (an agent that has not sampled yet, or cannot be reached) the row keeps
@@ -612,9 +644,9 @@ def _suggestion_items(
             continue
         # Savings add up (each is memory the process would stop using); a bigger batch's
         # headroom is memory it does not use yet: never summed with them.
-        saving = sum(s.effect_bytes or 0 for s in group if EFFECT_KINDS.get(s.rule) is None)
-        room = sum(s.effect_bytes or 0 for s in group if EFFECT_KINDS.get(s.rule) == "room")
-        names = ", ".join(_short_title(s) for s in group)
+        saving = sum(s.effect_bytes or 0 for s in group if s.effect_kind == EffectKind.SAVING)
+        room = sum(s.effect_bytes or 0 for s in group if s.effect_kind == EffectKind.ROOM)
+        names = ", ".join(s.short_title for s in group)
         effect = f"saves up to {format_bytes(saving)}" if saving else None
         unused = f"{format_bytes(room)} unused" if room else None
         items.append(
@@ -628,7 +660,7 @@ def _suggestion_items(
                 fix=None,
                 effect=effect or unused,
                 detail=" ".join(s.detail for s in group if s.detail),
-                effect_kind="saving" if saving else "room",
+                effect_kind=EffectKind.SAVING if saving else EffectKind.ROOM,
                 rule="tips",
                 room=unused if effect else None,
             )
@@ -651,28 +683,8 @@ def _suggestion_items(
     return tuple(items)
 
 
-# What `effect_bytes` means differs by rule; the pane says it in words.
-EFFECT_WORDING = {
-    "leak": "+{}/hour",
-    "usage": "{} over 85 %",
-    "cleanup": "frees {}",
-    "bigger_batch": "{} unused",
-    "expandable_segments": "{} stuck in splits",
-}
-# How the pane colours an effect: savings green, growth (a leak) red, excess yellow.
-EFFECT_KINDS = {"leak": "growth", "usage": "excess", "bigger_batch": "room"}
-SHORT_TITLES = {
-    "8bit_optimizer": "8-bit optimizer",
-    "bf16_parameters": "bf16 weights",
-    "bigger_batch": "bigger batch",
-    "gradient_checkpointing": "checkpointing",
-}
-
-
 def _item(s: Suggestion) -> SuggestionItem:
-    effect = None
-    if s.effect_bytes:
-        effect = EFFECT_WORDING.get(s.rule, "saves {}").format(format_bytes(s.effect_bytes))
+    # What `effect_bytes` means differs by rule: its rule record says it in words.
     return SuggestionItem(
         key=f"{s.rule}:{process_key(s.pid)}:{s.device}",
         severity=s.severity,
@@ -681,18 +693,14 @@ def _item(s: Suggestion) -> SuggestionItem:
         title=s.title,
         evidence=s.evidence,
         fix=s.fix,
-        effect=effect,
+        effect=s.effect_text,
         detail=s.detail,
-        effect_kind=EFFECT_KINDS.get(s.rule, "saving"),
+        effect_kind=s.effect_kind,
         rule=s.rule,
     )
 
 
 suggestion_item = _item  # one suggestion as the pane draws it, unfolded
-
-
-def _short_title(s: Suggestion) -> str:
-    return SHORT_TITLES.get(s.rule, s.title.split(":")[0])
 
 
 # --------------------------------------------------------------------------------- detail
@@ -780,7 +788,7 @@ def _trend_line(
     level the median offset of the baselines from that slope."""
     leak = device.leak
     steps, times, allocated = marks.mark_step, marks.mark_time, marks.mark_allocated
-    if leak.basis != "steps" or leak.bytes_per_step is None or not steps:
+    if leak.basis != LeakBasis.STEPS or leak.bytes_per_step is None or not steps:
         return None
     since = leak.since if leak.since is not None else steps[0]
     chosen = [i for i, s in enumerate(steps) if s >= since and times[i] >= oldest]

@@ -8,14 +8,26 @@ from rich.text import Text
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
+from memtop.diagnosis.suggestions import EffectKind
+from memtop.model import Severity
 from memtop.ui.render import FREE, SEVERITY_STYLES, slow_tick
 from memtop.ui.view import SuggestionItem
 from memtop.ui.widgets.lines import looks_alike
 
-BADGES = {"emergency": "EMERG", "critical": "CRIT", "warning": "WARN", "info": "INFO"}
+BADGES = {
+    Severity.EMERGENCY: "EMERG",
+    Severity.CRITICAL: "CRIT",
+    Severity.WARNING: "WARN",
+    Severity.INFO: "INFO",
+}
 
 
-EFFECT_STYLES = {"saving": "green", "growth": "bold red", "excess": "yellow", "room": "cyan"}
+EFFECT_STYLES = {
+    EffectKind.SAVING: "green",
+    EffectKind.GROWTH: "bold red",
+    EffectKind.EXCESS: "yellow",
+    EffectKind.ROOM: "cyan",
+}
 URGENT = ("critical", "emergency")
 
 
@@ -73,7 +85,7 @@ def suggestion_text(item: SuggestionItem, compact: bool, width: int | None = Non
         title.append(f"  {item.effect}", style=EFFECT_STYLES.get(item.effect_kind, "green"))
     if item.room:
         title.append(" · ", style=FREE)
-        title.append(item.room, style=EFFECT_STYLES["room"])
+        title.append(item.room, style=EFFECT_STYLES[EffectKind.ROOM])
     indent = " " * 8
     todo: Text | None = None
     if item.fix:

@@ -1,0 +1,23 @@
+"""The simulator's workload scenarios by name: one list for the trainer, the demo and the CLI.
+
+Light on purpose (the CLI's parser reads it on every start): the workloads themselves are in
+memtop.sim.scenarios, the demo's plans in memtop.sim.demo."""
+
+from __future__ import annotations
+
+from memtop.model import Choice
+
+
+class Scenario(Choice):
+    HEALTHY = "healthy"
+    LEAK = "leak"  # retains memory every step
+    FRAGMENT = "fragment"  # variable sequence lengths
+    PRESSURE = "pressure"  # runs at 90-97 % of the device, hits retries
+    OOM = "oom"  # a batch that grows until it does not fit
+    MIXED = "mixed"  # the demo only: several GPUs, several trainers, each its own scenario
+
+
+# What one simulated trainer runs, and what `memtop demo --scenario` takes (plain strings: the
+# words argparse lists in --help and in its errors).
+TRAINER_SCENARIOS: tuple[str, ...] = tuple(s.value for s in Scenario if s is not Scenario.MIXED)
+DEMO_SCENARIOS: tuple[str, ...] = tuple(s.value for s in Scenario)
