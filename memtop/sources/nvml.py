@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memtop.model import SOURCE_NVML, DeviceReading, DriverReading, GpuProcess
-from memtop.protocol import canonical_pci_bus_id
+from memtop.protocol.text import canonical_pci_bus_id
 from memtop.sources.driver_text import DeviceLost as _DeviceLost
 from memtop.sources.driver_text import DriverDown as _NvmlDown
 from memtop.sources.driver_text import driver_text as _text
