@@ -353,3 +353,20 @@ def test_what_the_reply_builders_write_the_schema_reads():
         {0: {"segments": 1}},
     )
     assert protocol.parse_reset_peak(replies.reset_peak_result([0, 1])).devices == (0, 1)
+
+
+def test_the_agent_and_the_protocol_parts_it_loads_are_standard_library_only():
+    # The agent runs inside the trainer: whatever it imports, the trainer pays for (and a
+    # third-party module there could clash with the trainer's own).
+    code = (
+        "import sys\n"
+        "import memtop.agent.server\n"
+        "names = {k.split('.')[0] for k in sys.modules if not k.startswith('_')}\n"
+        "print(sorted(names - set(sys.stdlib_module_names) - {'memtop'}))\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(protocol.__file__))))
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=root
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
