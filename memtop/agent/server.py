@@ -56,6 +56,8 @@ from memtop.protocol.framing import (
 )
 from memtop.protocol.text import decimal
 
+# The commands' intervals live with the handlers; named here too for what read them as
+# server.SNAPSHOT_MIN_INTERVAL_S before the split (tests, benches).
 __all__ = [
     "CLEANUP_MIN_INTERVAL_S",
     "MARK_BUFFER",
