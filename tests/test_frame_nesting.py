@@ -146,7 +146,7 @@ def test_a_deep_mebibyte_is_refused_after_one_chunk_and_json_never_sees_it(
     def no_json(*args: object, **kwargs: object) -> None:
         raise AssertionError("json.loads ran on a frame the scan should have refused")
 
-    monkeypatch.setattr(protocol.json, "loads", no_json)
+    monkeypatch.setattr(protocol.framing.json, "loads", no_json)
     with pytest.raises(protocol.ProtocolError, match="deeper than 64"):
         protocol.decode_body(body)
     assert counting.steps <= nesting.CHUNK, shape

@@ -246,3 +246,127 @@ def test_connect_errors_are_one_line(tmp_path):
         protocol.connect(999999, directory)
     message = protocol.describe_connect_error(999999, info.value)
     assert "999999" in message and "\n" not in message
+
+
+def test_every_command_has_one_agent_handler_and_one_viewer_parser():
+    from memtop.agent.handlers import HANDLERS
+
+    assert set(HANDLERS) == set(protocol.COMMANDS) == set(protocol.REPLY_PARSERS)
+
+
+def test_what_the_reply_builders_write_the_schema_reads():
+    from memtop.protocol import replies
+
+    device = replies.hello_device(
+        index=0, uuid="GPU-1", name="H100", total_bytes=80 << 30, pci_bus_id="0000:3b:00.0"
+    )
+    hello = protocol.parse_hello(
+        replies.hello_result(
+            pid=42,
+            argv=["train.py"],
+            python="3.11.9",
+            torch="2.13.0",
+            allocator_conf="",
+            devices=[device],
+            hip=None,
+            agent_version="0.1",
+            started=1.0,
+            step=None,
+            cwd="/",
+            agent_thread_id=None,
+            rank=None,
+            local_rank=None,
+            world_size=None,
+            scheduler=None,
+            rendezvous=None,
+        )
+    )
+    assert (hello.pid, hello.devices[0].pci_bus_id) == (42, "0000:3b:00.0")
+    marks = [{"step": 1, "time": 2.0, "allocated_bytes": {"0": 10}}]
+    for columns in (False, True):
+        sample = protocol.parse_sample(
+            json.loads(
+                json.dumps(
+                    replies.sample_result(
+                        time=3.0,
+                        step=1,
+                        devices=[
+                            replies.sample_device(
+                                index=0,
+                                uuid="GPU-1",
+                                name="H100",
+                                stats={"allocated_bytes.all.current": 10},
+                                free_bytes=5,
+                                total_bytes=20,
+                                free_measured_at=None,
+                            )
+                        ],
+                        step_marks=marks,
+                        columns=columns,
+                        last_step_time=2.0,
+                        phase=None,
+                        phase_since=None,
+                        oom=None,
+                        agent=replies.agent_costs(
+                            boundary_costs={},
+                            connections=1,
+                            refused_requests=0,
+                            agent_cpu_s=None,
+                            governed_s=0.0,
+                        ),
+                    )
+                )
+            )
+        )
+        assert [(m.step, m.allocated) for m in sample.step_marks] == [(1, {0: 10})]
+        assert sample.devices[0].free_bytes == 5
+    cleanup = protocol.parse_cleanup(
+        replies.cleanup_result(
+            before={0: 30},
+            after={0: 10},
+            gc_collected=3,
+            after_step=7,
+            thread="MainThread",
+            thread_ident=1,
+            took_s=0.1,
+        )
+    )
+    assert (cleanup.released_bytes, cleanup.after_step, cleanup.at_step_boundary) == (
+        {0: 20},
+        7,
+        True,
+    )
+    breakdown = protocol.parse_breakdown(
+        replies.breakdown_result(
+            time=1.0, step=2, measured="after_step", took_s=0.01, devices={0: {"parameters": 8}}
+        )
+    )
+    assert breakdown.devices == {0: {"parameters": 8}} and not breakdown.pending
+    assert protocol.parse_breakdown(replies.breakdown_pending()).pending
+    assert protocol.parse_snapshot(replies.snapshot_summary_pending()).pending
+    written = protocol.parse_snapshot(
+        replies.snapshot_file_result(path="/tmp/s.pickle", size=9, devices={"0": {"segments": 1}})
+    )
+    assert (written.path, written.bytes, written.devices) == (
+        "/tmp/s.pickle",
+        9,
+        {0: {"segments": 1}},
+    )
+    assert protocol.parse_reset_peak(replies.reset_peak_result([0, 1])).devices == (0, 1)
+
+
+def test_the_agent_and_the_protocol_parts_it_loads_are_standard_library_only():
+    # The agent runs inside the trainer: whatever it imports, the trainer pays for (and a
+    # third-party module there could clash with the trainer's own).
+    code = (
+        "import sys\n"
+        "import memtop.agent.server\n"
+        "names = {k.split('.')[0] for k in sys.modules if not k.startswith('_')}\n"
+        "print(sorted(names - set(sys.stdlib_module_names) - {'memtop'}))\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(protocol.__file__))))
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=root
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"

@@ -431,7 +431,7 @@ def test_no_character_clean_text_replaces_passes_the_printable_fast_path() -> No
     from memtop import protocol
 
     printable = "".join(c for c in map(chr, range(0x110000)) if c.isprintable())
-    assert protocol._CONTROL.search(printable) is None
+    assert protocol.text._CONTROL.search(printable) is None
 
 
 def test_clean_value_cleans_nested_strings_and_keeps_clean_replies_as_they_are() -> None:

@@ -32,12 +32,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from memtop import protocol
 from memtop._version import __version__
 from memtop.agent import files, stacks
 from memtop.agent.driver_usage import read_driver_usage, split_usage
 from memtop.agent.snapshot_summary import summarize_snapshot
 from memtop.oom.diagnose import diagnose
+from memtop.protocol import places
 
 if TYPE_CHECKING:
     from memtop.agent.server import Agent
@@ -218,7 +218,7 @@ class OomRecorder:
             report["diagnosis"] = diagnose(report)
             verdict = {k: report["diagnosis"].get(k) for k in ("cause", "detail", "fix")}
             data = encode_report(report)
-            directory = protocol.ensure_private_dir(protocol.oom_dir())
+            directory = places.ensure_private_dir(places.oom_dir())
             path = directory / report_name(report["time"], report["pid"])
             files.write_private_file(str(path), data)
             self.written.append(str(path))

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from memtop import protocol
+from memtop.protocol import replies
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +70,7 @@ StepCallback = Callable[[], None]
 # Building only these is what keeps a `sample` cheap on the trainer's GIL.
 # The subset of torch.cuda.memory_stats() keys a `sample` carries: every key memtop or its JSON
 # report reads.  Part of the wire schema, so its home is the protocol.
-SAMPLE_STAT_KEYS = protocol.SAMPLE_STAT_KEYS
+SAMPLE_STAT_KEYS = replies.SAMPLE_STAT_KEYS
 
 
 class Probe(Protocol):

@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from memtop import protocol
 from memtop.agent.probe import (
     SAMPLE_STAT_KEYS,
     Breakdown,
@@ -27,6 +26,7 @@ from memtop.agent.probe import (
     StepCallback,
     allocator_conf_from_env,
 )
+from memtop.protocol.text import pci_bus_id_of
 
 _register_step_post_hook: Callable[..., Any] | None
 _register_step_pre_hook: Callable[..., Any] | None
@@ -187,7 +187,7 @@ def _pci_bus_id(props: Any) -> str | None:
     if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers):
         return None
     domain, bus, device = (int(n) for n in numbers if n is not None)
-    return protocol.pci_bus_id_of(domain, bus, device)
+    return pci_bus_id_of(domain, bus, device)
 
 
 # The nested path of each SAMPLE_STAT_KEYS key in torch._C._cuda_memoryStats()'s dict.

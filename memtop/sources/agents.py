@@ -1,5 +1,9 @@
 """What the memtop process reads from agents: discovery of sockets and one client per agent.
 
+Three modules: the pool here (discovery, one authenticated connection per agent, rounds of
+concurrent samples), the client of one agent (memtop.sources.agent_client) and the sanity checks
+of an agent's numbers (memtop.sources.agent_sanity); this module re-exports their public names.
+
 The viewer trusts no agent (DESIGN §6, issue 10):
 
 - every connection is authenticated before a byte is sent: the directory and the socket are
@@ -20,15 +24,13 @@ The viewer trusts no agent (DESIGN §6, issue 10):
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import queue
-import select
 import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,378 +47,45 @@ from memtop.model import (
     AgentStatus,
 )
 from memtop.protocol import namespaces
+from memtop.sources.agent_client import (
+    HELLO_REFRESH_S,
+    MAX_STRAY_FRAMES,
+    AgentClient,
+    AgentError,
+    AgentRefused,
+    AgentTimeout,
+    AgentUnreachable,
+    PendingReply,
+    parse_sample,
+)
+from memtop.sources.agent_sanity import MONOTONIC_STATS, SIGNED_STATS, sanity_problem
 
+__all__ = [
+    "CONNECTED",
+    "EXITED",
+    "HELLO_REFRESH_S",
+    "HUNG",
+    "INCONSISTENT",
+    "MAX_STRAY_FRAMES",
+    "MONOTONIC_STATS",
+    "REFUSED",
+    "SAMPLE_MAX_MARKS",
+    "SIGNED_STATS",
+    "UNREACHABLE",
+    "AgentClient",
+    "AgentError",
+    "AgentPoll",
+    "AgentPool",
+    "AgentRefused",
+    "AgentTimeout",
+    "AgentUnreachable",
+    "PendingReply",
+    "parse_sample",
+    "sanity_problem",
+]
 
-class AgentError(Exception):
-    """An error frame from an agent (the command failed there; the connection is still fine)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{message} ({code})")
-        self.code = code
-        self.message = message
-
-
-class AgentUnreachable(Exception):
-    """The agent cannot be reached or the connection broke; the message is one line."""
-
-
-class AgentRefused(AgentUnreachable):
-    """The socket or the process serving it failed authentication; the message is one line."""
-
-
-class AgentTimeout(AgentUnreachable):
-    """The agent did not answer within its deadline (stopped, deadlocked, flooding frames)."""
-
-
-# Frames with another id a reply may be preceded by before the agent counts as flooding.
-MAX_STRAY_FRAMES = 32
 # A first sample asks for the marks the viewer reads, not the agent's whole buffer.
 SAMPLE_MAX_MARKS = MARK_WINDOW
-# An agent that had no torch yet when it said hello is asked again this often.
-HELLO_REFRESH_S = 5.0
-
-
-RECV_CHUNK = 1 << 16
-
-
-class PendingReply:
-    """A request sent, its reply not yet read.
-
-    Read either all at once on the calling thread (`wait`, blocking until the request's one
-    deadline), or a piece at a time as bytes arrive (`read_available`, never blocking: the
-    sampler's poll thread reads many agents' replies this way on one selector, and hands a
-    reply still unfinished when its round ends to a worker, which `wait`s for the rest).  One
-    reader at a time.  The reply's failures are the request's: AgentTimeout (no reply by the
-    deadline, or a flood of frames answering nothing), AgentUnreachable (the connection broke
-    or the frame is bad; the connection is closed), AgentError (the agent's error frame).
-    """
-
-    def __init__(
-        self, client: AgentClient, cmd: str, request_id: int, deadline: float, limit: float
-    ) -> None:
-        self.client = client
-        self.cmd = cmd
-        self.request_id = request_id
-        self.deadline = deadline
-        self._limit = limit  # the request's timeout, for the message if it runs out
-        self._stray = 0
-        self._reply: dict[str, Any] | None = None
-
-    def fileno(self) -> int:
-        sock = self.client._sock
-        return sock.fileno() if sock is not None else -1
-
-    def read_buffered(self) -> dict[str, Any] | None:
-        """The reply's result if the frames already read from this connection hold it (read
-        along with an earlier reply), without touching the socket; else None."""
-        if self._reply is None:
-            with self.client._failures(self):
-                self._take(b"")
-        return self._result()
-
-    def read_available(self) -> dict[str, Any] | None:
-        """Take the bytes the socket holds now; the reply's result once it is complete.  (Call
-        `read_buffered` first: frames already read are not looked at again here.)"""
-        if self._reply is None:
-            with self.client._failures(self):
-                sock = self.client._connected_socket()
-                try:
-                    data: bytes | None = sock.recv(RECV_CHUNK)  # the socket never blocks
-                except BlockingIOError:
-                    data = None
-                if data is not None:
-                    self._take(data, at_end=not data)
-                if self._reply is None and time.monotonic() >= self.deadline:
-                    raise TimeoutError
-        return self._result()
-
-    def wait(self) -> dict[str, Any]:
-        """Block until the reply is complete or the deadline passes; the result."""
-        with self.client._failures(self):
-            self._take(b"")  # frames read with an earlier reply first
-            while self._reply is None:
-                sock = self.client._connected_socket()
-                try:
-                    data = sock.recv(RECV_CHUNK)
-                except BlockingIOError:
-                    _wait_for(sock, select.POLLIN, self.deadline)
-                    continue
-                self._take(data, at_end=not data)
-        return self.client._result(self.cmd, self._reply)
-
-    def _result(self) -> dict[str, Any] | None:
-        return self.client._result(self.cmd, self._reply) if self._reply is not None else None
-
-    def _take(self, data: bytes, at_end: bool = False) -> None:
-        """Look for the reply among the frames `data` completes (b"": among those already
-        read); `at_end`: the agent closed the connection."""
-        if at_end:
-            raise protocol.ConnectionClosed("connection closed by the agent")
-        for message in self.client._decoder.feed(data):
-            reply_id = message.get("id")
-            if reply_id == self.request_id or (reply_id is None and "error" in message):
-                self._reply = message
-                return  # bytes after it stay in the decoder, for the next request to read
-            self._stray += 1
-            if self._stray >= MAX_STRAY_FRAMES:
-                raise AgentTimeout(
-                    f"floods the connection: {self._stray} frames that answer no request"
-                )
-
-    def timed_out(self) -> AgentTimeout:
-        extra = f" ({self._stray} frames with other ids)" if self._stray else ""
-        return AgentTimeout(f"no reply to {self.cmd!r} within {self._limit:.3g} s{extra}")
-
-
-def _wait_for(sock: socket.socket, event: int, deadline: float) -> None:
-    """Until `sock` is ready for `event` (select.POLLIN / POLLOUT); TimeoutError once the
-    deadline (time.monotonic) has passed.  The client's sockets never block: every wait is
-    here, against the request's one deadline (no timeout set on the socket per call)."""
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        raise TimeoutError
-    poller = select.poll()
-    poller.register(sock, event)
-    if not poller.poll(max(1, math.ceil(remaining * 1000))) and time.monotonic() >= deadline:
-        raise TimeoutError
-
-
-def parse_sample(result: dict[str, Any]) -> AgentSample:
-    """A `sample` result checked against the wire schema (AgentError where it fails)."""
-    try:
-        return protocol.parse_sample(result)
-    except protocol.ProtocolError as exc:
-        raise AgentError(exc.code, exc.message) from None
-
-
-class AgentClient:
-    """A blocking connection to one agent.  Used from a sampler worker or an action worker.
-
-    `owner` is the uid that must own the socket directory and run the agent (default: ours).
-    `pid` is the pid THIS process sees; `name` the socket's file name when that process runs in
-    another pid namespace (a container: `<its own pid>.ns<inode>.sock`), whose agent then says
-    it is the pid in the name (protocol.namespaces).
-    """
-
-    def __init__(
-        self,
-        pid: int,
-        directory: Path | None = None,
-        timeout: float = 2.0,
-        owner: int | None = None,
-        name: str | None = None,
-    ) -> None:
-        self.pid = pid
-        self.name = name
-        parsed = namespaces.parse_socket_name(name) if name is not None else None
-        # The pid the agent reports in its hello: its own, inside its namespace.
-        self.agent_pid = parsed[0] if parsed is not None else pid
-        self.directory = directory
-        self.timeout = timeout
-        self.owner = os.getuid() if owner is None else owner
-        self._sock: socket.socket | None = None
-        self._decoder = protocol.FrameDecoder()  # bytes of this connection not yet a frame
-        self._next_id = 1
-        self.hello: AgentHello | None = None
-        self.hello_at = 0.0
-        # Called with (pid, cmd, result) for every reply (`memtop record` taps the wire here).
-        self.tap: Callable[[int, str, dict[str, Any]], None] | None = None
-
-    def connect(self, timeout: float | None = None) -> AgentHello:
-        """Connect, authenticate the server and read its `hello`, all within `timeout`."""
-        limit = timeout or self.timeout
-        deadline = time.monotonic() + limit
-        directory = self.directory or protocol.socket_dir()
-        try:
-            self._decoder = protocol.FrameDecoder()
-            self._sock = protocol.connect_agent(
-                self.pid, directory, self.owner, limit, name=self.name
-            )
-            self._sock.setblocking(False)  # every wait is against a deadline (_wait_for)
-        except (protocol.PeerRefused, protocol.UnsafeSocketDir) as exc:
-            raise AgentRefused(f"refused: {exc}") from None
-        except FileNotFoundError as exc:
-            raise AgentUnreachable(protocol.describe_connect_error(self.pid, exc)) from None
-        except OSError as exc:
-            raise AgentUnreachable(protocol.describe_connect_error(self.pid, exc)) from None
-        return self._accept_hello(self._request("hello", None, deadline))
-
-    def _accept_hello(self, reply: dict[str, Any]) -> AgentHello:
-        """Parse a `hello` and hold it to the socket's pid; on any doubt, hang up."""
-        try:
-            hello = protocol.parse_hello(reply)
-        except protocol.ProtocolError as exc:
-            self.close()
-            raise AgentUnreachable(f"bad hello from the agent of pid {self.pid}: {exc}") from None
-        if hello.pid != self.agent_pid:
-            self.close()
-            raise AgentRefused(
-                f"refused: the agent behind the socket of pid {self.pid} says it is pid "
-                f"{hello.pid}"
-                + (f" (expected {self.agent_pid} in its pid namespace)" if self.name else "")
-            )
-        self.hello = hello
-        self.hello_at = time.monotonic()
-        return hello
-
-    def hello_is_stale(self, sample: AgentSample) -> bool:
-        """Whether the agent has changed since its hello: it uses a device the hello did not
-        list (CUDA initialised after the agent started), or it had no torch yet (an agent
-        started before the program imported torch: asked again every HELLO_REFRESH_S)."""
-        hello = self.hello
-        if hello is None:
-            return False
-        listed = {d.index for d in hello.devices}
-        if any(d.index not in listed for d in sample.devices):
-            return True
-        return hello.torch is None and time.monotonic() - self.hello_at >= HELLO_REFRESH_S
-
-    def refresh_hello(self, timeout: float | None = None) -> AgentHello:
-        """Ask for `hello` again on this connection (same pid checks as on connect)."""
-        return self._accept_hello(self.request("hello", None, timeout))
-
-    @property
-    def connected(self) -> bool:
-        return self._sock is not None
-
-    def request(
-        self, cmd: str, args: dict[str, Any] | None = None, timeout: float | None = None
-    ) -> dict[str, Any]:
-        """Send one command and wait for its reply, at most `timeout` seconds in all; returns
-        `result` (every string in it cleaned) or raises AgentError / AgentUnreachable."""
-        return self._request(cmd, args, time.monotonic() + (timeout or self.timeout))
-
-    def _request(self, cmd: str, args: dict[str, Any] | None, deadline: float) -> dict[str, Any]:
-        return self.send(cmd, args, deadline).wait()
-
-    def send(
-        self,
-        cmd: str,
-        args: dict[str, Any] | None = None,
-        deadline: float | None = None,
-        wait_to_send: bool = True,
-    ) -> PendingReply:
-        """Send one command; its reply is read through the PendingReply (by `deadline`,
-        time.monotonic; default: the client's timeout from now).  A request the socket cannot
-        take at once (an agent that does not read its requests) waits for it up to the
-        deadline, or with `wait_to_send=False` fails at once: the poll thread, which sends to
-        every agent in turn, never waits on one of them."""
-        if deadline is None:
-            deadline = time.monotonic() + self.timeout
-        request_id = self._next_id
-        self._next_id += 1
-        message: dict[str, Any] = {"id": request_id, "cmd": cmd}
-        if args:
-            message["args"] = args
-        pending = PendingReply(
-            self, cmd, request_id, deadline, max(0.0, deadline - time.monotonic())
-        )
-        with self._failures(pending):
-            sock = self._connected_socket()
-            unsent = memoryview(protocol.encode_frame(message))
-            while unsent:  # at once, nearly always (a request fits an empty socket buffer)
-                try:
-                    unsent = unsent[sock.send(unsent) :]
-                except BlockingIOError:  # an agent that does not read: up to the deadline
-                    if not wait_to_send:
-                        raise AgentTimeout(
-                            f"does not read its requests ({len(unsent)} bytes of {cmd!r} unsent)"
-                        ) from None
-                    _wait_for(sock, select.POLLOUT, deadline)
-        return pending
-
-    def _connected_socket(self) -> socket.socket:
-        if self._sock is None:
-            raise AgentUnreachable(f"not connected to the agent of pid {self.pid}")
-        return self._sock
-
-    @contextlib.contextmanager
-    def _failures(self, pending: PendingReply) -> Iterator[None]:
-        """What goes wrong on the wire, as the one-line errors a request raises; the connection
-        is closed on all but an agent's own error frame."""
-        try:
-            yield
-        except (AgentTimeout, AgentUnreachable):
-            self.close()
-            raise
-        except TimeoutError:
-            self.close()
-            raise pending.timed_out() from None
-        except (OSError, protocol.ConnectionClosed) as exc:
-            self.close()
-            reason = str(exc) or type(exc).__name__
-            raise AgentUnreachable(f"agent of pid {self.pid}: {reason}") from None
-        except protocol.ProtocolError as exc:
-            self.close()
-            raise AgentUnreachable(f"agent of pid {self.pid} sent a bad frame: {exc}") from None
-        except Exception as exc:  # RecursionError, MemoryError on a hostile reply, …
-            self.close()
-            raise AgentUnreachable(
-                f"agent of pid {self.pid} sent an unreadable reply ({type(exc).__name__})"
-            ) from None
-
-    def _result(self, cmd: str, reply: dict[str, Any]) -> dict[str, Any]:
-        """The result of a reply (every string in it cleaned), or its error as AgentError."""
-        error = reply.get("error")
-        if error is not None:
-            if not isinstance(error, dict):
-                error = {"code": "bad_reply", "message": str(error)}
-            raise AgentError(
-                protocol.clean_text(error.get("code", "error"), 40),
-                protocol.clean_text(error.get("message", ""), 300),
-            )
-        result = reply.get("result")
-        if not isinstance(result, dict):
-            raise AgentError("bad_reply", f"reply to {cmd!r} carries no result object")
-        cleaned: dict[str, Any] = protocol.clean_value(result)
-        if self.tap is not None:
-            self.tap(self.pid, cmd, cleaned)
-        return cleaned
-
-    def sample(
-        self, timeout: float | None = None, max_marks: int | None = None, columns: bool = False
-    ) -> AgentSample:
-        """The agent's counters and the step marks since this connection's last sample: all
-        still buffered, or the newest `max_marks` of them; `columns`: sent as columns, not an
-        object per mark (the same marks; an agent that predates the layout sends rows)."""
-        deadline = time.monotonic() + (timeout or self.timeout)
-        return parse_sample(self.send_sample(deadline, max_marks, columns).wait())
-
-    def send_sample(
-        self,
-        deadline: float | None = None,
-        max_marks: int | None = None,
-        columns: bool = False,
-        wait_to_send: bool = True,
-    ) -> PendingReply:
-        """`sample` sent (see `send`); its result, read through the PendingReply, goes to
-        parse_sample."""
-        args: dict[str, Any] = {}
-        if max_marks is not None:
-            args["max_marks"] = max_marks
-        if columns:
-            args["mark_layout"] = "columns"
-        return self.send("sample", args, deadline, wait_to_send)
-
-    def abort(self) -> None:
-        """Wake a request blocked in another thread (it fails at once); used on shutdown."""
-        sock = self._sock
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        if self._sock is not None:
-            with contextlib.suppress(OSError):
-                self._sock.close()
-            self._sock = None
-        self._decoder = protocol.FrameDecoder()
-
-    def __enter__(self) -> AgentClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 def _into_inbox(inbox: list[tuple[str, Any]], client: AgentClient, sample: AgentSample) -> None:
@@ -535,65 +204,6 @@ class _Agent:
     counters: dict[str, int] = field(default_factory=dict)
     inconsistent_until: float = 0.0
     last_violation: str | None = None
-
-
-# Counters that only ever grow in a trainer (per device; the step per agent).
-MONOTONIC_STATS = ("num_alloc_retries", "num_ooms")
-# torch's memory_stats() keys that may rightly be negative: max_split_size is -1 when unset
-# (an agent sending all of memory_stats(), as the wire contract allows, sends it).
-SIGNED_STATS = frozenset({"max_split_size"})
-
-
-def sanity_problem(
-    hello: AgentHello | None,
-    sample: AgentSample,
-    known_devices: Mapping[str, int] | None,
-    counters: dict[str, int],
-) -> str | None:
-    """Why the numbers of `sample` cannot be true, or None.  `counters` holds the previous
-    values of the monotonic counters and is updated in place."""
-    problem = None
-    by_index = {d.index: d for d in (hello.devices if hello else ())}
-    for device in sample.devices:
-        where = f"cuda:{device.index}"
-        declared = by_index.get(device.index)
-        if declared is None:
-            problem = problem or f"{where} is not among the devices its hello listed"
-        negative = next(
-            (k for k, v in device.stats.items() if v < 0 and k not in SIGNED_STATS), None
-        )
-        if negative is not None:
-            problem = problem or f"{where}: negative {negative}"
-        allocated, reserved, total = device.allocated, device.reserved, device.total_bytes
-        if allocated > reserved:
-            problem = problem or f"{where}: allocated {allocated} > reserved {reserved}"
-        if reserved > total or device.free_bytes > total:
-            problem = problem or f"{where}: reserved {reserved} or free exceeds total {total}"
-        if declared is not None and known_devices is not None:
-            driver_total = known_devices.get(declared.uuid)
-            if driver_total is None and declared.pci_bus_id is not None:
-                driver_total = known_devices.get(declared.pci_bus_id)  # ROCm: HIP's UUID
-            if driver_total is None and not declared.uuid.startswith("MIG-"):
-                problem = problem or f"{where}: GPU {declared.uuid!r} is unknown to the driver"
-            elif driver_total is not None and total > driver_total * 1.01:
-                problem = problem or (
-                    f"{where}: claims {total} bytes on a GPU of {driver_total} bytes"
-                )
-        for key in MONOTONIC_STATS:
-            value = device.stats.get(key)
-            if value is None:
-                continue
-            name = f"{device.index}:{key}"
-            before = counters.get(name)
-            if before is not None and value < before:
-                problem = problem or f"{where}: {key} went backwards ({before} -> {value})"
-            counters[name] = value
-    if sample.step is not None:
-        before = counters.get("step")
-        if sample.step < 0 or (before is not None and sample.step < before):
-            problem = problem or f"step went backwards ({before} -> {sample.step})"
-        counters["step"] = sample.step
-    return problem
 
 
 class _Scan(NamedTuple):

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from memtop.model import SOURCE_AMDSMI, DeviceReading, GpuProcess
-from memtop.protocol import canonical_pci_bus_id
+from memtop.protocol.text import canonical_pci_bus_id
 from memtop.sources.device_source import (
     DEFAULT_RETRY_INTERVAL,
     DriverDevice,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memtop.protocol import clean_text
+from memtop.protocol.text import clean_text
 
 MAX_LINE = 200  # a status line's worth
 

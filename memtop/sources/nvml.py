@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memtop.model import SOURCE_NVML, DeviceReading, GpuProcess
-from memtop.protocol import canonical_pci_bus_id
+from memtop.protocol.text import canonical_pci_bus_id
 from memtop.sources.device_source import (
     DEFAULT_RETRY_INTERVAL,
     DriverDevice,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 import psutil
 
-from memtop.protocol import clean_text
+from memtop.protocol.text import clean_text
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,7 +52,7 @@ from memtop.model import (
     DriverReading,
     GpuProcess,
 )
-from memtop.protocol import clean_text, decimal
+from memtop.protocol.text import clean_text, decimal
 from memtop.sources.agents import AgentPoll
 
 ALL_SERIES = '{__name__=~"memtop_.+"}'

@@ -35,10 +35,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from memtop import protocol, untrusted
+from memtop import untrusted
 from memtop._version import __version__
 from memtop.errors import MemtopError
 from memtop.model import DeviceReading, DriverReading, GpuProcess
+from memtop.protocol.text import clean_text, clean_value
 from memtop.sources.processes import ProcessInfo
 
 RECORD_FORMAT = 1
@@ -166,7 +167,7 @@ class LineTally:
     def skip(self, path: Path, number: int, why: str) -> None:
         self.count += 1
         if len(self.examples) < self.KEEP:  # formatted only when kept: 2 M of them add up
-            self.examples.append(protocol.clean_text(f"{path}:{number}: {why}", 300))
+            self.examples.append(clean_text(f"{path}:{number}: {why}", 300))
 
 
 def read_lines(path: Path, tally: LineTally | None = None) -> Iterator[dict[str, Any]]:
@@ -277,7 +278,7 @@ def _gunzip(handle: IO[bytes], path: Path) -> Iterator[bytes]:
 
 
 def decode_reading(data: dict[str, Any]) -> DriverReading:
-    data = protocol.clean_value(data)
+    data = clean_value(data)
     devices = tuple(
         DeviceReading(
             **{
@@ -292,7 +293,7 @@ def decode_reading(data: dict[str, Any]) -> DriverReading:
 
 def decode_processes(rows: list[dict[str, Any]]) -> dict[int, ProcessInfo]:
     out = {}
-    for info in _list(ProcessInfo, protocol.clean_value(rows)):
+    for info in _list(ProcessInfo, clean_value(rows)):
         out[info.pid] = info
     return out
 

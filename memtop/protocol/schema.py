@@ -1,0 +1,384 @@
+"""The wire schema of the replies, as the viewer reads them: each command's result checked
+(types, bounds, no negative sizes) and turned into its typed model object (memtop.model), every
+string cleaned (memtop.protocol.text).  What the agent sends is built in memtop.protocol.replies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from memtop.model import (
+    AgentBreakdown,
+    AgentCleanup,
+    AgentDevice,
+    AgentDeviceSample,
+    AgentHello,
+    AgentResetPeak,
+    AgentSample,
+    AgentSites,
+    AgentSnapshot,
+    Site,
+    SiteUsage,
+    StepMark,
+)
+from memtop.protocol.framing import ProtocolError
+from memtop.protocol.text import canonical_pci_bus_id, clean_text, clean_value, decimal
+
+
+def _require(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    value = obj.get(key)
+    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _as_tuple(kind)):
+        raise ProtocolError("bad_reply", f"{where}: field {key!r} missing or of the wrong type")
+    return value
+
+
+def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+MAX_DEVICES = 64
+MAX_ARGV = 256
+MAX_STATS = 1024
+MAX_MARKS = 8192
+
+
+def _bounded(items: list[Any], limit: int, what: str) -> list[Any]:
+    if len(items) > limit:
+        raise ProtocolError("bad_reply", f"{what}: {len(items)} entries, more than {limit}")
+    return items
+
+
+def _count(obj: Mapping[str, Any], key: str, where: str) -> int:
+    value = _require(obj, key, int, where)
+    if value < 0:
+        raise ProtocolError("bad_reply", f"{where}: field {key!r} is negative")
+    return int(value)
+
+
+def parse_hello(result: Mapping[str, Any]) -> AgentHello:
+    """Validate a `hello` result against the wire schema and turn it into an AgentHello.
+
+    Every string is cleaned of control characters here (clean_text), so whatever shows it, in
+    whatever output mode, shows inert text.
+    """
+    protocol = _require(result, "protocol", int, "hello")
+    pid = _require(result, "pid", int, "hello")
+    argv = _bounded(_require(result, "argv", list, "hello"), MAX_ARGV, "hello argv")
+    python = _require(result, "python", str, "hello")
+    torch_version = result.get("torch")
+    if torch_version is not None and not isinstance(torch_version, str):
+        raise ProtocolError("bad_reply", "hello: field 'torch' must be a string or null")
+    conf = _require(result, "allocator_conf", str, "hello")
+    devices = []
+    for raw in _bounded(_require(result, "devices", list, "hello"), MAX_DEVICES, "hello devices"):
+        if not isinstance(raw, dict):
+            raise ProtocolError("bad_reply", "hello: each device must be an object")
+        devices.append(
+            AgentDevice(
+                index=_count(raw, "index", "hello device"),
+                uuid=clean_text(_require(raw, "uuid", str, "hello device"), 96),
+                name=clean_text(_require(raw, "name", str, "hello device"), 96),
+                total_bytes=_count(raw, "total_bytes", "hello device"),
+                # Optional (an agent before 0.x, or torch without PCI numbers, leaves it out);
+                # anything but an address is ignored rather than refused.
+                pci_bus_id=canonical_pci_bus_id(raw.get("pci_bus_id")),
+            )
+        )
+    known = {"protocol", "pid", "argv", "python", "torch", "allocator_conf", "devices"}
+    return AgentHello(
+        protocol=protocol,
+        pid=pid,
+        argv=tuple(clean_text(a) for a in argv),
+        python=clean_text(python, 200),
+        torch=None if torch_version is None else clean_text(torch_version, 200),
+        allocator_conf=clean_text(conf, 1000),
+        devices=tuple(devices),
+        extra={clean_text(k, 100): clean_value(v) for k, v in result.items() if k not in known},
+    )
+
+
+def _finite(obj: Mapping[str, Any], key: str, where: str) -> float:
+    value = float(_require(obj, key, (int, float), where))
+    if not math.isfinite(value):
+        raise ProtocolError("bad_reply", f"{where}: field {key!r} is not a finite number")
+    return value
+
+
+def _marks_from_columns(columns: object) -> list[StepMark]:
+    where = "sample step_mark_columns"
+    if not isinstance(columns, dict):
+        raise ProtocolError("bad_reply", f"{where}: must be an object")
+    steps = _require(columns, "step", list, where)
+    times = _require(columns, "time", list, where)
+    allocated = _require(columns, "allocated_bytes", dict, where)
+    count = len(_bounded(steps, MAX_MARKS, where))
+    if len(times) != count or len(allocated) > MAX_DEVICES:
+        raise ProtocolError("bad_reply", f"{where}: columns of different lengths")
+    per_device: list[tuple[int, list[Any]]] = []
+    for key, values in allocated.items():
+        if not _index(key) or not isinstance(values, list) or len(values) != count:
+            raise ProtocolError("bad_reply", f"{where}: bad 'allocated_bytes'")
+        if any(
+            v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0)
+            for v in values
+        ):
+            raise ProtocolError("bad_reply", f"{where}: bad 'allocated_bytes'")
+        per_device.append((int(key), values))
+    marks = []
+    for row, (step, when) in enumerate(zip(steps, times, strict=True)):
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise ProtocolError("bad_reply", f"{where}: 'step' must hold ints")
+        if isinstance(when, bool) or not isinstance(when, int | float) or not math.isfinite(when):
+            raise ProtocolError("bad_reply", f"{where}: 'time' must hold finite numbers")
+        marks.append(
+            StepMark(
+                step=step,
+                time=float(when),
+                allocated={i: v[row] for i, v in per_device if v[row] is not None},
+            )
+        )
+    return marks
+
+
+def parse_sample(result: Mapping[str, Any]) -> AgentSample:
+    """Validate a `sample` result against the wire schema and turn it into an AgentSample.
+
+    The shape is checked here (types, bounds, no negative sizes); whether the numbers make sense
+    together (allocated <= reserved <= total, counters that only grow) is the viewer's call, see
+    memtop.sources.agents.
+    """
+    when = _finite(result, "time", "sample")
+    step = result.get("step")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+        raise ProtocolError("bad_reply", "sample: field 'step' must be an integer or null")
+    devices = []
+    for raw in _bounded(_require(result, "devices", list, "sample"), MAX_DEVICES, "sample devices"):
+        if not isinstance(raw, dict):
+            raise ProtocolError("bad_reply", "sample: each device must be an object")
+        stats = _require(raw, "stats", dict, "sample device")
+        if len(stats) > MAX_STATS:
+            raise ProtocolError("bad_reply", f"sample: more than {MAX_STATS} stats")
+        devices.append(
+            AgentDeviceSample(
+                index=_count(raw, "index", "sample device"),
+                stats={
+                    clean_text(k, 200): int(v)
+                    for k, v in stats.items()
+                    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                },
+                free_bytes=_count(raw, "free_bytes", "sample device"),
+                total_bytes=_count(raw, "total_bytes", "sample device"),
+            )
+        )
+    columns = result.get("step_mark_columns")
+    marks = [] if columns is None else _marks_from_columns(columns)
+    raw_marks = result.get("step_marks") or []
+    if not isinstance(raw_marks, list):
+        raise ProtocolError("bad_reply", "sample: 'step_marks' must be a list")
+    for raw in _bounded(raw_marks, MAX_MARKS, "sample step_marks"):
+        if not isinstance(raw, dict):
+            raise ProtocolError("bad_reply", "sample: each step mark must be an object")
+        allocated = _require(raw, "allocated_bytes", dict, "step mark")
+        if len(allocated) > MAX_DEVICES:
+            raise ProtocolError("bad_reply", "step mark: too many devices")
+        per_device = {}
+        for k, v in allocated.items():
+            if not _index(k) or isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ProtocolError("bad_reply", "step mark: bad 'allocated_bytes'")
+            per_device[int(k)] = v
+        marks.append(
+            StepMark(
+                step=_require(raw, "step", int, "step mark"),
+                time=_finite(raw, "time", "step mark"),
+                allocated=per_device,
+            )
+        )
+    oom = result.get("oom")
+    return AgentSample(
+        time=when,
+        step=step,
+        devices=tuple(devices),
+        step_marks=tuple(marks),
+        oom=clean_value(oom) if isinstance(oom, dict) and oom.get("ooms") else None,
+    )
+
+
+def _optional(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) and bool not in _as_tuple(kind):
+        raise ProtocolError("bad_reply", f"{where}: field {key!r} has the wrong type")
+    if not isinstance(value, kind):
+        raise ProtocolError("bad_reply", f"{where}: field {key!r} has the wrong type")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ProtocolError("bad_reply", f"{where}: field {key!r} is not a finite number")
+    return value
+
+
+def _index(key: object) -> bool:
+    """A device-index key: ASCII digits only."""
+    return isinstance(key, str) and decimal(key) is not None
+
+
+def _device_map(raw: Any, where: str, numbers: type | tuple[type, ...] = int) -> dict[int, Any]:
+    """`{"<index>": value}` with digit keys, at most MAX_DEVICES of them."""
+    if not isinstance(raw, dict):
+        raise ProtocolError("bad_reply", f"{where}: must be an object keyed by device index")
+    if len(raw) > MAX_DEVICES:
+        raise ProtocolError("bad_reply", f"{where}: more than {MAX_DEVICES} devices")
+    out: dict[int, Any] = {}
+    for key, value in raw.items():
+        if not _index(key):
+            raise ProtocolError("bad_reply", f"{where}: device key {clean_text(key, 20)!r}")
+        if isinstance(value, bool) or not isinstance(value, numbers):
+            raise ProtocolError("bad_reply", f"{where}: device {key} has the wrong type")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ProtocolError("bad_reply", f"{where}: device {key} is not finite")
+        out[int(key)] = value
+    return out
+
+
+def _figures(raw: Any, where: str) -> dict[str, Any]:
+    """A flat object of named numbers (bytes, counts, ratios); other values are left out."""
+    if not isinstance(raw, dict):
+        raise ProtocolError("bad_reply", f"{where}: must be an object")
+    if len(raw) > MAX_STATS:
+        raise ProtocolError("bad_reply", f"{where}: more than {MAX_STATS} fields")
+    return {
+        clean_text(k, 100): v
+        for k, v in raw.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
+def parse_breakdown(result: Mapping[str, Any]) -> AgentBreakdown:
+    """Validate a `breakdown` result: `{"time", "step", "devices": {"<index>": {role: bytes}}}`
+    (`"pending": true` while the trainer's next step boundary has not measured it)."""
+    pending = result.get("pending") is True
+    devices = {}
+    for index, parts in _device_map(result.get("devices", {}), "breakdown devices", dict).items():
+        figures = _figures(parts, "breakdown device")
+        if any(isinstance(v, float) or v < 0 for v in figures.values()):
+            raise ProtocolError("bad_reply", "breakdown: bytes must be integers >= 0")
+        devices[index] = figures
+    measured = _optional(result, "measured", str, "breakdown")
+    return AgentBreakdown(
+        time=_optional(result, "time", (int, float), "breakdown"),
+        step=_optional(result, "step", int, "breakdown"),
+        pending=pending,
+        devices=devices,
+        measured=None if measured is None else clean_text(measured, 40),
+    )
+
+
+def parse_snapshot(result: Mapping[str, Any]) -> AgentSnapshot:
+    """Validate a `snapshot` result: the per-device summary (segments, reserved, allocated,
+    fragmentation figures, DESIGN §4) and, when a file was asked for, its path and size."""
+    devices = {
+        index: _figures(summary, "snapshot device")
+        for index, summary in _device_map(
+            result.get("devices", {}), "snapshot devices", dict
+        ).items()
+    }
+    path = _optional(result, "path", str, "snapshot")
+    size = _optional(result, "bytes", int, "snapshot")
+    if size is not None and size < 0:
+        raise ProtocolError("bad_reply", "snapshot: 'bytes' must be >= 0")
+    return AgentSnapshot(
+        time=_optional(result, "time", (int, float), "snapshot"),
+        pending=result.get("pending") is True,
+        devices=devices,
+        path=None if path is None else clean_text(path, 4096),
+        bytes=size,
+    )
+
+
+def parse_cleanup(result: Mapping[str, Any]) -> AgentCleanup:
+    """Validate a `cleanup` result: bytes released / reserved before and after, per device."""
+    released = _device_map(result.get("released_bytes", {}), "cleanup released_bytes")
+    if any(v < 0 for v in released.values()):
+        raise ProtocolError("bad_reply", "cleanup: released bytes must be >= 0")
+    return AgentCleanup(
+        released_bytes=released,
+        reserved_before=_device_map(result.get("reserved_before", {}), "cleanup reserved_before"),
+        reserved_after=_device_map(result.get("reserved_after", {}), "cleanup reserved_after"),
+        gc_collected=_optional(result, "gc_collected", int, "cleanup"),
+        at_step_boundary=result.get("at_step_boundary") is True,
+        after_step=_optional(result, "after_step", int, "cleanup"),
+        took_s=_optional(result, "took_s", (int, float), "cleanup"),
+    )
+
+
+def parse_reset_peak(result: Mapping[str, Any]) -> AgentResetPeak:
+    """Validate a `reset_peak` result: `{"devices": [index, ...]}`."""
+    raw = _bounded(_require(result, "devices", list, "reset_peak"), MAX_DEVICES, "reset_peak")
+    if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in raw):
+        raise ProtocolError("bad_reply", "reset_peak: devices must be indices >= 0")
+    return AgentResetPeak(devices=tuple(raw))
+
+
+MAX_SITES = 1024
+
+
+def parse_sites(result: Mapping[str, Any]) -> AgentSites:
+    """Validate a `sites` result (DESIGN §12): `{"enabled": bool, "time", "step", "sites":
+    [{"device", "site": {"file", "line", "function", "text"}, "bytes", "blocks",
+    "old_blocks"}]}`; every string cleaned, every number a count."""
+    enabled = _require(result, "enabled", bool, "sites")
+    raw = _bounded(_require(result, "sites", list, "sites"), MAX_SITES, "sites")
+    entries = []
+    for item in raw:
+        if not isinstance(item, Mapping):
+            raise ProtocolError("bad_reply", "sites: an entry is not an object")
+        site = _require(item, "site", Mapping, "sites entry")
+        counts = [
+            _require(item, key, int, "sites entry")
+            for key in ("device", "bytes", "blocks", "old_blocks")
+        ]
+        line = _require(site, "line", int, "site")
+        if min([*counts, line]) < 0 or counts[3] > counts[2]:
+            raise ProtocolError(
+                "bad_reply", "sites: a negative count or more old blocks than blocks"
+            )
+        entries.append(
+            SiteUsage(
+                device=counts[0],
+                site=Site(
+                    file=clean_text(_require(site, "file", str, "site"), 1000),
+                    line=line,
+                    function=clean_text(_require(site, "function", str, "site"), 200),
+                    text=clean_text(_require(site, "text", str, "site"), 400),
+                ),
+                bytes=counts[1],
+                blocks=counts[2],
+                old_blocks=counts[3],
+            )
+        )
+    when = _optional(result, "time", (int, float), "sites")
+    return AgentSites(
+        enabled=enabled,
+        time=None if when is None else float(when),
+        step=_optional(result, "step", int, "sites"),
+        sites=tuple(entries),
+    )
+
+
+REPLY_PARSERS = {
+    "hello": parse_hello,
+    "sample": parse_sample,
+    "breakdown": parse_breakdown,
+    "snapshot": parse_snapshot,
+    "cleanup": parse_cleanup,
+    "reset_peak": parse_reset_peak,
+    "sites": parse_sites,
+}
+
+
+def parse_reply(cmd: str, result: Mapping[str, Any]) -> Any:
+    """The typed model object of any command's result (ProtocolError if it breaks the schema)."""
+    if not isinstance(result, Mapping):
+        raise ProtocolError("bad_reply", f"{cmd}: the result must be an object")
+    return REPLY_PARSERS[cmd](result)

@@ -1,0 +1,115 @@
+"""Text from a peer made inert, and the small parsers of numbers and addresses that go with it.
+
+Every string memtop takes from an agent, a recording, an OOM report, the driver or another
+process's command line passes through clean_text (or clean_value) once, where it enters.  The
+device sources (NVML, amdsmi, processes, Prometheus) import this module, not the socket protocol:
+it needs nothing but `re`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+# C0 and C1 controls, DEL, the line and paragraph separators (str.splitlines breaks on them:
+# one line would become two), and the format characters that reorder or hide text (bidi marks,
+# overrides and isolates, zero-width characters): none of them may reach a terminal from a peer.
+_CONTROL = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u180e\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff]"
+)
+MAX_TEXT = 4096
+# Lone surrogates: what Python makes of bytes that are not UTF-8 in an argv, a file name or an
+# environment (surrogateescape), and what a JSON `\udcxx` escape decodes to.  No UTF-8 encoder
+# takes them: one in a command line blanked the exporter (HTTP 500 on every scrape) and crashed
+# every text output, so they are written out as text where they enter.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _escape_surrogate(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    # U+DC80..U+DCFF stand for the bytes 0x80..0xFF that were not UTF-8: show the byte, as
+    # Python's backslashreplace does (`caf\xe9.bin`); any other lone surrogate by its number.
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
+
+
+def clean_text(value: object, limit: int = MAX_TEXT) -> str:
+    """A peer's string made inert for any terminal and encodable as UTF-8: control characters
+    become `?`, lone surrogates their escape (`\\xe9`), and it is cut at `limit` characters.
+    Every string memtop takes from an agent, a recording, an OOM report, the driver or another
+    process's command line passes through here, once, where it enters."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return _SURROGATE.sub(_escape_surrogate, _CONTROL.sub("?", text))
+
+
+def _clean_str(text: str) -> str:
+    # Every character _CONTROL or _SURROGATE matches is one str.isprintable() refuses (Cc, Cf,
+    # Zl, Zp, Cs), so a printable string within the limit is already clean: the C check spares
+    # the regex and the copy for nearly every string an agent sends (key names, GPU names).
+    if len(text) <= MAX_TEXT and text.isprintable():
+        return text
+    return clean_text(text)
+
+
+# A PCI address: [domain:]bus:device[.function], hexadecimal.
+_PCI_BUS_ID = re.compile(
+    r"(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})(?:\.([0-7]))?", re.ASCII
+)
+
+
+def canonical_pci_bus_id(text: object) -> str | None:
+    """A PCI address the way memtop compares them, "dddd:bb:dd.f" in lower case; None for
+    anything that is not one.  NVML writes "00000000:3B:00.0", amdsmi "0000:c1:00.0", torch
+    gives numbers (pci_bus_id_of): one form, so that a driver's device and an agent's meet."""
+    if not isinstance(text, str) or len(text) > 32:
+        return None
+    match = _PCI_BUS_ID.fullmatch(text.strip())
+    if match is None:
+        return None
+    domain, bus, device, function = match.groups()
+    return pci_bus_id_of(int(domain or "0", 16), int(bus, 16), int(device, 16), int(function or 0))
+
+
+def pci_bus_id_of(domain: int, bus: int, device: int, function: int = 0) -> str:
+    """The canonical address of these numbers (torch's pci_domain_id, pci_bus_id, pci_device_id;
+    it gives no function number: a GPU is function 0)."""
+    return f"{domain:04x}:{bus:02x}:{device:02x}.{function:x}"
+
+
+_SCALARS = frozenset({int, float, bool, type(None)})  # nothing in them to clean
+
+
+def clean_value(value: Any, depth: int = 0) -> Any:
+    """A decoded reply with every string (keys included) passed through clean_text.
+
+    Containers in which nothing needed cleaning are returned as they are, not copied: a
+    viewer's first `sample` carries a thousand step marks per agent, and a second copy of them
+    was most of the viewer's peak memory."""
+    if type(value) in _SCALARS:
+        return value  # the bulk of a reply: numbers, checked first
+    if isinstance(value, str):
+        return _clean_str(str(value))
+    if isinstance(value, dict):
+        changed = False
+        pairs = []
+        for key, item in value.items():
+            clean_key = _clean_str(key) if type(key) is str else clean_text(key)
+            clean_item = item if type(item) in _SCALARS else clean_value(item, depth + 1)
+            changed = changed or clean_key is not key or clean_item is not item
+            pairs.append((clean_key, clean_item))
+        return dict(pairs) if changed else value
+    if isinstance(value, list):
+        if _SCALARS.issuperset(map(type, value)):
+            return value  # a column of step marks: numbers only, checked at C speed
+        items = [clean_value(item, depth + 1) for item in value]
+        return items if any(a is not b for a, b in zip(items, value, strict=True)) else value
+    return value
+
+
+def decimal(text: str) -> int | None:
+    """`text` as a non-negative integer when it is ASCII digits only, else None.  str.isdigit
+    also takes "²" (which int() refuses: a file named `².sock`, or a directory `/tmp/memtop-²`
+    that anyone can make, would stop the scan) and other scripts' digits (which int() reads:
+    `٠` would pass for uid 0)."""
+    return int(text) if text.isascii() and text.isdigit() else None

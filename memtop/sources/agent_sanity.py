@@ -1,0 +1,69 @@
+"""Whether an agent's numbers can be true (DESIGN §6: the viewer trusts no agent): allocated
+<= reserved <= total, no negative counter, counters that never go backwards, a GPU the driver
+knows.  An agent breaking that is `inconsistent` (memtop.sources.agents) and its numbers are not
+used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from memtop.model import AgentHello, AgentSample
+
+# Counters that only ever grow in a trainer (per device; the step per agent).
+MONOTONIC_STATS = ("num_alloc_retries", "num_ooms")
+# torch's memory_stats() keys that may rightly be negative: max_split_size is -1 when unset
+# (an agent sending all of memory_stats(), as the wire contract allows, sends it).
+SIGNED_STATS = frozenset({"max_split_size"})
+
+
+def sanity_problem(
+    hello: AgentHello | None,
+    sample: AgentSample,
+    known_devices: Mapping[str, int] | None,
+    counters: dict[str, int],
+) -> str | None:
+    """Why the numbers of `sample` cannot be true, or None.  `counters` holds the previous
+    values of the monotonic counters and is updated in place."""
+    problem = None
+    by_index = {d.index: d for d in (hello.devices if hello else ())}
+    for device in sample.devices:
+        where = f"cuda:{device.index}"
+        declared = by_index.get(device.index)
+        if declared is None:
+            problem = problem or f"{where} is not among the devices its hello listed"
+        negative = next(
+            (k for k, v in device.stats.items() if v < 0 and k not in SIGNED_STATS), None
+        )
+        if negative is not None:
+            problem = problem or f"{where}: negative {negative}"
+        allocated, reserved, total = device.allocated, device.reserved, device.total_bytes
+        if allocated > reserved:
+            problem = problem or f"{where}: allocated {allocated} > reserved {reserved}"
+        if reserved > total or device.free_bytes > total:
+            problem = problem or f"{where}: reserved {reserved} or free exceeds total {total}"
+        if declared is not None and known_devices is not None:
+            driver_total = known_devices.get(declared.uuid)
+            if driver_total is None and declared.pci_bus_id is not None:
+                driver_total = known_devices.get(declared.pci_bus_id)  # ROCm: HIP's UUID
+            if driver_total is None and not declared.uuid.startswith("MIG-"):
+                problem = problem or f"{where}: GPU {declared.uuid!r} is unknown to the driver"
+            elif driver_total is not None and total > driver_total * 1.01:
+                problem = problem or (
+                    f"{where}: claims {total} bytes on a GPU of {driver_total} bytes"
+                )
+        for key in MONOTONIC_STATS:
+            value = device.stats.get(key)
+            if value is None:
+                continue
+            name = f"{device.index}:{key}"
+            before = counters.get(name)
+            if before is not None and value < before:
+                problem = problem or f"{where}: {key} went backwards ({before} -> {value})"
+            counters[name] = value
+    if sample.step is not None:
+        before = counters.get("step")
+        if sample.step < 0 or (before is not None and sample.step < before):
+            problem = problem or f"step went backwards ({before} -> {sample.step})"
+        counters["step"] = sample.step
+    return problem
