@@ -949,6 +949,11 @@ class Agent:
         if columns:
             extra["step_mark_columns"] = protocol.mark_columns(marks)
             marks = []
+        # The process's RSS and its high-water mark ("host_memory", not "host": the fleet's
+        # JSON already says "host" for a machine's name).
+        host_memory = boundary.host.reading()
+        if host_memory is not None:
+            extra["host_memory"] = host_memory
         return {
             **extra,
             "time": time.time(),
