@@ -33,8 +33,8 @@ and it costs a read of a /proc file:
   back on the resident set alone).
 
 Linux only: elsewhere every reading is None and `sample` carries no `host_memory` block.  Never
-raises: a reading that fails is None.  The files are opened per read (not kept open), so a
-forked child reads its own process, never its parent's.
+raises: a reading that fails is None.  The files stay open (a read is then one pread), and a
+forked child opens its own, so it never reads its parent's.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def _mallinfo2() -> Any:
 
 def _read(path: str, limit: int) -> bytes | None:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
@@ -95,13 +95,39 @@ def _read(path: str, limit: int) -> bytes | None:
 
 def _kib_field(text: bytes, name: bytes) -> int | None:
     """`Name:   1234 kB` on a line of a /proc file, in bytes; None when it is not there."""
-    for line in text.split(b"\n"):
-        if line.startswith(name + b":"):
-            fields = line[len(name) + 1 :].split()
-            if len(fields) == 2 and fields[1] == b"kB" and fields[0].isdigit():
-                return int(fields[0]) * 1024
+    key = name + b":"
+    if text.startswith(key):
+        start = 0
+    else:
+        start = text.find(b"\n" + key) + 1
+        if start == 0:
             return None
-    return None
+    end = text.find(b"\n", start)
+    fields = text[start + len(key) : end if end >= 0 else len(text)].split()
+    if len(fields) != 2 or fields[1] != b"kB" or not fields[0].isdigit():
+        return None
+    return int(fields[0]) * 1024
+
+
+class _ProcFile:
+    """A file of /proc/self kept open and read from its start (pread: 7 µs for statm where an
+    open, read and close took 35).  Reopened in a forked child, whose "self" is not ours."""
+
+    def __init__(self, path: str, limit: int) -> None:
+        self.path = path
+        self.limit = limit
+        self._fd: int | None = None
+        self._pid = 0
+
+    def read(self) -> bytes | None:
+        try:
+            pid = os.getpid()
+            if self._fd is None or pid != self._pid:
+                fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+                self._fd, self._pid = fd, pid  # the parent's fd stays open in its own process
+            return os.pread(self._fd, self.limit, 0)
+        except OSError:
+            return None
 
 
 class HostMemory:
@@ -115,6 +141,8 @@ class HostMemory:
         meminfo = _read("/proc/meminfo", MEMINFO_READ_BYTES)
         self.total_bytes = _kib_field(meminfo, b"MemTotal") if meminfo else None
         self._mallinfo2 = _mallinfo2()
+        self._statm = _ProcFile("/proc/self/statm", STATM_READ_BYTES)
+        self._status = _ProcFile("/proc/self/status", STATUS_READ_BYTES)
 
     def heap_free_bytes(self) -> int | None:
         """Bytes glibc holds free in its heaps (fordblks): resident, but no longer in use.
@@ -128,7 +156,7 @@ class HostMemory:
 
     def rss_bytes(self) -> int | None:
         """The resident set now (statm's second field, in pages)."""
-        text = _read("/proc/self/statm", STATM_READ_BYTES)
+        text = self._statm.read()
         if text is None:
             return None
         fields = text.split()
@@ -139,7 +167,7 @@ class HostMemory:
     def reading(self) -> dict[str, Any] | None:
         """The `sample` reply's `host_memory` block: {"rss_bytes", "peak_rss_bytes", "total_bytes"}
         (VmRSS and VmHWM from one read of /proc/self/status, MemTotal); None off Linux."""
-        text = _read("/proc/self/status", STATUS_READ_BYTES)
+        text = self._status.read()
         if text is None:
             return None
         rss = _kib_field(text, b"VmRSS")
