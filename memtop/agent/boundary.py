@@ -28,7 +28,7 @@ MARK_BUFFER = 4096  # step marks kept for viewers; the wire contract promises at
 MARK_MIN_INTERVAL_S = 0.05  # at most 20 step marks a second: one allocator read each
 DEVICES_REFRESH_S = 1.0  # how often the hot path re-reads which devices the trainer uses
 MEM_INFO_INTERVAL_S = 1.0  # mem_get_info (a CUDA call) at most this often, and only when wanted
-HEAP_FREE_INTERVAL_S = 1.0  # glibc's free heap bytes (~40 µs) in a step mark at most this often
+HEAP_FREE_INTERVAL_S = 1.0  # glibc's free heap bytes (its cost grows with free chunks): 1/s
 
 
 class TrainerJob:
@@ -218,7 +218,7 @@ class StepBoundary:
             mark["allocated_bytes"] = allocated
             mark["peak_bytes"] = peak
             mark["allocated_total_bytes"] = cumulative
-        # The resident set right after the step (~7 µs, /proc/self/statm), and now and then
+        # The resident set right after the step (3 µs, /proc/self/statm), and now and then
         # what of it glibc keeps free (memtop.agent.host_memory): the host's baseline.
         host_rss = self.host.rss_bytes()
         if host_rss is not None:

@@ -4,8 +4,8 @@ torch 2.13 keeps no counters for CPU tensors, so a trainer without a CUDA device
 "allocated" or "peak" to report.  What the kernel keeps for the process is the next best figure,
 and it costs a read of a /proc file:
 
-- `VmRSS` / `VmHWM` from /proc/self/status (one read, ~40 µs measured on the agent's thread,
-  so the two are consistent: RSS <= its high-water mark).  VmHWM is the kernel's exact
+- `VmRSS` / `VmHWM` from /proc/self/status (one read per `sample`, 14 µs of CPU on the agent's
+  thread, so the two are consistent: RSS <= its high-water mark).  VmHWM is the kernel's exact
   high-water mark of the resident set since the process started, counted at every page fault:
   no sampling rate misses a step's peak.  That is why the estimate calibrates on it, not on
   the largest RSS the agent happened to see: on examples/train_cpu.py at batch 2048, RSS read
@@ -14,14 +14,14 @@ and it costs a read of a /proc file:
   `allocated_bytes.all.peak` (since the start, never reset by memtop): the agent never writes
   /proc/self/clear_refs, which would reset the VmHWM (and ru_maxrss) that /usr/bin/time and
   schedulers read.
-- `rss_bytes` from /proc/self/statm at each step mark, on the trainer's thread (~7 µs, and at
-  most MARK_MIN_INTERVAL_S apart): the resident set right after a step, the host's baseline.
+- `rss_bytes` from /proc/self/statm at each step mark, on the trainer's thread (3 µs of CPU,
+  and at most MARK_MIN_INTERVAL_S apart): the resident set right after a step, the host's baseline.
   glibc keeps freed memory in its heap (memtop never calls malloc_trim: the trainer's heap is
   not ours), so this baseline includes what the previous step freed and glibc kept.
-
 - glibc's free bytes (`mallinfo2().fordblks`) at a step mark, at most once a second, on the
-  trainer's thread (~40 µs: glibc walks its free lists under each arena's lock, so never from
-  the agent's thread, where it would hold up the trainer's mallocs): the resident set minus
+  trainer's thread (2 µs of CPU in the example trainer; glibc walks its free lists under each
+  arena's lock, so the cost grows with a fragmented heap and it never runs from the agent's
+  thread, where it would hold up the trainer's mallocs): the resident set minus
   them is what the process holds right after a step, without what glibc kept of the step's
   freed tensors.  Measured on examples/train_cpu.py (width 256), that difference stayed within
   333.0-333.9 MiB at batches 4 to 4096 while the resident set after a step ranged 333.8-382.3:
@@ -110,8 +110,8 @@ def _kib_field(text: bytes, name: bytes) -> int | None:
 
 
 class _ProcFile:
-    """A file of /proc/self kept open and read from its start (pread: 7 µs for statm where an
-    open, read and close took 35).  Reopened in a forked child, whose "self" is not ours."""
+    """A file of /proc/self kept open and read from its start (pread: 7 µs wall for statm where
+    an open, read and close took 35).  Reopened in a forked child, whose "self" is not ours."""
 
     def __init__(self, path: str, limit: int) -> None:
         self.path = path
@@ -146,7 +146,7 @@ class HostMemory:
 
     def heap_free_bytes(self) -> int | None:
         """Bytes glibc holds free in its heaps (fordblks): resident, but no longer in use.
-        Trainer's thread only (it takes glibc's arena locks); ~40 µs."""
+        Trainer's thread only (it takes glibc's arena locks); 2 µs of CPU in a small trainer."""
         if self._mallinfo2 is None:
             return None
         try:
