@@ -15,8 +15,9 @@ much a sampled maximum misses of the peak.
 
 What it prints, per run and then as JSON: predicted and measured peak, the error in % of the
 measured peak, and in % of the part that grows with the batch (measured peak minus the fitted
-fixed part: the honest figure when the batch's share of the process is small).  Every trainer
-is stopped on exit (memtop.children), also on Ctrl-C or SIGTERM.
+fixed part: the honest figure when the batch's share of the process is small), and the CPU cost
+of each host memory reading.  Every trainer is stopped on exit (memtop.children), also on
+Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -198,6 +199,28 @@ def one_run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
     }
 
 
+def reading_costs(repeat: int = 2000) -> dict[str, float]:
+    """CPU µs per call of each host memory reading, in this process (the agent runs the same
+    code in the trainer's): thread CPU time, not wall, so a loaded box does not inflate it."""
+    from memtop.agent.host_memory import HostMemory
+
+    host = HostMemory()
+    costs = {}
+    for name, call in (
+        ("sample_host_memory_us", host.reading),  # the agent's thread, per `sample`
+        ("step_mark_rss_us", host.rss_bytes),  # the trainer's thread, per step mark (<= 20/s)
+        ("step_mark_heap_free_us", host.heap_free_bytes),  # the trainer's thread, <= 1/s
+    ):
+        best = float("inf")
+        for _ in range(5):
+            started = time.thread_time_ns()
+            for _ in range(repeat):
+                call()
+            best = min(best, (time.thread_time_ns() - started) / repeat / 1000)
+        costs[name] = round(best, 2)
+    return costs
+
+
 def main() -> int:
     args = parse_args()
     runs = []
@@ -226,6 +249,7 @@ def main() -> int:
         "runs": runs,
         "error_pct_max_abs": max(abs(e) for e in errors),
         "error_pct_mean": statistics.fmean(errors),
+        "reading_costs": reading_costs(),
     }
     print(json.dumps(summary, indent=None if args.json else 2))
     return 0
