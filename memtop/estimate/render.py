@@ -309,9 +309,10 @@ def _calibrated_host_text(result: dict[str, Any]) -> str:
     lines = [
         f"measured in {cal['source']} (pid {measured['pid']}, host memory: no CUDA device): "
         f"batch {cal['measured_batch']} peaked at {b(measured['peak_bytes'])} resident "
-        f"(the kernel's high-water mark), {b(measured['baseline_bytes'])} right after a step",
-        f"  does not grow with the batch {b(cal['fixed_bytes'])} (the resident set after a "
-        f"step); activations {b(cal['activation_bytes_per_sample'])} a sample",
+        f"(the kernel's high-water mark)",
+        f"  does not grow with the batch {b(cal['fixed_bytes'])} (resident right after a step, "
+        f"less what glibc keeps free); activations {b(cal['activation_bytes_per_sample'])} a "
+        "sample",
     ]
     for check in result["targets"]:
         verdict = "fits" if check["fits"] else "does not fit"
