@@ -256,6 +256,28 @@ class StepMark:
     step: int
     time: float
     allocated: Mapping[int, int]
+    # The process's resident set (host memory, /proc/self/statm) right after the step, and the
+    # bytes of it glibc holds free (mallinfo2, about once a second); None from an agent that
+    # does not report them.
+    host_rss: int | None = None
+    host_heap_free: int | None = None
+
+    @property
+    def host_in_use(self) -> int | None:
+        """The resident set less glibc's free bytes: what the process holds after the step."""
+        if self.host_rss is None or self.host_heap_free is None:
+            return None
+        return max(0, self.host_rss - self.host_heap_free)
+
+
+@dataclass(frozen=True, slots=True)
+class HostMemory:
+    """A trainer process's own host (CPU) memory, as the kernel counts it (`sample`'s
+    `host_memory` block): a CPU trainer's only memory figure, torch keeping no CPU counters."""
+
+    rss_bytes: int  # resident now (VmRSS)
+    peak_rss_bytes: int  # the kernel's high-water mark of the resident set since the start (VmHWM)
+    total_bytes: int | None  # the machine's memory (MemTotal)
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +291,7 @@ class AgentSample:
     # The agent's OOM flight recorder: {"ooms", "reports", "last": the newest report's
     # headline (time, step, phase, device, requested_bytes, free_bytes, path, diagnosis)}.
     oom: Mapping[str, Any] | None = None
+    host_memory: HostMemory | None = None  # None from an agent that does not report it
 
 
 # ------------------------------------------------------------------ the low-rate replies

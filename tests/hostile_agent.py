@@ -127,7 +127,10 @@ class Hostile:
                 "free_bytes": self.total - 3 * GiB,
                 "total_bytes": self.total,
             }
-        return {"time": time.time(), "step": n, "devices": [device], "step_marks": []}
+        reply = {"time": time.time(), "step": n, "devices": [device], "step_marks": []}
+        if self.kind == "liar":  # a resident set above its own high-water mark
+            reply["host_memory"] = {"rss_bytes": 2 * GiB, "peak_rss_bytes": GiB}
+        return reply
 
     def serve(self, conn: socket.socket) -> None:
         try:

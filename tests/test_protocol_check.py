@@ -60,12 +60,16 @@ def test_memtops_own_agent_passes_every_check(agent: Agent, capsys):
         "serves after all of it",
     ]
     assert all(c["ok"] for c in report["checks"])
+    # The agent's host memory (Linux) is checked with the rest of its sample.
+    sample = next(c for c in report["checks"] if c["name"] == "sample")
+    assert sample["detail"].endswith("host memory"), sample
 
 
 @pytest.mark.parametrize(
     ("kind", "failing", "why"),
     [
         ("liar", "sample", "allocated"),  # allocated > reserved > the device's total
+        ("liar", "sample", "rss_bytes above its peak_rss_bytes"),  # host memory that lies
         ("slow", "sample", "lacks stats"),  # a sample without keys memtop reads
     ],
 )

@@ -21,12 +21,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from memtop.agent.host_memory import HostMemory
 from memtop.agent.probe import Probe, ProbeDevice
 
 MARK_BUFFER = 4096  # step marks kept for viewers; the wire contract promises at least 1024
 MARK_MIN_INTERVAL_S = 0.05  # at most 20 step marks a second: one allocator read each
 DEVICES_REFRESH_S = 1.0  # how often the hot path re-reads which devices the trainer uses
 MEM_INFO_INTERVAL_S = 1.0  # mem_get_info (a CUDA call) at most this often, and only when wanted
+HEAP_FREE_INTERVAL_S = 1.0  # glibc's free heap bytes (its cost grows with free chunks): 1/s
 
 
 class TrainerJob:
@@ -125,6 +127,10 @@ class StepBoundary:
         # Stack recording and the grouping of live blocks by site (sites.SiteTracker): O(1)
         # until a switch or a round is due, rate- and time-capped by itself.
         self.sites_hook: Callable[[float, int | None], None] | None = None
+        # The process's resident memory (the host's baseline in each step mark; the agent
+        # thread serves its high-water mark): a trainer without a CUDA device has no other.
+        self.host = HostMemory()
+        self._heap_free_due = 0.0
 
     # ------------------------------------------------------------ trainer's thread
 
@@ -212,6 +218,16 @@ class StepBoundary:
             mark["allocated_bytes"] = allocated
             mark["peak_bytes"] = peak
             mark["allocated_total_bytes"] = cumulative
+        # The resident set right after the step (3 µs, /proc/self/statm), and now and then
+        # what of it glibc keeps free (memtop.agent.host_memory): the host's baseline.
+        host_rss = self.host.rss_bytes()
+        if host_rss is not None:
+            mark["host_rss_bytes"] = host_rss
+            if now >= self._heap_free_due:
+                self._heap_free_due = now + HEAP_FREE_INTERVAL_S
+                heap_free = self.host.heap_free_bytes()
+                if heap_free is not None:
+                    mark["host_heap_free_bytes"] = heap_free
         self.mark_seq += 1
         self.marks.append((self.mark_seq, mark))
 

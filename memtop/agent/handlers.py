@@ -232,6 +232,7 @@ class Commands:
             phase=boundary.phase,
             phase_since=boundary.phase_since,
             oom=agent.oom.status(),
+            host_memory=boundary.host.reading(),
             agent=replies.agent_costs(
                 boundary_costs=boundary.costs(),
                 connections=agent.connection_count,

@@ -270,6 +270,8 @@ def run_calibrated(args: argparse.Namespace) -> int:
         equivalent, measured.peak_bytes, measured.reserved_bytes, measured.fixed_bytes
     )
     targets = targets_from(args.gpu) if args.gpu else []
+    if not targets and measured.memory == "host":
+        targets = [Target("this machine's memory", measured.total_bytes, "host")]
     if not targets:
         targets = [
             Target(f"GPU {measured.device} of the recording", measured.total_bytes, "recording")

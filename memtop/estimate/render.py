@@ -232,9 +232,12 @@ def calibrated_json(
     `calibration` (DESIGN §12) saying what was measured and fitted."""
     peak, reserved = model.peak_at(batch), model.reserved_at(batch)
     activations = peak - model.fixed_bytes
+    # Host memory (a CPU trainer's resident set) holds everything the process has: no CUDA
+    # context outside the figure, the whole machine's memory to fit in.
+    context = 0 if measured.get("memory") == "host" else CUDA_CONTEXT_BYTES
     checks: list[dict[str, Any]] = []
     for target in targets:
-        limit = calibrated_limit(target.total_bytes)
+        limit = calibrated_limit(target.total_bytes) if context else target.total_bytes
         checks.append(
             {
                 "name": target.name,
@@ -254,8 +257,8 @@ def calibrated_json(
         "gradients_bytes": measured.get("gradients_bytes"),
         "optimizer_state_bytes": measured.get("optimizer_state_bytes"),
         "activations_bytes": activations,
-        "overhead_bytes": reserved - peak + CUDA_CONTEXT_BYTES,
-        "total_bytes": reserved + CUDA_CONTEXT_BYTES,
+        "overhead_bytes": reserved - peak + context,
+        "total_bytes": reserved + context,
         "fits": all(c["fits"] for c in checks),
         "max_batch": largest,
         "targets": checks,
@@ -276,6 +279,8 @@ def calibrated_text(result: dict[str, Any]) -> str:
     cal = result["calibration"]
     measured = cal["measured"]
     b = format_bytes
+    if measured.get("memory") == "host":
+        return _calibrated_host_text(result)
     lines = [
         f"measured in {cal['source']} (pid {measured['pid']}, GPU {measured['device']}): "
         f"batch {cal['measured_batch']} peaked at {b(measured['peak_bytes'])} allocated, "
@@ -292,5 +297,27 @@ def calibrated_text(result: dict[str, Any]) -> str:
             f"{check['name']}: batch {cal['batch']} → peak {b(cal['peak_bytes'])}, reserved "
             f"{b(cal['reserved_bytes'])}: {verdict} in {b(check['usable_bytes'])} usable "
             f"(all but the CUDA context); largest batch {check['max_batch']}"
+        )
+    return "\n".join(lines)
+
+
+def _calibrated_host_text(result: dict[str, Any]) -> str:
+    """A CPU trainer measured by its host memory: resident set, never "allocated" or a GPU."""
+    cal = result["calibration"]
+    measured = cal["measured"]
+    b = format_bytes
+    lines = [
+        f"measured in {cal['source']} (pid {measured['pid']}, host memory: no CUDA device): "
+        f"batch {cal['measured_batch']} peaked at {b(measured['peak_bytes'])} resident "
+        f"(the kernel's high-water mark)",
+        f"  does not grow with the batch {b(cal['fixed_bytes'])} (resident right after a step, "
+        f"less what glibc keeps free); activations {b(cal['activation_bytes_per_sample'])} a "
+        "sample",
+    ]
+    for check in result["targets"]:
+        verdict = "fits" if check["fits"] else "does not fit"
+        lines.append(
+            f"{check['name']}: batch {cal['batch']} → peak {b(cal['peak_bytes'])} resident: "
+            f"{verdict} in {b(check['usable_bytes'])}; largest batch {check['max_batch']}"
         )
     return "\n".join(lines)

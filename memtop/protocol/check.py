@@ -125,8 +125,23 @@ def run_checks(pid: int, directory: Path) -> list[Check]:
                 missing = [k for k in protocol.SAMPLE_STAT_KEYS if k not in stats]
                 if missing:
                     problems.append(f"device {dev.index} lacks stats {missing[:4]}")
+            # Host memory (optional): the kernel's figures, which hold together at one read.
+            host = parsed.host_memory
+            if host is not None:
+                if host.rss_bytes > host.peak_rss_bytes:
+                    problems.append("host_memory: rss_bytes above its peak_rss_bytes")
+                if host.total_bytes is not None and host.peak_rss_bytes > host.total_bytes:
+                    problems.append("host_memory: peak_rss_bytes above total_bytes")
+            for mark in parsed.step_marks:
+                if mark.host_heap_free is not None and mark.host_rss is None:
+                    problems.append(f"step mark {mark.step}: heap free bytes without host_rss")
+                    break
             assert not problems, "; ".join(problems)
-            return f"{len(parsed.devices)} device(s), {len(parsed.step_marks)} step mark(s)"
+            described = "" if host is None else ", host memory"
+            return (
+                f"{len(parsed.devices)} device(s), {len(parsed.step_marks)} step mark(s)"
+                + described
+            )
 
         def sample_options() -> str:
             # DESIGN §6: an agent honours max_marks and mark_layout, or (older) ignores them;

@@ -173,13 +173,18 @@ def sample_result(
     phase_since: float | None,
     oom: Mapping[str, Any] | None,
     agent: Mapping[str, Any],
+    host_memory: Mapping[str, Any] | None = None,
 ) -> Result:
     """`sample`.  `columns` (the viewer asked `mark_layout: "columns"`): the step marks go out
-    as `step_mark_columns` (mark_columns) and `step_marks` is empty."""
+    as `step_mark_columns` (mark_columns) and `step_marks` is empty.  `host_memory`: the
+    process's RSS and its high-water mark (memtop.agent.host_memory), where it could be read."""
     extra: Result = {}
     if columns:
         extra["step_mark_columns"] = mark_columns(step_marks)
         step_marks = []
+    # "host_memory", not "host": the fleet's JSON already says "host" for a machine's name.
+    if host_memory is not None:
+        extra["host_memory"] = dict(host_memory)
     return {
         **extra,
         "time": time,

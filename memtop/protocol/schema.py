@@ -19,6 +19,7 @@ from memtop.model import (
     AgentSample,
     AgentSites,
     AgentSnapshot,
+    HostMemory,
     Site,
     SiteUsage,
     StepMark,
@@ -116,6 +117,10 @@ def _marks_from_columns(columns: object) -> list[StepMark]:
     count = len(_bounded(steps, MAX_MARKS, where))
     if len(times) != count or len(allocated) > MAX_DEVICES:
         raise ProtocolError("bad_reply", f"{where}: columns of different lengths")
+    # The optional host memory columns (agents before them, or off Linux, send none).
+    no_column = [None] * count
+    host_rss = _optional_column(columns, "host_rss_bytes", count, where) or no_column
+    heap_free = _optional_column(columns, "host_heap_free_bytes", count, where) or no_column
     per_device: list[tuple[int, list[Any]]] = []
     for key, values in allocated.items():
         if not _index(key) or not isinstance(values, list) or len(values) != count:
@@ -137,9 +142,45 @@ def _marks_from_columns(columns: object) -> list[StepMark]:
                 step=step,
                 time=float(when),
                 allocated={i: v[row] for i, v in per_device if v[row] is not None},
+                host_rss=_mark_bytes(host_rss[row], "host_rss_bytes", where),
+                host_heap_free=_mark_bytes(heap_free[row], "host_heap_free_bytes", where),
             )
         )
     return marks
+
+
+def _optional_column(columns: dict[str, Any], key: str, count: int, where: str) -> list[Any]:
+    column = columns.get(key)
+    if column is not None and (not isinstance(column, list) or len(column) != count):
+        raise ProtocolError("bad_reply", f"{where}: bad {key!r}")
+    return column or []
+
+
+def _mark_bytes(value: object, key: str, where: str) -> int | None:
+    """An optional byte count of a step mark: None, or an int >= 0."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ProtocolError("bad_reply", f"{where}: bad {key!r}")
+    return value
+
+
+def _host_memory(raw: object) -> HostMemory | None:
+    """`sample`'s optional `host_memory` block: the process's RSS, its high-water mark and the
+    machine's memory, in bytes (an agent without it, or off Linux, sends none)."""
+    if raw is None:
+        return None
+    where = "sample host_memory"
+    if not isinstance(raw, dict):
+        raise ProtocolError("bad_reply", f"{where}: must be an object")
+    total = _optional(raw, "total_bytes", int, where)
+    if total is not None and total < 0:
+        raise ProtocolError("bad_reply", f"{where}: field 'total_bytes' is negative")
+    return HostMemory(
+        rss_bytes=_count(raw, "rss_bytes", where),
+        peak_rss_bytes=_count(raw, "peak_rss_bytes", where),
+        total_bytes=total,
+    )
 
 
 def parse_sample(result: Mapping[str, Any]) -> AgentSample:
@@ -193,6 +234,11 @@ def parse_sample(result: Mapping[str, Any]) -> AgentSample:
                 step=_require(raw, "step", int, "step mark"),
                 time=_finite(raw, "time", "step mark"),
                 allocated=per_device,
+                # The host memory figures (memtop.agent.host_memory): optional.
+                host_rss=_mark_bytes(raw.get("host_rss_bytes"), "host_rss_bytes", "step mark"),
+                host_heap_free=_mark_bytes(
+                    raw.get("host_heap_free_bytes"), "host_heap_free_bytes", "step mark"
+                ),
             )
         )
     oom = result.get("oom")
@@ -202,6 +248,7 @@ def parse_sample(result: Mapping[str, Any]) -> AgentSample:
         devices=tuple(devices),
         step_marks=tuple(marks),
         oom=clean_value(oom) if isinstance(oom, dict) and oom.get("ooms") else None,
+        host_memory=_host_memory(result.get("host_memory")),
     )
 
 
