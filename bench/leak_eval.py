@@ -21,24 +21,42 @@ first detection.  A series without a leak is a false alarm when any checkpoint s
 except while a warm-up ramp is still indistinguishable from a leak: its checkpoints are graded
 from twice the ramp's end.
 The last line of output is one JSON object.
+
+    .venv/bin/python bench/leak_eval.py --scenarios [--seeds 99] [--steps 100]
+        [--traces shared/traces/cuda-h100] [--compare REV]
+
+scores the detector on what it meets for real instead: the demo's `fragment` trainer (no leak:
+a baseline that ramps up for 8 steps, then wanders as a moving sum of 8 steps' buffers) and its
+`leak` trainer (8 MiB a step from step 1), seeds 1..N, every step marked (a loaded box: the
+agent's 20-a-second limit no longer thins them) and judged after every mark as a dashboard does;
+and the real H100 recordings, replayed sample by sample (`--traces`), whose truth is in their
+README (only `leak` leaks).  It prints the false alarms and the first detecting step, and with
+`--compare REV` the same for the detector as it was at git revision REV, side by side.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import random
 import statistics
+import subprocess
 import sys
 import time
+import types
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from memtop.diagnosis.leak import detect
+from memtop.model import MARK_WINDOW
+from memtop.store import HISTORY_SAMPLES
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 STEPS = 800
@@ -160,11 +178,187 @@ def evaluate(s: Series) -> tuple[bool, float | None, float | None]:
     return alarm, first_detection, rate
 
 
+# ------------------------------------------------------------------ the demo and the recordings
+
+Detect = Callable[..., Any]
+TRACE_LEAKS = {"leak"}  # the recordings' ground truth (shared/traces/README.md)
+
+
+def detector_at(rev: str) -> Detect:
+    """`detect` as memtop/diagnosis/leak.py was at git revision `rev` (for before/after)."""
+    root = Path(__file__).resolve().parent.parent
+    source = subprocess.run(
+        ["git", "show", f"{rev}:memtop/diagnosis/leak.py"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    name = f"leak_at_{rev.replace('~', '_').replace('^', '_')}"
+    module = types.ModuleType(name)
+    sys.modules[name] = module  # dataclasses look their module up
+    exec(compile(source, f"{rev}:leak.py", "exec"), module.__dict__)
+    return module.detect  # type: ignore[no-any-return]
+
+
+def scenario_baselines(scenario: str, seed: int, steps: int) -> list[float]:
+    """Allocated bytes right after each step of the demo's `scenario` trainer (the simulated
+    allocator on an 80 GiB device, run here without pacing)."""
+    from memtop.sim.allocator import SimulatedCachingAllocator
+    from memtop.sim.device import LocalDeviceMemory
+    from memtop.sim.scenarios import Workload, model_for
+
+    allocator = SimulatedCachingAllocator(LocalDeviceMemory(80 * GiB), 0)
+    workload = Workload(scenario, allocator, model_for(scenario, 80 * GiB), seed, pace=None)
+    out = []
+    for _ in range(steps):
+        workload.step()
+        out.append(float(allocator.memory_allocated()))
+    return out
+
+
+def first_alarm_every_mark(detect_fn: Detect, values: list[float]) -> int | None:
+    """The first step whose verdict, on all the marks so far, is a leak (marks at every step,
+    0.05 s apart, as on a loaded box), or None."""
+    marks = [float(step) for step in range(1, len(values) + 1)]
+    times = [1_700_000_000.0 + 0.05 * step for step in marks]
+    for upto in range(1, len(values) + 1):
+        if detect_fn(marks[:upto], times[:upto], values[:upto], [], [], 40 * GiB).detected:
+            return upto
+    return None
+
+
+def read_trace(path: Path) -> list[tuple[float, list[tuple[float, float, float]], float, float]]:
+    """A recording's samples: (time, the step marks it brought, allocated, headroom)."""
+    samples = []
+    with gzip.open(path, "rt") as lines:
+        for line in lines:
+            record = json.loads(line)
+            if record.get("cmd") != "sample" or "reply" not in record:
+                continue
+            result = record["reply"].get("result") or {}
+            devices = result.get("devices") or []
+            if not devices:
+                continue
+            device = devices[0]
+            stats = device.get("stats") or {}
+            allocated = float(stats.get("allocated_bytes.all.current", 0))
+            reserved = float(stats.get("reserved_bytes.all.current", 0))
+            index = str(device["index"])
+            marks = [
+                (float(m["step"]), float(m["time"]), float(m["allocated_bytes"][index]))
+                for m in result.get("step_marks") or []
+                if index in (m.get("allocated_bytes") or {})
+            ]
+            headroom = float(device.get("free_bytes", 0)) + reserved - allocated
+            samples.append((float(result["time"]), marks, allocated, headroom))
+    return samples
+
+
+def first_alarm_in_trace(detect_fn: Detect, path: Path) -> tuple[float | None, int, float | None]:
+    """Replayed sample by sample, the detector judging after each as a dashboard does: (the
+    newest step at the first alarm, how many samples alarmed, the rate at the end)."""
+    steps: list[float] = []
+    times: list[float] = []
+    allocated: list[float] = []
+    history_t: list[float] = []
+    history_a: list[float] = []
+    first = None
+    alarms = 0
+    estimate = None
+    for t, marks, now_allocated, headroom in read_trace(path):
+        for step, when, value in marks:
+            steps.append(step)
+            times.append(when)
+            allocated.append(value)
+        history_t.append(t)
+        history_a.append(now_allocated)
+        estimate = detect_fn(
+            steps[-MARK_WINDOW:],
+            times[-MARK_WINDOW:],
+            allocated[-MARK_WINDOW:],
+            history_t[-HISTORY_SAMPLES:],
+            history_a[-HISTORY_SAMPLES:],
+            headroom,
+        )
+        if estimate.detected:
+            alarms += 1
+            if first is None:
+                first = steps[-1] if steps else t - history_t[0]
+    rate = estimate.bytes_per_step if estimate is not None else None
+    return first, alarms, rate
+
+
+def scenarios_main(args: argparse.Namespace) -> None:
+    detectors: dict[str, Detect] = {}
+    if args.compare:
+        detectors[args.compare] = detector_at(args.compare)
+    detectors["now"] = detect
+    started = time.perf_counter()
+    result: dict[str, Any] = {}
+    print(f"demo scenarios, seeds 1..{args.seeds} × {args.steps} steps, every step marked")
+    for name, detect_fn in detectors.items():
+        row: dict[str, Any] = {}
+        for scenario in ("fragment", "leak"):
+            firsts = {
+                seed: first_alarm_every_mark(
+                    detect_fn, scenario_baselines(scenario, seed, args.steps)
+                )
+                for seed in range(1, args.seeds + 1)
+            }
+            alarmed = sorted(seed for seed, first in firsts.items() if first is not None)
+            found = [first for first in firsts.values() if first is not None]
+            if scenario == "fragment":
+                row["fragment_false_alarms"] = len(alarmed)
+                row["fragment_alarmed_seeds"] = alarmed
+                row["fragment_alarm_steps"] = sorted(found)
+            else:
+                row["leak_detected"] = len(alarmed)
+                row["leak_detection_step"] = (
+                    {"min": min(found), "median": statistics.median(found), "max": max(found)}
+                    if found
+                    else None
+                )
+        result[name] = row
+        print(
+            f"  {name:>10}: fragment false alarms {row['fragment_false_alarms']}/{args.seeds}"
+            f" (seeds {row['fragment_alarmed_seeds']}, at steps {row['fragment_alarm_steps']});"
+            f" leak detected {row['leak_detected']}/{args.seeds}, first at step"
+            f" {row['leak_detection_step']}"
+        )
+    if args.traces:
+        paths = sorted(Path(args.traces).glob("*.jsonl.gz"))
+        print(f"H100 recordings in {args.traces}, replayed sample by sample")
+        for path in paths:
+            label = path.name.removesuffix(".jsonl.gz")
+            truth = "leak" if label in TRACE_LEAKS else "no leak"
+            for name, detect_fn in detectors.items():
+                first, alarms, rate = first_alarm_in_trace(detect_fn, path)
+                result[name][f"trace_{label}"] = {"first_alarm_step": first, "alarms": alarms}
+                rate_text = "-" if rate is None else f"{rate / MiB:.2f} MiB/step"
+                print(
+                    f"  {label:<20} ({truth:<7}) {name:>10}: first alarm at step {first},"
+                    f" {alarms} alarming samples, final rate {rate_text}"
+                )
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    print(json.dumps(result))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--series", type=int, default=400, help="series per label")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--scenarios", action="store_true", help="score the demo's trainers and the recordings"
+    )
+    parser.add_argument("--seeds", type=int, default=99, help="--scenarios: seeds 1..N")
+    parser.add_argument("--steps", type=int, default=100, help="--scenarios: steps per seed")
+    parser.add_argument("--traces", help="--scenarios: a folder of recordings (*.jsonl.gz)")
+    parser.add_argument("--compare", metavar="REV", help="--scenarios: also the detector at REV")
     args = parser.parse_args()
+    if args.scenarios:
+        scenarios_main(args)
+        return
     rng = random.Random(args.seed)
     positive_kinds = ["leak", "leak_after_warmup", "leak_with_jump", "leak_with_spikes", "time"]
     negative_kinds = ["flat", "warmup", "jump", "spikes", "time"]

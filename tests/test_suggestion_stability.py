@@ -197,12 +197,6 @@ MARKS = 200
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 21.6 is not closed: with the simulator's gradients alive through the step "
-    "boundary, a loaded box still gives a rare leak alarm on the fragment scenario in its first "
-    "minute (the lag-1 correction in memtop.diagnosis.leak halved them; test_leak pins it)",
-)
 def test_the_fragment_scenario_under_a_cpu_hog_raises_no_leak_alarm(socket_dir: Path):
     """Issue 21: under a load average of 6-16 on 2 cores a `leak` suggestion came and went on
     the fragment scenario, whose trainers do not leak.  A loaded box slows each step until

@@ -20,7 +20,11 @@ The test has to be right more than clever, so it is built from robust, boring pi
 - the rate is the Theil–Sen slope (median of pairwise slopes), which a few outliers do not move;
 - the growth seen must be several times the baseline's own spread, and at least
   `MIN_GROWTH_BYTES`, so a trainer that pins a few hundred
-  bytes per step is not flagged before it matters.
+  bytes per step is not flagged before it matters;
+- a leak grows without bound, a baseline that remembers a few steps only wanders: a climb of
+  less than `CLEAR_MULTIPLE` times the baseline's spread must also hold on medians of
+  `MEMORY_STEPS` steps each and still climb in its newer half (`_persists`) before it is called
+  a leak.  A clean climb (every real leak recorded so far) is called as soon as before.
 """
 
 from __future__ import annotations
@@ -43,6 +47,16 @@ Z_TREND = 3.09  # Mann–Kendall over the regime: one-sided p ≤ 0.001
 F_BREAK = 25.0  # a line with a break must beat a line by this F ratio to count as a regime change
 MAX_BREAKS = 3
 NOISE_MULTIPLE = 3.0  # growth seen must exceed this many times the baseline's own spread
+# A climb this many times the baseline's spread is a leak at once: the fragment demo's wander
+# (a moving sum of 8 steps' buffers) reached 9.2 over 200 steps × 99 seeds, the H100 leak
+# recording is at 230 by its 30th mark.  Below it the climb must persist (`_persists`).
+CLEAR_MULTIPLE = 20.0
+# How many steps a baseline may remember (buffers kept k steps, an EMA, the fragment demo's
+# per-layer outputs kept 8): medians of this many steps are about independent of each other.
+MEMORY_STEPS = 8
+# Mann–Kendall on those medians: one-sided p ≤ 0.0001.  A dashboard asks again every round;
+# at 3.09 one fragment seed of 99 still passed, 15 MiB up over its first 120 steps.
+Z_PERSIST = 3.72
 MIN_HISTORY_SECONDS = 60.0  # the time basis needs this much sampled history
 MIN_WINDOW_SECONDS = 10.0  # rolling-minimum window of the time basis
 
@@ -156,6 +170,8 @@ def detect_from_steps(
     per_step = trend.slope
     per_second = per_step * steps_per_second if steps_per_second else None
     detected, reason = _verdict(trend, per_step * step_span, "step")
+    if detected and per_step * step_span < CLEAR_MULTIPLE * trend.noise:
+        detected, reason = _persists(steps[first:], allocated[first:], reason)
     steps_to_full = seconds_to_full = None
     if detected and headroom_bytes is not None:
         steps_to_full = max(0, int(headroom_bytes / per_step))
@@ -297,6 +313,31 @@ def _verdict(trend: _Trend, growth: float, unit: str) -> tuple[bool, str]:
     if growth < MIN_GROWTH_BYTES:
         return False, f"grows, but only {growth / 1024:.0f} KiB so far"
     return True, f"baseline grows {trend.slope / MiB:.2f} MiB per {unit}"
+
+
+def _persists(steps: Sequence[float], allocated: Sequence[float], reason: str) -> tuple[bool, str]:
+    """A climb not far above the baseline's spread: is it a leak or a wander?  The regime's
+    marks are judged again as medians of `MEMORY_STEPS` steps each, so a baseline that
+    remembers a few steps is not counted as many independent points; the climb must be
+    significant on those, and still climbing in their newer half (a leak grows without bound,
+    a wander or a saturating rise levels off).
+
+    Why: Mann–Kendall on single marks cannot tell a trend from a wander that lasts a third of
+    the window, and the lag-1 correction cannot either when the window holds a few wanders
+    only (the detrended marks of such a window look independent).  On a loaded box every step
+    is marked, and the fragment demo's baseline (a moving sum of 8 steps' buffers, σ 7 MiB)
+    read as a leak of 0.2-1.2 MiB per step in 18 of 99 seeds within 100 steps."""
+    needed = MIN_BINS * MEMORY_STEPS
+    if len(steps) < needed:
+        return False, f"a slight rise; {len(steps)} of {needed} steps to tell it from a wander"
+    xs, ys = _bin_medians(steps, allocated, min(MAX_BINS, len(steps) // MEMORY_STEPS))
+    slope = _theil_sen(xs, ys)
+    if slope <= 0 or _mann_kendall_z(ys, _autocorrelation_inflation(xs, ys, slope)) < Z_PERSIST:
+        return False, f"a rise over a few steps at a time, not a steady climb (over {needed} steps)"
+    newer = len(xs) // 2
+    if _theil_sen(xs[newer:], ys[newer:]) < slope / 2:
+        return False, "grew earlier, levelling off lately"
+    return True, reason
 
 
 @dataclass(frozen=True, slots=True)
