@@ -71,7 +71,12 @@ def test_actions_on_a_missing_pid_fail_with_one_line(socket_dir: Path):
 
 @pytest.fixture
 def leak_demo(socket_dir: Path) -> Iterator[subprocess.Popen[str]]:
-    env = dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir))
+    # No snapshot cooldown: the test writes one, then one with --force at once (cleanup keeps its).
+    env = dict(
+        os.environ,
+        MEMTOP_SOCKET_DIR=str(socket_dir),
+        MEMTOP_AGENT_TEST_LIMITS="snapshot_min_interval_s=0,on_demand_max_share=1",
+    )
     demo = subprocess.Popen(
         [
             sys.executable,
@@ -171,7 +176,6 @@ def test_cleanup_and_snapshot_commands(leak_demo, socket_dir: Path, tmp_path: Pa
     again = memtop("snapshot", str(pid), "-o", str(out), socket_dir=socket_dir)
     assert again.returncode != 0 and "--force" in again.stderr
     assert again.stderr.count("\n") == 1  # one line, no traceback
-    time.sleep(5.1)  # the agent's snapshot cooldown
     forced = memtop("snapshot", str(pid), "-o", str(out), "--force", socket_dir=socket_dir)
     assert forced.returncode == 0, forced.stderr
     assert pickle.loads(out.read_bytes())["segments"]

@@ -33,7 +33,7 @@ from typing import Any
 
 from memtop import protocol
 from memtop._version import __version__
-from memtop.agent import files, identity
+from memtop.agent import files, identity, limits_for_tests
 from memtop.agent.boundary import MARK_BUFFER, StepBoundary, TrainerJob
 from memtop.agent.oom import OomRecorder
 from memtop.agent.probe import SAMPLE_STAT_KEYS, Probe, ProbeDevice
@@ -168,9 +168,10 @@ class _Cooldown:
     """When an on-demand action may run again: `minimum` after it last started, and late enough
     that what it cost (measured where it ran) stays under ON_DEMAND_MAX_SHARE of the time."""
 
-    def __init__(self, what: str, minimum: float) -> None:
+    def __init__(self, what: str, minimum: float, max_share: float = ON_DEMAND_MAX_SHARE) -> None:
         self.what = what
         self.minimum = minimum
+        self.max_share = max_share
         self.started_at = -1e9
         self.ready_at = 0.0
 
@@ -187,7 +188,7 @@ class _Cooldown:
         self.ready_at = self.started_at + self.minimum
 
     def cost(self, seconds: float) -> None:
-        self.ready_at = max(self.ready_at, self.started_at + seconds / ON_DEMAND_MAX_SHARE)
+        self.ready_at = max(self.ready_at, self.started_at + seconds / self.max_share)
 
     def refund(self) -> None:
         """The action found nothing to do and did nothing: it starts no cooldown."""
@@ -266,8 +267,16 @@ class Agent:
         self._waiting: list[tuple[TrainerJob, _Connection, Any]] = []
         self._background: list[TrainerJob] = []
         self._last_sweep = 0.0
-        self._cleanup_cooldown = _Cooldown("cleanup", CLEANUP_MIN_INTERVAL_S)
-        self._snapshot_cooldown = _Cooldown("a snapshot", SNAPSHOT_MIN_INTERVAL_S)
+        # The defaults above, but where a test lowered them (read once: limits_for_tests).
+        limits = limits_for_tests.read(os.environ)
+        share = limits.get("on_demand_max_share", ON_DEMAND_MAX_SHARE)
+        self._cleanup_cooldown = _Cooldown(
+            "cleanup", limits.get("cleanup_min_interval_s", CLEANUP_MIN_INTERVAL_S), share
+        )
+        self._snapshot_cooldown = _Cooldown(
+            "a snapshot", limits.get("snapshot_min_interval_s", SNAPSHOT_MIN_INTERVAL_S), share
+        )
+        self._connect_exempt_burst = limits.get("connect_exempt_burst", CONNECT_EXEMPT_BURST)
         # Measured on the trainer's thread, served from here.
         self._breakdown: dict[str, Any] | None = None
         self._breakdown_job: TrainerJob | None = None
@@ -444,7 +453,7 @@ class Agent:
                     for conn in group:
                         self._pause(conn, until)
             for account in accounts:
-                if account.connects > CONNECT_EXEMPT_RATE * window + CONNECT_EXEMPT_BURST:
+                if account.connects > CONNECT_EXEMPT_RATE * window + self._connect_exempt_burst:
                     account.refuse_until = max(account.refuse_until, until)
                     if account.refused:
                         # Refusing this uid's connections costs over the bound by itself: stop
