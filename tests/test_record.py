@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from memtop import protocol
+from memtop import children, protocol
 from memtop.sources.recording import RecordWriter, read_lines
 
 MEMTOP = [sys.executable, "-m", "memtop"]
@@ -37,16 +37,10 @@ def recorded() -> Iterator[dict]:
     socket_dir = work / "s"
     socket_dir.mkdir(mode=0o700)
     env = dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir))
-    demo = subprocess.Popen(
-        [*MEMTOP, "demo", "--no-ui", "--scenario", "mixed"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    demo, line = children.start_until_first_line(
+        [*MEMTOP, "demo", "--no-ui", "--scenario", "mixed"], env, stderr=subprocess.PIPE
     )
     try:
-        assert demo.stdout is not None
-        line = demo.stdout.readline()
         assert "simulated trainer" in line, demo.stderr.read() if demo.stderr else line
         pids = protocol.list_agent_sockets(socket_dir)
         assert len(pids) == 4
