@@ -56,7 +56,14 @@ def trainer() -> Iterator[tuple[int, Path]]:
     """A simulated trainer (GPU segments) of this user, and its socket directory."""
     directory = Path(tempfile.mkdtemp(prefix="mtsn-"))
     directory.chmod(0o700)
-    demo = Demo(gpus=1, scenario="healthy", step_time=0.05, socket_dir=directory)
+    # The tests here write snapshot after snapshot: no cooldown to wait out between them.
+    demo = Demo(
+        gpus=1,
+        scenario="healthy",
+        step_time=0.05,
+        socket_dir=directory,
+        extra_env={"MEMTOP_AGENT_TEST_LIMITS": "snapshot_min_interval_s=0,on_demand_max_share=1"},
+    )
     demo.start()
     try:
         assert demo.wait_ready(), f"trainer failed: {demo.failed()}"
