@@ -45,6 +45,7 @@ def stop(proc: subprocess.Popen[str]) -> tuple[str, str]:
 
 @pytest.fixture
 def trainer(socket_dir: Path) -> Iterator[subprocess.Popen[str]]:
+    pytest.importorskip("torch")  # examples/train_cpu.py is a torch trainer
     # Plain python: no memtop in its code, not under memtop run.
     proc = spawn(
         [sys.executable, "examples/train_cpu.py", "--step-time", "0.02", "--device", "cpu"],

@@ -129,6 +129,7 @@ def test_missing_torch_says_where_memtop_belongs(project: Path, socket_dir: Path
 
 
 def test_agent_counts_steps_once_the_program_imports_torch(project: Path, socket_dir: Path):
+    pytest.importorskip("torch")
     (project / "late_torch.py").write_text(
         textwrap.dedent(
             """

@@ -134,6 +134,7 @@ def test_a_relative_path_is_joined_to_the_current_directory_not_resolved(
 
 
 def test_an_empty_snapshot_is_said_to_be_empty(tmp_path: Path, socket_dir: Path) -> None:
+    pytest.importorskip("torch")  # examples/train_cpu.py is a torch trainer
     # A CPU-only trainer under memtop run: its snapshot has no segment.
     env = dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir))
     env.pop("MEMTOP_AGENT", None)
