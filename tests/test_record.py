@@ -88,6 +88,7 @@ def verdicts(data: dict) -> dict[int, tuple[bool, int]]:
     return out
 
 
+@pytest.mark.slow
 def test_record_20_s_then_replay_at_15_s_matches_the_live_report(recorded):
     socket_dir, out, live = recorded["socket_dir"], recorded["out"], recorded["live"]
     assert "4 agent(s)" in recorded["stderr"]
@@ -118,6 +119,7 @@ def test_record_20_s_then_replay_at_15_s_matches_the_live_report(recorded):
         assert abs(agent["devices"][0]["step"] - twin["devices"][0]["step"]) <= 15
 
 
+@pytest.mark.slow
 def test_a_killed_recorder_leaves_a_playable_file(recorded):
     data = json.loads(
         memtop(

@@ -133,6 +133,7 @@ def test_a_relative_path_is_joined_to_the_current_directory_not_resolved(
     assert (real / "snap.pickle").is_file()
 
 
+@pytest.mark.slow
 def test_an_empty_snapshot_is_said_to_be_empty(tmp_path: Path, socket_dir: Path) -> None:
     pytest.importorskip("torch")  # examples/train_cpu.py is a torch trainer
     # A CPU-only trainer under memtop run: its snapshot has no segment.
