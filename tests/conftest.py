@@ -1,5 +1,10 @@
-"""Shared fixtures: short private socket directories (AF_UNIX paths are limited to 108 bytes),
-and how the suite runs in parallel (pytest-xdist, `-n 4 --dist loadgroup`; see README)."""
+"""Shared fixtures: short private socket directories (AF_UNIX paths are limited to 108 bytes).
+
+The suite runs in parallel: `python -m pytest -q -n 4 --dist loadfile` (README, .ci/run).  Each
+test module runs in one worker, so a module-scoped fixture (a trainer, a 20 s recording, a
+Prometheus) is made once and a test that checks what the others left (the fuzzed agent still
+serves) sees it.  Not `--dist loadgroup`: with pytest 9.2, xdist 3.8 cannot rename a test's
+node id, and its `xdist_group` marks are silently ignored."""
 
 from __future__ import annotations
 
@@ -27,21 +32,3 @@ def socket_dir() -> Iterator[Path]:
 def _private_socket_dir_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # No test may see (or clean up) the sockets of real trainers on this machine.
     monkeypatch.setenv("MEMTOP_SOCKET_DIR", str(tmp_path / "no-agents-here"))
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under xdist, the tests of a module that share a module- or session-scoped fixture (a
-    trainer, a 20 s recording, a Prometheus) run in one worker: one fixture for them all, not
-    one per worker that drew one of them (`--dist loadgroup`; without xdist the mark does
-    nothing)."""
-    for item in items:
-        fixtures = getattr(item, "_fixtureinfo", None)
-        if fixtures is None or item.get_closest_marker("xdist_group"):
-            continue
-        shared = any(
-            definitions[-1].scope in ("module", "session")
-            and definitions[-1].baseid.startswith(item.nodeid.split("::")[0])
-            for definitions in fixtures.name2fixturedefs.values()
-        )
-        if shared:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
