@@ -50,16 +50,9 @@ def main() -> None:
     print(f"memtop run hello.py        {run * 1000:7.0f} ms  (+{(run - python) * 1000:.0f} ms)")
     print(f"python -c 'import torch'   {torch_import * 1000:7.0f} ms  (what run paid before)")
 
-    trainer = subprocess.Popen(
-        [PY, "examples/train_cpu.py", "--step-time", "0.01", "--device", "cpu"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
+    trainer, _ = children.start_until_first_line(
+        [PY, "examples/train_cpu.py", "--step-time", "0.01", "--device", "cpu"], env, ROOT
     )
-    assert trainer.stdout is not None
-    trainer.stdout.readline()
     t = time.perf_counter()
     subprocess.run([*MEMTOP, "attach", str(trainer.pid)], env=env, check=True, capture_output=True)
     attach_s = time.perf_counter() - t
@@ -76,15 +69,9 @@ def main() -> None:
         f"{first_step_s:.1f} s"
     )
 
-    demo = subprocess.Popen(
-        [*MEMTOP, "demo", "--no-ui", "--scenario", "mixed"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
+    demo, _ = children.start_until_first_line(
+        [*MEMTOP, "demo", "--no-ui", "--scenario", "mixed"], env
     )
-    assert demo.stdout is not None
-    demo.stdout.readline()
     out = work / "run.memtop"
     seconds = 20
     subprocess.run(

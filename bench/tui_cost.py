@@ -34,18 +34,15 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import importlib.util
 import json
 import os
 import re
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
-import termios
 import threading
 import time
 from pathlib import Path
@@ -211,31 +208,6 @@ def stop_demo(demo: subprocess.Popen[str], trainer_pids: list[int]) -> None:
                     process.kill()
 
 
-def start_tool(
-    command: list[str], size: tuple[int, int], env: dict[str, str]
-) -> tuple[subprocess.Popen[bytes], int, float]:
-    master, slave = os.openpty()
-    columns, rows = size
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
-    started = time.monotonic()
-    try:
-        process = subprocess.Popen(
-            command,
-            env=env,
-            stdin=slave,
-            stdout=slave,
-            stderr=slave,
-            start_new_session=True,
-            close_fds=True,
-        )
-    except BaseException:
-        os.close(master)
-        raise
-    finally:
-        os.close(slave)  # only the child holds it now: its exit ends the reader with EIO
-    return process, master, started
-
-
 def build_fakenvml(out: Path) -> Path:
     subprocess.run(
         ["bash", str(FAKENVML / "build.sh"), str(out)], check=True, capture_output=True, text=True
@@ -311,7 +283,8 @@ def measure(
     else:
         command = [sys.executable, "-m", "nvitop"]
         markers = {k: re.compile(rb"NVITOP") for k in ("frame", "full", "data")}
-    process, master, spawned = start_tool(command, args.size, env)
+    spawned = time.monotonic()
+    process, master = children.start_in_terminal(command, args.size, env)
     reader = PtyReader(master, markers)
     reader.start()
     try:

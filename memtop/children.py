@@ -1,7 +1,8 @@
 """Child processes that never outlive the process that started them.
 
 One home for what `memtop demo`, the benches (bench/) and the tests do with the processes they
-start: stop a group of them (a signal, a shared deadline, then SIGKILL), turn SIGTERM and SIGHUP
+start: start one and wait for the first line it prints, start one on a terminal of its own,
+stop a group of them (a signal, a shared deadline, then SIGKILL), turn SIGTERM and SIGHUP
 into the same clean exit as Ctrl-C so that `finally` blocks stop the children (a bench stopped
 by `timeout`, a demo whose terminal closed), and, in the child, end when the parent is gone
 even when the parent could not stop it (SIGKILL, a crash): PR_SET_PDEATHSIG on Linux, and a
@@ -12,19 +13,73 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import os
+import select
 import signal
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 PARENT_POLL_S = 0.5  # how often a child looks whether its parent is still there
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 STOP_TIMEOUT_S = 5.0
+
+
+def start_until_first_line(
+    command: list[str],
+    env: Mapping[str, str] | None = None,
+    cwd: Path | str | None = None,
+    stderr: int = subprocess.DEVNULL,
+    timeout: float = 60.0,
+) -> tuple[subprocess.Popen[str], str]:
+    """Start `command` with its output on a pipe and wait until it prints its first line (a
+    demo's banner, a trainer's first steps, an exporter's address): it is up then.  Returns the
+    process and that line ("" when it exited or said nothing within `timeout`; the caller says
+    why, with the process's stderr if it asked for it with `stderr=subprocess.PIPE`)."""
+    process = subprocess.Popen(
+        command, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=stderr, text=True,
+    )  # fmt: skip
+    assert process.stdout is not None
+    try:
+        ready, _, _ = select.select([process.stdout], [], [], timeout)
+        return process, process.stdout.readline() if ready else ""
+    except BaseException:
+        stop(process)
+        raise
+
+
+def start_in_terminal(
+    command: list[str],
+    size: tuple[int, int],
+    env: Mapping[str, str] | None = None,
+    preexec_fn: Callable[[], None] | None = None,
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Start `command` on a pseudo-terminal of `size` (columns, rows), in a session of its own
+    as a shell starts a program.  Returns the process and the terminal's master end, which the
+    caller reads (what the program paints) and closes: only the child holds the other end, so
+    its exit ends those reads with EIO."""
+    master, slave = os.openpty()
+    columns, rows = size
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+    try:
+        process = subprocess.Popen(
+            command, env=env, stdin=slave, stdout=slave, stderr=slave, start_new_session=True,
+            preexec_fn=preexec_fn,
+        )  # fmt: skip
+    except BaseException:
+        os.close(master)
+        raise
+    finally:
+        os.close(slave)
+    return process, master
 
 
 def die_with_parent(

@@ -1,4 +1,10 @@
-"""Shared fixtures: short private socket directories (AF_UNIX paths are limited to 108 bytes)."""
+"""Shared fixtures: short private socket directories (AF_UNIX paths are limited to 108 bytes).
+
+The suite runs in parallel: `python -m pytest -q -n 4 --dist loadfile` (README, .ci/run).  Each
+test module runs in one worker, so a module-scoped fixture (a trainer, a 20 s recording, a
+Prometheus) is made once and a test that checks what the others left (the fuzzed agent still
+serves) sees it.  Not `--dist loadgroup`: with pytest 9.2, xdist 3.8 cannot rename a test's
+node id, and its `xdist_group` marks are silently ignored."""
 
 from __future__ import annotations
 

@@ -30,7 +30,15 @@ def trainer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Pat
 
     directory = Path(tempfile.mkdtemp(prefix="mtf-"))
     directory.chmod(0o700)
-    demo = Demo(gpus=1, scenario="healthy", step_time=0.02, socket_dir=directory)
+    # 2 500 connections in a row are a client that churns: the agent's governor would refuse
+    # most of them (issue 27) and each would be sent again; this trainer lets them all in.
+    demo = Demo(
+        gpus=1,
+        scenario="healthy",
+        step_time=0.02,
+        socket_dir=directory,
+        extra_env={"MEMTOP_AGENT_TEST_LIMITS": "connect_exempt_burst=1e9"},
+    )
     demo.start()
     assert demo.wait_ready(30)
     yield demo.processes[0].pid, directory

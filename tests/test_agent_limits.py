@@ -443,3 +443,43 @@ def _connect_to(path: Path) -> socket.socket:
     sock.settimeout(15)
     sock.connect(str(path))
     return sock
+
+
+def test_a_test_lowers_limits_through_the_environment_and_nothing_else_changes_them(
+    monkeypatch: pytest.MonkeyPatch, socket_dir: Path
+):
+    from memtop.agent import limits_for_tests
+
+    read = limits_for_tests.read
+    assert read({}) == {}
+    assert read(
+        {"MEMTOP_AGENT_TEST_LIMITS": "snapshot_min_interval_s=0, connect_exempt_burst=1e9"}
+    ) == {
+        "snapshot_min_interval_s": 0.0,
+        "connect_exempt_burst": 1e9,
+    }
+    # Unknown names, non-numbers, negative, infinite or NaN values and a zero share: ignored,
+    # never raised into the trainer.
+    for odd in (
+        "idle_timeout_s=0",
+        "cleanup_min_interval_s=-1",
+        "cleanup_min_interval_s=inf",
+        "cleanup_min_interval_s=nan",
+        "cleanup_min_interval_s=²",
+        "on_demand_max_share=0",
+        "=",
+        ",,,",
+        "x" * 100_000,
+    ):
+        assert read({"MEMTOP_AGENT_TEST_LIMITS": odd}) == {}, odd
+    # Read once, when the agent is made; unset, every limit is its default.
+    monkeypatch.setenv(
+        "MEMTOP_AGENT_TEST_LIMITS", "snapshot_min_interval_s=0,on_demand_max_share=1"
+    )
+    lowered = Agent(_probe(), socket_dir)
+    assert lowered.commands.snapshot_cooldown.minimum == 0
+    assert lowered.commands.snapshot_cooldown.max_share == 1
+    monkeypatch.delenv("MEMTOP_AGENT_TEST_LIMITS")
+    default = Agent(_probe(), socket_dir)
+    assert default.commands.snapshot_cooldown.minimum == agent_server.SNAPSHOT_MIN_INTERVAL_S
+    assert default._connect_exempt_burst == agent_server.CONNECT_EXEMPT_BURST

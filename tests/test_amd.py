@@ -622,6 +622,7 @@ def test_the_oom_fix_is_spelt_for_rocm_on_rocm() -> None:
     assert diagnose(report)["fix"] == "PYTORCH_HIP_ALLOC_CONF=expandable_segments:True"
 
 
+@pytest.mark.slow
 def test_the_table_and_the_header_say_rocm(
     rocm: Path, socket_dir: Path, rocm_trainers: tuple[Any, Path, list[int]]
 ) -> None:
@@ -764,6 +765,7 @@ def test_the_dashboard_shows_a_lost_amd_gpu_in_one_line_and_the_rest_reads_on(
     assert re.search(r"│\s+100 .* 0 +1\.0G ", text), text  # its process, charged 1 GiB
 
 
+@pytest.mark.slow
 @without_rocm
 def test_demo_vendor_amd_shows_amd_gpus_joined_by_pci_bus_id(socket_dir: Path) -> None:
     """`memtop demo --vendor amd` on a machine without ROCm: simulated MI300Xs, trainers on

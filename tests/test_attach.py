@@ -45,6 +45,7 @@ def stop(proc: subprocess.Popen[str]) -> tuple[str, str]:
 
 @pytest.fixture
 def trainer(socket_dir: Path) -> Iterator[subprocess.Popen[str]]:
+    pytest.importorskip("torch")  # examples/train_cpu.py is a torch trainer
     # Plain python: no memtop in its code, not under memtop run.
     proc = spawn(
         [sys.executable, "examples/train_cpu.py", "--step-time", "0.02", "--device", "cpu"],
@@ -74,6 +75,7 @@ def agent_step(socket_dir: Path, pid: int) -> int | None:
     return steps[0] if steps else None
 
 
+@pytest.mark.slow
 @needs_gdb
 def test_attach_to_a_plain_trainer_shows_moving_steps(trainer, socket_dir: Path):
     started = time.monotonic()
@@ -104,6 +106,7 @@ def test_attach_to_a_plain_trainer_shows_moving_steps(trainer, socket_dir: Path)
     assert err.count("memtop: agent listening") == 1
 
 
+@pytest.mark.slow
 @needs_gdb
 def test_attach_without_memtop_in_the_target_adds_this_one(socket_dir: Path):
     # -I -S: no site-packages, no cwd on sys.path: only the path memtop appends finds memtop.
@@ -267,6 +270,7 @@ class OneGpuListing:
         pass
 
 
+@pytest.mark.slow
 @needs_gdb
 def test_dashboard_a_attaches_to_a_driver_listed_process_after_asking(trainer, socket_dir):
     import asyncio
@@ -409,6 +413,7 @@ def test_the_probe_is_bounded_in_size_and_time(tmp_path: Path, monkeypatch, trap
     assert target.version == sys.version_info[:2]  # from /proc: what the probe could not say
 
 
+@pytest.mark.slow
 @needs_gdb
 def test_attach_stacks_on_a_cpu_trainer_says_it_waits_for_a_cuda_device(trainer, socket_dir: Path):
     # CPU torch records no allocator history: attached, asked, and told the truth about when.
@@ -419,6 +424,7 @@ def test_attach_stacks_on_a_cpu_trainer_says_it_waits_for_a_cuda_device(trainer,
     assert f"stack recording asked in pid {trainer.pid}, which uses no CUDA device" in asked
 
 
+@pytest.mark.slow
 def test_attach_stacks_switches_them_on_in_a_trainer_that_can(socket_dir: Path):
     # A simulated trainer (its agent already there): --stacks asks, and its sites show up in
     # --once --json, with the leak scenario's own line among them.

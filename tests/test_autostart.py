@@ -51,6 +51,7 @@ PARENT = textwrap.dedent(
 
 
 def test_children_that_use_torch_get_an_agent_and_others_do_not(socket_dir: Path, tmp_path: Path):
+    pytest.importorskip("torch")  # the child trains a torch model
     (tmp_path / "child.py").write_text(CHILD)
     (tmp_path / "parent.py").write_text(PARENT)
     env = dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir))

@@ -143,6 +143,7 @@ def trained(request: pytest.FixtureRequest) -> tuple[TinyLM, Any, int]:
 # ------------------------------------------------------------------ against independent counts
 
 
+@pytest.mark.slow
 def test_counts_match_the_architecture_and_an_independent_count(trained):
     model, optimizer, state_bytes = trained
     counts = count_optimizer_memory([optimizer], device_type="cpu")
@@ -164,6 +165,7 @@ def test_only_the_requested_device_type_counts(trained):
     assert count_optimizer_memory([optimizer], device_type="cpu") != {}
 
 
+@pytest.mark.slow
 def test_fp32_parameter_bytes_leave_out_the_bf16_parameters(trained):
     model, optimizer, _ = trained
     assert model.adapter.weight.dtype == torch.bfloat16

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from memtop.ui.cell_diff import CellDiff
 
 
@@ -65,6 +67,7 @@ def test_wide_characters_and_unmodelled_sequences_pass_in_order():
     assert diff.cells[(3, 5)] == ("日", "") and diff.cells[(3, 9)] == ("x", "")
 
 
+@pytest.mark.slow
 def test_random_frames_of_mixed_widths_end_on_the_same_screen():
     # ASCII, one-cell symbols (bars, box drawing), wide CJK and a combining accent, in random
     # styles: after every frame the diffed stream leaves the terminal as the full one would.

@@ -312,6 +312,7 @@ def test_export_command_serves_warns_beyond_loopback_and_stops_on_sigterm(socket
         assert exposed.wait(15) == 0
 
 
+@pytest.mark.slow
 def test_export_command_errors_are_one_line(socket_dir: Path, tmp_path: Path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

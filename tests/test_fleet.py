@@ -210,6 +210,7 @@ def test_bad_urls_and_unreachable_servers_are_one_line():
         source.read()
 
 
+@pytest.mark.slow
 def test_an_exporters_url_is_read_as_that_one_host(tmp_path):
     """`memtop --prometheus` given `memtop export`'s own URL (port 9482), not Prometheus's:
     the exporter has no query API (HTTP 404); its /metrics is read as Prometheus would have

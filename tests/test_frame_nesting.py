@@ -61,6 +61,7 @@ def first_past(text: str, limit: int) -> int | None:
     return None
 
 
+@pytest.mark.slow
 @settings(max_examples=600, deadline=None)
 @given(value=json_values, limit=st.integers(0, 6), ascii_only=st.booleans())
 def test_the_scan_finds_the_depth_of_any_json_exactly(value, limit, ascii_only):
@@ -75,6 +76,7 @@ def test_the_scan_finds_the_depth_of_any_json_exactly(value, limit, ascii_only):
     cut=st.integers(0, 200),
     garbage=st.text(alphabet='[]{}"\\x,', max_size=30),
 )
+@pytest.mark.slow
 def test_text_that_goes_bad_after_nesting_too_deep_is_still_refused(value, limit, cut, garbage):
     # json reads a text up to its first error: whatever follows the point where it went past
     # the limit, the scan must refuse it.
@@ -86,6 +88,7 @@ def test_text_that_goes_bad_after_nesting_too_deep_is_still_refused(value, limit
     assert nesting.nests_deeper_than(bad.encode(), limit)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(args=st.dictionaries(tricky_text, json_values, max_size=4), request_id=st.integers())
 def test_every_shallow_request_is_read(args, request_id):

@@ -104,6 +104,7 @@ def two_hosts() -> Iterator[list[Host]]:
             shutil.rmtree(directory, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_one_job_on_two_hosts_is_one_group_with_both_ranks(two_hosts: list[Host]) -> None:
     rows = []
     for host in two_hosts:

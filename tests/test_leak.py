@@ -151,6 +151,7 @@ def _fragment_baselines(seed: int, steps: int) -> list[float]:
 
 # Seeds whose baselines the plain trend test (before the correction) called a leak at some
 # round: 28 and 54 with the simulator whose gradients live through the step boundary.
+@pytest.mark.slow
 @pytest.mark.parametrize(("seed", "steps"), [(28, 100), (54, 100)])
 def test_a_baseline_that_wanders_for_a_few_steps_marked_at_every_step_is_not_a_leak(seed, steps):
     # A busy box slows the steps until every one is marked (the 20-a-second limit no longer
@@ -236,6 +237,7 @@ def test_without_steps_a_minute_of_history_is_needed():
     assert "s of history" in estimate.reason
 
 
+@pytest.mark.slow
 def test_the_evaluation_harness_runs_and_reports_its_figures():
     bench = Path(__file__).resolve().parent.parent / "bench" / "leak_eval.py"
     out = subprocess.run(

@@ -98,6 +98,7 @@ def test_the_same_oom_five_times_in_three_runs_is_one_group(
     assert "and 4 more" in text
 
 
+@pytest.mark.slow
 def test_three_runs_of_a_trainer_that_ooms_are_one_group(tmp_path: Path) -> None:
     """Real reports: three runs of a simulated trainer whose batch grows until it runs out."""
     sockets, ooms = tmp_path / "s", tmp_path / "o"

@@ -233,6 +233,7 @@ def test_prometheus_holds_the_leaking_trainers_allocator_numbers(fleet: Fleet):
     assert 0.3 / STEP_A < float(rate[0]["value"][1]) < 2 / STEP_A
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(PROMTOOL is None, reason="no promtool binary")
 def test_promtool_checks_a_real_scrape(fleet: Fleet):
     with urllib.request.urlopen(f"http://127.0.0.1:{fleet.a.port}/metrics", timeout=5) as reply:
@@ -251,6 +252,7 @@ def test_promtool_checks_a_real_scrape(fleet: Fleet):
     assert all("snake_case" in line for line in problems), problems
 
 
+@pytest.mark.slow
 def test_fleet_once_json_shows_both_hosts_with_their_local_numbers(fleet: Fleet):
     fleet.wait_for('memtop_leak_detected{hostname="node-a"} == 1', timeout=30)
     fleet.wait_for('memtop_breakdown_bytes{hostname="node-b"}', timeout=30)
@@ -330,6 +332,7 @@ def test_fleet_errors_are_one_line():
     assert bad.returncode == 1 and "http(s)://HOST:PORT" in bad.stderr
 
 
+@pytest.mark.slow
 def test_fleet_dashboard_groups_hosts_and_keeps_actions_local(fleet: Fleet):
     import asyncio
 
@@ -416,6 +419,7 @@ def _twin(port: int, host: str, twin: str, stack: contextlib.ExitStack) -> int:
     return int(server.server_address[1])
 
 
+@pytest.mark.slow
 def test_two_hosts_with_the_same_pids_stay_apart_in_the_fleet():
     from memtop.fleet import FleetSampler
     from memtop.model import host_of

@@ -162,6 +162,7 @@ def settled(socket_dir: Path, ranks: int) -> dict:  # type: ignore[type-arg]
         time.sleep(0.5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rank0_scale", [1.3, 1.0])
 def test_a_simulated_job_whose_rank_0_peaks_above_the_rest(
     job: tuple[Path, list[subprocess.Popen[bytes]]], socket_dir: Path, rank0_scale: float

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from memtop import protocol
+from memtop import children, protocol
 from memtop.sources.recording import RecordWriter, read_lines
 
 MEMTOP = [sys.executable, "-m", "memtop"]
@@ -37,16 +37,10 @@ def recorded() -> Iterator[dict]:
     socket_dir = work / "s"
     socket_dir.mkdir(mode=0o700)
     env = dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir))
-    demo = subprocess.Popen(
-        [*MEMTOP, "demo", "--no-ui", "--scenario", "mixed"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    demo, line = children.start_until_first_line(
+        [*MEMTOP, "demo", "--no-ui", "--scenario", "mixed"], env, stderr=subprocess.PIPE
     )
     try:
-        assert demo.stdout is not None
-        line = demo.stdout.readline()
         assert "simulated trainer" in line, demo.stderr.read() if demo.stderr else line
         pids = protocol.list_agent_sockets(socket_dir)
         assert len(pids) == 4
@@ -94,6 +88,7 @@ def verdicts(data: dict) -> dict[int, tuple[bool, int]]:
     return out
 
 
+@pytest.mark.slow
 def test_record_20_s_then_replay_at_15_s_matches_the_live_report(recorded):
     socket_dir, out, live = recorded["socket_dir"], recorded["out"], recorded["live"]
     assert "4 agent(s)" in recorded["stderr"]
@@ -124,6 +119,7 @@ def test_record_20_s_then_replay_at_15_s_matches_the_live_report(recorded):
         assert abs(agent["devices"][0]["step"] - twin["devices"][0]["step"]) <= 15
 
 
+@pytest.mark.slow
 def test_a_killed_recorder_leaves_a_playable_file(recorded):
     data = json.loads(
         memtop(

@@ -25,6 +25,7 @@ T0 = 1_700_000_000.0
 HEADER = b'{"memtop_record": 1, "version": "x", "host": "h", "started": 1700000000}\n'
 
 
+@pytest.mark.slow
 def test_a_gzip_of_empty_lines_is_counted_not_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -210,6 +210,7 @@ def run_replay(path: Path, script) -> None:  # type: ignore[no-untyped-def]
         player.stop()
 
 
+@pytest.mark.slow
 def test_every_figure_after_seeks_speed_changes_pauses_and_at_the_end():
     path = TRACES  # all six trainers on one GPU
 
@@ -267,6 +268,7 @@ def test_the_leak_paused_at_01_45_shows_its_recorded_allocation():
     run_replay(path, script)
 
 
+@pytest.mark.slow
 def test_while_playing_a_suggestion_and_the_table_show_one_rounds_figures():
     # Issue 21, item 9: the same figure in two places on one screen read from two rounds (the
     # pane reworded every 8 s from rules judged every 2 s, the table every 4 s).  While the

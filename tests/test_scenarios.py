@@ -66,6 +66,7 @@ def test_fragment_with_expandable_segments_reports_no_split_bytes():
     assert max(gauge) < 0.01
 
 
+@pytest.mark.slow
 def test_pressure_runs_near_capacity_and_retries():
     allocator, workload, _, _ = run("pressure", 300)
     free, total = allocator.mem_get_info()

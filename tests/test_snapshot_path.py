@@ -56,7 +56,14 @@ def trainer() -> Iterator[tuple[int, Path]]:
     """A simulated trainer (GPU segments) of this user, and its socket directory."""
     directory = Path(tempfile.mkdtemp(prefix="mtsn-"))
     directory.chmod(0o700)
-    demo = Demo(gpus=1, scenario="healthy", step_time=0.05, socket_dir=directory)
+    # The tests here write snapshot after snapshot: no cooldown to wait out between them.
+    demo = Demo(
+        gpus=1,
+        scenario="healthy",
+        step_time=0.05,
+        socket_dir=directory,
+        extra_env={"MEMTOP_AGENT_TEST_LIMITS": "snapshot_min_interval_s=0,on_demand_max_share=1"},
+    )
     demo.start()
     try:
         assert demo.wait_ready(), f"trainer failed: {demo.failed()}"
@@ -126,7 +133,9 @@ def test_a_relative_path_is_joined_to_the_current_directory_not_resolved(
     assert (real / "snap.pickle").is_file()
 
 
+@pytest.mark.slow
 def test_an_empty_snapshot_is_said_to_be_empty(tmp_path: Path, socket_dir: Path) -> None:
+    pytest.importorskip("torch")  # examples/train_cpu.py is a torch trainer
     # A CPU-only trainer under memtop run: its snapshot has no segment.
     env = dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir))
     env.pop("MEMTOP_AGENT", None)

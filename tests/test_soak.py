@@ -31,6 +31,7 @@ def _soak(*args: str, timeout: float) -> dict:  # type: ignore[type-arg]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_trainers_survive_a_minute_of_hammering_viewers():
     report = _soak("--trainers", "1", "--viewers", "2", "--seconds", "60", timeout=240)
     assert report["crashes"] == 0, report["crash_reasons"]
@@ -51,6 +52,7 @@ def test_trainers_survive_a_minute_of_hammering_viewers():
     assert peak[0] <= start[0] + 1 and peak[1] <= start[1] + 2 * 2 + 2
 
 
+@pytest.mark.slow
 def test_the_soak_sees_the_race_that_once_crashed_trainers():
     # The same harness, with a thread walking the optimizer's tensors as the old agent did.
     report = _soak(

@@ -297,6 +297,7 @@ NO_CUDA_INIT_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_no_probe_or_agent_call_initialises_cuda_in_a_fresh_process(socket_dir: Path):
     # A fresh process, so that this holds on a GPU machine too, where CUDA is available but
     # the trainer (here: a CPU model) never touched it.

@@ -4,41 +4,27 @@ trainers.  Run in a real pseudo-terminal, as a user would."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import select
 import signal
 import stat
-import struct
 import subprocess
 import sys
-import termios
 import time
 from pathlib import Path
 
 import pytest
 from helpers import default_sigint
 
-from memtop import protocol
+from memtop import children, protocol
 
 pytestmark = pytest.mark.slow
 
 
 def spawn_in_pty(args: list[str], socket_dir: Path, size: tuple[int, int] = (120, 36)):  # type: ignore[no-untyped-def]
-    master, slave = os.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", size[1], size[0], 0, 0))
     env = dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir), TERM="xterm-256color")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "memtop", *args],
-        stdin=slave,
-        stdout=slave,
-        stderr=slave,
-        env=env,
-        start_new_session=True,
-        preexec_fn=default_sigint,
-    )
-    os.close(slave)
-    return process, master
+    command = [sys.executable, "-m", "memtop", *args]
+    return children.start_in_terminal(command, size, env, preexec_fn=default_sigint)
 
 
 def read_until(master: int, needle: bytes | None, timeout: float = 30.0) -> bytes:

@@ -83,6 +83,7 @@ def test_dashboard_snapshot(size: tuple[int, int]) -> None:
         assert "grace" in text  # the USER column is in the wide layout only
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [(80, 24), (120, 36)])
 def test_detail_snapshot(size: tuple[int, int]) -> None:
     # Row 2 of the table is the leaking trainer (rows sort by GPU, then pid).
@@ -94,6 +95,7 @@ def test_detail_snapshot(size: tuple[int, int]) -> None:
     assert "trend +8.0 MiB/step · full in 49 min" in text  # the figures, not a cut sentence
 
 
+@pytest.mark.slow
 def test_help_screen_lists_every_key() -> None:
     app = frozen_app()
 
@@ -160,6 +162,7 @@ def test_permission_problem_in_status_line() -> None:
     assert problem in status
 
 
+@pytest.mark.slow
 def test_refusals_for_processes_without_agent_or_of_another_user() -> None:
     app = frozen_app()
 
@@ -180,6 +183,7 @@ def test_refusals_for_processes_without_agent_or_of_another_user() -> None:
     asyncio.run(run())
 
 
+@pytest.mark.slow
 def test_copy_fix_and_tab_focus() -> None:
     app = frozen_app()
 
@@ -209,6 +213,7 @@ def test_copy_fix_and_tab_focus() -> None:
     asyncio.run(run())
 
 
+@pytest.mark.slow
 def test_refresh_tick_after_the_app_closed_is_harmless() -> None:
     # CI once failed here: the refresh timer fired after the last screen had left the stack, and
     # reading app.screen raised ScreenStackError out of the timer into the test.

@@ -75,6 +75,7 @@ def test_sort_by_keys_and_by_header_click() -> None:
     drive(frozen_app(), body)
 
 
+@pytest.mark.slow
 def test_filter_with_slash_keeps_and_escape_clears() -> None:
     async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
         await pilot.press("slash")

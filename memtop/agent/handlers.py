@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from memtop._version import __version__
-from memtop.agent import files
+from memtop.agent import files, limits_for_tests
 from memtop.agent.boundary import TrainerJob
 from memtop.agent.probe import SAMPLE_STAT_KEYS, ProbeDevice
 from memtop.agent.snapshot_summary import summarize_snapshot
@@ -67,9 +67,10 @@ class Cooldown:
     """When an on-demand action may run again: `minimum` after it last started, and late enough
     that what it cost (measured where it ran) stays under ON_DEMAND_MAX_SHARE of the time."""
 
-    def __init__(self, what: str, minimum: float) -> None:
+    def __init__(self, what: str, minimum: float, max_share: float = ON_DEMAND_MAX_SHARE) -> None:
         self.what = what
         self.minimum = minimum
+        self.max_share = max_share
         self.started_at = -1e9
         self.ready_at = 0.0
 
@@ -86,7 +87,7 @@ class Cooldown:
         self.ready_at = self.started_at + self.minimum
 
     def cost(self, seconds: float) -> None:
-        self.ready_at = max(self.ready_at, self.started_at + seconds / ON_DEMAND_MAX_SHARE)
+        self.ready_at = max(self.ready_at, self.started_at + seconds / self.max_share)
 
     def refund(self) -> None:
         """The action found nothing to do and did nothing: it starts no cooldown."""
@@ -101,8 +102,15 @@ class Commands:
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
-        self.cleanup_cooldown = Cooldown("cleanup", CLEANUP_MIN_INTERVAL_S)
-        self.snapshot_cooldown = Cooldown("a snapshot", SNAPSHOT_MIN_INTERVAL_S)
+        # The defaults above, but where a test lowered them (read once: limits_for_tests).
+        limits = limits_for_tests.read(os.environ)
+        share = limits.get("on_demand_max_share", ON_DEMAND_MAX_SHARE)
+        self.cleanup_cooldown = Cooldown(
+            "cleanup", limits.get("cleanup_min_interval_s", CLEANUP_MIN_INTERVAL_S), share
+        )
+        self.snapshot_cooldown = Cooldown(
+            "a snapshot", limits.get("snapshot_min_interval_s", SNAPSHOT_MIN_INTERVAL_S), share
+        )
         # Measured on the trainer's thread, served from here.
         self.latest_breakdown: dict[str, Any] | None = None
         self.breakdown_job: TrainerJob | None = None

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from memtop.agent import identity
+from memtop.agent import identity, limits_for_tests
 from memtop.agent.boundary import MARK_BUFFER, StepBoundary, TrainerJob
 from memtop.agent.handlers import (
     CLEANUP_MIN_INTERVAL_S,
@@ -242,6 +242,10 @@ class Agent:
         self._waiting: list[tuple[TrainerJob, Connection, Any]] = []
         self._background: list[TrainerJob] = []
         self._last_sweep = 0.0
+        # The governor's connect burst, unless a test lowered it (read once: limits_for_tests).
+        self._connect_exempt_burst = limits_for_tests.read(os.environ).get(
+            "connect_exempt_burst", CONNECT_EXEMPT_BURST
+        )
         # What the commands answer, and what they keep between requests (handlers.HANDLERS).
         self.commands = Commands(self)
         self.errors = self.boundary.errors
@@ -421,7 +425,7 @@ class Agent:
                     for conn in group:
                         self._pause(conn, until)
             for account in accounts:
-                if account.connects > CONNECT_EXEMPT_RATE * window + CONNECT_EXEMPT_BURST:
+                if account.connects > CONNECT_EXEMPT_RATE * window + self._connect_exempt_burst:
                     account.refuse_until = max(account.refuse_until, until)
                     if account.refused:
                         # Refusing this uid's connections costs over the bound by itself: stop
