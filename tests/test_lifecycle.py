@@ -25,7 +25,8 @@ from memtop import children, protocol
 
 pytestmark = pytest.mark.slow
 
-GONE_WITHIN_S = 8.0  # trainers: a SIGTERM handled at the next step, on a loaded 2-core box
+GONE_WITHIN_S = 20.0  # a SIGTERM handled at the next step, then the agent stops (<= 2.5 s); on a
+# 2-core box running the suite in 4 workers one trainer took over 8 s (0.7 s when quiet)
 EXIT_WITHIN_S = 1.0  # a dashboard whose terminal is gone (DESIGN §9)
 
 

@@ -345,10 +345,10 @@ def test_what_the_reply_builders_write_the_schema_reads():
     assert protocol.parse_breakdown(replies.breakdown_pending()).pending
     assert protocol.parse_snapshot(replies.snapshot_summary_pending()).pending
     written = protocol.parse_snapshot(
-        replies.snapshot_file_result(path="/tmp/s.pickle", size=9, devices={"0": {"segments": 1}})
+        replies.snapshot_file_result(path="/runs/s.pickle", size=9, devices={"0": {"segments": 1}})
     )
     assert (written.path, written.bytes, written.devices) == (
-        "/tmp/s.pickle",
+        "/runs/s.pickle",
         9,
         {0: {"segments": 1}},
     )

@@ -32,7 +32,7 @@ def facts() -> dict[str, Any]:
     oom_report = {
         "step": 41,
         "phase": "backward",
-        "path": "/tmp/oom.json",
+        "path": "/runs/oom.json",
         "diagnosis": {"cause": "fragmentation", "detail": "split", "fix": "X=1"},
     }
     rank = dataclasses.replace(
