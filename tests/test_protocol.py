@@ -73,12 +73,14 @@ def test_decoder_rejects_bodies_that_are_not_json_objects(body):
 )
 def test_bad_requests_are_named(message, code):
     with pytest.raises(protocol.ProtocolError) as info:
-        protocol.parse_request(message)
+        protocol.parse_request(message, protocol.COMMANDS)
     assert info.value.code == code
 
 
 def test_good_request_parses():
-    request = protocol.parse_request({"id": "a", "cmd": "snapshot", "args": {"path": "/x"}})
+    request = protocol.parse_request(
+        {"id": "a", "cmd": "snapshot", "args": {"path": "/x"}}, protocol.COMMANDS
+    )
     assert (request.id, request.cmd, dict(request.args)) == ("a", "snapshot", {"path": "/x"})
 
 

@@ -8,7 +8,7 @@ later (it then returns None: the reply is posted when the job ran, or at its dea
 result is built by memtop.protocol.replies; a ProtocolError raised here becomes an error frame.
 
 A new protocol command is: its reply builder (memtop.protocol.replies), its parser
-(memtop.protocol.schema), its name in protocol.COMMANDS, a handler here with its entry in
+(memtop.protocol.schema, with its entry in REPLY_PARSERS), a handler here with its entry in
 HANDLERS, and the viewer's call.
 """
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from memtop.protocol import namespaces, nesting
 from memtop.protocol.framing import (
-    COMMANDS,
     E_BAD_FRAME,
     E_BAD_REQUEST,
     E_FAILED,
@@ -89,6 +88,10 @@ from memtop.protocol.text import (
     decimal,
     pci_bus_id_of,
 )
+
+# The commands the viewer speaks: one per reply parser (the agent serves its own table,
+# memtop.agent.handlers.HANDLERS; a test keeps the two the same).
+COMMANDS = frozenset(REPLY_PARSERS)
 
 __all__ = [
     "COMMANDS",

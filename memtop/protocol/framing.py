@@ -23,9 +23,6 @@ MAX_FRAME_BYTES = 1 << 20
 MAX_DEPTH = 64
 _HEADER = struct.Struct(">I")
 
-# The closed command set: nothing else is ever executed on behalf of a peer.
-COMMANDS = frozenset({"hello", "sample", "breakdown", "snapshot", "cleanup", "reset_peak", "sites"})
-
 # Error codes carried in error frames.
 E_BAD_FRAME = "bad_frame"
 E_BAD_REQUEST = "bad_request"
@@ -167,9 +164,10 @@ class Request:
     args: Mapping[str, Any]
 
 
-def parse_request(message: Mapping[str, Any], commands: Collection[str] = COMMANDS) -> Request:
+def parse_request(message: Mapping[str, Any], commands: Collection[str]) -> Request:
     """Check a request's shape; raise ProtocolError with the id-less code when it is wrong.
-    `commands`: the closed set served (an agent passes its dispatch table)."""
+    `commands`: the closed set served, nothing else is ever executed on behalf of a peer (an
+    agent passes its dispatch table, memtop.agent.handlers.HANDLERS)."""
     request_id = message.get("id")
     if isinstance(request_id, bool) or not isinstance(request_id, int | str):
         raise ProtocolError(E_BAD_REQUEST, "request needs an integer or string 'id'")
