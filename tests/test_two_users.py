@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from local_users import LocalUser, local_user, needs_root, wait_ready
 from local_users import as_user as as_local_user
+from yardstick import bound_s, control_once_s
 
 from memtop import protocol
 from memtop.sim.demo import Demo
@@ -142,9 +143,10 @@ def connections(log: Path) -> int:
 
 
 def test_root_sees_its_trainer_not_the_attackers_impostor(box: Box) -> None:
+    control = control_once_s()
     result, wall = memtop(box, "--once", "--json")
     assert result.returncode == 0, result.stderr
-    assert wall < 3.0
+    assert wall < bound_s(3.0, control), (wall, control)
     data = json.loads(result.stdout)
     rows = [a for a in data["agents"] if a["pid"] == box.trainer]
     assert len(rows) == 1
@@ -236,6 +238,7 @@ def test_three_hundred_spoofed_sockets_cost_little(box: Box) -> None:
             "hwm=[l for l in open('/proc/self/status') if l.startswith('VmHWM')][0]\n"
             "print(hwm.split()[1], file=sys.stderr)\n"
         )
+        control = control_once_s()
         started = time.monotonic()
         result = subprocess.run(
             [sys.executable, "-c", measure], capture_output=True, text=True, env=box.env(),
@@ -245,7 +248,7 @@ def test_three_hundred_spoofed_sockets_cost_little(box: Box) -> None:
         assert result.returncode == 0, result.stderr
         rss_mib = int(result.stderr.split()[-1]) / 1024
         data = json.loads(result.stdout)
-        assert wall < 3.0, wall
+        assert wall < bound_s(3.0, control), (wall, control)
         assert rss_mib < 100, rss_mib
         assert len(data["agents"]) <= 1 + 1 + 16  # trainer, symlink, capped refused rows
         assert len(data["suggestions"]) < 10
