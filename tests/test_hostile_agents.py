@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from ui_helpers import notifications, wait_for
-from yardstick import bound_s, control_once_s
+from yardstick import bound_s, control_once_s, slowdown
 
 from memtop import protocol
 from memtop.model import AgentStatus, DriverReading
@@ -240,6 +240,7 @@ def test_sampler_keeps_pace_with_stopped_trainers(arena: Arena) -> None:
         AgentPool(arena.directory),
         interval=0.25,
     )
+    control = control_once_s()
     for pid in stopped:
         os.kill(pid, signal.SIGSTOP)
     try:
@@ -255,8 +256,11 @@ def test_sampler_keeps_pace_with_stopped_trainers(arena: Arena) -> None:
         for pid in stopped:
             os.kill(pid, signal.SIGCONT)
         sampler.stop()
-    # 4 rounds a second whatever the stopped ones do (3 s of wall time on shared cores: > 3/s).
-    assert min(rates.values()) > 3.0, rates
+    # 4 rounds a second whatever the stopped ones do (3 s of wall time on shared cores: > 3/s),
+    # less on a box the control shows slower, but never as few as a round held by a stopped
+    # agent's 2 s deadline allows (0.5/s).
+    floor = max(1.0, 3.0 / slowdown(control))
+    assert min(rates.values()) > floor, (rates, control)
     for pid in stopped:
         assert states[pid].state == AgentStatus.HUNG, states[pid]
         assert "hung since" in (states[pid].error or "")
@@ -284,12 +288,13 @@ def test_a_hung_device_read_does_not_stop_agent_sampling(arena: Arena) -> None:
     devices = HangingDevices()
     sampler = Sampler(store, devices, AgentPool(arena.directory), interval=0.2)
     pid = arena.trainers[-1]
+    control = control_once_s()
     try:
         started = time.monotonic()
         for _ in range(5):
             sampler.sample_once()
         took = time.monotonic() - started
-        assert took < 5 * 0.2 + 1.5, took
+        assert took < bound_s(5 * 0.2 + 1.5, control), (took, control)
         assert rows(store, pid) >= 4
         reading = store.driver()
         assert reading is not None and "not answering" in (reading.error or "")

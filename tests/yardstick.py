@@ -34,6 +34,11 @@ def control_once_s() -> float:
         return time.monotonic() - started
 
 
+def slowdown(control_s: float) -> float:
+    """How many times slower than a quiet box this one is now (1.0 at the least)."""
+    return max(1.0, control_s / QUIET_CONTROL_S)
+
+
 def bound_s(quiet_bound_s: float, control_s: float) -> float:
     """`quiet_bound_s` as it was set on a quiet box, scaled by the slowdown `control_s` shows."""
-    return quiet_bound_s * max(1.0, control_s / QUIET_CONTROL_S)
+    return quiet_bound_s * slowdown(control_s)
