@@ -140,6 +140,25 @@ def stop(
     return process.returncode
 
 
+# A stop asked for by a signal, remembered for the process: the KeyboardInterrupt a handler
+# raises can be swallowed where Python ignores exceptions (a weakref callback of the import
+# machinery, while Textual is being imported), and whoever takes the signals over next (the
+# dashboard's terminal driver) must still see that the user asked it to end.
+_stop_requested = threading.Event()
+
+
+def request_stop() -> None:
+    _stop_requested.set()
+
+
+def stop_requested() -> bool:
+    return _stop_requested.is_set()
+
+
+def wait_for_stop(timeout: float) -> bool:
+    return _stop_requested.wait(timeout)
+
+
 @contextlib.contextmanager
 def interrupted_by_signals(
     signals: Iterable[int] = (signal.SIGTERM, signal.SIGHUP),
@@ -152,6 +171,7 @@ def interrupted_by_signals(
         return
 
     def interrupt(signum: int, frame: object) -> None:
+        request_stop()
         raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
     previous = {sig: signal.signal(sig, interrupt) for sig in signals}

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import signal
+import contextlib
 import sys
-import threading
 
+from memtop import children
 from memtop.commands import EXIT_OK, common
 from memtop.commands.common import TERMINAL_FD
 from memtop.commands.watch import paint_header, watch
@@ -34,16 +34,12 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise MemtopError(str(exc)) from None
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-        raise KeyboardInterrupt
-
-    # SIGHUP too (`--no-ui` in a terminal that closes): the trainers are stopped and the
-    # simulated GPUs removed here, not left to the trainers' watch on their parent.
-    previous = signal.signal(signal.SIGTERM, on_signal)
-    previous_hup = signal.signal(signal.SIGHUP, on_signal)
+    # SIGTERM and SIGHUP (`--no-ui` in a terminal that closes) unwind as Ctrl-C does: the
+    # trainers are stopped and the simulated GPUs removed here, not left to the trainers' watch
+    # on their parent.  The dashboard's driver takes both over once it runs, and honours one
+    # that came before (children.stop_requested).
+    signals = contextlib.ExitStack()
+    signals.enter_context(children.interrupted_by_signals())
     painted = False
     try:
         # The trainers take a few seconds to start: the header says memtop is on its way
@@ -61,8 +57,7 @@ def run(args: argparse.Namespace) -> int:
                 f"simulated GPU(s): pids {' '.join(map(str, pids))}. Ctrl-C stops them.",
                 flush=True,
             )
-            while not stop.is_set():
-                stop.wait(0.5)
+            while not children.wait_for_stop(0.5):
                 if demo.failed():
                     raise MemtopError(f"simulated trainer(s) exited: {demo.failed()}")
             return EXIT_OK
@@ -71,8 +66,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return EXIT_OK
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGHUP, previous_hup)
+        signals.close()  # before the stop: a second Ctrl-C must not cut it short
         demo.stop()
         if not args.no_ui:  # an error above is printed on the normal screen, not lost with it
             from memtop.ui import splash

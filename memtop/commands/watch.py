@@ -11,6 +11,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
+from memtop import children
 from memtop.commands import EXIT_OK, common
 from memtop.commands.common import TERMINAL_FD
 
@@ -81,7 +82,10 @@ def watch(args: argparse.Namespace, simulated_only: bool, painted: bool = False)
     """The dashboard on a terminal; the plain text view when stdout is not one.  `painted`: the
     header is on screen already (`memtop demo` paints it while its trainers start)."""
     if common.on_a_terminal():
-        return _dashboard(args, simulated_only, painted)
+        # Until the dashboard's driver takes them over, SIGTERM and SIGHUP unwind as Ctrl-C
+        # does: the terminal is given back (the header may be painted already).
+        with children.interrupted_by_signals():
+            return _dashboard(args, simulated_only, painted)
     return _text_view(args, simulated_only)
 
 

@@ -37,6 +37,8 @@ from textual._time import get_time
 from textual._xterm_parser import XTermParser
 from textual.drivers.linux_driver import LinuxDriver
 
+from memtop import children
+
 FALLBACK_TIMEOUT_S = 0.1  # Textual's own poll, when the parser's deadline cannot be read
 
 
@@ -119,6 +121,8 @@ class QuietLinuxDriver(LinuxDriver):
                 signal.SIGHUP: signal.signal(signal.SIGHUP, self._on_hangup),
                 signal.SIGTERM: signal.signal(signal.SIGTERM, self._on_terminate),
             }
+        if children.stop_requested():  # a signal while Textual was imported: its interrupt
+            self._on_terminate(signal.SIGTERM, None)  # may have been swallowed on the way
 
     def _on_hangup(self, signum: int, frame: object) -> None:
         self._on_terminal_gone()
