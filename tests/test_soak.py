@@ -31,10 +31,10 @@ def _soak(*args: str, timeout: float) -> dict:  # type: ignore[type-arg]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.slow
 SECONDS = 20
 
 
+@pytest.mark.slow
 def test_trainers_survive_hammering_viewers():
     report = _soak("--trainers", "1", "--viewers", "2", "--seconds", str(SECONDS), timeout=240)
     assert report["crashes"] == 0, report["crash_reasons"]
