@@ -306,7 +306,11 @@ def test_fleet_once_json_shows_both_hosts_with_their_local_numbers(fleet: Fleet)
             else:  # leaking 8 MiB a step: the peak grows by at most the lag's worth
                 grown = 8 * (1 << 20) * (steps_lag + 2)
                 assert was["peak_bytes"] - grown <= dev["peak_bytes"] <= now["peak_bytes"]
-                assert dev["leak"]["detected"] and was["leak"]["detected"]
+                assert dev["leak"]["detected"] and was["leak"]["detected"], (
+                    dev["leak"],
+                    was["leak"],
+                    was["step"],
+                )
                 assert dev["leak"]["bytes_per_step"] == pytest.approx(
                     was["leak"]["bytes_per_step"], rel=0.2
                 )
