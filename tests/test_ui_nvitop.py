@@ -17,6 +17,7 @@ from memtop.sources.agents import EXITED, AgentPoll
 from memtop.ui import app as app_module
 from memtop.ui import config
 from memtop.ui.app import MemtopApp
+from memtop.ui.screens.detail import DetailScreen
 from memtop.ui.screens.help import HelpScreen
 from memtop.ui.widgets.process_table import Group, ProcessTable
 
@@ -172,7 +173,7 @@ def test_torchrun_ranks_grouped_under_their_launcher_with_the_spread() -> None:
         await pilot.press("down")
         assert table.selected() is not None and table.selected().pid == 4201
         await pilot.press("enter")
-        await wait_for(pilot, lambda: getattr(app.screen, "shows_process", False))
+        await wait_for(pilot, lambda: isinstance(app.screen, DetailScreen))
         assert "rank 1/2" in screen_text(app.export_screenshot())
 
     drive(app, body)

@@ -34,6 +34,7 @@ from memtop.store import Store
 from memtop.ui import config, view
 from memtop.ui.app import MemtopApp
 from memtop.ui.screens.confirm import ConfirmScreen
+from memtop.ui.screens.detail import DetailScreen
 from memtop.ui.widgets.process_table import ProcessTable
 from memtop.ui.widgets.suggestions import SuggestionsPane
 
@@ -65,7 +66,7 @@ def test_tab_to_suggestions_highlights_the_first_and_enter_opens_it() -> None:
         first = pane.items[0]
         await pilot.press("enter")
         await pilot.pause(0.2)
-        assert getattr(app.screen, "shows_process", False)
+        assert isinstance(app.screen, DetailScreen)
         assert app.screen.row.pid == first.pid  # type: ignore[attr-defined]
 
     drive(frozen_app(), body)
@@ -113,7 +114,7 @@ def test_detail_of_a_cpu_only_trainer_says_its_agent_is_there() -> None:
     # The breakdown box said "No agent in this process" under a title "agent · step 689".
     async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
         await pilot.press("enter")
-        await wait_for(pilot, lambda: getattr(app.screen, "shows_process", False))
+        await wait_for(pilot, lambda: isinstance(app.screen, DetailScreen))
         await pilot.pause(0.2)
         screen = screen_text(app.export_screenshot())
         assert "agent · step 689" in screen
@@ -295,10 +296,10 @@ def test_readonly_no_key_acts_on_a_process_and_the_footer_says_so(tmp_path: Path
         assert len([n for n in said if "Read-only" in n]) == 5
         assert not any("Cleaning" in n or "Writing a snapshot" in n for n in said)
         await pilot.press("enter")  # the detail screen: the same
-        await wait_for(pilot, lambda: getattr(app.screen, "shows_process", False))
+        await wait_for(pilot, lambda: isinstance(app.screen, DetailScreen))
         await pilot.press("k")
         await pilot.pause(0.05)
-        assert getattr(app.screen, "shows_process", False)
+        assert isinstance(app.screen, DetailScreen)
         assert "read-only" in screen_text(app.export_screenshot()).splitlines()[-1]
         await pilot.press("escape", "question_mark")
         await pilot.pause(0.2)
@@ -408,7 +409,7 @@ def test_at_80x24_a_filter_shows_and_figures_are_not_cut() -> None:
         # The compact layout draws no subtitle: nothing said a filter was on.
         assert "Processes  filter “leak” 1/5" in screen_text(app.export_screenshot())
         await pilot.press("enter")
-        await wait_for(pilot, lambda: getattr(app.screen, "shows_process", False))
+        await wait_for(pilot, lambda: isinstance(app.screen, DetailScreen))
         await pilot.pause(0.3)
         assert "trend +8.0 MiB/step · full in 49 min" in screen_text(app.export_screenshot())
 

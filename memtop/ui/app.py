@@ -11,6 +11,7 @@ import concurrent.futures
 import gc
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -467,9 +468,12 @@ class MemtopApp(App[None]):
     def _detail_screen(self) -> DetailScreen | None:
         # The screens' modules load on first use (plotext is slow to import): the first frame
         # must not wait for them.
+        detail = sys.modules.get("memtop.ui.screens.detail")  # None: no detail opened yet
         stack = self.screen_stack
         top = stack[-1] if stack else None  # empty while the app closes
-        return top if getattr(top, "shows_process", False) else None  # type: ignore[return-value]
+        if detail is not None and isinstance(top, detail.DetailScreen):
+            return top
+        return None
 
     def selected_row(self) -> view.ProcessRow | None:
         detail = self._detail_screen()

@@ -46,7 +46,6 @@ BREAKDOWN_ROLES = (
 
 
 class DetailScreen(Screen[None]):
-    shows_process = True  # the app's keys act on this screen's process
     BINDINGS = [Binding("escape,backspace", "app.pop_screen", "Back")]
 
     def __init__(self, row: ProcessRow, gpu_uuid: str | None) -> None:
