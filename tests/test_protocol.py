@@ -372,3 +372,19 @@ def test_the_agent_and_the_protocol_parts_it_loads_are_standard_library_only():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_the_agent_loads_no_viewer_side_of_the_protocol():
+    """Inside the trainer the agent imports the protocol's standard-library parts; the package's
+    re-exports of the viewer's parsers load on first use, not with it (issue 22.5)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, memtop.agent.server, memtop.agent.handlers, memtop.agent.oom, "
+        "memtop.agent.sites; from memtop import protocol; "
+        "print(sorted(m for m in ('memtop.protocol.schema', 'memtop.model') if m in sys.modules)); "
+        "protocol.parse_reply; print('memtop.protocol.schema' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["[]", "True"]

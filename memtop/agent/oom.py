@@ -37,7 +37,7 @@ from memtop.agent import files, stacks
 from memtop.agent.driver_usage import read_driver_usage, split_usage
 from memtop.agent.snapshot_summary import summarize_snapshot
 from memtop.oom.diagnose import diagnose
-from memtop.protocol import places
+from memtop.protocol import places, replies
 
 if TYPE_CHECKING:
     from memtop.agent.server import Agent
@@ -252,7 +252,7 @@ class OomRecorder:
 
     def status(self) -> dict[str, Any]:
         """What `sample` carries: how many OOMs, and the newest report's headline."""
-        return {"ooms": self.ooms, "reports": self.reports_taken, "last": self.last}
+        return replies.oom_status(ooms=self.ooms, reports=self.reports_taken, last=self.last)
 
 
 def encode_report(report: dict[str, Any]) -> bytes:

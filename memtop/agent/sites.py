@@ -23,6 +23,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from memtop.agent import stacks
+from memtop.protocol import replies
 
 if TYPE_CHECKING:
     from memtop.agent.probe import Probe
@@ -32,7 +33,6 @@ COST_FACTOR = 100  # ... and at most 1 % of the trainer thread's CPU time, amort
 ROUND_CAP_S = 0.25  # a walk of the blocks longer than this is abandoned
 CHECK_EVERY = 256  # blocks between two looks at the clock
 TOP_SITES = 20  # per device
-UNKNOWN = {"file": "", "line": 0, "function": "", "text": ""}  # blocks without user frames
 
 
 def stacks_wanted(env: dict[str, str] | Any) -> bool:
@@ -143,33 +143,27 @@ class SiteTracker:
                 key=lambda item: -item[1][0],
             )
             for key, (nbytes, blocks, old) in ranked[:TOP_SITES]:
-                site = UNKNOWN
+                site = replies.UNKNOWN_SITE  # blocks without user frames
                 if key is not None:
                     filename, line, function = key
-                    site = {
-                        "file": filename,
-                        "line": line,
-                        "function": function,
-                        "text": stacks.source_text(filename, line),
-                    }
+                    text = stacks.source_text(filename, line)
+                    site = replies.site_place(
+                        file=filename, line=line, function=function, text=text
+                    )
                 sites.append(
-                    {
-                        "device": device,
-                        "site": site,
-                        "bytes": nbytes,
-                        "blocks": blocks,
-                        "old_blocks": old,
-                    }
+                    replies.site_entry(
+                        device=device, site=site, nbytes=nbytes, blocks=blocks, old_blocks=old
+                    )
                 )
         self.rounds += 1
         self.last_round_s = time.perf_counter() - started
-        self.latest = {
-            "time": time.time(),
-            "step": step,
-            "sites": sites,
-            "blocks": seen,
-            "took_s": round(self.last_round_s, 6),
-        }
+        self.latest = replies.sites_round(
+            time=time.time(),
+            step=step,
+            sites=sites,
+            blocks=seen,
+            took_s=round(self.last_round_s, 6),
+        )
 
     # ------------------------------------------------------------ agent's thread
 
@@ -182,19 +176,12 @@ class SiteTracker:
 
     def result(self) -> dict[str, Any]:
         """What the `sites` command answers: the newest round (empty before the first)."""
-        latest = self.latest
-        out: dict[str, Any] = {
-            "enabled": self.enabled,
-            "wanted": self.wanted,
-            "supported": self.supported(),
-            "sites": [],
-            "time": None,
-            "step": None,
-        }
-        if latest is not None and self.enabled:
-            out.update(latest)
-        out["rounds"] = self.rounds
-        out["rounds_abandoned"] = self.rounds_abandoned
-        if self.error:
-            out["error"] = self.error
-        return out
+        return replies.sites_result(
+            enabled=self.enabled,
+            wanted=self.wanted,
+            supported=self.supported(),
+            latest=self.latest,
+            rounds=self.rounds,
+            rounds_abandoned=self.rounds_abandoned,
+            error=self.error or None,
+        )

@@ -16,6 +16,8 @@ the part it needs.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from memtop.protocol import namespaces, nesting
 from memtop.protocol.framing import (
     E_BAD_FRAME,
@@ -64,22 +66,6 @@ from memtop.protocol.places import (
     state_dir,
 )
 from memtop.protocol.replies import SAMPLE_STAT_KEYS, error_reply, mark_columns
-from memtop.protocol.schema import (
-    MAX_ARGV,
-    MAX_DEVICES,
-    MAX_MARKS,
-    MAX_SITES,
-    MAX_STATS,
-    REPLY_PARSERS,
-    parse_breakdown,
-    parse_cleanup,
-    parse_hello,
-    parse_reply,
-    parse_reset_peak,
-    parse_sample,
-    parse_sites,
-    parse_snapshot,
-)
 from memtop.protocol.text import (
     MAX_TEXT,
     canonical_pci_bus_id,
@@ -89,9 +75,65 @@ from memtop.protocol.text import (
     pci_bus_id_of,
 )
 
-# The commands the viewer speaks: one per reply parser (the agent serves its own table,
-# memtop.agent.handlers.HANDLERS; a test keeps the two the same).
-COMMANDS = frozenset(REPLY_PARSERS)
+if TYPE_CHECKING:
+    from memtop.protocol.schema import (
+        MAX_ARGV,
+        MAX_DEVICES,
+        MAX_MARKS,
+        MAX_SITES,
+        MAX_STATS,
+        REPLY_PARSERS,
+        parse_breakdown,
+        parse_cleanup,
+        parse_hello,
+        parse_reply,
+        parse_reset_peak,
+        parse_sample,
+        parse_sites,
+        parse_snapshot,
+    )
+
+    COMMANDS: frozenset[str]
+
+# The viewer's parsers (memtop.protocol.schema, and memtop.model under it) load on first use:
+# the agent imports this package's standard-library parts inside the trainer and must not pay
+# for, or carry, the viewer's side (the import contracts see only explicit imports).
+_SCHEMA_NAMES = frozenset(
+    (
+        "MAX_ARGV",
+        "MAX_DEVICES",
+        "MAX_MARKS",
+        "MAX_SITES",
+        "MAX_STATS",
+        "REPLY_PARSERS",
+        "parse_breakdown",
+        "parse_cleanup",
+        "parse_hello",
+        "parse_reply",
+        "parse_reset_peak",
+        "parse_sample",
+        "parse_sites",
+        "parse_snapshot",
+    )
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "COMMANDS":
+        # The commands the viewer speaks: one per reply parser (the agent serves its own
+        # table, memtop.agent.handlers.HANDLERS; a test keeps the two the same).
+        from memtop.protocol.schema import REPLY_PARSERS
+
+        value: Any = frozenset(REPLY_PARSERS)
+    elif name in _SCHEMA_NAMES:
+        from memtop.protocol import schema
+
+        value = getattr(schema, name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "COMMANDS",

@@ -321,3 +321,73 @@ def cleanup_result(
 def reset_peak_result(devices: Sequence[int]) -> Result:
     """`reset_peak`: the devices whose peak counters were reset."""
     return {"devices": list(devices)}
+
+
+# --------------------------------------------------------------------------------------------
+# sites
+
+
+def site_place(*, file: str, line: int, function: str, text: str) -> Result:
+    """Where blocks were allocated: the innermost user frame (all empty: no user frame)."""
+    return {"file": file, "line": line, "function": function, "text": text}
+
+
+UNKNOWN_SITE: Mapping[str, Any] = site_place(file="", line=0, function="", text="")
+
+
+def site_entry(
+    *, device: int, site: Mapping[str, Any], nbytes: int, blocks: int, old_blocks: int
+) -> Result:
+    """One site's live blocks on one device; `old_blocks` were live the round before too."""
+    return {
+        "device": device,
+        "site": dict(site),
+        "bytes": nbytes,
+        "blocks": blocks,
+        "old_blocks": old_blocks,
+    }
+
+
+def sites_round(
+    *, time: float, step: int | None, sites: Sequence[Mapping[str, Any]], blocks: int, took_s: float
+) -> Result:
+    """One grouping round of the live blocks by site, taken on the trainer's thread."""
+    return {"time": time, "step": step, "sites": list(sites), "blocks": blocks, "took_s": took_s}
+
+
+def sites_result(
+    *,
+    enabled: bool,
+    wanted: bool,
+    supported: bool,
+    latest: Mapping[str, Any] | None,
+    rounds: int,
+    rounds_abandoned: int,
+    error: str | None = None,
+) -> Result:
+    """`sites`: whether stacks are recorded (and asked for, and possible), and the newest round
+    (`sites_round`; empty before the first or while stacks are off)."""
+    result: Result = {
+        "enabled": enabled,
+        "wanted": wanted,
+        "supported": supported,
+        "sites": [],
+        "time": None,
+        "step": None,
+    }
+    if latest is not None and enabled:
+        result.update(latest)
+    result["rounds"] = rounds
+    result["rounds_abandoned"] = rounds_abandoned
+    if error:
+        result["error"] = error
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# OOM status (carried by `sample`)
+
+
+def oom_status(*, ooms: int, reports: int, last: Mapping[str, Any] | None) -> Result:
+    """How many OOMs the trainer hit, how many reports it wrote, and the newest one's headline."""
+    return {"ooms": ooms, "reports": reports, "last": last}
