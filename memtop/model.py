@@ -387,3 +387,4 @@ class AgentSites:
     step: int | None
     sites: tuple[SiteUsage, ...]
     pending: bool = False  # never: the newest grouping is served at once (the pool asks)
+    wanted: bool = False  # stacks asked for, switched on at the trainer's next boundary

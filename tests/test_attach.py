@@ -75,20 +75,25 @@ def agent_step(socket_dir: Path, pid: int) -> int | None:
     return steps[0] if steps else None
 
 
+STEPS_SEEN_WITHIN_S = 30
+
+
 @pytest.mark.slow
 @needs_gdb
 def test_attach_to_a_plain_trainer_shows_moving_steps(trainer, socket_dir: Path):
-    started = time.monotonic()
     result = memtop("attach", str(trainer.pid), socket_dir=socket_dir)
     assert result.returncode == 0, result.stderr
     assert f"attached to pid {trainer.pid}" in result.stdout and "with gdb" in result.stdout
+    # The agent counts the next step boundary (under a second on a quiet box); the bound is
+    # the box's, not memtop's: two suites at once on 2 cores slow every process here.
+    started = time.monotonic()
     first = None
-    while time.monotonic() - started < 10:
+    while time.monotonic() - started < STEPS_SEEN_WITHIN_S:
         first = agent_step(socket_dir, trainer.pid)
         if first:
             break
         time.sleep(0.2)
-    assert first, "the agent counts no steps within 10 s of memtop attach"
+    assert first, f"the agent counts no steps within {STEPS_SEEN_WITHIN_S} s of memtop attach"
     time.sleep(1.0)
     second = agent_step(socket_dir, trainer.pid)
     assert second is not None and second > first

@@ -644,3 +644,30 @@ def test_a_switch_that_cannot_be_made_is_retried_every_few_seconds_not_every_ste
     for _ in range(50):
         agent.on_step(explicit=True)
     assert calls == [True] and not agent.sites.enabled
+
+
+def test_an_agent_about_to_record_stacks_is_asked_again_at_the_usual_pace(agent: Agent):
+    """MEMTOP_STACKS=1 (or `k`) switches recording on at the trainer's next boundary.  A `sites`
+    reply before it (enabled false, wanted true) is read again at the pool's usual pace; only
+    an agent that records none and was not asked to waits SITES_OFF_RETRY_S (a trainer started
+    with stacks showed no site for its first 30 s)."""
+    from memtop.sources.agents import AgentPool
+
+    pool = AgentPool(agent.directory, timeout=2.0)
+    pool.low_rate = {"sites": 0.2}
+    try:
+        agent.sites.wanted = True  # no boundary yet: not enabled
+        asked_at = time.monotonic()
+        polls = [pool.poll() for _ in range(3)]
+        (sites,) = [p.sites for p in polls[0] if p.sites is not None]
+        assert not sites.enabled and sites.wanted
+        due = pool._due[(agent.pid, "sites")] - asked_at
+        assert due < 1.0, due
+        agent.sites.wanted = False
+        pool.ask_soon(agent.pid, "sites")
+        asked_at = time.monotonic()
+        (off,) = [p.sites for p in pool.poll() if p.sites is not None]
+        assert not off.enabled and not off.wanted
+        assert pool._due[(agent.pid, "sites")] - asked_at >= pool.SITES_OFF_RETRY_S - 1
+    finally:
+        pool.close()

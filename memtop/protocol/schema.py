@@ -410,6 +410,7 @@ def parse_sites(result: Mapping[str, Any]) -> AgentSites:
         time=None if when is None else float(when),
         step=_optional(result, "step", int, "sites"),
         sites=tuple(entries),
+        wanted=_optional(result, "wanted", bool, "sites") is True,
     )
 
 

@@ -661,7 +661,11 @@ class AgentPool:
                 snapshot = value
             elif isinstance(value, AgentSites):
                 sites = value
-                if not value.enabled:  # no stacks recorded: nothing to read for a while
+                # No stacks recorded: nothing to read for a while, unless they were asked for
+                # (MEMTOP_STACKS=1 or the `k` key) and start at the trainer's next boundary:
+                # then at the usual pace (a trainer started with stacks showed no site for
+                # the first 30 s).
+                if not value.enabled and not value.wanted:
                     self._due[(agent.pid, "sites")] = time.monotonic() + self.SITES_OFF_RETRY_S
         job = agent.job
         if job is not None and job.done():
