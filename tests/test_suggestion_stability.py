@@ -194,6 +194,9 @@ def test_played_round_by_round_each_suggestion_quotes_its_rounds_figures():
 
 
 MARKS = 200
+# One busy loop: with the detector's persistence rule taken out this test failed 2 runs of 2 with
+# one as with three, and three cost the suite 42 s of CPU.
+HOGS = 1
 
 
 @pytest.mark.slow
@@ -202,9 +205,9 @@ def test_the_fragment_scenario_under_a_cpu_hog_raises_no_leak_alarm(socket_dir: 
     the fragment scenario, whose trainers do not leak.  A loaded box slows each step until
     every step is marked (the agent's 20-a-second limit no longer thins the marks), and the
     fragment baseline, a moving sum of 8 steps' buffers, wanders from mark to mark: read as
-    independent points it looked like a rise.  Busy loops load the box here; the step time
+    independent points it looked like a rise.  A busy loop loads the box here; the step time
     makes every step marked on a fast box too.  Three trainers: three different baselines."""
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(3)]
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(HOGS)]
     demo = Demo(gpus=3, scenario="fragment", step_time=0.05, socket_dir=socket_dir)
     store = Store()
     sampler = Sampler(
