@@ -306,11 +306,9 @@ def test_fleet_once_json_shows_both_hosts_with_their_local_numbers(fleet: Fleet)
             else:  # leaking 8 MiB a step: the peak grows by at most the lag's worth
                 grown = 8 * (1 << 20) * (steps_lag + 2)
                 assert was["peak_bytes"] - grown <= dev["peak_bytes"] <= now["peak_bytes"]
-                assert dev["leak"]["detected"] and was["leak"]["detected"], (
-                    dev["leak"],
-                    was["leak"],
-                    was["step"],
-                )
+                said = {k: was["leak"].get(k) for k in ("reason", "basis", "samples")}
+                assert was["leak"]["detected"], f"local --once at step {was['step']}: {said}"
+                assert dev["leak"]["detected"], dev["leak"]
                 assert dev["leak"]["bytes_per_step"] == pytest.approx(
                     was["leak"]["bytes_per_step"], rel=0.2
                 )
