@@ -51,13 +51,17 @@ def recorded() -> Iterator[dict]:
             stderr=subprocess.PIPE,
             text=True,
         )
-        doomed = subprocess.Popen(
-            [*MEMTOP, "record", "-o", str(crashed)], env=env, stderr=subprocess.DEVNULL
-        )
         started = time.monotonic()
+        doomed = subprocess.Popen(
+            [*MEMTOP, "record", "-o", str(crashed)], env=env, stderr=subprocess.PIPE, text=True
+        )
+        # 4 s of recording, counted from its "writing" line: a loaded box may take seconds to
+        # start Python, and the killed file's length is judged against the 4 s.
+        assert doomed.stderr is not None and "writing" in doomed.stderr.readline()
         time.sleep(4)
         doomed.kill()  # SIGKILL: no gzip trailer, maybe half a deflate block
         doomed.wait()
+        doomed.stderr.close()
         time.sleep(max(0.0, 15 - (time.monotonic() - started)))
         live = json.loads(memtop("--once", "--json", socket_dir=socket_dir).stdout)
         _, err = recorder.communicate(timeout=30)
