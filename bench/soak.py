@@ -306,7 +306,8 @@ def _soak(
     for _ in range(args.trainers):
         command = [sys.executable, "-m", "memtop", "run", str(Path(__file__).resolve())]
         agents.append(_spawn(command + trainer_args, env, work))
-        controls.append(_spawn(me + trainer_args, env, work))
+        if not args.no_control:
+            controls.append(_spawn(me + trainer_args, env, work))
     pids = [p.pid for p in agents]
     deadline = time.monotonic() + 60
     while not all((sockets / f"{pid}.sock").exists() for pid in pids):
@@ -427,7 +428,7 @@ def _report(
         if total:
             shares.append(sum(ticks.values()) / total)
     control_rate, agent_rate = rate("control"), rate("agent")
-    ratio = agent_rate / control_rate if control_rate else 0.0
+    ratio = agent_rate / control_rate if control_rate else None  # None: no control group
     errors = {k: v for k, v in counts.items() if not k.endswith(":ok")}
     return {
         "device": args.device,
@@ -440,7 +441,7 @@ def _report(
         "viewer_failures": [v["why"] for v in viewers if v["crashed"]][:4],
         "step_rate_agent": round(agent_rate, 2),
         "step_rate_control": round(control_rate, 2),
-        "step_rate_ratio": round(ratio, 4),
+        "step_rate_ratio": None if ratio is None else round(ratio, 4),
         "replies_ok": {k: v for k, v in counts.items() if k.endswith(":ok")},
         "replies_refused": errors,
         "breakdowns_checked": checked,
@@ -461,6 +462,12 @@ def main() -> int:
     parser.add_argument("--device", default="cuda" if _cuda_here() else "cpu")
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--inject-race", action="store_true")
+    parser.add_argument(
+        "--no-control",
+        action="store_true",
+        help="no control group: crashes, breakdowns and threads only, no step-rate ratio "
+        "(the suite's short soak; half the trainers' CPU)",
+    )
     parser.add_argument(
         "--hostile",
         type=int,
