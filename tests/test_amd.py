@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from amd_standin import STATE_ENV, Gpu, State, build, mi300x
 
-from memtop import protocol
+from memtop import children, protocol
 from memtop.model import SOURCE_AMDSMI, DeviceReading, DriverReading, GpuProcess
 from memtop.sources import amdsmi as amd_source
 from memtop.sources.amdsmi import NO_LIBRARY, NOT_INSTALLED, AmdSmiSource
@@ -771,7 +771,6 @@ def test_demo_vendor_amd_shows_amd_gpus_joined_by_pci_bus_id(socket_dir: Path) -
     """`memtop demo --vendor amd` on a machine without ROCm: simulated MI300Xs, trainers on
     ROCm (HIP UUIDs), joined by PCI bus id in `--once --json` and labelled as AMD's exporter
     does in `memtop export`'s metrics."""
-    import signal
 
     env = _env(None, None, socket_dir)
     command = ["demo", "--vendor", "amd", "--gpus", "2", "--scenario", "healthy", "--no-ui"]
@@ -806,8 +805,7 @@ def test_demo_vendor_amd_shows_amd_gpus_joined_by_pci_bus_id(socket_dir: Path) -
             timeout=60,
         ).stdout
     finally:
-        demo.send_signal(signal.SIGTERM)
-        demo.wait(timeout=30)
+        children.stop(demo, timeout=30)
     assert report["nvml"]["source"] == "sim"
     gpus = report["devices"]
     assert [g["name"] for g in gpus] == ["Simulated AMD Instinct MI300X"] * 2

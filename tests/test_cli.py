@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from memtop import protocol
+from memtop import children, protocol
 
 pytestmark = pytest.mark.slow
 
@@ -110,9 +110,7 @@ def leak_demo(socket_dir: Path) -> Iterator[subprocess.Popen[str]]:
         while not client.sample().step and time.monotonic() < deadline:
             time.sleep(0.05)
     yield demo
-    if demo.poll() is None:
-        demo.send_signal(signal.SIGTERM)
-        demo.wait(15)
+    children.stop(demo)  # TERM, then KILL past its deadline
 
 
 def test_demo_no_ui_then_once_json_twice_shows_steps_increasing(leak_demo, socket_dir: Path):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -20,7 +19,7 @@ import pytest
 from test_fleet import _as_prometheus_has_it
 from test_jobs import Trainer
 
-from memtop import fleet_report
+from memtop import children, fleet_report
 from memtop.fleet import host_observation
 from memtop.sim.demo import registry_dir
 from memtop.sim.device import SimGpuRegistry, simulated_gpu_specs
@@ -69,9 +68,10 @@ class Host:
             time.sleep(0.3)
 
     def stop(self) -> None:
-        self.exporter.send_signal(signal.SIGTERM)
-        self.exporter.wait(15)
-        self.trainer.stop()
+        try:
+            children.stop(self.exporter)  # TERM, then KILL past its deadline
+        finally:
+            self.trainer.stop()
 
 
 def slurm_rank(rank: int) -> dict[str, str]:

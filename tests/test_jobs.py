@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from memtop import protocol
+from memtop import children, protocol
 from memtop.agent import identity
 from memtop.jobs import JobIdentity, dcgm_labels, job_identity, pod_set
 from memtop.sim.demo import registry_dir
@@ -124,7 +123,8 @@ def test_the_viewer_types_and_bounds_what_an_agent_says() -> None:
 
 
 class Trainer:
-    """A simulated trainer with the real agent, started with `env` added."""
+    """A simulated trainer with the real agent, started with `env` added; it ends with this
+    process however this one ends (`--parent`), and a start that fails stops it."""
 
     def __init__(self, socket_dir: Path, env: dict[str, str], registry: Path, *extra: str) -> None:
         self.process = subprocess.Popen(
@@ -136,27 +136,35 @@ class Trainer:
                 str(registry),
                 "--step-time",
                 "0.05",
+                "--parent",
+                str(os.getpid()),
                 *extra,
             ],
             env=dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir), **env),
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 60
-        while not protocol.socket_path(self.process.pid, socket_dir).exists():
-            assert self.process.poll() is None and time.monotonic() < deadline
-            time.sleep(0.1)
+        try:
+            deadline = time.monotonic() + 60
+            while not protocol.socket_path(self.process.pid, socket_dir).exists():
+                assert self.process.poll() is None, "the trainer exited before it listened"
+                assert time.monotonic() < deadline, "the trainer did not listen within 60 s"
+                time.sleep(0.1)
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(15)
+        children.stop(self.process)  # TERM, then KILL past its deadline
 
 
 @pytest.fixture
 def trainers(socket_dir: Path) -> Iterator[list[Trainer]]:
     registry = registry_dir(socket_dir, os.getpid())
     SimGpuRegistry(registry).create(simulated_gpu_specs(2, total_bytes=16 * GiB))
-    started = [Trainer(socket_dir, SLURM, registry), Trainer(socket_dir, POD, registry)]
+    started: list[Trainer] = []
     try:
+        started.append(Trainer(socket_dir, SLURM, registry))
+        started.append(Trainer(socket_dir, POD, registry))
         yield started
     finally:
         for trainer in started:
@@ -230,5 +238,4 @@ def test_exported_series_carry_dcgms_job_labels(trainers: list[Trainer], socket_
         info = [s for s in body.splitlines() if s.startswith("memtop_agent_info{")]
         assert any('hpc_job="4240_2"' in s for s in info)
     finally:
-        exporter.send_signal(signal.SIGTERM)
-        exporter.wait(15)
+        children.stop(exporter)

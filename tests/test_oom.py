@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from helpers import default_sigint
 
+from memtop import children
 from memtop.agent.driver_usage import split_usage
 from memtop.agent.oom import MAX_REPORT_BYTES, encode_report, prune, report_name
 from memtop.agent.probe import ProbeDevice
@@ -379,8 +380,7 @@ def test_oom_demo_then_memtop_oom_names_the_growing_batch(tmp_path):
             if any(s["rule"] == "oom" for s in said) or time.monotonic() > deadline:
                 break
     finally:
-        demo.send_signal(signal.SIGINT)
-        demo.wait(timeout=30)
+        children.stop(demo, signal.SIGINT, timeout=30)
     out = subprocess.run(
         [sys.executable, "-m", "memtop.cli", "oom", "--json"],
         env=env,

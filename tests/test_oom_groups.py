@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from memtop import children
 from memtop.agent.oom import report_name
 from memtop.cli import main
 from memtop.oom.groups import size_class
@@ -120,8 +121,7 @@ def test_three_runs_of_a_trainer_that_ooms_are_one_group(tmp_path: Path) -> None
                 assert time.monotonic() < deadline, "no OOM report"
                 time.sleep(0.1)
         finally:
-            trainer.terminate()
-            trainer.wait(15)
+            children.stop(trainer)
     listed = subprocess.run(
         [sys.executable, "-m", "memtop", "oom", "--json"],
         env=env,

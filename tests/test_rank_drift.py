@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from memtop import children
 from memtop.diagnosis.facts import DeviceDiagnosis, GpuFacts
 from memtop.diagnosis.fragmentation import Fragmentation, Pressure
 from memtop.diagnosis.leak import not_enough
@@ -114,9 +115,7 @@ def job(socket_dir: Path) -> Iterator[tuple[Path, list[subprocess.Popen[bytes]]]
     SimGpuRegistry(registry).create(simulated_gpu_specs(3, total_bytes=16 * GiB))
     processes: list[subprocess.Popen[bytes]] = []
     yield registry, processes
-    for process in processes:
-        process.terminate()
-        process.wait(15)
+    children.stop_all(processes)  # TERM, then KILL past the shared deadline
 
 
 def start_rank(
