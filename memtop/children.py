@@ -140,11 +140,42 @@ def stop(
     return process.returncode
 
 
+class StopFlag:
+    """A stop that a signal handler may raise, and the main thread wait on.
+
+    Not threading.Event: its set() takes the Event's lock, and a handler runs on the main thread
+    between two bytecodes, possibly while that thread holds the same lock inside Event.wait():
+    the handler then waits for itself for ever.  A simulated trainer hung so in CI on its second
+    SIGTERM, and a storm of signals hung an Event-waiting loop in 7 runs of 8.  Here raising is
+    a plain store and a byte written to a non-blocking pipe (both safe in a handler and from any
+    thread), and waiting is a select on the pipe."""
+
+    def __init__(self) -> None:
+        self._raised = False
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+
+    def set(self) -> None:
+        self._raised = True
+        with contextlib.suppress(OSError):  # a full pipe: the waiters are woken already
+            os.write(self._write, b"\0")
+
+    def is_set(self) -> bool:
+        return self._raised
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until raised or `timeout` seconds; whether it is raised."""
+        if not self._raised:
+            select.select([self._read], [], [], timeout)
+        return self._raised
+
+
 # A stop asked for by a signal, remembered for the process: the KeyboardInterrupt a handler
 # raises can be swallowed where Python ignores exceptions (a weakref callback of the import
 # machinery, while Textual is being imported), and whoever takes the signals over next (the
 # dashboard's terminal driver) must still see that the user asked it to end.
-_stop_requested = threading.Event()
+_stop_requested = StopFlag()
 
 
 def request_stop() -> None:

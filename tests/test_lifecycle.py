@@ -243,3 +243,37 @@ def test_a_demo_without_its_dashboard_cleans_up_on_a_hangup(socket_dir: Path) ->
         assert not protocol.list_agent_sockets(socket_dir, remove_stale=False)
     finally:
         children.stop(demo, signal.SIGKILL)
+
+
+STORM = """
+import os, signal, sys, threading, time
+from memtop.children import StopFlag
+
+flag = threading.Event() if sys.argv[1] == "event" else StopFlag()
+signal.signal(signal.SIGUSR1, lambda signum, frame: flag.set())
+main = threading.main_thread().ident
+
+
+def storm():
+    for _ in range(20000):
+        signal.pthread_kill(main, signal.SIGUSR1)
+
+
+threading.Thread(target=storm, daemon=True).start()
+end = time.monotonic() + 1.0
+while time.monotonic() < end:
+    flag.wait(0.00001)
+print("done", flag.is_set())
+"""
+
+
+def test_a_stop_flag_raised_by_signals_never_hangs_its_waiter():
+    """A signal handler that sets a threading.Event can land while the main thread holds the
+    Event's lock inside wait(): the handler waits for itself for ever (a demo trainer hung so on
+    its second SIGTERM; this storm hung an Event in 7 runs of 8).  children.StopFlag, which
+    the trainers, `memtop record` and the demo wait on, is raised without a lock."""
+    for _ in range(3):
+        done = subprocess.run(
+            [sys.executable, "-c", STORM, "flag"], capture_output=True, text=True, timeout=30
+        )
+        assert done.stdout.split() == ["done", "True"], done.stderr

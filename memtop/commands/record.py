@@ -11,11 +11,11 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from memtop import children
 from memtop.errors import MemtopError
 
 
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     agents.tap = writer.agent_reply
     sampler = Sampler(Store(), DefaultDeviceSource(args.socket_dir), agents, interval=interval)
     sampler.tap = writer
-    stop = threading.Event()
+    stop = children.StopFlag()  # raised by SIGTERM: not a threading.Event (children.StopFlag)
 
     def on_signal(signum: int, frame: Any) -> None:
         stop.set()

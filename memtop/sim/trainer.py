@@ -13,14 +13,13 @@ import argparse
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
 import memtop
 from memtop import protocol
 from memtop.agent.probe import ProbeDevice, allocator_conf_from_env
-from memtop.children import die_with_parent
+from memtop.children import StopFlag, die_with_parent
 from memtop.sim.allocator import SimulatedCachingAllocator
 from memtop.sim.device import SimGpuRegistry
 from memtop.sim.probe import SimulatedGpu, SimulatedProbe
@@ -103,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     conf = allocator_conf_from_env(os.environ)
     memory = registry.memory(spec.index, os.getpid(), overhead_bytes=CONTEXT_OVERHEAD_BYTES)
     allocator = SimulatedCachingAllocator(memory, index, conf)
-    stop = threading.Event()
+    stop = StopFlag()  # raised by SIGTERM/SIGINT: not a threading.Event (children.StopFlag)
     layer_pause = args.step_time * 0.8 / 48  # forward + backward visit 24 layers each
 
     workload = Workload(
