@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return EXIT_OK
     finally:
-        signals.close()  # before the stop: a second Ctrl-C must not cut it short
+        signals.close()  # the handlers as they were; a trainer this misses ends with us (--parent)
         demo.stop()
         if not args.no_ui:  # an error above is printed on the normal screen, not lost with it
             from memtop.ui import splash
