@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 
+from memtop import children
 from memtop.commands import EXIT_OK, common
 
 
@@ -21,33 +21,34 @@ def run(args: argparse.Namespace) -> int:
         web_config=config,
         scope=common.scope(args),
     )
-    try:
-        host, port = exporter.start_http()  # a port in use fails before any sampling
-    except ExportError:
-        exporter.sampler.stop()
-        raise
-    exporter.round()  # "serving" is said once there is something to serve
-    scheme = "https" if config is not None and config.tls else "http"
-    print(f"memtop export: serving {scheme}://{host}:{port}/metrics", flush=True)
-    if exporter.exposed:
-        print(
-            f"memtop export: warning: {host} is not loopback; anyone who reaches port {port} "
-            "reads this host's process ids, commands and memory"
-            + ("" if config is not None and config.users else " (no basic auth: see --web-config)"),
-            file=sys.stderr,
-            flush=True,
-        )
-
-    def on_signal(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, on_signal)
-    try:
-        exporter.run(args.interval)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        exporter.stop()
-        exporter.sampler.stop()
+    # SIGTERM (and SIGHUP) end it as Ctrl-C does, from before "serving" is said: whoever read
+    # that line may stop it at once (a TERM that came before the handler killed it, exit -15).
+    with children.interrupted_by_signals():
+        try:
+            host, port = exporter.start_http()  # a port in use fails before any sampling
+        except ExportError:
+            exporter.sampler.stop()
+            raise
+        try:
+            exporter.round()  # "serving" is said once there is something to serve
+            scheme = "https" if config is not None and config.tls else "http"
+            print(f"memtop export: serving {scheme}://{host}:{port}/metrics", flush=True)
+            if exporter.exposed:
+                print(
+                    f"memtop export: warning: {host} is not loopback; anyone who reaches port "
+                    f"{port} reads this host's process ids, commands and memory"
+                    + (
+                        ""
+                        if config is not None and config.users
+                        else " (no basic auth: see --web-config)"
+                    ),
+                    file=sys.stderr,
+                    flush=True,
+                )
+            exporter.run(args.interval)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            exporter.stop()
+            exporter.sampler.stop()
     return EXIT_OK

@@ -23,6 +23,7 @@ from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
+from textual.css.query import NoMatches
 from textual.markup import escape
 from textual.message import Message
 from textual.screen import ModalScreen
@@ -520,7 +521,10 @@ class MemtopApp(App[None]):
         # Follow the process across refreshes (its step and state change; its key does not).
         current = {r.key: r for r in (self.dashboard.processes if self.dashboard else ())}
         row = current.get(screen.row.key, screen.row)
-        screen.show(view.build_detail(self.observation, row, screen.gpu_uuid))
+        try:
+            screen.show(view.build_detail(self.observation, row, screen.gpu_uuid))
+        except NoMatches:  # a round landed while the screen composes or closes: the next draws
+            return
 
     # ------------------------------------------------------------------ actions
 
