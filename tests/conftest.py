@@ -32,30 +32,3 @@ def socket_dir() -> Iterator[Path]:
 def _private_socket_dir_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # No test may see (or clean up) the sockets of real trainers on this machine.
     monkeypatch.setenv("MEMTOP_SOCKET_DIR", str(tmp_path / "no-agents-here"))
-
-
-# The modules that take 15 s or more in one process (measured on the 2-core box, issue 22.6),
-# longest first.  In workers a module is one unit of work, handed out in collection order, and
-# a 30 s module handed out last runs alone while the other workers sit idle (alphabetically the
-# soak and the stability tests came near the end).  A stale entry only costs some idle time.
-LONG_MODULES = (
-    "tests/test_soak.py",
-    "tests/test_suggestion_stability.py",
-    "tests/test_attach.py",
-    "tests/test_agent_limits.py",
-    "tests/test_record.py",
-    "tests/test_prometheus.py",
-    "tests/test_diagnosis_scenarios.py",
-    "tests/test_replay_screen.py",
-    "tests/test_hostile_agents.py",
-    "tests/test_ui_live.py",
-    "tests/test_fleet_server_bounds.py",
-    "tests/test_export_connections.py",
-    "tests/test_sites.py",
-)
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The long modules first, the rest in their usual order (a stable sort)."""
-    rank = {module: i for i, module in enumerate(LONG_MODULES)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))

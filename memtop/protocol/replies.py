@@ -332,16 +332,16 @@ def site_place(*, file: str, line: int, function: str, text: str) -> Result:
     return {"file": file, "line": line, "function": function, "text": text}
 
 
-UNKNOWN_SITE: Mapping[str, Any] = site_place(file="", line=0, function="", text="")
+# Shared by every entry without a user frame, as it always was: entries are built on the
+# trainer's thread and only ever serialized, never changed, so nothing is copied for them.
+UNKNOWN_SITE: Result = site_place(file="", line=0, function="", text="")
 
 
-def site_entry(
-    *, device: int, site: Mapping[str, Any], nbytes: int, blocks: int, old_blocks: int
-) -> Result:
+def site_entry(*, device: int, site: Result, nbytes: int, blocks: int, old_blocks: int) -> Result:
     """One site's live blocks on one device; `old_blocks` were live the round before too."""
     return {
         "device": device,
-        "site": dict(site),
+        "site": site,
         "bytes": nbytes,
         "blocks": blocks,
         "old_blocks": old_blocks,
@@ -349,10 +349,11 @@ def site_entry(
 
 
 def sites_round(
-    *, time: float, step: int | None, sites: Sequence[Mapping[str, Any]], blocks: int, took_s: float
+    *, time: float, step: int | None, sites: list[Result], blocks: int, took_s: float
 ) -> Result:
-    """One grouping round of the live blocks by site, taken on the trainer's thread."""
-    return {"time": time, "step": step, "sites": list(sites), "blocks": blocks, "took_s": took_s}
+    """One grouping round of the live blocks by site, taken on the trainer's thread (the list
+    is the round's own: kept, not copied)."""
+    return {"time": time, "step": step, "sites": sites, "blocks": blocks, "took_s": took_s}
 
 
 def sites_result(
