@@ -358,6 +358,10 @@ class Agent:
         assert self._selector is not None
         self._cpu_mark = (time.monotonic(), time.thread_time())
         self._counted_since = self._cpu_mark[0]
+        # The first sweep comes a full interval after the start, as every later one does: one
+        # at once would hold the thread's start-up work to a share of no time at all, and
+        # govern the first viewers' connections as churn.
+        self._last_sweep = self._cpu_mark[0]
         try:
             while not self._stopping.is_set():
                 for key, events in self._selector.select(timeout=self._select_timeout()):
