@@ -60,6 +60,18 @@ def test_a_steady_leak_is_found_with_its_rate_and_time_to_full():
     assert isinstance(as_json["bytes_per_step"], int)
 
 
+def test_a_noiseless_leak_with_one_step_off_the_line_is_a_leak_at_every_step():
+    # The demo's leak pins 8.00 MiB a step to the byte, but now and then one step's baseline
+    # sits 0.8 MiB off the line (a block rounded differently).  That one bin once passed as a
+    # regime change, and the leak went unsaid for the 30 steps after it.
+    off = {113: 0.8 * MiB, 190: -0.53 * MiB}
+    steps, times, values = series(n=260, rate=8 * MiB, extra=lambda step: off.get(step, 0.0))
+    for n in range(MIN_MARKS, len(steps) + 1):
+        estimate = detect_from_steps(steps[:n], times[:n], values[:n], headroom_bytes=None)
+        assert estimate.detected, (n, estimate.reason)
+        assert estimate.bytes_per_step == pytest.approx(8 * MiB, rel=0.01)
+
+
 def test_a_slow_leak_buried_in_noise_twenty_times_its_rate_is_found():
     rate = 256 * KiB
     steps, times, values = series(n=800, rate=rate, noise=20 * rate, seed=3)

@@ -46,6 +46,11 @@ MIN_GROWTH_BYTES = 1 * MiB
 Z_TREND = 3.09  # Mann–Kendall over the regime: one-sided p ≤ 0.001
 F_BREAK = 25.0  # a line with a break must beat a line by this F ratio to count as a regime change
 MAX_BREAKS = 3
+# A break must also move the series by something that matters: this much per bin, as the root
+# mean square of what it explains (a jump of MIN_GROWTH_BYTES mid-series explains about this).
+# On a near-noiseless leak (8.00 MiB a step, to the byte) one bin 0.8 MiB off the line passed
+# the F ratio, the regime was cut there, and the leak went unsaid for 30 steps.
+MIN_BREAK_SHIFT_BYTES = MIN_GROWTH_BYTES / 4
 NOISE_MULTIPLE = 3.0  # growth seen must exceed this many times the baseline's own spread
 # A climb this many times the baseline's spread is a leak at once: the fragment demo's wander
 # (a moving sum of 8 steps' buffers) reached 9.2 over 200 steps × 99 seeds, the H100 leak
@@ -359,7 +364,7 @@ def _regime_change(breaks: _Breaks, ys: list[float]) -> int | None:
         k, gain = breaks.bend_at, breaks.bend_gain
     else:
         k, gain = breaks.jump_at, breaks.jump_gain
-    if k is None:
+    if k is None or gain < len(ys) * MIN_BREAK_SHIFT_BYTES**2:
         return None
     scale = max(abs(y) for y in ys) or 1.0
     sse_break = max(breaks.sse_line - gain, 1e-12 * scale * scale)
