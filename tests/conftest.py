@@ -19,6 +19,13 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+# The suite's torch trainers are tiny CPU models.  torch's intra-op threads (one per core) spin
+# after each parallel region, and a trainer that sleeps between steps burned a second core for
+# nothing: `memtop run examples/train_cpu.py` for 300 steps cost 4.9 CPU-s with them, 3.0 with
+# one thread.  Four workers share the CI box's 2 cores; every torch process the suite starts
+# (and the workers' own) inherits this unless the caller set it.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @pytest.fixture
 def socket_dir() -> Iterator[Path]:
