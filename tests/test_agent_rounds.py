@@ -11,8 +11,11 @@ import os
 import socket
 import threading
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from memtop.sources.agents import CONNECTED, HUNG, AgentPool
 
@@ -178,6 +181,35 @@ def test_an_agent_that_stops_answering_mid_run_is_marked_hung(socket_dir: Path) 
         assert max(took for took, _ in seen) < 0.2 + 0.15
     finally:
         pool.close()
+        agent.close()
+
+
+def test_a_timeout_is_named_as_it_was_given_however_late_the_request_is_sent(
+    socket_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A loaded box pauses the client between setting a request's deadline and sending it; the
+    # message once said what was left then ("within 0.599 s" for a 0.6 s timeout).  Here every
+    # clock read is 2 ms later than the one before.
+    from memtop.sources import agent_client
+
+    skew = [0.0]
+
+    def late_monotonic() -> float:
+        skew[0] += 0.002
+        return time.monotonic() + skew[0]
+
+    agent = Agent(socket_dir, lambda n: None, lambda: 1)
+    client = agent_client.AgentClient(os.getpid(), socket_dir, timeout=0.6)
+    try:
+        client.connect()
+        monkeypatch.setattr(agent_client, "time", types.SimpleNamespace(monotonic=late_monotonic))
+        for ask in (lambda: client.request("sample"), lambda: client.send("sample").wait()):
+            with pytest.raises(agent_client.AgentTimeout, match=r"within 0\.6 s$"):
+                ask()
+            client.close()
+            client.connect()
+    finally:
+        client.close()
         agent.close()
 
 

@@ -215,7 +215,7 @@ class AgentClient:
             raise AgentUnreachable(protocol.describe_connect_error(self.pid, exc)) from None
         except OSError as exc:
             raise AgentUnreachable(protocol.describe_connect_error(self.pid, exc)) from None
-        return self._accept_hello(self._request("hello", None, deadline))
+        return self._accept_hello(self._request("hello", None, deadline, limit))
 
     def _accept_hello(self, reply: dict[str, Any]) -> AgentHello:
         """Parse a `hello` and hold it to the socket's pid; on any doubt, hang up."""
@@ -260,10 +260,13 @@ class AgentClient:
     ) -> dict[str, Any]:
         """Send one command and wait for its reply, at most `timeout` seconds in all; returns
         `result` (every string in it cleaned) or raises AgentError / AgentUnreachable."""
-        return self._request(cmd, args, time.monotonic() + (timeout or self.timeout))
+        limit = timeout or self.timeout
+        return self._request(cmd, args, time.monotonic() + limit, limit)
 
-    def _request(self, cmd: str, args: dict[str, Any] | None, deadline: float) -> dict[str, Any]:
-        return self.send(cmd, args, deadline).wait()
+    def _request(
+        self, cmd: str, args: dict[str, Any] | None, deadline: float, limit: float
+    ) -> dict[str, Any]:
+        return self.send(cmd, args, deadline, limit=limit).wait()
 
     def send(
         self,
@@ -271,22 +274,27 @@ class AgentClient:
         args: dict[str, Any] | None = None,
         deadline: float | None = None,
         wait_to_send: bool = True,
+        limit: float | None = None,
     ) -> PendingReply:
         """Send one command; its reply is read through the PendingReply (by `deadline`,
         time.monotonic; default: the client's timeout from now).  A request the socket cannot
         take at once (an agent that does not read its requests) waits for it up to the
         deadline, or with `wait_to_send=False` fails at once: the poll thread, which sends to
-        every agent in turn, never waits on one of them."""
+        every agent in turn, never waits on one of them.  `limit`: the timeout the request was
+        given, for the message should it run out (default: what is left until the deadline;
+        measured here, a loaded box's pause since the caller set the deadline read as "no reply
+        within 0.599 s" for a 0.6 s timeout)."""
         if deadline is None:
-            deadline = time.monotonic() + self.timeout
+            limit = self.timeout if limit is None else limit
+            deadline = time.monotonic() + limit
+        elif limit is None:
+            limit = max(0.0, deadline - time.monotonic())
         request_id = self._next_id
         self._next_id += 1
         message: dict[str, Any] = {"id": request_id, "cmd": cmd}
         if args:
             message["args"] = args
-        pending = PendingReply(
-            self, cmd, request_id, deadline, max(0.0, deadline - time.monotonic())
-        )
+        pending = PendingReply(self, cmd, request_id, deadline, limit)
         with self._failures(pending):
             sock = self._connected_socket()
             unsent = memoryview(protocol.encode_frame(message))
