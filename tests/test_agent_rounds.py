@@ -334,3 +334,24 @@ def test_an_agent_that_stops_reading_its_requests_never_holds_up_the_round(
         resume.set()
         pool.close()
         listener.close()
+
+
+def test_once_reports_an_agent_whose_first_request_is_still_out_when_the_rounds_end(
+    socket_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A silent agent (its connection waits in the backlog, its hello is never answered) is
+    # called hung once its request's deadline passes.  On a loaded box that request started
+    # late, the rounds of `--once` ended first, and the report left the agent out.  Here the
+    # rounds are cut short as the load did.
+    from memtop import cli
+    from memtop.sampler import Sampler
+
+    monkeypatch.setattr(Sampler, "round_budget", lambda self: 0.2)
+    monkeypatch.setenv("MEMTOP_SOCKET_DIR", str(socket_dir))
+    listener = listen_as_agent(socket_dir, 4)
+    try:
+        assert cli.main(["--once", "--json"]) == 0
+    finally:
+        listener.close()
+    (mine,) = [a for a in json.loads(capsys.readouterr().out)["agents"] if a["pid"] == os.getpid()]
+    assert mine["state"] == "hung" and "no reply to 'hello'" in mine["error"]

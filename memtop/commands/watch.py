@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 ONCE_EXTRA_ROUNDS = 6
 ONCE_ROUND_GAP_S = 0.05
 # --once waits at most this long for agents in all (a stopped or hostile agent included), then
-# reports whatever answered; each agent request has its own deadline within it.
+# reports whatever answered; each agent request has its own deadline within it.  One whose first
+# request a loaded box started late is waited for until that request's own deadline.
 ONCE_BUDGET_S = 1.5
 ONCE_EXTRA_ROUND_S = 0.15
 # How long Textual's import waits for the first sampling round (whose figures are painted
@@ -45,6 +46,12 @@ def once(args: argparse.Namespace) -> int:
                 break
             time.sleep(ONCE_ROUND_GAP_S)
             sampler.sample_once(budget=min(ONCE_EXTRA_ROUND_S, left))
+        if sampler.agents.unanswered():
+            # An agent still answering its first request has no row yet.  Each request ends by
+            # its own deadline, within the budget on a quiet box; a loaded one starts it late,
+            # and the report left a silent agent out instead of calling it hung.  One more
+            # round waits for those requests: a second at most.
+            sampler.sample_once(budget=sampler.agents.timeout)
         scope = common.scope(args)
         whole = Observer(sampler.store).latest()
         for line in scope.missing(whole):

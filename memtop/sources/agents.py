@@ -762,6 +762,10 @@ class AgentPool:
         """Whether an agent serving as `pid` passed authentication since the viewer started."""
         return pid in self._verified
 
+    def unanswered(self) -> int:
+        """How many agents are still answering their first request (no row for them yet)."""
+        return sum(1 for a in self._agents.values() if a.state is None and a.job is not None)
+
     def state_of(self, pid: int) -> AgentStatus | None:
         agent = self._agents.get(pid)
         if agent is not None:
