@@ -31,7 +31,7 @@ def _soak(*args: str, timeout: float) -> dict:  # type: ignore[type-arg]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-SECONDS = 20
+SECONDS = 12
 
 
 @pytest.mark.slow
@@ -43,7 +43,9 @@ def test_trainers_survive_hammering_viewers():
     )  # fmt: skip
     assert report["crashes"] == 0, report["crash_reasons"]
     # Breakdowns were measured at the step boundary, and every one was right.
-    assert report["breakdowns_checked"] >= 2  # 4 in 20 s on a quiet box
+    # An optimizer walk at most every 10 s (BREAKDOWN_MIN_INTERVAL_S): each viewer checks the
+    # first one, 2 in 12 s and 4 in 20 s on a quiet box.
+    assert report["breakdowns_checked"] >= 2
     assert report["breakdowns_wrong"] == 0, report["breakdown_wrong_example"]
     ok = report["replies_ok"]
     # The polite 10 Hz sampler beside the hammering connection is still served.  How much of
