@@ -459,7 +459,9 @@ def main() -> int:
     parser.add_argument("--trainers", type=int, default=4)
     parser.add_argument("--viewers", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=300.0)
-    parser.add_argument("--device", default="cuda" if _cuda_here() else "cpu")
+    # No default here: finding one imports torch, and the viewers and hostile clients (which,
+    # like memtop, never import torch) parsed it too, at ~1.5 CPU-s each.
+    parser.add_argument("--device", help="cuda or cpu (default: cuda where torch sees one)")
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--inject-race", action="store_true")
     parser.add_argument(
@@ -481,6 +483,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--pids", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.device is None and not (args.viewer or args.hostile_client):
+        args.device = "cuda" if _cuda_here() else "cpu"
     if args.trainer:
         return trainer_main(args.seconds, args.device, args.inject_race, args.width)
     if args.hostile_client:
