@@ -31,7 +31,7 @@ def _soak(*args: str, timeout: float) -> dict:  # type: ignore[type-arg]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-SECONDS = 12
+SECONDS = 20
 
 
 @pytest.mark.slow
@@ -43,8 +43,9 @@ def test_trainers_survive_hammering_viewers():
     )  # fmt: skip
     assert report["crashes"] == 0, report["crash_reasons"]
     # Breakdowns were measured at the step boundary, and every one was right.
-    # An optimizer walk at most every 10 s (BREAKDOWN_MIN_INTERVAL_S): each viewer checks the
-    # first one, 2 in 12 s and 4 in 20 s on a quiet box.
+    # An optimizer walk at most every 10 s (BREAKDOWN_MIN_INTERVAL_S): 4 in 20 s on a quiet box.
+    # In 12 s two suites at once saw none (torch's import and the trainer's first steps took
+    # most of the window), so the soak stays at 20 s.
     assert report["breakdowns_checked"] >= 2
     assert report["breakdowns_wrong"] == 0, report["breakdown_wrong_example"]
     ok = report["replies_ok"]

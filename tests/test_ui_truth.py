@@ -283,8 +283,17 @@ def test_readonly_no_key_acts_on_a_process_and_the_footer_says_so(tmp_path: Path
     cfg = config.load(path)
     assert cfg.readonly is True and not cfg.problems
 
+    def last_row(app: MemtopApp) -> str:
+        return screen_text(app.export_screenshot()).splitlines()[-1]
+
+    async def footer_drawn(app: MemtopApp, pilot) -> str:  # type: ignore[no-untyped-def]
+        # Under two suites at once the first screenshot's last row held a toast ("agent 4201
+        # attached") where the footer was not laid out yet.
+        await wait_for(pilot, lambda: "q Quit" in last_row(app))
+        return last_row(app)
+
     async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
-        footer = screen_text(app.export_screenshot()).splitlines()[-1]
+        footer = await footer_drawn(app, pilot)
         assert footer.endswith("q Quit · read-only"), footer
         assert not any(word in footer for word in ("Cleanup", "Reset", "Snapshot", "Kill")), footer
         default = app.screen
@@ -311,7 +320,7 @@ def test_readonly_no_key_acts_on_a_process_and_the_footer_says_so(tmp_path: Path
     drive(app, body)
 
     async def live(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
-        footer = screen_text(app.export_screenshot()).splitlines()[-1]
+        footer = await footer_drawn(app, pilot)
         assert "read-only" not in footer and "Kill" in footer
         await pilot.press("k")
         await pilot.pause(0.1)
