@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 torch = pytest.importorskip("torch")
+from stepping import Stepper  # noqa: E402
 from torch import nn  # noqa: E402
 
 from memtop import protocol  # noqa: E402
@@ -416,7 +417,9 @@ def test_gpu_snapshot_has_segments_and_loads_with_memory_viz(
     assert probe.snapshot()["segments"]
     agent = start_agent(probe, socket_dir)
     try:
-        with AgentClient(os.getpid(), directory=socket_dir) as client:
+        # A snapshot runs between two steps on the trainer's thread (the agent's rework): the
+        # Stepper is that thread here.
+        with Stepper(agent), AgentClient(os.getpid(), directory=socket_dir) as client:
             client.connect()
             path = tmp_path / "snapshot.pickle"
             result = client.request("snapshot", {"path": str(path)}, timeout=60)
@@ -443,9 +446,9 @@ def test_gpu_cleanup_through_the_agent_releases_cached_memory(probe, socket_dir:
     assert reserved_before >= 256 * MiB
     agent = start_agent(probe, socket_dir)
     try:
-        with AgentClient(os.getpid(), directory=socket_dir) as client:
+        with Stepper(agent), AgentClient(os.getpid(), directory=socket_dir) as client:
             client.connect()
-            result = client.request("cleanup", timeout=30)
+            result = client.request("cleanup", timeout=30)  # at the Stepper's next boundary
     finally:
         agent.stop()
     assert result["released_bytes"][str(index)] >= 256 * MiB
