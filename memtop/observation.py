@@ -286,12 +286,19 @@ class Observer:
         self.builds = 0
         self._lock = threading.Lock()
         self._latest: Observation | None = None
+        # Called with each new observation, on the thread that built it (`--on-alert`): each
+        # must be quick and must not raise.
+        self.listeners: list[Callable[[Observation], None]] = []
 
     def latest(self) -> Observation:
         with self._lock:
-            if self._latest is None or self._latest.generation != self.store.generation:
-                self._latest = self._build(self.store.view())
-            return self._latest
+            latest = self._latest
+            built = latest is None or latest.generation != self.store.generation
+            if latest is None or built:
+                latest = self._latest = self._build(self.store.view())
+        if built:
+            self._tell(latest)
+        return latest
 
     def forget(self) -> None:
         """Build the next observation as a new observer would (`--once`): no leak verdict, rule
@@ -306,8 +313,13 @@ class Observer:
     def publish(self) -> Observation:
         """Build now (the sampler's end-of-round hook); later `latest()` calls reuse it."""
         with self._lock:
-            self._latest = self._build(self.store.view())
-            return self._latest
+            latest = self._latest = self._build(self.store.view())
+        self._tell(latest)
+        return latest
+
+    def _tell(self, observation: Observation) -> None:
+        for listener in self.listeners:
+            listener(observation)
 
     # ------------------------------------------------------------------ the one join
 

@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="no key acts on a process (cleanup, reset, snapshot, kill, attach): for shared "
         "boxes and screenshares (config: readonly = true)",
     )
+    _add_alerts(parser)
     parser.add_argument("--socket-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument(
         "--prometheus",
@@ -147,7 +148,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="export only these GPUs and their processes",
     )
     _add_filters(export, default=argparse.SUPPRESS)
+    _add_alerts(export, default=argparse.SUPPRESS)
     return parser
+
+
+def _add_alerts(parser: argparse.ArgumentParser, default: object = None) -> None:
+    """--on-alert and --alert-severity (memtop.alerts): the dashboard, the text view, export."""
+    parser.add_argument(
+        "--on-alert",
+        metavar="CMD",
+        default=default,
+        help="run CMD (by the shell) once for each suggestion that reaches --alert-severity, "
+        "with it as JSON on stdin; again only after it has cleared",
+    )
+    parser.add_argument(
+        "--alert-severity",
+        choices=("warning", "critical", "emergency"),
+        default="critical" if default is None else default,
+        help="the least severity that runs --on-alert (default critical)",
+    )
 
 
 def _add_filters(parser: argparse.ArgumentParser, default: object = None) -> None:
