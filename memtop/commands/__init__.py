@@ -30,6 +30,7 @@ COMMANDS = {
     "estimate": "memtop.commands.estimate",
     "oom": "memtop.commands.oom",
     "export": "memtop.commands.export",
+    "report": "memtop.commands.report",
 }
 
 

@@ -112,10 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
     from memtop.commands import attach as attach_command
     from memtop.commands import record as record_command
     from memtop.commands import replay as replay_command
+    from memtop.commands import report as report_command
 
     attach_command.add_parser(sub)
     record_command.add_parser(sub)
     replay_command.add_parser(sub)
+    report_command.add_parser(sub)
 
     from memtop.estimate.command import add_arguments as add_estimate_arguments
 
