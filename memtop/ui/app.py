@@ -467,7 +467,7 @@ class MemtopApp(App[None]):
     # ------------------------------------------------------------------ selection
 
     def _detail_screen(self) -> DetailScreen | None:
-        # The screens' modules load on first use (plotext is slow to import): the first frame
+        # The screens' modules load on first use (the chart and its tables): the first frame
         # must not wait for them.
         detail = sys.modules.get("memtop.ui.screens.detail")  # None: no detail opened yet
         stack = self.screen_stack

@@ -713,7 +713,8 @@ CHART_POINTS = 240
 class Series:
     name: str
     xs: tuple[float, ...]  # seconds relative to the newest sample (≤ 0)
-    ys: tuple[float, ...]  # bytes
+    ys: tuple[float, ...]  # bytes (a band's highs)
+    lows: tuple[float, ...] | None = None  # a band (allocated): each bin's minimum
 
 
 @dataclass(frozen=True)
@@ -745,9 +746,13 @@ def build_detail(obs: Observation, row: ProcessRow, gpu_uuid: str | None) -> Det
             for values, name in (
                 (history.reserved, "reserved"),
                 (history.torch_peak, "peak"),
-                (history.allocated, "allocated"),
             ):
                 series.append(_series(name, times, values[skip:], newest))
+            # Allocated swings within a step: each bin's min and max, a band on the chart
+            # (its maxima alone, sampled at 1 Hz, aliased into scattered points).
+            band = _series("allocated", times, history.allocated[skip:], newest)
+            lows = bin_reduce(history.allocated[skip:], CHART_POINTS, min)
+            series.append(replace(band, lows=tuple(lows)))
             marks = history
             mark_times = [t for t in marks.mark_time if t >= times[0]]
             if mark_times:
