@@ -31,6 +31,7 @@ COMMANDS = {
     "oom": "memtop.commands.oom",
     "export": "memtop.commands.export",
     "report": "memtop.commands.report",
+    "compare": "memtop.commands.compare",
 }
 
 

@@ -110,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("run", help="run a Python program with the agent: run [--] script.py args")
 
     from memtop.commands import attach as attach_command
+    from memtop.commands import compare as compare_command
     from memtop.commands import record as record_command
     from memtop.commands import replay as replay_command
     from memtop.commands import report as report_command
@@ -118,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     record_command.add_parser(sub)
     replay_command.add_parser(sub)
     report_command.add_parser(sub)
+    compare_command.add_parser(sub)
 
     from memtop.estimate.command import add_arguments as add_estimate_arguments
 
