@@ -13,7 +13,7 @@ from textual.widgets import Footer, Static
 
 from memtop.ui.render import FREE, SEVERITY_STYLES, fragmentation_style, gauge, short_bytes
 from memtop.ui.view import Detail, ProcessRow, leak_label
-from memtop.ui.widgets.history_chart import COLOURS, OTHER, HistoryChart, drawn_series, y_range
+from memtop.ui.widgets.history_chart import HistoryChart
 from memtop.ui.widgets.sites_table import SitesPanel
 from memtop.ui.widgets.suggestions import BADGES, EFFECT_STYLES
 from memtop.units import format_bytes, format_duration
@@ -56,33 +56,11 @@ class DetailScreen(Screen[None]):
         self.detail = detail
         self.row = detail.row
         self.query_one("#detail-title", Static).update(_title(detail.row))
-        chart = self.query_one(HistoryChart)
-        chart.show(detail)
-        self._legend()
+        self.query_one(HistoryChart).show(detail)
         self.query_one("#breakdown", Static).update(_breakdown(detail))
         self.query_one("#facts", Static).update(_facts(detail))
         self.query_one("#detail-suggestions", Static).update(_suggestions(detail))
         self.query_one(SitesPanel).show(detail.device.sites if detail.device else ())
-
-    def on_resize(self) -> None:
-        self._legend()
-
-    def _legend(self) -> None:
-        """The chart's title: a legend of what it draws at its height (fewer series when it is
-        short), in the chart's colours, and where its y-axis starts when a warm-up is cut."""
-        chart = self.query_one(HistoryChart)
-        detail = self.detail
-        if detail is None:
-            return
-        rows = chart.content_size.height - 1 if chart.content_size.height else 99
-        series = drawn_series(detail, rows)
-        title = Text("History  ")
-        for s in series:
-            title.append("■ ", style=COLOURS.get(s.name, OTHER))
-            title.append(f"{s.name}  ")
-        if series and y_range(detail, series)[2]:
-            title.append("(warm-up below the axis)", style="dim")
-        chart.border_title = title
 
 
 def _title(row: ProcessRow) -> Text:

@@ -145,6 +145,7 @@ class HistoryChart(Widget):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.detail: Detail | None = None
+        self._legend = ""
 
     def show(self, detail: Detail) -> None:
         self.detail = detail
@@ -152,4 +153,22 @@ class HistoryChart(Widget):
 
     def render(self) -> RenderableType:
         size = self.content_size
+        if self.detail is not None:
+            # The legend is the title, and names what is drawn at this height (the screen's
+            # own size can be unknown when the detail arrives: only the chart knows its rows).
+            title = legend(self.detail, size.height - X_LABEL_ROWS)
+            if self._legend != title.plain:
+                self._legend = title.plain
+                self.border_title = title
         return Group(*chart_lines(self.detail, size.width, size.height))
+
+
+def legend(detail: Detail, rows: int) -> Text:
+    series = drawn_series(detail, rows)
+    title = Text("History  ")
+    for s in series:
+        title.append("■ ", style=COLOURS.get(s.name, OTHER))
+        title.append(f"{s.name}  ")
+    if series and y_range(detail, series)[2]:
+        title.append("(y: warm-up cut)", style="dim")
+    return title
