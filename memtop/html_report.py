@@ -206,16 +206,9 @@ def _process_section(
     if marks_t:
         series.append(Series("baseline", marks_t, marks_a, band=False, dots=True))
     leak = figures.get("leak") or {}
-    if leak.get("detected") and leak.get("bytes_per_second") and marks_t:
-        # The fitted slope over the marks it was fitted on (its newest `samples`), ending at
-        # the newest baseline: a straight line a reader can hold against the blue dots.
-        fitted = leak.get("samples")
-        first = len(marks_t) - int(fitted) if isinstance(fitted, int) and fitted > 1 else 0
-        t0 = marks_t[max(0, first)]
-        rate = float(leak["bytes_per_second"])
-        end = marks_t[-1]
-        at_end = marks_a[-1]
-        series.append(Series("trend", [t0, end], [at_end - rate * (end - t0), at_end], band=False))
+    trend = _trend(leak, list(device.marks.get("step", array("d"))), marks_t, marks_a)
+    if trend is not None:
+        series.append(trend)
     ooms = _oom_times(times, list(h.get("num_ooms", array("d"))))
     chart = _chart(series, start, duration, figures.get("total_bytes"), moments, ooms)
     command = " ".join(agent["argv"]) or "?"
@@ -262,6 +255,30 @@ def _process_section(
             )
         )
     return "".join(out)
+
+
+def _trend(
+    leak: dict[str, Any], steps: list[float], times: list[float], allocated: list[float]
+) -> Series | None:
+    """The leak's fitted line over the regime it judged, as the detail screen draws it: its
+    slope the reported bytes per step, its level the median offset of the baselines from that
+    slope (a rate per second would drift off the dots wherever the step rate changed)."""
+    slope = leak.get("bytes_per_step")
+    if not leak.get("detected") or not isinstance(slope, (int, float)) or not steps:
+        return None
+    since = leak.get("since")
+    since = since if isinstance(since, (int, float)) and since < 1e9 else steps[0]
+    chosen = [i for i, s in enumerate(steps) if s >= since]
+    if len(chosen) < 2:
+        return None
+    offsets = sorted(allocated[i] - slope * steps[i] for i in chosen)
+    level = offsets[len(offsets) // 2]
+    first, last = chosen[0], chosen[-1]
+    return Series(
+        "trend",
+        [times[first], times[last]],
+        [level + slope * steps[first], level + slope * steps[last]],
+    )
 
 
 def _moments(moments: Sequence[Moment]) -> str:
