@@ -675,7 +675,15 @@ def _config_file(tmp_path: Path, name: str, config: dict) -> Path:
 def test_moe_counts_match_the_published_ones(capsys, tmp_path):
     """Within 1 % of each model's own published total and active counts (sources beside the
     configs in tests/moe_configs.py)."""
-    from moe_configs import DEEPSEEK_V3, GPT_OSS_120B, MIXTRAL_8X7B, QWEN15_MOE_A27B
+    from moe_configs import (
+        DEEPSEEK_V2,
+        DEEPSEEK_V3,
+        GPT_OSS_120B,
+        MIXTRAL_8X7B,
+        OLMOE_1B_7B,
+        QWEN3_30B_A3B,
+        QWEN15_MOE_A27B,
+    )
 
     def counts(config: dict) -> dict:
         return run_json(capsys, "--config", str(_config_file(tmp_path, "m", config)))
@@ -699,6 +707,15 @@ def test_moe_counts_match_the_published_ones(capsys, tmp_path):
     oss = counts(GPT_OSS_120B)
     assert within(oss["parameters_count"], 116.83e9, 0.001)  # the card's figure, 5 digits
     assert within(oss["experts"]["active_without_input_embedding"], 5.13e9, 0.001)
+    qwen3 = counts(QWEN3_30B_A3B)
+    assert within(qwen3["parameters_count"], 30.5e9, 0.01)
+    assert within(qwen3["active_parameters_count"], 3.3e9, 0.02)  # 3.35 B: "3.3B" rounds it
+    deepseek2 = counts(DEEPSEEK_V2)
+    assert within(deepseek2["parameters_count"], 236e9, 0.01)
+    assert within(deepseek2["experts"]["active_without_input_embedding"], 21e9, 0.01)
+    olmoe = counts(OLMOE_1B_7B)
+    assert within(olmoe["parameters_count"], 6.9e9, 0.01)
+    assert within(olmoe["active_parameters_count"], 1.3e9, 0.02)  # 1.28 B: "1.3B" rounds it
 
 
 def test_mixtral_is_not_one_dense_expert(capsys, tmp_path):
@@ -1016,3 +1033,24 @@ def test_from_a_number_is_a_pid_and_a_file_is_dot_slash(capsys, tmp_path, monkey
     assert err.count("\n") == 1 and "say ./999999999" in err
     out = run_json(capsys, "--from", "./999999999", "--measured-batch", "8")
     assert out["calibration"]["measured"]["pid"] == 426
+
+
+def test_readme_shows_what_the_estimate_prints(capsys):
+    """README's estimate section: its training and serving examples are the commands' output
+    (the lines before its "…")."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    examples = {
+        "llama-7b: 6.738 B": ("--preset", "llama-7b", "--dtype", "bf16", "--master-weights",
+                              "--gpu", "h100-80gb"),
+        "llama-70b: 68.977 B": ("--serve", "--preset", "llama-70b", "--quantize", "4bit",
+                                "--seq", "8192", "--gpu", "24GiB"),
+    }  # fmt: skip
+    for first, args in examples.items():
+        command = "memtop estimate " + " ".join(args)
+        assert command in readme, command
+        block = readme[readme.index("```\n" + first) + 4 :]
+        shown = block[: block.index("```")].splitlines()
+        shown = shown[: shown.index("  …")] if "  …" in shown else shown
+        assert main(["estimate", *args]) == 0
+        printed = capsys.readouterr().out.splitlines()
+        assert printed[: len(shown)] == shown

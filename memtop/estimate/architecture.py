@@ -449,11 +449,7 @@ def _moe_layer_count(config: dict[str, Any], model_type: str, layers: int) -> in
         if not isinstance(only, list):
             raise ArchitectureError(f"mlp_only_layers must be a list, not {only!r}")
         return sum(1 for i in range(layers) if i not in only and (i + 1) % step == 0)
-    if model_type in ("llama4", "llama4_text"):
-        # Llama4TextConfig.moe_layers: every interleave_moe_layer_step-th layer.
-        step = max(1, _count(config, "interleave_moe_layer_step", 1))
-        return len(range(step - 1, layers, step))
-    return layers  # Mixtral, OLMoE, gpt-oss, Granite MoE: every layer
+    return layers  # Mixtral, OLMoE, gpt-oss: every layer
 
 
 def _moe_fields(config: dict[str, Any], model_type: str, layers: int) -> dict[str, Any]:
@@ -488,8 +484,6 @@ def _moe_fields(config: dict[str, Any], model_type: str, layers: int) -> dict[st
         fields["router_score_bias"] = model_type == "deepseek_v3" or (
             config.get("topk_method") == "noaux_tc"
         )
-    elif model_type in ("llama4", "llama4_text"):
-        fields["shared_intermediate"] = expert_inter  # one shared expert per MoE layer
     elif model_type == "gpt_oss":
         fields["expert_bias"] = fields["router_bias"] = True
     return fields
@@ -539,10 +533,7 @@ def from_hf_config(config: dict[str, Any], name: str = "config.json") -> Archite
     if model_type not in GPT_TYPES and act and act not in GATED_ACTIVATIONS:
         family = GPT
     moe = _moe_fields(config, model_type, layers)
-    if model_type in ("llama4", "llama4_text"):
-        inter = _count(config, "intermediate_size_mlp") or 4 * hidden
-    else:
-        inter = _first(config, "intermediate_size", "n_inner", "ffn_dim") or 4 * hidden
+    inter = _first(config, "intermediate_size", "n_inner", "ffn_dim") or 4 * hidden
     kv = _first(config, "num_key_value_heads", "multi_query_group_num") or heads
     positions = 0
     if family == GPT and model_type != "gpt_neox":  # NeoX uses rotary positions

@@ -22,7 +22,7 @@ READ = frozenset(
         "num_attention_heads", "n_head",
         "num_key_value_heads", "multi_query_group_num", "head_dim",
         "vocab_size", "hidden_act", "activation_function",
-        "intermediate_size", "n_inner", "ffn_dim", "intermediate_size_mlp",
+        "intermediate_size", "n_inner", "ffn_dim",
         "n_positions", "max_position_embeddings", "n_ctx", "tie_word_embeddings",
         "attention_bias", "mlp_bias",
         # mixtures of experts
@@ -30,7 +30,7 @@ READ = frozenset(
         "num_experts_per_tok", "experts_per_token",
         "moe_intermediate_size", "shared_expert_intermediate_size", "n_shared_experts",
         "first_k_dense_replace", "moe_layer_freq", "decoder_sparse_step", "mlp_only_layers",
-        "interleave_moe_layer_step", "topk_method",
+        "topk_method",
         # latent attention (DeepSeek-V2/V3) and its multi-token prediction
         "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
         "num_nextn_predict_layers",
@@ -57,22 +57,16 @@ HARMLESS = frozenset(
         "pretraining_tp", "output_router_logits", "router_aux_loss_coef", "router_z_loss_coef",
         "router_jitter_noise", "norm_topk_prob", "routed_scaling_factor", "n_group",
         "topk_group", "scoring_func", "aux_loss_alpha", "seq_aux", "ep_size", "clip_qkv",
-        "swiglu_limit", "initial_context_length", "use_qk_norm", "no_rope_layers",
-        "no_rope_layer_interval", "attention_chunk_size", "attn_temperature_tuning",
-        "floor_scale", "attn_scale", "for_llm_compressor", "embedding_multiplier",
-        "logits_scaling", "residual_multiplier", "attention_multiplier", "use_bfloat16",
-        "bias",
+        "swiglu_limit", "initial_context_length", "use_bfloat16", "bias",
     }
 )  # fmt: skip
 
-# Model types whose layout memtop counts: the dense decoders (llama and gpt families) and the
-# mixtures of experts checked against their published counts in tests/test_estimate.py.
+# The mixtures of experts whose layout memtop counts, each checked against its published
+# counts in tests/test_estimate.py.  Granite MoE and Llama 4 share the fields but are not
+# checked (Llama 4's published totals include its vision tower): refused until they are.
 MOE_TYPES = frozenset(
-    {
-        "mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "olmoe", "gpt_oss",
-        "granitemoe", "llama4", "llama4_text",
-    }
-)  # fmt: skip
+    {"mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "olmoe", "gpt_oss"}
+)
 
 # A name that says it sizes something: a count, a dimension, a rank, an extra sub-model.
 SIZE_LIKE = re.compile(

@@ -417,7 +417,7 @@ def recipe(setup: Setup) -> str:
         )
     if setup.dtype == "fp32":
         return f"full fp32: fp32 weights, gradients, {moments or 'optimizer state'} and activations"
-    state = f"{moments} in fp32" if moments else f"{setup.optimizer} state"
+    state = f"fp32 {moments}" if moments else f"{setup.optimizer} state"
     if setup.master_weights:
         return (
             f"mixed precision with a master copy: {setup.dtype} weights and gradients, fp32 "
