@@ -1054,3 +1054,54 @@ def test_readme_shows_what_the_estimate_prints(capsys):
         assert main(["estimate", *args]) == 0
         printed = capsys.readouterr().out.splitlines()
         assert printed[: len(shown)] == shown
+
+
+def test_from_a_live_leaking_agent_is_refused(capsys, socket_dir, monkeypatch):
+    """`--from PID` of a trainer whose baseline grows 8 MiB a step: 873fb27 fitted the leak as
+    activations; memtop's own leak verdict on the agent's step marks refuses it."""
+    import os
+    import threading
+
+    from memtop.agent.probe import Breakdown, ProbeDevice
+    from memtop.agent.server import Agent
+    from memtop.sim.allocator import SimulatedCachingAllocator
+    from memtop.sim.device import LocalDeviceMemory
+    from memtop.sim.probe import SimulatedGpu, SimulatedProbe
+
+    monkeypatch.setenv("MEMTOP_SOCKET_DIR", str(socket_dir))
+    allocator = SimulatedCachingAllocator(LocalDeviceMemory(64 * GiB), 0)
+    states = [allocator.malloc(256 * 2**20)]
+    device = ProbeDevice(0, "GPU-00000000-0000-0000-0000-000000000003", "Sim GPU", 64 * GiB)
+    breakdown = {0: Breakdown(256 * 2**20, 0, 0, 256 * 2**20)}
+    probe = SimulatedProbe([SimulatedGpu(device, allocator)], breakdown=lambda: breakdown)
+    agent = Agent(probe, socket_dir, argv=["train.py"])
+    agent.start()
+    stop, stepped = threading.Event(), threading.Event()
+    kept = []
+
+    def train() -> None:  # each step: 64 MiB of activations, and 8 MiB kept for good
+        steps = 0
+        while not stop.is_set():
+            block = allocator.malloc(64 * 2**20)
+            kept.append(allocator.malloc(8 * 2**20))
+            allocator.free(block)
+            agent.on_step(explicit=True)
+            steps += 1
+            if steps >= 240:
+                stepped.set()
+            stop.wait(0.01)
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    try:
+        assert stepped.wait(60)
+        code = main(["estimate", "--from", str(os.getpid()), "--measured-batch", "4"])
+    finally:
+        stop.set()
+        trainer.join(10)
+        agent.stop()
+        for block in states + kept:
+            allocator.free(block)
+    captured = capsys.readouterr()
+    assert code == 1 and "largest batch" not in captured.out, captured.out
+    assert "leak verdict" in captured.err and "8.0 MiB a step" in captured.err
