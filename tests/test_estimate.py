@@ -897,6 +897,8 @@ def test_serving_refuses_training_flags_and_quantize_base_alone_points_to_it(cap
     assert "--serve --quantize" in capsys.readouterr().err
     assert main(["estimate", "--serve", "--params", "7B"]) == 2
     assert "attention shape" in capsys.readouterr().err
+    assert main(["estimate", "--preset", "llama-7b", "--kv-dtype", "fp8"]) == 2
+    assert "serving setting: add --serve" in capsys.readouterr().err
 
 
 # -- the recipe said (issue 32, item 3) ------------------------------------------------------

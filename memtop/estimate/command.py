@@ -228,6 +228,12 @@ def setup_from(args: argparse.Namespace) -> Setup:
     targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
     if targets and not rank:
         raise EstimateUsageError("--lora-targets needs --lora-rank")
+    serving = [k for k, default in SERVE_ONLY.items() if getattr(args, k) != default]
+    if serving:
+        raise EstimateUsageError(
+            f"--{serving[0].replace('_', '-')} is a serving setting: add --serve (generation), "
+            "or leave it out for training"
+        )
     if args.quantize_base and not rank:
         raise EstimateUsageError(
             "--quantize-base trains LoRA adapters over a quantized base: give --lora-rank "
