@@ -740,6 +740,13 @@ def test_mixtral_is_not_one_dense_expert(capsys, tmp_path):
     assert ep["weights_bytes"] == pytest.approx(expected, rel=1e-6)
     assert main(["estimate", "--config", str(path), "--ep", "3", "--gpus", "3"]) == 2
     assert "does not divide the 8 experts" in capsys.readouterr().err
+    # Activations follow the top-k experts a token runs through, more with a capacity factor
+    # (every expert's buffer sized for 1.25 × its share), none of it in the model states.
+    dropless = run_json(capsys, "--config", str(path), "--batch", "4")
+    padded = run_json(capsys, "--config", str(path), "--batch", "4", "--capacity-factor", "1.25")
+    assert padded["activations_bytes"] > dropless["activations_bytes"]
+    assert padded["weights_bytes"] == dropless["weights_bytes"]
+    assert main(["estimate", "--preset", "llama-7b", "--capacity-factor", "1.25"]) == 2
 
 
 def test_every_key_of_the_published_configs_is_read_or_known_harmless(tmp_path):

@@ -152,6 +152,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ep", type=int, default=1, metavar="N", help="expert parallel: experts split over N GPUs"
     )
+    parser.add_argument(
+        "--capacity-factor",
+        type=float,
+        default=None,
+        metavar="C",
+        help="experts' buffers sized for C × their share of the tokens (default: dropless)",
+    )
     serve = parser.add_argument_group("serving (--serve): generation, not training")
     serve.add_argument(
         "--serve",
@@ -248,6 +255,7 @@ def setup_from(args: argparse.Namespace) -> Setup:
     return Setup(
         dtype=dtype,
         expert_parallel=args.ep,
+        capacity_factor=args.capacity_factor,
         optimizer=args.optimizer,
         master_weights=args.master_weights,
         autocast=args.autocast,
@@ -343,6 +351,7 @@ TRAINING_ONLY = {
     "optimizer": "adamw", "master_weights": False, "autocast": False, "lora_rank": None,
     "qlora": False, "quantize_base": None, "offload_optimizer": False, "zero": 0, "gpus": 1,
     "checkpointing": "none", "batch": None, "ep": 1, "lora_targets": "",
+    "capacity_factor": None,
 }  # fmt: skip
 SERVE_ONLY = {
     "quantize": None, "kv_dtype": None, "concurrency": 1, "tp": 1, "prefill_tokens": None,

@@ -78,6 +78,9 @@ class Setup:
     adapter_dtype: str = "fp32"  # LoRA adapters (PEFT's default; the QLoRA paper's: bf16)
     offload_optimizer: bool = False  # optimizer state and master weights in CPU memory
     expert_parallel: int = 1  # GPUs the routed experts are split over (--ep)
+    # Each expert's buffer holds capacity_factor × its even share of the routed tokens
+    # (GShard, Switch Transformer); None: dropless routing (every token reaches its experts).
+    capacity_factor: float | None = None
 
     def check(self) -> None:
         problems = []
@@ -97,6 +100,8 @@ class Setup:
             problems.append("expert parallelism must be at least 1")
         elif self.expert_parallel > self.gpus:
             problems.append("expert parallelism needs as many GPUs (--gpus) as --ep")
+        if self.capacity_factor is not None and not 0 < self.capacity_factor <= 64:
+            problems.append("capacity factor must be in (0, 64]")
         if self.lora_rank < 0:
             problems.append("LoRA rank must be >= 0")
         if self.quantize_base is not None and self.quantize_base not in QUANT_BYTES:
@@ -220,9 +225,10 @@ def activation_parts(arch: Architecture, setup: Setup, batch: int) -> dict[str, 
         # 2, its 4h-wide intermediate 16, a dropout mask 1).  An MoE layer keeps its input and
         # mask, a dispatched copy of the input per expert a token is sent to (2·k), and 4 bytes
         # a value of each active expert's intermediate (and the shared experts'), dropless
-        # routing (every token reaches its k experts: no capacity factor drops any).  Averaged
+        # routing (every token reaches its k experts); with a capacity factor C every expert's
+        # buffer is sized for C times its share, so the dispatched tokens count C·k.  Averaged
         # over the layers, dense ones keeping Korthikanti's 19.
-        k, h_ = arch.experts_per_token, arch.hidden
+        k, h_ = arch.experts_per_token * (setup.capacity_factor or 1.0), arch.hidden
         moe_mlp = 3 + 2 * k + 4 * (k * arch.expert_intermediate + arch.shared_intermediate) / h_
         mlp = (moe_mlp * arch.moe_layers + 19 * (L - arch.moe_layers)) / L
         per_layer_linear = round(((38 if setup.autocast else 34) - 19 + mlp) * sbh)
@@ -253,6 +259,8 @@ def estimate(arch: Architecture, setup: Setup) -> Estimate:
     if setup.lora:
         targets = arch.resolve_targets(setup.lora_targets)
         setup = _with_targets(setup, targets)
+    if setup.capacity_factor is not None and not arch.moe:
+        raise ArchitectureError("--capacity-factor sizes experts' buffers: this model has none")
     n = setup.gpus
     total_params = arch.parameter_count()
     param_bytes = DTYPE_BYTES[setup.dtype]

@@ -242,6 +242,11 @@ def _describe_setup(arch: Architecture, setup: Setup) -> str:
         parts.append(f"{base} r={setup.lora_rank} on {','.join(setup.lora_targets)}")
     if setup.zero_stage:
         parts.append(f"ZeRO-{setup.zero_stage}")
+    if setup.expert_parallel > 1:
+        parts.append(f"experts over {setup.expert_parallel} GPUs")
+    if arch.moe:
+        cf = setup.capacity_factor
+        parts.append("dropless routing" if cf is None else f"capacity factor {cf:g}")
     if setup.gpus > 1:
         parts.append(f"{setup.gpus} GPUs")
     if setup.checkpointing != "none":
