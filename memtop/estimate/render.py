@@ -522,8 +522,12 @@ def serve_text(est: ServeEstimate, targets: list[Target]) -> str:
     b = format_bytes
     lines = [
         f"{arch.name}: {arch.parameter_count() / 1e9:.3f} B parameters{moe_line(arch)}; "
-        f"{arch.layers} layers, {kv_heads_per_gpu(arch, 1)} KV heads"
-        + (" (latent attention)" if arch.mla else ""),
+        f"{arch.layers} layers, "
+        + (
+            f"latent attention (a {arch.kv_lora_rank}-wide latent)"
+            if arch.mla
+            else f"{kv_heads_per_gpu(arch, 1)} KV heads"
+        ),
         f"recipe: {serve_recipe(est)}",
     ]
     mtp = mtp_line(arch)
@@ -571,12 +575,15 @@ def serve_text(est: ServeEstimate, targets: list[Target]) -> str:
                     if est.weights_bytes > check["usable_bytes"]
                     else f" (all but the KV cache is {b(est.fixed_bytes)})"
                 )
-        lines.append(
-            f"{target.describe()}: {verdict}; at {setup.context} tokens at most "
-            f"{check['max_concurrency']} sequences at once; for {setup.concurrency} "
-            f"sequence{'s' if setup.concurrency != 1 else ''} at most {check['max_context']} "
-            "tokens each"
-        )
+        if check["max_context"] == 0:
+            limits = "no room left for a KV cache"
+        else:
+            limits = (
+                f"at {setup.context} tokens at most {check['max_concurrency']} sequences at "
+                f"once; for {setup.concurrency} sequence{'s' if setup.concurrency != 1 else ''} "
+                f"at most {check['max_context']} tokens each"
+            )
+        lines.append(f"{target.describe()}: {verdict}; {limits}")
         vllm = check.get("vllm")
         if vllm:
             lines.append(
