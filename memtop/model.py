@@ -130,6 +130,40 @@ class GpuProcess:
     kind: str = "compute"  # "compute" or "graphics"
 
 
+def bare_uuid(uuid: str | None) -> str:
+    """A GPU's UUID without NVML's `GPU-`/`MIG-` prefix, lower case: torch gives it bare (CUDA's
+    cuDeviceGetUuid), NVML prefixed, and a MIG instance's may come from either side with either
+    prefix.  Every comparison of an agent's UUID with the driver's goes through this."""
+    text = (uuid or "").strip()
+    for prefix in ("MIG-", "GPU-"):
+        if text[:4].upper() == prefix:
+            text = text[4:]
+    return text.lower()
+
+
+@dataclass(frozen=True, slots=True)
+class MigInfo:
+    """Where a MIG instance sits: its parent GPU's index, its GPU and compute instance ids
+    (DCGM's GPU_I_ID and the CI id), and its profile ("3g.40gb")."""
+
+    parent_index: int
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str
+
+    def label(self) -> str:
+        """ "MIG 3g.40gb #1" (the GPU instance id: DCGM's GPU_I_ID, `--only 0:1`)."""
+        return f"MIG {self.profile} #{self.gpu_instance_id}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "parent_index": self.parent_index,
+            "gpu_instance_id": self.gpu_instance_id,
+            "compute_instance_id": self.compute_instance_id,
+            "profile": self.profile,
+        }
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceReading:
     """What the driver reports for one GPU at one moment."""
@@ -156,6 +190,11 @@ class DeviceReading:
     # AMD's labels.  None: NVIDIA's, or not said.
     vendor: str | None = None
     host: str | None = None  # the machine it is in, when not this one (the fleet view)
+    # A MIG instance: where it sits (its `index` is its parent's).  None: a whole GPU.
+    mig: MigInfo | None = None
+    # A GPU in MIG mode: its instances are devices of their own and carry the processes; the
+    # parent lists none (for a user the driver refuses them, for root they are the instances').
+    mig_mode: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,6 +35,8 @@ from memtop.model import (
     DeviceReading,
     DriverReading,
     GpuProcess,
+    MigInfo,
+    bare_uuid,
     host_of,
 )
 from memtop.sources.processes import ProcessInfo
@@ -195,6 +197,18 @@ class GpuObservation:
     def host(self) -> str | None:
         """The machine it is in, when not this one (the fleet view)."""
         return self.reading.host
+
+    @property
+    def mig(self) -> MigInfo | None:
+        """Where a MIG instance sits (None: a whole GPU)."""
+        return self.reading.mig
+
+    @property
+    def label(self) -> str:
+        """ "GPU 0", or "GPU 0 · MIG 3g.40gb #1" for a MIG instance."""
+        if self.mig is not None:
+            return f"GPU {self.index} · {self.mig.label()}"
+        return f"GPU {self.index}"
 
     @property
     def peak_sum_bytes(self) -> int:
@@ -398,22 +412,58 @@ class Observer:
 def _driver_uuids(
     reading: DriverReading | None,
 ) -> Callable[[AgentView, AgentDeviceView], str]:
-    """The GPU an agent's device is, as the driver's UUID: the agent's own UUID when the
-    driver lists it (CUDA), else the driver's GPU at the PCI bus id the agent's hello gave (on
-    ROCm torch's UUID is HIP's, not amdsmi's), else the agent's UUID as it is (no driver, or
-    a GPU the driver does not list)."""
-    listed = {d.uuid for d in reading.devices} if reading is not None else set()
-    by_bus = {d.pci_bus_id: d.uuid for d in (reading.devices if reading else ()) if d.pci_bus_id}
+    """The GPU an agent's device is, as the driver's UUID (DESIGN §13):
+
+    - the driver's device whose UUID is the agent's, compared without the `GPU-`/`MIG-` prefix
+      (torch gives it bare; on a MIG slice it is the instance's, or through older paths its
+      parent's);
+    - where that is a GPU in MIG mode, the instance that lists the agent's pid and whose size
+      is the one torch reports (no such single instance: the parent, which is true if vague);
+    - else the driver's GPU at the PCI bus id the agent's hello gave (on ROCm torch's UUID is
+      HIP's, not amdsmi's), never a GPU in MIG mode or an instance: they share one address;
+    - else the agent's UUID as it is (no driver, or a GPU the driver does not list)."""
+    devices = reading.devices if reading is not None else ()
+    by_uuid = {bare_uuid(d.uuid): d for d in devices}
+    instances: dict[int, list[DeviceReading]] = {}
+    for d in devices:
+        if d.mig is not None:
+            instances.setdefault(d.mig.parent_index, []).append(d)
+    by_bus = {
+        d.pci_bus_id: d.uuid for d in devices if d.pci_bus_id and d.mig is None and not d.mig_mode
+    }
 
     def resolve(agent: AgentView, dev: AgentDeviceView) -> str:
-        if dev.uuid in listed or not by_bus or agent.hello is None:
-            return dev.uuid
-        declared = next((d for d in agent.hello.devices if d.index == dev.index), None)
-        if declared is None or declared.pci_bus_id is None:
+        declared = (
+            next((d for d in agent.hello.devices if d.index == dev.index), None)
+            if agent.hello is not None
+            else None
+        )
+        found = by_uuid.get(bare_uuid(dev.uuid))
+        if found is not None:
+            if found.mig_mode:
+                size = declared.total_bytes if declared is not None else dev.latest.total_bytes
+                return _settled_instance(agent.pid, size, instances.get(found.index, [])) or (
+                    found.uuid
+                )
+            return found.uuid
+        if not by_bus or declared is None or declared.pci_bus_id is None:
             return dev.uuid
         return by_bus.get(declared.pci_bus_id, dev.uuid)
 
     return resolve
+
+
+def _settled_instance(pid: int, size: int, instances: Sequence[DeviceReading]) -> str | None:
+    """The UUID of the one MIG instance that lists `pid` and is `size` bytes large (within 2 %:
+    torch's total_memory and NVML's total may differ by what the driver keeps), else None."""
+    matching = [
+        d.uuid
+        for d in instances
+        if any(p.pid == pid for p in d.processes)
+        and d.total_bytes is not None
+        and abs(d.total_bytes - size) <= 0.02 * max(d.total_bytes, 1)
+    ]
+    return matching[0] if len(matching) == 1 else None
 
 
 def _agent_device(
@@ -477,7 +527,15 @@ def _gpus(
             host=host_of(on_it[0].pid),
         )
         gpus.append(GpuObservation(account, processes, tuple(on_it), _used_window(view, uuid)))
-    gpus.sort(key=lambda g: (g.source == SOURCE_AGENT, g.index, g.uuid))
+    # A MIG instance right after its parent (its index is the parent's), by instance ids.
+    gpus.sort(
+        key=lambda g: (
+            g.source == SOURCE_AGENT,
+            g.index,
+            (g.mig.gpu_instance_id, g.mig.compute_instance_id) if g.mig else (-1, -1),
+            g.uuid,
+        )
+    )
     return tuple(gpus)
 
 

@@ -59,6 +59,10 @@ def _device(gpu: GpuObservation) -> dict[str, Any]:
         ],
         # The sum of the true peaks of the PyTorch processes on it (each its own moment).
         "peak_sum_bytes": gpu.peak_sum_bytes if gpu.agents else None,
+        # A MIG instance: parent_index, gpu_instance_id, compute_instance_id, profile (DESIGN
+        # §13); null for a whole GPU.  A GPU in MIG mode lists no process: its instances do.
+        "mig": gpu.mig.as_dict() if gpu.mig is not None else None,
+        "mig_mode": gpu.reading.mig_mode,
     }
 
 
@@ -143,8 +147,12 @@ def render_text(report: dict[str, Any]) -> str:
     for d in devices:
         total, used = d["total_bytes"], d["used_bytes"]
         share = f"{100 * used / total:4.0f}%" if total and used is not None else "  n/a"
+        mig = d.get("mig")
+        number = f"{d['index']}:{mig['gpu_instance_id']}" if mig else str(d["index"])
+        # An instance sits under its GPU's row, which names the model: its profile says it.
+        name = f"  MIG {mig['profile']}" if mig else d["name"]
         lines.append(
-            f"{d['index']:<4} {d['name'][:28]:<28} {format_bytes(used):>10} "
+            f"{number:<4} {name[:28]:<28} {format_bytes(used):>10} "
             f"{format_bytes(total):>10} {share:>5}  {d['source']}"
             + (f"  ! {d['error']}" if d.get("error") else "")
         )

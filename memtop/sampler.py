@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from memtop import protocol
 from memtop.feed import ActionReply, FeedLoop
-from memtop.model import SOURCE_AGENT, AgentStatus, DriverReading
+from memtop.model import SOURCE_AGENT, AgentStatus, DriverReading, bare_uuid
 from memtop.sources.agents import AgentClient, AgentError, AgentPoll, AgentPool, AgentUnreachable
 from memtop.sources.processes import ProcessDirectory, ProcessInfo, TerminateRefused, terminate
 from memtop.store import Store
@@ -173,12 +173,13 @@ class Sampler(FeedLoop):
         reading = self.devices.read(wait=min(budget, 0.5) if self.rounds else budget)
         known = None
         if reading.available and reading.source != SOURCE_AGENT:
-            # By UUID, and by PCI bus id for the agents whose UUID is not the driver's (ROCm).
+            # By UUID without its prefix (torch gives it bare), and by PCI bus id for the agents
+            # whose UUID is not the driver's (ROCm): never a MIG instance's, which is its GPU's.
             known = {
                 key: d.total_bytes
                 for d in reading.devices
                 if d.total_bytes is not None
-                for key in (d.uuid, d.pci_bus_id)
+                for key in (bare_uuid(d.uuid), d.pci_bus_id if d.mig is None else None)
                 if key
             }
         remaining = max(0.05, budget - (time.monotonic() - started))

@@ -400,7 +400,8 @@ def test_gpu_stats_and_devices_agree_with_torch(probe: TorchProbe):
     assert total == torch.cuda.mem_get_info(index)[1] and 0 < free < total
     props = torch.cuda.get_device_properties(index)
     device = {d.index: d for d in probe.devices()}[index]
-    assert device.uuid.startswith(("GPU-", "MIG-")) and len(device.uuid) > 20
+    # torch's UUID as it gives it (no `GPU-` prefix added: a MIG instance's would not match)
+    assert device.uuid == str(props.uuid) and len(device.uuid) > 20
     assert device.name == props.name
     assert device.total_bytes == props.total_memory
     del x

@@ -47,8 +47,13 @@ def alerts(
 def scope(args: argparse.Namespace) -> Scope:
     from memtop.scope import Scope
 
+    only = getattr(args, "only", None) or ()
+    # `--only 0,1:2`: whole GPUs by number, MIG instances as (GPU, GPU instance id).
+    gpus = frozenset(c for c in only if isinstance(c, int))
+    instances = frozenset(c for c in only if isinstance(c, tuple))
     return Scope(
-        gpus=getattr(args, "only", None),
+        gpus=gpus or None,
+        instances=instances or None,
         users=getattr(args, "user", None),
         pids=getattr(args, "pid", None),
     )

@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_gpu_list,
         default=None,
         metavar="0,2",
-        help="show only these GPUs (the driver's numbers) and their processes",
+        help="show only these GPUs (the driver's numbers) and their processes; 0:1 is GPU 0's "
+        "MIG instance 1 (its GPU instance id)",
     )
     _add_filters(parser)
     parser.add_argument(
@@ -149,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_gpu_list,
         default=argparse.SUPPRESS,
         metavar="0,2",
-        help="export only these GPUs and their processes",
+        help="export only these GPUs (0:1: GPU 0's MIG instance 1) and their processes",
     )
     _add_filters(export, default=argparse.SUPPRESS)
     _add_alerts(export, default=argparse.SUPPRESS)
@@ -191,15 +192,23 @@ def _add_filters(parser: argparse.ArgumentParser, default: object = None) -> Non
     )
 
 
-def _gpu_list(text: str) -> frozenset[int]:
-    """`--only 0,2`: GPU numbers as the driver numbers them."""
-    try:
-        numbers = frozenset(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected GPU numbers like 0,2, got {text!r}") from None
-    if not numbers or min(numbers) < 0:
-        raise argparse.ArgumentTypeError(f"expected GPU numbers like 0,2, got {text!r}")
-    return numbers
+def _gpu_list(text: str) -> frozenset[int | tuple[int, int]]:
+    """`--only 0,2`: GPU numbers as the driver numbers them; `0:1` is GPU 0's MIG instance
+    whose GPU instance id is 1 (the `GPU_I_ID` of DCGM, `#1` on the dashboard's row)."""
+    wrong = argparse.ArgumentTypeError(
+        f"expected GPU numbers like 0,2 or MIG instances like 0:1, got {text!r}"
+    )
+    chosen: set[int | tuple[int, int]] = set()
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        numbers = part.split(":")
+        if len(numbers) > 2 or not all(n.isascii() and n.isdigit() for n in numbers):
+            raise wrong
+        chosen.add(int(numbers[0]) if len(numbers) == 1 else (int(numbers[0]), int(numbers[1])))
+    if not chosen:
+        raise wrong
+    return frozenset(chosen)
 
 
 def _pid_list(text: str) -> frozenset[int]:

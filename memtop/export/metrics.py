@@ -33,6 +33,8 @@ from memtop.observation import AgentObservation, Observation
 
 GPU_LABELS = ("hostname", "UUID", "gpu", "modelName")
 AMD_GPU_LABELS = ("gpu_id", "gpu_uuid", "card_model")
+# DCGM exporter's MIG labels: the GPU instance id and its profile ("3g.40gb").
+MIG_GPU_LABELS = ("GPU_I_ID", "GPU_I_PROFILE")
 # DCGM exporter's job labels (hpc_job, pod, namespace, container), so series join its own.
 AGENT_LABELS = ("hostname", "pid", "rank", "job", *DCGM_LABELS)
 INFO_LABELS = (
@@ -138,7 +140,11 @@ def render(
     # NVIDIA's first on a mixed box.
     amd_ids = {g.uuid: str(n) for n, g in enumerate(g for g in obs.gpus if g.vendor == "amd")}
     amd_labels = AMD_GPU_LABELS if amd_ids else ()
-    gpu_label_names = (*GPU_LABELS, *amd_labels)
+    # A box with MIG instances: DCGM's instance labels on every GPU series ("" on a whole
+    # GPU), so a dashboard built on dcgm-exporter's reads memtop's; `gpu` is the parent's.
+    migs = {g.uuid: g.mig for g in obs.gpus if g.mig is not None}
+    mig_labels = MIG_GPU_LABELS if migs else ()
+    gpu_label_names = (*GPU_LABELS, *amd_labels, *mig_labels)
     process_label_names = (*gpu_label_names, "pid", "rank", "job", *DCGM_LABELS)
 
     def gpu_labels(uuid: str, index: int, name: str) -> list[str]:
@@ -146,6 +152,9 @@ def render(
         if amd_ids:
             amd_id = amd_ids.get(uuid)
             values += [amd_id, uuid, name] if amd_id is not None else ["", "", ""]
+        if migs:
+            mig = migs.get(uuid)
+            values += [str(mig.gpu_instance_id), mig.profile] if mig is not None else ["", ""]
         return values
 
     def gauge(name: str, text: str, labels: tuple[str, ...]) -> GaugeMetricFamily:

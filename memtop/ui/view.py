@@ -149,6 +149,7 @@ class GpuRow:
     temperature: int | None = None  # °C
     power_watts: float | None = None
     host: str = ""  # the machine it is in, short, when not this one (the fleet view)
+    mig: str = ""  # a MIG instance's "MIG 3g.40gb #1" (its index is its GPU's)
 
     @property
     def used_share(self) -> float | None:
@@ -185,6 +186,14 @@ class ProcessRow:
     rocm: str | None = None  # the HIP version when its torch is a ROCm build (AMD GPUs)
     host: str = ""  # the machine it runs on, short, when not this one (the fleet view)
     job: str = ""  # its scheduler job or rendezvous, compact (memtop.jobs): "slurm 4242"
+    mig_instance: int | None = None  # the GPU instance id of the MIG instance it runs on
+
+    @property
+    def gpu_label(self) -> str:
+        """ "0", "0:1" on GPU 0's MIG instance 1 (as `--only` takes it), "—" without a GPU."""
+        if self.gpu is None:
+            return "—"
+        return f"{self.gpu}:{self.mig_instance}" if self.mig_instance is not None else str(self.gpu)
 
     @property
     def last_known(self) -> bool:
@@ -260,7 +269,12 @@ def build(
     flagged = {(s.pid, s.device) for s in obs.suggestions if s.rule == RuleId.EXPANDABLE_SEGMENTS}
     gpus = tuple(_gpu_row(gpu, flagged) for gpu in obs.gpus)
     users = users if users is not None else {}
-    processes = tuple(_process_row(entry, my_uid, users, obs.time) for entry in obs.entries)
+    # A process on a MIG instance shows its GPU as "0:1" (GPU 0, GPU instance 1).
+    instances = {g.uuid: g.mig.gpu_instance_id for g in obs.gpus if g.mig is not None}
+    processes = tuple(
+        _process_row(entry, my_uid, users, obs.time, instances.get(entry.uuid or ""))
+        for entry in obs.entries
+    )
     if not sampled:
         state = WAITING
     elif not gpus and not obs.agents:
@@ -397,6 +411,7 @@ def _gpu_row(gpu: GpuObservation, flagged: set[tuple[int | None, int | None]]) -
         temperature=gpu.temperature_c,
         power_watts=getattr(gpu, "power_watts", None),
         host=short_host(gpu.host) if gpu.host else "",
+        mig=gpu.mig.label() if gpu.mig is not None else "",
     )
 
 
@@ -492,7 +507,11 @@ def short_command(argv: Sequence[str]) -> str:
 
 
 def _process_row(
-    entry: ProcessEntry, my_uid: int, users: MutableMapping[int, str], now: float
+    entry: ProcessEntry,
+    my_uid: int,
+    users: MutableMapping[int, str],
+    now: float,
+    mig_instance: int | None = None,
 ) -> ProcessRow:
     info = entry.info
     own = info is not None and info.uid == my_uid
@@ -515,6 +534,7 @@ def _process_row(
             full_command=info.command if info and info.visible else "?",
             **host,
             gpu=entry.gpu,
+            mig_instance=mig_instance,
             device=None,
             used=entry.used_bytes,
             allocated=None,
@@ -554,6 +574,7 @@ def _process_row(
         **host,
         job=job.label if job is not None else "",
         gpu=dev.gpu if dev else None,
+        mig_instance=mig_instance if dev else None,
         device=dev.index if dev else None,
         used=entry.used_bytes if dev else None,
         allocated=dev.allocated_bytes if dev else None,

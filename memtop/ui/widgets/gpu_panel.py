@@ -163,6 +163,11 @@ class GpuCard(Widget):
         row = self.row
         dense = self.has_class("-dense")
         label = f"GPU{row.index} " if compact else f"GPU {row.index}  {row.name[:26]} "
+        if row.mig:  # a MIG instance, on the row under its GPU's: "GPU 0 · MIG 3g.40gb #1"
+            gpu_instance = row.mig.rsplit("#", 1)[-1]
+            label = (
+                f"GPU{row.index}:{gpu_instance} " if compact else f"GPU {row.index} · {row.mig} "
+            )
         if compact and row.host:  # the fleet: the card without its name still names its host
             label = f"GPU{row.index} {row.host} "
         head = Text(label, style="bold")

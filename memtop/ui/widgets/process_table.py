@@ -95,7 +95,7 @@ COLUMNS = (
     Column(
         "gpu",
         "GPU",
-        lambda r, c: "—" if r.gpu is None else str(r.gpu),
+        lambda r, c: r.gpu_label,
         (3, 3),
         True,
         lambda r: _num(r.gpu),
@@ -291,7 +291,9 @@ class ProcessTable(Widget, can_focus=True):
         if not self.filter:
             return True
         needle = self.filter.lower()
-        hay = f"{row.pid} {row.user} gpu{row.gpu} {row.full_command or row.command} {row.state}"
+        hay = (
+            f"{row.pid} {row.user} gpu{row.gpu_label} {row.full_command or row.command} {row.state}"
+        )
         return needle in hay.lower()
 
     def _arrange(self) -> None:
