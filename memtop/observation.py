@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuFacts
 from memtop.diagnosis.facts import ReadsSample
@@ -39,6 +39,7 @@ from memtop.model import (
     bare_uuid,
     host_of,
 )
+from memtop.sources.owners import GONE, HIDDEN, OTHER_NAMESPACE, Holder
 from memtop.sources.processes import ProcessInfo
 from memtop.store import AgentDeviceView, AgentView, RoundView, Store
 
@@ -128,6 +129,59 @@ class AgentObservation:
         return job_identity(self.hello.extra) if self.hello is not None else None
 
 
+# The parts of a GPU's used bytes, in order (DESIGN §13, `accounting` in --once --json), and
+# how the screens name them.
+PART_LABELS = {
+    "agents_reserved": "PyTorch's caches (agents' reserved)",
+    "agents_outside_pytorch": "agents' processes outside PyTorch",
+    "no_agent": "processes without an agent",
+    "other_namespace": "processes in other pid namespaces",
+    "other_users": "other users' processes",
+    "gone": "exited pids still charged",
+    "mig_instances": "MIG instances",
+    "overcounted": "charged twice (per-process sum exceeds used)",
+    "unattributed": "charged to no listed process",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AccountedProcess:
+    """One process in a part of a GPU's accounting, and what memtop can say of it."""
+
+    pid: int
+    bytes: int | None  # what the driver charges it (None: N/A, counted as unattributed)
+    why: str = ""  # attachable or not and why; where it runs; what holds its memory
+    attachable: bool | None = None
+    container: str | None = None
+    user: str | None = None
+    holders: tuple[Holder, ...] = ()  # a gone pid: live processes holding GPU device files
+
+
+@dataclass(frozen=True, slots=True)
+class AccountPart:
+    name: str  # a key of PART_LABELS
+    bytes: int
+    pids: tuple[int, ...] = ()
+    processes: tuple[AccountedProcess, ...] = ()
+    note: str = ""
+
+    @property
+    def label(self) -> str:
+        return PART_LABELS.get(self.name, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Accounting:
+    """Every byte the driver counts as used on one GPU, by who holds it: parts that sum exactly
+    to `used_bytes` (the last, `unattributed`, is what no listed process is charged)."""
+
+    used_bytes: int
+    parts: tuple[AccountPart, ...]
+
+    def part(self, name: str) -> AccountPart | None:
+        return next((p for p in self.parts if p.name == name), None)
+
+
 @dataclass(frozen=True, slots=True)
 class GpuObservation:
     """One physical GPU: the driver's reading of it (or, without one, the agents' account,
@@ -138,6 +192,7 @@ class GpuObservation:
     processes: tuple[GpuProcess, ...]  # as the driver lists them (agents' pids without one)
     agents: tuple[AgentDeviceObservation, ...]
     used_history: tuple[Sequence[float], Sequence[float]] = ((), ())  # times, used bytes
+    accounting: Accounting | None = None  # None: the used bytes are not known
 
     @property
     def index(self) -> int:
@@ -382,6 +437,7 @@ class Observer:
             )
 
         gpus = _gpus(view, reading, [d for a in agents if a.live for d in a.devices])
+        gpus = tuple(replace(g, accounting=_accounting(g, gpus, view, self.uid)) for g in gpus)
         facts = tuple(_facts(g) for g in gpus)
         diagnosis = Diagnosis(
             time=now,
@@ -537,6 +593,129 @@ def _gpus(
         )
     )
     return tuple(gpus)
+
+
+def _accounting(
+    gpu: GpuObservation, gpus: Sequence[GpuObservation], view: RoundView, my_uid: int
+) -> Accounting | None:
+    """Who holds the used bytes of `gpu` (DESIGN §13): the agents' reserved, their processes'
+    bytes outside PyTorch, then every other listed process by what memtop can say of it (no
+    agent, another pid namespace, another user's, gone), a GPU in MIG mode's instances, and the
+    rest, unattributed.  The parts sum exactly to the driver's used bytes."""
+    used = gpu.used_bytes
+    if used is None:
+        return None
+    parts: list[AccountPart] = []
+    live = gpu.agents
+    parts.append(
+        AccountPart(
+            "agents_reserved",
+            sum(d.reserved_bytes for d in live),
+            tuple(sorted({d.pid for d in live})),
+        )
+    )
+    outside = [(d.pid, d.non_pytorch_bytes) for d in live if d.non_pytorch_bytes is not None]
+    parts.append(
+        AccountPart(
+            "agents_outside_pytorch",
+            sum(b for _, b in outside),
+            tuple(sorted({pid for pid, _ in outside})),
+            note=(
+                ""
+                if len(outside) == len(live)
+                else "the driver charges no listed process for "
+                + ", ".join(str(d.pid) for d in live if d.non_pytorch_bytes is None)
+                + ": its bytes outside PyTorch are in the unattributed rest"
+            ),
+        )
+    )
+    agent_pids = {d.pid for d in live}
+    groups: dict[str, list[AccountedProcess]] = {
+        "no_agent": [],
+        "other_namespace": [],
+        "other_users": [],
+        "gone": [],
+    }
+    if gpu.source != SOURCE_AGENT:
+        for process in gpu.processes:
+            if process.pid in agent_pids:
+                continue
+            name, entry = _accounted(process, view, my_uid)
+            groups[name].append(entry)
+    for name, entries in groups.items():
+        parts.append(
+            AccountPart(
+                name,
+                sum(e.bytes or 0 for e in entries),
+                tuple(e.pid for e in entries),
+                tuple(entries),
+            )
+        )
+    if gpu.reading.mig_mode:
+        instances = [
+            g
+            for g in gpus
+            if g.mig is not None and g.mig.parent_index == gpu.index and g.host == gpu.host
+        ]
+        parts.append(
+            AccountPart(
+                "mig_instances",
+                sum(g.used_bytes or 0 for g in instances),
+                tuple(sorted({p.pid for g in instances for p in g.processes})),
+                note=", ".join(f"{g.label} {g.uuid}" for g in instances),
+            )
+        )
+    rest = used - sum(p.bytes for p in parts)
+    if rest < 0:
+        parts.append(
+            AccountPart(
+                "overcounted",
+                rest,
+                note="the parts above add up to more than the driver's used bytes (a process "
+                "charged on two lists, or used read a moment apart from the charges)",
+            )
+        )
+        rest = 0
+    unknown = tuple(
+        p.pid for p in gpu.processes if p.used_bytes is None and gpu.source != SOURCE_AGENT
+    )
+    parts.append(
+        AccountPart(
+            "unattributed",
+            rest,
+            unknown,
+            note=(
+                "the driver lists no process for it (an exited process's memory not yet freed, "
+                "another container's processes the driver hides, the driver's own)"
+                if rest and not unknown
+                else "includes processes whose charge the driver does not say (N/A)"
+                if unknown
+                else ""
+            ),
+        )
+    )
+    return Accounting(used, tuple(parts))
+
+
+def _accounted(process: GpuProcess, view: RoundView, my_uid: int) -> tuple[str, AccountedProcess]:
+    """The part a listed process without an agent belongs to, and what is said of it."""
+    facts = view.owners.get(process.pid)
+    info = view.processes.get(process.pid)
+    user = info.user if info is not None and info.visible else None
+    base = AccountedProcess(process.pid, process.used_bytes, user=user)
+    if facts is None:  # not surveyed (a recording, the fleet): what the process table knows
+        why = "not looked at here" if info is None else ("" if info.visible else "not visible")
+        return "no_agent", replace(base, why=why)
+    state = facts.state
+    if state == OTHER_NAMESPACE:
+        return "other_namespace", replace(base, why=facts.why, container=facts.container)
+    if state == HIDDEN:
+        return "other_users", replace(base, why=facts.why)
+    if state == GONE:
+        return "gone", replace(base, why=facts.why, holders=facts.holders)
+    if my_uid != 0 and info is not None and info.visible and info.uid != my_uid:
+        return "other_users", replace(base, why=facts.why, attachable=False)
+    return "no_agent", replace(base, why=facts.why, attachable=facts.attachable)
 
 
 def _used_window(view: RoundView, uuid: str) -> tuple[Sequence[float], Sequence[float]]:

@@ -23,6 +23,7 @@ from memtop import protocol
 from memtop.feed import ActionReply, FeedLoop
 from memtop.model import SOURCE_AGENT, AgentStatus, DriverReading, bare_uuid
 from memtop.sources.agents import AgentClient, AgentError, AgentPoll, AgentPool, AgentUnreachable
+from memtop.sources.owners import GpuOwners
 from memtop.sources.processes import ProcessDirectory, ProcessInfo, TerminateRefused, terminate
 from memtop.store import Store
 
@@ -151,6 +152,7 @@ class Sampler(FeedLoop):
         }
         self.last_round_s = 0.0
         self.processes = ProcessDirectory()
+        self.owners = GpuOwners()
         self._device_stall_noted: float | None = None
         self._actions = concurrent.futures.ThreadPoolExecutor(
             max_workers=2, thread_name_prefix="memtop-action"
@@ -187,8 +189,12 @@ class Sampler(FeedLoop):
         polled = time.time()
         # Owners and command lines first: a row must never be on screen before its owner is
         # known (the kill key checks it).
-        pids = {p.pid for d in reading.devices for p in d.processes} | {p.pid for p in polls}
+        listed = {p.pid for d in reading.devices for p in d.processes}
+        pids = listed | {p.pid for p in polls}
         infos = self.processes.lookup(pids)
+        # Who the driver's pids are (container, another user's, gone and what holds their
+        # memory): the accounting of each GPU's bytes.  Not for the agents' own account.
+        owners = self.owners.survey(listed, infos, listed) if reading.source != SOURCE_AGENT else {}
         if self.tap is not None:
             self._tap_round(now, polled, reading, infos, polls)
         # The round's I/O is done: its writes are published together, as one generation (a
@@ -199,6 +205,7 @@ class Sampler(FeedLoop):
                 self._device_stall_noted = stalled
                 self.store.note("the GPU driver is not answering: showing its last reading")
             self.store.update_processes(infos)
+            self.store.update_owners(owners)
             self.store.update_driver(reading, now)
             self.store.update_agents(polls, polled)
             self.store.set_problems(self.agents.problems)

@@ -10,7 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from memtop.observation import AgentObservation, GpuObservation, Observation, ProcessEntry
+from memtop.observation import (
+    Accounting,
+    AgentObservation,
+    GpuObservation,
+    Observation,
+    ProcessEntry,
+)
 
 
 @dataclass(frozen=True)
@@ -100,7 +106,11 @@ class Scope:
             # A GPU's own figures (used, total, its agents' sums) stay the whole GPU's; the
             # processes it lists are the chosen ones.
             gpus = tuple(
-                replace(g, processes=tuple(p for p in g.processes if self._owner_ok(p.pid, obs)))
+                replace(
+                    g,
+                    processes=tuple(p for p in g.processes if self._owner_ok(p.pid, obs)),
+                    accounting=self._accounting(g.accounting, obs),
+                )
                 for g in gpus
             )
         agents: list[AgentObservation] = []
@@ -129,6 +139,21 @@ class Scope:
             entries=entries,
             diagnosis=replace(obs.diagnosis, suggestions=suggestions),
         )
+
+    def _accounting(self, accounting: Accounting | None, obs: Observation) -> Accounting | None:
+        """The GPU's accounting with its bytes whole (they are the GPU's figures) but naming
+        only the chosen processes: a hidden process's pid is not shown through it."""
+        if accounting is None:
+            return None
+        parts = tuple(
+            replace(
+                part,
+                pids=tuple(pid for pid in part.pids if self._owner_ok(pid, obs)),
+                processes=tuple(p for p in part.processes if self._owner_ok(p.pid, obs)),
+            )
+            for part in accounting.parts
+        )
+        return replace(accounting, parts=parts)
 
     def _suggestions(
         self, obs: Observation, shown: frozenset[int], numbers_shown: frozenset[int]

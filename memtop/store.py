@@ -32,6 +32,7 @@ from memtop.model import (
     host_of,
 )
 from memtop.sources.agents import CONNECTED, EXITED, AgentPoll
+from memtop.sources.owners import PidFacts
 from memtop.sources.processes import ProcessInfo
 
 HISTORY_SAMPLES = 3600  # one hour at the default 1 s interval
@@ -194,6 +195,8 @@ class RoundView:
     processes: Mapping[int, ProcessInfo]
     problems: tuple[str, ...]
     events: tuple[tuple[float, str], ...]  # newest last
+    # Who each pid the driver charges is (memtop.sources.owners): the accounting sorts by it.
+    owners: Mapping[int, PidFacts] = field(default_factory=dict)
 
     def used_window(self, uuid: str) -> tuple[array[float], array[float]]:
         return self.device_used.get(uuid) or (array("d"), array("d"))
@@ -216,6 +219,7 @@ class Store:
         self._device_used: dict[str, Ring] = {}
         self._agents: dict[int, AgentState] = {}
         self._processes: dict[int, ProcessInfo] = {}
+        self._owners: dict[int, PidFacts] = {}
         self._problems: list[str] = []
         self.events: deque[tuple[float, str]] = deque(maxlen=200)
         # Bumped once per round (once per write outside one): the UI redraws only when it moved.
@@ -259,6 +263,7 @@ class Store:
             self._device_used.clear()
             self._agents.clear()
             self._processes = {}
+            self._owners = {}
             self._problems = []
             self.events.clear()
             self._changed()
@@ -405,6 +410,13 @@ class Store:
                 apply(agent)
                 self._changed()
 
+    def update_owners(self, owners: Mapping[int, PidFacts]) -> None:
+        """What is known of each pid the driver charges (read by the sampler)."""
+        with self._lock:
+            if owners != self._owners:
+                self._owners = dict(owners)
+                self._changed()
+
     def update_processes(self, processes: dict[int, ProcessInfo]) -> None:
         """Owner and command line of every pid in view (read by the sampler)."""
         with self._lock:
@@ -462,6 +474,7 @@ class Store:
                     processes=dict(self._processes),
                     problems=tuple(self._problems),
                     events=tuple(self.events),
+                    owners=dict(self._owners),
                 )
             return view
 

@@ -184,9 +184,19 @@ def render(
         "One per GPU in view: where its numbers come from.",
         (*gpu_label_names, "source"),
     )
+    gpu_accounted = gauge(
+        "memtop_gpu_memory_accounted_bytes",
+        "A GPU's used memory by who holds it (the parts sum to memtop_gpu_memory_used_bytes): "
+        "agents_reserved, agents_outside_pytorch, no_agent, other_namespace, other_users, gone, "
+        "mig_instances, overcounted, unattributed.",
+        (*gpu_label_names, "part"),
+    )
     for gpu in obs.gpus:
         labels = gpu_labels(gpu.uuid, gpu.index, gpu.name)
         gpu_info.add_metric([*labels, gpu.source], 1)
+        if gpu.accounting is not None:
+            for share in gpu.accounting.parts:
+                gpu_accounted.add_metric([*labels, share.name], share.bytes)
         if gpu.used_bytes is not None:
             gpu_used.add_metric(labels, gpu.used_bytes)
         if gpu.total_bytes is not None:
@@ -287,6 +297,7 @@ def render(
         gpu_total,
         gpu_free,
         gpu_processes,
+        gpu_accounted,
         info,
         steps,
         *families.values(),

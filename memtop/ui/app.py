@@ -37,7 +37,7 @@ from memtop.ui import view
 from memtop.ui.config import UiConfig
 from memtop.ui.lean_screen import LeanScreen
 from memtop.ui.render import FREE, slow_tick
-from memtop.ui.widgets.gpu_panel import GpuPanel
+from memtop.ui.widgets.gpu_panel import GpuCard, GpuPanel
 from memtop.ui.widgets.process_table import ProcessTable
 from memtop.ui.widgets.suggestions import SuggestionsPane
 from memtop.units import format_bytes
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from textual.driver import Driver
 
     from memtop.ui.screens.detail import DetailScreen
+    from memtop.ui.screens.gpu import GpuScreen
 
 COMPACT_WIDTH = 100  # narrower than this: short numbers, fewer columns
 COMPACT_HEIGHT = 30
@@ -379,6 +380,9 @@ class MemtopApp(App[None]):
         detail = self._detail_screen()
         if detail is not None:
             self._show_detail(detail)
+        gpu_screen = self._gpu_screen()
+        if gpu_screen is not None:
+            self._show_gpu(gpu_screen)
 
     def _renewal_due(self, dash: view.Dashboard, compact: bool) -> bool:
         """Whether this round's slow figures replace the held ones, in every widget: once per
@@ -492,6 +496,30 @@ class MemtopApp(App[None]):
         exact = [r for r in rows if r.gpu == gpu]
         return (exact or rows)[0] if rows else None
 
+    def _gpu_screen(self) -> GpuScreen | None:
+        gpu = sys.modules.get("memtop.ui.screens.gpu")  # None: no GPU detail opened yet
+        stack = self.screen_stack
+        top = stack[-1] if stack else None
+        if gpu is not None and isinstance(top, gpu.GpuScreen):
+            return top
+        return None
+
+    def on_gpu_card_chosen(self, event: GpuCard.Chosen) -> None:
+        """Enter on a GPU's card: its own detail, who holds its used bytes."""
+        from memtop.ui.screens.gpu import GpuScreen
+
+        screen = GpuScreen(event.uuid)
+        self.push_screen(screen)
+        self.call_after_refresh(self._show_gpu, screen)
+
+    def _show_gpu(self, screen: GpuScreen) -> None:
+        if self.observation is None or not screen.is_mounted:
+            return
+        try:
+            screen.show(view.build_gpu_detail(self.observation, screen.uuid))
+        except NoMatches:  # a round landed while the screen composes or closes
+            return
+
     def on_process_table_row_chosen(self, event: ProcessTable.RowChosen) -> None:
         self._open_detail(event.row)
 
@@ -511,7 +539,8 @@ class MemtopApp(App[None]):
 
     def _gpu_uuid(self, row: view.ProcessRow) -> str | None:
         for gpu in self.dashboard.gpus if self.dashboard else ():
-            if gpu.index == row.gpu:
+            # On a GPU in MIG mode, its instance's (they share the GPU's number).
+            if gpu.index == row.gpu and gpu.gpu_instance == row.mig_instance:
                 return gpu.uuid
         return None
 

@@ -150,6 +150,7 @@ class GpuRow:
     power_watts: float | None = None
     host: str = ""  # the machine it is in, short, when not this one (the fleet view)
     mig: str = ""  # a MIG instance's "MIG 3g.40gb #1" (its index is its GPU's)
+    gpu_instance: int | None = None  # a MIG instance's GPU instance id
 
     @property
     def used_share(self) -> float | None:
@@ -412,6 +413,7 @@ def _gpu_row(gpu: GpuObservation, flagged: set[tuple[int | None, int | None]]) -
         power_watts=getattr(gpu, "power_watts", None),
         host=short_host(gpu.host) if gpu.host else "",
         mig=gpu.mig.label() if gpu.mig is not None else "",
+        gpu_instance=gpu.mig.gpu_instance_id if gpu.mig is not None else None,
     )
 
 
@@ -829,3 +831,60 @@ def _trend_line(
         (times[first] - newest, times[last] - newest),
         (level + slope * steps[first], level + slope * steps[last]),
     )
+
+
+# ------------------------------------------------------------------------------ GPU detail
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDetailLine:
+    """One line of a GPU's own detail: a part of its used bytes, or a process in one."""
+
+    bytes: int | None
+    text: str  # the part's name, or "pid N  <what memtop can say of it>"
+    pids: str = ""  # a part's pids, "4101,4102"
+    process: bool = False  # a process of the part above (indented)
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDetail:
+    title: str  # "GPU 0 · MIG 3g.40gb #1  NVIDIA A100-SXM4-80GB MIG 3g.40gb"
+    used: int | None
+    total: int | None
+    lines: tuple[GpuDetailLine, ...]
+    missing: str = ""  # why there is no accounting (used bytes not read)
+
+
+def build_gpu_detail(obs: Observation, uuid: str) -> GpuDetail | None:
+    """A GPU's own detail (enter on its card): who holds its used bytes, part by part, with the
+    pids of each and what memtop can say of each process (DESIGN §13 accounting).  None: the
+    GPU is gone from view."""
+    gpu = obs.gpu(uuid)
+    if gpu is None:
+        return None
+    title = f"{gpu.label}  {gpu.name}"
+    accounting = gpu.accounting
+    if accounting is None:
+        return GpuDetail(title, None, gpu.total_bytes, (), gpu.error or "used memory not read")
+    lines: list[GpuDetailLine] = []
+    for part in accounting.parts:
+        if not part.bytes and not part.pids:
+            continue
+        pids = ",".join(str(p) for p in part.pids[:12]) + ("…" if len(part.pids) > 12 else "")
+        lines.append(GpuDetailLine(part.bytes, part.label, pids, note=part.note))
+        for process in part.processes:
+            said = [process.why] if process.why else []
+            if process.user and part.name in ("no_agent", "other_users"):
+                said.insert(0, process.user)
+            for holder in process.holders:
+                said.append(
+                    f"holder {holder.pid}{' (its process group)' if holder.kin else ''}: "
+                    f"{holder.command[:60]}"
+                )
+            lines.append(
+                GpuDetailLine(
+                    process.bytes, f"pid {process.pid}  " + " · ".join(said), process=True
+                )
+            )
+    return GpuDetail(title, accounting.used_bytes, gpu.total_bytes, tuple(lines))

@@ -8,8 +8,10 @@ from operator import attrgetter
 
 from rich.text import Text
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.geometry import Region
+from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Static
@@ -65,13 +67,29 @@ def _changed_region(y: int, old: Text, new: Text, width: int) -> Region:
     return Region(x0, y, max(1, min(x1, width) - x0), 1)
 
 
-class GpuCard(Widget):
-    """Two lines for one GPU.  It repaints only when its row changed (rows compare by value)."""
+class GpuCard(Widget, can_focus=True):
+    """Two lines for one GPU.  It repaints only when its row changed (rows compare by value).
+    Focused (tab) and chosen with enter or a click, it opens the GPU's own detail."""
 
     DEFAULT_CSS = """
     GpuCard { height: 2; }
     GpuCard.-dense { height: 1; }
+    GpuCard:focus { background: $boost; }
     """
+    BINDINGS = [Binding("enter", "choose", "GPU detail", show=False)]
+
+    class Chosen(Message):
+        """Enter (or a click) on a GPU's card: open its detail."""
+
+        def __init__(self, uuid: str) -> None:
+            super().__init__()
+            self.uuid = uuid
+
+    def action_choose(self) -> None:
+        self.post_message(self.Chosen(self.row.uuid))
+
+    def on_click(self) -> None:
+        self.post_message(self.Chosen(self.row.uuid))
 
     def __init__(self, row: GpuRow) -> None:
         super().__init__()
