@@ -510,14 +510,15 @@ def _driver_uuids(
 
 
 def _settled_instance(pid: int, size: int, instances: Sequence[DeviceReading]) -> str | None:
-    """The UUID of the one MIG instance that lists `pid` and is `size` bytes large (within 2 %:
-    torch's total_memory and NVML's total may differ by what the driver keeps), else None."""
+    """The UUID of the one MIG instance that lists `pid` and is `size` bytes large (within 5 %:
+    torch's total_memory and NVML's total may differ by what the driver keeps; profiles differ
+    by a factor), else None."""
     matching = [
         d.uuid
         for d in instances
         if any(p.pid == pid for p in d.processes)
         and d.total_bytes is not None
-        and abs(d.total_bytes - size) <= 0.02 * max(d.total_bytes, 1)
+        and abs(d.total_bytes - size) <= 0.05 * max(d.total_bytes, 1)
     ]
     return matching[0] if len(matching) == 1 else None
 

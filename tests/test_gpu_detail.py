@@ -21,12 +21,11 @@ NOW = 1_790_000_000.0
 def _store() -> Store:
     store = Store()
     processes = (GpuProcess(4101, 3 * GiB), GpuProcess(4102, 6 * GiB), GpuProcess(4103, 2 * GiB))
-    reading = DeviceReading(0, "GPU-0a1b", "NVIDIA H100 80GB HBM3", 80 * GiB, 12 * GiB,
-                            processes=processes)  # fmt: skip
-    store.update_driver(DriverReading(True, (reading,), driver_version="580"), NOW)
-    store.update_processes(
-        {4101: ProcessInfo(4101, 0, "root", ("python", "serve.py"), "python")}
+    reading = DeviceReading(
+        0, "GPU-0a1b", "NVIDIA H100 80GB HBM3", 80 * GiB, 12 * GiB, processes=processes
     )
+    store.update_driver(DriverReading(True, (reading,), driver_version="580"), NOW)
+    store.update_processes({4101: ProcessInfo(4101, 0, "root", ("python", "serve.py"), "python")})
     store.update_owners(
         {
             4101: PidFacts(4101, HERE, attachable=True, why="memtop attach 4101"),
@@ -37,9 +36,13 @@ def _store() -> Store:
                 "the GPU device files: stop it to free the memory",
                 holders=(Holder(5150, "python train.py [/bold]", ("/dev/nvidia0",), True),),
             ),
-            4103: PidFacts(4103, OTHER_NAMESPACE, container="container 3f2a9c1b7d4e",
-                           why="another pid namespace (container 3f2a9c1b7d4e, pid 7 there)"),
-        }  # fmt: skip
+            4103: PidFacts(
+                4103,
+                OTHER_NAMESPACE,
+                container="container 3f2a9c1b7d4e",
+                why="another pid namespace (container 3f2a9c1b7d4e, pid 7 there)",
+            ),
+        }
     )
     return store
 

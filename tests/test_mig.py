@@ -390,3 +390,35 @@ def test_uuids_compare_without_their_prefix() -> None:
     assert bare_uuid("GPU-AB12") == bare_uuid("ab12") == bare_uuid("MIG-ab12") == "ab12"
     assert bare_uuid("MIG-GPU-ab12/1/0") == "ab12/1/0"  # the old form of a MIG device's
     assert bare_uuid(None) == ""
+
+
+def test_a_recording_keeps_the_mig_instances() -> None:
+    """A recorded MIG box replays as it was (the reader took `mig` for a wrong type and
+    dropped the whole reading)."""
+    import dataclasses
+
+    from memtop.sources.recording import decode_reading
+
+    reading = _mig_reading()
+    assert decode_reading(json.loads(json.dumps(dataclasses.asdict(reading)))) == reading
+
+
+@needs_root
+def test_the_agent_finds_its_mig_instance_for_an_oom_report(library: Path, as_root: Box) -> None:
+    """The agent's OOM report reads the driver's per-process split by the UUID torch gave, bare
+    (NVML wants it prefixed: `MIG-` for an instance)."""
+    code = (
+        "import json, sys\n"
+        "from memtop.agent.driver_usage import read_driver_usage\n"
+        "print(json.dumps(read_driver_usage(sys.argv[1])))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, mig_uuid(0, 3)[4:]],
+        env=as_root.environment(library),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    usage = json.loads(done.stdout)
+    assert usage is not None and usage["processes"] == {str(as_root.pids["B"]): 4 * GiB}
