@@ -422,3 +422,46 @@ def test_the_agent_finds_its_mig_instance_for_an_oom_report(library: Path, as_ro
     assert done.returncode == 0, done.stderr
     usage = json.loads(done.stdout)
     assert usage is not None and usage["processes"] == {str(as_root.pids["B"]): 4 * GiB}
+
+
+def test_a_profile_the_name_does_not_say_comes_from_the_attributes(
+    library: Path, tmp_path: Path
+) -> None:
+    """nvmlDeviceGetAttributes (slices and memory) names the profile where the device's name
+    does not end with it; a GPU not in MIG mode has no instance and lists its processes."""
+    state = State(
+        gpus=[Gpu(), Gpu(name="NVIDIA H100 80GB HBM3")],
+        migs=[Mig(0, 5, total=20 * GiB, used=GiB, name="NVIDIA A100-SXM4-80GB")],
+        processes=[(1, 4242, 3 * GiB)],
+    ).write(tmp_path / "state")
+    code = (
+        "import json\n"
+        "from memtop.sources.nvml import NvmlSource\n"
+        "reading = NvmlSource().read()\n"
+        "print(json.dumps([[d.uuid, d.mig and d.mig.as_dict(), d.mig_mode,\n"
+        "  [p.pid for p in d.processes], d.error] for d in reading.devices]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env(library, state),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [
+        [gpu_uuid(0), None, True, [], None],
+        [
+            mig_uuid(0, 5),
+            {
+                "parent_index": 0,
+                "gpu_instance_id": 5,
+                "compute_instance_id": 0,
+                "profile": "1g.20gb",
+            },
+            False,
+            [],
+            None,
+        ],
+        [gpu_uuid(1), None, False, [4242], None],
+    ]
