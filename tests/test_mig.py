@@ -465,3 +465,27 @@ def test_a_profile_the_name_does_not_say_comes_from_the_attributes(
         ],
         [gpu_uuid(1), None, False, [4242], None],
     ]
+
+
+def test_estimate_fits_this_machines_mig_instances_not_their_gpu(
+    library: Path, tmp_path: Path
+) -> None:
+    """`memtop estimate` on a MIG box weighs the instances a trainer can get, not the GPU in
+    MIG mode that runs nothing itself (it listed the whole 80 GiB GPU as a target)."""
+    state = State(
+        gpus=[Gpu(used=30 * GiB)],
+        migs=[
+            Mig(0, 1, total=40 * GiB, used=2 * GiB, profile="3g.40gb"),
+            Mig(0, 2, total=20 * GiB, used=GiB, profile="2g.20gb"),
+        ],
+    ).write(tmp_path / "state")
+    done = subprocess.run(
+        [sys.executable, "-m", "memtop", "estimate", "--preset", "llama-7b", "--json"],
+        env=env(library, state, {**os.environ, "MEMTOP_SOCKET_DIR": str(tmp_path / "none")}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    targets = json.loads(done.stdout)["targets"]
+    assert [t["total_bytes"] for t in targets] == [40 * GiB, 20 * GiB]

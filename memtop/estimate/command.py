@@ -299,10 +299,12 @@ def local_gpus() -> list[Target]:
         source.close()
     if not reading.available:
         return []
+    # A GPU in MIG mode runs nothing itself: its instances (devices of their own) are the
+    # GPUs a trainer gets.
     return [
         Target(d.name, d.total_bytes, reading.source, d.index, d.free_bytes)
         for d in reading.devices
-        if d.total_bytes
+        if d.total_bytes and not d.mig_mode
     ]
 
 
