@@ -35,9 +35,9 @@ from memtop.model import (
     DeviceReading,
     DriverReading,
     GpuProcess,
+    ProcessInfo,
     host_of,
 )
-from memtop.sources.processes import ProcessInfo
 from memtop.store import AgentDeviceView, AgentView, RoundView, Store
 
 # The history windows the screens draw (the store keeps an hour).

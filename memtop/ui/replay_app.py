@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memtop.playback import Player
+from memtop.feed import PlaybackFeed
 from memtop.ui import actions
 from memtop.ui.app import MemtopApp
 
@@ -29,8 +29,10 @@ class ReplayApp(MemtopApp, inherit_bindings=False):
     # at 80 columns the footer shows them all, then the shared ones (memtop.ui.actions).
     ACTIONS = actions.on_replay(MemtopApp.ACTIONS)
 
-    def __init__(self, store: object, player: Player, recording: object, **kwargs: Any) -> None:
-        # The Player is the feed (memtop.feed.Feed) and holds the recording (`recording` is
+    def __init__(
+        self, store: object, player: PlaybackFeed, recording: object, **kwargs: Any
+    ) -> None:
+        # The player (memtop.playback.Player) is the feed and holds the recording (`recording` is
         # the player's, taken for the callers that name it).
         super().__init__(store, player, clock=player.clock, **kwargs)
         self.player = player
