@@ -236,10 +236,13 @@ def test_readme_key_table_names_only_keys_of_the_table_and_what_readonly_takes_o
     # Its sentence on --readonly names what the table takes off, every one.
     words = " ".join(readme.split())
     assert f"acts on a process ({actions.refused_words(actions.DASHBOARD)}) off" in words
-    # Every command a key sends is one the agent serves.
-    from memtop.agent.handlers import HANDLERS
+    # Every command a key sends is one of the protocol's, and one that can change the trainer
+    # (a key that sends one is a key that acts on a process: off under --readonly).
+    from memtop.protocol import commands
 
     for action in actions.DASHBOARD:
         assert (action.command is not None) == action.needs_agent, action.id
-        assert action.command is None or action.command in HANDLERS, action.id
-        assert not action.needs_agent or action.acts_on_process, action.id
+        if action.command is not None:
+            command = commands.BY_NAME[action.command]
+            assert command.changes_trainer or command.acting_args, action.id
+            assert action.acts_on_process, action.id
