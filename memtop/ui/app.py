@@ -205,7 +205,7 @@ class MemtopApp(App[None]):
             clashes = self._key_clashes(keymap)
             problems.extend(clashes.values())
             keymap = {k: v for k, v in keymap.items() if k not in clashes}
-        if self.readonly:
+        if self.readonly and actions.acting(self.ACTIONS):
             keymap[actions.READONLY_ID] = ",".join(
                 key
                 for a in actions.acting(self.ACTIONS)
