@@ -427,3 +427,75 @@ class AgentSites:
     sites: tuple[SiteUsage, ...]
     pending: bool = False  # never: the newest grouping is served at once (the pool asks)
     wanted: bool = False  # stacks asked for, switched on at the trainer's next boundary
+
+
+@dataclass(frozen=True, slots=True)
+class AgentPoll:
+    """The outcome of polling one agent once (memtop.sources.agents polls; a recording and the
+    fleet reader make them too)."""
+
+    pid: int
+    state: AgentStatus
+    hello: AgentHello | None = None
+    sample: AgentSample | None = None
+    error: str | None = None
+    # Replies to the low-rate commands that arrived this round, parsed by the protocol.
+    breakdown: AgentBreakdown | None = None
+    snapshot: AgentSnapshot | None = None
+    sites: AgentSites | None = None  # live memory by the user's line (DESIGN §12)
+    # The uid owning the socket directory (who runs the agent).
+    owner: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessInfo:
+    """A process as the host shows it (memtop.sources.processes reads it with psutil)."""
+
+    pid: int
+    uid: int | None  # None when the process is not visible here
+    user: str | None
+    cmdline: tuple[str, ...]  # cleaned of control characters (any user's argv may carry some)
+    name: str
+    # When the process started (psutil's create_time): tells a reused pid from the original.
+    create_time: float | None = None
+    ppid: int | None = None  # the launcher of a torchrun rank
+    # Host usage, refreshed every USAGE_EVERY_S (the dashboard's CPU% and RSS columns).
+    cpu_percent: float | None = None
+    rss: int | None = None
+
+    @property
+    def command(self) -> str:
+        return " ".join(self.cmdline) if self.cmdline else self.name
+
+    @property
+    def visible(self) -> bool:
+        return self.uid is not None
+
+
+# ------------------------------------------------------------------ who holds a GPU's memory
+# What memtop.sources.owners finds of each pid the driver charges (the accounting of DESIGN §13).
+
+HERE = "here"
+OTHER_NAMESPACE = "other_namespace"
+HIDDEN = "hidden"
+GONE = "gone"
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """A live process that holds a GPU device file open and that the driver does not list."""
+
+    pid: int
+    command: str
+    files: tuple[str, ...]
+    kin: bool  # in the gone pid's process group or session: one of its children, likely
+
+
+@dataclass(frozen=True, slots=True)
+class PidFacts:
+    pid: int
+    state: str  # HERE, OTHER_NAMESPACE, HIDDEN, GONE
+    container: str | None = None  # "container 3f2a9c1b7d4e", "pod 1b2c…" where cgroup says
+    attachable: bool = False
+    why: str = ""  # why it can or cannot take an agent; where it runs; what holds its memory
+    holders: tuple[Holder, ...] = ()

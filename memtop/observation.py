@@ -27,7 +27,10 @@ from memtop.diagnosis.facts import ReadsSample
 from memtop.diagnosis.stability import Stabilizer
 from memtop.jobs import JobIdentity, job_identity
 from memtop.model import (
+    GONE,
+    HIDDEN,
     MARK_WINDOW,
+    OTHER_NAMESPACE,
     SOURCE_AGENT,
     AgentDeviceSample,
     AgentHello,
@@ -35,12 +38,12 @@ from memtop.model import (
     DeviceReading,
     DriverReading,
     GpuProcess,
+    Holder,
     MigInfo,
+    ProcessInfo,
     bare_uuid,
     host_of,
 )
-from memtop.sources.owners import GONE, HIDDEN, OTHER_NAMESPACE, Holder
-from memtop.sources.processes import ProcessInfo
 from memtop.store import AgentDeviceView, AgentView, RoundView, Store
 
 # The history windows the screens draw (the store keeps an hour).

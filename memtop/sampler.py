@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from memtop import protocol
 from memtop.feed import ActionReply, FeedLoop
 from memtop.model import SOURCE_AGENT, AgentStatus, DriverReading, bare_uuid
+from memtop.protocol import commands
 from memtop.sources.agents import AgentClient, AgentError, AgentPoll, AgentPool, AgentUnreachable
 from memtop.sources.owners import GpuOwners
 from memtop.sources.processes import ProcessDirectory, ProcessInfo, TerminateRefused, terminate
@@ -111,14 +112,16 @@ class IsolatedDevices:
         closer.join(timeout=1.0)
 
 
-# How often each agent is asked for its breakdown.  Parameters and optimizer state do not
-# change during a run, and each request is a job on a worker thread (a wake-up and two
-# replies, ~1 ms of the viewer's CPU on a 2-core box): every 30 s, the figures are at most a
-# minute old and eight agents cost the viewer ~0.3 ms/s, against ~0.8 at 10 s.
-BREAKDOWN_INTERVAL_S = 30.0
-# How often an agent recording stacks is asked for its sites: the agent groups its live blocks
-# every 2 s at most; a leak's site is named from a few readings.
-SITES_INTERVAL_S = 5.0
+def _every(name: str) -> float:
+    every = commands.BY_NAME[name].viewer_every_s
+    assert every is not None, name  # a low-rate command has its interval
+    return every
+
+
+# How often each agent is asked for its low-rate commands: memtop.protocol.commands says why each
+# interval is what it is.
+BREAKDOWN_INTERVAL_S = _every("breakdown")
+SNAPSHOT_INTERVAL_S = _every("snapshot")
 
 
 class Sampler(FeedLoop):
@@ -134,7 +137,7 @@ class Sampler(FeedLoop):
         agents: AgentPool,
         interval: float = 1.0,
         breakdown_interval: float = BREAKDOWN_INTERVAL_S,
-        snapshot_interval: float = 60.0,
+        snapshot_interval: float = SNAPSHOT_INTERVAL_S,
     ) -> None:
         super().__init__(store)
         self.devices = IsolatedDevices(devices)
@@ -144,12 +147,9 @@ class Sampler(FeedLoop):
         self.snapshot_interval = snapshot_interval
         # The low-rate requests: the breakdown, and a trace-free snapshot whose summary gives the
         # external fragmentation (the agent walks every segment for it, so not every round).
-        agents.low_rate = {
-            "breakdown": breakdown_interval,
-            "snapshot": snapshot_interval,
-            # Live memory by line (only where stacks are recorded: the pool backs off otherwise)
-            "sites": SITES_INTERVAL_S,
-        }
+        # (sites: only where stacks are recorded; the pool backs off otherwise.)
+        chosen = {"breakdown": breakdown_interval, "snapshot": snapshot_interval}
+        agents.low_rate = {name: chosen.get(name, _every(name)) for name in commands.LOW_RATE_NAMES}
         self.last_round_s = 0.0
         self.processes = ProcessDirectory()
         self.owners = GpuOwners()

@@ -19,21 +19,23 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from memtop import protocol
+# Records only, from the model: the store (and the observation, the diagnosis and the UI above
+# it) loads no protocol, socket, selector or psutil (issue 35); its writers parse the replies.
 from memtop.model import (
     MARK_WINDOW,
     AgentBreakdown,
     AgentDeviceSample,
     AgentHello,
+    AgentPoll,
     AgentSample,
     AgentSites,
     AgentSnapshot,
+    AgentStatus,
     DriverReading,
+    PidFacts,
+    ProcessInfo,
     host_of,
 )
-from memtop.sources.agents import CONNECTED, EXITED, AgentPoll
-from memtop.sources.owners import PidFacts
-from memtop.sources.processes import ProcessInfo
 
 HISTORY_SAMPLES = 3600  # one hour at the default 1 s interval
 STEP_MARKS = 4096
@@ -291,7 +293,7 @@ class Store:
                 self._apply_poll(poll, when)
             for pid, agent in list(self._agents.items()):
                 expired = agent.last_sample_time or agent.first_seen
-                if agent.state == EXITED and when - expired > self._keep_exited_s:
+                if agent.state == AgentStatus.EXITED and when - expired > self._keep_exited_s:
                     del self._agents[pid]
             self._changed()
 
@@ -299,7 +301,7 @@ class Store:
         agent = self._agents.get(poll.pid)
         if agent is None:
             agent = self._agents[poll.pid] = AgentState(poll.pid, poll.state, poll.hello)
-            if poll.state == CONNECTED:
+            if poll.state == AgentStatus.CONNECTED:
                 self.events.append((when, f"{_agent_name(poll.pid)} attached"))
             else:  # found hung, refused, …: said once, with why
                 message = f"{_agent_name(poll.pid)} {poll.state}"
@@ -351,12 +353,9 @@ class Store:
                     state.marks.append(float(mark.step), mark.time, float(allocated))
                     state.sampled_peak_bytes = max(state.sampled_peak_bytes, allocated)
 
-    def update_breakdown(
-        self, pid: int, result: AgentBreakdown | Mapping[str, Any], when: float | None = None
-    ) -> None:
+    def update_breakdown(self, pid: int, reply: AgentBreakdown, when: float | None = None) -> None:
         """Keep a `breakdown` reply: bytes by role per device.  A raw reply (a recording, a
-        scrape) is parsed by the protocol first, as the live one was."""
-        reply = result if isinstance(result, AgentBreakdown) else protocol.parse_breakdown(result)
+        scrape) is parsed by its reader (memtop.protocol.schema), as the live one was."""
 
         def keep(agent: AgentState, devices: dict[int, dict[str, Any]], stamp: float) -> None:
             agent.breakdown, agent.breakdown_time = devices, stamp
@@ -364,10 +363,9 @@ class Store:
         self._keep_per_device(pid, reply.pending, reply.devices, when, keep)
 
     def update_snapshot_summary(
-        self, pid: int, result: AgentSnapshot | Mapping[str, Any], when: float | None = None
+        self, pid: int, reply: AgentSnapshot, when: float | None = None
     ) -> None:
         """Keep the per-device summary of a `snapshot` reply (no file written)."""
-        reply = result if isinstance(result, AgentSnapshot) else protocol.parse_snapshot(result)
 
         def keep(agent: AgentState, devices: dict[int, dict[str, Any]], stamp: float) -> None:
             agent.snapshot_summary, agent.snapshot_time = devices, stamp
@@ -390,10 +388,9 @@ class Store:
         stamp = when if when is not None else time.time()
         self._update_agent(pid, lambda agent: keep(agent, copied, stamp))
 
-    def update_sites(self, pid: int, result: AgentSites | Mapping[str, Any]) -> None:
+    def update_sites(self, pid: int, reply: AgentSites) -> None:
         """Keep a `sites` reply (a new grouping only: the same one read twice is kept once);
         stack recording off forgets the readings."""
-        reply = result if isinstance(result, AgentSites) else protocol.parse_sites(result)
 
         def apply(agent: AgentState) -> None:
             if not reply.enabled:

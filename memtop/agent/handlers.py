@@ -7,9 +7,10 @@ allocator's host-side counters, or queues a TrainerJob for the trainer's thread 
 later (it then returns None: the reply is posted when the job ran, or at its deadline).  Every
 result is built by memtop.protocol.replies; a ProtocolError raised here becomes an error frame.
 
-A new protocol command is: its reply builder (memtop.protocol.replies), its parser
-(memtop.protocol.schema, with its entry in REPLY_PARSERS), a handler here with its entry in
-HANDLERS, and the viewer's call.
+A new protocol command is: its record (memtop.protocol.commands), its reply builder
+(memtop.protocol.replies), its parser (memtop.protocol.schema, with its entry in REPLY_PARSERS),
+a handler here with its entry in HANDLERS, and the viewer's use (tests hold the tables to the
+same names).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from memtop.agent.boundary import TrainerJob
 from memtop.agent.probe import SAMPLE_STAT_KEYS, ProbeDevice
 from memtop.agent.snapshot_summary import summarize_snapshot
 from memtop.protocol import replies
+from memtop.protocol.commands import cooldown_s
 from memtop.protocol.framing import (
     E_BAD_REQUEST,
     E_FAILED,
@@ -48,8 +50,9 @@ BREAKDOWN_MIN_INTERVAL_S = 10.0  # at most one walk of the optimizers per this m
 BREAKDOWN_MAX_SHARE = 0.001  # ... and at most this share of wall time, however big the model
 SUMMARY_MIN_INTERVAL_S = 30.0  # trace-free snapshot for the fragmentation summary
 HISTORY_BACKOFF_S = 600.0  # memory history recording seen on: no periodic snapshots for this long
-CLEANUP_MIN_INTERVAL_S = 5.0
-SNAPSHOT_MIN_INTERVAL_S = 5.0
+# The on-demand actions' cooldowns are the command table's (memtop.protocol.commands).
+CLEANUP_MIN_INTERVAL_S = cooldown_s("cleanup")
+SNAPSHOT_MIN_INTERVAL_S = cooldown_s("snapshot")
 # gc.collect() takes ~120 ms in a process that imported torch (measured on this repo's CI
 # machine): a cleanup or a snapshot file may take at most this share of the trainer's time,
 # however often viewers ask; the interval after each grows with what it cost.

@@ -1,5 +1,6 @@
 """The agent socket protocol (DESIGN §6), in its parts:
 
+- memtop.protocol.commands: the closed command set, one record per command;
 - memtop.protocol.framing: frames (4-byte big-endian length + one UTF-8 JSON object), the request
   envelope, error codes;
 - memtop.protocol.schema: each command's reply as the viewer reads it, typed (memtop.model);

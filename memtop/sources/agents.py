@@ -37,10 +37,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from memtop import protocol
-from memtop.model import (
+from memtop.model import (  # AgentPoll: a record of the model, named here for its importers
     MARK_WINDOW,
     AgentBreakdown,
     AgentHello,
+    AgentPoll,
     AgentSample,
     AgentSites,
     AgentSnapshot,
@@ -113,23 +114,6 @@ UNREACHABLE = AgentStatus.UNREACHABLE
 HUNG = AgentStatus.HUNG
 INCONSISTENT = AgentStatus.INCONSISTENT
 REFUSED = AgentStatus.REFUSED
-
-
-@dataclass
-class AgentPoll:
-    """The outcome of polling one agent once."""
-
-    pid: int
-    state: AgentStatus
-    hello: AgentHello | None = None
-    sample: AgentSample | None = None
-    error: str | None = None
-    # Replies to the low-rate commands that arrived this round, parsed by the protocol.
-    breakdown: AgentBreakdown | None = None
-    snapshot: AgentSnapshot | None = None
-    sites: AgentSites | None = None  # live memory by the user's line (DESIGN §12)
-    # The uid owning the socket directory (who runs the agent).
-    owner: int | None = None
 
 
 class _Workers:

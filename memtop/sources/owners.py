@@ -25,8 +25,8 @@ import os
 import re
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 
+from memtop.model import GONE, HERE, HIDDEN, OTHER_NAMESPACE, Holder, PidFacts
 from memtop.protocol import namespaces
 from memtop.sources.processes import ProcessInfo
 
@@ -40,31 +40,6 @@ _CGROUP_READ = 16 << 10
 _CONTAINER_ID = re.compile(r"([0-9a-f]{64})")
 _POD = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
 _PYTHON = re.compile(r"^python(\d+(\.\d+)?)?$")
-
-HERE = "here"
-OTHER_NAMESPACE = "other_namespace"
-HIDDEN = "hidden"
-GONE = "gone"
-
-
-@dataclass(frozen=True, slots=True)
-class Holder:
-    """A live process that holds a GPU device file open and that the driver does not list."""
-
-    pid: int
-    command: str
-    files: tuple[str, ...]
-    kin: bool  # in the gone pid's process group or session: one of its children, likely
-
-
-@dataclass(frozen=True, slots=True)
-class PidFacts:
-    pid: int
-    state: str  # HERE, OTHER_NAMESPACE, HIDDEN, GONE
-    container: str | None = None  # "container 3f2a9c1b7d4e", "pod 1b2c…" where cgroup says
-    attachable: bool = False
-    why: str = ""  # why it can or cannot take an agent; where it runs; what holds its memory
-    holders: tuple[Holder, ...] = ()
 
 
 def device_file_prefixes(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:

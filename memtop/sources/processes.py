@@ -11,34 +11,14 @@ import os
 import signal
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import psutil
 
+# ProcessInfo is a record of memtop.model (the store and the UI import it from there); named
+# here too for the importers of old.
+from memtop.model import ProcessInfo
 from memtop.protocol.text import clean_text
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessInfo:
-    pid: int
-    uid: int | None  # None when the process is not visible here
-    user: str | None
-    cmdline: tuple[str, ...]  # cleaned of control characters (any user's argv may carry some)
-    name: str
-    # When the process started (psutil's create_time): tells a reused pid from the original.
-    create_time: float | None = None
-    ppid: int | None = None  # the launcher of a torchrun rank
-    # Host usage, refreshed every USAGE_EVERY_S (the dashboard's CPU% and RSS columns).
-    cpu_percent: float | None = None
-    rss: int | None = None
-
-    @property
-    def command(self) -> str:
-        return " ".join(self.cmdline) if self.cmdline else self.name
-
-    @property
-    def visible(self) -> bool:
-        return self.uid is not None
 
 
 def read_process(pid: int) -> ProcessInfo:

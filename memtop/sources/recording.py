@@ -6,8 +6,9 @@ read, with `t` (unix seconds) and `src`:
 
 - `{"t", "src": "nvml", "reading": {...DriverReading...}}` — a driver (or stand-in) reading;
 - `{"t", "src": "processes", "processes": [{...ProcessInfo...}]}` — owners and command lines;
-- `{"t", "src": "agent", "pid", "cmd": "hello"|"sample"|"breakdown"|"snapshot", "reply":
-  {"result": {...}}}` — an agent's reply as it came over the wire;
+- `{"t", "src": "agent", "pid", "cmd": "hello"|"sample"|"breakdown"|"snapshot"|"sites",
+  "reply": {"result": {...}}}` — an agent's reply as it came over the wire (the commands
+  memtop.protocol.commands marks `recorded`);
 - `{"t", "src": "agent", "pid", "state": "exited"|..., "error"}` — an agent that went away.
 
 The writer flushes the compressor (a zlib sync flush) at least every FLUSH_S seconds, so a crash

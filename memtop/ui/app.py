@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
 from textual import events
@@ -33,7 +33,7 @@ from memtop.feed import ActionReply, Feed, still_feed
 from memtop.model import AgentCleanup, AgentResetPeak, AgentSnapshot, snapshot_note
 from memtop.observation import Observation, Observer
 from memtop.scope import Scope
-from memtop.ui import view
+from memtop.ui import actions, view
 from memtop.ui.config import UiConfig
 from memtop.ui.lean_screen import LeanScreen
 from memtop.ui.render import FREE, slow_tick
@@ -53,19 +53,6 @@ if TYPE_CHECKING:
 COMPACT_WIDTH = 100  # narrower than this: short numbers, fewer columns
 COMPACT_HEIGHT = 30
 ACTION_TIMEOUT_S = 15.0
-PROCESS_ACTIONS = {
-    "cleanup",
-    "reset_peak",
-    "snapshot",
-    "terminate",
-    "copy_fix",
-    "pause",
-    "filter",
-    "attach",
-    "read_only",
-}
-# The binding ids of the keys that act on a process: none of them works under --readonly.
-ACTS_ON_PROCESS = ("cleanup", "reset_peak", "snapshot", "kill", "attach")
 EVENT_SHOW_S = 8.0  # "agent N attached" and the like stay this long in the status line
 # The signals `k` offers, in its dialog's order: (key, name, signal, what it does).
 SIGNALS = (
@@ -79,42 +66,26 @@ class Sampled(Message):
     """A sampling round landed in the store (posted from the sampler thread)."""
 
 
-# What the stacks key says before it asks: the cost, in the user's terms.
-STACKS_COST = (
-    "torch then records the Python stack of every allocation (enabled='state', Python frames): "
-    "a few % of step time in allocation-heavy steps, and snapshots get slower; memtop groups "
-    "live blocks at most every 2 s, within 1 % of the trainer's time. New blocks only: what is "
-    "already allocated has no stack."
-)
-
-
 class MemtopApp(App[None]):
     TITLE = "memtop"
     CSS_PATH = "memtop.tcss"
     ENABLE_COMMAND_PALETTE = False
-    # Every binding has an id: the user's keymap (config.toml [keys]) rebinds by id, and the
-    # help screen is generated from these (memtop.ui.screens.help).
-    BINDINGS = [
-        Binding("c", "cleanup", "Cleanup", id="cleanup", tooltip="gc.collect() + empty_cache()"),
-        Binding("r", "reset_peak", "Reset", id="reset_peak", tooltip="reset the peak"),
-        Binding("s", "snapshot", "Snapshot", id="snapshot"),
-        Binding("k", "terminate", "Kill", id="kill"),
-        # Off the footer (80 columns are spoken for); in the help screen.
-        Binding("a", "attach", "Attach", id="attach", show=False),
-        Binding("w", "stacks", "Stacks", id="stacks", show=False),
-        Binding("y", "copy_fix", "Copy fix", id="copy_fix"),
-        Binding("slash", "filter", "Filter", key_display="/", id="filter"),
-        Binding("p", "pause", "Pause", id="pause"),
-        Binding("question_mark,f1", "help", "Help", key_display="?", id="help"),
-        Binding("q,f10", "quit", "Quit", id="quit"),
-        # Only under --readonly, in place of the keys above that act on a process (its keys
-        # are theirs, as the user's keymap binds them): the footer says "read-only" and a
-        # press says why nothing happens.
-        Binding("c,r,s,k,a", "read_only", "read-only", key_display="·", id="readonly"),
-    ]
-    ACTING_ACTIONS = frozenset(
-        b.action for b in BINDINGS if isinstance(b, Binding) and b.id in ACTS_ON_PROCESS
-    )
+    # Every key is one record of memtop.ui.actions (id, keys, footer and help words, whether it
+    # acts on a process): the bindings, --readonly, the help screen and the replay read them.
+    # The user's keymap (config.toml [keys]) rebinds by id.
+    ACTIONS: ClassVar[tuple[actions.Action, ...]] = actions.DASHBOARD
+    BINDINGS = actions.bindings(ACTIONS)
+    ACTION_OF: ClassVar[dict[str, actions.Action]] = {a.method: a for a in ACTIONS}  # by action
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # A subclass that names its own ACTIONS gets its bindings from them, before Textual
+        # merges them (a replay: its own keys and the shared ones that reach no process).
+        if "ACTIONS" in cls.__dict__ and "BINDINGS" not in cls.__dict__:
+            # (Without inherit_bindings, Textual's own, ctrl+q and the like, come back here.)
+            inherited = [] if kwargs.get("inherit_bindings", True) else list(App.BINDINGS)
+            cls.BINDINGS = [*inherited, *actions.bindings(cls.ACTIONS)]
+        cls.ACTION_OF = {a.method: a for a in cls.ACTIONS}
+        super().__init_subclass__(**kwargs)
 
     def __init__(
         self,
@@ -235,12 +206,11 @@ class MemtopApp(App[None]):
             clashes = self._key_clashes(keymap)
             problems.extend(clashes.values())
             keymap = {k: v for k, v in keymap.items() if k not in clashes}
-        if self.readonly:
-            keymap["readonly"] = ",".join(
+        if self.readonly and actions.acting(self.ACTIONS):
+            keymap[actions.READONLY_ID] = ",".join(
                 key
-                for b in self._bindings_with_ids()
-                if b.id in ACTS_ON_PROCESS
-                for key in keymap.get(b.id or "", b.key).split(",")
+                for a in actions.acting(self.ACTIONS)
+                for key in keymap.get(a.id, a.keys).split(",")
             )
         if keymap:
             self.set_keymap(keymap)
@@ -248,12 +218,14 @@ class MemtopApp(App[None]):
 
     def get_key_display(self, binding: Binding) -> str:
         # (A keymap drops a binding's key_display: --readonly's stand-in is bound by keymap.)
-        return "·" if binding.id == "readonly" else super().get_key_display(binding)
+        if binding.id == actions.READONLY_ID:
+            return "·"
+        return super().get_key_display(binding)
 
     def _key_clashes(self, keymap: dict[str, str]) -> dict[str, str]:
         """The user's bindings that would take a key another binding keeps (`cleanup = "q"`
         took q from quit): binding id → a one-line warning.  Those keep their default keys."""
-        bindings = [b for b in self._bindings_with_ids() if b.id != "readonly"]
+        bindings = [b for b in self._bindings_with_ids() if b.id != actions.READONLY_ID]
         keys_of = {b.id: set(keymap.get(b.id or "", b.key).split(",")) for b in bindings}
         clashes: dict[str, str] = {}
         for binding_id in keymap:
@@ -558,18 +530,23 @@ class MemtopApp(App[None]):
     # ------------------------------------------------------------------ actions
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        # Behind a modal (help, confirmation) the dashboard's keys are asleep.
-        if action in PROCESS_ACTIONS and isinstance(self.screen, ModalScreen):
-            return False
+        # What each key may do where is its record's (memtop.ui.actions).
+        behind_dialog = isinstance(self.screen, ModalScreen)
         # Read-only: the keys that act on a process leave the footer, "read-only" takes their
         # place, and their keys reach it instead (a binding whose check fails passes its key on).
         if action == "read_only":
-            return self.readonly
-        if self.readonly and action in self.ACTING_ACTIONS:
+            return self.readonly and not behind_dialog
+        record = self.ACTION_OF.get(action)
+        if record is None:
+            return True
+        # Behind a modal (help, confirmation) the dashboard's keys are asleep.
+        if record.asleep_behind_dialogs and behind_dialog:
+            return False
+        if self.readonly and record.acts_on_process:
             return False
         # On the detail screen, keys that mean nothing there leave the footer (at 80 columns
         # it must show its last key, q Quit, whole).
-        return not (action in ("pause", "filter") and self._detail_screen() is not None)
+        return record.on_detail or self._detail_screen() is None
 
     def _agent_target(self, verb: str) -> view.ProcessRow | None:
         """The selected process if `verb` can be done in it; otherwise say why not."""
@@ -629,7 +606,7 @@ class MemtopApp(App[None]):
     def action_read_only(self) -> None:
         self.notify(
             "Read-only (--readonly): memtop does not act on processes here "
-            "(cleanup, reset, snapshot, kill, attach).",
+            f"({actions.refused_words(self.ACTIONS)}).",
             severity="warning",
             timeout=5,
         )
@@ -767,7 +744,7 @@ class MemtopApp(App[None]):
         self.push_screen(
             ConfirmScreen(
                 f"Record allocation stacks in pid {row.pid}?",
-                STACKS_COST,
+                actions.STACKS_COST,
                 choices=[
                     ("y", "On (y)", True, "who holds the memory, by line (detail screen)"),
                     ("o", "Off (o)", False, "stop recording; torch forgets the stacks"),

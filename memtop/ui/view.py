@@ -10,13 +10,21 @@ from __future__ import annotations
 import os
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from memtop.diagnosis import DeviceDiagnosis, Suggestion
 from memtop.diagnosis.leak import LeakBasis
 from memtop.diagnosis.suggestions import EffectKind, RuleId
 from memtop.job_groups import JobGroup, job_groups
-from memtop.model import SOURCE_AGENT, SOURCE_SIM, AgentStatus, Choice, Severity, host_of
+from memtop.model import (
+    SOURCE_AGENT,
+    SOURCE_SIM,
+    AgentStatus,
+    Choice,
+    ProcessInfo,
+    Severity,
+    host_of,
+)
 from memtop.observation import (
     AgentDeviceObservation,
     DeviceHistory,
@@ -26,9 +34,6 @@ from memtop.observation import (
 )
 from memtop.ui.render import bin_reduce, short_bytes
 from memtop.units import format_bytes, format_duration, short_host
-
-if TYPE_CHECKING:
-    from memtop.sources.processes import ProcessInfo
 
 TREND_POINTS = 120  # the sparkline's resolution before a widget fits it to its width
 TREND_MARKS = 1024  # per-step baselines the sparkline summarises

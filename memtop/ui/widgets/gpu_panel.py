@@ -8,7 +8,6 @@ from operator import attrgetter
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.geometry import Region
 from textual.message import Message
@@ -16,6 +15,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Static
 
+from memtop.ui import actions
 from memtop.ui.render import (
     ALLOCATED,
     CACHED,
@@ -76,7 +76,7 @@ class GpuCard(Widget, can_focus=True):
     GpuCard.-dense { height: 1; }
     GpuCard:focus { background: $boost; }
     """
-    BINDINGS = [Binding("enter", "choose", "GPU detail", show=False)]
+    BINDINGS = actions.bindings(actions.GPU_CARD)
 
     class Chosen(Message):
         """Enter (or a click) on a GPU's card: open its detail."""

@@ -20,12 +20,12 @@ from dataclasses import dataclass, replace
 from rich.style import Style
 from rich.text import Span, Text
 from textual import events
-from textual.binding import Binding
 from textual.geometry import Region, Size
 from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
+from memtop.ui import actions
 from memtop.ui.render import FREE, short_bytes, slow_tick
 from memtop.ui.view import JobHeader, ProcessRow, process_key
 from memtop.ui.widgets.lines import changed_cells, looks_alike, text_strip
@@ -207,18 +207,8 @@ class ProcessTable(Widget, can_focus=True):
     ProcessTable > .process-table--cursor { background: $accent; color: $text; }
     ProcessTable > .process-table--cursor-blurred { background: $accent 30%; }
     """
-    BINDINGS = [
-        Binding("up", "move(-1)", "Up", show=False, id="table.up"),
-        Binding("down", "move(1)", "Down", show=False, id="table.down"),
-        Binding("pageup", "page(-1)", "Page up", show=False, id="table.page_up"),
-        Binding("pagedown", "page(1)", "Page down", show=False, id="table.page_down"),
-        Binding("home,g", "move(-1000000)", "First", show=False, id="table.first"),
-        Binding("end,G", "move(1000000)", "Last", show=False, id="table.last"),
-        Binding("enter", "choose", "Detail", show=False, id="table.detail"),
-        Binding("greater_than_sign", "sort_column(1)", "Sort →", show=False, id="table.sort_next"),
-        Binding("less_than_sign", "sort_column(-1)", "Sort ←", show=False, id="table.sort_prev"),
-        Binding("I", "invert_sort", "Invert sort", show=False, id="table.sort_invert"),
-    ]
+    # Its keys are records of memtop.ui.actions (the help screen and the README read them too).
+    BINDINGS = actions.bindings(actions.TABLE)
 
     class RowChosen(Message):
         """Enter (or a click on the selected row) on a row: open its detail."""
