@@ -200,7 +200,10 @@ class Sampler(FeedLoop):
             self.store.update_processes(infos)
             self.store.update_driver(reading, now)
             self.store.update_agents(polls, polled)
-            self.store.set_problems(self.agents.problems)
+            problems = self.agents.problems
+            if self.processes.problem is not None:
+                problems = [*problems, self.processes.problem]
+            self.store.set_problems(problems)
             for poll in polls:
                 if poll.breakdown is not None:
                     self.store.update_breakdown(poll.pid, poll.breakdown)

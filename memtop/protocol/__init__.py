@@ -5,6 +5,7 @@
 - memtop.protocol.schema: each command's reply as the viewer reads it, typed (memtop.model);
 - memtop.protocol.replies: each command's reply as the agent builds it;
 - memtop.protocol.places: the socket directory, pids, peer credentials, connecting;
+- memtop.protocol.discovery: which users' socket directories root reads;
 - memtop.protocol.text: a peer's text made inert (the device sources import only this);
 - memtop.protocol.namespaces, nesting: pid namespaces in socket names, the nesting scan.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from memtop.protocol import namespaces, nesting
+from memtop.protocol.discovery import Discovery, SocketDirs
 from memtop.protocol.framing import (
     E_BAD_FRAME,
     E_BAD_REQUEST,
@@ -50,6 +52,7 @@ from memtop.protocol.places import (
     connect,
     connect_agent,
     describe_connect_error,
+    discover,
     discovery_dirs,
     ensure_private_dir,
     ensure_socket_dir,
@@ -156,10 +159,12 @@ __all__ = [
     "REPLY_PARSERS",
     "SAMPLE_STAT_KEYS",
     "ConnectionClosed",
+    "Discovery",
     "FrameDecoder",
     "PeerRefused",
     "ProtocolError",
     "Request",
+    "SocketDirs",
     "UnsafeSocketDir",
     "canonical_pci_bus_id",
     "check_depth",
@@ -173,6 +178,7 @@ __all__ = [
     "decimal",
     "decode_body",
     "describe_connect_error",
+    "discover",
     "discovery_dirs",
     "encode_frame",
     "ensure_private_dir",

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from memtop.protocol import namespaces
+from memtop.protocol.discovery import Discovery, SocketDirs
 from memtop.protocol.text import decimal
 
 
@@ -128,25 +129,25 @@ def ensure_private_dir(path: Path) -> Path:
     return path
 
 
-def discovery_dirs() -> list[tuple[Path, int]]:
-    """Socket directories a viewer reads, each with the uid that must own it.
+def discover(finder: SocketDirs | None = None) -> Discovery:
+    """Socket directories a viewer reads, each with the uid that owns it, and one line for each
+    kind of directory it does not read.
 
     A normal user reads their own; root (who may attach to anyone's trainer) reads every
-    user's, so `sudo memtop` on a shared box sees all the agents.
-    """
+    user's, so `sudo memtop` on a shared box sees all the agents: each user's by its owner as
+    lstat says, at a bounded cost per round (protocol.discovery).  `finder`: the one a viewer
+    keeps from round to round (its verdicts cached); without it, one complete look."""
     mine = socket_dir()
     if os.geteuid() != 0 or os.environ.get("MEMTOP_SOCKET_DIR"):
-        return [(mine, os.getuid())]
-    found = {mine: os.getuid()}
-    for pattern_root, prefix in ((Path("/tmp"), "memtop-"), (Path("/run/user"), "")):
-        with contextlib.suppress(OSError):
-            for entry in pattern_root.iterdir():
-                uid = decimal(entry.name[len(prefix) :]) if entry.name.startswith(prefix) else None
-                if uid is None:
-                    continue
-                path = entry if prefix else entry / "memtop"
-                found.setdefault(path, uid)
-    return sorted(found.items())
+        return Discovery([(mine, os.getuid())], [])
+    if finder is None:
+        return SocketDirs().scan((mine, os.getuid()), limit=0)
+    return finder.scan((mine, os.getuid()))
+
+
+def discovery_dirs() -> list[tuple[Path, int]]:
+    """The socket directories `discover` reads, each with the uid that owns it."""
+    return discover().dirs
 
 
 def socket_path(pid: int, directory: Path | None = None) -> Path:

@@ -60,7 +60,16 @@ def read_process(pid: int) -> ProcessInfo:
             ppid: int | None = process.ppid()
     except psutil.Error:
         return ProcessInfo(pid, None, None, (), "?")
+    except OSError as exc:  # EMFILE, ENFILE: psutil's /proc reads raise them as they are
+        raise ProcessesUnreadable(
+            f"cannot read processes: {exc.strerror or exc} (out of file descriptors? ulimit -n)"
+        ) from None
     return ProcessInfo(pid, uid, user, cmdline, name, created, ppid)
+
+
+class ProcessesUnreadable(Exception):
+    """/proc could not be read at all (no descriptor left): one line, and no process is
+    taken for gone or for someone else's because of it."""
 
 
 USAGE_EVERY_S = 3.0  # host CPU % and RSS: a slow column, re-read at most this often
@@ -75,13 +84,21 @@ class ProcessDirectory:
         self._known: dict[int, ProcessInfo] = {}
         self._handles: dict[int, psutil.Process] = {}
         self._usage_at = 0.0
+        # Why the last lookup could not read every process (one line), else None.
+        self.problem: str | None = None
 
     def lookup(self, pids: Iterable[int]) -> dict[int, ProcessInfo]:
         wanted = set(pids)
         self._known = {pid: info for pid, info in self._known.items() if pid in wanted}
         self._handles = {pid: h for pid, h in self._handles.items() if pid in wanted}
+        self.problem = None
         for pid in wanted - self._known.keys():
-            self._known[pid] = read_process(pid)
+            try:
+                self._known[pid] = read_process(pid)
+            except ProcessesUnreadable as exc:
+                # Not remembered: read again next round, once descriptors are free.
+                self.problem = str(exc)
+                break
         now = time.monotonic()
         if now - self._usage_at >= USAGE_EVERY_S:
             self._usage_at = now
@@ -100,7 +117,7 @@ class ProcessDirectory:
             else:
                 cpu = handle.cpu_percent(None)
             rss = handle.memory_info().rss
-        except psutil.Error:
+        except (psutil.Error, OSError):  # OSError: no descriptor left (EMFILE)
             return info
         return replace(info, cpu_percent=cpu, rss=rss)
 
