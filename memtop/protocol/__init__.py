@@ -51,6 +51,7 @@ from memtop.protocol.places import (
     check_socket_entry,
     connect,
     connect_agent,
+    connect_agent_process,
     describe_connect_error,
     discover,
     discovery_dirs,
@@ -68,6 +69,7 @@ from memtop.protocol.places import (
     socket_pid,
     state_dir,
 )
+from memtop.protocol.procfs import process_start_ticks
 from memtop.protocol.replies import SAMPLE_STAT_KEYS, error_reply, mark_columns
 from memtop.protocol.text import (
     MAX_TEXT,
@@ -175,6 +177,7 @@ __all__ = [
     "clean_value",
     "connect",
     "connect_agent",
+    "connect_agent_process",
     "decimal",
     "decode_body",
     "describe_connect_error",
@@ -204,6 +207,7 @@ __all__ = [
     "pid_alive",
     "pid_exists",
     "pid_owner",
+    "process_start_ticks",
     "recv_message",
     "send_message",
     "socket_dir",

@@ -8,14 +8,17 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import signal
 import socket
 import stat
 import struct
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from memtop.protocol import namespaces
 from memtop.protocol.discovery import Discovery, SocketDirs
+from memtop.protocol.procfs import process_start_ticks
 from memtop.protocol.text import decimal
 
 
@@ -294,10 +297,25 @@ def connect_agent(
     name: str | None = None,
 ) -> socket.socket:
     """Connect to the agent of `pid` in `directory` (owned by `owner`, default: us) and make
+    sure it is that agent: see connect_agent_process, whose socket this is."""
+    return connect_agent_process(pid, directory, owner, timeout, name)[0]
+
+
+def connect_agent_process(
+    pid: int,
+    directory: Path,
+    owner: int | None = None,
+    timeout: float = 2.0,
+    name: str | None = None,
+) -> tuple[socket.socket, int | None]:
+    """Connect to the agent of `pid` in `directory` (owned by `owner`, default: us) and make
     sure it is that agent: the directory and the socket are checked with lstat (no symlink
-    followed), and the server's SO_PEERCRED must show pid `pid` and uid `owner`.  Nothing is
-    sent before these checks pass.  Raises UnsafeSocketDir or PeerRefused (refused) or OSError
-    (not reachable).
+    followed), the server's SO_PEERCRED must show pid `pid` and uid `owner`, and that pid must
+    still be the very process that opened the socket (check_peer_process).  Nothing is sent
+    before these checks pass.  Returns the socket and the process's start time (clock ticks
+    since boot, /proc/PID/stat field 22; None where it cannot be read), which tells that
+    process from any later one given the same pid.  Raises UnsafeSocketDir or PeerRefused
+    (refused) or OSError (not reachable).
 
     `name`: the socket's file name when `pid` (as this viewer sees it) runs in another pid
     namespace (`<its pid>.ns<inode>.sock`); the server must then be `pid` AND be that process
@@ -321,10 +339,109 @@ def connect_agent(
         check_peer(sock, pid, owner)
         if name is not None and namespaces.expected_socket_name(pid) != name:
             raise PeerRefused(f"pid {pid} is not the process {name} stands for")
+        started = check_peer_process(sock, pid, path)
     except BaseException:
         sock.close()
         raise
-    return sock
+    return sock, started
+
+
+# SO_PEERPIDFD (Linux >= 6.5): a pidfd for the process that opened the peer socket.  Python's
+# socket module has the constant from 3.13 on; its value is fixed by the kernel's ABI.
+SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)
+
+
+class PidfdUnsupported(Exception):
+    """This kernel has no SO_PEERPIDFD (older than 6.5): identity falls back on start times."""
+
+
+def peer_pidfd(sock: socket.socket) -> int | None:
+    """A pidfd for the process that opened the other end of `sock` (its listener's, for an
+    agent socket), or None when that process has exited (it cannot be signalled, whatever
+    now has its pid).  Raises PidfdUnsupported on kernels without SO_PEERPIDFD."""
+    try:
+        fd = sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
+    except OSError as exc:
+        if exc.errno in (errno.ENOPROTOOPT, errno.EOPNOTSUPP):
+            raise PidfdUnsupported from None
+        if exc.errno in (errno.ESRCH, errno.EINVAL, errno.ENODATA):
+            return None  # kernels before 6.16 refuse a pidfd for a reaped process
+        raise
+    if pidfd_pid(fd) in (None, -1):  # newer kernels give one, for a process with no pid
+        os.close(fd)
+        return None
+    return fd
+
+
+def pidfd_pid(fd: int) -> int | None:
+    """The pid (in this process's pid namespace) of the process `fd` refers to; -1 when it has
+    exited, None when it cannot be read."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", "rb") as fh:
+            for line in fh.read(4096).splitlines():
+                if line.startswith(b"Pid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _boot_time() -> float:
+    """When the machine booted, in wall-clock seconds, to the microsecond (/proc/stat's btime
+    is whole seconds): the base of a process's start time."""
+    return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+# A process cannot have opened a socket made before it started; clock ticks and a wall clock
+# set meanwhile blur the comparison by this much.
+START_SLACK_S = 1.0
+
+
+def check_peer_process(sock: socket.socket, pid: int, path: Path) -> int | None:
+    """`pid` (SO_PEERCRED's, the number the kernel kept when the listener was made) must still
+    be the process that opened the agent socket: a process that passes its listening socket to
+    a child and exits leaves its pid to be reused, and the socket would then speak for whoever
+    got the number.  With SO_PEERPIDFD (Linux >= 6.5) the kernel says it; elsewhere a process
+    that started after the socket was made cannot be the one that made it.  Returns the
+    process's start time (process_start_ticks); raises PeerRefused."""
+    gone = (
+        f"the process that opened the agent socket of pid {pid} has exited; pid {pid} is now "
+        "another process (the socket is served by a process it handed it to)"
+    )
+    try:
+        fd = peer_pidfd(sock)
+    except PidfdUnsupported:
+        fd = -1
+    except OSError as exc:
+        raise PeerRefused(
+            f"cannot identify the process behind the socket of pid {pid}: {exc.strerror or exc}"
+        ) from None
+    if fd is None:
+        raise PeerRefused(gone)
+    if fd >= 0:
+        try:
+            if pidfd_pid(fd) != pid:
+                raise PeerRefused(gone)
+            started = process_start_ticks(pid)
+            # Still that process once its start time was read (so it was its /proc entry).
+            signal.pidfd_send_signal(fd, 0)
+        except ProcessLookupError:
+            raise PeerRefused(gone) from None
+        except PermissionError:
+            pass  # alive; another user's (the owner check above is the pidfd's as well)
+        finally:
+            os.close(fd)
+        return started
+    started = process_start_ticks(pid)
+    try:
+        made = os.lstat(path).st_mtime
+    except OSError:
+        return started
+    if started is not None:
+        started_at = _boot_time() + started / os.sysconf("SC_CLK_TCK")
+        if started_at > made + START_SLACK_S:
+            raise PeerRefused(gone)
+    return started
 
 
 def describe_connect_error(pid: int, exc: OSError) -> str:

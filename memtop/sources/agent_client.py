@@ -195,6 +195,9 @@ class AgentClient:
         self._next_id = 1
         self.hello: AgentHello | None = None
         self.hello_at = 0.0
+        # When the process behind the socket started (clock ticks since boot), as read when the
+        # connection passed its checks: what a signal to that pid is checked against later.
+        self.started: int | None = None
         # Called with (pid, cmd, result) for every reply (`memtop record` taps the wire here).
         self.tap: Callable[[int, str, dict[str, Any]], None] | None = None
 
@@ -205,7 +208,7 @@ class AgentClient:
         directory = self.directory or protocol.socket_dir()
         try:
             self._decoder = protocol.FrameDecoder()
-            self._sock = protocol.connect_agent(
+            self._sock, self.started = protocol.connect_agent_process(
                 self.pid, directory, self.owner, limit, name=self.name
             )
             self._sock.setblocking(False)  # every wait is against a deadline (_wait_for)

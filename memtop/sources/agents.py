@@ -207,6 +207,7 @@ class _Agent:
     counters: dict[str, int] = field(default_factory=dict)
     inconsistent_until: float = 0.0
     last_violation: str | None = None
+    started: int | None = None  # when the process behind its last connection started
 
 
 class _Scan(NamedTuple):
@@ -275,8 +276,9 @@ class AgentPool:
         self._agents: dict[int, _Agent] = {}
         self._due: dict[tuple[int, str], float] = {}
         self._workers = _Workers(self.WORKERS)
-        # Pids whose server passed authentication since the viewer started (the kill key).
-        self._verified: set[int] = set()
+        # Pids whose server passed authentication since the viewer started (the kill key), each
+        # with when its process started (protocol.process_start_ticks; None: not readable).
+        self._verified: dict[int, int | None] = {}
         self._refused_gone: set[int] = set()
         # Sockets of agents in other pid namespaces: name -> (socket inode, pid seen here).
         self._foreign: dict[str, tuple[int, int]] = {}
@@ -648,7 +650,9 @@ class AgentPool:
 
         def job() -> None:
             if not client.connected:
-                inbox.append(("hello", client.connect()))
+                hello = client.connect()
+                inbox.append(("started", client.started))
+                inbox.append(("hello", hello))
             _into_inbox(inbox, client, client.sample(max_marks=SAMPLE_MAX_MARKS, columns=True))
             for cmd in extras:
                 # An agent without the command (another implementation of the protocol) is
@@ -679,9 +683,11 @@ class AgentPool:
         snapshot: AgentSnapshot | None = None
         sites: AgentSites | None = None
         for kind, value in received:
-            if kind == "hello":
+            if kind == "started":
+                agent.started = value
+            elif kind == "hello":
                 agent.hello = value
-                self._verified.add(agent.pid)
+                self._verified[agent.pid] = agent.started
             elif kind == "sample":
                 sample = value
             elif kind == "retry":
@@ -796,6 +802,11 @@ class AgentPool:
     def verified(self, pid: int) -> bool:
         """Whether an agent serving as `pid` passed authentication since the viewer started."""
         return pid in self._verified
+
+    def verified_start(self, pid: int) -> int | None:
+        """When the process that passed authentication as `pid` started (clock ticks since
+        boot; None: never verified, or its start time could not be read)."""
+        return self._verified.get(pid)
 
     def unanswered(self) -> int:
         """How many agents are still answering their first request (no row for them yet)."""

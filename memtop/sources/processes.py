@@ -7,14 +7,16 @@ that this /proc does not show: those come back with an unknown owner and command
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
 import psutil
 
+from memtop.protocol.procfs import process_start_ticks
 from memtop.protocol.text import clean_text
 
 
@@ -127,38 +129,73 @@ class TerminateRefused(Exception):
 
 
 def terminate(
-    pid: int, expected: ProcessInfo | None = None, sig: signal.Signals = signal.SIGTERM
+    pid: int,
+    expected: ProcessInfo | None = None,
+    sig: signal.Signals = signal.SIGTERM,
+    *,
+    started: int | None = None,
 ) -> str:
     """Send `sig` (SIGTERM unless the user chose INT or KILL) to one of the current user's own
     processes; returns what was done.
 
     `expected` is what the user saw when confirming: if the pid now runs something else (it
-    exited and the number was reused), nothing is sent.
+    exited and the number was reused), nothing is sent.  `started`: when the process memtop
+    verified as that pid started (protocol.process_start_ticks, read when its agent's
+    connection passed its checks): a process that started at any other time is not it.
+
+    The process is pinned first (a pidfd, Linux >= 5.3), then checked, then signalled through
+    the pidfd: the checks and the signal are about one process, even if the pid is reused
+    meanwhile.  Without pidfds, the checks come right before the signal.
     """
-    now = read_process(pid)
-    if not now.visible:
-        raise TerminateRefused(f"pid {pid} is gone (or not visible from here)")
-    if now.uid != os.getuid():
-        raise TerminateRefused(
-            f"pid {pid} belongs to {now.user}: memtop terminates only your own processes"
-        )
-    if (
-        expected is not None
-        and expected.visible
-        and (
-            expected.cmdline != now.cmdline
-            or (
-                expected.create_time is not None
-                and now.create_time is not None
-                and abs(expected.create_time - now.create_time) > 0.01
+    with _pinned(pid) as pidfd:
+        now = read_process(pid)
+        if not now.visible:
+            raise TerminateRefused(f"pid {pid} is gone (or not visible from here)")
+        if now.uid != os.getuid():
+            raise TerminateRefused(
+                f"pid {pid} belongs to {now.user}: memtop terminates only your own processes"
             )
-        )
-    ):
-        raise TerminateRefused(f"pid {pid} now runs something else; nothing sent")
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        raise TerminateRefused(f"pid {pid} exited before the signal") from None
-    except PermissionError:
-        raise TerminateRefused(f"not permitted to signal pid {pid}") from None
+        if (
+            expected is not None
+            and expected.visible
+            and (
+                expected.cmdline != now.cmdline
+                or (
+                    expected.create_time is not None
+                    and now.create_time is not None
+                    and abs(expected.create_time - now.create_time) > 0.01
+                )
+            )
+        ):
+            raise TerminateRefused(f"pid {pid} now runs something else; nothing sent")
+        if started is not None and process_start_ticks(pid) != started:
+            raise TerminateRefused(
+                f"pid {pid} is not the process whose agent memtop verified (it started at "
+                "another time: the pid was reused); nothing sent"
+            )
+        try:
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, sig)
+            else:
+                os.kill(pid, sig)
+        except ProcessLookupError:
+            raise TerminateRefused(f"pid {pid} exited before the signal") from None
+        except PermissionError:
+            raise TerminateRefused(f"not permitted to signal pid {pid}") from None
     return f"sent {sig.name} to pid {pid} ({now.name})"
+
+
+@contextlib.contextmanager
+def _pinned(pid: int) -> Iterator[int | None]:
+    """A pidfd for `pid` while the block runs (None where the kernel or Python has none)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        raise TerminateRefused(f"pid {pid} is gone (or not visible from here)") from None
+    except (AttributeError, OSError):
+        fd = None
+    try:
+        yield fd
+    finally:
+        if fd is not None:
+            os.close(fd)
