@@ -191,12 +191,8 @@ def main() -> None:
         for process in sleepers:
             process.kill()
             process.wait()
-        for child in os.listdir("/proc"):
-            if child.isdigit() and int(child) not in (1, os.getpid()):
-                try:
-                    os.kill(int(child), signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        # The agents' processes (B) end with this one: the kernel kills every process of a pid
+        # namespace when its first process exits.
         for name in os.listdir(directory):
             os.unlink(directory / name)
         directory.rmdir()
