@@ -68,6 +68,7 @@ from memtop.protocol.places import (
     socket_path,
     socket_pid,
     state_dir,
+    user_name,
 )
 from memtop.protocol.procfs import process_start_ticks
 from memtop.protocol.replies import SAMPLE_STAT_KEYS, error_reply, mark_columns
@@ -214,4 +215,5 @@ __all__ = [
     "socket_path",
     "socket_pid",
     "state_dir",
+    "user_name",
 ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import pwd
 import signal
 import socket
 import stat
@@ -19,7 +20,7 @@ from pathlib import Path
 from memtop.protocol import namespaces
 from memtop.protocol.discovery import Discovery, SocketDirs
 from memtop.protocol.procfs import process_start_ticks
-from memtop.protocol.text import decimal
+from memtop.protocol.text import clean_text, decimal
 
 
 class UnsafeSocketDir(Exception):
@@ -444,10 +445,28 @@ def check_peer_process(sock: socket.socket, pid: int, path: Path) -> int | None:
     return started
 
 
+def user_name(uid: int) -> str:
+    """`name` (uid N) from the passwd database, or `uid N` alone; made inert (it is text from
+    outside memtop)."""
+    try:
+        name = clean_text(pwd.getpwuid(uid).pw_name, 64)
+    except (KeyError, OverflowError):
+        return f"uid {uid}"
+    return f"{name}, uid {uid}" if name != str(uid) else f"uid {uid}"
+
+
 def describe_connect_error(pid: int, exc: OSError) -> str:
     """A one-line reason a viewer could not reach an agent (only what is known)."""
     if exc.errno == errno.ENOENT and not pid_alive(pid):
         return f"no process {pid}"
+    owner = pid_owner(pid)
+    if exc.errno == errno.ENOENT and owner is not None and owner != os.getuid():
+        whom = user_name(owner)
+        return (
+            f"pid {pid} belongs to another user ({whom}): its agent, if it has one, listens in "
+            "that user's socket directory, which you cannot reach; run memtop as root (sudo)"
+            + ("" if owner == 0 else " or as that user")
+        )
     if exc.errno == errno.ENOENT:
         return (
             f"no agent socket for pid {pid}: start it under `memtop run`, or add an agent with "
