@@ -68,6 +68,7 @@ from memtop.protocol.places import (
     socket_path,
     socket_pid,
     state_dir,
+    unmapped_here,
     user_name,
 )
 from memtop.protocol.procfs import process_start_ticks
@@ -215,5 +216,6 @@ __all__ = [
     "socket_path",
     "socket_pid",
     "state_dir",
+    "unmapped_here",
     "user_name",
 ]

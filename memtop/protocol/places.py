@@ -455,6 +455,40 @@ def user_name(uid: int) -> str:
     return f"{name}, uid {uid}" if name != str(uid) else f"uid {uid}"
 
 
+def unmapped_here(pid: int) -> str | None:
+    """Why the agent of `pid` cannot know who this viewer is, when that is so: it runs in a user
+    namespace of its own (a rootless or user-namespaced container) that does not map this
+    process's uid, so it sees this viewer as the overflow uid (65534) and, rightly, refuses it.
+    None when `pid` shares our user namespace, or maps our uid, or when /proc does not say."""
+    try:
+        if os.stat(f"/proc/{pid}/ns/user").st_ino == os.stat("/proc/self/ns/user").st_ino:
+            return None
+        with open(f"/proc/{pid}/uid_map", "rb") as fh:
+            uid_map = fh.read(65536)
+    except OSError:
+        return None
+    uid = os.geteuid()
+    for line in uid_map.splitlines():
+        # "first uid inside, first uid outside (as this reader's namespace sees it), count"
+        fields = line.split()
+        try:
+            outside, count = int(fields[1]), int(fields[2])
+        except (IndexError, ValueError):
+            return None
+        if outside <= uid < outside + count:
+            return None
+    try:
+        with open("/proc/sys/kernel/overflowuid", "rb") as fh:
+            overflow = int(fh.read(32))
+    except (OSError, ValueError):
+        overflow = 65534
+    return (
+        f"the agent of pid {pid} refuses this viewer: it runs in a user namespace (a container) "
+        f"that does not map uid {uid}, so there this viewer is uid {overflow}, the overflow "
+        "uid; run memtop inside the container, or as the user the container's root maps to"
+    )
+
+
 def describe_connect_error(pid: int, exc: OSError) -> str:
     """A one-line reason a viewer could not reach an agent (only what is known)."""
     if exc.errno == errno.ENOENT and not pid_alive(pid):

@@ -218,7 +218,17 @@ class AgentClient:
             raise AgentUnreachable(protocol.describe_connect_error(self.pid, exc)) from None
         except OSError as exc:
             raise AgentUnreachable(protocol.describe_connect_error(self.pid, exc)) from None
-        return self._accept_hello(self._request("hello", None, deadline, limit))
+        try:
+            reply = self._request("hello", None, deadline, limit)
+        except (AgentUnreachable, AgentError) as exc:
+            # An agent in a user namespace that does not map our uid sees us as the overflow
+            # uid and hangs up on us (a "Broken pipe" here, or its "forbidden" frame): say so.
+            why = protocol.unmapped_here(self.pid)
+            if why is None or isinstance(exc, AgentRefused):
+                raise
+            self.close()
+            raise AgentUnreachable(why) from None
+        return self._accept_hello(reply)
 
     def _accept_hello(self, reply: dict[str, Any]) -> AgentHello:
         """Parse a `hello` and hold it to the socket's pid; on any doubt, hang up."""
