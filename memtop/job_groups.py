@@ -4,8 +4,8 @@ torchrun rendezvous (MASTER_ADDR:MASTER_PORT with WORLD_SIZE), else their pod se
 Pure: a function of observations (one per host in the fleet view, or the local one), keyed by
 (host, pid) so that equal pids on two hosts stay two ranks, and grouped per owner as well as per
 job: another user's trainers claiming our Slurm job id are a job of their own.  One `JobGroup`
-per job: its ranks, hosts, the spread of the ranks' peaks and the rank that leaks.  What drifts apart is judged from
-these groups (memtop.diagnosis rule `rank_drift`, fed by `rank_peaks`).
+per job: its ranks, hosts, the spread of the ranks' peaks and the rank that leaks.  What drifts
+apart is judged from these groups (memtop.diagnosis rule `rank_drift`, fed by `rank_peaks`).
 """
 
 from __future__ import annotations
