@@ -81,6 +81,8 @@ class SocketDirs:
         self._roots = [_Root(directory, prefix, below) for directory, prefix, below in roots]
         self._verdicts: dict[tuple[Path, str, int], _Verdict] = {}
         self._clock = clock
+        # The last answer: (what it was read from, until when it holds, the answer).
+        self._last: tuple[object, float, Discovery] | None = None
 
     def scan(self, own: tuple[Path, int] | None = None, limit: int | None = None) -> Discovery:
         """One round: the directories to read now (`own`: the viewer's own, always read).
@@ -88,6 +90,14 @@ class SocketDirs:
         one-off look)."""
         budget = self.MAX_CHECKS_PER_ROUND if limit is None else limit or -1
         now = self._clock()
+        for root in self._roots:
+            self._list(root)
+        # Nothing listed changed and no verdict is due again: the last round's answer (a round
+        # then costs one stat per root, however many entries a flood left there).
+        versions = (own, tuple(root.version for root in self._roots))
+        last = self._last
+        if last is not None and last[0] == versions and now < last[1]:
+            return last[2]
         found: dict[Path, int] = {}
         if own is not None:
             found[own[0]] = own[1]
@@ -95,7 +105,6 @@ class SocketDirs:
         waiting = 0
         live: set[tuple[Path, str, int]] = set()
         for root in self._roots:
-            self._list(root)
             for name, inode in root.entries:
                 key = (root.directory, name, inode)
                 live.add(key)
@@ -122,7 +131,10 @@ class SocketDirs:
                 f"{waiting} more entries named like socket directories not checked yet "
                 f"(at most {self.MAX_CHECKS_PER_ROUND} a round)"
             )
-        return Discovery(sorted(found.items()), problems)
+        discovery = Discovery(sorted(found.items()), problems)
+        due = min((v.judged_at for v in self._verdicts.values()), default=now) + self.REVERIFY_S
+        self._last = (versions, now if waiting else due, discovery)
+        return discovery
 
     def _list(self, root: _Root) -> None:
         """The entries of `root` that could be socket directories, read again only when the
