@@ -208,7 +208,10 @@ class Sampler(FeedLoop):
             self.store.update_owners(owners)
             self.store.update_driver(reading, now)
             self.store.update_agents(polls, polled)
-            self.store.set_problems(self.agents.problems)
+            problems = self.agents.problems
+            if self.processes.problem is not None:
+                problems = [*problems, self.processes.problem]
+            self.store.set_problems(problems)
             for poll in polls:
                 if poll.breakdown is not None:
                     self.store.update_breakdown(poll.pid, poll.breakdown)
@@ -239,17 +242,20 @@ class Sampler(FeedLoop):
                 if state != "connected":  # a connected agent's replies say it all
                     self.tap.agent_state(polled, poll.pid, state, poll.error)
 
+    def _driver_lists(self, pid: int) -> bool:
+        reading = self.store.driver()
+        if reading is None or reading.source == SOURCE_AGENT:
+            return False
+        return any(p.pid == pid for d in reading.devices for p in d.processes)
+
     def may_signal(self, pid: int) -> str | None:
         """Why the kill key must not signal `pid` (None: it may, after the usual owner check).
 
         A pid qualifies when the driver lists it, or when an agent serving as that pid passed
         authentication (SO_PEERCRED) since the viewer started.  A socket that merely carries a
         pid's number in its name qualifies nothing."""
-        reading = self.store.driver()
-        if reading is not None and reading.source != SOURCE_AGENT:
-            listed = {p.pid for d in reading.devices for p in d.processes}
-            if pid in listed:
-                return None
+        if self._driver_lists(pid):
+            return None
         state = self.agents.state_of(pid)
         if state == AgentStatus.REFUSED:
             return f"the agent socket of pid {pid} failed authentication; memtop sends it nothing"
@@ -315,8 +321,19 @@ class Sampler(FeedLoop):
         refusal = self.may_signal(pid)
         if refusal is not None:
             return ActionReply(pid, "signal", error=refusal)
+        # A pid vouched for by its agent only: it must still be the process that passed the
+        # checks (its start time then; a pid handed on and reused is another process).
+        started = self.agents.verified_start(pid)
+        if self.agents.verified(pid) and started is None and not self._driver_lists(pid):
+            return ActionReply(
+                pid,
+                "signal",
+                error=f"cannot tell whether pid {pid} is still the process its agent ran in "
+                "(its start time could not be read); nothing sent",
+            )
         try:
-            return ActionReply(pid, "signal", message=terminate(pid, expected=expected, sig=sig))
+            message = terminate(pid, expected=expected, sig=sig, started=started)
+            return ActionReply(pid, "signal", message=message)
         except TerminateRefused as exc:
             return ActionReply(pid, "signal", error=str(exc))
 

@@ -14,6 +14,8 @@ killed.  KIND is one of:
   liar       says allocated > reserved > the device's total, and counters going backwards
   escape     an honest agent whose argv carries terminal escape sequences
   counter    a plain listener that only counts connections (into --log): a symlink target
+  plain      an honest agent (tests/agent_crowd.py runs many)
+  slurm      an honest agent that claims rank 2 of Slurm job 9 (another user's job)
 
 Every connection accepted is appended to `--log` (one line each) so a test can prove that the
 viewer never connected (or never sent a byte).
@@ -90,6 +92,15 @@ class Hostile:
 
     def hello(self) -> dict:
         argv = ESCAPE_ARGV if self.kind == "escape" else [f"hostile-{self.kind}.py"]
+        if self.kind == "slurm":  # claims rank 2 of Slurm job 9, whoever runs that job
+            return {
+                **self.plain_hello(argv),
+                "scheduler": {"kind": "slurm", "job_id": "9", "proc_id": 2},
+                "rank": 2,
+            }
+        return self.plain_hello(argv)
+
+    def plain_hello(self, argv: list[str]) -> dict:
         return {
             "protocol": 1,
             "pid": self.pid,
