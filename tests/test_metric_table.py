@@ -215,6 +215,12 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "only while stacks are recorded.",
         (*PROCESS, "site"),
     ),
+    "memtop_leak_site_bytes_per_step": (
+        "gauge",
+        "How fast the live bytes of the leak's line of user code (file:line) grow per step; "
+        "only while a leak is detected and stacks name its line.",
+        (*PROCESS, "site"),
+    ),
     "memtop_alloc_retries_total": (
         "counter",
         "torch num_alloc_retries: free-the-cache-and-retry rounds.",
