@@ -35,6 +35,15 @@ from memtop.sim.probe import SimulatedGpu, SimulatedProbe
 from memtop.sources.agents import AgentError
 from memtop.store import Store
 
+THIS = Path(__file__).resolve()
+
+
+def line_here(marker: str) -> int:
+    """The line of this file that holds `marker` in a comment."""
+    lines = THIS.read_text().splitlines()
+    return next(i for i, text in enumerate(lines, 1) if text.endswith(f"# {marker}"))
+
+
 LEAK_LINE = "kept = self._m(self.leak_bytes_per_step)"
 DETECTED = LeakEstimate(True, 2 * MiB, None, None, None, 0.99, "steps", 60, 1, "grows")
 
@@ -53,6 +62,7 @@ def agent(
     info = ProbeDevice(0, "GPU-00000000-0000-0000-0000-000000000001", "Sim GPU", 2 << 30)
     server = Agent(SimulatedProbe([SimulatedGpu(info, allocator)]), socket_dir, argv=["train.py"])
     server.start()
+    server.boundary.mark_interval_s = 0.0  # a step mark every step (an OOM report's `recent`)
     yield server
     server.stop()
 
@@ -191,6 +201,63 @@ def test_the_history_is_bounded_in_rounds(agent, allocator, fast_rounds, every_r
     assert len(rounds) == site_tracking.HISTORY_ROUNDS - 1  # the newest is the reply itself
     for block in kept:
         allocator.free(block)
+
+
+# ------------------------------------------------------------------ an OOM report
+
+
+def keep_activations(allocator, size):
+    return allocator.malloc(size)  # the leaking line
+
+
+def load_batch(allocator, size):
+    return allocator.malloc(size)  # a batch, freed every step
+
+
+def test_memtop_oom_names_the_leaking_line_from_the_kept_rounds(
+    agent, allocator, fast_rounds, every_round_kept, tmp_path, capsys
+):
+    from memtop.cli import main
+    from memtop.sim.allocator import SimulatedOutOfMemoryError
+
+    agent.sites.wanted = True
+    agent.on_step(explicit=True)
+    kept: list[int] = []
+    with pytest.raises(SimulatedOutOfMemoryError):
+        for _ in range(100):  # 64 MiB a step into 2 GiB: out of memory within ~32 steps
+            allocator.free(load_batch(allocator, 16 * MiB))
+            kept.append(keep_activations(allocator, 64 * MiB))
+            agent.on_step(explicit=True)
+    assert agent.oom.flush(5.0)
+    (path,) = (tmp_path / "oom").glob("oom-*.json")
+    report = json.loads(path.read_text())
+    top = report["sites"][0]
+    assert top["site"]["line"] == line_here("the leaking line")
+    assert top["bytes_per_step"] == 64 * MiB and top["falls"] == 0 and top["readings"] >= 20
+    assert main(["oom", str(path)]) == 0
+    out = capsys.readouterr().out
+    name = f"test_sites_history.py:{line_here('the leaking line')} return allocator.malloc(size)"
+    assert "leak: needed 16.0 MiB" in out and f"/step since step 1, from `{name}" in out, out
+    assert (
+        f"see what keeps the blocks from test_sites_history.py:{line_here('the leaking line')}"
+        in out
+    )
+    for block in kept:
+        allocator.free(block)
+
+
+def test_an_oom_report_without_site_growth_names_no_line():
+    from memtop.oom.diagnose import leak_site
+
+    site = {"file": "/u/train.py", "line": 9, "function": "step", "text": "x"}
+    entry = {"device": 0, "site": site, "bytes": 9, "blocks": 3, "old_blocks": 2}
+    assert leak_site([entry], MiB) is None  # an agent before DESIGN §13: no growth in it
+    grown = {**entry, "bytes_per_step": MiB, "since_step": 1, "readings": 5, "falls": 0}
+    assert leak_site([grown], MiB) == grown
+    assert leak_site([{**grown, "falls": 1}], MiB) is None  # it fell back: not a leak's
+    assert leak_site([{**grown, "readings": 2}], MiB) is None  # too few readings
+    assert leak_site([{**grown, "bytes_per_step": MiB / 8}], MiB) is None  # too small a share
+    assert leak_site([{**grown, "readings": "5"}, "junk"], MiB) is None  # a report's junk
 
 
 # ------------------------------------------------------------------ the viewer reads it

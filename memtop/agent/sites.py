@@ -27,6 +27,7 @@ held in a tuple replaced whole, so the agent thread only reads what is already b
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -67,6 +68,12 @@ def site_of(frames: Any) -> tuple[str, int, str] | None:
         if isinstance(filename, str) and stacks.is_user_file(filename):
             return filename, int(frame.get("line") or 0), str(frame.get("name") or "")
     return None
+
+
+def _site_key(entry: dict[str, Any]) -> tuple[Any, ...]:
+    """One site of one device, whichever round's entry names it."""
+    site = entry["site"]
+    return (entry["device"], site["file"], site["line"], site["function"])
 
 
 class SiteTracker:
@@ -213,11 +220,39 @@ class SiteTracker:
     # ------------------------------------------------------------ agent's thread
 
     def top_sites(self, limit: int = 10) -> list[dict[str, Any]]:
-        """The newest round's largest sites over all devices (an OOM report carries them)."""
+        """The newest round's largest sites over all devices (an OOM report carries them), each
+        with its growth over the kept rounds, so that `memtop oom` names a leak's line
+        (DESIGN §13): `bytes_per_step` (None: fewer than two readings, or no steps between),
+        `since_step`, `readings` and `falls` (readings at which its bytes went down).  Reads
+        the built rounds only; new dicts, the rounds' own are never changed."""
         latest = self.latest
         if latest is None or not self.enabled:
             return []
-        return sorted(latest["sites"], key=lambda s: -s["bytes"])[:limit]
+        top = sorted(latest["sites"], key=lambda s: -s["bytes"])[:limit]
+        rounds = [r for r in self.past_rounds(latest["time"]) if r["step"] is not None]
+        rounds = [*rounds, latest] if latest["step"] is not None else []
+        series: dict[tuple[Any, ...], list[tuple[int, int]]] = {_site_key(s): [] for s in top}
+        for past in rounds:
+            for entry in past["sites"]:
+                points = series.get(_site_key(entry))
+                if points is not None:
+                    points.append((past["step"], entry["bytes"]))
+        grown = []
+        for entry in top:
+            points = series[_site_key(entry)]
+            per_step = None
+            if len(points) >= 2 and points[-1][0] > points[0][0]:
+                per_step = (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0])
+            grown.append(
+                {
+                    **entry,
+                    "bytes_per_step": per_step,
+                    "since_step": points[0][0] if points else None,
+                    "readings": len(points),
+                    "falls": sum(1 for a, b in itertools.pairwise(points) if b[1] < a[1]),
+                }
+            )
+        return grown
 
     def past_rounds(self, before: float) -> list[dict[str, Any]]:
         """The kept rounds older than `before` (the served round's time), oldest first."""
