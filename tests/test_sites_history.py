@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -21,7 +20,7 @@ from test_diagnosis_scenarios import Watch
 from test_sampler_store import poll
 from test_sites import HERE, MiB, client_for, line_of, scenario_line, three_line_step
 
-from memtop import protocol
+from memtop import children, protocol
 from memtop.agent import sites as site_tracking
 from memtop.agent.probe import ProbeDevice
 from memtop.agent.server import Agent
@@ -356,8 +355,7 @@ def _early_scrape(socket_dir: Path) -> str:
                 return body
             time.sleep(0.5)
     finally:
-        exporter.send_signal(signal.SIGTERM)
-        exporter.wait(15)
+        children.stop(exporter, timeout=15.0)  # SIGTERM, then SIGKILL: never left running
 
 
 def test_once_and_the_exporters_first_scrape_name_the_leaking_line(socket_dir: Path):
