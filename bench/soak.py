@@ -11,8 +11,8 @@ What it runs, all at once for `--seconds`:
   the optimizer's tensors that once crashed trainers really runs.
 - M viewer processes (they never import torch, like memtop): each keeps one connection to every
   agent and sends `sample` at 10 Hz, and between samples `breakdown`, `snapshot` (to a file),
-  `cleanup`, `reset_peak` and `sites` (stacks on) as fast as the agent allows (it answers
-  `rate_limited` when not).
+  `cleanup`, `reset_peak` and `sites` (stacks on, with its history) as fast as the agent allows
+  (it answers `rate_limited` when not).
 
 What it prints, JSON last:
 - trainer crashes (a non-zero exit, a signal or a faulthandler dump): must be 0;
@@ -181,7 +181,9 @@ def viewer_main(pids: list[int], directory: Path, seconds: float, out_dir: Path)
             if cmd == "cleanup":
                 args = {"wait_s": 2.0}
             if cmd == "sites":
-                args = {"stacks": True}  # stack recording asked on, as the dashboard's key does
+                # Stack recording asked on, as the dashboard's key does, and every time the
+                # kept rounds too (the heaviest `sites` reply: a connection's first).
+                args = {"stacks": True, "history": True}
             result = ask(pid, "hammer", cmd, args)
             fresh = (
                 cmd == "breakdown"

@@ -427,6 +427,9 @@ class AgentSites:
     sites: tuple[SiteUsage, ...]
     pending: bool = False  # never: the newest grouping is served at once (the pool asks)
     wanted: bool = False  # stacks asked for, switched on at the trainer's next boundary
+    # With `{"history": true}` (a connection's first request, DESIGN §13): the agent's kept
+    # rounds before this one, oldest first, each an AgentSites of its own (no history of its own).
+    history: tuple[AgentSites, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 # Records only, from the model: the store (and the observation, the diagnosis and the UI above
@@ -389,14 +389,23 @@ class Store:
         self._update_agent(pid, lambda agent: keep(agent, copied, stamp))
 
     def update_sites(self, pid: int, reply: AgentSites) -> None:
-        """Keep a `sites` reply (a new grouping only: the same one read twice is kept once);
-        stack recording off forgets the readings."""
+        """Keep a `sites` reply (a new grouping only: the same one read twice is kept once),
+        after the agent's past rounds it carries (a connection's first reply, DESIGN §13) that
+        are newer than the newest kept: one reply gives a trend; stack recording off forgets
+        the readings."""
 
         def apply(agent: AgentState) -> None:
             if not reply.enabled:
                 agent.sites.clear()
-            elif reply.time is not None and (not agent.sites or agent.sites[-1].time != reply.time):
-                agent.sites.append(reply)
+                return
+            if reply.time is None or (agent.sites and agent.sites[-1].time == reply.time):
+                return
+            for past in reply.history:
+                newest = agent.sites[-1].time if agent.sites else None
+                if past.time is not None and (newest is None or newest < past.time < reply.time):
+                    agent.sites.append(past)
+            # Kept without its history: a reading is one round.
+            agent.sites.append(replace(reply, history=()) if reply.history else reply)
 
         self._update_agent(pid, apply)
 

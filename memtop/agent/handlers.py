@@ -502,8 +502,12 @@ class Commands:
 
     def sites(self, conn: Connection, request: Request) -> Result:
         """The newest grouping of live blocks by site; `{"stacks": true|false}` asks the
-        trainer's thread to switch stack recording at its next step boundary."""
+        trainer's thread to switch stack recording at its next step boundary; `{"history":
+        true}` adds the kept rounds before the newest (a viewer's first request, DESIGN §13)."""
         tracker = self.agent.sites
+        history = request.args.get("history", False)
+        if not isinstance(history, bool):
+            raise ProtocolError(E_BAD_REQUEST, "'history' must be a boolean")
         wanted = request.args.get("stacks")
         if wanted is not None:
             if not isinstance(wanted, bool):
@@ -511,7 +515,7 @@ class Commands:
             if wanted and not tracker.supported():
                 raise ProtocolError(E_UNAVAILABLE, "this trainer's allocator cannot record stacks")
             tracker.wanted = wanted
-        return tracker.result()
+        return tracker.result(history=history)
 
 
 Handler = Callable[[Commands, "Connection", Request], "Result | None"]

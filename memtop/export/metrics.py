@@ -26,6 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from memtop import metric_table
+from memtop.diagnosis.sites import leaking_site
 from memtop.export.text import exposition
 from memtop.jobs import DCGM_LABELS, INFO_JOB_LABELS, dcgm_labels, info_labels
 from memtop.model import AgentStatus
@@ -235,6 +236,14 @@ def render(
         "per device; only while stacks are recorded.",
         (*process_label_names, "site"),
     )
+    # The leak's line and its rate (DESIGN §13: named from the agent's kept rounds, so the
+    # first scrape has it): one series per leaking process and device at most.
+    leak_site = gauge(
+        "memtop_leak_site_bytes_per_step",
+        "How fast the live bytes of the leak's line of user code (file:line) grow per step; "
+        "only while a leak is detected and stacks name its line.",
+        (*process_label_names, "site"),
+    )
 
     for agent in obs.agents:
         rank = rank_of(agent)
@@ -277,6 +286,10 @@ def render(
                 name = site_label(trend.site.file, trend.site.line)
                 if name is not None:
                     site_bytes.add_metric([*labels, name], trend.bytes)
+            culprit = leaking_site(dev.diagnosis.sites)
+            name = site_label(culprit.site.file, culprit.site.line) if culprit else None
+            if culprit is not None and name is not None and culprit.bytes_per_step is not None:
+                leak_site.add_metric([*labels, name], culprit.bytes_per_step)
 
     suggestions = gauge(
         "memtop_suggestions",
@@ -303,5 +316,6 @@ def render(
         *families.values(),
         breakdown,
         site_bytes,
+        leak_site,
         suggestions,
     ]

@@ -178,6 +178,26 @@ def run_checks(pid: int, directory: Path) -> list[Check]:
 
             return body
 
+        def sites_history() -> str:
+            # DESIGN §13: a first `sites` may ask the kept rounds; an older agent ignores it.
+            rid, reply = talk.ask("sites", {"history": True})
+            assert reply.get("id") == rid, f"reply id {reply.get('id')!r}, request id {rid}"
+            if "error" in reply:
+                error = reply["error"]
+                assert isinstance(error, dict) and isinstance(error.get("code"), str), (
+                    "error is not {code, message}"
+                )
+                return f"declined: {error['code']}"
+            parsed = protocol.parse_sites(reply["result"])
+            if "history" not in reply["result"]:
+                return "none kept (an agent that predates it)"
+            times = [r.time or 0.0 for r in parsed.history]
+            assert times == sorted(times), "history rounds not oldest first"
+            assert parsed.time is None or all(t < parsed.time for t in times), (
+                "a history round not older than the newest"
+            )
+            return f"{len(parsed.history)} past round(s)"
+
         def unknown_command() -> str:
             rid, reply = talk.ask("rm -rf /")
             assert reply.get("id") == rid, "an error reply must echo the request's id"
@@ -230,6 +250,7 @@ def run_checks(pid: int, directory: Path) -> list[Check]:
                 not command.acts()
             ):
                 check(command.name, low_rate(command.name))
+        check("sites history", sites_history)
         check("unknown command", unknown_command)
         check("bad arguments", bad_arguments)
         check("malformed frame", malformed_frame)

@@ -642,7 +642,8 @@ class AgentPool:
                 # An agent without the command (another implementation of the protocol) is
                 # still a fine agent: the dashboard just goes without that figure.
                 try:
-                    reply = protocol.parse_reply(cmd, client.request(cmd))
+                    raw = client.sites() if cmd == "sites" else client.request(cmd)
+                    reply = protocol.parse_reply(cmd, raw)
                 except AgentError as exc:
                     if exc.code == protocol.E_UNKNOWN_COMMAND:
                         inbox.append(("unsupported", cmd))  # an older agent: ask rarely
