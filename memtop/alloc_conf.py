@@ -23,7 +23,7 @@ reader all use it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 ASYNC_BACKENDS = ("cudaMallocAsync", "hipMallocAsync")  # they replace the caching allocator
@@ -119,3 +119,115 @@ def parse(conf: str | None) -> AllocConf:
     """A trainer's `PYTORCH_*ALLOC_CONF` text as torch reads it (never raises)."""
     text = conf or ""
     return AllocConf(text, options(text))
+
+
+# --------------------------------------------------------------------------------------------
+# Changing the options of a running trainer (`memtop tune`, DESIGN §13).
+#
+# torch's setter (torch._C._accelerator_setAllocatorSettings) parses the string it is given as a
+# whole and resets every key the string leaves out, so a change is always the whole string in
+# force with the changed keys replaced: `with_options`.  Only the keys torch honours in a
+# running process, and whose values memtop can check before the trainer sees them, are tunable.
+
+# torch's kLargeBuffer (20 MiB): max_split_size_mb must exceed it ("CachingAllocator option
+# max_split_size_mb too small, must be > 20").
+MAX_SPLIT_SIZE_MIN_MB = 20
+
+
+def _tune_boolean(value: str) -> str | None:
+    return value if boolean(value) is not None else None
+
+
+def _tune_threshold(value: str) -> str | None:
+    # torch: "garbage_collect_threshold too small/big, set it 0.0~1.0", both ends excluded.
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return value if 0.0 < number < 1.0 else None
+
+
+def _tune_split(value: str) -> str | None:
+    if not value.isdigit():
+        return None
+    return str(int(value)) if int(value) > MAX_SPLIT_SIZE_MIN_MB else None
+
+
+# key → (its check: the value as torch takes it, None when torch would refuse it; the values,
+# in words)
+TUNABLE: Mapping[str, tuple[Callable[[str], str | None], str]] = {
+    "expandable_segments": (_tune_boolean, "True or False"),
+    "garbage_collection_threshold": (_tune_threshold, "a number between 0 and 1 (exclusive)"),
+    "max_split_size_mb": (_tune_split, f"a whole number of MiB above {MAX_SPLIT_SIZE_MIN_MB}"),
+}
+
+
+class BadSetting(ValueError):
+    """A key memtop does not change in a running trainer, or a value torch would refuse; the
+    message is one line for the user."""
+
+
+def checked_setting(key: str, value: object) -> str:
+    """`value` of tunable `key` as torch's parser takes it (a Python bool becomes True/False);
+    BadSetting otherwise."""
+    if key not in TUNABLE:
+        raise BadSetting(
+            f"{key!r} cannot be changed in a running trainer (only {', '.join(TUNABLE)})"
+        )
+    check, words = TUNABLE[key]
+    text = str(value) if isinstance(value, bool | int | float) else value
+    found = check(text.strip()) if isinstance(text, str) else None
+    if found is None:
+        raise BadSetting(f"{key} takes {words}, not {value!r}")
+    return found
+
+
+def format_options(found: Mapping[str, str]) -> str:
+    """{key: value} back into the `key:value,key:value` form torch parses (list values keep
+    their brackets)."""
+    return ",".join(f"{key}:{value}" for key, value in found.items())
+
+
+def with_options(conf: str | None, changes: Mapping[str, str]) -> str:
+    """The whole option string `conf` with `changes` set (each key replaced where it was, added
+    at the end otherwise): what to hand torch's setter so the user's other keys survive."""
+    found = options(conf or "")
+    found.update(changes)
+    return format_options(found)
+
+
+# ROCm: torch's ROCm builds grow expandable segments only from torch 2.11 (pytorch#177974, the
+# reland of #173330), gated on the HIP version; 2.11's gate (TORCH_HIP_VERSION < 702) also shut
+# out HIP 7.0 and 7.1 (pytorch#179930).  An older build warns "expandable_segments not supported
+# on this platform" and ignores the option: memtop refuses rather than report a change that
+# did not happen.  Conservative: torch >= 2.11 and HIP >= 7.2.
+ROCM_EXPANDABLE_MIN_TORCH = (2, 11)
+ROCM_EXPANDABLE_MIN_HIP = (7, 2)
+
+
+def _version(text: str | None) -> tuple[int, int] | None:
+    parts = (text or "").split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def rocm_expandable_refusal(torch_version: str | None, hip_version: str | None) -> str | None:
+    """Why a ROCm build of torch would ignore expandable_segments:True (None: it honours them,
+    or this is no ROCm build)."""
+    if not hip_version:
+        return None
+    torch_at = _version(torch_version)
+    hip_at = _version(hip_version)
+    if (
+        torch_at is None
+        or hip_at is None
+        or torch_at < ROCM_EXPANDABLE_MIN_TORCH
+        or hip_at < ROCM_EXPANDABLE_MIN_HIP
+    ):
+        return (
+            f"this ROCm build (torch {torch_version or '?'}, HIP {hip_version}) has no expandable "
+            "segments (they need torch >= 2.11 on HIP >= 7.2): torch would ignore the change"
+        )
+    return None

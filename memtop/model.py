@@ -235,6 +235,15 @@ class AgentHello:
     devices: tuple[AgentDevice, ...]
     # Anything else the agent volunteered (extra fields are allowed by the wire schema).
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # The allocator's option string in force (None: an agent that does not say): it differs
+    # from `allocator_conf`, the environment's, once `memtop tune` changed it.
+    allocator_settings: str | None = None
+
+    @property
+    def settings_in_force(self) -> str:
+        """The allocator options the trainer runs with: what the agent says is in force, else
+        its environment's."""
+        return self.allocator_conf if self.allocator_settings is None else self.allocator_settings
 
 
 def _stat(stats: Mapping[str, Any], key: str) -> int:
@@ -331,6 +340,8 @@ class AgentSample:
     # headline (time, step, phase, device, requested_bytes, free_bytes, path, diagnosis)}.
     oom: Mapping[str, Any] | None = None
     host_memory: HostMemory | None = None  # None from an agent that does not report it
+    # The allocator's option string in force (None: an agent that does not report it).
+    allocator_settings: str | None = None
 
 
 # ------------------------------------------------------------------ the low-rate replies
@@ -387,6 +398,21 @@ class AgentCleanup:
     at_step_boundary: bool
     after_step: int | None
     took_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentTune:
+    """A `tune` reply: the allocator's whole option string before and after the change, the keys
+    changed, and the step it ran after; with the cache emptied, reserved bytes around it."""
+
+    before: str
+    after: str
+    changed: Mapping[str, str]
+    at_step_boundary: bool
+    after_step: int | None
+    took_s: float | None
+    reserved_before: Mapping[int, int] = field(default_factory=dict)
+    reserved_after: Mapping[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

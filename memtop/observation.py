@@ -106,6 +106,8 @@ class AgentObservation:
     step: int | None
     devices: tuple[AgentDeviceObservation, ...]
     info: ProcessInfo | None  # owner and command line, when visible
+    # The allocator's option string in force, where the agent says (`memtop tune` changes it).
+    allocator_settings: str | None = None
 
     @property
     def live(self) -> bool:
@@ -117,7 +119,16 @@ class AgentObservation:
 
     @property
     def allocator_conf(self) -> str:
+        """The environment's allocator options, as the trainer started."""
         return self.hello.allocator_conf if self.hello is not None else ""
+
+    @property
+    def settings_in_force(self) -> str:
+        """The allocator options the trainer runs with now (the environment's where its agent
+        does not say)."""
+        if self.allocator_settings is not None:
+            return self.allocator_settings
+        return self.hello.settings_in_force if self.hello is not None else ""
 
     @property
     def hip(self) -> str | None:
@@ -436,6 +447,7 @@ class Observer:
                     step=agent.step,
                     devices=tuple(devices),
                     info=infos.get(agent.pid),
+                    allocator_settings=agent.allocator_settings,
                 )
             )
 

@@ -145,6 +145,8 @@ def _agent(agent: AgentObservation) -> dict[str, Any]:
         "torch": hello.torch if hello else None,
         "hip": agent.hip,  # the ROCm build's HIP version; null on CUDA
         "allocator_conf": hello.allocator_conf if hello else None,
+        # In force now (`memtop tune` changes it); null where the agent does not say.
+        "allocator_settings": agent.allocator_settings,
         "step": agent.step,
         "devices": devices,
         "job": job.as_json() if (job := agent.job) is not None else None,

@@ -146,6 +146,9 @@ class AgentState:
     snapshot_time: float | None = None
     # The newest OOM report's headline, as the agent's sample says (None: no OOM yet).
     last_oom: Mapping[str, Any] | None = None
+    # The allocator's option string in force, as the agent last said (None: it does not say;
+    # the hello's environment string is all there is).  `memtop tune` changes it.
+    allocator_settings: str | None = None
     # The agent's `sites` readings, oldest first (stack recording on): the leak's line.
     sites: deque[AgentSites] = field(default_factory=lambda: deque(maxlen=SITES_READINGS))
 
@@ -182,6 +185,15 @@ class AgentView:
     snapshot_time: float | None = None
     last_oom: Mapping[str, Any] | None = None
     sites: tuple[AgentSites, ...] = ()
+    allocator_settings: str | None = None  # in force, where the agent says (AgentState's)
+
+    @property
+    def settings_in_force(self) -> str:
+        """The allocator options the trainer runs with: what its agent last said is in force,
+        else its environment's (an agent that does not say)."""
+        if self.allocator_settings is not None:
+            return self.allocator_settings
+        return self.hello.settings_in_force if self.hello is not None else ""
 
 
 @dataclass(frozen=True)
@@ -312,9 +324,28 @@ class Store:
         agent.state = poll.state
         agent.error = poll.error
         if poll.hello is not None:
+            if poll.hello is not agent.hello or agent.allocator_settings is None:
+                # A fresh hello only: the pool hands the one it read on connecting every round,
+                # and after a change its settings are older than the samples'.
+                self._settings(agent, poll.hello.allocator_settings, when)
             agent.hello = poll.hello
         if poll.sample is not None:
+            self._settings(agent, poll.sample.allocator_settings, when)
             self._apply_sample(agent, poll.sample)
+
+    def _settings(self, agent: AgentState, settings: str | None, when: float) -> None:
+        """The allocator's settings in force, as the agent says; a change is an event."""
+        if settings is None or settings == agent.allocator_settings:
+            return
+        if agent.allocator_settings is not None:
+            self.events.append(
+                (
+                    when,
+                    f"{_agent_name(agent.pid)} allocator settings: "
+                    f"{agent.allocator_settings or '(default)'} → {settings or '(default)'}",
+                )
+            )
+        agent.allocator_settings = settings
 
     def _apply_sample(self, agent: AgentState, sample: AgentSample) -> None:
         agent.step = sample.step
@@ -587,6 +618,7 @@ class Store:
             snapshot_time=agent.snapshot_time,
             last_oom=agent.last_oom,
             sites=tuple(agent.sites),
+            allocator_settings=agent.allocator_settings,
         )
 
 

@@ -21,6 +21,7 @@ COMMANDS = [
     ("demo",),
     ("cleanup",),
     ("snapshot",),
+    ("tune",),
     ("run",),
     ("attach",),
     ("record",),
@@ -39,12 +40,15 @@ USAGE_ERRORS = [
     ("run",),
     ("cleanup",),
     ("snapshot", "1"),
+    ("tune", "1"),
     ("--only", "x"),
 ]
 # One-line errors (exit 1) that need no GPU, agent or network.
 ERRORS = [
     ("cleanup", "1", "--wait", "-1"),
     ("snapshot", "1", "-o", "x.pickle", "--wait", "-1"),
+    ("tune", "1", "backend=native"),
+    ("tune", "1", "expandable_segments=true"),
     ("record", "-o", "/nonexistent-memtop-dir/x"),
     ("record", "-o", "x", "--seconds", "0"),
     ("replay", "x", "--json"),

@@ -38,7 +38,17 @@ class TrainerJob:
     deadline passed, it answers "no step came").  `claim()` decides who, under a lock.
     """
 
-    __slots__ = ("_claimed", "_lock", "deadline", "error", "name", "on_done", "result", "run")
+    __slots__ = (
+        "_claimed",
+        "_lock",
+        "deadline",
+        "error",
+        "name",
+        "on_done",
+        "result",
+        "run",
+        "submitted",
+    )
 
     def __init__(
         self,
@@ -50,6 +60,7 @@ class TrainerJob:
         self.name = name
         self.run = run
         self.deadline = deadline  # time.monotonic()
+        self.submitted = time.monotonic()
         self.on_done = on_done
         self.result: Any = None
         self.error: BaseException | None = None
@@ -112,6 +123,7 @@ class StepBoundary:
         self.work_ns = 0
         self.jobs_run = 0
         self.deferred_while_capturing = 0
+        self.last_capture_deferral: float | None = None  # time.monotonic() of the newest
         self.errors: collections.deque[str] = collections.deque(maxlen=50)
         # What the trainer is doing, as a framework callback or memtop.phase() says ("train",
         # "eval", "save", ...): OOM reports name it, viewers can leave eval out of baselines.
@@ -238,6 +250,7 @@ class StepBoundary:
                 # A CUDA graph is being captured on this thread: any CUDA call now could
                 # invalidate it.  Try again after the next step.
                 self.deferred_while_capturing += 1
+                self.last_capture_deferral = time.monotonic()
                 return
             if self._mem_info_due <= now < self._mem_info_wanted_until:
                 self._mem_info_due = now + self.mem_info_interval_s

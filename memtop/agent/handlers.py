@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from memtop import alloc_conf
 from memtop._version import __version__
 from memtop.agent import files, limits_for_tests
 from memtop.agent.boundary import TrainerJob
@@ -53,6 +54,7 @@ HISTORY_BACKOFF_S = 600.0  # memory history recording seen on: no periodic snaps
 # The on-demand actions' cooldowns are the command table's (memtop.protocol.commands).
 CLEANUP_MIN_INTERVAL_S = cooldown_s("cleanup")
 SNAPSHOT_MIN_INTERVAL_S = cooldown_s("snapshot")
+TUNE_MIN_INTERVAL_S = cooldown_s("tune")
 # gc.collect() takes ~120 ms in a process that imported torch (measured on this repo's CI
 # machine): a cleanup or a snapshot file may take at most this share of the trainer's time,
 # however often viewers ask; the interval after each grows with what it cost.
@@ -113,6 +115,11 @@ class Commands:
         )
         self.snapshot_cooldown = Cooldown(
             "a snapshot", limits.get("snapshot_min_interval_s", SNAPSHOT_MIN_INTERVAL_S), share
+        )
+        self.tune_cooldown = Cooldown(
+            "a change of the allocator's settings",
+            limits.get("tune_min_interval_s", TUNE_MIN_INTERVAL_S),
+            share,
         )
         # Measured on the trainer's thread, served from here.
         self.latest_breakdown: dict[str, Any] | None = None
@@ -189,7 +196,20 @@ class Commands:
             world_size=agent.world_size,
             scheduler=agent.scheduler,
             rendezvous=agent.rendezvous,
+            allocator_settings=self.settings_in_force(),
         )
+
+    def settings_in_force(self) -> str | None:
+        """The allocator's option string the trainer runs with (a probe that reads it), else
+        None: the environment's `allocator_conf` is all the viewer has."""
+        read = getattr(self.agent.probe, "allocator_settings", None)
+        if read is None:
+            return None
+        try:
+            settings = read()
+        except Exception:
+            return None
+        return settings if isinstance(settings, str) else None
 
     def _hip_version(self) -> str | None:
         hip = getattr(self.agent.probe, "hip_version", None)  # optional in a Probe
@@ -244,6 +264,7 @@ class Commands:
             phase_since=boundary.phase_since,
             oom=agent.oom.status(),
             host_memory=boundary.host.reading(),
+            allocator_settings=self.settings_in_force(),
             agent=replies.agent_costs(
                 boundary_costs=boundary.costs(),
                 connections=agent.connection_count,
@@ -491,6 +512,83 @@ class Commands:
             took_s=took,
         )
 
+    # ---------------------------------------------------------------- tune
+    # The allocator's settings, changed on the trainer's thread between two steps.
+
+    def tune(self, conn: Connection, request: Request) -> Result | None:
+        """`{"set": {key: value}, "empty_cache": bool}`: the whole option string in force with
+        those keys replaced, handed to torch's setter at the next step boundary (torch resets
+        every key its string leaves out: writing the one key would drop the user's others)."""
+        changes = _settings_arg(request)
+        empty = request.args.get("empty_cache", False)
+        if not isinstance(empty, bool):
+            raise ProtocolError(E_BAD_REQUEST, "'empty_cache' must be a boolean")
+        probe = self.agent.probe
+        setter = getattr(probe, "set_allocator_settings", None)
+        if setter is None or getattr(probe, "allocator_settings", None) is None:
+            raise Unavailable(
+                "this trainer's torch cannot change allocator settings while it runs "
+                "(no torch._C._accelerator_setAllocatorSettings nor "
+                "torch.cuda.memory._set_allocator_settings)"
+            )
+        if changes.get("expandable_segments") == "True":
+            refusal = alloc_conf.rocm_expandable_refusal(probe.torch_version(), self._hip_version())
+            if refusal is not None:
+                raise Unavailable(refusal)
+        self.tune_cooldown.check()
+        self._require_steps("a change of the allocator's settings")
+        wait = _wait_arg(request, DEFAULT_WAIT_S)
+        self.tune_cooldown.start()
+        self.agent.defer(
+            conn,
+            request,
+            "a change of the allocator's settings",
+            lambda: self.tune_now(changes, empty),
+            lambda result: result,
+            wait,
+        )
+        return None
+
+    def tune_now(self, changes: dict[str, str], empty_cache: bool) -> Result:
+        """Runs on the trainer's thread, right after a step (never while a graph is captured:
+        the boundary holds its jobs then)."""
+        started = time.perf_counter()
+        probe = self.agent.probe
+        before = self.settings_in_force()
+        if before is None:
+            before = probe.allocator_conf()
+        wanted = alloc_conf.with_options(before, changes)
+        setter = getattr(probe, "set_allocator_settings", None)  # optional in a Probe
+        try:
+            if setter is None:
+                raise NotImplementedError("this probe cannot change allocator settings")
+            setter(wanted)
+        except NotImplementedError as exc:
+            raise Unavailable(str(exc)) from None
+        except (RuntimeError, ValueError) as exc:  # torch refused the string: nothing changed
+            raise ProtocolError(E_FAILED, f"torch refused {wanted!r}: {exc}") from None
+        after = self.settings_in_force()
+        reserved_before = reserved_after = None
+        if empty_cache:
+            indices = [d.index for d in self._devices()]
+            reserved = "reserved_bytes.all.current"
+            reserved_before = {i: probe.memory_stats(i).get(reserved, 0) for i in indices}
+            for index in indices:
+                probe.empty_cache(index)
+            reserved_after = {i: probe.memory_stats(i).get(reserved, 0) for i in indices}
+        took = time.perf_counter() - started
+        self.tune_cooldown.cost(took)
+        return replies.tune_result(
+            before=before,
+            after=wanted if after is None else after,
+            changed=changes,
+            after_step=self.agent.boundary.step,
+            thread=threading.current_thread().name,
+            took_s=took,
+            reserved_before=reserved_before,
+            reserved_after=reserved_after,
+        )
+
     # ---------------------------------------------------------------- reset_peak, sites
 
     def reset_peak(self, conn: Connection, request: Request) -> Result:
@@ -529,6 +627,7 @@ HANDLERS: dict[str, Handler] = {
     "cleanup": Commands.cleanup,
     "reset_peak": Commands.reset_peak,
     "sites": Commands.sites,
+    "tune": Commands.tune,
 }
 
 
@@ -540,6 +639,22 @@ def _wait_arg(request: Request, default: float) -> float:
     if isinstance(wait, bool) or not isinstance(wait, int | float) or wait < 0:
         raise ProtocolError(E_BAD_REQUEST, "'wait_s' must be seconds >= 0")
     return min(float(wait), MAX_WAIT_S)
+
+
+def _settings_arg(request: Request) -> dict[str, str]:
+    """`set`: one to three tunable allocator options, each value as torch's parser takes it."""
+    wanted = request.args.get("set")
+    if not isinstance(wanted, dict) or not wanted:
+        raise ProtocolError(E_BAD_REQUEST, "'set' must be an object of allocator options")
+    if len(wanted) > len(alloc_conf.TUNABLE):
+        raise ProtocolError(E_BAD_REQUEST, "'set' names too many options")
+    changes = {}
+    for key, value in wanted.items():
+        try:
+            changes[str(key)] = alloc_conf.checked_setting(str(key), value)
+        except alloc_conf.BadSetting as exc:
+            raise ProtocolError(E_BAD_REQUEST, str(exc)[:300]) from None
+    return changes
 
 
 def _max_marks_arg(request: Request) -> int | None:

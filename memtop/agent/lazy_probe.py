@@ -81,6 +81,10 @@ class LazyTorchProbe:
         # The same variables TorchProbe reads; they need no torch.
         return allocator_conf_from_env(os.environ)
 
+    def allocator_settings(self) -> str | None:
+        real = self.real()
+        return real.allocator_settings() if real else None
+
     def hip_version(self) -> str | None:
         real = self.real()
         hip = getattr(real, "hip_version", None) if real else None
@@ -118,6 +122,12 @@ class LazyTorchProbe:
         real = self.real()
         if real:
             real.empty_cache(index)
+
+    def set_allocator_settings(self, text: str) -> None:
+        real = self.real()
+        if real is None:
+            raise NotImplementedError("this program has not imported torch")
+        real.set_allocator_settings(text)
 
     def snapshot(self) -> dict[str, Any]:
         real = self.real()

@@ -27,6 +27,7 @@ NAMES = frozenset(
     {
         "snapshot_min_interval_s",  # a snapshot file may be written again after this long
         "cleanup_min_interval_s",  # ... a cleanup run again
+        "tune_min_interval_s",  # ... the allocator's settings changed again
         "on_demand_max_share",  # the share of the trainer's time a snapshot or cleanup may cost
         "connect_exempt_burst",  # connections a uid may open at once and never be refused
         "sites_min_interval_s",  # sites grouping rounds at most this often (memtop.agent.sites)

@@ -86,6 +86,13 @@ class Probe(Protocol):
 
     Optional, asked with getattr (a probe without it is taken to run on CUDA):
     `hip_version() -> str | None`, any thread: torch.version.hip, set on a ROCm build.
+
+    Optional, asked with getattr (a probe without them cannot change the allocator's settings,
+    and `memtop tune` is refused in one line):
+    `allocator_settings() -> str | None`, any thread: the allocator's option string in force
+    (None: unknown); `set_allocator_settings(text: str) -> None`, trainer's thread at a step
+    boundary: replace the whole string (torch resets every key it leaves out); raises
+    NotImplementedError where this torch cannot.
     """
 
     def torch_version(self) -> str | None:

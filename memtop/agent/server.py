@@ -532,6 +532,14 @@ class Agent:
 
     def _no_step(self, job: TrainerJob) -> tuple[str, str]:
         last = self.boundary.last_step_time
+        capture = self.boundary.last_capture_deferral
+        if capture is not None and capture >= job.submitted:
+            # Steps came, but each boundary found a CUDA graph being captured (DESIGN §6).
+            return (
+                E_UNAVAILABLE,
+                f"{job.name} was not run: a CUDA graph was being captured at every step "
+                "boundary since it was asked (nothing was changed)",
+            )
         since = f"; the last step ended {time.time() - last:.0f} s ago" if last else ""
         return (
             E_UNAVAILABLE,

@@ -224,6 +224,7 @@ class TorchProbe:
         self._pre_hook_handle: Any = None
         self._in_optimizer_step = False  # between the step pre- and post-hooks: the OOM's pass
         self._lock = threading.Lock()
+        self._written: str | None = None  # the option string memtop last set (torch < 2.9)
 
     def torch_version(self) -> str | None:
         return str(torch.__version__)
@@ -234,6 +235,29 @@ class TorchProbe:
     def hip_version(self) -> str | None:
         hip = getattr(torch.version, "hip", None)
         return str(hip) if hip else None
+
+    def allocator_settings(self) -> str | None:
+        """Any thread: the allocator's option string in force.  torch >= 2.9 keeps it and reads
+        it back (`_accelerator_getAllocatorSettings`, a host-side string); an older torch has
+        only a setter, so it is what memtop last wrote, else the environment's."""
+        read = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+        if read is not None:
+            return str(read())
+        return self._written if self._written is not None else _allocator_conf()
+
+    def set_allocator_settings(self, text: str) -> None:
+        """Trainer's thread, at a step boundary: the whole option string (torch's parser
+        resets every key it leaves out).  New segments follow it; cached ones keep their kind."""
+        setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+        if setter is None:
+            memory = getattr(torch.cuda, "memory", None)
+            setter = getattr(memory, "_set_allocator_settings", None)
+        if setter is None:
+            raise NotImplementedError(
+                f"torch {torch.__version__} cannot change allocator settings while it runs"
+            )
+        setter(text)
+        self._written = text
 
     def _used_indices(self) -> list[int]:
         # is_initialized() first: is_available() would call cudaGetDeviceCount, initialising

@@ -24,6 +24,7 @@ COMMANDS = {
     "demo": "memtop.commands.demo",
     "cleanup": "memtop.commands.actions",
     "snapshot": "memtop.commands.actions",
+    "tune": "memtop.commands.tune",
     "replay": "memtop.commands.replay",
     "record": "memtop.commands.record",
     "attach": "memtop.commands.attach",

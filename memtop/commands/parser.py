@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             "commands: memtop demo | memtop run [--] script.py args | memtop run -m module args"
             " | memtop cleanup PID | memtop snapshot PID -o FILE"
+            " | memtop tune PID KEY=VALUE"
         ),
     )
     parser.add_argument("--version", action="version", version=f"memtop {__version__}")
@@ -88,6 +89,33 @@ def build_parser() -> argparse.ArgumentParser:
     cleanup.add_argument("pid", type=int)
     cleanup.add_argument("--json", action="store_true")
     cleanup.add_argument(
+        "--wait",
+        type=float,
+        default=8.0,
+        metavar="SECONDS",
+        help="how long to wait for the trainer's next step boundary (default 8)",
+    )
+
+    tune = sub.add_parser(
+        "tune",
+        help="change the caching allocator's settings inside a running trainer",
+        description=(
+            "Applies expandable_segments, garbage_collection_threshold or max_split_size_mb "
+            "inside the trainer, on its own thread at its next step boundary; the trainer's "
+            "other allocator settings are kept. Segments already cached keep their kind "
+            "(--empty-cache releases them, and the next steps allocate afresh). Undo with the "
+            "old value, e.g. `memtop tune PID expandable_segments=False`."
+        ),
+    )
+    tune.add_argument("pid", type=int)
+    tune.add_argument("settings", nargs="+", metavar="KEY=VALUE")
+    tune.add_argument(
+        "--empty-cache",
+        action="store_true",
+        help="empty the cache right after, so that it is rebuilt in the new kind",
+    )
+    tune.add_argument("--json", action="store_true")
+    tune.add_argument(
         "--wait",
         type=float,
         default=8.0,

@@ -142,7 +142,8 @@ class Diagnoser:
             pressure=pressure_now,
             breakdown=(agent.breakdown or {}).get(dev.index),
             breakdown_measured=agent.breakdown is not None,
-            allocator_conf=agent.hello.allocator_conf if agent.hello else "",
+            # The settings in force (`memtop tune` changes them), not the environment's.
+            allocator_conf=agent.settings_in_force,
             hip=_hip(agent.hello.extra.get("hip") if agent.hello else None),
             last_oom=last_oom,
             oom_growth=oom_growth,

@@ -99,6 +99,7 @@ if TYPE_CHECKING:
         parse_sample,
         parse_sites,
         parse_snapshot,
+        parse_tune,
     )
 
     COMMANDS: frozenset[str]
@@ -122,6 +123,7 @@ _SCHEMA_NAMES = frozenset(
         "parse_sample",
         "parse_sites",
         "parse_snapshot",
+        "parse_tune",
     )
 )
 
@@ -204,6 +206,7 @@ __all__ = [
     "parse_sample",
     "parse_sites",
     "parse_snapshot",
+    "parse_tune",
     "pci_bus_id_of",
     "peer_allowed",
     "peer_credentials",

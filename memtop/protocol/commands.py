@@ -119,6 +119,20 @@ COMMANDS: tuple[Command, ...] = (
         cooldown_s=5.0,
     ),
     Command(
+        "tune",
+        {
+            "set": "object: allocator option → value (expandable_segments, "
+            "garbage_collection_threshold, max_split_size_mb)",
+            "empty_cache": "boolean: empty the cache right after, so it is rebuilt in the new kind",
+            "wait_s": WAIT_S,
+        },
+        ON_KEY,
+        "the allocator's settings changed at a step boundary: the whole string before and after",
+        changes_trainer=True,
+        trainer_thread=True,
+        cooldown_s=5.0,
+    ),
+    Command(
         "reset_peak",
         {},
         ON_KEY,

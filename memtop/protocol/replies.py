@@ -86,11 +86,14 @@ def hello_result(
     world_size: int | None,
     scheduler: Mapping[str, Any] | None,
     rendezvous: Mapping[str, Any] | None,
+    allocator_settings: str | None = None,
 ) -> Result:
     """`hello`: the schema's required fields (protocol, pid, argv, python, torch,
     allocator_conf, devices), then what memtop shows of the process: `hip` (torch.version.hip:
     the trainer runs on ROCm; None on CUDA), the agent's version and start, the step, the
-    working directory, the agent thread's id, torchrun's ranks, the scheduler and rendezvous."""
+    working directory, the agent thread's id, torchrun's ranks, the scheduler and rendezvous.
+    `allocator_settings`: the allocator's option string in force (`memtop tune` may have
+    changed it since the environment's `allocator_conf` was read); None: unknown."""
     return {
         "protocol": PROTOCOL_VERSION,
         "pid": pid,
@@ -110,6 +113,7 @@ def hello_result(
         "world_size": world_size,
         "scheduler": scheduler,
         "rendezvous": rendezvous,
+        "allocator_settings": allocator_settings,
     }
 
 
@@ -174,6 +178,7 @@ def sample_result(
     oom: Mapping[str, Any] | None,
     agent: Mapping[str, Any],
     host_memory: Mapping[str, Any] | None = None,
+    allocator_settings: str | None = None,
 ) -> Result:
     """`sample`.  `columns` (the viewer asked `mark_layout: "columns"`): the step marks go out
     as `step_mark_columns` (mark_columns) and `step_marks` is empty.  `host_memory`: the
@@ -185,6 +190,9 @@ def sample_result(
     # "host_memory", not "host": the fleet's JSON already says "host" for a machine's name.
     if host_memory is not None:
         extra["host_memory"] = dict(host_memory)
+    # The allocator's option string in force (it changes under `memtop tune`).
+    if allocator_settings is not None:
+        extra["allocator_settings"] = allocator_settings
     return {
         **extra,
         "time": time,
@@ -315,6 +323,36 @@ def cleanup_result(
     }
     if nothing_to_do is not None:
         result["nothing_to_do"] = nothing_to_do
+    return result
+
+
+def tune_result(
+    *,
+    before: str,
+    after: str,
+    changed: Mapping[str, str],
+    after_step: int | None,
+    thread: str,
+    took_s: float,
+    reserved_before: Mapping[int, int] | None = None,
+    reserved_after: Mapping[int, int] | None = None,
+) -> Result:
+    """`tune`: the allocator's whole option string before and after (as torch reads it back),
+    the keys changed, the step it ran after, on which thread; with `empty_cache`, reserved bytes
+    per device before and after emptying the cache."""
+    result: Result = {
+        "before": before,
+        "after": after,
+        "changed": dict(changed),
+        "at_step_boundary": True,
+        "after_step": after_step,
+        "thread": thread,
+        "took_s": took_s,
+    }
+    if reserved_before is not None and reserved_after is not None:
+        result["emptied_cache"] = True
+        result["reserved_before"] = {str(i): reserved_before[i] for i in reserved_before}
+        result["reserved_after"] = {str(i): reserved_after.get(i, 0) for i in reserved_before}
     return result
 
 

@@ -20,6 +20,7 @@ from memtop.model import (
     AgentSample,
     AgentSites,
     AgentSnapshot,
+    AgentTune,
     HostMemory,
     Site,
     SiteUsage,
@@ -88,7 +89,16 @@ def parse_hello(result: Mapping[str, Any]) -> AgentHello:
                 pci_bus_id=canonical_pci_bus_id(raw.get("pci_bus_id")),
             )
         )
-    known = {"protocol", "pid", "argv", "python", "torch", "allocator_conf", "devices"}
+    known = {
+        "protocol",
+        "pid",
+        "argv",
+        "python",
+        "torch",
+        "allocator_conf",
+        "devices",
+        "allocator_settings",
+    }
     return AgentHello(
         protocol=protocol,
         pid=pid,
@@ -98,7 +108,15 @@ def parse_hello(result: Mapping[str, Any]) -> AgentHello:
         allocator_conf=clean_text(conf, 1000),
         devices=tuple(devices),
         extra={clean_text(k, 100): clean_value(v) for k, v in result.items() if k not in known},
+        allocator_settings=_settings(result, "hello"),
     )
+
+
+def _settings(result: Mapping[str, Any], where: str) -> str | None:
+    """The optional `allocator_settings` (the option string in force), cleaned; None where the
+    agent does not say."""
+    value = _optional(result, "allocator_settings", str, where)
+    return None if value is None else clean_text(value, 1000)
 
 
 def _finite(obj: Mapping[str, Any], key: str, where: str) -> float:
@@ -250,6 +268,7 @@ def parse_sample(result: Mapping[str, Any]) -> AgentSample:
         step_marks=tuple(marks),
         oom=clean_value(oom) if isinstance(oom, dict) and oom.get("ooms") else None,
         host_memory=_host_memory(result.get("host_memory")),
+        allocator_settings=_settings(result, "sample"),
     )
 
 
@@ -360,6 +379,26 @@ def parse_cleanup(result: Mapping[str, Any]) -> AgentCleanup:
     )
 
 
+def parse_tune(result: Mapping[str, Any]) -> AgentTune:
+    """Validate a `tune` result: the option strings before and after, the keys changed, the
+    step it ran after, and with the cache emptied the reserved bytes per device around it."""
+    changed = _require(result, "changed", dict, "tune")
+    if len(changed) > 16 or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in changed.items()
+    ):
+        raise ProtocolError("bad_reply", "tune: 'changed' must map option names to strings")
+    return AgentTune(
+        before=clean_text(_require(result, "before", str, "tune"), 1000),
+        after=clean_text(_require(result, "after", str, "tune"), 1000),
+        changed={clean_text(k, 100): clean_text(v, 100) for k, v in changed.items()},
+        at_step_boundary=result.get("at_step_boundary") is True,
+        after_step=_optional(result, "after_step", int, "tune"),
+        took_s=_optional(result, "took_s", (int, float), "tune"),
+        reserved_before=_device_map(result.get("reserved_before", {}), "tune reserved_before"),
+        reserved_after=_device_map(result.get("reserved_after", {}), "tune reserved_after"),
+    )
+
+
 def parse_reset_peak(result: Mapping[str, Any]) -> AgentResetPeak:
     """Validate a `reset_peak` result: `{"devices": [index, ...]}`."""
     raw = _bounded(_require(result, "devices", list, "reset_peak"), MAX_DEVICES, "reset_peak")
@@ -448,6 +487,7 @@ REPLY_PARSERS = {
     "cleanup": parse_cleanup,
     "reset_peak": parse_reset_peak,
     "sites": parse_sites,
+    "tune": parse_tune,
 }
 
 

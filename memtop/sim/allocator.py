@@ -521,6 +521,24 @@ class SimulatedCachingAllocator:
             observer(*observed)
         raise error
 
+    @staticmethod
+    def check_settings(conf: str) -> None:
+        """ValueError where torch's parser would refuse `conf`."""
+        AllocatorConfig.parse(conf)
+
+    def set_settings(self, conf: str) -> None:
+        """torch._C._accelerator_setAllocatorSettings in a running process: the whole string
+        replaces the options (keys it leaves out go back to their defaults).  As in torch, it
+        changes what the allocator does from the next request on: segments already cached keep
+        their kind (a cudaMalloc'd segment stays one until empty_cache releases it), new ones
+        are expandable where the option now says so."""
+        config = AllocatorConfig.parse(conf)
+        with self._lock:
+            self.config = config
+            self._max_split = (
+                config.max_split_size if config.max_split_size is not None else math.inf
+            )
+
     def record_history(self, enabled: bool) -> None:
         """torch.cuda.memory._record_memory_history(enabled="state" or None, context="alloc",
         stacks="python"): from now on, each new block keeps its allocating frames, which the

@@ -28,7 +28,8 @@ class SimulatedProbe:
         """`hip`: the HIP version a ROCm build of torch would report (a trainer "on AMD")."""
         self._gpus = {gpu.device.index: gpu for gpu in gpus}
         self._hip = hip
-        self._conf = allocator_conf
+        self._env_conf = allocator_conf  # the environment's, as the trainer started
+        self._conf = allocator_conf  # in force: `memtop tune` changes it
         self._breakdown = breakdown
         self._current_pass = current_pass
 
@@ -45,7 +46,21 @@ class SimulatedProbe:
         return self._hip
 
     def allocator_conf(self) -> str:
+        return self._env_conf
+
+    def allocator_settings(self) -> str | None:
+        """As torch's `_accelerator_getAllocatorSettings`: the option string in force."""
         return self._conf
+
+    def set_allocator_settings(self, text: str) -> None:
+        """As torch's `_accelerator_setAllocatorSettings`: the whole string, every allocator at
+        once; new segments follow it, cached ones keep their kind.  A string the simulated
+        allocator refuses (as torch would) changes nothing."""
+        for gpu in self._gpus.values():
+            gpu.allocator.check_settings(text)
+        for gpu in self._gpus.values():
+            gpu.allocator.set_settings(text)
+        self._conf = text
 
     def devices(self) -> list[ProbeDevice]:
         return [gpu.device for gpu in self._gpus.values()]

@@ -791,7 +791,7 @@ def build_detail(obs: Observation, row: ProcessRow, gpu_uuid: str | None) -> Det
             if dev.diagnosis.leak.detected:
                 trend_line = _trend_line(history, dev.diagnosis, newest, times[0])
         agent = obs.agent(row.pid)
-        conf = agent.allocator_conf if agent is not None else ""
+        conf = agent.settings_in_force if agent is not None else ""
     elif gpu_uuid is not None:
         gpu = obs.gpu(gpu_uuid)
         if gpu is not None and gpu.used_history[0]:
