@@ -166,7 +166,7 @@ async def readonly(app, pilot):
     await pilot.press("question_mark")
     await pilot.pause(0.3)
     text = screen_text(app.export_screenshot())
-    assert "poke the selected process" in text and "stacks, poke are off" in text, text
+    assert "poke the selected process" in text and "expandable, poke are off" in text, text
 
 drive(app(True), readonly)
 assert poked == [False], poked
@@ -246,3 +246,83 @@ def test_readme_key_table_names_only_keys_of_the_table_and_what_readonly_takes_o
             command = commands.BY_NAME[action.command]
             assert command.changes_trainer or command.acting_args, action.id
             assert action.acts_on_process, action.id
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("readonly", [False, True])
+def test_the_expandable_key_asks_then_tunes_the_trainer_live(
+    socket_dir: Path, readonly: bool
+) -> None:
+    # Issue 34: `e` turns expandable segments on inside the selected trainer, after a question
+    # that says the setting before → after, that cached segments keep their kind and how to
+    # undo; under --readonly it neither asks nor changes anything.
+    from test_ui_live import INTERVAL, agent_rows, select
+
+    from memtop.sampler import Sampler
+    from memtop.sim.demo import Demo
+    from memtop.sources.agent_client import AgentClient
+    from memtop.sources.agents import AgentPool
+    from memtop.sources.devices import DefaultDeviceSource
+
+    demo = Demo(
+        gpus=1,
+        scenario="fragment",
+        step_time=0.05,
+        socket_dir=socket_dir,
+        extra_env={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:256"},
+    )
+    demo.start()
+    store = Store()
+    sampler = Sampler(
+        store,
+        DefaultDeviceSource(socket_dir, simulated_only=True),
+        AgentPool(socket_dir),
+        interval=INTERVAL,
+    )
+    sampler.start()
+    app = MemtopApp(store, sampler, interval=INTERVAL, readonly=readonly)
+    seen: dict[str, object] = {}
+
+    async def main() -> None:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await wait_for(pilot, lambda: len(agent_rows(app)) == 1, 30)
+            pid = agent_rows(app)[0].pid
+            seen["pid"] = pid
+            await select(app, pid)
+            await pilot.press("e")
+            await pilot.pause(0.3)
+            asked = app.screen if isinstance(app.screen, ConfirmScreen) else None
+            seen["question"] = (asked.question, asked.detail) if asked is not None else None
+            await pilot.press("y")
+            if not readonly:
+                await wait_for(
+                    pilot, lambda: any("→" in n for n in notifications(app) if "256" in n), 20
+                )
+            else:
+                await pilot.pause(1.0)
+            with AgentClient(pid, socket_dir, timeout=5.0) as client:
+                client.connect()
+                seen["settings"] = client.request("sample")["allocator_settings"]
+            seen["said"] = notifications(app)
+
+    try:
+        asyncio.run(main())
+    finally:
+        sampler.stop()
+        demo.stop()
+    said = seen["said"]
+    assert isinstance(said, list)
+    if readonly:
+        assert seen["question"] is None
+        assert seen["settings"] == "max_split_size_mb:256"
+        assert any("Read-only" in n and "expandable" in n for n in said), said
+        return
+    question = seen["question"]
+    assert isinstance(question, tuple)
+    title, detail = question
+    assert title == f"Expandable segments in pid {seen['pid']}?"
+    assert "max_split_size_mb:256 → max_split_size_mb:256,expandable_segments:True" in detail
+    assert "Segments already cached keep their kind" in detail
+    assert f"Undo: memtop tune {seen['pid']} expandable_segments=False" in detail
+    # The trainer's own word: the user's key kept, expandable segments on.
+    assert seen["settings"] == "max_split_size_mb:256,expandable_segments:True"

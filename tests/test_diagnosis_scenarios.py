@@ -134,6 +134,40 @@ def test_fragment_scenario_with_expandable_segments_does_not_suggest_it(trainer)
     assert "expandable_segments" not in rules_of(diagnosis)
 
 
+@pytest.mark.parametrize("trainer", [("fragment", {})], indirect=True)
+def test_fragment_scenario_tuned_live_stops_suggesting_expandable_segments(trainer, socket_dir):
+    # `memtop tune` turned them on inside the running trainer: its environment still says
+    # nothing, but the settings in force do, and a restart is no longer the advice (issue 34).
+    from memtop.commands.actions import agent_action
+
+    demo, watch = trainer
+    diagnosis = watch.until(15, lambda d: "expandable_segments" in rules_of(d))
+    assert "expandable_segments" in rules_of(diagnosis)
+    (pid,) = [p.pid for p in demo.processes]
+    result = agent_action(
+        pid,
+        "tune",
+        {"set": {"expandable_segments": True}, "empty_cache": True, "wait_s": 5},
+        socket_dir,
+    )
+    assert result["after"] == "expandable_segments:True"
+    # Wholly free cached segments went back to the device at the same boundary.
+    assert result["reserved_after"]["0"] < result["reserved_before"]["0"]
+    diagnosis = watch.until(
+        10, lambda d: only_device(d).allocator_conf == "expandable_segments:True"
+    )
+    assert only_device(diagnosis).allocator_conf == "expandable_segments:True"
+    assert "expandable_segments" not in rules_of(diagnosis)
+    data = report.build(watch.observer.latest())
+    (agent,) = data["agents"]
+    assert agent["allocator_conf"] == ""  # the environment's, as the trainer started
+    assert agent["allocator_settings"] == "expandable_segments:True"
+    assert any(
+        "allocator settings: (default) → expandable_segments:True" in e
+        for e in [text for _, text in watch.store.view().events]
+    )
+
+
 @pytest.mark.parametrize("trainer", [("pressure", {})], indirect=True)
 def test_pressure_scenario_reaches_critical_usage_and_shows_retries(trainer):
     _demo, watch = trainer

@@ -80,6 +80,14 @@ STACKS_COST = (
     "already allocated has no stack."
 )
 
+# What the expandable-segments key says before it asks (the exact strings come with it).
+EXPANDABLE_SEGMENTS_EFFECT = (
+    "torch's caching allocator grows new segments as expandable ones from the trainer's next "
+    "step on (memtop writes the whole setting back: the trainer's other allocator keys stay). "
+    "Segments already cached keep their kind until the cache is emptied; emptying it now "
+    "releases the wholly free ones, and the next steps allocate afresh."
+)
+
 # The dashboard's keys, in the footer's order.
 DASHBOARD: tuple[Action, ...] = (
     Action(
@@ -146,6 +154,19 @@ DASHBOARD: tuple[Action, ...] = (
         needs_agent=True,
         command="sites",
         asks=STACKS_COST,
+    ),
+    Action(
+        "expandable",
+        "e",
+        "expandable_segments",
+        "Expandable",
+        "turn on expandable segments in the selected trainer, live, at its next step "
+        "(asks first: what changes, and how to undo it)",
+        show=False,
+        acts_on_process=True,
+        needs_agent=True,
+        command="tune",
+        asks=EXPANDABLE_SEGMENTS_EFFECT,
     ),
     Action(
         "copy_fix",

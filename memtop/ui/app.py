@@ -29,8 +29,9 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Input, OptionList, Static
 
+from memtop import alloc_conf
 from memtop.feed import ActionReply, Feed, still_feed
-from memtop.model import AgentCleanup, AgentResetPeak, AgentSnapshot, snapshot_note
+from memtop.model import AgentCleanup, AgentResetPeak, AgentSnapshot, AgentTune, snapshot_note
 from memtop.observation import Observation, Observer
 from memtop.scope import Scope
 from memtop.ui import actions, view
@@ -751,6 +752,68 @@ class MemtopApp(App[None]):
                 ],
             ),
             answered,
+        )
+
+    def action_expandable_segments(self) -> None:
+        """Expandable segments on in the selected trainer (asks first: the exact setting
+        before and after, that cached segments keep their kind, how to undo): the `tune`
+        command, run by the trainer at its next step boundary."""
+        row = self._agent_target("change allocator settings")
+        if row is None:
+            return
+        agent = self.observation.agent(row.pid) if self.observation else None
+        before = agent.settings_in_force if agent is not None else ""
+        undo = f"memtop tune {row.pid} expandable_segments=False"
+        if alloc_conf.parse(before).expandable_segments:
+            self.notify(
+                f"pid {row.pid} already runs with expandable segments ({before}). Undo: {undo}",
+                timeout=8,
+                markup=False,
+            )
+            return
+        after = alloc_conf.with_options(before, {"expandable_segments": "True"})
+
+        def answered(choice: object) -> None:
+            if isinstance(choice, bool):
+                args: dict[str, Any] = {"set": {"expandable_segments": True}}
+                if choice:
+                    args["empty_cache"] = True
+                self._run_agent_command(row, "tune", args, self._tune_done)
+
+        from memtop.ui.screens.confirm import ConfirmScreen
+
+        self.push_screen(
+            ConfirmScreen(
+                f"Expandable segments in pid {row.pid}?",
+                escape(
+                    f"{before or '(default)'} → {after}\n{actions.EXPANDABLE_SEGMENTS_EFFECT}\n"
+                    f"Undo: {undo}"
+                ),  # the trainer's own string, in markup: escaped
+                choices=[
+                    ("y", "Apply (y)", False, "new segments expandable; cached ones stay"),
+                    ("e", "Apply+empty (e)", True, "free cached segments go back now"),
+                ],
+            ),
+            answered,
+        )
+
+    def _tune_done(self, row: view.ProcessRow, reply: ActionReply) -> None:
+        tune = reply.parsed_as(AgentTune)
+        if tune is None:
+            return
+        when = f"after step {tune.after_step}" if tune.after_step is not None else "at a step"
+        lines = [f"{tune.before or '(default)'} → {tune.after or '(default)'} ({when})"]
+        for index, before in sorted(tune.reserved_before.items()):
+            after = tune.reserved_after.get(index, 0)
+            lines.append(
+                f"{self._gpu_name(row.pid, index)}: cache emptied, reserved "
+                f"{format_bytes(before)} → {format_bytes(after)}"
+            )
+        self.notify(
+            "\n".join(lines),
+            title=f"Allocator settings of pid {row.pid}",
+            timeout=12,
+            markup=False,  # the trainer's own string
         )
 
     # The feed asks the agent's sites again at once (memtop.sampler.Sampler.act).
