@@ -11,7 +11,8 @@ What it runs, all at once for `--seconds`:
   the optimizer's tensors that once crashed trainers really runs.
 - M viewer processes (they never import torch, like memtop): each keeps one connection to every
   agent and sends `sample` at 10 Hz, and between samples `breakdown`, `snapshot` (to a file),
-  `cleanup`, `reset_peak` and `sites` (stacks on, with its history) as fast as the agent allows
+  `cleanup`, `reset_peak`, `sites` (stacks on, with its history) and `tune` (expandable
+  segments switched, the cache emptied) as fast as the agent allows
   (it answers `rate_limited` when not).
 
 What it prints, JSON last:
@@ -125,7 +126,7 @@ def viewer_main(pids: list[int], directory: Path, seconds: float, out_dir: Path)
     # on its own, and pauses the heavy ones first when its CPU bound is reached.
     clients: dict[tuple[int, str], AgentClient] = {}
     deadline = time.monotonic() + seconds
-    extra = ("breakdown", "snapshot", "cleanup", "reset_peak", "sites")
+    extra = ("breakdown", "snapshot", "cleanup", "reset_peak", "sites", "tune")
     lock = threading.Lock()
 
     def ask(pid: int, role: str, cmd: str, args: dict[str, Any]) -> dict[str, Any] | None:
@@ -180,6 +181,11 @@ def viewer_main(pids: list[int], directory: Path, seconds: float, out_dir: Path)
                 args = {"path": str(out_dir / f"snap-{pid}.pickle"), "overwrite": True}
             if cmd == "cleanup":
                 args = {"wait_s": 2.0}
+            if cmd == "tune":
+                # The allocator's settings switched at a step boundary, the cache emptied too
+                # (`memtop tune PID expandable_segments=… --empty-cache`).
+                on = (turn // len(extra)) % 2 == 0
+                args = {"set": {"expandable_segments": on}, "empty_cache": True, "wait_s": 2.0}
             if cmd == "sites":
                 # Stack recording asked on, as the dashboard's key does, and every time the
                 # kept rounds too (the heaviest `sites` reply: a connection's first).

@@ -416,6 +416,18 @@ class AgentTune:
 
 
 @dataclass(frozen=True, slots=True)
+class ActionRecord:
+    """An action memtop performed in a trainer (cleanup, tune, reset_peak, a snapshot file,
+    stacks switched): what, when, in which pid, with which arguments.  Its effect is read from
+    the windows of history before and after `time` (memtop.diagnosis.effects)."""
+
+    kind: str  # the protocol command
+    time: float
+    pid: int
+    args: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class AgentResetPeak:
     """A `reset_peak` reply: the devices whose torch peak restarted."""
 

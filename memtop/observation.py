@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuFacts
+from memtop.diagnosis.effects import ActionEffect, effect
 from memtop.diagnosis.facts import ReadsSample
 from memtop.diagnosis.stability import Stabilizer
 from memtop.jobs import JobIdentity, job_identity
@@ -32,6 +33,7 @@ from memtop.model import (
     MARK_WINDOW,
     OTHER_NAMESPACE,
     SOURCE_AGENT,
+    ActionRecord,
     AgentDeviceSample,
     AgentHello,
     AgentStatus,
@@ -108,6 +110,8 @@ class AgentObservation:
     info: ProcessInfo | None  # owner and command line, when visible
     # The allocator's option string in force, where the agent says (`memtop tune` changes it).
     allocator_settings: str | None = None
+    # What each action memtop performed in it did, per device: the windows before and after.
+    actions: tuple[ActionEffect, ...] = ()
 
     @property
     def live(self) -> bool:
@@ -448,6 +452,7 @@ class Observer:
                     devices=tuple(devices),
                     info=infos.get(agent.pid),
                     allocator_settings=agent.allocator_settings,
+                    actions=_effects(agent, [a for a in view.actions if a.pid == agent.pid]),
                 )
             )
 
@@ -536,6 +541,27 @@ def _settled_instance(pid: int, size: int, instances: Sequence[DeviceReading]) -
         and abs(d.total_bytes - size) <= 0.05 * max(d.total_bytes, 1)
     ]
     return matching[0] if len(matching) == 1 else None
+
+
+def _effects(agent: AgentView, actions: Sequence[ActionRecord]) -> tuple[ActionEffect, ...]:
+    """Each action's windows before and after it, on each device of its trainer."""
+    found = []
+    for action in actions:
+        for dev in agent.devices:
+            rows, marks = dev.history, dev.marks
+            found.append(
+                effect(
+                    action,
+                    dev.index,
+                    rows.get("time", ()),
+                    rows.get("reserved", ()),
+                    rows.get("split", ()),
+                    rows.get("num_alloc_retries", ()),
+                    marks.get("step", ()),
+                    marks.get("time", ()),
+                )
+            )
+    return tuple(found)
 
 
 def _agent_device(

@@ -38,6 +38,8 @@ def build(observation: Observation) -> dict[str, Any]:
         "suggestions": [s.as_dict() for s in obs.suggestions],
         "problems": list(obs.problems),
         "events": list(obs.events),
+        # Each action memtop performed, per device, with the windows before and after it.
+        "actions": [e.as_json() for agent in obs.agents for e in agent.actions],
     }
 
 

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from memtop import protocol
 from memtop.feed import ActionReply, FeedLoop
-from memtop.model import SOURCE_AGENT, AgentStatus, DriverReading, bare_uuid
+from memtop.model import SOURCE_AGENT, ActionRecord, AgentStatus, DriverReading, bare_uuid
 from memtop.protocol import commands
 from memtop.sources.agents import AgentClient, AgentError, AgentPoll, AgentPool, AgentUnreachable
 from memtop.sources.owners import GpuOwners
@@ -302,6 +302,9 @@ class Sampler(FeedLoop):
             except (AgentError, AgentUnreachable) as exc:
                 return ActionReply(pid, cmd, error=str(exc))
             parsed = protocol.parse_reply(cmd, result) if cmd in protocol.REPLY_PARSERS else None
+            if commands.acts(cmd, args):
+                # Done in the trainer: its effect is measured from the history around it.
+                self.store.record_action(ActionRecord(cmd, time.time(), pid, dict(args or {})))
             if cmd == "reset_peak":
                 self.store.reset_peak(pid)  # the sampled peak restarts with torch's
             elif cmd == "sites":

@@ -23,6 +23,7 @@ from typing import Any
 # it) loads no protocol, socket, selector or psutil (issue 35); its writers parse the replies.
 from memtop.model import (
     MARK_WINDOW,
+    ActionRecord,
     AgentBreakdown,
     AgentDeviceSample,
     AgentHello,
@@ -52,7 +53,9 @@ HISTORY_COLUMNS = (
     "fragmentation",
     "num_alloc_retries",
     "num_ooms",
+    "split",  # inactive_split_bytes: an action's effect reads it (memtop.diagnosis.effects)
 )
+ACTIONS_KEPT = 64  # the actions memtop performed, newest kept
 
 
 class Ring:
@@ -211,6 +214,8 @@ class RoundView:
     events: tuple[tuple[float, str], ...]  # newest last
     # Who each pid the driver charges is (memtop.sources.owners): the accounting sorts by it.
     owners: Mapping[int, PidFacts] = field(default_factory=dict)
+    # The actions memtop performed in trainers, oldest first (Store.record_action).
+    actions: tuple[ActionRecord, ...] = ()
 
     def used_window(self, uuid: str) -> tuple[array[float], array[float]]:
         return self.device_used.get(uuid) or (array("d"), array("d"))
@@ -236,6 +241,7 @@ class Store:
         self._owners: dict[int, PidFacts] = {}
         self._problems: list[str] = []
         self.events: deque[tuple[float, str]] = deque(maxlen=200)
+        self._actions: deque[ActionRecord] = deque(maxlen=ACTIONS_KEPT)
         # Bumped once per round (once per write outside one): the UI redraws only when it moved.
         self.generation = 0
         self._rounds_open = 0  # depth of `round()` on the thread that holds the lock
@@ -376,6 +382,7 @@ class Store:
                 device.fragmentation,
                 float(device.num_alloc_retries),
                 float(device.num_ooms),
+                float(device.inactive_split),
             )
         for mark in sample.step_marks:
             for index, allocated in mark.allocated.items():
@@ -461,6 +468,14 @@ class Store:
                 self._processes = dict(processes)
                 self._changed()
 
+    def record_action(self, action: ActionRecord) -> None:
+        """An action memtop performed in a trainer: its effect is read from the history around
+        it (memtop.diagnosis.effects), and it is an event."""
+        with self._lock:
+            self._actions.append(action)
+            self.events.append((action.time, f"{action.kind} in pid {action.pid}"))
+            self._changed()
+
     def reset_peak(self, pid: int) -> None:
         """memtop's own peak restarts from the current value (the `r` key)."""
         with self._lock:
@@ -512,6 +527,7 @@ class Store:
                     problems=tuple(self._problems),
                     events=tuple(self.events),
                     owners=dict(self._owners),
+                    actions=tuple(self._actions),
                 )
             return view
 

@@ -238,8 +238,10 @@ class TorchProbe:
 
     def allocator_settings(self) -> str | None:
         """Any thread: the allocator's option string in force.  torch >= 2.9 keeps it and reads
-        it back (`_accelerator_getAllocatorSettings`, a host-side string); an older torch has
-        only a setter, so it is what memtop last wrote, else the environment's."""
+        it back (`_accelerator_getAllocatorSettings`: a copy of a host-side string taken under
+        its own mutex, c10/core/AllocatorConfig.h `last_allocator_settings()`, so any thread may
+        read it); an older torch has only a setter, so it is what memtop last wrote, else the
+        environment's."""
         read = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
         if read is not None:
             return str(read())

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from memtop.diagnosis import DeviceDiagnosis, Suggestion
+from memtop.diagnosis.effects import ActionEffect
 from memtop.diagnosis.leak import LeakBasis
 from memtop.diagnosis.suggestions import EffectKind, RuleId
 from memtop.job_groups import JobGroup, job_groups
@@ -756,6 +757,8 @@ class Detail:
     suggestions: tuple[SuggestionItem, ...]
     allocator_conf: str
     newest: float | None = None  # unix time of x = 0 (the chart's wall-clock axis)
+    # What each action memtop performed on this device did, newest first, a line each.
+    actions: tuple[str, ...] = ()
 
 
 def build_detail(obs: Observation, row: ProcessRow, gpu_uuid: str | None) -> Detail:
@@ -765,6 +768,7 @@ def build_detail(obs: Observation, row: ProcessRow, gpu_uuid: str | None) -> Det
     trend_line = None
     conf = ""
     newest: float | None = None
+    actions: tuple[str, ...] = ()
     if dev is not None:
         history = dev.history
         times = history.time[-DETAIL_SAMPLES:]
@@ -792,6 +796,8 @@ def build_detail(obs: Observation, row: ProcessRow, gpu_uuid: str | None) -> Det
                 trend_line = _trend_line(history, dev.diagnosis, newest, times[0])
         agent = obs.agent(row.pid)
         conf = agent.settings_in_force if agent is not None else ""
+        done = [e for e in agent.actions if e.device == row.device] if agent else []
+        actions = tuple(effect_line(e, obs.time) for e in reversed(done[-ACTION_LINES:]))
     elif gpu_uuid is not None:
         gpu = obs.gpu(gpu_uuid)
         if gpu is not None and gpu.used_history[0]:
@@ -805,7 +811,39 @@ def build_detail(obs: Observation, row: ProcessRow, gpu_uuid: str | None) -> Det
         for s in obs.diagnosis.suggestions_for(row.pid)
         if s.device in (None, row.device)
     )
-    return Detail(row, tuple(series), trend_line, device, items, conf, newest)
+    return Detail(row, tuple(series), trend_line, device, items, conf, newest, actions)
+
+
+ACTION_LINES = 3  # the newest actions the detail screen says the effect of
+
+
+def effect_line(effect: ActionEffect, now: float) -> str:
+    """`tune 40 s ago: rsvd 3.4 → 3.1 GiB, split 973 → 445 MiB, retries 14 → 0/min, step 20 →
+    21 ms (30 s before, 12 s after)`: a figure missing on either side is left out."""
+    before, after = effect.before, effect.after
+    said = f"{effect.action.kind} {format_duration(max(0.0, now - effect.action.time))} ago"
+    if before is None or after is None:
+        return f"{said}: {'no samples after it yet' if after is None else 'no samples before it'}"
+    parts = []
+    pairs = (
+        ("rsvd", before.reserved_bytes, after.reserved_bytes, short_bytes),
+        ("split", before.split_bytes, after.split_bytes, short_bytes),
+        ("retries", before.retries_per_min, after.retries_per_min, _per_min),
+        ("step", before.step_time_s, after.step_time_s, _ms),
+    )
+    for name, was, now_is, shown in pairs:
+        if was is not None and now_is is not None:
+            parts.append(f"{name} {shown(was)} → {shown(now_is)}")
+    spans = f"{before.seconds:.0f} s before, {after.seconds:.0f} s after"
+    return f"{said}: {', '.join(parts) or 'no figures'} ({spans})"
+
+
+def _per_min(value: float) -> str:
+    return f"{value:.0f}/min" if value >= 1 or value == 0 else f"{value:.1f}/min"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds >= 0.01 else f"{seconds * 1000:.1f} ms"
 
 
 def _series(name, times, values, newest, reduce=max) -> Series:  # type: ignore[no-untyped-def]

@@ -197,4 +197,6 @@ def _facts(detail: Detail) -> Text:
         f" · releasable {short_bytes(device.releasable_bytes)}\n"
     )
     text.append(f"ALLOC_CONF={detail.allocator_conf or '(unset)'}", style=FREE)
+    for line in detail.actions:  # what memtop's own actions did (issue 34)
+        text.append(f"\n{line}")
     return text

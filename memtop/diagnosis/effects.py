@@ -1,0 +1,130 @@
+"""What an action did: the window of history before it against the window after (issue 34).
+
+For each action memtop performed in a trainer (memtop.model.ActionRecord), the same figures over
+the EFFECT_WINDOW_S before and after it: reserved and split bytes (the medians of the samples:
+a step's swing is not an effect), allocator retries per minute, and the step time's median
+from the step marks.  The after-window grows until it is as long as the before-window; both say
+how many samples and seconds they hold, so a figure from three samples reads as such.  Pure:
+arrays in, a record out.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import median
+from typing import Any
+
+from memtop.model import ActionRecord
+
+EFFECT_WINDOW_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """The figures of one window of a device's history."""
+
+    seconds: float
+    samples: int
+    reserved_bytes: int | None
+    split_bytes: int | None  # free bytes inside split segments (inactive_split_bytes)
+    retries_per_min: float | None
+    step_time_s: float | None  # the median of the step marks' durations
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "seconds": round(self.seconds, 1),
+            "samples": self.samples,
+            "reserved_bytes": self.reserved_bytes,
+            "split_bytes": self.split_bytes,
+            "retries_per_min": (
+                None if self.retries_per_min is None else round(self.retries_per_min, 2)
+            ),
+            "step_time_s": None if self.step_time_s is None else round(self.step_time_s, 6),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ActionEffect:
+    """One action on one device of its trainer: the windows before and after it."""
+
+    action: ActionRecord
+    device: int
+    before: Window | None  # None: no sample in that window
+    after: Window | None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.action.kind,
+            "time": self.action.time,
+            "pid": self.action.pid,
+            "args": dict(self.action.args),
+            "device": self.device,
+            "before": self.before.as_json() if self.before is not None else None,
+            "after": self.after.as_json() if self.after is not None else None,
+        }
+
+
+def window(
+    times: Sequence[float],
+    reserved: Sequence[float],
+    split: Sequence[float],
+    retries: Sequence[float],
+    mark_steps: Sequence[float],
+    mark_times: Sequence[float],
+    start: float,
+    end: float,
+) -> Window | None:
+    """The figures of the samples with start < time <= end (None without one)."""
+    first, last = bisect_right(times, start), bisect_right(times, end)
+    if last <= first:
+        return None
+    span = times[last - 1] - times[first]
+    counted = retries[first:last]
+    per_min = None
+    if span > 0 and len(counted) >= 2:
+        per_min = max(0.0, counted[-1] - counted[0]) * 60.0 / span
+    return Window(
+        seconds=span,
+        samples=last - first,
+        reserved_bytes=int(median(reserved[first:last])),
+        split_bytes=int(median(split[first:last])) if len(split) >= last else None,
+        retries_per_min=per_min,
+        step_time_s=_step_time(mark_steps, mark_times, start, end),
+    )
+
+
+def _step_time(
+    steps: Sequence[float], times: Sequence[float], start: float, end: float
+) -> float | None:
+    """The median duration of a step between consecutive marks in (start, end]."""
+    first, last = bisect_right(times, start), bisect_right(times, end)
+    durations = [
+        (times[i] - times[i - 1]) / (steps[i] - steps[i - 1])
+        for i in range(max(first, 1), last)
+        if steps[i] > steps[i - 1] and times[i - 1] > start
+    ]
+    return median(durations) if durations else None
+
+
+def effect(
+    action: ActionRecord,
+    device: int,
+    times: Sequence[float],
+    reserved: Sequence[float],
+    split: Sequence[float],
+    retries: Sequence[float],
+    mark_steps: Sequence[float],
+    mark_times: Sequence[float],
+    window_s: float = EFFECT_WINDOW_S,
+) -> ActionEffect:
+    """The windows of `window_s` before and after `action` of one device's history."""
+    at = action.time
+    columns = (times, reserved, split, retries, mark_steps, mark_times)
+    return ActionEffect(
+        action,
+        device,
+        window(*columns, at - window_s, at),
+        window(*columns, at, at + window_s),
+    )
