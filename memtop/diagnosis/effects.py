@@ -31,6 +31,8 @@ class Window:
     split_bytes: int | None  # free bytes inside split segments (inactive_split_bytes)
     retries_per_min: float | None
     step_time_s: float | None  # the median of the step marks' durations
+    # The standard error of that median (1.253 σ / √n, σ from the MAD): its noise.
+    step_time_se_s: float | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -42,6 +44,9 @@ class Window:
                 None if self.retries_per_min is None else round(self.retries_per_min, 2)
             ),
             "step_time_s": None if self.step_time_s is None else round(self.step_time_s, 6),
+            "step_time_se_s": (
+                None if self.step_time_se_s is None else round(self.step_time_se_s, 6)
+            ),
         }
 
 
@@ -54,7 +59,20 @@ class ActionEffect:
     before: Window | None  # None: no sample in that window
     after: Window | None
 
+    def step_time_change(self) -> tuple[float, float] | None:
+        """The step time's change in % of before, and its noise (two standard errors of the
+        difference of the medians, in %): "+0.4 % ± 0.6 %" is no change beyond noise."""
+        b, a = self.before, self.after
+        if b is None or a is None or not b.step_time_s or a.step_time_s is None:
+            return None
+        if b.step_time_se_s is None or a.step_time_se_s is None:
+            return None
+        change = 100.0 * (a.step_time_s - b.step_time_s) / b.step_time_s
+        noise = 200.0 * (b.step_time_se_s**2 + a.step_time_se_s**2) ** 0.5 / b.step_time_s
+        return change, noise
+
     def as_json(self) -> dict[str, Any]:
+        change = self.step_time_change()
         return {
             "kind": self.action.kind,
             "time": self.action.time,
@@ -63,6 +81,8 @@ class ActionEffect:
             "device": self.device,
             "before": self.before.as_json() if self.before is not None else None,
             "after": self.after.as_json() if self.after is not None else None,
+            "step_time_change_pct": None if change is None else round(change[0], 2),
+            "step_time_noise_pct": None if change is None else round(change[1], 2),
         }
 
 
@@ -91,21 +111,29 @@ def window(
         reserved_bytes=int(median(reserved[first:last])),
         split_bytes=int(median(split[first:last])) if len(split) >= last else None,
         retries_per_min=per_min,
-        step_time_s=_step_time(mark_steps, mark_times, start, end),
+        **_step_time(mark_steps, mark_times, start, end),
     )
 
 
 def _step_time(
     steps: Sequence[float], times: Sequence[float], start: float, end: float
-) -> float | None:
-    """The median duration of a step between consecutive marks in (start, end]."""
+) -> dict[str, float | None]:
+    """The median duration of a step between consecutive marks in (start, end], and the
+    standard error of that median."""
     first, last = bisect_right(times, start), bisect_right(times, end)
     durations = [
         (times[i] - times[i - 1]) / (steps[i] - steps[i - 1])
         for i in range(max(first, 1), last)
         if steps[i] > steps[i - 1] and times[i - 1] > start
     ]
-    return median(durations) if durations else None
+    if not durations:
+        return {"step_time_s": None, "step_time_se_s": None}
+    middle = median(durations)
+    se = None
+    if len(durations) >= 3:
+        spread = 1.4826 * median(abs(d - middle) for d in durations)
+        se = 1.253 * spread / len(durations) ** 0.5
+    return {"step_time_s": middle, "step_time_se_s": se}
 
 
 def effect(

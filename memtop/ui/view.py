@@ -834,6 +834,9 @@ def effect_line(effect: ActionEffect, now: float) -> str:
     for name, was, now_is, shown in pairs:
         if was is not None and now_is is not None:
             parts.append(f"{name} {shown(was)} → {shown(now_is)}")
+    change = effect.step_time_change()
+    if change is not None:
+        parts[-1] += f" ({change[0]:+.1f} % ± {change[1]:.1f} %)"
     spans = f"{before.seconds:.0f} s before, {after.seconds:.0f} s after"
     return f"{said}: {', '.join(parts) or 'no figures'} ({spans})"
 
