@@ -74,7 +74,7 @@ def test_a_tune_in_a_live_trainer_is_measured_before_and_after(socket_dir: Path)
     from memtop.sources.agents import AgentPool
     from memtop.sources.devices import DefaultDeviceSource
     from memtop.store import Store
-    from memtop.ui.view import build, build_detail, effect_line
+    from memtop.ui.view import build, build_detail, effect_lines
 
     demo = Demo(gpus=1, scenario="fragment", step_time=0.02, socket_dir=socket_dir)
     demo.start()
@@ -123,11 +123,13 @@ def test_a_tune_in_a_live_trainer_is_measured_before_and_after(socket_dir: Path)
     # The step time's change comes with its noise; the same trainer steps no slower for it
     # beyond that noise by much (a loaded box: a wide bound, the point is that both are said).
     assert said["step_time_change_pct"] is not None and said["step_time_noise_pct"] > 0
-    assert "% ± " in effect_line(found, obs.time)
+    assert " %)" in effect_lines(found, obs.time)[-1] and "±" in effect_lines(found, obs.time)[-1]
     # The detail screen says it in one line.
     dashboard = build(obs)
     row = next(r for r in dashboard.processes if r.pid == pid)
     detail = build_detail(obs, row, None)
-    assert detail.actions == (effect_line(found, obs.time),)
-    assert detail.actions[0].startswith("tune ") and "rsvd " in detail.actions[0]
-    assert " → " in detail.actions[0] and "s after)" in detail.actions[0]
+    lines = effect_lines(found, obs.time)
+    assert detail.actions == lines
+    assert lines[0].startswith("tune ") and " ago: rsvd " in lines[0] and " split " in lines[0]
+    assert "→" in lines[0] and lines[1].startswith("retries ") and " · step " in lines[1]
+    assert max(len(line) for line in lines) <= 46  # the allocator box at 100 columns

@@ -757,7 +757,7 @@ class Detail:
     suggestions: tuple[SuggestionItem, ...]
     allocator_conf: str
     newest: float | None = None  # unix time of x = 0 (the chart's wall-clock axis)
-    # What each action memtop performed on this device did, newest first, a line each.
+    # What the newest actions memtop performed on this device did, newest first, in lines.
     actions: tuple[str, ...] = ()
 
 
@@ -797,7 +797,9 @@ def build_detail(obs: Observation, row: ProcessRow, gpu_uuid: str | None) -> Det
         agent = obs.agent(row.pid)
         conf = agent.settings_in_force if agent is not None else ""
         done = [e for e in agent.actions if e.device == row.device] if agent else []
-        actions = tuple(effect_line(e, obs.time) for e in reversed(done[-ACTION_LINES:]))
+        actions = tuple(
+            line for e in reversed(done[-ACTIONS_SHOWN:]) for line in effect_lines(e, obs.time)
+        )
     elif gpu_uuid is not None:
         gpu = obs.gpu(gpu_uuid)
         if gpu is not None and gpu.used_history[0]:
@@ -814,39 +816,47 @@ def build_detail(obs: Observation, row: ProcessRow, gpu_uuid: str | None) -> Det
     return Detail(row, tuple(series), trend_line, device, items, conf, newest, actions)
 
 
-ACTION_LINES = 3  # the newest actions the detail screen says the effect of
+ACTIONS_SHOWN = 1  # the newest action the detail screen says the effect of
 
 
-def effect_line(effect: ActionEffect, now: float) -> str:
-    """`tune 40 s ago: rsvd 3.4 → 3.1 GiB, split 973 → 445 MiB, retries 14 → 0/min, step 20 →
-    21 ms (30 s before, 12 s after)`: a figure missing on either side is left out."""
+def effect_lines(effect: ActionEffect, now: float) -> tuple[str, ...]:
+    """What an action did, in two short lines that never wrap (the allocator box is half the
+    screen): `tune 40 s ago: rsvd 3.4G→3.1G split 973M→445M` and `retries 14→0/min · step
+    20→20 ms (+0.4±0.6 %)`, the minute before against the minute after (or what there is of
+    it so far); a figure missing on either side is left out."""
     before, after = effect.before, effect.after
     said = f"{effect.action.kind} {format_duration(max(0.0, now - effect.action.time))} ago"
     if before is None or after is None:
-        return f"{said}: {'no samples after it yet' if after is None else 'no samples before it'}"
-    parts = []
-    pairs = (
-        ("rsvd", before.reserved_bytes, after.reserved_bytes, short_bytes),
-        ("split", before.split_bytes, after.split_bytes, short_bytes),
-        ("retries", before.retries_per_min, after.retries_per_min, _per_min),
-        ("step", before.step_time_s, after.step_time_s, _ms),
-    )
-    for name, was, now_is, shown in pairs:
-        if was is not None and now_is is not None:
-            parts.append(f"{name} {shown(was)} → {shown(now_is)}")
-    change = effect.step_time_change()
-    if change is not None:
-        parts[-1] += f" ({change[0]:+.1f} % ± {change[1]:.1f} %)"
-    spans = f"{before.seconds:.0f} s before, {after.seconds:.0f} s after"
-    return f"{said}: {', '.join(parts) or 'no figures'} ({spans})"
+        return (f"{said}: {'no samples after it yet' if after is None else 'none before it'}",)
+    sizes = [
+        f"{name} {short_bytes(was)}→{short_bytes(now_is)}"
+        for name, was, now_is in (
+            ("rsvd", before.reserved_bytes, after.reserved_bytes),
+            ("split", before.split_bytes, after.split_bytes),
+        )
+        if was is not None and now_is is not None
+    ]
+    rest = []
+    if before.retries_per_min is not None and after.retries_per_min is not None:
+        rest.append(f"retries {_count(before.retries_per_min)}→{_count(after.retries_per_min)}/min")
+    if before.step_time_s is not None and after.step_time_s is not None:
+        step = f"step {_ms(before.step_time_s)}→{_ms(after.step_time_s)} ms"
+        change = effect.step_time_change()
+        if change is not None:
+            step += f" ({change[0]:+.1f}±{change[1]:.1f} %)"
+        rest.append(step)
+    lines = [f"{said}: {' '.join(sizes)}" if sizes else said]
+    if rest:
+        lines.append(" · ".join(rest))
+    return tuple(lines)
 
 
-def _per_min(value: float) -> str:
-    return f"{value:.0f}/min" if value >= 1 or value == 0 else f"{value:.1f}/min"
+def _count(value: float) -> str:
+    return f"{value:.0f}" if value >= 1 or value == 0 else f"{value:.1f}"
 
 
 def _ms(seconds: float) -> str:
-    return f"{seconds * 1000:.0f} ms" if seconds >= 0.01 else f"{seconds * 1000:.1f} ms"
+    return f"{seconds * 1000:.0f}" if seconds >= 0.01 else f"{seconds * 1000:.1f}"
 
 
 def _series(name, times, values, newest, reduce=max) -> Series:  # type: ignore[no-untyped-def]
