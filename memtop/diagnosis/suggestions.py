@@ -415,7 +415,9 @@ def _expandable_segments(agent: DeviceDiagnosis, gpu: GpuFacts, was: bool) -> Fi
     detail = (
         "Freed blocks inside partly used segments cannot serve larger requests. "
         "Expandable segments grow one mapping per stream instead, so that space "
-        "becomes usable; set it in the trainer's environment and restart it."
+        "becomes usable; set it in the trainer's environment and restart it, or apply it "
+        f"to the running trainer: `memtop tune {agent.pid} expandable_segments=True` (key e; "
+        "segments already cached keep their kind)."
     )
     if agent.hip is not None:
         detail += ROCM_EXPANDABLE_SEGMENTS
