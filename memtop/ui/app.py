@@ -26,6 +26,7 @@ from textual.containers import Vertical
 from textual.css.query import NoMatches
 from textual.markup import escape
 from textual.message import Message
+from textual.notifications import SeverityLevel
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Input, OptionList, Static
 
@@ -594,6 +595,21 @@ class MemtopApp(App[None]):
 
         self.run_worker(wait, thread=True, exit_on_error=False, group="actions")
 
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None:
+        """Every notification of memtop is words, never markup: they carry what agents,
+        drivers, fleet hosts and other users' processes say (an agent's error `try again [/x]
+        later` raised MarkupError and ended root's dashboard).  The one place a notification is
+        made: whatever a caller passes, the message is shown as it reads."""
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=False)
+
     def _failed(self, row: view.ProcessRow, cmd: str, why: str) -> None:
         self.notify(f"{cmd} in pid {row.pid} failed: {why}", severity="error", timeout=8)
 
@@ -663,7 +679,6 @@ class MemtopApp(App[None]):
             f"{path}\n{snapshot_note(snapshot.devices if snapshot is not None else {})}",
             title=f"Snapshot of pid {row.pid} written",
             timeout=15,
-            markup=False,  # a path is not markup
         )
 
     def action_terminate(self) -> None:
