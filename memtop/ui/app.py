@@ -34,7 +34,7 @@ from memtop.feed import ActionReply, Feed, still_feed
 from memtop.model import AgentCleanup, AgentResetPeak, AgentSnapshot, snapshot_note
 from memtop.observation import Observation, Observer
 from memtop.scope import Scope
-from memtop.ui import view
+from memtop.ui import fixes, view
 from memtop.ui.config import UiConfig
 from memtop.ui.lean_screen import LeanScreen
 from memtop.ui.render import FREE, slow_tick
@@ -855,30 +855,31 @@ class MemtopApp(App[None]):
 
     def action_copy_fix(self) -> None:
         """Copy a fix (OSC 52: works over SSH in most terminals): the focused suggestion's; from
-        the table or the detail screen, the most severe fix for the selected process — never
-        another process's."""
+        the table or the detail screen, the selected process's most severe suggestion's — never
+        another process's, nor a lesser tip's when that one has none (a leak's `y` copied the
+        8-bit optimizer).  Only a command shown in full is copied (memtop.ui.fixes)."""
         pane = self.suggestions
         if self.focused is pane and self._detail_screen() is None:
             item = pane.selected()
             if item is None:
                 self.notify("No suggestion highlighted.", severity="warning")
                 return
-            if not item.fix:
-                self.notify(f"“{item.title}” has no one-line fix.", severity="warning")
-                return
-            fix = item.fix or ""
         else:
             row = self.selected_row()
             if row is None:
                 self.notify("No process selected: move to one with ↑/↓.", severity="warning")
                 return
-            mine = [i for i in self._items_of(row) if i.fix]
-            if not mine:
+            mine = self._items_of(row)
+            if not any(i.fix for i in mine):
                 self.notify(f"No suggestion for pid {row.pid} has a fix.", severity="warning")
                 return
-            fix = mine[0].fix or ""  # most severe first
-        self.copy_to_clipboard(fix)
-        self.notify(f"Copied: {fix}", timeout=4)
+            item = mine[0]  # most severe first
+        refusal = fixes.not_copied(item)
+        if refusal is not None:
+            self.notify(refusal, severity="warning", timeout=6)
+            return
+        self.copy_to_clipboard(item.fix or "")
+        self.notify(fixes.copied(item), timeout=6)
 
     def _items_of(self, row: view.ProcessRow) -> list[view.SuggestionItem]:
         """The selected process's own suggestions, most severe first, unfolded (the pane folds
