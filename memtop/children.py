@@ -40,10 +40,14 @@ STOP_TIMEOUT_S = 5.0
 MEMTOP_PARENT = str(Path(__file__).resolve().parent.parent)
 
 # What a child runs under `python -I -c`: the import path entries this process chose are put
-# in front (as PYTHONPATH entries would be), then the module runs as `python -m` would run it.
+# in front (as PYTHONPATH entries would be), after a first entry that stands where `python -m`
+# puts the current directory: the interpreter's own folder, as memtop's console script has its
+# bin/ there (`memtop run` replaces that first entry with the program's folder); then the module
+# runs as `python -m` would run it.
 _BOOT = (
-    "import sys, runpy; "
-    "sys.path[:0] = [p for p in {paths!r} if p not in sys.path]; "
+    "import os, sys, runpy; "
+    "sys.path[:0] = [os.path.dirname(sys.executable)]"
+    " + [p for p in {paths!r} if p not in sys.path]; "
     "runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
 )
 

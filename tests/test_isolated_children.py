@@ -197,3 +197,27 @@ def test_memtop_starts_python_only_through_the_isolated_command() -> None:
         if path.name != "children.py" and pattern.search(path.read_text())
     ]
     assert found == []
+
+
+def test_memtop_run_in_a_child_keeps_the_pythonpath_for_the_program(tmp_path: Path) -> None:
+    """`memtop run` replaces the first import path entry (the launcher's) with the program's
+    folder: in a child started by python_command that entry is not one of PYTHONPATH's."""
+    deps = tmp_path / "deps"
+    deps.mkdir()
+    (deps / "their_dependency.py").write_text("WHERE = 'deps'\n")
+    (tmp_path / "program.py").write_text("import their_dependency\nprint(their_dependency.WHERE)\n")
+    env = dict(
+        os.environ,
+        PYTHONPATH=f"{deps}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        MEMTOP_SOCKET_DIR=str(tmp_path / "sockets"),
+    )
+    done = subprocess.run(
+        children.python_command("memtop", "run", "program.py", environ=env),
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "deps"
