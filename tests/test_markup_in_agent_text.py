@@ -174,6 +174,13 @@ def test_a_fleet_host_named_with_markup_is_shown_by_that_name() -> None:
                 await pilot.pause(0.2)
                 assert alive(app), (row, notifications(app))
                 shown.append(screen_text(app.export_screenshot()))
+            # A filter typed with markup in it: shown in the table's border as typed.
+            await pilot.press("slash", "left_square_bracket", "slash", "x")
+            await pilot.press("right_square_bracket", "enter")
+            await pilot.pause(0.3)
+            assert alive(app) and "filter “[/x]”" in screen_text(app.export_screenshot())
+            await pilot.press("slash", *["backspace"] * 4, "enter")
+            await pilot.pause(0.3)
             await pilot.press("enter")
             await pilot.pause(0.5)
             assert alive(app)
