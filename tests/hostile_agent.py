@@ -82,6 +82,7 @@ def stats(allocated: int, reserved: int, ooms: int = 0, retries: int = 0) -> dic
 
 # Closing a tag never opened: Rich and Textual raise MarkupError where they parse it as markup.
 MARKUP = "try again [/x] later [@click=app.quit]quit[/] [bold]"
+MARKUP_SETTING = "PYTORCH_CUDA_ALLOC_CONF=" + MARKUP.replace(" ", "")
 
 
 class Hostile:
@@ -230,7 +231,8 @@ def markup_oom_report(pid: int) -> dict:
         "device": 0,
         "path": f"/tmp/{MARKUP}.json",
         "stack": [{"file": f"/srv/{MARKUP}.py", "line": 1, "function": MARKUP, "text": MARKUP}],
-        "diagnosis": {"cause": MARKUP, "detail": MARKUP, "fix": f"echo {MARKUP}"},
+        # A setting (no blank in it: memtop copies it, as the agent's) with markup in it.
+        "diagnosis": {"cause": MARKUP, "detail": MARKUP, "fix": MARKUP_SETTING},
     }
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hostile_agent import MARKUP
+from hostile_agent import MARKUP, MARKUP_SETTING
 from ui_helpers import notifications, screen_text, wait_for
 
 from memtop.sampler import Sampler
@@ -112,7 +112,8 @@ def test_every_notification_dialog_and_pane_shows_an_agents_markup_as_text(
             await pilot.press("y")
             await wait_for(pilot, lambda: bool(copied))
             await pilot.pause(0.3)
-            assert alive(app) and f"echo {MARKUP}" in shown()
+            assert alive(app) and f"Copied the agent's fix (its words, not memtop's): " in shown()
+            assert MARKUP_SETTING in shown().replace("\n", "")
             # The kill dialog (it shows the command line /proc has), cancelled.
             await pilot.press("k")
             await pilot.pause(0.5)
@@ -137,7 +138,7 @@ def test_every_notification_dialog_and_pane_shows_an_agents_markup_as_text(
         asyncio.run(main())
     finally:
         sampler.stop()
-    assert copied and MARKUP in copied[0], copied
+    assert copied == [MARKUP_SETTING]
 
 
 def test_a_fleet_host_named_with_markup_is_shown_by_that_name() -> None:

@@ -361,7 +361,7 @@ def _out_of_memory(agent: DeviceDiagnosis, gpu: GpuFacts, held: bool) -> Finding
 
 # `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`: the one kind of OOM fix that is a line to
 # paste (memtop.oom.diagnose words every other as advice).
-_SETTING = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=[^\s=]+")
+_SETTING = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=\S+")
 
 
 def is_setting(fix: str) -> bool:
