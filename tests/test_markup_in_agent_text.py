@@ -112,7 +112,7 @@ def test_every_notification_dialog_and_pane_shows_an_agents_markup_as_text(
             await pilot.press("y")
             await wait_for(pilot, lambda: bool(copied))
             await pilot.pause(0.3)
-            assert alive(app) and f"Copied the agent's fix (its words, not memtop's): " in shown()
+            assert alive(app) and "Copied the agent's fix (its words, not memtop's): " in shown()
             assert MARKUP_SETTING in shown().replace("\n", "")
             # The kill dialog (it shows the command line /proc has), cancelled.
             await pilot.press("k")
