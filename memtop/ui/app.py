@@ -26,6 +26,7 @@ from textual.containers import Vertical
 from textual.css.query import NoMatches
 from textual.markup import escape
 from textual.message import Message
+from textual.notifications import SeverityLevel
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Input, OptionList, Static
 
@@ -33,7 +34,7 @@ from memtop.feed import ActionReply, Feed, still_feed
 from memtop.model import AgentCleanup, AgentResetPeak, AgentSnapshot, snapshot_note
 from memtop.observation import Observation, Observer
 from memtop.scope import Scope
-from memtop.ui import actions, view
+from memtop.ui import actions, fixes, view
 from memtop.ui.config import UiConfig
 from memtop.ui.lean_screen import LeanScreen
 from memtop.ui.render import FREE, slow_tick
@@ -600,6 +601,21 @@ class MemtopApp(App[None]):
 
         self.run_worker(wait, thread=True, exit_on_error=False, group="actions")
 
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None:
+        """Every notification of memtop is words, never markup: they carry what agents,
+        drivers, fleet hosts and other users' processes say (an agent's error `try again [/x]
+        later` raised MarkupError and ended root's dashboard).  The one place a notification is
+        made: whatever a caller passes, the message is shown as it reads."""
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=False)
+
     def _failed(self, row: view.ProcessRow, cmd: str, why: str) -> None:
         self.notify(f"{cmd} in pid {row.pid} failed: {why}", severity="error", timeout=8)
 
@@ -669,7 +685,6 @@ class MemtopApp(App[None]):
             f"{path}\n{snapshot_note(snapshot.devices if snapshot is not None else {})}",
             title=f"Snapshot of pid {row.pid} written",
             timeout=15,
-            markup=False,  # a path is not markup
         )
 
     def action_terminate(self) -> None:
@@ -846,30 +861,31 @@ class MemtopApp(App[None]):
 
     def action_copy_fix(self) -> None:
         """Copy a fix (OSC 52: works over SSH in most terminals): the focused suggestion's; from
-        the table or the detail screen, the most severe fix for the selected process — never
-        another process's."""
+        the table or the detail screen, the selected process's most severe suggestion's — never
+        another process's, nor a lesser tip's when that one has none (a leak's `y` copied the
+        8-bit optimizer).  Only a command shown in full is copied (memtop.ui.fixes)."""
         pane = self.suggestions
         if self.focused is pane and self._detail_screen() is None:
             item = pane.selected()
             if item is None:
                 self.notify("No suggestion highlighted.", severity="warning")
                 return
-            if not item.fix:
-                self.notify(f"“{item.title}” has no one-line fix.", severity="warning")
-                return
-            fix = item.fix or ""
         else:
             row = self.selected_row()
             if row is None:
                 self.notify("No process selected: move to one with ↑/↓.", severity="warning")
                 return
-            mine = [i for i in self._items_of(row) if i.fix]
-            if not mine:
+            mine = self._items_of(row)
+            if not any(i.fix for i in mine):
                 self.notify(f"No suggestion for pid {row.pid} has a fix.", severity="warning")
                 return
-            fix = mine[0].fix or ""  # most severe first
-        self.copy_to_clipboard(fix)
-        self.notify(f"Copied: {fix}", timeout=4)
+            item = mine[0]  # most severe first
+        refusal = fixes.not_copied(item)
+        if refusal is not None:
+            self.notify(refusal, severity="warning", timeout=6)
+            return
+        self.copy_to_clipboard(item.fix or "")
+        self.notify(fixes.copied(item), timeout=6)
 
     def _items_of(self, row: view.ProcessRow) -> list[view.SuggestionItem]:
         """The selected process's own suggestions, most severe first, unfolded (the pane folds

@@ -240,6 +240,8 @@ class SuggestionItem:
     effect_kind: EffectKind = EffectKind.SAVING  # its colour on screen: widgets.suggestions
     rule: str = ""
     room: str | None = None  # a roll-up's headroom ("53.8 GiB unused"), drawn apart from savings
+    fix_by_agent: bool = False  # the fix is an agent's words (an OOM report's): marked so
+    fix_is_prose: bool = False  # the fix is advice in words, not a line to paste
 
 
 @dataclass(frozen=True, slots=True)
@@ -725,6 +727,8 @@ def _item(s: Suggestion) -> SuggestionItem:
         detail=s.detail,
         effect_kind=s.effect_kind,
         rule=s.rule,
+        fix_by_agent=s.fix_by_agent,
+        fix_is_prose=s.fix_is_prose,
     )
 
 

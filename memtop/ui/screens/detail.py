@@ -11,6 +11,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from memtop.ui.fixes import fix_text
 from memtop.ui.render import FREE, SEVERITY_STYLES, fragmentation_style, gauge, short_bytes
 from memtop.ui.view import Detail, ProcessRow, leak_label
 from memtop.ui.widgets.history_chart import HistoryChart
@@ -104,9 +105,9 @@ def _suggestions(detail: Detail) -> Table | Text:
             body.append(f"\n{item.detail}")
         if item.evidence:
             body.append(f"\n{item.evidence}", style=FREE)
-        if item.fix:
-            body.append("\n$ ", style=FREE)
-            body.append(item.fix, style="bold cyan")
+        if item.fix:  # `$ command` or `→ advice`, and whose words (memtop.ui.fixes)
+            body.append("\n")
+            body.append_text(fix_text(item))
         grid.add_row(badge, body)
     return grid
 

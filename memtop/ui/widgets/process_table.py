@@ -229,6 +229,7 @@ class ProcessTable(Widget, can_focus=True):
         self.sort_reverse = False
         self.filter = ""
         self._top = 0  # first line shown (the table scrolls to keep the cursor in view)
+        self._borders: tuple[str, str] | None = None  # the title and subtitle set, as words
         self._compact = False
         self._texts: list[Text] = []
         self._header = Text()
@@ -333,10 +334,12 @@ class ProcessTable(Widget, can_focus=True):
         # The compact layout draws only the top rule, where the subtitle (the filter, the sort)
         # is not shown: there it goes into the title, or nothing said a filter was on.
         title = f"Processes  {subtitle}" if self._compact and subtitle else "Processes"
-        if subtitle != self.border_subtitle:  # setting it, even unchanged, repaints the border
-            self.border_subtitle = subtitle
-        if title != self.border_title:
-            self.border_title = title
+        if (title, subtitle) != self._borders:  # setting them, even unchanged, repaints
+            self._borders = (title, subtitle)
+            # Text, not a str: a str is parsed as markup, and the filter is typed text
+            # (`/[/x]` raised MarkupError).
+            self.border_subtitle = Text(subtitle)
+            self.border_title = Text(title)
         self._render_rows()
 
     def _subtitle(self) -> str:
