@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuFacts
 from memtop.diagnosis.facts import ReadsSample
 from memtop.diagnosis.stability import Stabilizer
+from memtop.diagnosis.workload import Workload, recognise
 from memtop.jobs import JobIdentity, job_identity
 from memtop.model import (
     MARK_WINDOW,
@@ -218,6 +219,10 @@ class ProcessEntry:
     agent: AgentObservation | None
     device: AgentDeviceObservation | None
     info: ProcessInfo | None
+    # What the process is (memtop.diagnosis.workload): an agent device's as its diagnosis
+    # judged it; a process without an agent's from its command line and environment, when they
+    # say (None otherwise).
+    workload: Workload | None = None
 
 
 @dataclass(frozen=True)
@@ -356,7 +361,7 @@ class Observer:
             )
 
         gpus = _gpus(view, reading, [d for a in agents if a.live for d in a.devices])
-        facts = tuple(_facts(g) for g in gpus)
+        facts = tuple(_facts(g, infos) for g in gpus)
         diagnosis = Diagnosis(
             time=now,
             devices={(d.pid, d.index): d for d in diagnosed.values()},
@@ -475,9 +480,23 @@ def _used_window(view: RoundView, uuid: str) -> tuple[Sequence[float], Sequence[
     return (times[-HISTORY_ROWS:], used[-HISTORY_ROWS:])
 
 
-def _facts(gpu: GpuObservation) -> GpuFacts:
+def process_workload(info: ProcessInfo | None) -> Workload | None:
+    """What a process without an agent is, where its command line (or its launcher's) or its
+    environment says (memtop.diagnosis.workload)."""
+    if info is None or not info.visible:
+        return None
+    return recognise(info.cmdline, info.engine_environ, info.launcher_cmdline)
+
+
+def _facts(gpu: GpuObservation, infos: Mapping[int, ProcessInfo]) -> GpuFacts:
     """What the suggestion rules judge about one GPU."""
     first = gpu.agents[0].diagnosis if gpu.agents else None
+    with_agent = {a.pid for a in gpu.agents}
+    workloads = {
+        p.pid: found
+        for p in gpu.processes
+        if p.pid not in with_agent and (found := process_workload(infos.get(p.pid))) is not None
+    }
     return GpuFacts(
         uuid=gpu.uuid,
         index=gpu.index,
@@ -486,6 +505,7 @@ def _facts(gpu: GpuObservation) -> GpuFacts:
         used_bytes=gpu.used_bytes,
         processes=tuple((p.pid, p.used_bytes) for p in gpu.processes if gpu.source != SOURCE_AGENT),
         agents=tuple(a.diagnosis for a in gpu.agents),
+        workloads=workloads,
     )
 
 
@@ -510,6 +530,7 @@ def _entries(
                     agent=agent,
                     device=dev,
                     info=agent.info,
+                    workload=dev.diagnosis.workload,
                 )
             )
         if not agent.devices:  # not sampled yet, or unreachable
@@ -520,7 +541,14 @@ def _entries(
                 if (p.pid, d.uuid) not in seen:
                     entries.append(
                         ProcessEntry(
-                            p.pid, d.index, d.uuid, p.used_bytes, None, None, infos.get(p.pid)
+                            p.pid,
+                            d.index,
+                            d.uuid,
+                            p.used_bytes,
+                            None,
+                            None,
+                            infos.get(p.pid),
+                            process_workload(infos.get(p.pid)),
                         )
                     )
     entries.sort(key=lambda e: (e.gpu if e.gpu is not None else 1 << 30, e.pid))

@@ -27,6 +27,7 @@ from memtop.diagnosis.leak import MAX_MARKS, LeakEstimate, detect
 from memtop.diagnosis.ranks import with_job_peers
 from memtop.diagnosis.sites import site_trends
 from memtop.diagnosis.suggestions import Suggestion
+from memtop.diagnosis.workload import Workload, flat_high_share, of_agent
 from memtop.oom.diagnose import growing_batch
 
 if TYPE_CHECKING:  # the store's view is only read: the package stays light
@@ -82,11 +83,15 @@ class Diagnoser:
         devices: dict[tuple[int, int], DeviceDiagnosis] = {}
         for agent in view.agents:
             for dev in agent.devices:
-                devices[(agent.pid, dev.index)] = self._device(agent, dev, now)
+                info = view.processes.get(agent.pid)
+                launcher = info.launcher_cmdline if info is not None else ()
+                devices[(agent.pid, dev.index)] = self._device(agent, dev, now, launcher)
         self._leaks = {k: v for k, v in self._leaks.items() if k in devices}
         return with_job_peers(devices, view.agents)
 
-    def _device(self, agent: AgentView, dev: AgentDeviceView, now: float) -> DeviceDiagnosis:
+    def _device(
+        self, agent: AgentView, dev: AgentDeviceView, now: float, launcher_argv: Sequence[str] = ()
+    ) -> DeviceDiagnosis:
         latest = dev.latest
         key = (agent.pid, dev.index)
         history, marks = dev.history, dev.marks
@@ -146,10 +151,35 @@ class Diagnoser:
             last_oom=last_oom,
             oom_growth=oom_growth,
             sites=site_trends(agent.sites, dev.index, leak) if agent.sites else (),
+            workload=_workload(agent, dev, launcher_argv),
         )
 
 
 _PRESSURE_COLUMNS = ("time", "num_alloc_retries", "num_ooms")
+
+
+def _workload(agent: AgentView, dev: AgentDeviceView, launcher_argv: Sequence[str]) -> Workload:
+    """What the process is (memtop.diagnosis.workload), from its hello, its steps and its
+    reserved bytes since the first sample the store keeps."""
+    hello = agent.hello
+    environ = hello.extra.get("engine_environment") if hello is not None else None
+    stepped = bool(agent.step) or bool(dev.marks.get("step", ()))
+    latest = dev.latest
+    pattern = None
+    if not stepped:
+        pattern = flat_high_share(
+            dev.history.get("reserved", ()),
+            latest.total_bytes,
+            latest.num_alloc_retries,
+            latest.num_ooms,
+        )
+    return of_agent(
+        hello.argv if hello is not None else (),
+        environ if isinstance(environ, dict) else None,
+        launcher_argv,
+        stepped,
+        pattern,
+    )
 
 
 def _newest(

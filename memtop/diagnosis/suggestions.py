@@ -21,6 +21,7 @@ from memtop.diagnosis.facts import (
     uses_async_backend,
 )
 from memtop.diagnosis.sites import leaking_site
+from memtop.diagnosis.workload import BudgetBasis, Workload
 from memtop.estimate.calibrate import BatchModel
 from memtop.model import Choice, Severity
 from memtop.sites import site_name, stack_phrase
@@ -233,12 +234,19 @@ def _heaviest(gpu: GpuFacts) -> DeviceDiagnosis | None:
 
 
 def _usage(gpu: GpuFacts, held: Held) -> Iterator[tuple[int | None, int | None, Finding]]:
-    """85 % warning, 90 % critical, 95 % emergency of the device's memory in use."""
+    """85 % warning, 90 % critical, 95 % emergency of the device's memory in use; info when the
+    usage is what an inference server or a preallocator on it asked for (_own_request)."""
     share = gpu.used_share
     if share is None or gpu.used_bytes is None:
         return
     heaviest = _heaviest(gpu)
-    pid, device = (heaviest.pid, heaviest.index) if heaviest else (None, gpu.index)
+    asking = _preallocators(gpu)
+    pid: int | None
+    device: int | None
+    if asking:
+        pid, device = asking[0][0], (asking[0][2].index if asking[0][2] else gpu.index)
+    else:
+        pid, device = (heaviest.pid, heaviest.index) if heaviest else (None, gpu.index)
     was = held(pid, device)
     severity = next(
         (level for limit, level in USAGE_LEVELS if _at_least(share, limit, was, share=True)), None
@@ -246,6 +254,10 @@ def _usage(gpu: GpuFacts, held: Held) -> Iterator[tuple[int | None, int | None, 
     if severity is None:
         return
     evidence = f"{format_bytes(gpu.used_bytes)} of {format_bytes(gpu.total_bytes)} used"
+    if asking:
+        within = _own_request(gpu, share, asking)
+        yield pid, device, _server_usage(gpu, share, severity, asking, within, evidence)
+        return
     if heaviest is not None:
         evidence += (
             f"; pid {heaviest.pid} reserves {format_bytes(heaviest.reserved_bytes)}"
@@ -258,6 +270,12 @@ def _usage(gpu: GpuFacts, held: Held) -> Iterator[tuple[int | None, int | None, 
             "could give back (c in the dashboard)."
         )
         fix: str | None = f"memtop cleanup {cached[0].pid}"
+    elif heaviest is not None and not heaviest.trains:
+        detail = (
+            f"pid {heaviest.pid} has not stepped (not a training loop): what it keeps allocated "
+            "is its own; lower what it loads or caches, or move other processes off this GPU."
+        )
+        fix = None
     else:
         detail = (
             "The next larger batch or sequence may not fit: lower the batch size or sequence "
@@ -276,6 +294,108 @@ def _usage(gpu: GpuFacts, held: Held) -> Iterator[tuple[int | None, int | None, 
             effect_bytes=max(0, gpu.used_bytes - int(0.85 * gpu.total_bytes)),
         ),
     )
+
+
+# What a server or a preallocator may hold beyond its share and still be within its request:
+# a CUDA context, NCCL's buffers and the like, which vLLM's own share includes only roughly.
+OWN_REQUEST_TOLERANCE = 0.03
+
+Asking = tuple[int, Workload, DeviceDiagnosis | None]  # (pid, what it is, its agent device)
+
+
+def _preallocators(gpu: GpuFacts) -> list[Asking]:
+    """The processes on the GPU that asked for a share of it on purpose, largest first."""
+    found: list[Asking] = [
+        (a.pid, a.workload, a)
+        for a in gpu.agents
+        if a.workload is not None and a.workload.preallocates
+    ]
+    found += [(pid, w, None) for pid, w in gpu.workloads.items() if w.preallocates]
+    return sorted(found, key=lambda x: -(x[1].budget_share or 0.0))
+
+
+def _asked_share(workload: Workload) -> float:
+    """The most of the GPU its setting lets it take: its share of the total; for a share of the
+    memory free after its weights (TensorRT-LLM), up to all of it."""
+    if workload.basis == BudgetBasis.FREE:
+        return 1.0
+    return workload.budget_share or 0.0
+
+
+def _trouble(agent: DeviceDiagnosis | None) -> str | None:
+    """What says a preallocator is short of its own share: retries, OOMs, growth."""
+    if agent is None:
+        return None
+    p = agent.pressure
+    ooms = p.ooms_recent if p.ooms_recent is not None else p.ooms
+    retries = p.retries_recent if p.retries_recent is not None else p.retries
+    if ooms:
+        return f"{ooms} out-of-memory error{'s' if ooms != 1 else ''}"
+    if retries:
+        return f"{retries} allocation retr{'ies' if retries != 1 else 'y'} (cache flushed)"
+    if agent.leak.detected:
+        return "its memory grows"
+    return None
+
+
+def _own_request(gpu: GpuFacts, share: float, asking: list[Asking]) -> bool:
+    """Whether the GPU's usage is what its preallocators asked for: no more than the sum of
+    their shares (and a context each), and none of them retrying, out of memory or growing."""
+    asked = sum(_asked_share(w) for _, w, _ in asking)
+    if share > asked + OWN_REQUEST_TOLERANCE:
+        return False
+    return all(_trouble(agent) is None for _, _, agent in asking)
+
+
+def _server_usage(
+    gpu: GpuFacts,
+    share: float,
+    severity: Severity,
+    asking: list[Asking],
+    within: bool,
+    evidence: str,
+) -> Finding:
+    pid, workload, agent = asking[0]
+    what = workload.label or "a preallocating process"
+    setting = workload.setting or "its own sizing"
+    evidence += "; " + ", ".join(
+        f"pid {p} {w.label} ({w.setting or w.source})" for p, w, _ in asking
+    )
+    if within:
+        seen = "flat, no retries or OOMs" if agent is not None else "retries not visible: no agent"
+        return Finding(
+            severity=INFO,
+            title=f"GPU {gpu.index} at {_pct(share)}: {what}, reserved on purpose",
+            detail=(
+                f"pid {pid} takes its share when it starts ({setting}) for its weights and "
+                "cache, and keeps it: usage within its own request is not pressure. To leave "
+                f"room for other processes on this GPU, start it with a lower {_flag_of(setting)}."
+            ),
+            evidence=f"{evidence}; {seen}",
+        )
+    trouble = _trouble(agent)
+    asked = sum(_asked_share(w) for _, w, _ in asking)
+    beyond = (
+        f"the GPU is at {_pct(share)}, beyond the {asked:.2f} it asked for"
+        if share > asked + OWN_REQUEST_TOLERANCE
+        else f"within the {asked:.2f} it asked for, but with {trouble}"
+    )
+    return Finding(
+        severity=severity,
+        title=f"GPU {gpu.index} memory at {_pct(share)}: {what} past its request",
+        detail=(
+            f"pid {pid} asked for its share ({setting}) and {beyond}. Something beyond its "
+            f"request holds memory: another process on this GPU, or the engine itself outside "
+            f"its pool; lower {_flag_of(setting)} or move the other processes."
+        ),
+        evidence=evidence + (f"; {trouble}" if trouble else ""),
+        effect_bytes=max(0, (gpu.used_bytes or 0) - int(min(1.0, asked) * gpu.total_bytes)),
+    )
+
+
+def _flag_of(setting: str) -> str:
+    """The flag or variable of a setting ("--gpu-memory-utilization 0.92" → the flag)."""
+    return setting.split(" ", 1)[0].split("=", 1)[0] or setting
 
 
 # The causes of memtop.oom.diagnose, as a suggestion's title says them.
@@ -503,6 +623,8 @@ def _leak(agent: DeviceDiagnosis, gpu: GpuFacts, held: bool) -> Finding | None:
 
 
 def _eight_bit_optimizer(agent: DeviceDiagnosis, gpu: GpuFacts, was: bool) -> Finding | None:
+    if not agent.trains:
+        return None  # a server or a loop without steps has no optimizer state to shrink
     state = (agent.breakdown or {}).get("optimizer_state", 0)
     peak = agent.peak_bytes
     if peak <= 0 or not _at_least(state, max(BIG_ENOUGH, OPTIMIZER_SHARE * peak), was):
@@ -546,6 +668,8 @@ def _bf16_parameters(agent: DeviceDiagnosis, gpu: GpuFacts, was: bool) -> Findin
 
 
 def _gradient_checkpointing(agent: DeviceDiagnosis, gpu: GpuFacts, was: bool) -> Finding | None:
+    if not agent.trains:
+        return None  # no backward pass keeps activations in a server
     share_used = gpu.used_share or 0.0
     breakdown = agent.breakdown
     if breakdown is None or agent.peak_bytes <= 0:
@@ -635,6 +759,8 @@ def bigger_batch_vetoed(agent: DeviceDiagnosis) -> str | None:
 
 
 def _bigger_batch(agent: DeviceDiagnosis, gpu: GpuFacts, was: bool) -> Finding | None:
+    if not agent.trains:
+        return None  # a server sizes its batches itself; a loop without steps has no batch seen
     share = gpu.used_share
     if share is None or gpu.process_count != 1 or len(gpu.agents) != 1:
         return None  # only a trainer alone on its GPU can count the free memory as its own

@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 
 import psutil
 
+from memtop.protocol.environment import ENGINE_ENVIRONMENT
 from memtop.protocol.text import clean_text
 
 
@@ -31,6 +32,12 @@ class ProcessInfo:
     # Host usage, refreshed every USAGE_EVERY_S (the dashboard's CPU% and RSS columns).
     cpu_percent: float | None = None
     rss: int | None = None
+    # What tells an inference server's share (memtop.diagnosis.workload): its launcher's command
+    # line (vLLM's and SGLang's engine processes rename themselves and keep no flags), and the
+    # ENGINE_ENVIRONMENT variables of its environment where /proc lets the viewer read it (the
+    # same user, or root: read, never run); nothing else of either environment is kept.
+    launcher_cmdline: tuple[str, ...] = ()
+    engine_environ: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def command(self) -> str:
@@ -58,9 +65,40 @@ def read_process(pid: int) -> ProcessInfo:
             name = clean_text(process.name(), 100)
             created: float | None = process.create_time()
             ppid: int | None = process.ppid()
+            environ = _engine_environ(process)
     except psutil.Error:
         return ProcessInfo(pid, None, None, (), "?")
-    return ProcessInfo(pid, uid, user, cmdline, name, created, ppid)
+    return ProcessInfo(
+        pid,
+        uid,
+        user,
+        cmdline,
+        name,
+        created,
+        ppid,
+        launcher_cmdline=_cmdline_of(ppid),
+        engine_environ=environ,
+    )
+
+
+def _engine_environ(process: psutil.Process) -> dict[str, str]:
+    """The ENGINE_ENVIRONMENT variables of a process's environment, where /proc lets this user
+    read it (its own processes; all of them as root): reading a file, nothing run."""
+    try:
+        environ = process.environ()
+    except (psutil.Error, OSError):
+        return {}
+    return {name: clean_text(environ[name], 64) for name in ENGINE_ENVIRONMENT if name in environ}
+
+
+def _cmdline_of(pid: int | None) -> tuple[str, ...]:
+    """A launcher's command line (bounded), or () when it cannot be read."""
+    if not pid or pid <= 1:
+        return ()
+    try:
+        return tuple(clean_text(a) for a in psutil.Process(pid).cmdline()[:256])
+    except (psutil.Error, OSError):
+        return ()
 
 
 USAGE_EVERY_S = 3.0  # host CPU % and RSS: a slow column, re-read at most this often

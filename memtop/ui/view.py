@@ -511,7 +511,10 @@ def _process_row(
             pid=entry.pid,
             host=where,
             user=user,
-            command=short_command(argv) if argv else (info.name if info and info.visible else "?"),
+            command=_labelled(
+                entry,
+                short_command(argv) if argv else (info.name if info and info.visible else "?"),
+            ),
             full_command=info.command if info and info.visible else "?",
             **host,
             gpu=entry.gpu,
@@ -526,7 +529,7 @@ def _process_row(
             own=own,
         )
     argv = agent.argv or (info.cmdline if info else ())
-    command = short_command(argv) if argv else "?"
+    command = _labelled(entry, short_command(argv) if argv else "?")
     full = " ".join(argv) if argv else "?"
     extra = agent.hello.extra if agent.hello is not None else {}
     ranks = {
@@ -565,6 +568,13 @@ def _process_row(
         own=own,
         rocm=agent.hip,
     )
+
+
+def _labelled(entry: ProcessEntry, command: str) -> str:
+    """A server's command with what it is and what it reserved on purpose in front ("vLLM ·
+    0.92 of GPU  vllm serve …"): its usage is then read against its own request."""
+    label = entry.workload.label if entry.workload is not None else ""
+    return f"{label}  {command}" if label else command
 
 
 def process_key(pid: int | None) -> str:
