@@ -149,6 +149,16 @@ def test_a_vllm_like_server_flat_at_its_share_is_info_naming_its_flag(socket_dir
         (item,) = [i for i in dashboard.suggestions if i.rule == "usage"]
         assert item.severity == Severity.INFO
 
+        # The exporter: the process's kind and engine, its share and the setting that sets it.
+        from memtop.export.metrics import render
+
+        families = {f.name: f for f in render(observation)}
+        (share,) = families["memtop_process_budget_share"].samples
+        assert share.value == 0.92 and share.labels["pid"] == str(device.pid)
+        assert share.labels["setting"] == "--gpu-memory-utilization 0.92"
+        (kind,) = families["memtop_process_workload_info"].samples
+        assert (kind.labels["kind"], kind.labels["engine"]) == ("server", "vllm")
+
         # --once --json: the same verdict, and the process's kind, engine, share and setting.
         out = subprocess.run(
             [sys.executable, "-m", "memtop", "--once", "--json", "--socket-dir", str(socket_dir)],
