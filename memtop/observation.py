@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuFacts
 from memtop.diagnosis.facts import ReadsSample
 from memtop.diagnosis.stability import Stabilizer
+from memtop.diagnosis.suggestions import host_leak_suggestions
 from memtop.diagnosis.workload import Workload, recognise
 from memtop.jobs import JobIdentity, job_identity
 from memtop.model import (
@@ -36,6 +37,8 @@ from memtop.model import (
     DeviceReading,
     DriverReading,
     GpuProcess,
+    HostMemory,
+    Severity,
     host_of,
 )
 from memtop.sources.processes import ProcessInfo
@@ -101,6 +104,16 @@ class AgentObservation:
     step: int | None
     devices: tuple[AgentDeviceObservation, ...]
     info: ProcessInfo | None  # owner and command line, when visible
+    # Its own host memory (a CPU trainer's only memory figure): the newest reading, and the
+    # windows the detail screen draws (RSS per sample; RSS right after each step).
+    host_memory: HostMemory | None = None
+    host_history: DeviceHistory = field(default_factory=DeviceHistory)
+
+    @property
+    def cpu_only(self) -> bool:
+        """Sampled, and no CUDA device in use: cleanup, snapshots and stacks have nothing to
+        act on (they are CUDA's caching allocator's)."""
+        return self.live and not self.devices and self.host_memory is not None
 
     @property
     def live(self) -> bool:
@@ -357,16 +370,21 @@ class Observer:
                     step=agent.step,
                     devices=tuple(devices),
                     info=infos.get(agent.pid),
+                    host_memory=agent.host_memory,
+                    host_history=_host_history(agent),
                 )
             )
 
         gpus = _gpus(view, reading, [d for a in agents if a.live for d in a.devices])
         facts = tuple(_facts(g, infos) for g in gpus)
+        hosts = self.diagnoser.diagnose_hosts(view, now)
+        suggestions = (*self.stabilizer.suggest(facts, now), *host_leak_suggestions(hosts.values()))
         diagnosis = Diagnosis(
             time=now,
             devices={(d.pid, d.index): d for d in diagnosed.values()},
             gpus=facts,
-            suggestions=tuple(self.stabilizer.suggest(facts, now)),
+            suggestions=tuple(sorted(suggestions, key=lambda s: -Severity(s.severity).rank)),
+            hosts=hosts,
         )
         self.builds += 1
         return Observation(
@@ -407,6 +425,19 @@ def _driver_uuids(
         return by_bus.get(declared.pci_bus_id, dev.uuid)
 
     return resolve
+
+
+def _host_history(agent: AgentView) -> DeviceHistory:
+    """A process's RSS per sample (as `allocated`) and right after each step (as the marks'
+    `allocated`): the detail screen's host memory chart."""
+    rows, marks = agent.host_history, agent.host_marks
+    return DeviceHistory(
+        time=rows.get("time", ())[-HISTORY_ROWS:],
+        allocated=rows.get("rss", ())[-HISTORY_ROWS:],
+        mark_step=marks.get("step", ())[-MARK_ROWS:],
+        mark_time=marks.get("time", ())[-MARK_ROWS:],
+        mark_allocated=marks.get("rss", ())[-MARK_ROWS:],
+    )
 
 
 def _agent_device(

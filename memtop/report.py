@@ -35,7 +35,7 @@ def build(observation: Observation) -> dict[str, Any]:
             "driver_version": obs.driver_version,
         },
         "devices": [_device(gpu, obs) for gpu in obs.gpus],
-        "agents": [_agent(agent) for agent in obs.agents],
+        "agents": [_agent(agent, obs) for agent in obs.agents],
         "suggestions": [s.as_dict() for s in obs.suggestions],
         "problems": list(obs.problems),
         "events": list(obs.events),
@@ -73,7 +73,7 @@ def _device(gpu: GpuObservation, obs: Observation) -> dict[str, Any]:
     }
 
 
-def _agent(agent: AgentObservation) -> dict[str, Any]:
+def _agent(agent: AgentObservation, obs: Observation) -> dict[str, Any]:
     hello = agent.hello
     devices = []
     for dev in agent.devices:
@@ -121,12 +121,28 @@ def _agent(agent: AgentObservation) -> dict[str, Any]:
         "engine": workload.engine if workload else None,
         "devices": devices,
         "job": job.as_json() if (job := agent.job) is not None else None,
+        # Its own host memory, where the agent reports it: RSS now, its peak, and for a process
+        # that uses no CUDA device, the leak verdict on its RSS after each step.
+        "host": _host(agent, obs),
         # Live memory by the user's line, per device (stack recording on; DESIGN §12).
         "sites": [
             {"device": dev.index, **trend.as_dict()}
             for dev in agent.devices
             for trend in dev.diagnosis.sites
         ],
+    }
+
+
+def _host(agent: AgentObservation, obs: Observation) -> dict[str, Any] | None:
+    memory = agent.host_memory
+    if memory is None:
+        return None
+    verdict = obs.diagnosis.hosts.get(agent.pid)
+    return {
+        "rss_bytes": memory.rss_bytes,
+        "peak_rss_bytes": memory.peak_rss_bytes,
+        "total_bytes": memory.total_bytes,
+        "leak": verdict.leak.as_dict() if verdict is not None else None,
     }
 
 

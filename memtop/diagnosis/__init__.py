@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from memtop.diagnosis.facts import DeviceDiagnosis, GpuFacts
+from memtop.diagnosis.facts import DeviceDiagnosis, GpuFacts, HostDiagnosis
 from memtop.diagnosis.fragmentation import (
     GAUGE_SAMPLES,
     PRESSURE_WINDOW_S,
@@ -38,6 +38,7 @@ __all__ = [
     "Diagnoser",
     "Diagnosis",
     "GpuFacts",
+    "HostDiagnosis",
     "LeakEstimate",
     "Suggestion",
 ]
@@ -57,6 +58,8 @@ class Diagnosis:
     devices: dict[tuple[int, int], DeviceDiagnosis]  # by (pid, device index)
     gpus: tuple[GpuFacts, ...]
     suggestions: tuple[Suggestion, ...]
+    # Host memory of the processes that use no CUDA device (CPU trainers), by pid.
+    hosts: dict[int, HostDiagnosis] = field(default_factory=dict)
 
     def device(self, pid: int, index: int) -> DeviceDiagnosis | None:
         return self.devices.get((pid, index))
@@ -71,10 +74,43 @@ class Diagnoser:
 
     leak_refresh_s: float = LEAK_REFRESH_S
     _leaks: dict[tuple[int, int], tuple[float, LeakEstimate]] = field(default_factory=dict)
+    _host_leaks: dict[int, tuple[float, LeakEstimate]] = field(default_factory=dict)
 
     def forget(self) -> None:
         """Judge every device anew next time (see Observer.forget)."""
         self._leaks.clear()
+        self._host_leaks.clear()
+
+    def diagnose_hosts(self, view: RoundView, now: float) -> dict[int, HostDiagnosis]:
+        """The host memory of each agent that uses no CUDA device (a CPU trainer), by pid: its
+        RSS after each step is its baseline, judged as a device's allocated bytes are."""
+        hosts: dict[int, HostDiagnosis] = {}
+        for agent in view.agents:
+            memory = agent.host_memory
+            if agent.devices or memory is None:
+                continue
+            cached = self._host_leaks.get(agent.pid)
+            if cached is not None and 0 <= now - cached[0] < self.leak_refresh_s:
+                leak = cached[1]
+            else:
+                marks, history = agent.host_marks, agent.host_history
+                headroom = (
+                    max(0, memory.total_bytes - memory.rss_bytes) if memory.total_bytes else None
+                )
+                leak = detect(
+                    _newest(marks, "step", MAX_MARKS),
+                    _newest(marks, "time", MAX_MARKS),
+                    _newest(marks, "rss", MAX_MARKS),
+                    _newest(history, "time"),
+                    _newest(history, "rss"),
+                    headroom_bytes=headroom,
+                )
+                self._host_leaks[agent.pid] = (now, leak)
+            hosts[agent.pid] = HostDiagnosis(
+                agent.pid, memory.rss_bytes, memory.peak_rss_bytes, memory.total_bytes, leak
+            )
+        self._host_leaks = {k: v for k, v in self._host_leaks.items() if k in hosts}
+        return hosts
 
     def diagnose_devices(
         self, view: RoundView, now: float

@@ -108,6 +108,19 @@ class DeviceDiagnosis(ReadsSample):
 
 
 @dataclass(frozen=True, slots=True)
+class HostDiagnosis:
+    """A process's own host memory (a CPU trainer's only memory): its resident set now, and the
+    leak verdict on its RSS right after each step (the host's per-step baseline), or over time
+    without steps."""
+
+    pid: int
+    rss_bytes: int | None
+    peak_rss_bytes: int | None
+    total_bytes: int | None  # the machine's memory
+    leak: LeakEstimate
+
+
+@dataclass(frozen=True, slots=True)
 class GpuFacts:
     """One physical GPU: the driver's view and every agent device on it."""
 

@@ -16,6 +16,7 @@ from typing import Any
 from memtop.diagnosis.facts import (
     DeviceDiagnosis,
     GpuFacts,
+    HostDiagnosis,
     has_expandable_segments,
     parse_allocator_conf,
     uses_async_backend,
@@ -87,6 +88,7 @@ class RuleId(Choice):
     EIGHT_BIT_OPTIMIZER = "8bit_optimizer"
     BF16_PARAMETERS = "bf16_parameters"
     BIGGER_BATCH = "bigger_batch"
+    HOST_LEAK = "host_leak"  # a CPU trainer's RSS after each step grows
 
 
 class EffectKind(Choice):
@@ -405,6 +407,7 @@ OOM_CAUSES = {
     "fragmentation": "fragmentation",
     "another_process": "another process holds the GPU",
     "outside_pytorch": "memory outside PyTorch in this process",
+    "unknown_holder": "memory outside PyTorch, whose is not known",
     "too_big": "the step does not fit",
 }
 
@@ -560,6 +563,13 @@ LEAK_CULPRITS = (
 )
 
 
+LEAK_WITHOUT_STACKS = (
+    "Which line it is, memtop cannot tell without stack recording (off): press w on the "
+    "process (or run it with MEMTOP_STACKS=1) and the line whose blocks outlive their step is "
+    "named."
+)
+
+
 LEAK_AT_SITE = (
     "Something keeps what that line returns alive across steps: a list it is appended to, a "
     "running total with its graph (`total += loss`: use `loss.item()`), an output stored for "
@@ -594,6 +604,9 @@ def _leak(agent: DeviceDiagnosis, gpu: GpuFacts, held: bool) -> Finding | None:
     if estimate.steps_to_full is not None:
         eta += f" ({estimate.steps_to_full} steps)"
     title, detail = f"Leak: {rate}{eta}", LEAK_CULPRITS
+    if not agent.sites:
+        # Which of those it is rests on a reading memtop does not have: say which and how.
+        detail = f"{LEAK_CULPRITS} {LEAK_WITHOUT_STACKS}"
     culprit = leaking_site(agent.sites)
     named = site_name(_site_dict(culprit.site)) if culprit is not None else None
     if culprit is not None and named is not None:
@@ -874,6 +887,71 @@ bigger_batch = Rule(
     veto=bigger_batch_vetoed,
 )
 
+
+def _no_gpu_findings(gpu: GpuFacts, held: Held) -> Iterator[tuple[int | None, int | None, Finding]]:
+    """A rule judged on processes, not GPUs (host_leak_suggestions): nothing per GPU."""
+    return iter(())
+
+
+host_leak = Rule(
+    RuleId.HOST_LEAK,
+    _no_gpu_findings,
+    effect_words="+{}/hour",
+    effect_kind=EffectKind.GROWTH,
+    short_title="host leak",
+)
+
+HOST_LEAK_CULPRITS = (
+    "Something keeps each step's tensors alive in host memory: a loss or logits kept with "
+    "their graph (`losses.append(loss)`: append `loss.item()`, or `.detach()` what you keep), "
+    "outputs appended to a list, a cache keyed by step, hooks that store their inputs."
+)
+
+
+def host_leak_suggestions(hosts: Iterable[HostDiagnosis]) -> list[Suggestion]:
+    """A CPU trainer whose RSS after each step grows (DESIGN §5's leak, on host memory)."""
+    found = []
+    for host in hosts:
+        estimate = host.leak
+        if not estimate.detected:
+            continue
+        seconds = estimate.seconds_to_full
+        severity = (
+            EMERGENCY
+            if seconds is not None and seconds < 300
+            else CRITICAL
+            if seconds is not None and seconds < 3600
+            else WARNING
+        )
+        if estimate.bytes_per_step is not None:
+            rate = f"+{format_bytes(estimate.bytes_per_step)} per step"
+            basis = "the resident set right after each step grows"
+        else:
+            rate = f"+{format_bytes((estimate.bytes_per_second or 0) * 60)}/min"
+            basis = "the lowest resident set over time grows (no steps seen)"
+        eta = f", machine full in ~{format_duration(seconds)}" if seconds is not None else ""
+        found.append(
+            Suggestion(
+                RuleId.HOST_LEAK,
+                severity,
+                host.pid,
+                None,
+                f"Host memory leak: {rate}{eta}",
+                HOST_LEAK_CULPRITS,
+                (
+                    f"RSS {format_bytes(host.rss_bytes)}; confidence "
+                    f"{100 * estimate.confidence:.1f} % over {estimate.samples} samples; {basis}"
+                ),
+                effect_bytes=(
+                    round(estimate.bytes_per_second * 3600)
+                    if estimate.bytes_per_second is not None
+                    else None
+                ),
+            )
+        )
+    return found
+
+
 RULES: tuple[Rule, ...] = (
     usage,
     out_of_memory,
@@ -885,6 +963,7 @@ RULES: tuple[Rule, ...] = (
     eight_bit_optimizer,
     bf16_parameters,
     bigger_batch,
+    host_leak,
 )
 RULES_BY_ID: dict[str, Rule] = {rule.id: rule for rule in RULES}
 # The vetoes by rule, for memtop.diagnosis.stability (each is its rule record's).

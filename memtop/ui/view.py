@@ -8,11 +8,11 @@ them needs no Textual, so tests can check the joins and the wording without a te
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from memtop.diagnosis import DeviceDiagnosis, Suggestion
+from memtop.diagnosis import DeviceDiagnosis, HostDiagnosis, Suggestion
 from memtop.diagnosis.leak import LeakBasis
 from memtop.diagnosis.suggestions import EffectKind, RuleId
 from memtop.job_groups import JobGroup, job_groups
@@ -185,6 +185,9 @@ class ProcessRow:
     rocm: str | None = None  # the HIP version when its torch is a ROCm build (AMD GPUs)
     host: str = ""  # the machine it runs on, short, when not this one (the fleet view)
     job: str = ""  # its scheduler job or rendezvous, compact (memtop.jobs): "slurm 4242"
+    # An agent that uses no CUDA device (a CPU trainer): judged by its host memory, and the
+    # keys that act on CUDA's caching allocator (cleanup, snapshot, stacks) have nothing to do.
+    cpu_only: bool = False
 
     @property
     def last_known(self) -> bool:
@@ -260,7 +263,9 @@ def build(
     flagged = {(s.pid, s.device) for s in obs.suggestions if s.rule == RuleId.EXPANDABLE_SEGMENTS}
     gpus = tuple(_gpu_row(gpu, flagged) for gpu in obs.gpus)
     users = users if users is not None else {}
-    processes = tuple(_process_row(entry, my_uid, users, obs.time) for entry in obs.entries)
+    processes = tuple(
+        _process_row(entry, my_uid, users, obs.time, obs.diagnosis.hosts) for entry in obs.entries
+    )
     if not sampled:
         state = WAITING
     elif not gpus and not obs.agents:
@@ -345,7 +350,17 @@ def nothing_to_suggest(obs: Observation) -> str:
         # CPU only when the agents say they see no CUDA device; else their first samples are
         # still on the way.
         if all(a.hello is not None and not a.hello.devices for a in live):
-            return "Nothing to judge: the PyTorch processes use no GPU (CPU only)."
+            # Judged by their host memory (RSS after each step) once there are steps enough.
+            hosts = [obs.diagnosis.hosts.get(a.pid) for a in live]
+            if hosts and all(h is not None and h.leak.basis != LeakBasis.NONE for h in hosts):
+                return (
+                    "Nothing to suggest: the PyTorch processes use no GPU (CPU only); their "
+                    "host memory after each step is steady."
+                )
+            return (
+                "Nothing to judge yet: the PyTorch processes use no GPU (CPU only); their host "
+                "memory is judged after a few dozen steps."
+            )
         return COLLECTING
     if any(d.diagnosis.leak.basis == LeakBasis.NONE for d in devices):
         return COLLECTING
@@ -492,7 +507,11 @@ def short_command(argv: Sequence[str]) -> str:
 
 
 def _process_row(
-    entry: ProcessEntry, my_uid: int, users: MutableMapping[int, str], now: float
+    entry: ProcessEntry,
+    my_uid: int,
+    users: MutableMapping[int, str],
+    now: float,
+    hosts: Mapping[int, HostDiagnosis] | None = None,
 ) -> ProcessRow:
     info = entry.info
     own = info is not None and info.uid == my_uid
@@ -544,6 +563,11 @@ def _process_row(
     if dev is not None and dev.diagnosis.leak.detected and state == ProcessState.AGENT:
         leak = dev.diagnosis.leak
         trend = leak_label(leak.bytes_per_step, leak.bytes_per_second, None, short=True)
+    own_host = (hosts or {}).get(agent.pid)
+    if dev is None and own_host is not None and own_host.leak.detected and state == "agent":
+        # A CPU trainer: its verdict is on its host memory (RSS after each step).
+        leak = own_host.leak
+        trend = "host " + leak_label(leak.bytes_per_step, leak.bytes_per_second, None, short=True)
     # Without a device (an agent that has not sampled yet, or cannot be reached) the row keeps
     # its process and agent columns and leaves the GPU's blank.
     return ProcessRow(
@@ -567,6 +591,7 @@ def _process_row(
         trend=trend,
         own=own,
         rocm=agent.hip,
+        cpu_only=agent.cpu_only,
     )
 
 
@@ -769,6 +794,19 @@ def build_detail(obs: Observation, row: ProcessRow, gpu_uuid: str | None) -> Det
                 trend_line = _trend_line(history, dev.diagnosis, newest, times[0])
         agent = obs.agent(row.pid)
         conf = agent.allocator_conf if agent is not None else ""
+    elif (agent := obs.agent(row.pid)) is not None and agent.host_history.time:
+        # No CUDA device (a CPU trainer): its host memory is its history.
+        history = agent.host_history
+        times = history.time[-DETAIL_SAMPLES:]
+        newest = times[-1]
+        skip = len(history.time) - len(times)
+        series.append(_series("RSS", times, history.allocated[skip:], newest))
+        mark_times = [t for t in history.mark_time if t >= times[0]]
+        if mark_times:
+            first = len(history.mark_time) - len(mark_times)
+            series.append(
+                _series("RSS after step", mark_times, history.mark_allocated[first:], newest, min)
+            )
     elif gpu_uuid is not None:
         gpu = obs.gpu(gpu_uuid)
         if gpu is not None and gpu.used_history[0]:
