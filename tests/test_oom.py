@@ -203,6 +203,12 @@ def test_diagnosis_names_each_cause():
     flat = _marks([10 * GiB] * 20, [30 * GiB] * 20)
     verdict = diagnose(_report(recent=flat))
     assert verdict["cause"] == "too_big" and "memtop estimate" in verdict["fix"]
+    # Which fix helps most rests on the breakdown: without one it says so (issue 31, item 7);
+    # with one, the largest part leads.
+    assert "which helps most is not known: no breakdown" in verdict["fix"]
+    measured = {"parameters": 8 * GiB, "optimizer_state": 40 * GiB, "other": 20 * GiB}
+    led = diagnose(_report(recent=flat, breakdown=measured))["fix"]
+    assert led.startswith("an 8-bit optimizer (its state is the largest part)"), led
     assert "needed 2.0 GiB in backward at step 100 with 1.0 GiB free" in verdict["detail"]
     # Fragmentation: 5.2 GiB free in the cache, no block over 1.4 GiB.
     frag = _report(

@@ -186,6 +186,36 @@ def leak_rate(recent: list[dict[str, Any]]) -> tuple[float, int] | None:
     return None
 
 
+# What each part of the memory, when it is the largest, is cut by.
+PART_FIXES = {
+    "optimizer_state": "an 8-bit optimizer (its state is the largest part)",
+    "parameters": "bf16 weights (the parameters are the largest part)",
+    "gradients": "bf16 gradients or gradient accumulation over smaller batches",
+    "other": "gradient checkpointing or a smaller batch (activations are the largest part)",
+}
+
+
+def _too_big_fix(breakdown: object) -> str:
+    """The fix for a step that does not fit: led by the largest part of the breakdown when the
+    agent had measured one; without it, which fix helps most is not known, and it says so."""
+    generic = (
+        "a smaller batch, gradient checkpointing, bf16 weights or an 8-bit optimizer; "
+        "`memtop estimate` says what fits"
+    )
+    parts = {
+        key: value
+        for key, value in (breakdown.items() if isinstance(breakdown, dict) else ())
+        if key in PART_FIXES and isinstance(value, int | float) and value > 0
+    }
+    if not parts:
+        return (
+            f"{generic} (which helps most is not known: no breakdown was measured before this "
+            "OOM; the agent measures one after an optimizer step)"
+        )
+    largest = max(parts, key=lambda key: parts[key])
+    return f"{PART_FIXES[largest]}, else {generic}"
+
+
 def diagnose(report: dict[str, Any]) -> dict[str, Any]:
     """{cause, detail, fix, also}: what the user reads first, and the other causes in view."""
     requested = _int(report, "requested_bytes") or 0
@@ -326,10 +356,7 @@ def diagnose(report: dict[str, Any]) -> dict[str, Any]:
                     f"{headline}: {format_bytes(allocated)} allocated{room}; "
                     "the step needs more than the GPU has"
                 ),
-                "fix": (
-                    "a smaller batch, gradient checkpointing, bf16 weights or an 8-bit "
-                    "optimizer; `memtop estimate` says what fits"
-                ),
+                "fix": _too_big_fix(report.get("breakdown")),
             }
         )
     verdict = dict(found[0])
