@@ -73,6 +73,10 @@ TIME_BINS = 40
 # checked against this many segments' minima (the floor must be that line in each, within
 # 1/FLOOR_NOISE_MULTIPLE of the growth, and still rise in the newer half).
 FLOOR_SEGMENTS = 8
+# ... over at least this long: it is for the slow leaks the window minima cannot see, and a
+# server's first minutes (a KV cache filling with the first requests) are not a trend yet.
+FLOOR_MIN_SECONDS = 300.0
+FLOOR_MIN_TOUCHED = 3  # segments with a vertex of the hull
 FLOOR_NOISE_MULTIPLE = 3.0
 # ... and the window minima must rise with it, if not significantly on their own (z ≥ this):
 # a line under a server's rare idle moments between bursts is not every step's floor.
@@ -299,7 +303,7 @@ def _floor_line(times: Sequence[float], allocated: Sequence[float]) -> float | N
     its samples (hundreds of MiB under a 12 GiB step at 1 Hz), while the line under all the
     samples misses it by about that over all of them."""
     n = len(times)
-    if n < FLOOR_SEGMENTS * 8 or times[-1] - times[0] < MIN_HISTORY_SECONDS:
+    if n < FLOOR_SEGMENTS * 8 or times[-1] - times[0] < FLOOR_MIN_SECONDS:
         return None
     slope = _hull_slope(times, allocated)
     half = n // 2
@@ -315,6 +319,15 @@ def _floor_line(times: Sequence[float], allocated: Sequence[float]) -> float | N
         return None  # levelling off: a cache filling to its size, a warm-up
     growth = slope * (times[-1] - times[0])
     if growth < MIN_GROWTH_BYTES:
+        return None
+    # The floor is touched along the way, not only at the two ends: a line from the lowest
+    # sample before a rise to the newest ones (a server idle once early, busy since) is not.
+    span = times[-1] - times[0]
+    touched = {
+        min(FLOOR_SEGMENTS - 1, int((t - times[0]) / span * FLOOR_SEGMENTS))
+        for t, _ in _lower_hull(times, allocated)
+    }
+    if len(touched) < FLOOR_MIN_TOUCHED:
         return None
     gaps = []
     for k in range(FLOOR_SEGMENTS):
