@@ -37,6 +37,7 @@ from memtop.model import (
     StepMark,
 )
 from memtop.observation import Observer
+from memtop.protocol.schema import parse_breakdown
 from memtop.sources.agents import CONNECTED, AgentPoll
 from memtop.store import Store
 
@@ -89,7 +90,8 @@ def filled_store(gpus: int, agents: int, seconds: int) -> Store:
         store.update_agents(polls, T0 + t + 0.01)
     for pid in pids:
         parts = {"parameters": 3 * GiB, "gradients": 3 * GiB, "optimizer_state": 6 * GiB}
-        store.update_breakdown(pid, {"devices": {"0": {**parts, "other": GiB}}}, T0 + seconds)
+        reply = parse_breakdown({"devices": {"0": {**parts, "other": GiB}}})
+        store.update_breakdown(pid, reply, T0 + seconds)
     return store
 
 

@@ -350,7 +350,7 @@ def main() -> int:
     )
     section(
         "commands",
-        [py, str(BENCH / "agent_commands.py"), "--device", "cuda", "--seconds", "2"],
+        [py, str(BENCH / "agent_commands.py"), "--device", "cuda"],
         120,
         parse_json,
     )

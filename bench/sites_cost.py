@@ -9,7 +9,10 @@ Prints, JSON last:
 - the simulated `leak` trainer's step time with stacks off and on (medians), and the agent's own
   share of the step with stacks on (its step hook with the switch and the grouping rounds
   amortised; the rest is the allocator recording frames, which on CUDA is torch's own cost);
-- one grouping round (ms) and the blocks it walked.
+- one grouping round (ms) and the blocks it walked;
+- the history of rounds (DESIGN §13), every round kept (HISTORY_EVERY_S = 0, the worst case for
+  the trainer's thread, which sizes each kept round as JSON): the rounds and bytes kept, and what
+  a viewer's first `sites` request costs the agent thread (the reply built and framed, µs).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from memtop.agent import sites, stacks  # noqa: E402
 from memtop.agent.probe import ProbeDevice  # noqa: E402
 from memtop.agent.server import Agent  # noqa: E402
+from memtop.protocol import encode_frame  # noqa: E402
 from memtop.sim.allocator import SimulatedCachingAllocator  # noqa: E402
 from memtop.sim.device import LocalDeviceMemory  # noqa: E402
 from memtop.sim.probe import SimulatedGpu, SimulatedProbe  # noqa: E402
@@ -94,9 +98,26 @@ def trainer_cost(stacks_on: bool, steps: int) -> dict[str, float]:
             "grouping_ms_total": agent.sites.total_s * 1e3,
             "blocks_last_round": (agent.sites.latest or {}).get("blocks", 0),
             "hook_us_per_step": agent.boundary.hook_ns / max(1, agent.boundary.hook_calls) / 1e3,
+            **(history_cost(agent) if stacks_on else {}),
         }
     finally:
         agent.stop()
+
+
+def history_cost(agent: Agent, calls: int = 200) -> dict[str, float]:
+    """The kept rounds, and a first `sites` reply with them built and framed (agent thread)."""
+    kept = getattr(agent.sites, "history", None)
+    if kept is None:
+        return {}  # an agent without a history (before DESIGN §13)
+    started = time.perf_counter()
+    for _ in range(calls):
+        frame = encode_frame({"id": 1, "ok": True, "result": agent.sites.result(history=True)})
+    return {
+        "history_rounds": len(kept),
+        "history_bytes": sum(n for _, n in kept),
+        "first_reply_bytes": len(frame),
+        "first_reply_us": (time.perf_counter() - started) / calls * 1e6,
+    }
 
 
 def main() -> int:
@@ -105,6 +126,7 @@ def main() -> int:
     args = parser.parse_args()
     # Rounds as often as they may come, so that a short run sees several.
     sites.MIN_INTERVAL_S = 0.5
+    sites.HISTORY_EVERY_S = 0.0  # every round kept (an agent before DESIGN §13 ignores it)
     result = {
         "oom_stack_capture_us": round(capture_cost(), 1),
         "sim_malloc_free_us_history_off": round(malloc_cost(False), 2),

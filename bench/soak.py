@@ -11,8 +11,8 @@ What it runs, all at once for `--seconds`:
   the optimizer's tensors that once crashed trainers really runs.
 - M viewer processes (they never import torch, like memtop): each keeps one connection to every
   agent and sends `sample` at 10 Hz, and between samples `breakdown`, `snapshot` (to a file),
-  `cleanup`, `reset_peak` and `sites` (stacks on) as fast as the agent allows (it answers
-  `rate_limited` when not).
+  `cleanup`, `reset_peak` and `sites` (stacks on, with its history) as fast as the agent allows
+  (it answers `rate_limited` when not).
 
 What it prints, JSON last:
 - trainer crashes (a non-zero exit, a signal or a faulthandler dump): must be 0;
@@ -181,7 +181,9 @@ def viewer_main(pids: list[int], directory: Path, seconds: float, out_dir: Path)
             if cmd == "cleanup":
                 args = {"wait_s": 2.0}
             if cmd == "sites":
-                args = {"stacks": True}  # stack recording asked on, as the dashboard's key does
+                # Stack recording asked on, as the dashboard's key does, and every time the
+                # kept rounds too (the heaviest `sites` reply: a connection's first).
+                args = {"stacks": True, "history": True}
             result = ask(pid, "hammer", cmd, args)
             fresh = (
                 cmd == "breakdown"
@@ -268,6 +270,19 @@ def _agent_threads(pid: int) -> list[int]:
         return []
 
 
+def _agent_thread_id(pid: int, sockets: Path) -> int | None:
+    """The agent thread's native id from its `hello` (None from an agent that does not say)."""
+    from memtop.sources.agents import AgentClient
+
+    try:
+        with AgentClient(pid, directory=sockets, timeout=5) as client:
+            client.connect()
+            tid = client.request("hello", timeout=5).get("agent_thread_id")
+    except Exception:
+        return None
+    return tid if isinstance(tid, int) and tid > 0 else None
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="mt-soak-"))
     sockets = work / "s"
@@ -304,7 +319,7 @@ def _soak(
     viewers: list[subprocess.Popen[str]],
 ) -> dict[str, Any]:
     for _ in range(args.trainers):
-        command = [sys.executable, "-m", "memtop", "run", str(Path(__file__).resolve())]
+        command = children.python_command("memtop", "run", str(Path(__file__).resolve()))
         agents.append(_spawn(command + trainer_args, env, work))
         if not args.no_control:
             controls.append(_spawn(me + trainer_args, env, work))
@@ -316,6 +331,7 @@ def _soak(
         time.sleep(0.05)
     time.sleep(1.0)  # the agents' threads are up
     start_counts = {pid: _proc_counts(pid) for pid in pids}
+    agent_tids = {pid: _agent_thread_id(pid, sockets) for pid in pids}
     viewer_command = [*me, "--viewer", "--seconds", str(args.seconds - 2), "--socket-dir"]
     viewer_command += [str(sockets), "--out", str(work), "--pids", ",".join(map(str, pids))]
     viewers.extend(_spawn(viewer_command, env, work) for _ in range(args.viewers))
@@ -334,7 +350,12 @@ def _soak(
                 end_counts[pid] = counts
                 old = max_counts.get(pid, (0, 0))
                 max_counts[pid] = (max(old[0], counts[0]), max(old[1], counts[1]))
-                for tid in _agent_threads(pid):
+                # The agent's own thread, as its hello names it: on CUDA a trainer has threads
+                # of its own (autograd's device thread, the driver's), which counted as the
+                # agent's here once (37 % "agent CPU" on an H200).  Every non-main thread where
+                # an agent does not say which is its own.
+                tid_named = agent_tids.get(pid)
+                for tid in [tid_named] if tid_named else _agent_threads(pid):
                     ticks = _cpu_ticks(f"/proc/{pid}/task/{tid}/stat")
                     if ticks:
                         agent_ticks[pid][tid] = ticks

@@ -23,8 +23,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from memtop.model import ProcessInfo
 from memtop.observation import Observer
-from memtop.sources.processes import ProcessInfo
 from memtop.store import Store
 
 T = TypeVar("T")
@@ -107,6 +107,36 @@ class Feed(Protocol):
         """Signal one of the user's own processes, if `may_signal` allows and the pid still
         runs what the user saw (`expected`, its ProcessInfo); blocks briefly (a worker's)."""
         ...
+
+
+class Recording(Protocol):
+    """What a replay's header reads of its recording (memtop.sources.replay.Recording)."""
+
+    @property
+    def duration(self) -> float: ...
+
+
+class PlaybackFeed(Feed, Protocol):
+    """A feed with a time cursor: the replay's (memtop.playback.Player).  The replay app drives
+    it through this face, so the UI loads none of the recording's readers."""
+
+    cursor: float  # unix time of the moment shown
+    speed: float
+
+    @property
+    def recording(self) -> Recording: ...
+
+    @property
+    def offset(self) -> float: ...
+
+    @property
+    def at_end(self) -> bool: ...
+
+    def clock(self) -> float: ...
+
+    def step_by(self, seconds: float) -> None: ...
+
+    def faster(self, up: bool) -> float: ...
 
 
 class FeedLoop:

@@ -29,16 +29,17 @@ from memtop.diagnosis.leak import LeakBasis, LeakEstimate
 from memtop.feed import ActionReply, FeedLoop, refused
 from memtop.model import (
     AgentDeviceSample,
+    AgentPoll,
     AgentSample,
     AgentStatus,
     DeviceReading,
     DriverReading,
     HostPid,
+    ProcessInfo,
     host_of,
 )
 from memtop.observation import Observation, Observer
-from memtop.sources.agents import AgentPoll
-from memtop.sources.processes import ProcessInfo
+from memtop.protocol.schema import parse_breakdown
 from memtop.sources.prometheus import FleetReading, HostReading, PrometheusSource
 from memtop.store import AgentDeviceView, AgentView, Store
 from memtop.units import short_host
@@ -181,7 +182,7 @@ def _feed(store: Store, reading: HostReading, polls: Sequence[AgentPoll], driver
         store.update_driver(driver, reading.time)
         store.update_agents(polls, reading.time)
         for pid, reply in reading.breakdowns.items():
-            store.update_breakdown(pid, reply, reading.time)
+            store.update_breakdown(pid, parse_breakdown(reply), reading.time)
 
 
 def host_observation(reading: HostReading) -> Observation:
@@ -263,7 +264,7 @@ class FleetSampler(FeedLoop):
             self.store.update_processes(dict(infos))
             self.store.update_agents(reading.polls, reading.time)
             for pid, reply in reading.breakdowns.items():
-                self.store.update_breakdown(pid, reply, reading.time)
+                self.store.update_breakdown(pid, parse_breakdown(reply), reading.time)
         self.store.update_driver(
             DriverReading(available=bool(devices), devices=tuple(devices), source="prometheus"),
             max((h.time for h in fleet.hosts), default=time.time()),

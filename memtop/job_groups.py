@@ -2,9 +2,10 @@
 torchrun rendezvous (MASTER_ADDR:MASTER_PORT with WORLD_SIZE), else their pod set.
 
 Pure: a function of observations (one per host in the fleet view, or the local one), keyed by
-(host, pid) so that equal pids on two hosts stay two ranks.  One `JobGroup` per job: its ranks,
-hosts, the spread of the ranks' peaks and the rank that leaks.  What drifts apart is judged from
-these groups (memtop.diagnosis rule `rank_drift`, fed by `rank_peaks`).
+(host, pid) so that equal pids on two hosts stay two ranks, and grouped per owner as well as per
+job: another user's trainers claiming our Slurm job id are a job of their own.  One `JobGroup`
+per job: its ranks, hosts, the spread of the ranks' peaks and the rank that leaks.  What drifts
+apart is judged from these groups (memtop.diagnosis rule `rank_drift`, fed by `rank_peaks`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ class JobGroup:
     key: tuple[str, ...]
     label: str
     ranks: tuple[RankView, ...]
+    # The uid running its ranks (None: not known): a job is one user's, whatever job id another
+    # user's trainers claim.
+    owner: int | None = None
 
     @property
     def hosts(self) -> tuple[str, ...]:
@@ -87,6 +91,7 @@ class JobGroup:
         return {
             "key": list(self.key),
             "label": self.label,
+            "owner": self.owner,
             "hosts": list(self.hosts),
             "ranks": [
                 {"host": r.host, "pid": r.pid, "rank": r.rank, "peak_bytes": r.peak_bytes}
@@ -145,7 +150,10 @@ def job_groups(observations: Iterable[Observation]) -> list[JobGroup]:
     """Every job with at least one live rank in view, its ranks in rank order; keyed by
     (host, pid), so one pid on two hosts is two ranks.  One observation per host (the report),
     or the fleet dashboard's one observation whose pids are `HostPid`s."""
-    found: dict[tuple[str, ...], tuple[str, dict[tuple[str, int], RankView]]] = {}
+    found: dict[
+        tuple[int | None, tuple[str, ...]],
+        tuple[str, str | None, dict[tuple[str, int], RankView]],
+    ] = {}
     for observation in observations:
         for agent in observation.agents:
             # The fleet dashboard's one merged observation keys every pid with its host.
@@ -154,12 +162,19 @@ def job_groups(observations: Iterable[Observation]) -> list[JobGroup]:
             key = job.group_key if job is not None and agent.live else None
             if job is None or key is None:
                 continue
-            label, ranks = found.setdefault(key, (_group_label(key, job), {}))
+            # Per owner: another user's trainers claiming the same job id are not its ranks.
+            info = agent.info
+            owner = info.uid if info is not None else None
+            user = info.user if info is not None else None
+            _, _, ranks = found.setdefault((owner, key), (_group_label(key, job), user or None, {}))
             ranks[(host, agent.pid)] = _rank_view(host, agent, job)
+    labels = [label for label, _, _ in found.values()]
     groups = []
-    for key, (label, ranks) in found.items():
+    for (owner, key), (label, user, ranks) in found.items():
         ordered = sorted(ranks.values(), key=lambda r: (r.rank is None, r.rank or 0, r.host, r.pid))
-        groups.append(JobGroup(key, label, tuple(ordered)))
+        if labels.count(label) > 1:  # two users' jobs of one id: say whose each is
+            label = f"{label} of {user or f'uid {owner}'}"
+        groups.append(JobGroup(key, label, tuple(ordered), owner))
     return sorted(groups, key=lambda g: g.label)
 
 

@@ -130,6 +130,40 @@ class GpuProcess:
     kind: str = "compute"  # "compute" or "graphics"
 
 
+def bare_uuid(uuid: str | None) -> str:
+    """A GPU's UUID without NVML's `GPU-`/`MIG-` prefix, lower case: torch gives it bare (CUDA's
+    cuDeviceGetUuid), NVML prefixed, and a MIG instance's may come from either side with either
+    prefix.  Every comparison of an agent's UUID with the driver's goes through this."""
+    text = (uuid or "").strip()
+    for prefix in ("MIG-", "GPU-"):
+        if text[:4].upper() == prefix:
+            text = text[4:]
+    return text.lower()
+
+
+@dataclass(frozen=True, slots=True)
+class MigInfo:
+    """Where a MIG instance sits: its parent GPU's index, its GPU and compute instance ids
+    (DCGM's GPU_I_ID and the CI id), and its profile ("3g.40gb")."""
+
+    parent_index: int
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str
+
+    def label(self) -> str:
+        """ "MIG 3g.40gb #1" (the GPU instance id: DCGM's GPU_I_ID, `--only 0:1`)."""
+        return f"MIG {self.profile} #{self.gpu_instance_id}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "parent_index": self.parent_index,
+            "gpu_instance_id": self.gpu_instance_id,
+            "compute_instance_id": self.compute_instance_id,
+            "profile": self.profile,
+        }
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceReading:
     """What the driver reports for one GPU at one moment."""
@@ -156,6 +190,11 @@ class DeviceReading:
     # AMD's labels.  None: NVIDIA's, or not said.
     vendor: str | None = None
     host: str | None = None  # the machine it is in, when not this one (the fleet view)
+    # A MIG instance: where it sits (its `index` is its parent's).  None: a whole GPU.
+    mig: MigInfo | None = None
+    # A GPU in MIG mode: its instances are devices of their own and carry the processes; the
+    # parent lists none (for a user the driver refuses them, for root they are the instances').
+    mig_mode: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,3 +427,84 @@ class AgentSites:
     sites: tuple[SiteUsage, ...]
     pending: bool = False  # never: the newest grouping is served at once (the pool asks)
     wanted: bool = False  # stacks asked for, switched on at the trainer's next boundary
+    # With `{"history": true}` (a connection's first request, DESIGN §13): the agent's kept
+    # rounds before this one, oldest first, each an AgentSites of its own (no history of its own).
+    history: tuple[AgentSites, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class AgentPoll:
+    """The outcome of polling one agent once (memtop.sources.agents polls; a recording and the
+    fleet reader make them too)."""
+
+    pid: int
+    state: AgentStatus
+    hello: AgentHello | None = None
+    sample: AgentSample | None = None
+    error: str | None = None
+    # Replies to the low-rate commands that arrived this round, parsed by the protocol.
+    breakdown: AgentBreakdown | None = None
+    snapshot: AgentSnapshot | None = None
+    sites: AgentSites | None = None  # live memory by the user's line (DESIGN §12)
+    # The uid owning the socket directory (who runs the agent).
+    owner: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessInfo:
+    """A process as the host shows it (memtop.sources.processes reads it with psutil)."""
+
+    pid: int
+    uid: int | None  # None when the process is not visible here
+    user: str | None
+    cmdline: tuple[str, ...]  # cleaned of control characters (any user's argv may carry some)
+    name: str
+    # When the process started (psutil's create_time): tells a reused pid from the original.
+    create_time: float | None = None
+    ppid: int | None = None  # the launcher of a torchrun rank
+    # Host usage, refreshed every USAGE_EVERY_S (the dashboard's CPU% and RSS columns).
+    cpu_percent: float | None = None
+    rss: int | None = None
+    # What tells an inference server's share (memtop.diagnosis.workload): its launcher's command
+    # line (vLLM's and SGLang's engine processes rename themselves and keep no flags), and the
+    # ENGINE_ENVIRONMENT variables of its environment where /proc lets the viewer read it (the
+    # same user, or root: read, never run); nothing else of either environment is kept.
+    launcher_cmdline: tuple[str, ...] = ()
+    engine_environ: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def command(self) -> str:
+        return " ".join(self.cmdline) if self.cmdline else self.name
+
+    @property
+    def visible(self) -> bool:
+        return self.uid is not None
+
+
+# ------------------------------------------------------------------ who holds a GPU's memory
+# What memtop.sources.owners finds of each pid the driver charges (the accounting of DESIGN §13).
+
+HERE = "here"
+OTHER_NAMESPACE = "other_namespace"
+HIDDEN = "hidden"
+GONE = "gone"
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """A live process that holds a GPU device file open and that the driver does not list."""
+
+    pid: int
+    command: str
+    files: tuple[str, ...]
+    kin: bool  # in the gone pid's process group or session: one of its children, likely
+
+
+@dataclass(frozen=True, slots=True)
+class PidFacts:
+    pid: int
+    state: str  # HERE, OTHER_NAMESPACE, HIDDEN, GONE
+    container: str | None = None  # "container 3f2a9c1b7d4e", "pod 1b2c…" where cgroup says
+    attachable: bool = False
+    why: str = ""  # why it can or cannot take an agent; where it runs; what holds its memory
+    holders: tuple[Holder, ...] = ()

@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuFacts
 from memtop.diagnosis.facts import ReadsSample
@@ -29,7 +29,10 @@ from memtop.diagnosis.suggestions import host_leak_suggestions
 from memtop.diagnosis.workload import Workload, recognise
 from memtop.jobs import JobIdentity, job_identity
 from memtop.model import (
+    GONE,
+    HIDDEN,
     MARK_WINDOW,
+    OTHER_NAMESPACE,
     SOURCE_AGENT,
     AgentDeviceSample,
     AgentHello,
@@ -37,11 +40,14 @@ from memtop.model import (
     DeviceReading,
     DriverReading,
     GpuProcess,
+    Holder,
     HostMemory,
+    MigInfo,
+    ProcessInfo,
     Severity,
+    bare_uuid,
     host_of,
 )
-from memtop.sources.processes import ProcessInfo
 from memtop.store import AgentDeviceView, AgentView, RoundView, Store
 
 # The history windows the screens draw (the store keeps an hour).
@@ -140,6 +146,59 @@ class AgentObservation:
         return job_identity(self.hello.extra) if self.hello is not None else None
 
 
+# The parts of a GPU's used bytes, in order (DESIGN §13, `accounting` in --once --json), and
+# how the screens name them.
+PART_LABELS = {
+    "agents_reserved": "PyTorch's caches (agents' reserved)",
+    "agents_outside_pytorch": "agents' processes outside PyTorch",
+    "no_agent": "processes without an agent",
+    "other_namespace": "processes in other pid namespaces",
+    "other_users": "other users' processes",
+    "gone": "exited pids still charged",
+    "mig_instances": "MIG instances",
+    "overcounted": "charged twice (per-process sum exceeds used)",
+    "unattributed": "charged to no listed process",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AccountedProcess:
+    """One process in a part of a GPU's accounting, and what memtop can say of it."""
+
+    pid: int
+    bytes: int | None  # what the driver charges it (None: N/A, counted as unattributed)
+    why: str = ""  # attachable or not and why; where it runs; what holds its memory
+    attachable: bool | None = None
+    container: str | None = None
+    user: str | None = None
+    holders: tuple[Holder, ...] = ()  # a gone pid: live processes holding GPU device files
+
+
+@dataclass(frozen=True, slots=True)
+class AccountPart:
+    name: str  # a key of PART_LABELS
+    bytes: int
+    pids: tuple[int, ...] = ()
+    processes: tuple[AccountedProcess, ...] = ()
+    note: str = ""
+
+    @property
+    def label(self) -> str:
+        return PART_LABELS.get(self.name, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Accounting:
+    """Every byte the driver counts as used on one GPU, by who holds it: parts that sum exactly
+    to `used_bytes` (the last, `unattributed`, is what no listed process is charged)."""
+
+    used_bytes: int
+    parts: tuple[AccountPart, ...]
+
+    def part(self, name: str) -> AccountPart | None:
+        return next((p for p in self.parts if p.name == name), None)
+
+
 @dataclass(frozen=True, slots=True)
 class GpuObservation:
     """One physical GPU: the driver's reading of it (or, without one, the agents' account,
@@ -150,6 +209,7 @@ class GpuObservation:
     processes: tuple[GpuProcess, ...]  # as the driver lists them (agents' pids without one)
     agents: tuple[AgentDeviceObservation, ...]
     used_history: tuple[Sequence[float], Sequence[float]] = ((), ())  # times, used bytes
+    accounting: Accounting | None = None  # None: the used bytes are not known
 
     @property
     def index(self) -> int:
@@ -209,6 +269,18 @@ class GpuObservation:
     def host(self) -> str | None:
         """The machine it is in, when not this one (the fleet view)."""
         return self.reading.host
+
+    @property
+    def mig(self) -> MigInfo | None:
+        """Where a MIG instance sits (None: a whole GPU)."""
+        return self.reading.mig
+
+    @property
+    def label(self) -> str:
+        """ "GPU 0", or "GPU 0 · MIG 3g.40gb #1" for a MIG instance."""
+        if self.mig is not None:
+            return f"GPU {self.index} · {self.mig.label()}"
+        return f"GPU {self.index}"
 
     @property
     def peak_sum_bytes(self) -> int:
@@ -304,12 +376,19 @@ class Observer:
         self.builds = 0
         self._lock = threading.Lock()
         self._latest: Observation | None = None
+        # Called with each new observation, on the thread that built it (`--on-alert`): each
+        # must be quick and must not raise.
+        self.listeners: list[Callable[[Observation], None]] = []
 
     def latest(self) -> Observation:
         with self._lock:
-            if self._latest is None or self._latest.generation != self.store.generation:
-                self._latest = self._build(self.store.view())
-            return self._latest
+            latest = self._latest
+            built = latest is None or latest.generation != self.store.generation
+            if latest is None or built:
+                latest = self._latest = self._build(self.store.view())
+        if built:
+            self._tell(latest)
+        return latest
 
     def forget(self) -> None:
         """Build the next observation as a new observer would (`--once`): no leak verdict, rule
@@ -324,8 +403,13 @@ class Observer:
     def publish(self) -> Observation:
         """Build now (the sampler's end-of-round hook); later `latest()` calls reuse it."""
         with self._lock:
-            self._latest = self._build(self.store.view())
-            return self._latest
+            latest = self._latest = self._build(self.store.view())
+        self._tell(latest)
+        return latest
+
+    def _tell(self, observation: Observation) -> None:
+        for listener in self.listeners:
+            listener(observation)
 
     # ------------------------------------------------------------------ the one join
 
@@ -376,6 +460,7 @@ class Observer:
             )
 
         gpus = _gpus(view, reading, [d for a in agents if a.live for d in a.devices])
+        gpus = tuple(replace(g, accounting=_accounting(g, gpus, view, self.uid)) for g in gpus)
         facts = tuple(_facts(g, infos) for g in gpus)
         hosts = self.diagnoser.diagnose_hosts(view, now)
         suggestions = (*self.stabilizer.suggest(facts, now), *host_leak_suggestions(hosts.values()))
@@ -409,18 +494,41 @@ class Observer:
 def _driver_uuids(
     reading: DriverReading | None,
 ) -> Callable[[AgentView, AgentDeviceView], str]:
-    """The GPU an agent's device is, as the driver's UUID: the agent's own UUID when the
-    driver lists it (CUDA), else the driver's GPU at the PCI bus id the agent's hello gave (on
-    ROCm torch's UUID is HIP's, not amdsmi's), else the agent's UUID as it is (no driver, or
-    a GPU the driver does not list)."""
-    listed = {d.uuid for d in reading.devices} if reading is not None else set()
-    by_bus = {d.pci_bus_id: d.uuid for d in (reading.devices if reading else ()) if d.pci_bus_id}
+    """The GPU an agent's device is, as the driver's UUID (DESIGN §13):
+
+    - the driver's device whose UUID is the agent's, compared without the `GPU-`/`MIG-` prefix
+      (torch gives it bare; on a MIG slice it is the instance's, or through older paths its
+      parent's);
+    - where that is a GPU in MIG mode, the instance that lists the agent's pid and whose size
+      is the one torch reports (no such single instance: the parent, which is true if vague);
+    - else the driver's GPU at the PCI bus id the agent's hello gave (on ROCm torch's UUID is
+      HIP's, not amdsmi's), never a GPU in MIG mode or an instance: they share one address;
+    - else the agent's UUID as it is (no driver, or a GPU the driver does not list)."""
+    devices = reading.devices if reading is not None else ()
+    by_uuid = {bare_uuid(d.uuid): d for d in devices}
+    instances: dict[int, list[DeviceReading]] = {}
+    for d in devices:
+        if d.mig is not None:
+            instances.setdefault(d.mig.parent_index, []).append(d)
+    by_bus = {
+        d.pci_bus_id: d.uuid for d in devices if d.pci_bus_id and d.mig is None and not d.mig_mode
+    }
 
     def resolve(agent: AgentView, dev: AgentDeviceView) -> str:
-        if dev.uuid in listed or not by_bus or agent.hello is None:
-            return dev.uuid
-        declared = next((d for d in agent.hello.devices if d.index == dev.index), None)
-        if declared is None or declared.pci_bus_id is None:
+        declared = (
+            next((d for d in agent.hello.devices if d.index == dev.index), None)
+            if agent.hello is not None
+            else None
+        )
+        found = by_uuid.get(bare_uuid(dev.uuid))
+        if found is not None:
+            if found.mig_mode:
+                size = declared.total_bytes if declared is not None else dev.latest.total_bytes
+                return _settled_instance(agent.pid, size, instances.get(found.index, [])) or (
+                    found.uuid
+                )
+            return found.uuid
+        if not by_bus or declared is None or declared.pci_bus_id is None:
             return dev.uuid
         return by_bus.get(declared.pci_bus_id, dev.uuid)
 
@@ -438,6 +546,20 @@ def _host_history(agent: AgentView) -> DeviceHistory:
         mark_time=marks.get("time", ())[-MARK_ROWS:],
         mark_allocated=marks.get("rss", ())[-MARK_ROWS:],
     )
+
+
+def _settled_instance(pid: int, size: int, instances: Sequence[DeviceReading]) -> str | None:
+    """The UUID of the one MIG instance that lists `pid` and is `size` bytes large (within 5 %:
+    torch's total_memory and NVML's total may differ by what the driver keeps; profiles differ
+    by a factor), else None."""
+    matching = [
+        d.uuid
+        for d in instances
+        if any(p.pid == pid for p in d.processes)
+        and d.total_bytes is not None
+        and abs(d.total_bytes - size) <= 0.05 * max(d.total_bytes, 1)
+    ]
+    return matching[0] if len(matching) == 1 else None
 
 
 def _agent_device(
@@ -501,8 +623,139 @@ def _gpus(
             host=host_of(on_it[0].pid),
         )
         gpus.append(GpuObservation(account, processes, tuple(on_it), _used_window(view, uuid)))
-    gpus.sort(key=lambda g: (g.source == SOURCE_AGENT, g.index, g.uuid))
+    # A MIG instance right after its parent (its index is the parent's), by instance ids.
+    gpus.sort(
+        key=lambda g: (
+            g.source == SOURCE_AGENT,
+            g.index,
+            (g.mig.gpu_instance_id, g.mig.compute_instance_id) if g.mig else (-1, -1),
+            g.uuid,
+        )
+    )
     return tuple(gpus)
+
+
+def _accounting(
+    gpu: GpuObservation, gpus: Sequence[GpuObservation], view: RoundView, my_uid: int
+) -> Accounting | None:
+    """Who holds the used bytes of `gpu` (DESIGN §13): the agents' reserved, their processes'
+    bytes outside PyTorch, then every other listed process by what memtop can say of it (no
+    agent, another pid namespace, another user's, gone), a GPU in MIG mode's instances, and the
+    rest, unattributed.  The parts sum exactly to the driver's used bytes."""
+    used = gpu.used_bytes
+    if used is None:
+        return None
+    parts: list[AccountPart] = []
+    live = gpu.agents
+    parts.append(
+        AccountPart(
+            "agents_reserved",
+            sum(d.reserved_bytes for d in live),
+            tuple(sorted({d.pid for d in live})),
+        )
+    )
+    outside = [(d.pid, d.non_pytorch_bytes) for d in live if d.non_pytorch_bytes is not None]
+    parts.append(
+        AccountPart(
+            "agents_outside_pytorch",
+            sum(b for _, b in outside),
+            tuple(sorted({pid for pid, _ in outside})),
+            note=(
+                ""
+                if len(outside) == len(live)
+                else "the driver charges no listed process for "
+                + ", ".join(str(d.pid) for d in live if d.non_pytorch_bytes is None)
+                + ": its bytes outside PyTorch are in the unattributed rest"
+            ),
+        )
+    )
+    agent_pids = {d.pid for d in live}
+    groups: dict[str, list[AccountedProcess]] = {
+        "no_agent": [],
+        "other_namespace": [],
+        "other_users": [],
+        "gone": [],
+    }
+    if gpu.source != SOURCE_AGENT:
+        for process in gpu.processes:
+            if process.pid in agent_pids:
+                continue
+            name, entry = _accounted(process, view, my_uid)
+            groups[name].append(entry)
+    for name, entries in groups.items():
+        parts.append(
+            AccountPart(
+                name,
+                sum(e.bytes or 0 for e in entries),
+                tuple(e.pid for e in entries),
+                tuple(entries),
+            )
+        )
+    if gpu.reading.mig_mode:
+        instances = [
+            g
+            for g in gpus
+            if g.mig is not None and g.mig.parent_index == gpu.index and g.host == gpu.host
+        ]
+        parts.append(
+            AccountPart(
+                "mig_instances",
+                sum(g.used_bytes or 0 for g in instances),
+                tuple(sorted({p.pid for g in instances for p in g.processes})),
+                note=", ".join(f"{g.label} {g.uuid}" for g in instances),
+            )
+        )
+    rest = used - sum(p.bytes for p in parts)
+    if rest < 0:
+        parts.append(
+            AccountPart(
+                "overcounted",
+                rest,
+                note="the parts above add up to more than the driver's used bytes (a process "
+                "charged on two lists, or used read a moment apart from the charges)",
+            )
+        )
+        rest = 0
+    unknown = tuple(
+        p.pid for p in gpu.processes if p.used_bytes is None and gpu.source != SOURCE_AGENT
+    )
+    parts.append(
+        AccountPart(
+            "unattributed",
+            rest,
+            unknown,
+            note=(
+                "the driver lists no process for it (an exited process's memory not yet freed, "
+                "another container's processes the driver hides, the driver's own)"
+                if rest and not unknown
+                else "includes processes whose charge the driver does not say (N/A)"
+                if unknown
+                else ""
+            ),
+        )
+    )
+    return Accounting(used, tuple(parts))
+
+
+def _accounted(process: GpuProcess, view: RoundView, my_uid: int) -> tuple[str, AccountedProcess]:
+    """The part a listed process without an agent belongs to, and what is said of it."""
+    facts = view.owners.get(process.pid)
+    info = view.processes.get(process.pid)
+    user = info.user if info is not None and info.visible else None
+    base = AccountedProcess(process.pid, process.used_bytes, user=user)
+    if facts is None:  # not surveyed (a recording, the fleet): what the process table knows
+        why = "not looked at here" if info is None else ("" if info.visible else "not visible")
+        return "no_agent", replace(base, why=why)
+    state = facts.state
+    if state == OTHER_NAMESPACE:
+        return "other_namespace", replace(base, why=facts.why, container=facts.container)
+    if state == HIDDEN:
+        return "other_users", replace(base, why=facts.why)
+    if state == GONE:
+        return "gone", replace(base, why=facts.why, holders=facts.holders)
+    if my_uid != 0 and info is not None and info.visible and info.uid != my_uid:
+        return "other_users", replace(base, why=facts.why, attachable=False)
+    return "no_agent", replace(base, why=facts.why, attachable=facts.attachable)
 
 
 def _used_window(view: RoundView, uuid: str) -> tuple[Sequence[float], Sequence[float]]:

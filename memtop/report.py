@@ -15,7 +15,7 @@ from typing import Any
 from memtop import metric_table
 from memtop._version import __version__
 from memtop.diagnosis.workload import ENGINE_NAMES
-from memtop.observation import AgentObservation, GpuObservation, Observation
+from memtop.observation import Accounting, AgentObservation, GpuObservation, Observation
 from memtop.units import format_bytes
 
 BREAKDOWN_KEYS = ("parameters", "gradients", "optimizer_state", "other", "fp32_parameter_bytes")
@@ -70,6 +70,52 @@ def _device(gpu: GpuObservation, obs: Observation) -> dict[str, Any]:
         ],
         # The sum of the true peaks of the PyTorch processes on it (each its own moment).
         "peak_sum_bytes": gpu.peak_sum_bytes if gpu.agents else None,
+        # A MIG instance: parent_index, gpu_instance_id, compute_instance_id, profile (DESIGN
+        # §13); null for a whole GPU.  A GPU in MIG mode lists no process: its instances do.
+        "mig": gpu.mig.as_dict() if gpu.mig is not None else None,
+        "mig_mode": gpu.reading.mig_mode,
+        # Who holds the used bytes: parts that sum exactly to used_bytes (DESIGN §13).
+        "accounting": _accounting(gpu.accounting),
+    }
+
+
+def _accounting(accounting: Accounting | None) -> dict[str, Any] | None:
+    if accounting is None:
+        return None
+    return {
+        "used_bytes": accounting.used_bytes,
+        "parts": [
+            {
+                "part": part.name,
+                "label": part.label,
+                "bytes": part.bytes,
+                "pids": list(part.pids),
+                "note": part.note or None,
+                "processes": [
+                    {
+                        "pid": p.pid,
+                        "used_bytes": p.bytes,
+                        "why": p.why or None,
+                        "attachable": p.attachable,
+                        "container": p.container,
+                        "user": p.user,
+                        # A gone pid: the live processes holding the GPU's device files,
+                        # `kin` (its process group or session) first: what to stop.
+                        "holders": [
+                            {
+                                "pid": h.pid,
+                                "command": h.command,
+                                "files": list(h.files),
+                                "kin": h.kin,
+                            }
+                            for h in p.holders
+                        ],
+                    }
+                    for p in part.processes
+                ],
+            }
+            for part in accounting.parts
+        ],
     }
 
 
@@ -149,6 +195,26 @@ def _host(agent: AgentObservation, obs: Observation) -> dict[str, Any] | None:
 # ------------------------------------------------------------------------------------ text
 
 
+def _accounting_lines(accounting: dict[str, Any] | None) -> list[str]:
+    """A device's used bytes by who holds them, the parts that hold any (one line each, and a
+    line for each process memtop can say something of)."""
+    if not accounting:
+        return []
+    lines = []
+    for part in accounting["parts"]:
+        if not part["bytes"] and not part["pids"]:
+            continue
+        pids = ",".join(map(str, part["pids"][:8])) + ("…" if len(part["pids"]) > 8 else "")
+        lines.append(
+            f"       {format_bytes(part['bytes']):>10}  {part['label']}"
+            + (f"  (pid {pids})" if pids else "")
+        )
+        for p in part["processes"]:
+            if p["why"]:
+                lines.append(f"                   pid {p['pid']}: {p['why']}")
+    return lines
+
+
 def _command(argv: list[str]) -> str:
     text = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(argv))
     return text if len(text) <= 60 else text[:57] + "..."
@@ -189,13 +255,18 @@ def render_text(report: dict[str, Any]) -> str:
     for d in devices:
         total, used = d["total_bytes"], d["used_bytes"]
         share = f"{100 * used / total:4.0f}%" if total and used is not None else "  n/a"
+        mig = d.get("mig")
+        number = f"{d['index']}:{mig['gpu_instance_id']}" if mig else str(d["index"])
+        # An instance sits under its GPU's row, which names the model: its profile says it.
+        name = f"  MIG {mig['profile']}" if mig else d["name"]
         lines.append(
-            f"{d['index']:<4} {d['name'][:28]:<28} {format_bytes(used):>10} "
+            f"{number:<4} {name[:28]:<28} {format_bytes(used):>10} "
             f"{format_bytes(total):>10} {share:>5}  {d['source']}"
             + (f"  ! {d['error']}" if d.get("error") else "")
         )
         for p in d["processes"]:
             lines.append(f"       pid {p['pid']:<8} {format_bytes(p['used_bytes']):>10}")
+        lines += _accounting_lines(d.get("accounting"))
     lines.append("")
     if not agents:
         lines.append("No memtop agents found (start a trainer with `memtop run train.py`).")

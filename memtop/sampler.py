@@ -21,8 +21,10 @@ from typing import Any, Protocol
 
 from memtop import protocol
 from memtop.feed import ActionReply, FeedLoop
-from memtop.model import SOURCE_AGENT, AgentStatus, DriverReading
+from memtop.model import SOURCE_AGENT, AgentStatus, DriverReading, bare_uuid
+from memtop.protocol import commands
 from memtop.sources.agents import AgentClient, AgentError, AgentPoll, AgentPool, AgentUnreachable
+from memtop.sources.owners import GpuOwners
 from memtop.sources.processes import ProcessDirectory, ProcessInfo, TerminateRefused, terminate
 from memtop.store import Store
 
@@ -110,14 +112,16 @@ class IsolatedDevices:
         closer.join(timeout=1.0)
 
 
-# How often each agent is asked for its breakdown.  Parameters and optimizer state do not
-# change during a run, and each request is a job on a worker thread (a wake-up and two
-# replies, ~1 ms of the viewer's CPU on a 2-core box): every 30 s, the figures are at most a
-# minute old and eight agents cost the viewer ~0.3 ms/s, against ~0.8 at 10 s.
-BREAKDOWN_INTERVAL_S = 30.0
-# How often an agent recording stacks is asked for its sites: the agent groups its live blocks
-# every 2 s at most; a leak's site is named from a few readings.
-SITES_INTERVAL_S = 5.0
+def _every(name: str) -> float:
+    every = commands.BY_NAME[name].viewer_every_s
+    assert every is not None, name  # a low-rate command has its interval
+    return every
+
+
+# How often each agent is asked for its low-rate commands: memtop.protocol.commands says why each
+# interval is what it is.
+BREAKDOWN_INTERVAL_S = _every("breakdown")
+SNAPSHOT_INTERVAL_S = _every("snapshot")
 
 
 class Sampler(FeedLoop):
@@ -133,7 +137,7 @@ class Sampler(FeedLoop):
         agents: AgentPool,
         interval: float = 1.0,
         breakdown_interval: float = BREAKDOWN_INTERVAL_S,
-        snapshot_interval: float = 60.0,
+        snapshot_interval: float = SNAPSHOT_INTERVAL_S,
     ) -> None:
         super().__init__(store)
         self.devices = IsolatedDevices(devices)
@@ -143,14 +147,12 @@ class Sampler(FeedLoop):
         self.snapshot_interval = snapshot_interval
         # The low-rate requests: the breakdown, and a trace-free snapshot whose summary gives the
         # external fragmentation (the agent walks every segment for it, so not every round).
-        agents.low_rate = {
-            "breakdown": breakdown_interval,
-            "snapshot": snapshot_interval,
-            # Live memory by line (only where stacks are recorded: the pool backs off otherwise)
-            "sites": SITES_INTERVAL_S,
-        }
+        # (sites: only where stacks are recorded; the pool backs off otherwise.)
+        chosen = {"breakdown": breakdown_interval, "snapshot": snapshot_interval}
+        agents.low_rate = {name: chosen.get(name, _every(name)) for name in commands.LOW_RATE_NAMES}
         self.last_round_s = 0.0
         self.processes = ProcessDirectory()
+        self.owners = GpuOwners()
         self._device_stall_noted: float | None = None
         self._actions = concurrent.futures.ThreadPoolExecutor(
             max_workers=2, thread_name_prefix="memtop-action"
@@ -173,12 +175,13 @@ class Sampler(FeedLoop):
         reading = self.devices.read(wait=min(budget, 0.5) if self.rounds else budget)
         known = None
         if reading.available and reading.source != SOURCE_AGENT:
-            # By UUID, and by PCI bus id for the agents whose UUID is not the driver's (ROCm).
+            # By UUID without its prefix (torch gives it bare), and by PCI bus id for the agents
+            # whose UUID is not the driver's (ROCm): never a MIG instance's, which is its GPU's.
             known = {
                 key: d.total_bytes
                 for d in reading.devices
                 if d.total_bytes is not None
-                for key in (d.uuid, d.pci_bus_id)
+                for key in (bare_uuid(d.uuid), d.pci_bus_id if d.mig is None else None)
                 if key
             }
         remaining = max(0.05, budget - (time.monotonic() - started))
@@ -186,8 +189,12 @@ class Sampler(FeedLoop):
         polled = time.time()
         # Owners and command lines first: a row must never be on screen before its owner is
         # known (the kill key checks it).
-        pids = {p.pid for d in reading.devices for p in d.processes} | {p.pid for p in polls}
+        listed = {p.pid for d in reading.devices for p in d.processes}
+        pids = listed | {p.pid for p in polls}
         infos = self.processes.lookup(pids)
+        # Who the driver's pids are (container, another user's, gone and what holds their
+        # memory): the accounting of each GPU's bytes.  Not for the agents' own account.
+        owners = self.owners.survey(listed, infos, listed) if reading.source != SOURCE_AGENT else {}
         if self.tap is not None:
             self._tap_round(now, polled, reading, infos, polls)
         # The round's I/O is done: its writes are published together, as one generation (a
@@ -198,9 +205,13 @@ class Sampler(FeedLoop):
                 self._device_stall_noted = stalled
                 self.store.note("the GPU driver is not answering: showing its last reading")
             self.store.update_processes(infos)
+            self.store.update_owners(owners)
             self.store.update_driver(reading, now)
             self.store.update_agents(polls, polled)
-            self.store.set_problems(self.agents.problems)
+            problems = self.agents.problems
+            if self.processes.problem is not None:
+                problems = [*problems, self.processes.problem]
+            self.store.set_problems(problems)
             for poll in polls:
                 if poll.breakdown is not None:
                     self.store.update_breakdown(poll.pid, poll.breakdown)
@@ -231,17 +242,20 @@ class Sampler(FeedLoop):
                 if state != "connected":  # a connected agent's replies say it all
                     self.tap.agent_state(polled, poll.pid, state, poll.error)
 
+    def _driver_lists(self, pid: int) -> bool:
+        reading = self.store.driver()
+        if reading is None or reading.source == SOURCE_AGENT:
+            return False
+        return any(p.pid == pid for d in reading.devices for p in d.processes)
+
     def may_signal(self, pid: int) -> str | None:
         """Why the kill key must not signal `pid` (None: it may, after the usual owner check).
 
         A pid qualifies when the driver lists it, or when an agent serving as that pid passed
         authentication (SO_PEERCRED) since the viewer started.  A socket that merely carries a
         pid's number in its name qualifies nothing."""
-        reading = self.store.driver()
-        if reading is not None and reading.source != SOURCE_AGENT:
-            listed = {p.pid for d in reading.devices for p in d.processes}
-            if pid in listed:
-                return None
+        if self._driver_lists(pid):
+            return None
         state = self.agents.state_of(pid)
         if state == AgentStatus.REFUSED:
             return f"the agent socket of pid {pid} failed authentication; memtop sends it nothing"
@@ -307,8 +321,19 @@ class Sampler(FeedLoop):
         refusal = self.may_signal(pid)
         if refusal is not None:
             return ActionReply(pid, "signal", error=refusal)
+        # A pid vouched for by its agent only: it must still be the process that passed the
+        # checks (its start time then; a pid handed on and reused is another process).
+        started = self.agents.verified_start(pid)
+        if self.agents.verified(pid) and started is None and not self._driver_lists(pid):
+            return ActionReply(
+                pid,
+                "signal",
+                error=f"cannot tell whether pid {pid} is still the process its agent ran in "
+                "(its start time could not be read); nothing sent",
+            )
         try:
-            return ActionReply(pid, "signal", message=terminate(pid, expected=expected, sig=sig))
+            message = terminate(pid, expected=expected, sig=sig, started=started)
+            return ActionReply(pid, "signal", message=message)
         except TerminateRefused as exc:
             return ActionReply(pid, "signal", error=str(exc))
 

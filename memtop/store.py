@@ -16,24 +16,27 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from memtop import protocol
+# Records only, from the model: the store (and the observation, the diagnosis and the UI above
+# it) loads no protocol, socket, selector or psutil (issue 35); its writers parse the replies.
 from memtop.model import (
     MARK_WINDOW,
     AgentBreakdown,
     AgentDeviceSample,
     AgentHello,
+    AgentPoll,
     AgentSample,
     AgentSites,
     AgentSnapshot,
+    AgentStatus,
     DriverReading,
     HostMemory,
+    PidFacts,
+    ProcessInfo,
     host_of,
 )
-from memtop.sources.agents import CONNECTED, EXITED, AgentPoll
-from memtop.sources.processes import ProcessInfo
 
 HISTORY_SAMPLES = 3600  # one hour at the default 1 s interval
 STEP_MARKS = 4096
@@ -205,6 +208,8 @@ class RoundView:
     processes: Mapping[int, ProcessInfo]
     problems: tuple[str, ...]
     events: tuple[tuple[float, str], ...]  # newest last
+    # Who each pid the driver charges is (memtop.sources.owners): the accounting sorts by it.
+    owners: Mapping[int, PidFacts] = field(default_factory=dict)
 
     def used_window(self, uuid: str) -> tuple[array[float], array[float]]:
         return self.device_used.get(uuid) or (array("d"), array("d"))
@@ -227,6 +232,7 @@ class Store:
         self._device_used: dict[str, Ring] = {}
         self._agents: dict[int, AgentState] = {}
         self._processes: dict[int, ProcessInfo] = {}
+        self._owners: dict[int, PidFacts] = {}
         self._problems: list[str] = []
         self.events: deque[tuple[float, str]] = deque(maxlen=200)
         # Bumped once per round (once per write outside one): the UI redraws only when it moved.
@@ -270,6 +276,7 @@ class Store:
             self._device_used.clear()
             self._agents.clear()
             self._processes = {}
+            self._owners = {}
             self._problems = []
             self.events.clear()
             self._changed()
@@ -297,7 +304,7 @@ class Store:
                 self._apply_poll(poll, when)
             for pid, agent in list(self._agents.items()):
                 expired = agent.last_sample_time or agent.first_seen
-                if agent.state == EXITED and when - expired > self._keep_exited_s:
+                if agent.state == AgentStatus.EXITED and when - expired > self._keep_exited_s:
                     del self._agents[pid]
             self._changed()
 
@@ -305,7 +312,7 @@ class Store:
         agent = self._agents.get(poll.pid)
         if agent is None:
             agent = self._agents[poll.pid] = AgentState(poll.pid, poll.state, poll.hello)
-            if poll.state == CONNECTED:
+            if poll.state == AgentStatus.CONNECTED:
                 self.events.append((when, f"{_agent_name(poll.pid)} attached"))
             else:  # found hung, refused, …: said once, with why
                 message = f"{_agent_name(poll.pid)} {poll.state}"
@@ -366,12 +373,9 @@ class Store:
                     state.marks.append(float(mark.step), mark.time, float(allocated))
                     state.sampled_peak_bytes = max(state.sampled_peak_bytes, allocated)
 
-    def update_breakdown(
-        self, pid: int, result: AgentBreakdown | Mapping[str, Any], when: float | None = None
-    ) -> None:
+    def update_breakdown(self, pid: int, reply: AgentBreakdown, when: float | None = None) -> None:
         """Keep a `breakdown` reply: bytes by role per device.  A raw reply (a recording, a
-        scrape) is parsed by the protocol first, as the live one was."""
-        reply = result if isinstance(result, AgentBreakdown) else protocol.parse_breakdown(result)
+        scrape) is parsed by its reader (memtop.protocol.schema), as the live one was."""
 
         def keep(agent: AgentState, devices: dict[int, dict[str, Any]], stamp: float) -> None:
             agent.breakdown, agent.breakdown_time = devices, stamp
@@ -379,10 +383,9 @@ class Store:
         self._keep_per_device(pid, reply.pending, reply.devices, when, keep)
 
     def update_snapshot_summary(
-        self, pid: int, result: AgentSnapshot | Mapping[str, Any], when: float | None = None
+        self, pid: int, reply: AgentSnapshot, when: float | None = None
     ) -> None:
         """Keep the per-device summary of a `snapshot` reply (no file written)."""
-        reply = result if isinstance(result, AgentSnapshot) else protocol.parse_snapshot(result)
 
         def keep(agent: AgentState, devices: dict[int, dict[str, Any]], stamp: float) -> None:
             agent.snapshot_summary, agent.snapshot_time = devices, stamp
@@ -405,16 +408,24 @@ class Store:
         stamp = when if when is not None else time.time()
         self._update_agent(pid, lambda agent: keep(agent, copied, stamp))
 
-    def update_sites(self, pid: int, result: AgentSites | Mapping[str, Any]) -> None:
-        """Keep a `sites` reply (a new grouping only: the same one read twice is kept once);
-        stack recording off forgets the readings."""
-        reply = result if isinstance(result, AgentSites) else protocol.parse_sites(result)
+    def update_sites(self, pid: int, reply: AgentSites) -> None:
+        """Keep a `sites` reply (a new grouping only: the same one read twice is kept once),
+        after the agent's past rounds it carries (a connection's first reply, DESIGN §13) that
+        are newer than the newest kept: one reply gives a trend; stack recording off forgets
+        the readings."""
 
         def apply(agent: AgentState) -> None:
             if not reply.enabled:
                 agent.sites.clear()
-            elif reply.time is not None and (not agent.sites or agent.sites[-1].time != reply.time):
-                agent.sites.append(reply)
+                return
+            if reply.time is None or (agent.sites and agent.sites[-1].time == reply.time):
+                return
+            for past in reply.history:
+                newest = agent.sites[-1].time if agent.sites else None
+                if past.time is not None and (newest is None or newest < past.time < reply.time):
+                    agent.sites.append(past)
+            # Kept without its history: a reading is one round.
+            agent.sites.append(replace(reply, history=()) if reply.history else reply)
 
         self._update_agent(pid, apply)
 
@@ -423,6 +434,13 @@ class Store:
             agent = self._agents.get(pid)
             if agent is not None:
                 apply(agent)
+                self._changed()
+
+    def update_owners(self, owners: Mapping[int, PidFacts]) -> None:
+        """What is known of each pid the driver charges (read by the sampler)."""
+        with self._lock:
+            if owners != self._owners:
+                self._owners = dict(owners)
                 self._changed()
 
     def update_processes(self, processes: dict[int, ProcessInfo]) -> None:
@@ -482,6 +500,7 @@ class Store:
                     processes=dict(self._processes),
                     problems=tuple(self._problems),
                     events=tuple(self.events),
+                    owners=dict(self._owners),
                 )
             return view
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -101,6 +102,13 @@ def to_png(svg: Path) -> Path:
     of block glyphs drift; a local monospace font with block elements keeps columns aligned."""
     text = svg.read_text().replace("Fira Code, monospace", "DejaVu Sans Mono")
     text = text.replace('"Fira Code"', '"DejaVu Sans Mono"')
+    # DejaVu Sans Mono has no braille (the detail chart's dots): those runs take DejaVu Sans's,
+    # which cairo does not substitute on its own (they drew as boxes).
+    text = re.sub(
+        r"<text ([^>]*)>([^<]*[\u2800-\u28ff][^<]*)</text>",
+        r'<text style="font-family:DejaVu Sans" \1>\2</text>',
+        text,
+    )
     png = svg.with_suffix(".png")
     cairosvg.svg2png(bytestring=text.encode(), write_to=str(png), output_width=1600)
     return png

@@ -14,6 +14,10 @@ killed.  KIND is one of:
   liar       says allocated > reserved > the device's total, and counters going backwards
   escape     an honest agent whose argv carries terminal escape sequences
   counter    a plain listener that only counts connections (into --log): a symlink target
+  plain      an honest agent (tests/agent_crowd.py runs many)
+  slurm      an honest agent that claims rank 2 of Slurm job 9 (another user's job)
+  markup     an agent with Rich/Textual markup in every string it sends (MARKUP): argv, device
+             name, Slurm job, an OOM report's cause, detail, fix and stack, error messages
 
 Every connection accepted is appended to `--log` (one line each) so a test can prove that the
 viewer never connected (or never sent a byte).
@@ -78,6 +82,11 @@ def stats(allocated: int, reserved: int, ooms: int = 0, retries: int = 0) -> dic
     }
 
 
+# Closing a tag never opened: Rich and Textual raise MarkupError where they parse it as markup.
+MARKUP = "try again [/x] later [@click=app.quit]quit[/] [bold]"
+MARKUP_SETTING = "PYTORCH_CUDA_ALLOC_CONF=" + MARKUP.replace(" ", "")
+
+
 class Hostile:
     def __init__(self, args: argparse.Namespace) -> None:
         self.kind = args.kind
@@ -90,7 +99,9 @@ class Hostile:
 
     def hello(self) -> dict:
         argv = ESCAPE_ARGV if self.kind == "escape" else [f"hostile-{self.kind}.py"]
-        return {
+        if self.kind == "markup":
+            argv = ["train.py", MARKUP]
+        hello = {
             "protocol": 1,
             "pid": self.pid,
             "argv": argv,
@@ -101,6 +112,14 @@ class Hostile:
                 {"index": 0, "uuid": self.uuid, "name": "Sim GPU", "total_bytes": self.total}
             ],
         }
+        if self.kind == "markup":
+            hello["devices"][0]["name"] = f"Sim GPU {MARKUP}"
+            hello["scheduler"] = {"kind": "slurm", "job_id": "4242", "job_name": MARKUP}
+            hello["allocator_conf"] = MARKUP
+        if self.kind == "slurm":  # claims rank 2 of Slurm job 9, whoever runs that job
+            hello["scheduler"] = {"kind": "slurm", "job_id": "9", "proc_id": 2}
+            hello["rank"] = 2
+        return hello
 
     def sample(self) -> dict:
         with self.lock:
@@ -128,6 +147,9 @@ class Hostile:
                 "total_bytes": self.total,
             }
         reply = {"time": time.time(), "step": n, "devices": [device], "step_marks": []}
+        if self.kind == "markup":  # an OOM, with the agent's own words for why and what to do
+            device["stats"] = stats(GiB, 2 * GiB, ooms=1)
+            reply["oom"] = {"ooms": 1, "reports": 1, "last": markup_oom_report(self.pid)}
         if self.kind == "liar":  # a resident set above its own high-water mark
             reply["host_memory"] = {"rss_bytes": 2 * GiB, "peak_rss_bytes": GiB}
         return reply
@@ -159,12 +181,19 @@ class Hostile:
                         )
                         continue
                     result = self.sample()
+                elif (
+                    cmd == "sites"
+                    and self.kind == "markup"
+                    and "stacks" not in (request.get("args") or {})
+                ):
+                    result = markup_sites()
                 elif cmd == "snapshot" and self.kind in ("escape", "slow"):
                     # Claims success without writing anything.
                     result = {"path": (request.get("args") or {}).get("path"), "devices": {}}
                 else:
+                    message = MARKUP if self.kind == "markup" else "no"
                     conn.sendall(
-                        frame({"id": rid, "error": {"code": "unavailable", "message": "no"}})
+                        frame({"id": rid, "error": {"code": "unavailable", "message": message}})
                     )
                     continue
                 conn.sendall(frame({"id": rid, "result": result}))
@@ -196,6 +225,37 @@ class Hostile:
                 conn.close()
                 continue
             threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
+
+
+def markup_oom_report(pid: int) -> dict:
+    return {
+        "time": time.time(),
+        "pid": pid,
+        "step": MARKUP,
+        "phase": MARKUP,
+        "device": 0,
+        "path": f"/tmp/{MARKUP}.json",
+        "stack": [{"file": f"/srv/{MARKUP}.py", "line": 1, "function": MARKUP, "text": MARKUP}],
+        # A setting (no blank in it: memtop copies it, as the agent's) with markup in it.
+        "diagnosis": {"cause": MARKUP, "detail": MARKUP, "fix": MARKUP_SETTING},
+    }
+
+
+def markup_sites() -> dict:
+    site = {"file": f"/srv/{MARKUP}.py", "line": 7, "function": MARKUP, "text": MARKUP}
+    entry = {"device": 0, "site": site, "bytes": GiB, "blocks": 3, "old_blocks": 3}
+    return {
+        "enabled": True,
+        "wanted": True,
+        "supported": True,
+        "sites": [entry],
+        "time": time.time(),
+        "step": 1,
+        "blocks": 3,
+        "took_s": 0.001,
+        "rounds": 1,
+        "rounds_abandoned": 0,
+    }
 
 
 def main() -> None:

@@ -28,6 +28,8 @@ COMMANDS = [
     ("estimate",),
     ("oom",),
     ("export",),
+    ("report",),
+    ("compare",),
 ]
 USAGE_ERRORS = [
     ("--bogus",),
@@ -50,6 +52,8 @@ ERRORS = [
     ("attach", "1", "--wait", "0"),
     ("oom", "/nonexistent-memtop-dir/x"),
     ("--prometheus", "http://127.0.0.1:9", "--only", "0"),
+    ("report", "/nonexistent-memtop-dir/x"),
+    ("compare", "/nonexistent-memtop-dir/x", "/nonexistent-memtop-dir/y"),
 ]
 
 

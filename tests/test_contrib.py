@@ -211,3 +211,28 @@ def test_slurm_note_names_the_unit_and_the_label() -> None:
     assert "contrib/systemd/memtop-export.service" in note
     assert (CONTRIB / "systemd" / "memtop-export.service").exists()
     assert "`hpc_job`" in note and "TaskProlog" in note
+
+
+def test_the_alert_unit_runs_a_command_line_memtop_accepts(tmp_path: Path) -> None:
+    from memtop.commands.parser import build_parser
+
+    unit = configparser.ConfigParser(strict=True, interpolation=None)
+    unit.optionxform = str  # type: ignore[assignment,method-assign]
+    unit.read(CONTRIB / "systemd" / "memtop-alert.service")
+    argv = shlex.split(unit["Service"]["ExecStart"])
+    args = build_parser().parse_args(argv[1:])
+    assert Path(argv[0]).name == "memtop" and args.command is None and not args.once
+    assert args.on_alert == "/usr/local/bin/memtop-on-alert" and args.alert_severity == "critical"
+    # the report each round goes nowhere; the one line per run goes to the journal
+    assert unit["Service"]["StandardOutput"] == "null"
+    assert unit["Service"]["StandardError"] == "journal"
+    # The example hook reads a payload as memtop sends it (its curl aside).
+    hook = (CONTRIB / "systemd" / "memtop-on-alert.example").read_text()
+    script = hook.split("curl")[0] + 'printf "%s\\n" "$text"\n'
+    payload = (
+        '{"host": "gpu-7", "time": 1, "argv": ["train.py"], "suggestion": {"severity": '
+        '"critical", "pid": 42, "device": 0, "title": "Leak: +8.0 MiB per step", "detail": "",'
+        ' "rule": "leak", "evidence": "", "fix": null, "effect_bytes": null}}'
+    )
+    done = subprocess.run(["sh", "-c", script], input=payload, capture_output=True, text=True)
+    assert done.stdout.strip() == "gpu-7: Leak: +8.0 MiB per step (pid 42, GPU 0)", done.stderr

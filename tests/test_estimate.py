@@ -660,3 +660,457 @@ def test_from_scales_by_tokens_when_the_sequence_changes(capsys):
     at_512 = run_json(capsys, *base, "--measured-seq", "512", "--seq", "512", "--gpu", "h100")
     at_1024 = run_json(capsys, *base, "--measured-seq", "512", "--seq", "1024", "--gpu", "h100")
     assert abs(at_1024["max_batch"] - at_512["max_batch"] // 2) <= 1
+
+
+# -- mixtures of experts (issue 32, item 1) ------------------------------------------------------
+
+
+def _config_file(tmp_path: Path, name: str, config: dict) -> Path:
+    path = tmp_path / name / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_moe_counts_match_the_published_ones(capsys, tmp_path):
+    """Within 1 % of each model's own published total and active counts (sources beside the
+    configs in tests/moe_configs.py)."""
+    from moe_configs import (
+        DEEPSEEK_V2,
+        DEEPSEEK_V3,
+        GPT_OSS_120B,
+        MIXTRAL_8X7B,
+        OLMOE_1B_7B,
+        QWEN3_30B_A3B,
+        QWEN15_MOE_A27B,
+    )
+
+    def counts(config: dict) -> dict:
+        return run_json(capsys, "--config", str(_config_file(tmp_path, "m", config)))
+
+    mixtral = counts(MIXTRAL_8X7B)
+    assert within(mixtral["parameters_count"], 46.7e9, 0.01)
+    assert within(mixtral["active_parameters_count"], 12.9e9, 0.01)
+    assert mixtral["experts"]["routed"] == 8 and mixtral["experts"]["per_token"] == 2
+    qwen = counts(QWEN15_MOE_A27B)
+    assert within(qwen["parameters_count"], 14.3e9, 0.01)
+    assert within(qwen["active_parameters_count"], 2.7e9, 0.01)
+    deepseek = counts(DEEPSEEK_V3)
+    assert within(deepseek["parameters_count"], 671e9, 0.01)
+    # DeepSeek counts active parameters without the input embedding table (0.9 B).
+    assert within(deepseek["experts"]["active_without_input_embedding"], 36.6e9, 0.01)
+    assert deepseek["experts"]["dense_layers"] == 3 and deepseek["experts"]["moe_layers"] == 58
+    # The MTP module: 11.5 B of its own; with it the hub's 685 B.
+    assert within(deepseek["mtp_parameters_count"], 11.5e9, 0.01)
+    with_mtp = deepseek["parameters_count"] + deepseek["mtp_parameters_count"]
+    assert within(with_mtp + 2 * 129280 * 7168, 685e9, 0.01)  # + its copies of embed and head
+    oss = counts(GPT_OSS_120B)
+    assert within(oss["parameters_count"], 116.83e9, 0.001)  # the card's figure, 5 digits
+    assert within(oss["experts"]["active_without_input_embedding"], 5.13e9, 0.001)
+    qwen3 = counts(QWEN3_30B_A3B)
+    assert within(qwen3["parameters_count"], 30.5e9, 0.01)
+    assert within(qwen3["active_parameters_count"], 3.3e9, 0.02)  # 3.35 B: "3.3B" rounds it
+    deepseek2 = counts(DEEPSEEK_V2)
+    assert within(deepseek2["parameters_count"], 236e9, 0.01)
+    assert within(deepseek2["experts"]["active_without_input_embedding"], 21e9, 0.01)
+    olmoe = counts(OLMOE_1B_7B)
+    assert within(olmoe["parameters_count"], 6.9e9, 0.01)
+    assert within(olmoe["active_parameters_count"], 1.3e9, 0.02)  # 1.28 B: "1.3B" rounds it
+
+
+def test_mixtral_is_not_one_dense_expert(capsys, tmp_path):
+    """873fb27 counted Mixtral-8x7B as 7.242 B parameters and fit it in an H100 with 9.8 GiB to
+    spare; its bf16 weights alone are ~87 GiB."""
+    from moe_configs import MIXTRAL_8X7B
+
+    path = _config_file(tmp_path, "mixtral", MIXTRAL_8X7B)
+    out = run_json(capsys, "--config", str(path), "--gpu", "h100-80gb")
+    assert within(out["weights_bytes"], 87 * GiB, 0.01)
+    assert out["fits"] is False
+    # Gradients and Adam's moments over every expert, not only the active ones.
+    assert out["gradients_bytes"] == out["weights_bytes"]
+    assert main(["estimate", "--config", str(path), "--gpu", "h100-80gb"]) == 0
+    text = capsys.readouterr().out
+    assert "46.703 B parameters (12.880 B active per token: 2 of 8 experts in 32 layers)" in text
+    # Expert parallelism: each of 8 GPUs holds one expert of each layer.
+    ep = run_json(capsys, "--config", str(path), "--ep", "8", "--gpus", "8")
+    arch = load_hf_config(path)
+    routed = arch.moe_layers * arch.experts * arch.expert_params()
+    expected = 2 * (arch.parameter_count() - routed * 7 / 8)
+    assert ep["weights_bytes"] == pytest.approx(expected, rel=1e-6)
+    assert main(["estimate", "--config", str(path), "--ep", "3", "--gpus", "3"]) == 2
+    assert "does not divide the 8 experts" in capsys.readouterr().err
+    # Activations follow the top-k experts a token runs through, more with a capacity factor
+    # (every expert's buffer sized for 1.25 × its share), none of it in the model states.
+    dropless = run_json(capsys, "--config", str(path), "--batch", "4")
+    padded = run_json(capsys, "--config", str(path), "--batch", "4", "--capacity-factor", "1.25")
+    assert padded["activations_bytes"] > dropless["activations_bytes"]
+    assert padded["weights_bytes"] == dropless["weights_bytes"]
+    assert main(["estimate", "--preset", "llama-7b", "--capacity-factor", "1.25"]) == 2
+
+
+def test_every_key_of_the_published_configs_is_read_or_known_harmless(tmp_path):
+    """A test feeds every key of the published configs: each is read or known to change
+    nothing counted (none is refused); a size key nobody reads is refused by name."""
+    from moe_configs import PUBLISHED
+
+    from memtop.estimate.architecture import UnreadConfigKey
+    from memtop.estimate.config_keys import HARMLESS, READ
+
+    for name, config in PUBLISHED.items():
+        for key in config:
+            assert key in READ or key in HARMLESS, (name, key)
+        from_hf_config(config, name)  # refuses nothing
+    # Keys a config could add that would change the size: each refused, named, in one line.
+    base = PUBLISHED["mixtral-8x7b"]
+    for key, value in (
+        ("shared_intermediate_size", 1024),  # Granite MoE's shared experts
+        ("num_vision_layers", 2),
+        ("vision_config", {"hidden_size": 1024}),
+        ("moe_num_experts", 16),
+        ("expert_hidden_size", 512),
+    ):
+        with pytest.raises(UnreadConfigKey, match=repr(key)):
+            from_hf_config({**base, key: value})
+    # A mixture of experts of a family memtop has not checked is refused, not guessed.
+    with pytest.raises(UnreadConfigKey, match="has not checked"):
+        from_hf_config({**base, "model_type": "phimoe"})
+
+
+def test_an_unread_size_key_is_a_one_line_refusal_exit_2(capsys, tmp_path):
+    from moe_configs import MIXTRAL_8X7B
+
+    path = _config_file(tmp_path, "x", {**MIXTRAL_8X7B, "n_shared_experts": 2, "model_type": "x"})
+    assert main(["estimate", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'x'" in err and "has not checked" in err
+    path = _config_file(tmp_path, "y", {**MIXTRAL_8X7B, "audio_config": {"layers": 4}})
+    assert main(["estimate", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'audio_config'" in err and "refusing" in err
+    # The dense configs the suite already reads still are: Llama's and GPT-2's full files.
+    llama = {
+        "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 1, "eos_token_id": 2, "head_dim": 128, "hidden_act": "silu",
+        "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 11008,
+        "max_position_embeddings": 4096, "mlp_bias": False, "model_type": "llama",
+        "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+        "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 10000.0,
+        "tie_word_embeddings": False, "torch_dtype": "float16", "transformers_version": "4.31.0",
+        "use_cache": True, "vocab_size": 32000,
+    }  # fmt: skip
+    assert from_hf_config(llama).parameter_count() == LLAMA_7B_PARAMS
+    gpt2 = {
+        "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"],
+        "attn_pdrop": 0.1, "bos_token_id": 50256, "embd_pdrop": 0.1, "eos_token_id": 50256,
+        "initializer_range": 0.02, "layer_norm_epsilon": 1e-05, "model_type": "gpt2",
+        "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_inner": None, "n_layer": 12,
+        "n_positions": 1024, "reorder_and_upcast_attn": False, "resid_pdrop": 0.1,
+        "scale_attn_by_inverse_layer_idx": False, "scale_attn_weights": True,
+        "summary_activation": None, "summary_first_dropout": 0.1, "summary_proj_to_labels": True,
+        "summary_type": "cls_index", "summary_use_proj": True,
+        "task_specific_params": {"text-generation": {"do_sample": True, "max_length": 50}},
+        "use_cache": True, "vocab_size": 50257,
+    }  # fmt: skip
+    assert from_hf_config(gpt2).parameter_count() == PRESETS["gpt2"].parameter_count()
+
+
+def test_lora_on_a_mixture_of_experts_targets_attention_only(capsys, tmp_path):
+    from moe_configs import MIXTRAL_8X7B
+
+    path = _config_file(tmp_path, "m", MIXTRAL_8X7B)
+    out = run_json(capsys, "--config", str(path), "--qlora")
+    arch = load_hf_config(path)
+    assert out["trainable_parameters_count"] == arch.lora_params(16, ("q_proj", "v_proj"))
+    assert main(["estimate", "--config", str(path), "--lora-rank", "8",
+                 "--lora-targets", "all-linear"]) == 2  # fmt: skip
+    assert "experts' matrices" in capsys.readouterr().err
+
+
+# -- serving (issue 32, item 2) ------------------------------------------------------------------
+
+
+def test_serving_llama_70b_in_4bit_on_24gb(capsys):
+    """The issue's question: will a 70B in 4-bit fit a 24 GB GPU for generation at 8k context?
+    No: its 4-bit weights alone are ~34 GiB; two GPUs with --tp, or layers offloaded to CPU
+    memory (with their cost per token), would."""
+    args = ("--serve", "--preset", "llama-70b", "--quantize", "4bit", "--seq", "8192",
+            "--gpu", "24GiB")  # fmt: skip
+    out = run_json(capsys, *args)
+    assert out["mode"] == "serve" and out["fits"] is False
+    assert within(out["weights_bytes"], 34 * GiB, 0.01)
+    assert out["kv_bytes_per_token"] == 320 * 1024  # 2 × 80 × 8 × 128 × 2 bytes
+    assert out["kv_cache_bytes"] == 320 * 1024 * 8192
+    assert out["max_concurrency"] == 0 and out["max_context"] == 0
+    changes = [way["change"] for way in out["ways_to_fit"]]
+    assert "--tp 2" in changes and any(c.startswith("--offload-layers") for c in changes)
+    assert all(way["fits"] for way in out["ways_to_fit"])
+    assert main(["estimate", *args]) == 0
+    text = capsys.readouterr().out
+    assert "does not fit" in text and "the weights alone are 33.9 GiB" in text
+    assert "s a token at 25 GB/s" in text and "4-bit NF4" in text
+    # What --tp 2 says, checked by running it.
+    two = run_json(capsys, *args, "--tp", "2")
+    assert two["fits"] is True and two["weights_bytes"] == pytest.approx(
+        out["weights_bytes"] / 2, abs=1
+    )
+
+
+def test_kv_cache_per_token_by_attention_kind(capsys, tmp_path):
+    from moe_configs import DEEPSEEK_V3, GPT_OSS_120B
+
+    # Llama-2-70B (GQA, 8 KV heads): 320 KiB in fp16; 160 KiB in fp8.
+    out = run_json(capsys, "--serve", "--preset", "llama-70b", "--kv-dtype", "fp16")
+    assert out["kv_bytes_per_token"] == 327_680
+    out = run_json(capsys, "--serve", "--preset", "llama-70b", "--kv-dtype", "fp8")
+    assert out["kv_bytes_per_token"] == 163_840
+    # LLaMA-7B (MHA): 2 × 32 × 32 × 128 × 2 = 512 KiB.
+    assert run_json(capsys, "--serve", "--preset", "llama-7b")["kv_bytes_per_token"] == 524_288
+    # DeepSeek-V3's latent attention: (512 + 64) × 61 layers × 2 bytes, whatever --tp.
+    path = _config_file(tmp_path, "ds", DEEPSEEK_V3)
+    for tp in ("1", "8"):
+        out = run_json(capsys, "--serve", "--config", str(path), "--tp", tp)
+        assert out["kv_bytes_per_token"] == 576 * 61 * 2
+    # gpt-oss: half its layers keep at most a 128-token window.
+    path = _config_file(tmp_path, "oss", GPT_OSS_120B)
+    out = run_json(capsys, "--serve", "--config", str(path), "--seq", "8192")
+    per_layer = 2 * 8 * 64 * 2
+    assert out["kv_cache_bytes"] == per_layer * (18 * 8192 + 18 * 128)
+    # Its checkpoint's MXFP4 experts and bf16 rest: ~60.8 GiB (the published checkpoint).
+    assert within(out["weights_bytes"], 60.8 * GiB, 0.01)
+    assert "MXFP4" in out["recipe"]
+
+
+def test_serving_limits_and_the_vllm_budget(capsys):
+    out = run_json(capsys, "--serve", "--preset", "llama3-8b", "--seq", "8192", "--gpu", "h100",
+                   "--gpu-memory-utilization", "0.9", "--concurrency", "4")  # fmt: skip
+    check = out["targets"][0]
+    usable, fixed = check["usable_bytes"], out["total_bytes"] - out["kv_cache_bytes"]
+    per_sequence = out["kv_bytes_per_token"] * 8192
+    n = out["max_concurrency"]
+    assert fixed + n * per_sequence <= usable < fixed + (n + 1) * per_sequence
+    longest = out["max_context"]
+    per_token = out["kv_bytes_per_token"] * 4
+    assert fixed + longest * per_token <= usable < fixed + (longest + 1) * per_token
+    vllm = check["vllm"]
+    assert vllm["kv_cache_bytes"] == int(check["total_bytes"] * 0.9) - fixed
+    assert vllm["max_concurrency"] == round(vllm["kv_cache_tokens"] / 8192, 2)
+
+
+def test_serving_refuses_training_flags_and_quantize_base_alone_points_to_it(capsys):
+    assert main(["estimate", "--serve", "--preset", "llama-7b", "--optimizer", "sgd"]) == 2
+    assert "training setting" in capsys.readouterr().err
+    assert main(["estimate", "--preset", "llama-70b", "--quantize-base", "4bit"]) == 2
+    assert "--serve --quantize" in capsys.readouterr().err
+    assert main(["estimate", "--serve", "--params", "7B"]) == 2
+    assert "attention shape" in capsys.readouterr().err
+    assert main(["estimate", "--preset", "llama-7b", "--kv-dtype", "fp8"]) == 2
+    assert "serving setting: add --serve" in capsys.readouterr().err
+
+
+# -- the recipe said (issue 32, item 3) ------------------------------------------------------
+
+
+def test_the_recipe_is_named_and_the_common_one_costed(capsys):
+    """873fb27 said llama3-8b 'fits, 1.0 GiB to spare' on an H100 without saying it counted pure
+    bf16 training; the common recipe (HF bf16=True: fp32 weights under bf16 autocast) needs
+    134-151 GiB, and --autocast alone was an error."""
+    assert main(["estimate", "--preset", "llama3-8b", "--gpu", "h100-80gb"]) == 0
+    text = capsys.readouterr().out
+    assert "recipe: pure bf16: bf16 weights, gradients and Adam moments, no fp32 master" in text
+    assert "would need 151.5 GiB: add --autocast" in text
+    pure = run_json(capsys, "--preset", "llama3-8b")
+    assert pure["recipe"].startswith("pure bf16")
+    mixed = run_json(capsys, "--preset", "llama3-8b", "--autocast")
+    assert mixed["setup"]["dtype"] == "fp32" and mixed["recipe"].startswith("mixed precision")
+    assert pure["mixed_precision"]["total_bytes"] == mixed["total_bytes"]
+    assert 134 * GiB <= mixed["total_bytes"] <= 152 * GiB and mixed["mixed_precision"] is None
+    master = run_json(capsys, "--preset", "llama3-8b", "--master-weights")
+    assert "master" in master["recipe"]
+    assert main(["estimate", "--preset", "llama3-8b", "--dtype", "bf16", "--autocast"]) == 2
+    assert "--master-weights" in capsys.readouterr().err
+    # The overhead row, split: the allocator's reserve is its own row and field.
+    long = run_json(capsys, "--preset", "llama3-8b", "--seq", "8192")
+    assert long["context_bytes"] + long["allocator_reserve_bytes"] == long["overhead_bytes"]
+    assert long["allocator_reserve_bytes"] == long["details"]["allocator_cache_bytes"] > 8e9
+    assert main(["estimate", "--preset", "llama3-8b", "--seq", "8192"]) == 0
+    text = capsys.readouterr().out
+    assert "allocator reserve" in text and "CUDA context etc." not in text
+
+
+# -- GPUs: free now, AMD, MIG (issue 32 item 4, issue 31 item 1) ---------------------------------
+
+
+def test_mig_profiles_and_amd_presets_by_name(capsys):
+    out = run_json(capsys, "--preset", "gpt2", "--gpu", "a100-80gb:3g.40gb",
+                   "--gpu", "h100-80gb:1g.10gb", "--gpu", "mi300x")  # fmt: skip
+    a100, h100, mi300x = out["targets"]
+    assert a100["total_bytes"] == 81_920 * 2**20 // 2  # 4 of the board's 8 memory slices
+    assert a100["name"] == "a100-80gb MIG 3g.40gb"
+    assert h100["total_bytes"] == 85_017_493_504 // 8
+    assert mi300x["total_bytes"] == 192 * GiB
+    assert main(["estimate", "--preset", "gpt2", "--gpu", "a100-80gb:3g.20gb"]) == 2
+    assert "not a MIG profile of a100-80gb" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def rocm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from amd_standin import build
+
+    return build(tmp_path_factory.mktemp("rocm"))
+
+
+def test_this_machines_amd_gpus_fit_what_is_free_now(rocm, tmp_path, socket_dir):
+    """The pre-load check compares with what is free now, and sees AMD GPUs through amdsmi as
+    NVIDIA ones through NVML (873fb27: NVML only, total memory).  The real `amdsmi` package
+    over the stand-in libamd_smi.so, in a child process (it binds its library once)."""
+    import os
+    import subprocess
+    import sys
+
+    from amd_standin import STATE_ENV, Gpu, State
+
+    busy, idle = Gpu(used=170 * GiB, bdf="0000:0c:00.0"), Gpu(used=2 * GiB, bdf="0000:22:00.0")
+    state = State(gpus=[busy, idle]).write(tmp_path / "state")
+    env = {k: v for k, v in os.environ.items() if k not in ("ROCM_HOME", STATE_ENV)}
+    env.update(ROCM_PATH=str(rocm), MEMTOP_SOCKET_DIR=str(socket_dir), **{STATE_ENV: str(state)})
+    done = subprocess.run(
+        [sys.executable, "-m", "memtop", "estimate", "--preset", "llama-7b", "--json"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    first, second = out["targets"]
+    assert first["source"] == second["source"] == "amdsmi"
+    assert first["total_bytes"] == 192 * GiB and first["free_now_bytes"] == 22 * GiB
+    # 7B pure bf16 (~60 GiB) fits the idle GPU's 190 GiB free, not the busy one's 22 GiB.
+    assert first["fits"] is False and second["fits"] is True
+    assert first["usable_bytes"] == pytest.approx(22 * GiB, rel=1e-6)
+    text = subprocess.run(
+        [sys.executable, "-m", "memtop", "estimate", "--preset", "llama-7b"],
+        env=env, capture_output=True, text=True, timeout=60,
+    ).stdout  # fmt: skip
+    assert "22.0 GiB free now of 192.0 GiB" in text
+
+
+# -- --from that knows what it fitted (issue 32 item 5, issue 36 item 9) ---------------------
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason="shared/traces not present")
+def test_from_a_leaking_recording_is_refused(capsys):
+    """873fb27 fitted the leak recording's growth as activations (1.9 GiB 'a sample', largest
+    batch 35); its baseline grows 12 MiB a step, which memtop's leak verdict sees."""
+    assert main(["estimate", "--from", str(TRACES / "leak.jsonl.gz"), "--measured-batch", "8",
+                 "--gpu", "h100"]) == 1  # fmt: skip
+    captured = capsys.readouterr()
+    assert "largest batch" not in captured.out
+    err = captured.err
+    assert err.count("\n") == 1 and "leak verdict" in err and "pid 427" in err
+    healthy = run_json(capsys, "--from", str(TRACES / "healthy.jsonl.gz"), "--measured-batch", "8")
+    measured = healthy["calibration"]["measured"]
+    assert measured["leak"].startswith("no leak")
+    assert (measured["first_step"], measured["last_step"]) == (1, measured["steps"])
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason="shared/traces not present")
+def test_from_a_recording_of_several_trainers_asks_which(capsys):
+    """The folder of six H100 recordings: 873fb27 silently took the largest peak (the leaking
+    trainer's); now the user chooses with --pid, and the output says which it used."""
+    assert main(["estimate", "--from", str(TRACES), "--measured-batch", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "6 trainers" in err and "--pid" in err and "426" in err and "434" in err
+    out = run_json(capsys, "--from", str(TRACES), "--measured-batch", "8", "--pid", "426")
+    alone = run_json(capsys, "--from", str(TRACES / "healthy.jsonl.gz"), "--measured-batch", "8")
+    assert out["calibration"]["measured"]["pid"] == 426
+    assert out["calibration"]["peak_bytes"] == alone["calibration"]["peak_bytes"]
+    assert main(["estimate", "--from", str(TRACES), "--measured-batch", "8", "--pid", "426"]) == 0
+    assert "(pid 426, GPU 0, steps 1-" in capsys.readouterr().out
+    assert main(["estimate", "--from", str(TRACES), "--measured-batch", "8", "--pid", "7"]) == 2
+    assert "no trainer of that pid" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason="shared/traces not present")
+def test_from_a_number_is_a_pid_and_a_file_is_dot_slash(capsys, tmp_path, monkeypatch, socket_dir):
+    """873fb27 read a file named 22035 in the current directory for `--from 22035`."""
+    import shutil
+
+    monkeypatch.setenv("MEMTOP_SOCKET_DIR", str(socket_dir))
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(TRACES / "healthy.jsonl.gz", tmp_path / "999999999")
+    assert main(["estimate", "--from", "999999999", "--measured-batch", "8"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "say ./999999999" in err
+    out = run_json(capsys, "--from", "./999999999", "--measured-batch", "8")
+    assert out["calibration"]["measured"]["pid"] == 426
+
+
+def test_readme_shows_what_the_estimate_prints(capsys):
+    """README's estimate section: its training and serving examples are the commands' output
+    (the lines before its "…")."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    examples = {
+        "llama-7b: 6.738 B": ("--preset", "llama-7b", "--dtype", "bf16", "--master-weights",
+                              "--gpu", "h100-80gb"),
+        "llama-70b: 68.977 B": ("--serve", "--preset", "llama-70b", "--quantize", "4bit",
+                                "--seq", "8192", "--gpu", "24GiB"),
+    }  # fmt: skip
+    for first, args in examples.items():
+        command = "memtop estimate " + " ".join(args)
+        assert command in readme, command
+        block = readme[readme.index("```\n" + first) + 4 :]
+        shown = block[: block.index("```")].splitlines()
+        shown = shown[: shown.index("  …")] if "  …" in shown else shown
+        assert main(["estimate", *args]) == 0
+        printed = capsys.readouterr().out.splitlines()
+        assert printed[: len(shown)] == shown
+
+
+def test_from_a_live_leaking_agent_is_refused(capsys, socket_dir, monkeypatch):
+    """`--from PID` of a trainer whose baseline grows 8 MiB a step: 873fb27 fitted the leak as
+    activations; memtop's own leak verdict on the agent's step marks refuses it."""
+    import os
+    import threading
+
+    from memtop.agent.probe import Breakdown, ProbeDevice
+    from memtop.agent.server import Agent
+    from memtop.sim.allocator import SimulatedCachingAllocator
+    from memtop.sim.device import LocalDeviceMemory
+    from memtop.sim.probe import SimulatedGpu, SimulatedProbe
+
+    monkeypatch.setenv("MEMTOP_SOCKET_DIR", str(socket_dir))
+    allocator = SimulatedCachingAllocator(LocalDeviceMemory(64 * GiB), 0)
+    states = [allocator.malloc(256 * 2**20)]
+    device = ProbeDevice(0, "GPU-00000000-0000-0000-0000-000000000003", "Sim GPU", 64 * GiB)
+    breakdown = {0: Breakdown(256 * 2**20, 0, 0, 256 * 2**20)}
+    probe = SimulatedProbe([SimulatedGpu(device, allocator)], breakdown=lambda: breakdown)
+    agent = Agent(probe, socket_dir, argv=["train.py"])
+    agent.start()
+    stop, stepped = threading.Event(), threading.Event()
+    kept = []
+
+    def train() -> None:  # each step: 64 MiB of activations, and 8 MiB kept for good
+        steps = 0
+        while not stop.is_set():
+            block = allocator.malloc(64 * 2**20)
+            kept.append(allocator.malloc(8 * 2**20))
+            allocator.free(block)
+            agent.on_step(explicit=True)
+            steps += 1
+            if steps >= 240:
+                stepped.set()
+            stop.wait(0.01)
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    try:
+        assert stepped.wait(60)
+        code = main(["estimate", "--from", str(os.getpid()), "--measured-batch", "4"])
+    finally:
+        stop.set()
+        trainer.join(10)
+        agent.stop()
+        for block in states + kept:
+            allocator.free(block)
+    captured = capsys.readouterr()
+    assert code == 1 and "largest batch" not in captured.out, captured.out
+    assert "leak verdict" in captured.err and "8.0 MiB a step" in captured.err

@@ -74,6 +74,13 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         GPU,
     ),
     "memtop_gpu_memory_total_bytes": ("gauge", "Device memory in all.", GPU),
+    "memtop_gpu_memory_accounted_bytes": (
+        "gauge",
+        "A GPU's used memory by who holds it (the parts sum to memtop_gpu_memory_used_bytes): "
+        "agents_reserved, agents_outside_pytorch, no_agent, other_namespace, other_users, gone, "
+        "mig_instances, overcounted, unattributed.",
+        (*GPU, "part"),
+    ),
     "memtop_gpu_memory_free_bytes": ("gauge", "Device memory free.", GPU),
     "memtop_gpu_process_used_bytes": (
         "gauge",
@@ -213,6 +220,12 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "gauge",
         "Live bytes allocated at a line of user code (file:line), the top 5 per device; "
         "only while stacks are recorded.",
+        (*PROCESS, "site"),
+    ),
+    "memtop_leak_site_bytes_per_step": (
+        "gauge",
+        "How fast the live bytes of the leak's line of user code (file:line) grow per step; "
+        "only while a leak is detected and stacks name its line.",
         (*PROCESS, "site"),
     ),
     "memtop_alloc_retries_total": (

@@ -514,3 +514,17 @@ def test_zz_a_host_whose_exporter_stops_is_named_not_silently_dropped(fleet: Fle
     assert text.startswith(f"memtop {remote['version']}: fleet of 1 host(s) in {fleet.url}")
     assert "! node-b: its exporter" in text and "on node-a" in text
     assert "Actions (cleanup, snapshot, kill) are local-only" in text
+
+
+def test_every_metric_the_alerts_and_the_dashboard_query_is_in_a_real_scrape(fleet: Fleet):
+    """A renamed metric fails here, not at night: contrib's alerting rules and Grafana dashboard
+    query only names that a real `memtop export` serves (issue 33.4)."""
+    from test_alerts import queried_metrics
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{fleet.a.port}/metrics", timeout=10) as r:
+        body = r.read().decode()
+    served = set()
+    for name, kind in re.findall(r"^# TYPE (\S+) (\S+)$", body, re.M):
+        served.add(name + "_total" if kind == "counter" and not name.endswith("_total") else name)
+    missing = queried_metrics() - served
+    assert not missing, f"queried but not exported: {sorted(missing)}"

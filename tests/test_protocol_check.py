@@ -54,6 +54,7 @@ def test_memtops_own_agent_passes_every_check(agent: Agent, capsys):
         "breakdown",
         "snapshot",
         "sites",
+        "sites history",
         "unknown command",
         "bad arguments",
         "malformed frame",
@@ -99,7 +100,7 @@ def test_it_runs_as_a_module_against_a_live_agent(agent: Agent):
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "11 of 11 checks passed" in done.stdout
+    assert "12 of 12 checks passed" in done.stdout
     assert re.search(r"PASS  sample options +columns", done.stdout), done.stdout
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 torch = pytest.importorskip("torch")
+from stepping import Stepper  # noqa: E402
 from torch import nn  # noqa: E402
 
 from memtop import protocol  # noqa: E402
@@ -399,7 +400,8 @@ def test_gpu_stats_and_devices_agree_with_torch(probe: TorchProbe):
     assert total == torch.cuda.mem_get_info(index)[1] and 0 < free < total
     props = torch.cuda.get_device_properties(index)
     device = {d.index: d for d in probe.devices()}[index]
-    assert device.uuid.startswith(("GPU-", "MIG-")) and len(device.uuid) > 20
+    # torch's UUID as it gives it (no `GPU-` prefix added: a MIG instance's would not match)
+    assert device.uuid == str(props.uuid) and len(device.uuid) > 20
     assert device.name == props.name
     assert device.total_bytes == props.total_memory
     del x
@@ -416,7 +418,9 @@ def test_gpu_snapshot_has_segments_and_loads_with_memory_viz(
     assert probe.snapshot()["segments"]
     agent = start_agent(probe, socket_dir)
     try:
-        with AgentClient(os.getpid(), directory=socket_dir) as client:
+        # A snapshot runs between two steps on the trainer's thread (the agent's rework): the
+        # Stepper is that thread here.
+        with Stepper(agent), AgentClient(os.getpid(), directory=socket_dir) as client:
             client.connect()
             path = tmp_path / "snapshot.pickle"
             result = client.request("snapshot", {"path": str(path)}, timeout=60)
@@ -443,9 +447,9 @@ def test_gpu_cleanup_through_the_agent_releases_cached_memory(probe, socket_dir:
     assert reserved_before >= 256 * MiB
     agent = start_agent(probe, socket_dir)
     try:
-        with AgentClient(os.getpid(), directory=socket_dir) as client:
+        with Stepper(agent), AgentClient(os.getpid(), directory=socket_dir) as client:
             client.connect()
-            result = client.request("cleanup", timeout=30)
+            result = client.request("cleanup", timeout=30)  # at the Stepper's next boundary
     finally:
         agent.stop()
     assert result["released_bytes"][str(index)] >= 256 * MiB

@@ -265,3 +265,26 @@ def test_three_hundred_spoofed_sockets_cost_little(box: Box) -> None:
             sleeper.kill()
             sleeper.wait()
         shutil.rmtree(spoof, ignore_errors=True)
+
+
+RUN_AS = str(Path(__file__).with_name("run_as.py"))
+
+
+def test_another_user_asking_for_roots_trainer_is_told_whose_it_is(box: Box) -> None:
+    # Issue 36, item 16: "no agent socket … attach it" sent the user to attach an agent that was
+    # there all along, in root's directory.
+    with local_user("mtoth") as other:
+        result = subprocess.run(
+            [sys.executable, RUN_AS, str(other.uid), str(other.gid), "cleanup", str(box.trainer)],
+            capture_output=True,
+            text=True,
+            env={
+                k: v
+                for k, v in os.environ.items()
+                if k not in ("XDG_RUNTIME_DIR", "MEMTOP_SOCKET_DIR")
+            },
+            timeout=60,
+        )
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert f"pid {box.trainer} belongs to another user (root, uid 0)" in result.stderr
+    assert "sudo" in result.stderr and "attach" not in result.stderr

@@ -17,6 +17,7 @@ from memtop.model import (
     GpuProcess,
     StepMark,
 )
+from memtop.protocol.schema import parse_breakdown
 from memtop.sources.agents import CONNECTED, EXITED, AgentPoll
 from memtop.sources.processes import ProcessInfo
 from memtop.store import Store
@@ -159,17 +160,19 @@ def frozen_store(
     for trainer in TRAINERS:
         store.update_breakdown(
             trainer.pid,
-            {
-                "devices": {
-                    "0": {
-                        "parameters": 3 * GiB,
-                        "gradients": 3 * GiB,
-                        "optimizer_state": 6 * GiB,
-                        "other": 2 * GiB,
-                        "fp32_parameter_bytes": 3 * GiB,
+            parse_breakdown(
+                {
+                    "devices": {
+                        "0": {
+                            "parameters": 3 * GiB,
+                            "gradients": 3 * GiB,
+                            "optimizer_state": 6 * GiB,
+                            "other": 2 * GiB,
+                            "fp32_parameter_bytes": 3 * GiB,
+                        }
                     }
                 }
-            },
+            ),
             NOW,
         )
     store.update_processes(

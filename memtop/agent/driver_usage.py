@@ -64,7 +64,12 @@ def read_driver_usage(uuid: str | None) -> dict[str, Any] | None:
 
 def _processes(lib: Any, uuid: str) -> dict[str, Any] | None:
     handle = ctypes.c_void_p()
-    if lib.nvmlDeviceGetHandleByUUID(uuid.encode(), ctypes.byref(handle)) != NVML_SUCCESS:
+    # torch gives the UUID bare; NVML wants it prefixed, `GPU-` or, for a MIG instance, `MIG-`.
+    names = [uuid] if uuid[:4].upper() in ("GPU-", "MIG-") else [f"GPU-{uuid}", f"MIG-{uuid}"]
+    if not any(
+        lib.nvmlDeviceGetHandleByUUID(name.encode(), ctypes.byref(handle)) == NVML_SUCCESS
+        for name in names
+    ):
         return None
     function = (
         getattr(lib, "nvmlDeviceGetComputeRunningProcesses_v3", None)

@@ -7,9 +7,10 @@ allocator's host-side counters, or queues a TrainerJob for the trainer's thread 
 later (it then returns None: the reply is posted when the job ran, or at its deadline).  Every
 result is built by memtop.protocol.replies; a ProtocolError raised here becomes an error frame.
 
-A new protocol command is: its reply builder (memtop.protocol.replies), its parser
-(memtop.protocol.schema, with its entry in REPLY_PARSERS), a handler here with its entry in
-HANDLERS, and the viewer's call.
+A new protocol command is: its record (memtop.protocol.commands), its reply builder
+(memtop.protocol.replies), its parser (memtop.protocol.schema, with its entry in REPLY_PARSERS),
+a handler here with its entry in HANDLERS, and the viewer's use (tests hold the tables to the
+same names).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from memtop.agent.boundary import TrainerJob
 from memtop.agent.probe import SAMPLE_STAT_KEYS, ProbeDevice
 from memtop.agent.snapshot_summary import summarize_snapshot
 from memtop.protocol import replies
+from memtop.protocol.commands import cooldown_s
 from memtop.protocol.environment import ENGINE_ENVIRONMENT
 from memtop.protocol.framing import (
     E_BAD_REQUEST,
@@ -49,8 +51,9 @@ BREAKDOWN_MIN_INTERVAL_S = 10.0  # at most one walk of the optimizers per this m
 BREAKDOWN_MAX_SHARE = 0.001  # ... and at most this share of wall time, however big the model
 SUMMARY_MIN_INTERVAL_S = 30.0  # trace-free snapshot for the fragmentation summary
 HISTORY_BACKOFF_S = 600.0  # memory history recording seen on: no periodic snapshots for this long
-CLEANUP_MIN_INTERVAL_S = 5.0
-SNAPSHOT_MIN_INTERVAL_S = 5.0
+# The on-demand actions' cooldowns are the command table's (memtop.protocol.commands).
+CLEANUP_MIN_INTERVAL_S = cooldown_s("cleanup")
+SNAPSHOT_MIN_INTERVAL_S = cooldown_s("snapshot")
 # gc.collect() takes ~120 ms in a process that imported torch (measured on this repo's CI
 # machine): a cleanup or a snapshot file may take at most this share of the trainer's time,
 # however often viewers ask; the interval after each grows with what it cost.
@@ -501,8 +504,12 @@ class Commands:
 
     def sites(self, conn: Connection, request: Request) -> Result:
         """The newest grouping of live blocks by site; `{"stacks": true|false}` asks the
-        trainer's thread to switch stack recording at its next step boundary."""
+        trainer's thread to switch stack recording at its next step boundary; `{"history":
+        true}` adds the kept rounds before the newest (a viewer's first request, DESIGN §13)."""
         tracker = self.agent.sites
+        history = request.args.get("history", False)
+        if not isinstance(history, bool):
+            raise ProtocolError(E_BAD_REQUEST, "'history' must be a boolean")
         wanted = request.args.get("stacks")
         if wanted is not None:
             if not isinstance(wanted, bool):
@@ -510,7 +517,7 @@ class Commands:
             if wanted and not tracker.supported():
                 raise ProtocolError(E_UNAVAILABLE, "this trainer's allocator cannot record stacks")
             tracker.wanted = wanted
-        return tracker.result()
+        return tracker.result(history=history)
 
 
 Handler = Callable[[Commands, "Connection", Request], "Result | None"]

@@ -21,13 +21,16 @@ import math
 from collections.abc import Mapping
 
 ENV = "MEMTOP_AGENT_TEST_LIMITS"
-# The limits a test may set, by their names in lower case (the constants of memtop.agent.server).
+# The limits a test may set, by their names in lower case (the constants of memtop.agent.server
+# and memtop.agent.sites).
 NAMES = frozenset(
     {
         "snapshot_min_interval_s",  # a snapshot file may be written again after this long
         "cleanup_min_interval_s",  # ... a cleanup run again
         "on_demand_max_share",  # the share of the trainer's time a snapshot or cleanup may cost
         "connect_exempt_burst",  # connections a uid may open at once and never be refused
+        "sites_min_interval_s",  # sites grouping rounds at most this often (memtop.agent.sites)
+        "sites_history_every_s",  # ... and one kept in the history at most this often
     }
 )
 MAX_CHARS = 512

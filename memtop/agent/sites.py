@@ -15,14 +15,25 @@ Its cost is bounded twice: a round that walks for longer than ROUND_CAP_S is aba
 published, the next round comes later), and the next round is due no sooner than COST_FACTOR
 times the last round's cost (a snapshot with history on can take hundreds of ms on a big cache:
 then rounds come minutes apart, and the trainer loses at most 1/COST_FACTOR of its time).
+
+Past rounds are kept too (DESIGN §13, "sites from one connection"): one round every
+HISTORY_EVERY_S at most, the newest HISTORY_ROUNDS of them and never more than HISTORY_MAX_BYTES
+as JSON, so that a viewer's first `sites` request (`{"history": true}`) gets the rounds a trend
+needs - as a first `sample` gets every step mark still buffered - and `memtop --once`, the
+exporter's first scrape or an OOM report judge a site's trend from one connection.  The rounds
+are the very dicts published as `latest` (built on the trainer's thread, never changed after),
+held in a tuple replaced whole, so the agent thread only reads what is already built.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
-from memtop.agent import stacks
+from memtop.agent import limits_for_tests, stacks
 from memtop.protocol import replies
 
 if TYPE_CHECKING:
@@ -33,6 +44,12 @@ COST_FACTOR = 100  # ... and at most 1 % of the trainer thread's CPU time, amort
 ROUND_CAP_S = 0.25  # a walk of the blocks longer than this is abandoned
 CHECK_EVERY = 256  # blocks between two looks at the clock
 TOP_SITES = 20  # per device
+# The history of rounds: spaced as the viewer asks (sampler.SITES_INTERVAL_S), so its trend
+# spans minutes; bounded in rounds and in bytes whatever the number of devices, sites or the
+# length of their file names and lines (a reply must stay far inside a 1 MiB frame).
+HISTORY_EVERY_S = 5.0
+HISTORY_ROUNDS = 24
+HISTORY_MAX_BYTES = 256 * 1024
 
 
 def stacks_wanted(env: dict[str, str] | Any) -> bool:
@@ -53,12 +70,23 @@ def site_of(frames: Any) -> tuple[str, int, str] | None:
     return None
 
 
+def _site_key(entry: dict[str, Any]) -> tuple[Any, ...]:
+    """One site of one device, whichever round's entry names it."""
+    site = entry["site"]
+    return (entry["device"], site["file"], site["line"], site["function"])
+
+
 class SiteTracker:
     def __init__(self, probe: Probe, wanted: bool = False) -> None:
         self.probe = probe
         self.wanted = wanted  # set from any thread; acted on at the next boundary
         self.enabled = False  # what the trainer's thread last switched history to
         self.latest: dict[str, Any] | None = None  # replaced whole: the agent thread serves it
+        # Past rounds, oldest first, with their sizes as JSON: replaced whole, as `latest` is.
+        self.history: tuple[tuple[dict[str, Any], int], ...] = ()
+        self._kept_at = 0.0  # when the newest round of the history was kept
+        # MIN_INTERVAL_S and HISTORY_EVERY_S, unless a test lowered them (limits_for_tests).
+        self._test_limits = limits_for_tests.read(os.environ)
         self.error: str | None = None
         self._due = 0.0  # the next grouping round
         self._switch_due = 0.0  # the next try at a switch (a failed one waits)
@@ -67,6 +95,9 @@ class SiteTracker:
         self.rounds_abandoned = 0
         self.last_round_s = 0.0
         self.total_s = 0.0
+
+    def _min_interval_s(self) -> float:
+        return self._test_limits.get("sites_min_interval_s", MIN_INTERVAL_S)
 
     def supported(self) -> bool:
         return callable(getattr(self.probe, "record_history", None))
@@ -89,13 +120,17 @@ class SiteTracker:
                 return  # a CUDA graph capture: touch nothing, try at a later step
             if switching:
                 wanted = self.wanted
-                self._switch_due = now + MIN_INTERVAL_S
-                self._due = now + MIN_INTERVAL_S  # blocks allocated before it carry no frames
+                self._switch_due = now + self._min_interval_s()
+                self._due = (
+                    now + self._min_interval_s()
+                )  # blocks allocated before it carry no frames
                 record = getattr(self.probe, "record_history", None)  # optional in a Probe
                 if record is None or not record(wanted):
                     return  # no device in use yet: try again later
                 self.enabled = wanted
                 self._previous = {}
+                # Rounds from before the switch are another recording's: a trend restarts.
+                self.history = ()
                 if not self.enabled:
                     self.latest = None
                 return
@@ -111,7 +146,7 @@ class SiteTracker:
             self._due = max(self._due, now + spent * COST_FACTOR)
 
     def _round(self, now: float, step: int | None, started: float) -> None:
-        self._due = now + MIN_INTERVAL_S
+        self._due = now + self._min_interval_s()
         snapshot = self.probe.snapshot()
         groups: dict[tuple[int, tuple[str, int, str] | None], list[int]] = {}
         live: dict[int, set[int]] = {}
@@ -157,30 +192,85 @@ class SiteTracker:
                 )
         self.rounds += 1
         self.last_round_s = time.perf_counter() - started
-        self.latest = replies.sites_round(
+        latest = replies.sites_round(
             time=time.time(),
             step=step,
             sites=sites,
             blocks=seen,
             took_s=round(self.last_round_s, 6),
         )
+        self.latest = latest
+        self._keep(latest, now)
+
+    def _keep(self, latest: dict[str, Any], now: float) -> None:
+        """Add a round to the history when the newest kept one is HISTORY_EVERY_S old, dropping
+        the oldest beyond HISTORY_ROUNDS or HISTORY_MAX_BYTES (a round bigger than that alone is
+        not kept: a trend from a cut round would be wrong)."""
+        every = self._test_limits.get("sites_history_every_s", HISTORY_EVERY_S)
+        if self.history and now < self._kept_at + every:
+            return
+        self._kept_at = now
+        size = len(json.dumps(latest, separators=(",", ":")).encode("utf-8"))
+        kept = [*self.history, (latest, size)][-HISTORY_ROUNDS:]
+        total = sum(n for _, n in kept)
+        while kept and total > HISTORY_MAX_BYTES:
+            total -= kept.pop(0)[1]
+        self.history = tuple(kept)
 
     # ------------------------------------------------------------ agent's thread
 
     def top_sites(self, limit: int = 10) -> list[dict[str, Any]]:
-        """The newest round's largest sites over all devices (an OOM report carries them)."""
+        """The newest round's largest sites over all devices (an OOM report carries them), each
+        with its growth over the kept rounds, so that `memtop oom` names a leak's line
+        (DESIGN §13): `bytes_per_step` (None: fewer than two readings, or no steps between),
+        `since_step`, `readings` and `falls` (readings at which its bytes went down).  Reads
+        the built rounds only; new dicts, the rounds' own are never changed."""
         latest = self.latest
         if latest is None or not self.enabled:
             return []
-        return sorted(latest["sites"], key=lambda s: -s["bytes"])[:limit]
+        top = sorted(latest["sites"], key=lambda s: -s["bytes"])[:limit]
+        rounds = [r for r in self.past_rounds(latest["time"]) if r["step"] is not None]
+        rounds = [*rounds, latest] if latest["step"] is not None else []
+        series: dict[tuple[Any, ...], list[tuple[int, int]]] = {_site_key(s): [] for s in top}
+        for past in rounds:
+            for entry in past["sites"]:
+                points = series.get(_site_key(entry))
+                if points is not None:
+                    points.append((past["step"], entry["bytes"]))
+        grown = []
+        for entry in top:
+            points = series[_site_key(entry)]
+            per_step = None
+            if len(points) >= 2 and points[-1][0] > points[0][0]:
+                per_step = (points[-1][1] - points[0][1]) / (points[-1][0] - points[0][0])
+            grown.append(
+                {
+                    **entry,
+                    "bytes_per_step": per_step,
+                    "since_step": points[0][0] if points else None,
+                    "readings": len(points),
+                    "falls": sum(1 for a, b in itertools.pairwise(points) if b[1] < a[1]),
+                }
+            )
+        return grown
 
-    def result(self) -> dict[str, Any]:
-        """What the `sites` command answers: the newest round (empty before the first)."""
+    def past_rounds(self, before: float) -> list[dict[str, Any]]:
+        """The kept rounds older than `before` (the served round's time), oldest first."""
+        return [r for r, _ in self.history if r["time"] < before]
+
+    def result(self, history: bool = False) -> dict[str, Any]:
+        """What the `sites` command answers: the newest round (empty before the first), and with
+        `history` the kept rounds before it (a first request: the trend from one connection)."""
+        latest = self.latest  # read once: the trainer's thread may publish a newer one meanwhile
+        past: list[dict[str, Any]] | None = None
+        if history:
+            past = self.past_rounds(latest["time"]) if latest is not None and self.enabled else []
         return replies.sites_result(
             enabled=self.enabled,
             wanted=self.wanted,
             supported=self.supported(),
-            latest=self.latest,
+            latest=latest,
+            history=past,
             rounds=self.rounds,
             rounds_abandoned=self.rounds_abandoned,
             error=self.error or None,

@@ -253,9 +253,10 @@ class TorchProbe:
             device = self._device_cache.get(index)
             if device is None:
                 props = torch.cuda.get_device_properties(index)
+                # As torch gives it (bare: CUDA's cuDeviceGetUuid_v2, a MIG instance's own or,
+                # through older paths, its GPU's): a `GPU-` prefix made a MIG instance's UUID
+                # one the driver never lists.  The viewer compares UUIDs without the prefix.
                 uuid = str(getattr(props, "uuid", "") or "")
-                if uuid and not uuid.startswith(("GPU-", "MIG-")):
-                    uuid = f"GPU-{uuid}"
                 device = ProbeDevice(
                     index, uuid, str(props.name), int(props.total_memory), _pci_bus_id(props)
                 )

@@ -30,6 +30,8 @@ COMMANDS = {
     "estimate": "memtop.commands.estimate",
     "oom": "memtop.commands.oom",
     "export": "memtop.commands.export",
+    "report": "memtop.commands.report",
+    "compare": "memtop.commands.compare",
 }
 
 

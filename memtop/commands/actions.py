@@ -21,20 +21,34 @@ def run(args: argparse.Namespace) -> int:
 
 def _agent_location(pid: int, socket_dir: Path | None) -> tuple[Path, int]:
     """The socket directory of `pid` and the uid that must own it: ours, or as root the
-    directory of the user who runs `pid` (never another user's socket for that pid)."""
+    directory of the user who runs `pid` (never another user's socket for that pid; whose the
+    directory is, is checked when connecting)."""
     from memtop import protocol
     from memtop.protocol import namespaces
+    from memtop.protocol.discovery import canonical_dirs
 
-    if socket_dir is not None or os.geteuid() != 0 or os.environ.get("MEMTOP_SOCKET_DIR"):
+    if socket_dir is not None or os.environ.get("MEMTOP_SOCKET_DIR"):
         return socket_dir or protocol.socket_dir(), os.getuid()
     process_owner = protocol.pid_owner(pid)
+    if os.geteuid() != 0:
+        if process_owner is not None and process_owner != os.getuid():
+            # Its agent (if any) is in its owner's socket directory, which is 0700: saying "no
+            # agent socket" would send the user to attach one that is already there.
+            raise MemtopError(
+                f"pid {pid} belongs to another user ({protocol.user_name(process_owner)}): its "
+                "agent, if it has one, listens in that user's socket directory, which you cannot "
+                "reach; run this command as root (sudo memtop …)"
+                + ("" if process_owner == 0 else " or as that user")
+            )
+        return protocol.socket_dir(), os.getuid()
     if process_owner is None:
         raise MemtopError(f"no process {pid}")
     name = namespaces.foreign_socket_name(pid)
-    for directory, owner in protocol.discovery_dirs():
+    own = [protocol.socket_dir()] if process_owner == os.getuid() else []
+    for directory in [*own, *canonical_dirs(process_owner)]:
         path = directory / name if name else protocol.socket_path(pid, directory)
-        if owner == process_owner and os.path.lexists(path):
-            return directory, owner
+        if os.path.lexists(path):
+            return directory, process_owner
     raise MemtopError(
         f"no agent socket for pid {pid} in the socket directory of its owner (uid "
         f"{process_owner}): start it under `memtop run`, or add an agent with "

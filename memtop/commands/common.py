@@ -1,13 +1,16 @@
 """What several commands share: the sampler as the command line builds it, the scope its flags
-ask for (--only, --user, --pid), and whether a person is at a terminal."""
+ask for (--only, --user, --pid), the `--on-alert` runner, and whether a person is at a terminal."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # loaded when a command runs, not when the parser is built
+    from memtop.alerts import AlertRunner
+    from memtop.observation import Observer
     from memtop.sampler import Sampler
     from memtop.scope import Scope
 
@@ -26,11 +29,31 @@ def make_sampler(args: argparse.Namespace, simulated_only: bool = False) -> Samp
     return Sampler(store, devices, AgentPool(args.socket_dir), interval=args.interval)
 
 
+def alerts(
+    args: argparse.Namespace, observer: Observer, log: Callable[[str], None]
+) -> AlertRunner | None:
+    """`--on-alert CMD`: a runner told of every observation `observer` builds (None without)."""
+    command = getattr(args, "on_alert", None)
+    if not command:
+        return None
+    from memtop.alerts import AlertRunner
+    from memtop.model import Severity
+
+    runner = AlertRunner(command, Severity(args.alert_severity), log=log, scope=scope(args).apply)
+    observer.listeners.append(runner.observe)
+    return runner
+
+
 def scope(args: argparse.Namespace) -> Scope:
     from memtop.scope import Scope
 
+    only = getattr(args, "only", None) or ()
+    # `--only 0,1:2`: whole GPUs by number, MIG instances as (GPU, GPU instance id).
+    gpus = frozenset(c for c in only if isinstance(c, int))
+    instances = frozenset(c for c in only if isinstance(c, tuple))
     return Scope(
-        gpus=getattr(args, "only", None),
+        gpus=gpus or None,
+        instances=instances or None,
         users=getattr(args, "user", None),
         pids=getattr(args, "pid", None),
     )

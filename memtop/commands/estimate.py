@@ -4,8 +4,10 @@ asking a live agent's figures as `memtop cleanup` asks."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from memtop.commands.actions import agent_action
+from memtop.errors import MemtopError
 
 
 def run(args: argparse.Namespace) -> int:
@@ -13,10 +15,16 @@ def run(args: argparse.Namespace) -> int:
     from memtop.estimate import command
 
     source = getattr(args, "from_recording", None)
-    pid = protocol.decimal(str(source)) if source is not None else None
-    if source is not None and pid is not None and not source.exists():
-        # `--from PID`: a live agent's figures, asked as `memtop cleanup` asks (same checks).
-        sample = agent_action(pid, "sample", {}, None)
-        breakdown = agent_action(pid, "breakdown", {"wait_s": 10.0}, None)
+    pid = protocol.decimal(source) if source is not None else None
+    if pid is not None:
+        # `--from PID`: a number is a live agent's pid, whatever files lie here (a file of
+        # that name is `./PID`): its figures, asked as `memtop cleanup` asks (same checks).
+        try:
+            sample = agent_action(pid, "sample", {}, None)
+            breakdown = agent_action(pid, "breakdown", {"wait_s": 10.0}, None)
+        except MemtopError as exc:
+            if Path(str(source)).exists():
+                raise MemtopError(f"{exc} (for the file {source}, say ./{source})") from None
+            raise
         args.live_replies = (pid, sample, None if breakdown.get("pending") else breakdown)
     return command.run(args)  # its errors are MemtopErrors (a usage error's exit code is 2)

@@ -21,6 +21,9 @@ def run(args: argparse.Namespace) -> int:
         web_config=config,
         scope=common.scope(args),
     )
+    alerts = common.alerts(
+        args, exporter.observer, lambda line: print(f"memtop export: {line}", file=sys.stderr)
+    )
     # SIGTERM (and SIGHUP) end it as Ctrl-C does, from before "serving" is said: whoever read
     # that line may stop it at once (a TERM that came before the handler killed it, exit -15).
     with children.interrupted_by_signals():
@@ -51,4 +54,6 @@ def run(args: argparse.Namespace) -> int:
         finally:
             exporter.stop()
             exporter.sampler.stop()
+            if alerts is not None:
+                alerts.close()
     return EXIT_OK

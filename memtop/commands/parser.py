@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_gpu_list,
         default=None,
         metavar="0,2",
-        help="show only these GPUs (the driver's numbers) and their processes",
+        help="show only these GPUs (the driver's numbers) and their processes; 0:1 is GPU 0's "
+        "MIG instance 1 (its GPU instance id)",
     )
     _add_filters(parser)
     parser.add_argument(
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="no key acts on a process (cleanup, reset, snapshot, kill, attach): for shared "
         "boxes and screenshares (config: readonly = true)",
     )
+    _add_alerts(parser)
     parser.add_argument("--socket-dir", type=Path, help=argparse.SUPPRESS)
     parser.add_argument(
         "--prometheus",
@@ -109,12 +111,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("run", help="run a Python program with the agent: run [--] script.py args")
 
     from memtop.commands import attach as attach_command
+    from memtop.commands import compare as compare_command
     from memtop.commands import record as record_command
     from memtop.commands import replay as replay_command
+    from memtop.commands import report as report_command
 
     attach_command.add_parser(sub)
     record_command.add_parser(sub)
     replay_command.add_parser(sub)
+    report_command.add_parser(sub)
+    compare_command.add_parser(sub)
 
     from memtop.estimate.command import add_arguments as add_estimate_arguments
 
@@ -144,10 +150,28 @@ def build_parser() -> argparse.ArgumentParser:
         type=_gpu_list,
         default=argparse.SUPPRESS,
         metavar="0,2",
-        help="export only these GPUs and their processes",
+        help="export only these GPUs (0:1: GPU 0's MIG instance 1) and their processes",
     )
     _add_filters(export, default=argparse.SUPPRESS)
+    _add_alerts(export, default=argparse.SUPPRESS)
     return parser
+
+
+def _add_alerts(parser: argparse.ArgumentParser, default: object = None) -> None:
+    """--on-alert and --alert-severity (memtop.alerts): the dashboard, the text view, export."""
+    parser.add_argument(
+        "--on-alert",
+        metavar="CMD",
+        default=default,
+        help="run CMD (by the shell) once for each suggestion that reaches --alert-severity, "
+        "with it as JSON on stdin; again only after it has cleared",
+    )
+    parser.add_argument(
+        "--alert-severity",
+        choices=("warning", "critical", "emergency"),
+        default="critical" if default is None else default,
+        help="the least severity that runs --on-alert (default critical)",
+    )
 
 
 def _add_filters(parser: argparse.ArgumentParser, default: object = None) -> None:
@@ -168,15 +192,23 @@ def _add_filters(parser: argparse.ArgumentParser, default: object = None) -> Non
     )
 
 
-def _gpu_list(text: str) -> frozenset[int]:
-    """`--only 0,2`: GPU numbers as the driver numbers them."""
-    try:
-        numbers = frozenset(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected GPU numbers like 0,2, got {text!r}") from None
-    if not numbers or min(numbers) < 0:
-        raise argparse.ArgumentTypeError(f"expected GPU numbers like 0,2, got {text!r}")
-    return numbers
+def _gpu_list(text: str) -> frozenset[int | tuple[int, int]]:
+    """`--only 0,2`: GPU numbers as the driver numbers them; `0:1` is GPU 0's MIG instance
+    whose GPU instance id is 1 (the `GPU_I_ID` of DCGM, `#1` on the dashboard's row)."""
+    wrong = argparse.ArgumentTypeError(
+        f"expected GPU numbers like 0,2 or MIG instances like 0:1, got {text!r}"
+    )
+    chosen: set[int | tuple[int, int]] = set()
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        numbers = part.split(":")
+        if len(numbers) > 2 or not all(n.isascii() and n.isdigit() for n in numbers):
+            raise wrong
+        chosen.add(int(numbers[0]) if len(numbers) == 1 else (int(numbers[0]), int(numbers[1])))
+    if not chosen:
+        raise wrong
+    return frozenset(chosen)
 
 
 def _pid_list(text: str) -> frozenset[int]:

@@ -120,6 +120,8 @@ def _dashboard(args: argparse.Namespace, simulated_only: bool, painted: bool = F
             # Its figures go on screen under the header as soon as they are known (splash), and
             # Textual's first frame draws the same observation (the app takes `on_round` over).
             observer = Observer(sampler.store)
+            # Each run's line goes where the dashboard shows events (stderr is Textual's).
+            alerts = common.alerts(args, observer, sampler.store.note)
             scope = common.scope(args)
             first_round = threading.Event()
             size = _terminal_size()
@@ -150,12 +152,18 @@ def _dashboard(args: argparse.Namespace, simulated_only: bool, painted: bool = F
             app.run()
         finally:
             sampler.stop()
+            if alerts is not None:
+                alerts.close()
     finally:
         # Textual leaves the alternate screen when it ran; when it never got that far (an
         # error or Ctrl-C while importing, even one that lands as the header is written) this
         # gives the terminal back.  Twice is harmless; without a header it does nothing.
         splash.restore(TERMINAL_FD)
     return EXIT_OK
+
+
+def _log_line(line: str) -> None:
+    print(f"memtop: {line}", file=sys.stderr, flush=True)
 
 
 def _text_view(args: argparse.Namespace, simulated_only: bool) -> int:
@@ -166,6 +174,7 @@ def _text_view(args: argparse.Namespace, simulated_only: bool) -> int:
     sampler = common.make_sampler(args, simulated_only)
     sampler.start()
     observer = Observer(sampler.store)  # one for the run: it keeps the leak verdicts
+    alerts = common.alerts(args, observer, _log_line)
     interactive = sys.stdout.isatty()
     scope = common.scope(args)
     warned = False
@@ -188,3 +197,5 @@ def _text_view(args: argparse.Namespace, simulated_only: bool) -> int:
         return EXIT_OK
     finally:
         sampler.stop()
+        if alerts is not None:
+            alerts.close()

@@ -123,7 +123,8 @@ class Diagnoser:
                 launcher = info.launcher_cmdline if info is not None else ()
                 devices[(agent.pid, dev.index)] = self._device(agent, dev, now, launcher)
         self._leaks = {k: v for k, v in self._leaks.items() if k in devices}
-        return with_job_peers(devices, view.agents)
+        owners = {pid: info.uid for pid, info in view.processes.items()}
+        return with_job_peers(devices, view.agents, owners)
 
     def _device(
         self, agent: AgentView, dev: AgentDeviceView, now: float, launcher_argv: Sequence[str] = ()

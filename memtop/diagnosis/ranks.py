@@ -3,8 +3,9 @@ the median peak of the job's OTHER ranks, so the `rank_drift` rule can say which
 above the rest.
 
 Ranks are grouped as the fleet groups them (memtop.jobs: same Slurm job, torchrun rendezvous
-or pod set) among the agents this diagnosis sees.  The median of the others, not of all: with
-two ranks the median of all sits halfway and a rank 30 % above the other would read 13 %.
+or pod set, run by the same user) among the agents this diagnosis sees.  The median of the
+others, not of all: with two ranks the median of all sits halfway and a rank 30 % above the
+other would read 13 %.
 """
 
 from __future__ import annotations
@@ -29,11 +30,18 @@ def _rank(extra: Mapping[str, object], slurm_proc_id: int | None) -> int | None:
 
 
 def with_job_peers(
-    devices: dict[tuple[int, int], DeviceDiagnosis], agents: Sequence[AgentView]
+    devices: dict[tuple[int, int], DeviceDiagnosis],
+    agents: Sequence[AgentView],
+    owners: Mapping[int, int | None] | None = None,
 ) -> dict[tuple[int, int], DeviceDiagnosis]:
     """`devices` with `rank`, `job`, `peer_ranks` and `peers_median_peak_bytes` filled in for
-    the agents that are ranks of a job with at least one other rank in view."""
-    groups: dict[tuple[str, ...], list[tuple[int, int | None, str, int]]] = {}
+    the agents that are ranks of a job with at least one other rank in view.
+
+    `owners`: the uid running each pid.  A job is one owner's: anyone can claim any Slurm job
+    id in their own trainer's environment, and another user's agents claiming ours must not
+    make our ranks drift (issue 36, item 9)."""
+    owners = owners or {}
+    groups: dict[tuple[int | None, tuple[str, ...]], list[tuple[int, int | None, str, int]]] = {}
     for agent in agents:
         extra = agent.hello.extra if agent.hello is not None else {}
         job = job_identity(extra)
@@ -42,7 +50,9 @@ def with_job_peers(
         if job is None or key is None or not peaks:
             continue
         rank = _rank(extra, job.slurm_proc_id)
-        groups.setdefault(key, []).append((agent.pid, rank, job.label, max(peaks)))
+        groups.setdefault((owners.get(agent.pid), key), []).append(
+            (agent.pid, rank, job.label, max(peaks))
+        )
     if not groups:
         return devices
     out = dict(devices)

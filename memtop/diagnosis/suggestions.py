@@ -9,6 +9,7 @@ agent.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -112,6 +113,10 @@ class Suggestion:
     evidence: str
     fix: str | None = None  # one line a user can copy
     effect_bytes: int | None = None  # bytes saved / freed / made usable, when known
+    # An OOM report's fix is the agent's words (a trainer wrote the report), and most are
+    # advice in prose ("cap the batch at about 80 % ..."), not a line to paste into a shell.
+    fix_by_agent: bool = False
+    fix_is_prose: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -124,6 +129,10 @@ class Suggestion:
             "evidence": self.evidence,
             "fix": self.fix,
             "effect_bytes": self.effect_bytes,
+            # What `fix` is: a command or setting ("command") or advice in words ("prose"),
+            # and whose words ("memtop", or "agent": from a trainer's OOM report).
+            "fix_kind": None if not self.fix else "prose" if self.fix_is_prose else "command",
+            "fix_by": None if not self.fix else "agent" if self.fix_by_agent else "memtop",
         }
 
     @property
@@ -167,6 +176,8 @@ class Finding:
     evidence: str
     fix: str | None = None
     effect_bytes: int | None = None
+    fix_by_agent: bool = False  # see Suggestion
+    fix_is_prose: bool = False
 
 
 # Whether the suggestion of this rule at (pid, device) is on screen now (hysteresis).
@@ -221,6 +232,8 @@ class Rule:
                 f.evidence,
                 f.fix,
                 f.effect_bytes,
+                f.fix_by_agent,
+                f.fix_is_prose,
             )
 
 
@@ -440,6 +453,8 @@ def _out_of_memory(agent: DeviceDiagnosis, gpu: GpuFacts, held: bool) -> Finding
                 f"report: memtop oom {report.get('path') or ''}".rstrip()
             ),
             fix=str(verdict.get("fix") or ""),
+            fix_by_agent=True,
+            fix_is_prose=not is_setting(str(verdict.get("fix") or "")),
         )
     growth = agent.oom_growth
     if growth is not None:
@@ -454,6 +469,7 @@ def _out_of_memory(agent: DeviceDiagnosis, gpu: GpuFacts, held: bool) -> Finding
             detail=str(growth["detail"]),
             evidence=f"num_ooms {p.ooms}, num_alloc_retries {p.retries}; step marks",
             fix=str(growth["fix"]),
+            fix_is_prose=not is_setting(str(growth["fix"])),
         )
     return Finding(
         severity=CRITICAL,
@@ -464,6 +480,17 @@ def _out_of_memory(agent: DeviceDiagnosis, gpu: GpuFacts, held: bool) -> Finding
         ),
         evidence=f"num_ooms {p.ooms}, num_alloc_retries {p.retries}",
     )
+
+
+# `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`: the one kind of OOM fix that is a line to
+# paste (memtop.oom.diagnose words every other as advice).
+_SETTING = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=\S+")
+
+
+def is_setting(fix: str) -> bool:
+    """Whether an OOM verdict's fix is an environment setting (NAME=value, no space in it)
+    rather than advice in words."""
+    return _SETTING.fullmatch(fix) is not None
 
 
 def _fragmented(agent: DeviceDiagnosis, held: bool) -> bool:

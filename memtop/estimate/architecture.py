@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from memtop import untrusted
+from memtop.estimate.config_keys import MOE_TYPES, checkpoint_weights, unread_size_keys
 
 GPT, LLAMA = "gpt", "llama"
 
@@ -51,23 +52,95 @@ class Architecture:
     # per-tensor split (LoRA, QLoRA, Adafactor) and activations the guessed shape.
     assumed: bool = False
     override_params: int | None = None
+    # -- read from configs beyond the dense decoder (all 0/False: the dense shapes above) ------
+    head_dim: int = 0  # 0: hidden // heads (Mistral-Nemo, gpt-oss, Qwen3 set it apart)
+    qkv_bias: bool = False  # biases on q, k, v (Qwen2; `attention_bias` in Llama, gpt-oss)
+    o_bias: bool = False  # a bias on the output projection (`attention_bias` in Llama, gpt-oss)
+    mlp_bias: bool = False  # biases on the MLP's matrices (Llama's `mlp_bias`)
+    qk_norm_params: int = 0  # per layer: RMSNorms on q and k (OLMoE, Qwen3)
+    attention_sinks: bool = False  # one learned logit per head (gpt-oss)
+    # Mixture of experts: `experts` routed experts of `expert_intermediate` each in `moe_layers`
+    # of the layers (the others dense, with `intermediate`); `experts_per_token` of them run
+    # per token; the shared experts (all of them together: `shared_intermediate`) always run.
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate: int = 0
+    shared_intermediate: int = 0
+    shared_expert_gate: bool = False  # Qwen2-MoE: a (hidden -> 1) gate on the shared expert
+    expert_bias: bool = False  # gpt-oss: biases on the experts' matrices
+    router_bias: bool = False  # gpt-oss: a bias on the router
+    router_score_bias: bool = False  # DeepSeek-V3: e_score_correction_bias (one per expert)
+    moe_layers: int = 0
+    # Multi-head latent attention (DeepSeek-V2/V3): queries and keys/values through low-rank
+    # projections; the KV cache holds the compressed latent and the rotary key only.
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    mtp_layers: int = 0  # DeepSeek-V3's multi-token-prediction modules (not in the count)
+    # Layers whose attention sees only the last `sliding_window` tokens (their KV cache stops
+    # growing there): Mistral's sliding window, gpt-oss's alternating layers.
+    sliding_window: int = 0
+    sliding_layers: int = 0
+    # The checkpoint's stored weights when its config says they are quantized (`--quantize`'s
+    # spelling: fp8, mxfp4, gptq-4bit-g128...): what serving loads unless told otherwise.
+    checkpoint_weights: str | None = None
 
     # -- per layer ------------------------------------------------------------------------------
 
+    @property
+    def moe(self) -> bool:
+        return self.experts > 0
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def extended(self) -> bool:
+        """Counted tensor by tensor (parameter_tensors) rather than by the dense formula."""
+        return self.moe or self.mla
+
+    def attention_head_dim(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    def attention_shapes(self) -> dict[str, tuple[int, int]]:
+        """The attention's weight matrices of one llama-family block."""
+        h, d = self.hidden, self.attention_head_dim()
+        if self.mla:
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            out: dict[str, tuple[int, int]] = {}
+            if self.q_lora_rank:
+                out["q_a_proj"] = (h, self.q_lora_rank)
+                out["q_b_proj"] = (self.q_lora_rank, self.heads * qk)
+            else:
+                out["q_proj"] = (h, self.heads * qk)
+            out["kv_a_proj_with_mqa"] = (h, self.kv_lora_rank + self.qk_rope_head_dim)
+            out["kv_b_proj"] = (
+                self.kv_lora_rank,
+                self.heads * (self.qk_nope_head_dim + self.v_head_dim),
+            )
+            out["o_proj"] = (self.heads * self.v_head_dim, h)
+            return out
+        kv = self.kv_heads * d
+        q = self.heads * d if self.head_dim else h  # without head_dim, as HF: q is h × h
+        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
+
+    @staticmethod
+    def mlp_shapes(hidden: int, inter: int) -> dict[str, tuple[int, int]]:
+        return {
+            "gate_proj": (hidden, inter),
+            "up_proj": (hidden, inter),
+            "down_proj": (inter, hidden),
+        }
+
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
-        """The weight matrices of one block: name -> (in features, out features)."""
+        """The weight matrices of one block: name -> (in features, out features).  For a
+        mixture of experts: the attention and one dense MLP (what LoRA's names refer to)."""
         h, i = self.hidden, self.intermediate
         if self.family == LLAMA:
-            kv = self.kv_heads * (h // self.heads)
-            return {
-                "q_proj": (h, h),
-                "k_proj": (h, kv),
-                "v_proj": (h, kv),
-                "o_proj": (h, h),
-                "gate_proj": (h, i),
-                "up_proj": (h, i),
-                "down_proj": (i, h),
-            }
+            return {**self.attention_shapes(), **self.mlp_shapes(h, i)}
         return {
             "c_attn": (h, 3 * h),
             "attn.c_proj": (h, h),
@@ -79,7 +152,15 @@ class Architecture:
         """Norm weights and biases of one block (kept in 16/32 bits even under QLoRA)."""
         h = self.hidden
         if self.family == LLAMA:
-            return 2 * h
+            shapes = self.attention_shapes()
+            extra = self.qk_norm_params + (self.heads if self.attention_sinks else 0)
+            if self.qkv_bias:
+                extra += sum(shapes[n][1] for n in ("q_proj", "k_proj", "v_proj"))
+            if self.o_bias:
+                extra += h
+            if self.mlp_bias:
+                extra += 2 * self.intermediate + h
+            return 2 * h + extra
         biases = sum(out for _, out in self.linear_shapes().values())
         return 4 * h + biases  # two LayerNorms (weight + bias)
 
@@ -97,8 +178,83 @@ class Architecture:
     def final_norm_params(self) -> int:
         return self.hidden if self.family == LLAMA else 2 * self.hidden
 
+    # -- tensor by tensor (mixtures of experts, latent attention) --------------------------------
+
+    def expert_params(self) -> int:
+        """One routed expert: a gated MLP of `expert_intermediate` (with gpt-oss's biases)."""
+        h, i = self.hidden, self.expert_intermediate
+        return 3 * h * i + (2 * i + h if self.expert_bias else 0)
+
+    def block_tensors(self) -> list[tuple[tuple[int, ...], int, str]]:
+        """(shape as torch holds it, how many, what) of every tensor in the blocks of an
+        extended architecture; `what` is attention, mlp (dense layers), expert, shared, router
+        or norm."""
+        h, L = self.hidden, self.layers
+        dense = L - self.moe_layers
+        out: list[tuple[tuple[int, ...], int, str]] = []
+        for a, b in self.attention_shapes().values():
+            out.append(((b, a), L, "attention"))
+        if self.qkv_bias:
+            for name in ("q_proj", "k_proj", "v_proj"):
+                out.append(((self.attention_shapes()[name][1],), L, "attention"))
+        if self.o_bias:
+            out.append(((h,), L, "attention"))
+        if self.q_lora_rank:
+            out.append(((self.q_lora_rank,), L, "norm"))  # q_a_layernorm
+        if self.mla:
+            out.append(((self.kv_lora_rank,), L, "norm"))  # kv_a_layernorm
+        if self.qk_norm_params:
+            out.append(((self.qk_norm_params,), L, "norm"))
+        if self.attention_sinks:
+            out.append(((self.heads,), L, "attention"))
+        out.append(((h,), 2 * L, "norm"))  # the two RMSNorms of each block
+        if dense:
+            for a, b in self.mlp_shapes(h, self.intermediate).values():
+                out.append(((b, a), dense, "mlp"))
+            if self.mlp_bias:
+                out.append(((self.intermediate,), 2 * dense, "mlp"))
+                out.append(((h,), dense, "mlp"))
+        if self.moe_layers:
+            n = self.moe_layers
+            for a, b in self.mlp_shapes(h, self.expert_intermediate).values():
+                out.append(((b, a), n * self.experts, "expert"))
+            if self.expert_bias:
+                out.append(((self.expert_intermediate,), 2 * n * self.experts, "expert"))
+                out.append(((h,), n * self.experts, "expert"))
+            if self.shared_intermediate:
+                for a, b in self.mlp_shapes(h, self.shared_intermediate).values():
+                    out.append(((b, a), n, "shared"))
+            if self.shared_expert_gate:
+                out.append(((1, h), n, "shared"))
+            out.append(((self.experts, h), n, "router"))
+            if self.router_bias or self.router_score_bias:
+                out.append(((self.experts,), n, "router"))
+        return out
+
+    def active_parameter_count(self) -> int:
+        """What one token runs through: all but the routed experts it is not sent to (the
+        embedding table counted whole, as Mixtral's 12.9 B and Qwen1.5-MoE's 2.7 B count)."""
+        idle = self.moe_layers * (self.experts - self.experts_per_token) * self.expert_params()
+        return self.parameter_count() - round(idle * self.scale())
+
+    def mtp_parameter_count(self) -> int:
+        """DeepSeek-V3's multi-token-prediction modules: one more MoE block each, two RMSNorms
+        and a (2h -> h) projection (their embedding and head are the main model's): not loaded
+        by transformers, so not in parameters_count; said apart."""
+        if not self.mtp_layers:
+            return 0
+        h = self.hidden  # enorm, hnorm, shared_head.norm; eh_proj
+        return self.mtp_layers * (self._moe_block_params() + 3 * h + 2 * h * h)
+
+    def _moe_block_params(self) -> int:
+        """One MoE block's parameters (attention, experts, router, norms)."""
+        moe_only = replace(self, layers=1, moe_layers=1, mtp_layers=0)
+        return sum(math.prod(shape) * n for shape, n, _ in moe_only.block_tensors())
+
     def counted_params(self) -> int:
         """Parameters from the shape alone."""
+        if self.extended:
+            return sum(math.prod(shape) * n for shape, n in self.parameter_tensors())
         per_layer = self.layer_linear_params() + self.layer_vector_params()
         return (
             self.layers * per_layer
@@ -116,11 +272,19 @@ class Architecture:
 
     def block_linear_params(self) -> int:
         """Parameters in the blocks' weight matrices: what QLoRA quantizes."""
+        if self.extended:
+            return round(
+                sum(math.prod(s) * n for s, n, _ in self.block_tensors() if len(s) == 2)
+                * self.scale()
+            )
         return round(self.layers * self.layer_linear_params() * self.scale())
 
     def matrices(self) -> list[tuple[int, int, int]]:
         """(rows, cols, how many) of every weight matrix, for factored optimizer states."""
-        out = [(a, b, self.layers) for a, b in self.linear_shapes().values()]
+        if self.extended:
+            out = [(s[1], s[0], n) for s, n, _ in self.block_tensors() if len(s) == 2]
+        else:
+            out = [(a, b, self.layers) for a, b in self.linear_shapes().values()]
         out.append((self.vocab, self.hidden, 1))
         if self.positions:
             out.append((self.positions, self.hidden, 1))
@@ -133,6 +297,13 @@ class Architecture:
         is (out, in)): what per-tensor optimizer states (Adafactor's factored moments,
         bitsandbytes' blocks and its 32-bit small tensors) are sized by."""
         h = self.hidden
+        if self.extended:
+            tensors = [(shape, n) for shape, n, _ in self.block_tensors()]
+            tensors.append(((h,), 1))  # the final norm
+            tensors.append(((self.vocab, h), 1))
+            if not self.tied_embeddings:
+                tensors.append(((self.vocab, h), 1))
+            return tensors
         out: list[tuple[tuple[int, ...], int]] = [
             ((b, a), self.layers) for a, b in self.linear_shapes().values()
         ]
@@ -150,12 +321,16 @@ class Architecture:
         return out
 
     def vector_params(self) -> int:
+        if self.extended:
+            return sum(math.prod(s) * n for s, n in self.parameter_tensors() if len(s) == 1)
         return self.layers * self.layer_vector_params() + self.final_norm_params()
 
     def largest_layer_params(self) -> int:
         """The largest single module (DeepSpeed's `largest_layer_params`: an embedding or one
         linear), gathered whole under ZeRO-3."""
         biggest = max(a * b for a, b in self.linear_shapes().values())
+        if self.extended:
+            biggest = max(math.prod(s) for s, _, _ in self.block_tensors())
         return round(max(biggest, self.vocab * self.hidden) * self.scale())
 
     def lora_params(self, rank: int, targets: tuple[str, ...]) -> int:
@@ -166,9 +341,23 @@ class Architecture:
     def resolve_targets(self, targets: tuple[str, ...] | None) -> tuple[str, ...]:
         """LoRA target names for this family; a one-line error names the valid ones."""
         known = tuple(self.linear_shapes())
+        if self.moe:
+            # Adapters on the attention only: per-expert adapters (and PEFT's names for them,
+            # which differ by family) are not counted, so they are refused, not guessed.
+            known = tuple(self.attention_shapes())
         if not targets:
-            return DEFAULT_LORA_TARGETS[self.family]
+            default = DEFAULT_LORA_TARGETS[self.family]
+            if all(t in known for t in default):
+                return default
+            raise ArchitectureError(
+                f"name the LoRA targets (--lora-targets) of this model: {', '.join(known)}"
+            )
         if ALL_LINEAR in targets:
+            if self.moe:
+                raise ArchitectureError(
+                    "LoRA on the experts' matrices is not estimated: name attention targets "
+                    f"({', '.join(known)})"
+                )
             return known
         aliases = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj"}
         resolved = []
@@ -229,10 +418,97 @@ def _first(config: dict[str, Any], *keys: str) -> Any:
     return None
 
 
+class UnreadConfigKey(ArchitectureError):
+    """A config key that changes the model's size and that the estimate does not read: the
+    estimate refuses rather than count the model wrong (DESIGN §13, exit 2)."""
+
+
+def _count(config: dict[str, Any], key: str, default: int = 0) -> int:
+    """A non-negative integer setting, or a one-line error naming it."""
+    value = config.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ArchitectureError(f"{key} must be a non-negative integer, not {value!r}")
+    return value
+
+
+def _moe_layer_count(config: dict[str, Any], model_type: str, layers: int) -> int:
+    """How many of the layers hold experts, by each family's rule (its modeling code)."""
+    if model_type in ("deepseek_v2", "deepseek_v3"):
+        # DeepseekV3DecoderLayer: experts where idx >= first_k_dense_replace and
+        # idx % moe_layer_freq == 0.
+        first = _count(config, "first_k_dense_replace")
+        freq = max(1, _count(config, "moe_layer_freq", 1))
+        return sum(1 for i in range(layers) if i >= first and i % freq == 0)
+    if model_type in ("qwen2_moe", "qwen3_moe"):
+        # Qwen2MoeDecoderLayer: experts where idx is not in mlp_only_layers and
+        # (idx + 1) % decoder_sparse_step == 0.
+        step = max(1, _count(config, "decoder_sparse_step", 1))
+        only = config.get("mlp_only_layers") or []
+        if not isinstance(only, list):
+            raise ArchitectureError(f"mlp_only_layers must be a list, not {only!r}")
+        return sum(1 for i in range(layers) if i not in only and (i + 1) % step == 0)
+    return layers  # Mixtral, OLMoE, gpt-oss: every layer
+
+
+def _moe_fields(config: dict[str, Any], model_type: str, layers: int) -> dict[str, Any]:
+    experts = _count(config, "num_local_experts") or _count(config, "num_experts")
+    experts = experts or _count(config, "n_routed_experts")
+    if not experts:
+        return {}
+    if model_type not in MOE_TYPES:
+        raise UnreadConfigKey(
+            f"model_type {model_type or '(none)'!r} is a mixture of experts memtop has not "
+            f"checked against a published count (it reads {', '.join(sorted(MOE_TYPES))})"
+        )
+    top_k = _count(config, "num_experts_per_tok") or _count(config, "experts_per_token")
+    if not 0 < top_k <= experts:
+        raise ArchitectureError(
+            f"num_experts_per_tok must be between 1 and the {experts} experts, not {top_k}"
+        )
+    hidden_inter = _count(config, "intermediate_size")
+    expert_inter = _count(config, "moe_intermediate_size") or hidden_inter
+    fields: dict[str, Any] = {
+        "experts": experts,
+        "experts_per_token": top_k,
+        "expert_intermediate": expert_inter,
+        "moe_layers": _moe_layer_count(config, model_type, layers),
+    }
+    if model_type == "qwen2_moe":
+        fields["shared_intermediate"] = _count(config, "shared_expert_intermediate_size")
+        fields["shared_expert_gate"] = bool(fields["shared_intermediate"])
+    elif model_type in ("deepseek_v2", "deepseek_v3"):
+        fields["shared_intermediate"] = _count(config, "n_shared_experts") * expert_inter
+        # DeepseekV3TopkRouter keeps e_score_correction_bias (V2's "greedy" router does not).
+        fields["router_score_bias"] = model_type == "deepseek_v3" or (
+            config.get("topk_method") == "noaux_tc"
+        )
+    elif model_type == "gpt_oss":
+        fields["expert_bias"] = fields["router_bias"] = True
+    return fields
+
+
 def from_hf_config(config: dict[str, Any], name: str = "config.json") -> Architecture:
-    """The shape out of a Hugging Face config dict (a composite one's `text_config`)."""
+    """The shape out of a Hugging Face config dict (a composite one's `text_config`).  A key
+    that changes the size and that this does not read is refused by name (UnreadConfigKey)."""
+    unread = unread_size_keys(config)
     if isinstance(config.get("text_config"), dict):
-        config = {**config["text_config"], "model_type": config.get("model_type")}
+        inner = config["text_config"]
+        unread += unread_size_keys(inner)
+        config = {
+            **inner,
+            "model_type": inner.get("model_type") or config.get("model_type"),
+            "quantization_config": config.get("quantization_config")
+            or inner.get("quantization_config"),
+        }
+    if unread:
+        raise UnreadConfigKey(
+            f"{name}: {', '.join(repr(k) for k in unread)} would change the model's size and "
+            "memtop's estimate does not read "
+            + ("it" if len(unread) == 1 else "them")
+            + ": refusing rather than counting the model wrong"
+        )
     hidden = _first(config, "hidden_size", "n_embd", "d_model")
     layers = _first(config, "num_hidden_layers", "n_layer", "num_layers")
     heads = _first(config, "num_attention_heads", "n_head")
@@ -256,6 +532,7 @@ def from_hf_config(config: dict[str, Any], name: str = "config.json") -> Archite
     family = GPT if model_type in GPT_TYPES or (not act and "n_embd" in config) else LLAMA
     if model_type not in GPT_TYPES and act and act not in GATED_ACTIVATIONS:
         family = GPT
+    moe = _moe_fields(config, model_type, layers)
     inter = _first(config, "intermediate_size", "n_inner", "ffn_dim") or 4 * hidden
     kv = _first(config, "num_key_value_heads", "multi_query_group_num") or heads
     positions = 0
@@ -264,6 +541,54 @@ def from_hf_config(config: dict[str, Any], name: str = "config.json") -> Archite
     tied = config.get("tie_word_embeddings")
     if tied is None:
         tied = family == GPT  # HF's defaults: GPT-2 ties, Llama does not
+    extra: dict[str, Any] = dict(moe)
+    if config.get("head_dim") is not None and family == LLAMA:
+        extra["head_dim"] = _count(config, "head_dim")
+    if model_type in ("qwen2", "qwen2_moe"):
+        extra["qkv_bias"] = True  # Qwen2Attention: q, k, v with biases, o without
+    if config.get("attention_bias") and family == LLAMA:
+        extra["qkv_bias"] = extra["o_bias"] = True
+    if config.get("mlp_bias") and family == LLAMA:
+        if moe:
+            raise UnreadConfigKey(f"{name}: 'mlp_bias' on a mixture of experts is not read")
+        extra["mlp_bias"] = True
+    head_dim = _count(config, "head_dim") or hidden // heads
+    if model_type == "olmoe":
+        extra["qk_norm_params"] = hidden + int(kv) * head_dim  # q_norm(h), k_norm(kv·d)
+    elif model_type in ("qwen3", "qwen3_moe"):
+        extra["qk_norm_params"] = 2 * head_dim  # q_norm and k_norm over one head
+    if model_type == "gpt_oss":
+        extra["attention_sinks"] = True
+    if config.get("kv_lora_rank"):
+        if model_type not in ("deepseek_v2", "deepseek_v3"):
+            raise UnreadConfigKey(f"{name}: 'kv_lora_rank' outside DeepSeek-V2/V3 is not read")
+        extra.update(
+            q_lora_rank=_count(config, "q_lora_rank"),
+            kv_lora_rank=_count(config, "kv_lora_rank"),
+            qk_nope_head_dim=_count(config, "qk_nope_head_dim"),
+            qk_rope_head_dim=_count(config, "qk_rope_head_dim"),
+            v_head_dim=_count(config, "v_head_dim"),
+            mtp_layers=_count(config, "num_nextn_predict_layers"),
+        )
+    try:
+        stored = checkpoint_weights(config.get("quantization_config"))
+    except ValueError as exc:
+        raise UnreadConfigKey(f"{name}: {exc}") from None
+    if stored:
+        extra["checkpoint_weights"] = stored
+    window = config.get("sliding_window")
+    if isinstance(window, int) and not isinstance(window, bool) and window > 0:
+        types = config.get("layer_types")
+        if isinstance(types, list):
+            sliding = sum(1 for t in types if t == "sliding_attention")
+        elif config.get("use_sliding_window") is False:
+            sliding = 0  # Qwen2: the window is off
+        elif config.get("use_sliding_window") and config.get("max_window_layers") is not None:
+            sliding = max(0, layers - _count(config, "max_window_layers"))
+        else:
+            sliding = layers  # Mistral 7B v0.1: every layer
+        if sliding:
+            extra.update(sliding_window=window, sliding_layers=min(sliding, layers))
     return Architecture(
         name=str(config.get("_name_or_path") or model_type or name),
         family=family,
@@ -275,6 +600,7 @@ def from_hf_config(config: dict[str, Any], name: str = "config.json") -> Archite
         kv_heads=int(kv),
         positions=positions,
         tied_embeddings=bool(tied),
+        **extra,
     )
 
 

@@ -13,6 +13,7 @@ from memtop.estimate.architecture import (
     PRESETS,
     Architecture,
     ArchitectureError,
+    UnreadConfigKey,
     assumed_shape,
     load_hf_config,
     parse_count,
@@ -27,6 +28,8 @@ from memtop.estimate.memory import (
     estimate,
 )
 from memtop.estimate.render import Target, calibrated_json, calibrated_text, to_json, to_text
+from memtop.estimate.serving import KV_DTYPES, ServeSetup
+from memtop.model import DriverReading
 
 
 class EstimateError(MemtopError):
@@ -55,13 +58,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--from",
         dest="from_recording",
-        type=Path,
         metavar="RECORDING|PID",
         help=(
             "calibrate by a run: its recording (memtop record, an agent wire recording) or the "
-            "pid of a live agent; with --measured-batch, predicts the peak at --batch and the "
-            "largest batch"
+            "pid of a live agent (a number is a pid: name a file ./22035); with "
+            "--measured-batch, predicts the peak at --batch and the largest batch"
         ),
+    )
+    parser.add_argument(
+        "--pid",
+        type=int,
+        default=None,
+        help="with --from RECORDING of several trainers: the one to calibrate by",
     )
     parser.add_argument(
         "--measured-seq",
@@ -77,13 +85,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="the batch the recorded run used at its peak (with --from)",
     )
-    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPE_BYTES))
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        choices=sorted(DTYPE_BYTES),
+        help="the trainable weights' dtype (default bf16; fp32 with --autocast)",
+    )
     parser.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
     parser.add_argument(
         "--master-weights", action="store_true", help="an fp32 copy of 16-bit trainable weights"
     )
     parser.add_argument(
-        "--autocast", action="store_true", help="fp32 weights, 16-bit activations (torch.autocast)"
+        "--autocast",
+        action="store_true",
+        help="mixed precision as HF bf16=True runs it: fp32 weights, 16-bit activations "
+        "(torch.autocast)",
     )
     parser.add_argument(
         "--lora-rank", type=int, default=None, help="train LoRA adapters of this rank"
@@ -125,7 +141,67 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="micro-batch per GPU (default 1; with --from, the measured one)",
     )
-    parser.add_argument("--seq", type=int, default=2048, help="sequence length in tokens")
+    parser.add_argument(
+        "--seq",
+        "--context",
+        dest="seq",
+        type=int,
+        default=2048,
+        help="sequence length in tokens (serving: the context a sequence holds)",
+    )
+    parser.add_argument(
+        "--ep", type=int, default=1, metavar="N", help="expert parallel: experts split over N GPUs"
+    )
+    parser.add_argument(
+        "--capacity-factor",
+        type=float,
+        default=None,
+        metavar="C",
+        help="experts' buffers sized for C × their share of the tokens (default: dropless)",
+    )
+    serve = parser.add_argument_group("serving (--serve): generation, not training")
+    serve.add_argument(
+        "--serve",
+        "--inference",
+        dest="serve",
+        action="store_true",
+        help="estimate serving for generation: weights, KV cache, prefill, not training",
+    )
+    serve.add_argument(
+        "--quantize",
+        default=None,
+        metavar="FORMAT",
+        help="served weights: 4bit, 8bit (bitsandbytes), fp8, mxfp4, gptq-4bit-g128, "
+        "awq-4bit-g128 (default --dtype, or the config's quantization_config)",
+    )
+    serve.add_argument(
+        "--kv-dtype", default=None, choices=sorted(KV_DTYPES), help="KV cache dtype (default bf16)"
+    )
+    serve.add_argument(
+        "--concurrency", type=int, default=1, metavar="N", help="sequences generated at once"
+    )
+    serve.add_argument("--tp", type=int, default=1, metavar="N", help="tensor-parallel GPUs")
+    serve.add_argument(
+        "--prefill-tokens",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens one forward pass takes (vLLM's max_num_batched_tokens; default the context)",
+    )
+    serve.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=None,
+        metavar="U",
+        help="vLLM's budget: the KV cache it leaves and the concurrency it would report",
+    )
+    serve.add_argument(
+        "--offload-layers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="keep N layers' weights in CPU memory (streamed over PCIe each token)",
+    )
     parser.add_argument(
         "--gpu",
         action="append",
@@ -159,8 +235,27 @@ def setup_from(args: argparse.Namespace) -> Setup:
     targets = tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
     if targets and not rank:
         raise EstimateUsageError("--lora-targets needs --lora-rank")
+    serving = [k for k, default in SERVE_ONLY.items() if getattr(args, k) != default]
+    if serving:
+        raise EstimateUsageError(
+            f"--{serving[0].replace('_', '-')} is a serving setting: add --serve (generation), "
+            "or leave it out for training"
+        )
+    if args.quantize_base and not rank:
+        raise EstimateUsageError(
+            "--quantize-base trains LoRA adapters over a quantized base: give --lora-rank "
+            "(or --qlora); to serve a quantized model use --serve --quantize"
+        )
+    dtype = args.dtype or ("fp32" if args.autocast else "bf16")
+    if args.autocast and dtype != "fp32":
+        raise EstimateUsageError(
+            f"--autocast runs over fp32 weights (HF bf16=True): leave out --dtype {dtype}, or "
+            "use --master-weights for 16-bit weights with an fp32 master copy"
+        )
     return Setup(
-        dtype=args.dtype,
+        dtype=dtype,
+        expert_parallel=args.ep,
+        capacity_factor=args.capacity_factor,
         optimizer=args.optimizer,
         master_weights=args.master_weights,
         autocast=args.autocast,
@@ -192,17 +287,37 @@ def targets_from(names: list[str]) -> list[Target]:
 
 
 def local_gpus() -> list[Target]:
-    """This machine's GPUs through NVML; none (no verdict) when there is no driver."""
-    from memtop.sources.nvml import NvmlSource
+    """This machine's GPUs through every driver library memtop reads (NVIDIA's NVML, AMD's
+    amdsmi: memtop.sources.devices), each with what is free on it now; none (no verdict) when
+    no driver answers."""
+    from memtop.sources.devices import DRIVERS, CombinedDeviceSource
 
-    source = NvmlSource()
+    source = CombinedDeviceSource([make() for make in DRIVERS], _NoFallback())
     try:
         reading = source.read()
     finally:
         source.close()
+    if not reading.available:
+        return []
+    # A GPU in MIG mode runs nothing itself: its instances (devices of their own) are the
+    # GPUs a trainer gets.
     return [
-        Target(d.name, d.total_bytes, "nvml", d.index) for d in reading.devices if d.total_bytes
+        Target(d.name, d.total_bytes, reading.source, d.index, d.free_bytes)
+        for d in reading.devices
+        if d.total_bytes and not d.mig_mode
     ]
+
+
+class _NoFallback:
+    """No simulated GPUs for an estimate: a demo's GPUs are not this machine's."""
+
+    source = "none"
+
+    def read(self) -> DriverReading:
+        return DriverReading(available=False, devices=(), source="none")
+
+    def close(self) -> None:
+        pass
 
 
 def run(args: argparse.Namespace) -> int:
@@ -212,9 +327,13 @@ def run(args: argparse.Namespace) -> int:
         raise EstimateUsageError("say what to estimate: --preset, --config, --params or --from")
     try:
         arch = architecture(args)
+    except UnreadConfigKey as exc:
+        raise EstimateUsageError(str(exc)) from None  # DESIGN §13: exit 2
     except ArchitectureError as exc:
         # A config file that cannot be read is an error; a bad --params value a usage error.
         raise (EstimateError if args.config is not None else EstimateUsageError)(str(exc)) from None
+    if args.serve:
+        return run_serve(args, arch)
     try:
         est = estimate(arch, setup_from(args))
     except ArchitectureError as exc:
@@ -229,22 +348,84 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+# Training flags that mean nothing when serving: refused rather than silently ignored.
+TRAINING_ONLY = {
+    "optimizer": "adamw", "master_weights": False, "autocast": False, "lora_rank": None,
+    "qlora": False, "quantize_base": None, "offload_optimizer": False, "zero": 0, "gpus": 1,
+    "checkpointing": "none", "batch": None, "ep": 1, "lora_targets": "",
+    "capacity_factor": None,
+}  # fmt: skip
+SERVE_ONLY = {
+    "quantize": None, "kv_dtype": None, "concurrency": 1, "tp": 1, "prefill_tokens": None,
+    "gpu_memory_utilization": None, "offload_layers": 0,
+}  # fmt: skip
+
+
+def serve_setup_from(args: argparse.Namespace, arch: Architecture) -> ServeSetup:
+    given = [k for k, default in TRAINING_ONLY.items() if getattr(args, k) != default]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise EstimateUsageError(
+            f"{flag} is a training setting: --serve estimates generation (no gradients or "
+            "optimizer); say the concurrency with --concurrency"
+        )
+    weights = args.quantize or arch.checkpoint_weights or args.dtype or "bf16"
+    return ServeSetup(
+        weights=weights,
+        kv_dtype=args.kv_dtype or "bf16",
+        context=args.seq,
+        concurrency=args.concurrency,
+        tp=args.tp,
+        prefill_tokens=args.prefill_tokens,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        offload_layers=args.offload_layers,
+    )
+
+
+def run_serve(args: argparse.Namespace, arch: Architecture) -> int:
+    from memtop.estimate.render import serve_json, serve_text
+    from memtop.estimate.serving import serve_estimate
+
+    try:
+        setup = serve_setup_from(args, arch)
+        est = serve_estimate(arch, setup)
+    except ArchitectureError as exc:
+        raise EstimateUsageError(str(exc)) from None
+    targets = targets_from(args.gpu)
+    if args.json:
+        print(json.dumps(serve_json(est, targets), indent=2))
+    else:
+        print(serve_text(est, targets))
+        if not targets:
+            print("no GPU found here: name one with --gpu (e.g. --gpu rtx4090)")
+    return 0
+
+
 def run_calibrated(args: argparse.Namespace) -> int:
     """`--from RECORDING`: the run's own peak, weights and optimizer state at its batch, fitted
     (memtop.estimate.calibrate) and asked about --batch and the GPU(s)."""
     from memtop import protocol
     from memtop.estimate.calibrate import BatchModel
-    from memtop.estimate.measured import MeasuredError, from_recording, from_replies
+    from memtop.estimate.measured import (
+        ChooseTrainer,
+        MeasuredError,
+        from_recording,
+        from_replies,
+    )
 
     if args.preset or args.config is not None or args.params:
         raise EstimateUsageError(
             "--from measures the model itself: leave out --preset/--config/--params"
         )
+    if args.serve:
+        raise EstimateUsageError("--from calibrates training: leave out --serve")
     if args.measured_batch is None or args.measured_batch < 1:
         raise EstimateUsageError("--from needs --measured-batch N: the batch the recorded run used")
     if args.batch is not None and args.batch < 1:
         raise EstimateUsageError(f"--batch {args.batch}: a batch must be at least 1")
     live = getattr(args, "live_replies", None)
+    if live is not None and args.pid is not None:
+        raise EstimateUsageError("--pid chooses a trainer of a recording: --from PID names one")
     try:
         if live is not None:
             # `--from PID`: the CLI asked the agent (memtop.cli, the same checks as cleanup).
@@ -255,7 +436,9 @@ def run_calibrated(args: argparse.Namespace) -> int:
                 protocol.parse_reply("breakdown", breakdown) if breakdown else None,
             )
         else:
-            measured = from_recording(args.from_recording)
+            measured = from_recording(Path(args.from_recording), args.pid)
+    except ChooseTrainer as exc:
+        raise EstimateUsageError(str(exc)) from None
     except MeasuredError as exc:
         raise EstimateError(str(exc)) from None
     except protocol.ProtocolError as exc:

@@ -22,7 +22,17 @@ NAMED_GPUS: dict[str, int] = {
     "v100-32gb": 32_768 * MiB,
     "v100-16gb": 16_384 * MiB,
     "t4": 15_360 * MiB,
+    # AMD Instinct: the HBM each GPU (an MI250's GCD) has, as amd-smi counts it.
+    "mi300x": 192 * GiB,
+    "mi250": 64 * GiB,  # per GCD: an MI250 is two GPUs of 64 GiB to torch and amd-smi
+    "mi210": 64 * GiB,
 }
+# The boards MIG splits, and the memory they are named by (the "80gb" of "a100-80gb"): a MIG
+# profile `Ng.Mgb` holds M/board-GB of the board's memory, in eighths (NVIDIA's MIG user
+# guide, "Supported MIG Profiles": 1g 1/8 or 2/8, 2g 2/8, 3g and 4g 4/8, 7g the whole board).
+MIG_BOARDS = {"a100-40gb": 40, "a100-80gb": 80, "h100-80gb": 80, "h100-94gb": 94, "h200": 141}
+MIG_SLICES = {1: (1, 2), 2: (2,), 3: (4,), 4: (4,), 7: (8,)}
+_MIG = re.compile(r"^(\d)g\.(\d+)gb$")
 ALIASES = {"h100": "h100-80gb", "a100": "a100-80gb", "v100": "v100-32gb"}
 
 
@@ -43,6 +53,8 @@ def named_gpu(name: str) -> tuple[str, int] | None:
 def parse_gpu(name: str) -> tuple[str, int]:
     """(name, capacity in bytes) of `--gpu NAME`; ValueError with one line for the user."""
     key = name.strip().lower().replace("_", "-")
+    if ":" in key:
+        return parse_mig(name, key)
     key = ALIASES.get(key, key)
     capacity = NAMED_GPUS.get(key)
     if capacity is not None:
@@ -59,3 +71,28 @@ def parse_gpu(name: str) -> tuple[str, int]:
     if capacity > MAX_GPU_BYTES:
         raise ValueError(f"--gpu {name!r}: more memory than any GPU (at most 64 TiB)")
     return f"{name.strip()} GPU", capacity
+
+
+def parse_mig(name: str, key: str) -> tuple[str, int]:
+    """`a100-80gb:3g.40gb`: a MIG instance of that profile, its share of the board's memory."""
+    board, _, profile = key.partition(":")
+    board = ALIASES.get(board, board)
+    if board not in MIG_BOARDS:
+        raise ValueError(
+            f"--gpu {name!r}: MIG profiles are known on {', '.join(MIG_BOARDS)} (board:profile)"
+        )
+    found = _MIG.match(profile.removeprefix("mig-").removeprefix("mig "))
+    eighths = None
+    if found:
+        slices, size = int(found.group(1)), int(found.group(2))
+        nominal = MIG_BOARDS[board]
+        for share in MIG_SLICES.get(slices, ()):
+            if abs(nominal * share / 8 - size) <= 1.5:  # names round: 94/8 = 11.75 -> 12gb
+                eighths = share
+    if eighths is None:
+        raise ValueError(
+            f"--gpu {name!r}: {profile!r} is not a MIG profile of {board} "
+            f"(e.g. {board}:1g.{round(MIG_BOARDS[board] / 8)}gb, "
+            f"{board}:3g.{round(MIG_BOARDS[board] / 2)}gb)"
+        )
+    return f"{board} MIG {profile}", NAMED_GPUS[board] * eighths // 8

@@ -24,6 +24,15 @@ class MeasuredError(Exception):
     """A recording that cannot be calibrated from: one line for the user."""
 
 
+class ChooseTrainer(MeasuredError):
+    """A recording of several trainers and no --pid: which one is the user's to say."""
+
+
+class Leaking(MeasuredError):
+    """The trainer's baseline grows (memtop's leak verdict): its peak holds the leak, which no
+    batch fit can tell from activations."""
+
+
 @dataclass(frozen=True, slots=True)
 class Measured:
     pid: int
@@ -36,6 +45,9 @@ class Measured:
     optimizer_state_bytes: int | None
     baseline_bytes: int | None  # the lowest step mark: allocated right after a step
     steps: int  # step marks seen
+    first_step: int | None = None  # the step marks' range: the steps the figures come from
+    last_step: int | None = None
+    leak: str = ""  # memtop's leak verdict on the baseline, in words (why it is not a leak)
     # "device": torch's allocator on a GPU; "host": the process's resident set (a CPU trainer:
     # torch keeps no CPU counters), its peak the kernel's high-water mark, its baseline the
     # resident set right after a step.  The device index is then HOST_DEVICE.
@@ -68,8 +80,34 @@ class Measured:
             "optimizer_state_bytes": self.optimizer_state_bytes,
             "baseline_bytes": self.baseline_bytes,
             "steps": self.steps,
+            "first_step": self.first_step,
+            "last_step": self.last_step,
+            "leak": self.leak,
             "memory": self.memory,
         }
+
+
+def judge_leak(pid: int, marks: dict[int, tuple[float, int]], what: str) -> str:
+    """memtop's leak verdict (memtop.diagnosis.leak) on a trainer's per-step baseline: raises
+    Leaking when it grows, else says in words what was judged.  `marks`: step -> (time, bytes)."""
+    from memtop.diagnosis.leak import MIN_MARKS, detect_from_steps
+    from memtop.units import format_bytes
+
+    if len(marks) < MIN_MARKS:
+        return f"not judged: {len(marks)} of the {MIN_MARKS} step marks a leak verdict needs"
+    steps = sorted(marks)
+    verdict = detect_from_steps(
+        [float(s) for s in steps], [marks[s][0] for s in steps], [marks[s][1] for s in steps], None
+    )
+    if verdict.detected:
+        raise Leaking(
+            f"pid {pid}'s {what} after each step grows {format_bytes(verdict.bytes_per_step)} a "
+            f"step (memtop's leak verdict over steps {steps[0]}-{steps[-1]}, confidence "
+            f"{verdict.confidence:.0%}): its peak holds the leak, not only activations, so no "
+            "batch is fitted from it; fix the leak (`memtop --once` shows it) or calibrate on a "
+            "run without it"
+        )
+    return f"no leak: {verdict.reason}"
 
 
 def from_replies(pid: int, sample: AgentSample, breakdown: AgentBreakdown | None) -> Measured:
@@ -86,7 +124,13 @@ def from_replies(pid: int, sample: AgentSample, breakdown: AgentBreakdown | None
     parts: dict[str, int] = {}
     if breakdown is not None and dev.index in breakdown.devices:
         parts = dict(breakdown.devices[dev.index])
-    marks = [m.allocated[dev.index] for m in sample.step_marks if dev.index in m.allocated]
+    by_step = {
+        m.step: (m.time, m.allocated[dev.index])
+        for m in sample.step_marks
+        if dev.index in m.allocated
+    }
+    leak = judge_leak(pid, by_step, "allocated memory")
+    marks = [allocated for _, allocated in by_step.values()]
     return Measured(
         pid=pid,
         device=dev.index,
@@ -100,6 +144,9 @@ def from_replies(pid: int, sample: AgentSample, breakdown: AgentBreakdown | None
         else None,
         baseline_bytes=min(marks) if marks else None,
         steps=len(marks),
+        first_step=min(by_step) if by_step else None,
+        last_step=max(by_step) if by_step else None,
+        leak=leak,
     )
 
 
@@ -107,6 +154,7 @@ def _host(pid: int, host: HostMemory, marks: HostMarks) -> Measured:
     """A trainer without a CUDA device, measured by its host memory (memtop.agent.host_memory):
     the peak is the kernel's exact high-water mark of its resident set; nothing is cached above
     it (glibc's kept heap is resident already), so reserved is the peak."""
+    leak = judge_leak(pid, marks.series, "resident memory")
     return Measured(
         pid=pid,
         device=HOST_DEVICE,
@@ -118,6 +166,9 @@ def _host(pid: int, host: HostMemory, marks: HostMarks) -> Measured:
         optimizer_state_bytes=None,
         baseline_bytes=marks.baseline,
         steps=marks.steps,
+        first_step=min(marks.series) if marks.series else None,
+        last_step=max(marks.series) if marks.series else None,
+        leak=leak,
         memory="host",
     )
 
@@ -129,12 +180,16 @@ class HostMarks:
         self.lowest_in_use: int | None = None
         self.lowest_rss: int | None = None
         self.steps = 0
+        # step -> (time, what the process holds after it): the series a leak is judged on.
+        self.series: dict[int, tuple[float, int]] = {}
 
     def add(self, marks: Iterable[StepMark]) -> HostMarks:
         for mark in marks:
             if mark.host_rss is None:
                 continue
             self.steps += 1
+            held = mark.host_in_use
+            self.series[mark.step] = (mark.time, held if held is not None else mark.host_rss)
             low = self.lowest_rss
             self.lowest_rss = mark.host_rss if low is None else min(low, mark.host_rss)
             in_use = mark.host_in_use
@@ -153,7 +208,9 @@ class HostMarks:
         return self.lowest_in_use if self.lowest_in_use is not None else self.lowest_rss
 
 
-def from_recording(path: Path) -> Measured:
+def from_recording(path: Path, pid: int | None = None) -> Measured:
+    """The trainer `pid` of a recording, or its only trainer; ChooseTrainer when it holds
+    several and `pid` is None, Leaking when the one measured leaks."""
     try:
         recording = load(path)
     except RecordError as exc:
@@ -161,13 +218,26 @@ def from_recording(path: Path) -> Measured:
     except OSError as exc:
         raise MeasuredError(f"cannot read {path}: {exc.strerror or exc}") from None
     peaks: dict[tuple[int, int], dict[str, Any]] = {}
+    # Per (pid, device), step -> (time, allocated): marks repeat across samples, kept once.
+    marks_of: dict[tuple[int, int], dict[int, tuple[float, int]]] = {}
+    trainers = _trainers(recording.events)
+    if pid is not None and pid not in trainers:
+        listed = ", ".join(str(p) for p in sorted(trainers)) or "none"
+        raise ChooseTrainer(
+            f"--pid {pid}: no trainer of that pid in {path} (its trainers: {listed})"
+        )
+    if pid is None and len(trainers) > 1:
+        raise ChooseTrainer(
+            f"{path} holds {len(trainers)} trainers (pids "
+            f"{', '.join(str(p) for p in sorted(trainers))}): choose one with --pid"
+        )
     breakdowns: dict[tuple[int, int], dict[str, int]] = {}
     # Per pid, its newest host memory reading (its peak only grows) and the resident set after
     # each step: what a CPU trainer is measured by.
     hosts: dict[int, HostMemory] = {}
     host_marks: dict[int, HostMarks] = {}
     for event in recording.events:
-        if event.pid is None:
+        if event.pid is None or (pid is not None and event.pid != pid):
             continue
         if event.kind == "sample" and isinstance(event.value, AgentSample):
             if event.value.host_memory is not None:
@@ -176,7 +246,7 @@ def from_recording(path: Path) -> Measured:
             for dev in event.value.devices:
                 seen = peaks.setdefault(
                     (event.pid, dev.index),
-                    {"peak": 0, "reserved": 0, "total": 0, "baseline": None, "steps": 0},
+                    {"peak": 0, "reserved": 0, "total": 0, "baseline": None},
                 )
                 seen["peak"] = max(seen["peak"], dev.torch_peak)
                 seen["reserved"] = max(seen["reserved"], dev.reserved)
@@ -186,7 +256,10 @@ def from_recording(path: Path) -> Measured:
                     marked = peaks.get((event.pid, index))
                     if marked is None:
                         continue
-                    marked["steps"] += 1
+                    marks_of.setdefault((event.pid, index), {})[mark.step] = (
+                        mark.time,
+                        allocated,
+                    )
                     low = marked["baseline"]
                     marked["baseline"] = allocated if low is None else min(low, allocated)
         elif event.kind == "breakdown" and isinstance(event.value, AgentBreakdown):
@@ -202,7 +275,12 @@ def from_recording(path: Path) -> Measured:
         )
     (pid, device), seen = max(peaks.items(), key=lambda item: item[1]["peak"])
     parts = breakdowns.get((pid, device), {})
+    by_step = marks_of.get((pid, device), {})
+    leak = judge_leak(pid, by_step, "allocated memory")
     return Measured(
+        first_step=min(by_step) if by_step else None,
+        last_step=max(by_step) if by_step else None,
+        leak=leak,
         pid=pid,
         device=device,
         peak_bytes=seen["peak"],
@@ -212,5 +290,14 @@ def from_recording(path: Path) -> Measured:
         gradients_bytes=parts.get("gradients"),
         optimizer_state_bytes=parts.get("optimizer_state"),
         baseline_bytes=seen["baseline"],
-        steps=seen["steps"],
+        steps=len(by_step),
     )
+
+
+def _trainers(events: Iterable[Any]) -> set[int]:
+    """The pids that sent samples: the trainers a recording holds."""
+    return {
+        event.pid
+        for event in events
+        if event.pid is not None and event.kind == "sample" and isinstance(event.value, AgentSample)
+    }

@@ -77,6 +77,10 @@ class Setup:
     context_bytes: int = CUDA_CONTEXT_BYTES
     adapter_dtype: str = "fp32"  # LoRA adapters (PEFT's default; the QLoRA paper's: bf16)
     offload_optimizer: bool = False  # optimizer state and master weights in CPU memory
+    expert_parallel: int = 1  # GPUs the routed experts are split over (--ep)
+    # Each expert's buffer holds capacity_factor × its even share of the routed tokens
+    # (GShard, Switch Transformer); None: dropless routing (every token reaches its experts).
+    capacity_factor: float | None = None
 
     def check(self) -> None:
         problems = []
@@ -92,6 +96,12 @@ class Setup:
             problems.append("GPU count must be at least 1")
         if self.batch < 1 or self.seq < 1:
             problems.append("batch and sequence length must be at least 1")
+        if self.expert_parallel < 1:
+            problems.append("expert parallelism must be at least 1")
+        elif self.expert_parallel > self.gpus:
+            problems.append("expert parallelism needs as many GPUs (--gpus) as --ep")
+        if self.capacity_factor is not None and not 0 < self.capacity_factor <= 64:
+            problems.append("capacity factor must be in (0, 64]")
         if self.lora_rank < 0:
             problems.append("LoRA rank must be >= 0")
         if self.quantize_base is not None and self.quantize_base not in QUANT_BYTES:
@@ -210,6 +220,18 @@ def activation_parts(arch: Architecture, setup: Setup, batch: int) -> dict[str, 
     # autocast the residual stream stays fp32, so the two LayerNorms keep fp32 inputs: 4·s·b·h
     # more (the H100 recordings' peaks: 0.5 % off with it, 5 % without).
     per_layer_linear = (38 if setup.autocast else 34) * sbh
+    if arch.moe:
+        # A mixture of experts, by the same accounting: of the 34, 19 are the MLP's (its input
+        # 2, its 4h-wide intermediate 16, a dropout mask 1).  An MoE layer keeps its input and
+        # mask, a dispatched copy of the input per expert a token is sent to (2·k), and 4 bytes
+        # a value of each active expert's intermediate (and the shared experts'), dropless
+        # routing (every token reaches its k experts); with a capacity factor C every expert's
+        # buffer is sized for C times its share, so the dispatched tokens count C·k.  Averaged
+        # over the layers, dense ones keeping Korthikanti's 19.
+        k, h_ = arch.experts_per_token * (setup.capacity_factor or 1.0), arch.hidden
+        moe_mlp = 3 + 2 * k + 4 * (k * arch.expert_intermediate + arch.shared_intermediate) / h_
+        mlp = (moe_mlp * arch.moe_layers + 19 * (L - arch.moe_layers)) / L
+        per_layer_linear = round(((38 if setup.autocast else 34) - 19 + mlp) * sbh)
     scores = 5 * a * s * s * b if setup.attention == "eager" else 0
     per_layer = per_layer_linear + scores
     # With full recomputation each layer's input is kept (fp32 under autocast), and during the
@@ -237,6 +259,8 @@ def estimate(arch: Architecture, setup: Setup) -> Estimate:
     if setup.lora:
         targets = arch.resolve_targets(setup.lora_targets)
         setup = _with_targets(setup, targets)
+    if setup.capacity_factor is not None and not arch.moe:
+        raise ArchitectureError("--capacity-factor sizes experts' buffers: this model has none")
     n = setup.gpus
     total_params = arch.parameter_count()
     param_bytes = DTYPE_BYTES[setup.dtype]
@@ -272,10 +296,23 @@ def estimate(arch: Architecture, setup: Setup) -> Estimate:
     details["master_weights_bytes"] = round(master)
     details["optimizer_moments_bytes"] = round(state)
     optimizer = state + master
+    if setup.expert_parallel > 1 and not setup.lora and setup.zero_stage < 1:
+        optimizer *= _expert_share(arch, setup.expert_parallel, total_params)
     if setup.offload_optimizer:
         # DeepSpeed's offload_optimizer (ZeRO-Offload): state and master weights in CPU memory.
         details["offloaded_optimizer_bytes"] = round(optimizer)
         optimizer = 0.0
+
+    if setup.expert_parallel > 1:
+        # Expert parallelism: each GPU holds 1/ep of the routed experts, and their gradients
+        # and optimizer state; attention, shared experts and embeddings stay replicated.  What
+        # ZeRO partitions over all the GPUs below is 1/gpus of everything either way.
+        kept = _expert_share(arch, setup.expert_parallel, total_params)
+        details["expert_parallel_share"] = round(kept, 6)
+        if setup.zero_stage < 3:
+            weights *= kept
+        if not setup.lora and setup.zero_stage < 2:
+            grads *= kept
 
     # ZeRO partitions model states over the data-parallel GPUs.
     if setup.zero_stage >= 1:
@@ -332,6 +369,16 @@ def estimate(arch: Architecture, setup: Setup) -> Estimate:
     )
 
 
+def _expert_share(arch: Architecture, ep: int, total_params: int) -> float:
+    """The share of the model one GPU holds when the routed experts are split over `ep`."""
+    if not arch.moe:
+        raise ArchitectureError("--ep splits experts: this model has none")
+    if arch.experts % ep:
+        raise ArchitectureError(f"--ep {ep} does not divide the {arch.experts} experts")
+    routed = arch.moe_layers * arch.experts * arch.expert_params() * arch.scale()
+    return 1 - (routed / total_params) * (1 - 1 / ep)
+
+
 def _with_targets(setup: Setup, targets: tuple[str, ...]) -> Setup:
     from dataclasses import replace
 
@@ -354,3 +401,45 @@ def max_batch(arch: Architecture, setup: Setup, capacity: int) -> int:
     if room < per_sample:
         return 0
     return int(room // per_sample) if per_sample > 0 else 1 << 20
+
+
+def recipe(setup: Setup) -> str:
+    """The precision recipe in words: what the table counts, never left to be assumed."""
+    moments = {
+        "adamw": "Adam moments",
+        "adam": "Adam moments",
+        "sgd-momentum": "momentum",
+        "lion": "Lion moment",
+        "adafactor": "Adafactor factors",
+    }.get(setup.optimizer)
+    if setup.lora:
+        base = (
+            f"a {setup.quantize_base} quantized base" if setup.quantize_base else
+            f"a frozen {setup.dtype} base"
+        )  # fmt: skip
+        return f"adapters: {base}, {setup.adapter_dtype} LoRA adapters, their gradients and state"
+    if setup.autocast:
+        return (
+            "mixed precision (torch.autocast, HF bf16=True): fp32 weights, gradients and "
+            f"{moments or 'optimizer state'}, 16-bit activations and a 16-bit weight cache"
+        )
+    if setup.dtype == "fp32":
+        return f"full fp32: fp32 weights, gradients, {moments or 'optimizer state'} and activations"
+    state = f"fp32 {moments}" if moments else f"{setup.optimizer} state"
+    if setup.master_weights:
+        return (
+            f"mixed precision with a master copy: {setup.dtype} weights and gradients, fp32 "
+            f"master weights and {state} (DeepSpeed, Megatron)"
+        )
+    state = moments or f"{setup.optimizer} state"
+    return f"pure {setup.dtype}: {setup.dtype} weights, gradients and {state}, no fp32 master copy"
+
+
+def mixed_precision_default(setup: Setup) -> Setup | None:
+    """The common recipe (fp32 weights under bf16 autocast, what HF `bf16=True` runs) when
+    `setup` is pure 16-bit training; None when it already keeps fp32 state."""
+    if setup.lora or setup.autocast or setup.master_weights or DTYPE_BYTES[setup.dtype] == 4:
+        return None
+    from dataclasses import replace
+
+    return replace(setup, dtype="fp32", autocast=True)

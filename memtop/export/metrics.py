@@ -26,6 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from memtop import metric_table
+from memtop.diagnosis.sites import leaking_site
 from memtop.export.text import exposition
 from memtop.jobs import DCGM_LABELS, INFO_JOB_LABELS, dcgm_labels, info_labels
 from memtop.model import AgentStatus
@@ -33,6 +34,8 @@ from memtop.observation import AgentObservation, Observation
 
 GPU_LABELS = ("hostname", "UUID", "gpu", "modelName")
 AMD_GPU_LABELS = ("gpu_id", "gpu_uuid", "card_model")
+# DCGM exporter's MIG labels: the GPU instance id and its profile ("3g.40gb").
+MIG_GPU_LABELS = ("GPU_I_ID", "GPU_I_PROFILE")
 # DCGM exporter's job labels (hpc_job, pod, namespace, container), so series join its own.
 AGENT_LABELS = ("hostname", "pid", "rank", "job", *DCGM_LABELS)
 INFO_LABELS = (
@@ -138,7 +141,11 @@ def render(
     # NVIDIA's first on a mixed box.
     amd_ids = {g.uuid: str(n) for n, g in enumerate(g for g in obs.gpus if g.vendor == "amd")}
     amd_labels = AMD_GPU_LABELS if amd_ids else ()
-    gpu_label_names = (*GPU_LABELS, *amd_labels)
+    # A box with MIG instances: DCGM's instance labels on every GPU series ("" on a whole
+    # GPU), so a dashboard built on dcgm-exporter's reads memtop's; `gpu` is the parent's.
+    migs = {g.uuid: g.mig for g in obs.gpus if g.mig is not None}
+    mig_labels = MIG_GPU_LABELS if migs else ()
+    gpu_label_names = (*GPU_LABELS, *amd_labels, *mig_labels)
     process_label_names = (*gpu_label_names, "pid", "rank", "job", *DCGM_LABELS)
 
     def gpu_labels(uuid: str, index: int, name: str) -> list[str]:
@@ -146,6 +153,9 @@ def render(
         if amd_ids:
             amd_id = amd_ids.get(uuid)
             values += [amd_id, uuid, name] if amd_id is not None else ["", "", ""]
+        if migs:
+            mig = migs.get(uuid)
+            values += [str(mig.gpu_instance_id), mig.profile] if mig is not None else ["", ""]
         return values
 
     def gauge(name: str, text: str, labels: tuple[str, ...]) -> GaugeMetricFamily:
@@ -175,9 +185,19 @@ def render(
         "One per GPU in view: where its numbers come from.",
         (*gpu_label_names, "source"),
     )
+    gpu_accounted = gauge(
+        "memtop_gpu_memory_accounted_bytes",
+        "A GPU's used memory by who holds it (the parts sum to memtop_gpu_memory_used_bytes): "
+        "agents_reserved, agents_outside_pytorch, no_agent, other_namespace, other_users, gone, "
+        "mig_instances, overcounted, unattributed.",
+        (*gpu_label_names, "part"),
+    )
     for gpu in obs.gpus:
         labels = gpu_labels(gpu.uuid, gpu.index, gpu.name)
         gpu_info.add_metric([*labels, gpu.source], 1)
+        if gpu.accounting is not None:
+            for share in gpu.accounting.parts:
+                gpu_accounted.add_metric([*labels, share.name], share.bytes)
         if gpu.used_bytes is not None:
             gpu_used.add_metric(labels, gpu.used_bytes)
         if gpu.total_bytes is not None:
@@ -214,6 +234,14 @@ def render(
         "memtop_site_bytes",
         f"Live bytes allocated at a line of user code (file:line), the top {EXPORT_TOP_SITES} "
         "per device; only while stacks are recorded.",
+        (*process_label_names, "site"),
+    )
+    # The leak's line and its rate (DESIGN §13: named from the agent's kept rounds, so the
+    # first scrape has it): one series per leaking process and device at most.
+    leak_site = gauge(
+        "memtop_leak_site_bytes_per_step",
+        "How fast the live bytes of the leak's line of user code (file:line) grow per step; "
+        "only while a leak is detected and stacks name its line.",
         (*process_label_names, "site"),
     )
 
@@ -258,6 +286,10 @@ def render(
                 name = site_label(trend.site.file, trend.site.line)
                 if name is not None:
                     site_bytes.add_metric([*labels, name], trend.bytes)
+            culprit = leaking_site(dev.diagnosis.sites)
+            name = site_label(culprit.site.file, culprit.site.line) if culprit else None
+            if culprit is not None and name is not None and culprit.bytes_per_step is not None:
+                leak_site.add_metric([*labels, name], culprit.bytes_per_step)
 
     # What each process on a GPU is (DESIGN §13): trainer, server (its engine), preallocator,
     # and the share of the GPU a server or preallocator asked for, with the setting that sets it.
@@ -304,6 +336,7 @@ def render(
         gpu_total,
         gpu_free,
         gpu_processes,
+        gpu_accounted,
         info,
         steps,
         *families.values(),
@@ -311,5 +344,6 @@ def render(
         site_bytes,
         workload_info,
         budget_share,
+        leak_site,
         suggestions,
     ]

@@ -12,7 +12,9 @@ others that also hold are listed):
   OOM too: a batch or sequence that grows; cap it;
 - outside_pytorch: the same shortage, but the driver's per-process usage (in the report since
   issue 24) shows this process itself holding the bytes outside torch's cache;
-- leak: the per-step baseline (allocated right after each step) rose steadily;
+- leak: the per-step baseline (allocated right after each step) rose steadily; named by its
+  line when stacks were recorded and a site of the report grew with it over the agent's kept
+  rounds (DESIGN §13);
 - fragmentation: the cache held more free bytes than the request, in no block as large:
   expandable segments;
 - too_big: none of those: the step needs more than the GPU has.
@@ -25,6 +27,7 @@ import statistics
 from typing import Any
 
 from memtop import alloc_conf
+from memtop.sites import site_name
 from memtop.units import MiB, format_bytes
 
 CONTEXT_BYTES = 512 * MiB  # the process's own CUDA context, outside torch's counters
@@ -34,6 +37,11 @@ STRONG_GROWTH = 1.5  # per step: growth after two steps (a doubling batch fails 
 MIN_BASELINE_RISE = 1 * MiB  # a baseline rise below this is noise, not a step's growth
 MIN_BASELINE_COVERAGE = 0.5  # of the steps, in runs of growing baselines (see growing_batch)
 LEAK_MIN_BYTES_PER_STEP = 1 * MiB
+# A site is the leak's as memtop.diagnosis.sites judges it on the dashboard (not imported: the
+# agent imports this module): readings enough, never falling, blocks that outlive a reading,
+# and at least this share of the leak's rate.
+SITE_MIN_READINGS = 3
+SITE_LEAK_SHARE = 0.25
 
 
 def _int(report: dict[str, Any], key: str) -> int | None:
@@ -216,6 +224,28 @@ def _too_big_fix(breakdown: object) -> str:
     return f"{PART_FIXES[largest]}, else {generic}"
 
 
+def leak_site(sites: Any, rate: float) -> dict[str, Any] | None:
+    """The report's site whose bytes grew with the leak (its growth over the agent's kept rounds,
+    DESIGN §13), the fastest first; None without one (no stacks, an older agent, no growth)."""
+    best: dict[str, Any] | None = None
+    for entry in sites if isinstance(sites, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        per_step = entry.get("bytes_per_step")
+        if isinstance(per_step, bool) or not isinstance(per_step, int | float):
+            continue
+        readings, falls, old = (_int(entry, k) for k in ("readings", "falls", "old_blocks"))
+        if readings is None or falls is None or old is None:
+            continue
+        if readings < SITE_MIN_READINGS or falls > 0 or old <= 0:
+            continue
+        if per_step < SITE_LEAK_SHARE * rate or per_step <= 0:
+            continue
+        if best is None or per_step > best["bytes_per_step"]:
+            best = entry
+    return best
+
+
 def diagnose(report: dict[str, Any]) -> dict[str, Any]:
     """{cause, detail, fix, also}: what the user reads first, and the other causes in view."""
     requested = _int(report, "requested_bytes") or 0
@@ -313,15 +343,23 @@ def diagnose(report: dict[str, Any]) -> dict[str, Any]:
     leak = leak_rate(recent)
     if leak is not None:
         rate, since = leak
+        culprit = leak_site(report.get("sites"), rate)
+        named = site_name(culprit["site"]) if culprit is not None else None
+        where = f", from `{named}`" if named else ""
+        look = f"see what keeps the blocks from {named.split(' ', 1)[0]} alive" if named else ""
         found.append(
             {
                 "cause": "leak",
-                "detail": f"{headline}: leak of {format_bytes(rate)}/step since step {since}",
+                "detail": (
+                    f"{headline}: leak of {format_bytes(rate)}/step since step {since}{where}"
+                ),
                 "fix": (
-                    "look for tensors kept across steps: a loss summed with its graph "
-                    "(use loss.item()), outputs appended to a list, hooks, retain_graph=True"
+                    (look or "look for tensors kept across steps")
+                    + ": a loss summed with its graph (use loss.item()), outputs appended to "
+                    "a list, hooks, retain_graph=True"
                 ),
                 "bytes_per_step": rate,
+                **({"site": culprit["site"]} if named and culprit is not None else {}),
             }
         )
 

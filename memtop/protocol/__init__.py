@@ -1,10 +1,12 @@
 """The agent socket protocol (DESIGN §6), in its parts:
 
+- memtop.protocol.commands: the closed command set, one record per command;
 - memtop.protocol.framing: frames (4-byte big-endian length + one UTF-8 JSON object), the request
   envelope, error codes;
 - memtop.protocol.schema: each command's reply as the viewer reads it, typed (memtop.model);
 - memtop.protocol.replies: each command's reply as the agent builds it;
 - memtop.protocol.places: the socket directory, pids, peer credentials, connecting;
+- memtop.protocol.discovery: which users' socket directories root reads;
 - memtop.protocol.text: a peer's text made inert (the device sources import only this);
 - memtop.protocol.namespaces, nesting: pid namespaces in socket names, the nesting scan.
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from memtop.protocol import namespaces, nesting
+from memtop.protocol.discovery import Discovery, SocketDirs
 from memtop.protocol.framing import (
     E_BAD_FRAME,
     E_BAD_REQUEST,
@@ -49,7 +52,9 @@ from memtop.protocol.places import (
     check_socket_entry,
     connect,
     connect_agent,
+    connect_agent_process,
     describe_connect_error,
+    discover,
     discovery_dirs,
     ensure_private_dir,
     ensure_socket_dir,
@@ -64,7 +69,10 @@ from memtop.protocol.places import (
     socket_path,
     socket_pid,
     state_dir,
+    unmapped_here,
+    user_name,
 )
+from memtop.protocol.procfs import process_start_ticks
 from memtop.protocol.replies import SAMPLE_STAT_KEYS, error_reply, mark_columns
 from memtop.protocol.text import (
     MAX_TEXT,
@@ -156,10 +164,12 @@ __all__ = [
     "REPLY_PARSERS",
     "SAMPLE_STAT_KEYS",
     "ConnectionClosed",
+    "Discovery",
     "FrameDecoder",
     "PeerRefused",
     "ProtocolError",
     "Request",
+    "SocketDirs",
     "UnsafeSocketDir",
     "canonical_pci_bus_id",
     "check_depth",
@@ -170,9 +180,11 @@ __all__ = [
     "clean_value",
     "connect",
     "connect_agent",
+    "connect_agent_process",
     "decimal",
     "decode_body",
     "describe_connect_error",
+    "discover",
     "discovery_dirs",
     "encode_frame",
     "ensure_private_dir",
@@ -198,10 +210,13 @@ __all__ = [
     "pid_alive",
     "pid_exists",
     "pid_owner",
+    "process_start_ticks",
     "recv_message",
     "send_message",
     "socket_dir",
     "socket_path",
     "socket_pid",
     "state_dir",
+    "unmapped_here",
+    "user_name",
 ]

@@ -6,10 +6,10 @@ It connects to `<socket dir>/<PID>.sock` as memtop would (same checks: no symlin
 SO_PEERCRED pid and uid) and holds the agent to the wire schema of DESIGN §6: every reply parsed
 by `memtop.protocol` (the same parsers the viewer uses), ids echoed, errors as error frames with
 the protocol's codes, a malformed frame answered and the connection closed, the stats keys memtop
-reads all present, numbers that can be true together.  It sends only read-only commands
-(`hello`, `sample`, `breakdown`, `snapshot` without a file, `sites`
-without switching stacks) and never `cleanup` or `reset_peak`,
-which act inside the trainer: their reply parsers are exercised by memtop's own tests.
+reads all present, numbers that can be true together.  It sends every command of the table
+(memtop.protocol.commands) that changes nothing in the trainer (`hello`, `sample`, `breakdown`,
+`snapshot` without a file, `sites` without switching stacks) and never one that does
+(`cleanup`, `reset_peak`): their reply parsers are exercised by memtop's own tests.
 
 Exit status 0 when every check passes, 1 when one fails, 2 when the agent cannot be reached.
 A JAX agent or a test double runs this to prove it can stand in for memtop's own.
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from memtop import protocol
+from memtop.protocol import commands
 
 TIMEOUT_S = 10.0
 
@@ -177,6 +178,26 @@ def run_checks(pid: int, directory: Path) -> list[Check]:
 
             return body
 
+        def sites_history() -> str:
+            # DESIGN §13: a first `sites` may ask the kept rounds; an older agent ignores it.
+            rid, reply = talk.ask("sites", {"history": True})
+            assert reply.get("id") == rid, f"reply id {reply.get('id')!r}, request id {rid}"
+            if "error" in reply:
+                error = reply["error"]
+                assert isinstance(error, dict) and isinstance(error.get("code"), str), (
+                    "error is not {code, message}"
+                )
+                return f"declined: {error['code']}"
+            parsed = protocol.parse_sites(reply["result"])
+            if "history" not in reply["result"]:
+                return "none kept (an agent that predates it)"
+            times = [r.time or 0.0 for r in parsed.history]
+            assert times == sorted(times), "history rounds not oldest first"
+            assert parsed.time is None or all(t < parsed.time for t in times), (
+                "a history round not older than the newest"
+            )
+            return f"{len(parsed.history)} past round(s)"
+
         def unknown_command() -> str:
             rid, reply = talk.ask("rm -rf /")
             assert reply.get("id") == rid, "an error reply must echo the request's id"
@@ -222,8 +243,14 @@ def run_checks(pid: int, directory: Path) -> list[Check]:
         if check("hello", hello):
             check("sample", sample)
             check("sample options", sample_options)
-        for cmd in ("breakdown", "snapshot", "sites"):
-            check(cmd, low_rate(cmd))
+        # Every other command of the table that changes nothing in the trainer when asked
+        # without arguments (memtop.protocol.commands).
+        for command in commands.COMMANDS:
+            if command.asked not in (commands.ON_CONNECT, commands.EVERY_ROUND) and (
+                not command.acts()
+            ):
+                check(command.name, low_rate(command.name))
+        check("sites history", sites_history)
         check("unknown command", unknown_command)
         check("bad arguments", bad_arguments)
         check("malformed frame", malformed_frame)

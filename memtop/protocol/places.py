@@ -8,14 +8,19 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import pwd
+import signal
 import socket
 import stat
 import struct
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from memtop.protocol import namespaces
-from memtop.protocol.text import decimal
+from memtop.protocol.discovery import Discovery, SocketDirs
+from memtop.protocol.procfs import process_start_ticks
+from memtop.protocol.text import clean_text, decimal
 
 
 class UnsafeSocketDir(Exception):
@@ -128,25 +133,25 @@ def ensure_private_dir(path: Path) -> Path:
     return path
 
 
-def discovery_dirs() -> list[tuple[Path, int]]:
-    """Socket directories a viewer reads, each with the uid that must own it.
+def discover(finder: SocketDirs | None = None) -> Discovery:
+    """Socket directories a viewer reads, each with the uid that owns it, and one line for each
+    kind of directory it does not read.
 
     A normal user reads their own; root (who may attach to anyone's trainer) reads every
-    user's, so `sudo memtop` on a shared box sees all the agents.
-    """
+    user's, so `sudo memtop` on a shared box sees all the agents: each user's by its owner as
+    lstat says, at a bounded cost per round (protocol.discovery).  `finder`: the one a viewer
+    keeps from round to round (its verdicts cached); without it, one complete look."""
     mine = socket_dir()
     if os.geteuid() != 0 or os.environ.get("MEMTOP_SOCKET_DIR"):
-        return [(mine, os.getuid())]
-    found = {mine: os.getuid()}
-    for pattern_root, prefix in ((Path("/tmp"), "memtop-"), (Path("/run/user"), "")):
-        with contextlib.suppress(OSError):
-            for entry in pattern_root.iterdir():
-                uid = decimal(entry.name[len(prefix) :]) if entry.name.startswith(prefix) else None
-                if uid is None:
-                    continue
-                path = entry if prefix else entry / "memtop"
-                found.setdefault(path, uid)
-    return sorted(found.items())
+        return Discovery([(mine, os.getuid())], [])
+    if finder is None:
+        return SocketDirs().scan((mine, os.getuid()), limit=0)
+    return finder.scan((mine, os.getuid()))
+
+
+def discovery_dirs() -> list[tuple[Path, int]]:
+    """The socket directories `discover` reads, each with the uid that owns it."""
+    return discover().dirs
 
 
 def socket_path(pid: int, directory: Path | None = None) -> Path:
@@ -293,10 +298,25 @@ def connect_agent(
     name: str | None = None,
 ) -> socket.socket:
     """Connect to the agent of `pid` in `directory` (owned by `owner`, default: us) and make
+    sure it is that agent: see connect_agent_process, whose socket this is."""
+    return connect_agent_process(pid, directory, owner, timeout, name)[0]
+
+
+def connect_agent_process(
+    pid: int,
+    directory: Path,
+    owner: int | None = None,
+    timeout: float = 2.0,
+    name: str | None = None,
+) -> tuple[socket.socket, int | None]:
+    """Connect to the agent of `pid` in `directory` (owned by `owner`, default: us) and make
     sure it is that agent: the directory and the socket are checked with lstat (no symlink
-    followed), and the server's SO_PEERCRED must show pid `pid` and uid `owner`.  Nothing is
-    sent before these checks pass.  Raises UnsafeSocketDir or PeerRefused (refused) or OSError
-    (not reachable).
+    followed), the server's SO_PEERCRED must show pid `pid` and uid `owner`, and that pid must
+    still be the very process that opened the socket (check_peer_process).  Nothing is sent
+    before these checks pass.  Returns the socket and the process's start time (clock ticks
+    since boot, /proc/PID/stat field 22; None where it cannot be read), which tells that
+    process from any later one given the same pid.  Raises UnsafeSocketDir or PeerRefused
+    (refused) or OSError (not reachable).
 
     `name`: the socket's file name when `pid` (as this viewer sees it) runs in another pid
     namespace (`<its pid>.ns<inode>.sock`); the server must then be `pid` AND be that process
@@ -320,16 +340,167 @@ def connect_agent(
         check_peer(sock, pid, owner)
         if name is not None and namespaces.expected_socket_name(pid) != name:
             raise PeerRefused(f"pid {pid} is not the process {name} stands for")
+        started = check_peer_process(sock, pid, path)
     except BaseException:
         sock.close()
         raise
-    return sock
+    return sock, started
+
+
+# SO_PEERPIDFD (Linux >= 6.5): a pidfd for the process that opened the peer socket.  Python's
+# socket module has the constant from 3.13 on; its value is fixed by the kernel's ABI.
+SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)
+
+
+class PidfdUnsupported(Exception):
+    """This kernel has no SO_PEERPIDFD (older than 6.5): identity falls back on start times."""
+
+
+def peer_pidfd(sock: socket.socket) -> int | None:
+    """A pidfd for the process that opened the other end of `sock` (its listener's, for an
+    agent socket), or None when that process has exited (it cannot be signalled, whatever
+    now has its pid).  Raises PidfdUnsupported on kernels without SO_PEERPIDFD."""
+    try:
+        fd = sock.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD)
+    except OSError as exc:
+        if exc.errno in (errno.ENOPROTOOPT, errno.EOPNOTSUPP):
+            raise PidfdUnsupported from None
+        if exc.errno in (errno.ESRCH, errno.EINVAL, errno.ENODATA):
+            return None  # kernels before 6.16 refuse a pidfd for a reaped process
+        raise
+    if pidfd_pid(fd) in (None, -1):  # newer kernels give one, for a process with no pid
+        os.close(fd)
+        return None
+    return fd
+
+
+def pidfd_pid(fd: int) -> int | None:
+    """The pid (in this process's pid namespace) of the process `fd` refers to; -1 when it has
+    exited, None when it cannot be read."""
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", "rb") as fh:
+            for line in fh.read(4096).splitlines():
+                if line.startswith(b"Pid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _boot_time() -> float:
+    """When the machine booted, in wall-clock seconds, to the microsecond (/proc/stat's btime
+    is whole seconds): the base of a process's start time."""
+    return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+# A process cannot have opened a socket made before it started; clock ticks and a wall clock
+# set meanwhile blur the comparison by this much.
+START_SLACK_S = 1.0
+
+
+def check_peer_process(sock: socket.socket, pid: int, path: Path) -> int | None:
+    """`pid` (SO_PEERCRED's, the number the kernel kept when the listener was made) must still
+    be the process that opened the agent socket: a process that passes its listening socket to
+    a child and exits leaves its pid to be reused, and the socket would then speak for whoever
+    got the number.  With SO_PEERPIDFD (Linux >= 6.5) the kernel says it; elsewhere a process
+    that started after the socket was made cannot be the one that made it.  Returns the
+    process's start time (process_start_ticks); raises PeerRefused."""
+    gone = (
+        f"the process that opened the agent socket of pid {pid} has exited; pid {pid} is now "
+        "another process (the socket is served by a process it handed it to)"
+    )
+    try:
+        fd = peer_pidfd(sock)
+    except PidfdUnsupported:
+        fd = -1
+    except OSError as exc:
+        raise PeerRefused(
+            f"cannot identify the process behind the socket of pid {pid}: {exc.strerror or exc}"
+        ) from None
+    if fd is None:
+        raise PeerRefused(gone)
+    if fd >= 0:
+        try:
+            if pidfd_pid(fd) != pid:
+                raise PeerRefused(gone)
+            started = process_start_ticks(pid)
+            # Still that process once its start time was read (so it was its /proc entry).
+            signal.pidfd_send_signal(fd, 0)
+        except ProcessLookupError:
+            raise PeerRefused(gone) from None
+        except PermissionError:
+            pass  # alive; another user's (the owner check above is the pidfd's as well)
+        finally:
+            os.close(fd)
+        return started
+    started = process_start_ticks(pid)
+    try:
+        made = os.lstat(path).st_mtime
+    except OSError:
+        return started
+    if started is not None:
+        started_at = _boot_time() + started / os.sysconf("SC_CLK_TCK")
+        if started_at > made + START_SLACK_S:
+            raise PeerRefused(gone)
+    return started
+
+
+def user_name(uid: int) -> str:
+    """`name` (uid N) from the passwd database, or `uid N` alone; made inert (it is text from
+    outside memtop)."""
+    try:
+        name = clean_text(pwd.getpwuid(uid).pw_name, 64)
+    except (KeyError, OverflowError):
+        return f"uid {uid}"
+    return f"{name}, uid {uid}" if name != str(uid) else f"uid {uid}"
+
+
+def unmapped_here(pid: int) -> str | None:
+    """Why the agent of `pid` cannot know who this viewer is, when that is so: it runs in a user
+    namespace of its own (a rootless or user-namespaced container) that does not map this
+    process's uid, so it sees this viewer as the overflow uid (65534) and, rightly, refuses it.
+    None when `pid` shares our user namespace, or maps our uid, or when /proc does not say."""
+    try:
+        if os.stat(f"/proc/{pid}/ns/user").st_ino == os.stat("/proc/self/ns/user").st_ino:
+            return None
+        with open(f"/proc/{pid}/uid_map", "rb") as fh:
+            uid_map = fh.read(65536)
+    except OSError:
+        return None
+    uid = os.geteuid()
+    for line in uid_map.splitlines():
+        # "first uid inside, first uid outside (as this reader's namespace sees it), count"
+        fields = line.split()
+        try:
+            outside, count = int(fields[1]), int(fields[2])
+        except (IndexError, ValueError):
+            return None
+        if outside <= uid < outside + count:
+            return None
+    try:
+        with open("/proc/sys/kernel/overflowuid", "rb") as fh:
+            overflow = int(fh.read(32))
+    except (OSError, ValueError):
+        overflow = 65534
+    return (
+        f"the agent of pid {pid} refuses this viewer: it runs in a user namespace (a container) "
+        f"that does not map uid {uid}, so there this viewer is uid {overflow}, the overflow "
+        "uid; run memtop inside the container, or as the user the container's root maps to"
+    )
 
 
 def describe_connect_error(pid: int, exc: OSError) -> str:
     """A one-line reason a viewer could not reach an agent (only what is known)."""
     if exc.errno == errno.ENOENT and not pid_alive(pid):
         return f"no process {pid}"
+    owner = pid_owner(pid)
+    if exc.errno == errno.ENOENT and owner is not None and owner != os.getuid():
+        whom = user_name(owner)
+        return (
+            f"pid {pid} belongs to another user ({whom}): its agent, if it has one, listens in "
+            "that user's socket directory, which you cannot reach; run memtop as root (sudo)"
+            + ("" if owner == 0 else " or as that user")
+        )
     if exc.errno == errno.ENOENT:
         return (
             f"no agent socket for pid {pid}: start it under `memtop run`, or add an agent with "

@@ -369,9 +369,11 @@ def sites_result(
     rounds: int,
     rounds_abandoned: int,
     error: str | None = None,
+    history: Sequence[Mapping[str, Any]] | None = None,
 ) -> Result:
     """`sites`: whether stacks are recorded (and asked for, and possible), and the newest round
-    (`sites_round`; empty before the first or while stacks are off)."""
+    (`sites_round`; empty before the first or while stacks are off); `history`, when asked for:
+    the kept rounds before it, oldest first (each a `sites_round`)."""
     result: Result = {
         "enabled": enabled,
         "wanted": wanted,
@@ -384,6 +386,8 @@ def sites_result(
         result.update(latest)
     result["rounds"] = rounds
     result["rounds_abandoned"] = rounds_abandoned
+    if history is not None:
+        result["history"] = list(history)
     if error:
         result["error"] = error
     return result

@@ -5,6 +5,7 @@ string cleaned (memtop.protocol.text).  What the agent sends is built in memtop.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -368,13 +369,38 @@ def parse_reset_peak(result: Mapping[str, Any]) -> AgentResetPeak:
 
 
 MAX_SITES = 1024
+MAX_SITES_HISTORY = 64  # past rounds in one reply (the agent keeps 24)
+MAX_SITES_HISTORY_ENTRIES = 8192  # their entries, all together
 
 
 def parse_sites(result: Mapping[str, Any]) -> AgentSites:
     """Validate a `sites` result (DESIGN §12): `{"enabled": bool, "time", "step", "sites":
     [{"device", "site": {"file", "line", "function", "text"}, "bytes", "blocks",
-    "old_blocks"}]}`; every string cleaned, every number a count."""
+    "old_blocks"}]}`; every string cleaned, every number a count.  An optional `history`
+    (DESIGN §13) lists past rounds, oldest first, each `{"time", "step", "sites"}` as above;
+    an agent that predates it sends none, and the reply reads as before."""
     enabled = _require(result, "enabled", bool, "sites")
+    history: list[AgentSites] = []
+    raw_history = result.get("history")
+    if raw_history is not None:
+        if not isinstance(raw_history, list):
+            raise ProtocolError("bad_reply", "sites: 'history' must be a list")
+        for past in _bounded(raw_history, MAX_SITES_HISTORY, "sites history"):
+            if not isinstance(past, Mapping):
+                raise ProtocolError("bad_reply", "sites: a history round is not an object")
+            if _optional(past, "time", (int, float), "sites history") is None:
+                raise ProtocolError("bad_reply", "sites: a history round without its time")
+            history.append(_parse_sites_round(past, enabled=True))
+        if sum(len(r.sites) for r in history) > MAX_SITES_HISTORY_ENTRIES:
+            raise ProtocolError("bad_reply", "sites: more history entries than a trend needs")
+    current = _parse_sites_round(result, enabled)
+    if not history:
+        return current
+    return dataclasses.replace(current, history=tuple(history))
+
+
+def _parse_sites_round(result: Mapping[str, Any], enabled: bool) -> AgentSites:
+    """One round of a `sites` result: its time, step and entries."""
     raw = _bounded(_require(result, "sites", list, "sites"), MAX_SITES, "sites")
     entries = []
     for item in raw:

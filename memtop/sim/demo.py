@@ -13,13 +13,12 @@ import shutil
 import signal
 import stat
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from memtop import protocol
-from memtop.children import stop_all
+from memtop.children import python_command, stop_all
 from memtop.sim.device import VENDORS, SimGpuRegistry, simulated_gpu_specs
 from memtop.sim.scenario_names import DEMO_SCENARIOS
 
@@ -176,9 +175,8 @@ class Demo:
 
     def _spawn(self, env: dict[str, str], output: int | None) -> None:
         for trainer in plan(self.scenario, self.gpus):
-            command = [
-                sys.executable,
-                "-m",
+            # Isolated from the caller's directory (root's demo in another user's folder).
+            command = python_command(
                 "memtop.sim.trainer",
                 "--registry",
                 str(self.registry),
@@ -194,7 +192,8 @@ class Demo:
                 str(trainer.seed),
                 "--parent",
                 str(os.getpid()),
-            ]
+                environ=env,
+            )
             rank_env = {}
             if trainer.rank is not None:
                 rank_env = {

@@ -195,6 +195,11 @@ class AgentClient:
         self._next_id = 1
         self.hello: AgentHello | None = None
         self.hello_at = 0.0
+        # When the process behind the socket started (clock ticks since boot), as read when the
+        # connection passed its checks: what a signal to that pid is checked against later.
+        self.started: int | None = None
+        # Whether this connection had the agent's past `sites` rounds (its first request asks).
+        self._sites_history_read = False
         # Called with (pid, cmd, result) for every reply (`memtop record` taps the wire here).
         self.tap: Callable[[int, str, dict[str, Any]], None] | None = None
 
@@ -205,7 +210,8 @@ class AgentClient:
         directory = self.directory or protocol.socket_dir()
         try:
             self._decoder = protocol.FrameDecoder()
-            self._sock = protocol.connect_agent(
+            self._sites_history_read = False
+            self._sock, self.started = protocol.connect_agent_process(
                 self.pid, directory, self.owner, limit, name=self.name
             )
             self._sock.setblocking(False)  # every wait is against a deadline (_wait_for)
@@ -215,7 +221,17 @@ class AgentClient:
             raise AgentUnreachable(protocol.describe_connect_error(self.pid, exc)) from None
         except OSError as exc:
             raise AgentUnreachable(protocol.describe_connect_error(self.pid, exc)) from None
-        return self._accept_hello(self._request("hello", None, deadline, limit))
+        try:
+            reply = self._request("hello", None, deadline, limit)
+        except (AgentUnreachable, AgentError) as exc:
+            # An agent in a user namespace that does not map our uid sees us as the overflow
+            # uid and hangs up on us (a "Broken pipe" here, or its "forbidden" frame): say so.
+            why = protocol.unmapped_here(self.pid)
+            if why is None or isinstance(exc, AgentRefused):
+                raise
+            self.close()
+            raise AgentUnreachable(why) from None
+        return self._accept_hello(reply)
 
     def _accept_hello(self, reply: dict[str, Any]) -> AgentHello:
         """Parse a `hello` and hold it to the socket's pid; on any doubt, hang up."""
@@ -356,6 +372,18 @@ class AgentClient:
         if self.tap is not None:
             self.tap(self.pid, cmd, cleaned)
         return cleaned
+
+    def sites(self, timeout: float | None = None) -> dict[str, Any]:
+        """`sites` (its result, for protocol.parse_sites): until this connection has had a
+        round, asked with `{"history": true}`, so the first reply carries the agent's kept
+        rounds and one connection judges a site's trend (DESIGN §13), as a first `sample`
+        carries every step mark still buffered.  An agent that predates it ignores the
+        argument and sends the newest round alone."""
+        args = None if self._sites_history_read else {"history": True}
+        result = self.request("sites", args, timeout)
+        if result.get("enabled") is True:
+            self._sites_history_read = True
+        return result
 
     def sample(
         self, timeout: float | None = None, max_marks: int | None = None, columns: bool = False

@@ -1,14 +1,14 @@
-"""Whether an agent's numbers can be true (DESIGN §6: the viewer trusts no agent): allocated
-<= reserved <= total, no negative counter, counters that never go backwards, a GPU the driver
-knows.  An agent breaking that is `inconsistent` (memtop.sources.agents) and its numbers are not
-used.
+"""Whether an agent's numbers can be true (DESIGN §6: the viewer trusts no agent): allocated <=
+reserved <= total, no negative counter, counters that never go backwards, a GPU the driver knows
+(`known_devices` is keyed by UUID without its prefix, model.bare_uuid, and PCI bus id). An agent
+breaking that is `inconsistent` (memtop.sources.agents) and its numbers are not used.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from memtop.model import AgentHello, AgentSample
+from memtop.model import AgentHello, AgentSample, bare_uuid
 
 # Counters that only ever grow in a trainer (per device; the step per agent).
 MONOTONIC_STATS = ("num_alloc_retries", "num_ooms")
@@ -44,6 +44,8 @@ def sanity_problem(
             problem = problem or f"{where}: reserved {reserved} or free exceeds total {total}"
         if declared is not None and known_devices is not None:
             driver_total = known_devices.get(declared.uuid)
+            if driver_total is None:
+                driver_total = known_devices.get(bare_uuid(declared.uuid))
             if driver_total is None and declared.pci_bus_id is not None:
                 driver_total = known_devices.get(declared.pci_bus_id)  # ROCm: HIP's UUID
             if driver_total is None and not declared.uuid.startswith("MIG-"):

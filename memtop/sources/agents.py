@@ -14,7 +14,7 @@ The viewer trusts no agent (DESIGN §6, issue 10):
   ends on time: a round's samples to open connections are sent and read on the poll thread, on
   one selector (a thread per agent cost eight threads fighting over the GIL every second);
   connecting, hellos, low-rate commands and a reply still unfinished when the round ends run on
-  worker threads started as needed;
+  a few worker threads (a bound that does not grow with agents);
 - replies are decoded with depth and size limits (protocol.decode_body), checked against the
   schema, and every string in them is made inert (protocol.clean_text) before anything shows it;
 - the numbers must make sense (allocated <= reserved <= total, counters that never go backwards,
@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import resource
 import selectors
 import socket
 import threading
@@ -37,10 +38,11 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from memtop import protocol
-from memtop.model import (
+from memtop.model import (  # AgentPoll: a record of the model, named here for its importers
     MARK_WINDOW,
     AgentBreakdown,
     AgentHello,
+    AgentPoll,
     AgentSample,
     AgentSites,
     AgentSnapshot,
@@ -115,29 +117,14 @@ INCONSISTENT = AgentStatus.INCONSISTENT
 REFUSED = AgentStatus.REFUSED
 
 
-@dataclass
-class AgentPoll:
-    """The outcome of polling one agent once."""
-
-    pid: int
-    state: AgentStatus
-    hello: AgentHello | None = None
-    sample: AgentSample | None = None
-    error: str | None = None
-    # Replies to the low-rate commands that arrived this round, parsed by the protocol.
-    breakdown: AgentBreakdown | None = None
-    snapshot: AgentSnapshot | None = None
-    sites: AgentSites | None = None  # live memory by the user's line (DESIGN §12)
-    # The uid owning the socket directory (who runs the agent).
-    owner: int | None = None
-
-
 class _Workers:
     """Daemon threads running jobs: a job blocked on a hung agent never delays exit.
 
-    A job never waits behind another: a thread is started whenever none is idle (up to `size`,
-    far above the agents one viewer reads), so however many agents are stopped or slow, a
-    healthy agent's request starts at once and its round ends on time."""
+    A thread is started whenever none is idle, up to `size`; beyond that, jobs wait their turn.
+    The bound is a constant, not one per agent (a user's 256 agents once cost the exporter 260
+    threads): what runs here is rare (connecting, hellos, low-rate commands, a reply not
+    finished when its round ended), each job ends by its request's deadline, and an agent that
+    misses it backs off, so the queue drains even with many stopped agents."""
 
     def __init__(self, size: int) -> None:
         self._size = size
@@ -204,6 +191,7 @@ class _Agent:
     counters: dict[str, int] = field(default_factory=dict)
     inconsistent_until: float = 0.0
     last_violation: str | None = None
+    started: int | None = None  # when the process behind its last connection started
 
 
 class _Scan(NamedTuple):
@@ -212,6 +200,12 @@ class _Scan(NamedTuple):
     problems: tuple[str, ...]
     # pid (as this viewer sees it) -> socket name, for agents in other pid namespaces
     names: Mapping[int, str] = {}
+
+
+def _descriptor_limit() -> int:
+    """The most file descriptors this process may hold (RLIMIT_NOFILE's soft limit)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 def _directory_version(directory: Path, owner: int) -> tuple[object, ...] | None:
@@ -240,9 +234,9 @@ class AgentPool:
     INCONSISTENT_HOLD_S = 30.0  # an agent caught lying stays marked this long
     MAX_AGENTS_PER_USER = 64
     MAX_REFUSED_ROWS = 16
-    # Threads for requests in flight, started as needed: one per agent answering slowly at most
-    # (MAX_AGENTS_PER_USER per socket directory read).
-    WORKERS = 256
+    # Threads for requests in flight, started as needed (samples to open connections need none:
+    # they are read on the poll thread).
+    WORKERS = 16
     LOW_RATE_RETRY_S = 1.0  # a low-rate command the agent could not answer yet
     PENDING_RETRY_S = 0.1  # one the agent answered "pending" (measured at the next step)
     UNSUPPORTED_RETRY_S = 600.0  # one the agent does not know (another implementation)
@@ -251,6 +245,8 @@ class AgentPool:
     # between, a round whose directories have the very same entries only asks whether each
     # agent's process still exists (see _scan).
     FULL_SCAN_S = 5.0
+    # File descriptors kept for everything but agent connections (see connection_room).
+    DESCRIPTORS_KEPT = 40
 
     def __init__(self, directory: Path | None = None, timeout: float = 1.0) -> None:
         self.directory = directory
@@ -264,8 +260,9 @@ class AgentPool:
         self._agents: dict[int, _Agent] = {}
         self._due: dict[tuple[int, str], float] = {}
         self._workers = _Workers(self.WORKERS)
-        # Pids whose server passed authentication since the viewer started (the kill key).
-        self._verified: set[int] = set()
+        # Pids whose server passed authentication since the viewer started (the kill key), each
+        # with when its process started (protocol.process_start_ticks; None: not readable).
+        self._verified: dict[int, int | None] = {}
         self._refused_gone: set[int] = set()
         # Sockets of agents in other pid namespaces: name -> (socket inode, pid seen here).
         self._foreign: dict[str, tuple[int, int]] = {}
@@ -273,8 +270,17 @@ class AgentPool:
         self._foreign_refused: dict[str, tuple[int, float, str]] = {}
         # The last full scan: (its directories' versions, when, what it found).
         self._last_scan: tuple[tuple[object, ...], float, _Scan] | None = None
+        # Every user's socket directory, as root finds them from round to round.
+        self._finder = protocol.SocketDirs()
 
     # ------------------------------------------------------------------ discovery
+
+    def connection_room(self) -> int:
+        """How many agents may be connected at once: what the descriptor limit leaves once
+        the viewer's own files (the driver, /proc reads, the exporter's clients) are kept
+        aside.  Running out mid-round would fail at random places, psutil's /proc reads
+        included; the agents beyond this are named in one line instead."""
+        return max(0, _descriptor_limit() - self.DESCRIPTORS_KEPT)
 
     def _scan(self) -> _Scan:
         """Sockets worth talking to, by pid; and those refused on sight, with why.
@@ -286,9 +292,11 @@ class AgentPool:
         private), so a round that finds every directory as it was reuses the last scan and
         only asks whether each agent's process still exists; any doubt, and every FULL_SCAN_S,
         scans in full."""
-        directories = (
-            [(self.directory, os.getuid())] if self.directory else protocol.discovery_dirs()
-        )
+        if self.directory:
+            directories, unread = [(self.directory, os.getuid())], []
+        else:
+            discovery = protocol.discover(self._finder)
+            directories, unread = discovery.dirs, discovery.problems
         versions = tuple(_directory_version(directory, owner) for directory, owner in directories)
         now = time.monotonic()
         last = self._last_scan
@@ -299,9 +307,10 @@ class AgentPool:
             and 0 <= now - last[1] < self.FULL_SCAN_S
             and all(protocol.pid_exists(pid) for pid in last[2].found)
         ):
-            self.problems = list(last[2].problems)
+            self.problems = unread + list(last[2].problems)
             return last[2]
         scan = self._full_scan(directories)
+        self.problems = unread + self.problems
         self._last_scan = (versions, now, scan)
         return scan
 
@@ -311,6 +320,8 @@ class AgentPool:
         problems: list[str] = []
         foreign: dict[int, str] = {}
         own_namespace = namespaces.own_pid_namespace()
+        # Agents read per owner, whichever of the owner's directories they are in.
+        read_of: dict[int, int] = {}
         for directory, owner in directories:
             try:
                 protocol.check_socket_dir(directory, owner)
@@ -370,15 +381,17 @@ class AgentPool:
                     f"uid {owner}: {foreign_seen} agent sockets of other pid namespaces in "
                     f"{directory}; reading the first {self.MAX_AGENTS_PER_USER}"
                 )
-            candidates.sort()
-            if len(candidates) > self.MAX_AGENTS_PER_USER:
+            candidates = sorted(pid for pid in set(candidates) if pid not in found)
+            room = max(0, self.MAX_AGENTS_PER_USER - read_of.get(owner, 0))
+            if len(candidates) > room:
                 problems.append(
-                    f"uid {owner}: {len(candidates)} agent sockets in {directory}; reading the "
-                    f"first {self.MAX_AGENTS_PER_USER}"
+                    f"uid {owner}: {len(candidates)} agent sockets in {directory}; reading "
+                    f"{room} (at most {self.MAX_AGENTS_PER_USER} agents per user)"
                 )
-                candidates = candidates[: self.MAX_AGENTS_PER_USER]
+                candidates = candidates[:room]
+            read_of[owner] = read_of.get(owner, 0) + len(candidates)
             for pid in candidates:
-                found.setdefault(pid, (directory, owner))
+                found[pid] = (directory, owner)
         # A refused socket that claims the pid of an agent found where it belongs never stands
         # for it: it is only mentioned.
         for pid in sorted(set(refused) & set(found))[: self.MAX_REFUSED_ROWS]:
@@ -390,6 +403,14 @@ class AgentPool:
                 f"showing {self.MAX_REFUSED_ROWS}"
             )
             refused = dict(sorted(refused.items())[: self.MAX_REFUSED_ROWS])
+        room = self.connection_room()
+        if len(found) > room:
+            problems.append(
+                f"reading {room} of {len(found)} agents: each is a connection, and memtop may "
+                f"hold {_descriptor_limit()} open file descriptors (ulimit -n); raise the limit "
+                "to read them all"
+            )
+            found = dict(sorted(found.items())[:room])
         self.problems = problems
         in_sight = {pid: name for pid, name in foreign.items() if pid in found}
         return _Scan(found, refused, tuple(problems), in_sight)
@@ -613,13 +634,16 @@ class AgentPool:
 
         def job() -> None:
             if not client.connected:
-                inbox.append(("hello", client.connect()))
+                hello = client.connect()
+                inbox.append(("started", client.started))
+                inbox.append(("hello", hello))
             _into_inbox(inbox, client, client.sample(max_marks=SAMPLE_MAX_MARKS, columns=True))
             for cmd in extras:
                 # An agent without the command (another implementation of the protocol) is
                 # still a fine agent: the dashboard just goes without that figure.
                 try:
-                    reply = protocol.parse_reply(cmd, client.request(cmd))
+                    raw = client.sites() if cmd == "sites" else client.request(cmd)
+                    reply = protocol.parse_reply(cmd, raw)
                 except AgentError as exc:
                     if exc.code == protocol.E_UNKNOWN_COMMAND:
                         inbox.append(("unsupported", cmd))  # an older agent: ask rarely
@@ -644,9 +668,11 @@ class AgentPool:
         snapshot: AgentSnapshot | None = None
         sites: AgentSites | None = None
         for kind, value in received:
-            if kind == "hello":
+            if kind == "started":
+                agent.started = value
+            elif kind == "hello":
                 agent.hello = value
-                self._verified.add(agent.pid)
+                self._verified[agent.pid] = agent.started
             elif kind == "sample":
                 sample = value
             elif kind == "retry":
@@ -761,6 +787,11 @@ class AgentPool:
     def verified(self, pid: int) -> bool:
         """Whether an agent serving as `pid` passed authentication since the viewer started."""
         return pid in self._verified
+
+    def verified_start(self, pid: int) -> int | None:
+        """When the process that passed authentication as `pid` started (clock ticks since
+        boot; None: never verified, or its start time could not be read)."""
+        return self._verified.get(pid)
 
     def unanswered(self) -> int:
         """How many agents are still answering their first request (no row for them yet)."""

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -160,8 +160,10 @@ class DriverLibrarySource(ABC, Generic[D]):
         that shuts it down again); learn the devices and the driver version if it can."""
 
     @abstractmethod
-    def _devices_to_read(self) -> Sequence[D]:
-        """The devices of this round (raise DriverDown when the library is gone)."""
+    def _devices_to_read(self) -> Iterable[D]:
+        """The devices of this round (raise DriverDown when the library is gone).  Read one by
+        one as they come: a generator may yield devices that reading an earlier one found
+        (NVML's MIG instances, after their GPU)."""
 
     @abstractmethod
     def _reopen(self, device: D, now: float) -> bool:

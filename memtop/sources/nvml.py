@@ -15,13 +15,14 @@ attribute that pynvml's errors carry, so a lib may bring its own error classes.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
-from memtop.model import SOURCE_NVML, DeviceReading, GpuProcess
+from memtop.model import SOURCE_NVML, DeviceReading, GpuProcess, MigInfo
 from memtop.protocol.text import canonical_pci_bus_id
 from memtop.sources.device_source import (
     DEFAULT_RETRY_INTERVAL,
@@ -29,6 +30,7 @@ from memtop.sources.device_source import (
     DriverLibrarySource,
     joined_errors,
 )
+from memtop.sources.driver_libraries import DriverLibraryRefused, checked_nvml
 from memtop.sources.driver_text import DriverDown
 from memtop.sources.driver_text import driver_text as _text
 from memtop.sources.driver_text import one_line as _one_line
@@ -158,6 +160,8 @@ def nvml_error_line(exc: BaseException) -> str:
         if message is not None:
             return message
         return f"NVML error: {_describe(exc)}"
+    if isinstance(exc, DriverLibraryRefused):
+        return _one_line(str(exc))
     if isinstance(exc, ImportError):
         return "NVML not available: the nvidia-ml-py package (pynvml) is not installed"
     return _one_line(f"NVML: unexpected {type(exc).__name__}: {_describe(exc)}")
@@ -175,12 +179,30 @@ def _percent(value: Any) -> int | None:
     return None if number is None or number > 100 else number
 
 
+# A MIG device's name ends with its profile: "NVIDIA A100-SXM4-80GB MIG 3g.40gb",
+# "NVIDIA H100 80GB HBM3 MIG 1c.3g.40gb" (a compute instance of a 3g GPU instance).
+_PROFILE_IN_NAME = re.compile(r"\bMIG\s+(\S+)\s*$")
+# How often a GPU in MIG mode is asked which instances it has (they are made and destroyed by
+# an administrator, rarely, and never while a process uses them).
+MIG_RESCAN_S = 10.0
+
+
 @dataclass
 class _Device(DriverDevice):
-    """What is cached about one device index between reads."""
+    """What is cached about one device index between reads: a whole GPU, or (with `parent`) one
+    of the MIG instances of a GPU in MIG mode."""
 
     # True: nvmlDeviceGetMemoryInfo with version=nvmlMemory_v2 works; False: use v1; None: untried.
     memory_v2: bool | None = None
+    # A GPU: whether it is in MIG mode (None: not asked yet), its instances, when they were
+    # last enumerated.
+    mig_mode: bool | None = None
+    instances: list[_Device] = field(default_factory=list)
+    instances_read_at: float | None = None
+    # A MIG instance: its parent GPU and its slot there (nvmlDeviceGetMigDeviceHandleByIndex).
+    parent: _Device | None = None
+    slot: int = 0
+    mig: MigInfo | None = None
 
 
 class NvmlSource(DriverLibrarySource[_Device]):
@@ -207,6 +229,7 @@ class NvmlSource(DriverLibrarySource[_Device]):
         super().__init__(lib, source, clock, retry_interval)
         # Which variant of a process-list function works with this driver, by base name.
         self._process_functions: dict[str, str] = {}
+        self._lib_is_pynvml = False  # the real bindings, which load the library themselves
 
     @property
     def library_found(self) -> bool:
@@ -230,10 +253,16 @@ class NvmlSource(DriverLibrarySource[_Device]):
     # -- initialisation ------------------------------------------------------------------------
 
     def _initialise(self) -> None:
-        if self._lib is None:
-            import pynvml
+        if self._lib is None or self._lib_is_pynvml:
+            # As root, NVML's library only from root's folders, where there is an NVIDIA GPU
+            # (memtop.sources.driver_libraries); before every nvmlInit, which loads it again
+            # after a failed load.
+            checked_nvml()
+            if self._lib is None:
+                import pynvml
 
-            self._lib = pynvml
+                self._lib = pynvml
+                self._lib_is_pynvml = True
         self._lib.nvmlInit()
         self._initialised = True
         self._driver_version = None
@@ -249,8 +278,16 @@ class NvmlSource(DriverLibrarySource[_Device]):
 
     # -- one poll ------------------------------------------------------------------------------
 
-    def _devices_to_read(self) -> list[_Device]:
-        """The devices to read, re-enumerated when the count changes."""
+    def _devices_to_read(self) -> Iterator[_Device]:
+        """The devices to read, re-enumerated when the count changes: each GPU, then its MIG
+        instances as reading the GPU found them (a generator: the base class reads each
+        device as it is yielded, so a GPU's instances are known by the time they are due)."""
+        for device in self._gpus_to_read():
+            yield device
+            if device.mig_mode and device.down_error is None:
+                yield from device.instances
+
+    def _gpus_to_read(self) -> list[_Device]:
         try:
             count = int(self._lib.nvmlDeviceGetCount())
         except Exception as exc:
@@ -268,7 +305,11 @@ class NvmlSource(DriverLibrarySource[_Device]):
         if not device.identified:
             self._identify(device, errors)
         total, used, free = self._memory(device, errors)
-        processes = self._processes(device, errors)
+        if device.parent is None:
+            self._read_mig_mode(device)
+        # A GPU in MIG mode: its instances list the processes (the driver refuses the parent's
+        # list to a user, and gives root the instances' processes again).
+        processes = () if device.mig_mode else self._processes(device, errors)
         rates = self._optional(device, "utilization", errors, "nvmlDeviceGetUtilizationRates")
         temperature_sensor = getattr(self._lib, "NVML_TEMPERATURE_GPU", 0)
         temperature = self._optional(
@@ -292,6 +333,8 @@ class NvmlSource(DriverLibrarySource[_Device]):
             pci_bus_id=device.pci_bus_id,
             source=self._source,
             error=joined_errors(errors),
+            mig=device.mig,
+            mig_mode=bool(device.mig_mode),
         )
 
     def _failed_device(self, device: _Device, error: str) -> DeviceReading:
@@ -304,12 +347,101 @@ class NvmlSource(DriverLibrarySource[_Device]):
             source=self._source,
             error=error,
             pci_bus_id=device.pci_bus_id,
+            mig=device.mig,
+            mig_mode=bool(device.mig_mode),
         )
+
+    # -- MIG -------------------------------------------------------------------------------------
+
+    def _read_mig_mode(self, gpu: _Device) -> None:
+        """Whether `gpu` is in MIG mode and, every MIG_RESCAN_S, which instances it has.  Any
+        failure but a lost GPU reads as "not in MIG mode" (a driver or GPU without MIG)."""
+        now = self._clock()
+        if gpu.instances_read_at is not None and now - gpu.instances_read_at < MIG_RESCAN_S:
+            return
+        gpu.instances_read_at = now
+        mode = getattr(self._lib, "nvmlDeviceGetMigMode", None)
+        if mode is None or "mig" in gpu.absent:
+            gpu.mig_mode, gpu.instances = False, []
+            return
+        try:
+            current = mode(gpu.handle)[0]
+            slots = int(self._lib.nvmlDeviceGetMaxMigDeviceCount(gpu.handle)) if current else 0
+        except Exception as exc:
+            self._check_fatal(exc)
+            if _error_code(exc) in _ABSENT_CODES:
+                gpu.absent.add("mig")
+            gpu.mig_mode, gpu.instances = False, []
+            return
+        gpu.mig_mode = bool(current)
+        known = {instance.slot: instance for instance in gpu.instances}
+        instances = []
+        for slot in range(slots):
+            try:
+                handle = self._lib.nvmlDeviceGetMigDeviceHandleByIndex(gpu.handle, slot)
+            except Exception as exc:
+                self._check_fatal(exc)
+                continue  # NOT_FOUND: no instance in this slot
+            instance = known.get(slot) or _Device(gpu.index, parent=gpu, slot=slot)
+            instance.handle, instance.identified, instance.down_error = handle, False, None
+            instances.append(instance)
+        gpu.instances = instances
+
+    def _identify_instance(self, device: _Device, errors: list[str]) -> None:
+        """A MIG instance's UUID, name, GPU and compute instance ids and profile.  Its PCI bus
+        id is the parent's and is never kept: it would join every instance's trainer with the
+        first instance."""
+        assert device.parent is not None
+        uuid = self._static(device, errors, "nvmlDeviceGetUUID")
+        name = self._static(device, errors, "nvmlDeviceGetName") or ""
+        ids = []
+        for function in ("nvmlDeviceGetGpuInstanceId", "nvmlDeviceGetComputeInstanceId"):
+            try:
+                ids.append(int(getattr(self._lib, function)(device.handle)))
+            except Exception as exc:
+                self._check_fatal(exc)
+                ids.append(-1)
+        profile = self._profile(device, name)
+        if uuid is not None and uuid != device.uuid:
+            device.memory_v2 = None
+            device.absent.clear()
+        device.uuid = uuid or device.uuid or f"MIG-{device.parent.uuid}/{ids[0]}/{ids[1]}"
+        device.mig = MigInfo(device.parent.index, ids[0], ids[1], profile)
+        parent_name = device.parent.name or f"GPU {device.index}"
+        device.name = name or f"{parent_name} MIG {profile}"
+        device.pci_bus_id = None
+        device.identified = True
+
+    def _profile(self, device: _Device, name: str) -> str:
+        """ "3g.40gb": from the device's name, else from its attributes (slices, memory)."""
+        found = _PROFILE_IN_NAME.search(name)
+        if found:
+            return found.group(1)
+        query = getattr(self._lib, "nvmlDeviceGetAttributes", None)
+        if query is not None:
+            try:
+                attributes = query(device.handle)
+                slices = int(attributes.gpuInstanceSliceCount)
+                gigabytes = round(int(attributes.memorySizeMB) / 1024)
+                if slices > 0 and gigabytes > 0:
+                    return f"{slices}g.{gigabytes}gb"
+            except Exception as exc:
+                self._check_fatal(exc)
+        return "unknown profile"
 
     def _reopen(self, device: _Device, now: float) -> bool:
         """Get the handle of `device.index` (first read, or a retry after it was lost)."""
+        if device.parent is not None and device.parent.handle is None:
+            device.down_error = "its GPU is not available"
+            device.retry_at = now + self._retry_interval
+            return False
         try:
-            handle = self._lib.nvmlDeviceGetHandleByIndex(device.index)
+            if device.parent is not None:
+                handle = self._lib.nvmlDeviceGetMigDeviceHandleByIndex(
+                    device.parent.handle, device.slot
+                )
+            else:
+                handle = self._lib.nvmlDeviceGetHandleByIndex(device.index)
         except Exception as exc:
             code = _error_code(exc)
             if code in _DOWN_CODES:
@@ -323,6 +455,9 @@ class NvmlSource(DriverLibrarySource[_Device]):
         return True
 
     def _identify(self, device: _Device, errors: list[str]) -> None:
+        if device.parent is not None:
+            self._identify_instance(device, errors)
+            return
         uuid = self._static(device, errors, "nvmlDeviceGetUUID")
         name = self._static(device, errors, "nvmlDeviceGetName")
         if uuid is not None and uuid != device.uuid:
@@ -330,6 +465,7 @@ class NvmlSource(DriverLibrarySource[_Device]):
             device.memory_v2 = None
             device.absent.clear()
             device.pci_bus_id = None
+            device.mig_mode, device.instances, device.instances_read_at = None, [], None
         device.uuid = uuid if uuid is not None else device.uuid
         device.name = name if name is not None else device.name or f"GPU {device.index}"
         device.pci_bus_id = self._bus_id(device) or device.pci_bus_id

@@ -7,45 +7,21 @@ that this /proc does not show: those come back with an unknown owner and command
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
 
 import psutil
 
+# ProcessInfo is a record of memtop.model (the store and the UI import it from there); named
+# here too for the importers of old.
+from memtop.model import ProcessInfo
 from memtop.protocol.environment import ENGINE_ENVIRONMENT
+from memtop.protocol.procfs import process_start_ticks
 from memtop.protocol.text import clean_text
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessInfo:
-    pid: int
-    uid: int | None  # None when the process is not visible here
-    user: str | None
-    cmdline: tuple[str, ...]  # cleaned of control characters (any user's argv may carry some)
-    name: str
-    # When the process started (psutil's create_time): tells a reused pid from the original.
-    create_time: float | None = None
-    ppid: int | None = None  # the launcher of a torchrun rank
-    # Host usage, refreshed every USAGE_EVERY_S (the dashboard's CPU% and RSS columns).
-    cpu_percent: float | None = None
-    rss: int | None = None
-    # What tells an inference server's share (memtop.diagnosis.workload): its launcher's command
-    # line (vLLM's and SGLang's engine processes rename themselves and keep no flags), and the
-    # ENGINE_ENVIRONMENT variables of its environment where /proc lets the viewer read it (the
-    # same user, or root: read, never run); nothing else of either environment is kept.
-    launcher_cmdline: tuple[str, ...] = ()
-    engine_environ: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def command(self) -> str:
-        return " ".join(self.cmdline) if self.cmdline else self.name
-
-    @property
-    def visible(self) -> bool:
-        return self.uid is not None
 
 
 def read_process(pid: int) -> ProcessInfo:
@@ -68,6 +44,10 @@ def read_process(pid: int) -> ProcessInfo:
             environ = _engine_environ(process)
     except psutil.Error:
         return ProcessInfo(pid, None, None, (), "?")
+    except OSError as exc:  # EMFILE, ENFILE: psutil's /proc reads raise them as they are
+        raise ProcessesUnreadable(
+            f"cannot read processes: {exc.strerror or exc} (out of file descriptors? ulimit -n)"
+        ) from None
     return ProcessInfo(
         pid,
         uid,
@@ -101,6 +81,11 @@ def _cmdline_of(pid: int | None) -> tuple[str, ...]:
         return ()
 
 
+class ProcessesUnreadable(Exception):
+    """/proc could not be read at all (no descriptor left): one line, and no process is
+    taken for gone or for someone else's because of it."""
+
+
 USAGE_EVERY_S = 3.0  # host CPU % and RSS: a slow column, re-read at most this often
 
 
@@ -113,13 +98,21 @@ class ProcessDirectory:
         self._known: dict[int, ProcessInfo] = {}
         self._handles: dict[int, psutil.Process] = {}
         self._usage_at = 0.0
+        # Why the last lookup could not read every process (one line), else None.
+        self.problem: str | None = None
 
     def lookup(self, pids: Iterable[int]) -> dict[int, ProcessInfo]:
         wanted = set(pids)
         self._known = {pid: info for pid, info in self._known.items() if pid in wanted}
         self._handles = {pid: h for pid, h in self._handles.items() if pid in wanted}
+        self.problem = None
         for pid in wanted - self._known.keys():
-            self._known[pid] = read_process(pid)
+            try:
+                self._known[pid] = read_process(pid)
+            except ProcessesUnreadable as exc:
+                # Not remembered: read again next round, once descriptors are free.
+                self.problem = str(exc)
+                break
         now = time.monotonic()
         if now - self._usage_at >= USAGE_EVERY_S:
             self._usage_at = now
@@ -138,7 +131,7 @@ class ProcessDirectory:
             else:
                 cpu = handle.cpu_percent(None)
             rss = handle.memory_info().rss
-        except psutil.Error:
+        except (psutil.Error, OSError):  # OSError: no descriptor left (EMFILE)
             return info
         return replace(info, cpu_percent=cpu, rss=rss)
 
@@ -148,38 +141,73 @@ class TerminateRefused(Exception):
 
 
 def terminate(
-    pid: int, expected: ProcessInfo | None = None, sig: signal.Signals = signal.SIGTERM
+    pid: int,
+    expected: ProcessInfo | None = None,
+    sig: signal.Signals = signal.SIGTERM,
+    *,
+    started: int | None = None,
 ) -> str:
     """Send `sig` (SIGTERM unless the user chose INT or KILL) to one of the current user's own
     processes; returns what was done.
 
     `expected` is what the user saw when confirming: if the pid now runs something else (it
-    exited and the number was reused), nothing is sent.
+    exited and the number was reused), nothing is sent.  `started`: when the process memtop
+    verified as that pid started (protocol.process_start_ticks, read when its agent's
+    connection passed its checks): a process that started at any other time is not it.
+
+    The process is pinned first (a pidfd, Linux >= 5.3), then checked, then signalled through
+    the pidfd: the checks and the signal are about one process, even if the pid is reused
+    meanwhile.  Without pidfds, the checks come right before the signal.
     """
-    now = read_process(pid)
-    if not now.visible:
-        raise TerminateRefused(f"pid {pid} is gone (or not visible from here)")
-    if now.uid != os.getuid():
-        raise TerminateRefused(
-            f"pid {pid} belongs to {now.user}: memtop terminates only your own processes"
-        )
-    if (
-        expected is not None
-        and expected.visible
-        and (
-            expected.cmdline != now.cmdline
-            or (
-                expected.create_time is not None
-                and now.create_time is not None
-                and abs(expected.create_time - now.create_time) > 0.01
+    with _pinned(pid) as pidfd:
+        now = read_process(pid)
+        if not now.visible:
+            raise TerminateRefused(f"pid {pid} is gone (or not visible from here)")
+        if now.uid != os.getuid():
+            raise TerminateRefused(
+                f"pid {pid} belongs to {now.user}: memtop terminates only your own processes"
             )
-        )
-    ):
-        raise TerminateRefused(f"pid {pid} now runs something else; nothing sent")
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        raise TerminateRefused(f"pid {pid} exited before the signal") from None
-    except PermissionError:
-        raise TerminateRefused(f"not permitted to signal pid {pid}") from None
+        if (
+            expected is not None
+            and expected.visible
+            and (
+                expected.cmdline != now.cmdline
+                or (
+                    expected.create_time is not None
+                    and now.create_time is not None
+                    and abs(expected.create_time - now.create_time) > 0.01
+                )
+            )
+        ):
+            raise TerminateRefused(f"pid {pid} now runs something else; nothing sent")
+        if started is not None and process_start_ticks(pid) != started:
+            raise TerminateRefused(
+                f"pid {pid} is not the process whose agent memtop verified (it started at "
+                "another time: the pid was reused); nothing sent"
+            )
+        try:
+            if pidfd is not None:
+                signal.pidfd_send_signal(pidfd, sig)
+            else:
+                os.kill(pid, sig)
+        except ProcessLookupError:
+            raise TerminateRefused(f"pid {pid} exited before the signal") from None
+        except PermissionError:
+            raise TerminateRefused(f"not permitted to signal pid {pid}") from None
     return f"sent {sig.name} to pid {pid} ({now.name})"
+
+
+@contextlib.contextmanager
+def _pinned(pid: int) -> Iterator[int | None]:
+    """A pidfd for `pid` while the block runs (None where the kernel or Python has none)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        raise TerminateRefused(f"pid {pid} is gone (or not visible from here)") from None
+    except (AttributeError, OSError):
+        fd = None
+    try:
+        yield fd
+    finally:
+        if fd is not None:
+            os.close(fd)

@@ -6,8 +6,9 @@ read, with `t` (unix seconds) and `src`:
 
 - `{"t", "src": "nvml", "reading": {...DriverReading...}}` — a driver (or stand-in) reading;
 - `{"t", "src": "processes", "processes": [{...ProcessInfo...}]}` — owners and command lines;
-- `{"t", "src": "agent", "pid", "cmd": "hello"|"sample"|"breakdown"|"snapshot", "reply":
-  {"result": {...}}}` — an agent's reply as it came over the wire;
+- `{"t", "src": "agent", "pid", "cmd": "hello"|"sample"|"breakdown"|"snapshot"|"sites",
+  "reply": {"result": {...}}}` — an agent's reply as it came over the wire (the commands
+  memtop.protocol.commands marks `recorded`);
 - `{"t", "src": "agent", "pid", "state": "exited"|..., "error"}` — an agent that went away.
 
 The writer flushes the compressor (a zlib sync flush) at least every FLUSH_S seconds, so a crash
@@ -38,7 +39,7 @@ from typing import IO, Any
 from memtop import untrusted
 from memtop._version import __version__
 from memtop.errors import MemtopError
-from memtop.model import DeviceReading, DriverReading, GpuProcess
+from memtop.model import DeviceReading, DriverReading, GpuProcess, MigInfo
 from memtop.protocol.text import clean_text, clean_value
 from memtop.sources.processes import ProcessInfo
 
@@ -284,11 +285,21 @@ def decode_reading(data: dict[str, Any]) -> DriverReading:
             **{
                 **_typed(DeviceReading, d),
                 "processes": tuple(_list(GpuProcess, d.get("processes", []))),
+                "mig": _mig(d.get("mig")),
             }
         )
         for d in _list_of_objects(data.get("devices", []))
     )
     return DriverReading(**{**_typed(DriverReading, data), "devices": devices})
+
+
+def _mig(raw: Any) -> MigInfo | None:
+    """A MIG instance's place (a recording before MIG support has none)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise TypeError("DeviceReading.mig has the wrong type")
+    return MigInfo(**_typed(MigInfo, raw))
 
 
 def decode_processes(rows: list[dict[str, Any]]) -> dict[int, ProcessInfo]:
@@ -315,7 +326,7 @@ def _typed(cls: type[Any], raw: dict[str, Any]) -> dict[str, Any]:
     out = {}
     for name, value in raw.items():
         hint = hints.get(name)
-        if hint is None or name in ("processes", "devices"):
+        if hint is None or name in ("processes", "devices", "mig"):
             continue
         if not _fits(value, hint):
             raise TypeError(f"{cls.__name__}.{name} has the wrong type")
@@ -346,5 +357,5 @@ def _fits(value: Any, hint: Any) -> bool:
 
 _HINTS = {
     cls: typing.get_type_hints(cls)
-    for cls in (DeviceReading, GpuProcess, DriverReading, ProcessInfo)
+    for cls in (DeviceReading, GpuProcess, DriverReading, ProcessInfo, MigInfo)
 }

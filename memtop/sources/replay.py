@@ -23,6 +23,7 @@ from typing import Any
 
 from memtop import protocol
 from memtop.model import AgentDevice, AgentHello, AgentSample, AgentStatus
+from memtop.protocol import commands
 from memtop.sources.recording import (
     LineTally,
     RecordError,
@@ -31,7 +32,9 @@ from memtop.sources.recording import (
     read_lines,
 )
 
-AGENT_COMMANDS = ("hello", "sample", "breakdown", "snapshot")
+# The commands whose replies a recording keeps (memtop.protocol.commands): sites too, which this
+# list, kept by hand, once dropped.
+AGENT_COMMANDS = commands.RECORDED
 # Times a clock can show (time.localtime of t=1e308 raised OverflowError): year 1970 to 9999.
 LATEST_TIME = 253_402_300_799.0
 RECORDING_SUFFIXES = (".memtop", ".jsonl.gz", ".jsonl", ".gz")
@@ -40,7 +43,7 @@ RECORDING_SUFFIXES = (".memtop", ".jsonl.gz", ".jsonl", ".gz")
 @dataclass(frozen=True, slots=True)
 class ReplayEvent:
     t: float
-    kind: str  # "nvml", "processes", "hello", "sample", "breakdown", "snapshot", "state"
+    kind: str  # "nvml", "processes", "state", or a recorded command: "hello", "sample", …
     pid: int | None = None
     # DriverReading | dict[int, ProcessInfo] | AgentHello | AgentSample | reply dict |
     # (AgentStatus, error)
@@ -160,7 +163,7 @@ def _agent_event(
         if cmd == "sample":
             sample: AgentSample = protocol.parse_sample(result)
             return ReplayEvent(t, "sample", pid, sample)
-        if cmd in ("breakdown", "snapshot", "sites"):
+        if cmd in AGENT_COMMANDS:
             # Parsed here, at load, as the live pool parses them: a reply that breaks the
             # schema is one skipped line, never an error in the middle of playback.
             reply = protocol.parse_reply(cmd, result)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
 from textual import events
@@ -26,6 +26,7 @@ from textual.containers import Vertical
 from textual.css.query import NoMatches
 from textual.markup import escape
 from textual.message import Message
+from textual.notifications import SeverityLevel
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Input, OptionList, Static
 
@@ -33,11 +34,11 @@ from memtop.feed import ActionReply, Feed, still_feed
 from memtop.model import AgentCleanup, AgentResetPeak, AgentSnapshot, snapshot_note
 from memtop.observation import Observation, Observer
 from memtop.scope import Scope
-from memtop.ui import view
+from memtop.ui import actions, fixes, view
 from memtop.ui.config import UiConfig
 from memtop.ui.lean_screen import LeanScreen
 from memtop.ui.render import FREE, slow_tick
-from memtop.ui.widgets.gpu_panel import GpuPanel
+from memtop.ui.widgets.gpu_panel import GpuCard, GpuPanel
 from memtop.ui.widgets.process_table import ProcessTable
 from memtop.ui.widgets.suggestions import SuggestionsPane
 from memtop.units import format_bytes
@@ -48,23 +49,11 @@ if TYPE_CHECKING:
     from textual.driver import Driver
 
     from memtop.ui.screens.detail import DetailScreen
+    from memtop.ui.screens.gpu import GpuScreen
 
 COMPACT_WIDTH = 100  # narrower than this: short numbers, fewer columns
 COMPACT_HEIGHT = 30
 ACTION_TIMEOUT_S = 15.0
-PROCESS_ACTIONS = {
-    "cleanup",
-    "reset_peak",
-    "snapshot",
-    "terminate",
-    "copy_fix",
-    "pause",
-    "filter",
-    "attach",
-    "read_only",
-}
-# The binding ids of the keys that act on a process: none of them works under --readonly.
-ACTS_ON_PROCESS = ("cleanup", "reset_peak", "snapshot", "kill", "attach")
 EVENT_SHOW_S = 8.0  # "agent N attached" and the like stay this long in the status line
 # The signals `k` offers, in its dialog's order: (key, name, signal, what it does).
 SIGNALS = (
@@ -78,42 +67,26 @@ class Sampled(Message):
     """A sampling round landed in the store (posted from the sampler thread)."""
 
 
-# What the stacks key says before it asks: the cost, in the user's terms.
-STACKS_COST = (
-    "torch then records the Python stack of every allocation (enabled='state', Python frames): "
-    "a few % of step time in allocation-heavy steps, and snapshots get slower; memtop groups "
-    "live blocks at most every 2 s, within 1 % of the trainer's time. New blocks only: what is "
-    "already allocated has no stack."
-)
-
-
 class MemtopApp(App[None]):
     TITLE = "memtop"
     CSS_PATH = "memtop.tcss"
     ENABLE_COMMAND_PALETTE = False
-    # Every binding has an id: the user's keymap (config.toml [keys]) rebinds by id, and the
-    # help screen is generated from these (memtop.ui.screens.help).
-    BINDINGS = [
-        Binding("c", "cleanup", "Cleanup", id="cleanup", tooltip="gc.collect() + empty_cache()"),
-        Binding("r", "reset_peak", "Reset", id="reset_peak", tooltip="reset the peak"),
-        Binding("s", "snapshot", "Snapshot", id="snapshot"),
-        Binding("k", "terminate", "Kill", id="kill"),
-        # Off the footer (80 columns are spoken for); in the help screen.
-        Binding("a", "attach", "Attach", id="attach", show=False),
-        Binding("w", "stacks", "Stacks", id="stacks", show=False),
-        Binding("y", "copy_fix", "Copy fix", id="copy_fix"),
-        Binding("slash", "filter", "Filter", key_display="/", id="filter"),
-        Binding("p", "pause", "Pause", id="pause"),
-        Binding("question_mark,f1", "help", "Help", key_display="?", id="help"),
-        Binding("q,f10", "quit", "Quit", id="quit"),
-        # Only under --readonly, in place of the keys above that act on a process (its keys
-        # are theirs, as the user's keymap binds them): the footer says "read-only" and a
-        # press says why nothing happens.
-        Binding("c,r,s,k,a", "read_only", "read-only", key_display="·", id="readonly"),
-    ]
-    ACTING_ACTIONS = frozenset(
-        b.action for b in BINDINGS if isinstance(b, Binding) and b.id in ACTS_ON_PROCESS
-    )
+    # Every key is one record of memtop.ui.actions (id, keys, footer and help words, whether it
+    # acts on a process): the bindings, --readonly, the help screen and the replay read them.
+    # The user's keymap (config.toml [keys]) rebinds by id.
+    ACTIONS: ClassVar[tuple[actions.Action, ...]] = actions.DASHBOARD
+    BINDINGS = actions.bindings(ACTIONS)
+    ACTION_OF: ClassVar[dict[str, actions.Action]] = {a.method: a for a in ACTIONS}  # by action
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # A subclass that names its own ACTIONS gets its bindings from them, before Textual
+        # merges them (a replay: its own keys and the shared ones that reach no process).
+        if "ACTIONS" in cls.__dict__ and "BINDINGS" not in cls.__dict__:
+            # (Without inherit_bindings, Textual's own, ctrl+q and the like, come back here.)
+            inherited = [] if kwargs.get("inherit_bindings", True) else list(App.BINDINGS)
+            cls.BINDINGS = [*inherited, *actions.bindings(cls.ACTIONS)]
+        cls.ACTION_OF = {a.method: a for a in cls.ACTIONS}
+        super().__init_subclass__(**kwargs)
 
     def __init__(
         self,
@@ -234,12 +207,11 @@ class MemtopApp(App[None]):
             clashes = self._key_clashes(keymap)
             problems.extend(clashes.values())
             keymap = {k: v for k, v in keymap.items() if k not in clashes}
-        if self.readonly:
-            keymap["readonly"] = ",".join(
+        if self.readonly and actions.acting(self.ACTIONS):
+            keymap[actions.READONLY_ID] = ",".join(
                 key
-                for b in self._bindings_with_ids()
-                if b.id in ACTS_ON_PROCESS
-                for key in keymap.get(b.id or "", b.key).split(",")
+                for a in actions.acting(self.ACTIONS)
+                for key in keymap.get(a.id, a.keys).split(",")
             )
         if keymap:
             self.set_keymap(keymap)
@@ -247,12 +219,14 @@ class MemtopApp(App[None]):
 
     def get_key_display(self, binding: Binding) -> str:
         # (A keymap drops a binding's key_display: --readonly's stand-in is bound by keymap.)
-        return "·" if binding.id == "readonly" else super().get_key_display(binding)
+        if binding.id == actions.READONLY_ID:
+            return "·"
+        return super().get_key_display(binding)
 
     def _key_clashes(self, keymap: dict[str, str]) -> dict[str, str]:
         """The user's bindings that would take a key another binding keeps (`cleanup = "q"`
         took q from quit): binding id → a one-line warning.  Those keep their default keys."""
-        bindings = [b for b in self._bindings_with_ids() if b.id != "readonly"]
+        bindings = [b for b in self._bindings_with_ids() if b.id != actions.READONLY_ID]
         keys_of = {b.id: set(keymap.get(b.id or "", b.key).split(",")) for b in bindings}
         clashes: dict[str, str] = {}
         for binding_id in keymap:
@@ -379,6 +353,9 @@ class MemtopApp(App[None]):
         detail = self._detail_screen()
         if detail is not None:
             self._show_detail(detail)
+        gpu_screen = self._gpu_screen()
+        if gpu_screen is not None:
+            self._show_gpu(gpu_screen)
 
     def _renewal_due(self, dash: view.Dashboard, compact: bool) -> bool:
         """Whether this round's slow figures replace the held ones, in every widget: once per
@@ -467,7 +444,7 @@ class MemtopApp(App[None]):
     # ------------------------------------------------------------------ selection
 
     def _detail_screen(self) -> DetailScreen | None:
-        # The screens' modules load on first use (plotext is slow to import): the first frame
+        # The screens' modules load on first use (the chart and its tables): the first frame
         # must not wait for them.
         detail = sys.modules.get("memtop.ui.screens.detail")  # None: no detail opened yet
         stack = self.screen_stack
@@ -492,6 +469,30 @@ class MemtopApp(App[None]):
         exact = [r for r in rows if r.gpu == gpu]
         return (exact or rows)[0] if rows else None
 
+    def _gpu_screen(self) -> GpuScreen | None:
+        gpu = sys.modules.get("memtop.ui.screens.gpu")  # None: no GPU detail opened yet
+        stack = self.screen_stack
+        top = stack[-1] if stack else None
+        if gpu is not None and isinstance(top, gpu.GpuScreen):
+            return top
+        return None
+
+    def on_gpu_card_chosen(self, event: GpuCard.Chosen) -> None:
+        """Enter on a GPU's card: its own detail, who holds its used bytes."""
+        from memtop.ui.screens.gpu import GpuScreen
+
+        screen = GpuScreen(event.uuid)
+        self.push_screen(screen)
+        self.call_after_refresh(self._show_gpu, screen)
+
+    def _show_gpu(self, screen: GpuScreen) -> None:
+        if self.observation is None or not screen.is_mounted:
+            return
+        try:
+            screen.show(view.build_gpu_detail(self.observation, screen.uuid))
+        except NoMatches:  # a round landed while the screen composes or closes
+            return
+
     def on_process_table_row_chosen(self, event: ProcessTable.RowChosen) -> None:
         self._open_detail(event.row)
 
@@ -511,7 +512,8 @@ class MemtopApp(App[None]):
 
     def _gpu_uuid(self, row: view.ProcessRow) -> str | None:
         for gpu in self.dashboard.gpus if self.dashboard else ():
-            if gpu.index == row.gpu:
+            # On a GPU in MIG mode, its instance's (they share the GPU's number).
+            if gpu.index == row.gpu and gpu.gpu_instance == row.mig_instance:
                 return gpu.uuid
         return None
 
@@ -529,18 +531,23 @@ class MemtopApp(App[None]):
     # ------------------------------------------------------------------ actions
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        # Behind a modal (help, confirmation) the dashboard's keys are asleep.
-        if action in PROCESS_ACTIONS and isinstance(self.screen, ModalScreen):
-            return False
+        # What each key may do where is its record's (memtop.ui.actions).
+        behind_dialog = isinstance(self.screen, ModalScreen)
         # Read-only: the keys that act on a process leave the footer, "read-only" takes their
         # place, and their keys reach it instead (a binding whose check fails passes its key on).
         if action == "read_only":
-            return self.readonly
-        if self.readonly and action in self.ACTING_ACTIONS:
+            return self.readonly and not behind_dialog
+        record = self.ACTION_OF.get(action)
+        if record is None:
+            return True
+        # Behind a modal (help, confirmation) the dashboard's keys are asleep.
+        if record.asleep_behind_dialogs and behind_dialog:
+            return False
+        if self.readonly and record.acts_on_process:
             return False
         # On the detail screen, keys that mean nothing there leave the footer (at 80 columns
         # it must show its last key, q Quit, whole).
-        return not (action in ("pause", "filter") and self._detail_screen() is not None)
+        return record.on_detail or self._detail_screen() is None
 
     def _agent_target(self, verb: str, cuda: bool = False) -> view.ProcessRow | None:
         """The selected process if `verb` can be done in it; otherwise say why not.  `cuda`:
@@ -604,13 +611,28 @@ class MemtopApp(App[None]):
 
         self.run_worker(wait, thread=True, exit_on_error=False, group="actions")
 
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None:
+        """Every notification of memtop is words, never markup: they carry what agents,
+        drivers, fleet hosts and other users' processes say (an agent's error `try again [/x]
+        later` raised MarkupError and ended root's dashboard).  The one place a notification is
+        made: whatever a caller passes, the message is shown as it reads."""
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=False)
+
     def _failed(self, row: view.ProcessRow, cmd: str, why: str) -> None:
         self.notify(f"{cmd} in pid {row.pid} failed: {why}", severity="error", timeout=8)
 
     def action_read_only(self) -> None:
         self.notify(
             "Read-only (--readonly): memtop does not act on processes here "
-            "(cleanup, reset, snapshot, kill, attach).",
+            f"({actions.refused_words(self.ACTIONS)}).",
             severity="warning",
             timeout=5,
         )
@@ -673,7 +695,6 @@ class MemtopApp(App[None]):
             f"{path}\n{snapshot_note(snapshot.devices if snapshot is not None else {})}",
             title=f"Snapshot of pid {row.pid} written",
             timeout=15,
-            markup=False,  # a path is not markup
         )
 
     def action_terminate(self) -> None:
@@ -748,7 +769,7 @@ class MemtopApp(App[None]):
         self.push_screen(
             ConfirmScreen(
                 f"Record allocation stacks in pid {row.pid}?",
-                STACKS_COST,
+                actions.STACKS_COST,
                 choices=[
                     ("y", "On (y)", True, "who holds the memory, by line (detail screen)"),
                     ("o", "Off (o)", False, "stop recording; torch forgets the stacks"),
@@ -850,30 +871,31 @@ class MemtopApp(App[None]):
 
     def action_copy_fix(self) -> None:
         """Copy a fix (OSC 52: works over SSH in most terminals): the focused suggestion's; from
-        the table or the detail screen, the most severe fix for the selected process — never
-        another process's."""
+        the table or the detail screen, the selected process's most severe suggestion's — never
+        another process's, nor a lesser tip's when that one has none (a leak's `y` copied the
+        8-bit optimizer).  Only a command shown in full is copied (memtop.ui.fixes)."""
         pane = self.suggestions
         if self.focused is pane and self._detail_screen() is None:
             item = pane.selected()
             if item is None:
                 self.notify("No suggestion highlighted.", severity="warning")
                 return
-            if not item.fix:
-                self.notify(f"“{item.title}” has no one-line fix.", severity="warning")
-                return
-            fix = item.fix or ""
         else:
             row = self.selected_row()
             if row is None:
                 self.notify("No process selected: move to one with ↑/↓.", severity="warning")
                 return
-            mine = [i for i in self._items_of(row) if i.fix]
-            if not mine:
+            mine = self._items_of(row)
+            if not any(i.fix for i in mine):
                 self.notify(f"No suggestion for pid {row.pid} has a fix.", severity="warning")
                 return
-            fix = mine[0].fix or ""  # most severe first
-        self.copy_to_clipboard(fix)
-        self.notify(f"Copied: {fix}", timeout=4)
+            item = mine[0]  # most severe first
+        refusal = fixes.not_copied(item)
+        if refusal is not None:
+            self.notify(refusal, severity="warning", timeout=6)
+            return
+        self.copy_to_clipboard(item.fix or "")
+        self.notify(fixes.copied(item), timeout=6)
 
     def _items_of(self, row: view.ProcessRow) -> list[view.SuggestionItem]:
         """The selected process's own suggestions, most severe first, unfolded (the pane folds

@@ -9,15 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from textual.app import App
-from textual.binding import Binding
-
-from memtop.playback import Player
+from memtop.feed import PlaybackFeed
+from memtop.ui import actions
 from memtop.ui.app import MemtopApp
 
 SEEK_S = 10.0
 BIG_SEEK_S = 60.0
-LIVE_ONLY = {"cleanup", "reset_peak", "snapshot", "kill", "pause", "attach", "readonly"}
 
 
 def _clock_text(seconds: float) -> str:
@@ -27,24 +24,15 @@ def _clock_text(seconds: float) -> str:
 
 
 class ReplayApp(MemtopApp, inherit_bindings=False):
-    # Textual merges the BINDINGS of every base class unless told not to: the live-only ones
-    # must not come back from MemtopApp.
-    # The replay's keys first: at 80 columns the footer shows them all, then the shared ones
-    # ("Play/pause" and the order before cut it at "] F").
-    BINDINGS = [
-        *App.BINDINGS,
-        Binding("space", "toggle_play", "Play", id="replay.play"),
-        Binding("left", "seek(-1)", "Back", key_display="←", id="replay.back"),
-        Binding("right", "seek(1)", "Forward", key_display="→", id="replay.forward"),
-        Binding("shift+left", "seek(-6)", "Back 60 s", show=False, id="replay.back_more"),
-        Binding("shift+right", "seek(6)", "Forward 60 s", show=False, id="replay.forward_more"),
-        Binding("left_square_bracket", "speed(0)", "Slower", key_display="[", id="replay.slower"),
-        Binding("right_square_bracket", "speed(1)", "Faster", key_display="]", id="replay.faster"),
-        *(b for b in MemtopApp.BINDINGS if not (isinstance(b, Binding) and b.id in LIVE_ONLY)),
-    ]
+    # Textual merges the BINDINGS of every base class unless told not to: the keys that act on
+    # a process, or need a live feed, must not come back from MemtopApp.  Its own keys first:
+    # at 80 columns the footer shows them all, then the shared ones (memtop.ui.actions).
+    ACTIONS = actions.on_replay(MemtopApp.ACTIONS)
 
-    def __init__(self, store: object, player: Player, recording: object, **kwargs: Any) -> None:
-        # The Player is the feed (memtop.feed.Feed) and holds the recording (`recording` is
+    def __init__(
+        self, store: object, player: PlaybackFeed, recording: object, **kwargs: Any
+    ) -> None:
+        # The player (memtop.playback.Player) is the feed and holds the recording (`recording` is
         # the player's, taken for the callers that name it).
         super().__init__(store, player, clock=player.clock, **kwargs)
         self.player = player

@@ -10,13 +10,21 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from memtop.diagnosis import DeviceDiagnosis, HostDiagnosis, Suggestion
 from memtop.diagnosis.leak import LeakBasis
 from memtop.diagnosis.suggestions import EffectKind, RuleId
 from memtop.job_groups import JobGroup, job_groups
-from memtop.model import SOURCE_AGENT, SOURCE_SIM, AgentStatus, Choice, Severity, host_of
+from memtop.model import (
+    SOURCE_AGENT,
+    SOURCE_SIM,
+    AgentStatus,
+    Choice,
+    ProcessInfo,
+    Severity,
+    host_of,
+)
 from memtop.observation import (
     AgentDeviceObservation,
     DeviceHistory,
@@ -26,9 +34,6 @@ from memtop.observation import (
 )
 from memtop.ui.render import bin_reduce, short_bytes
 from memtop.units import format_bytes, format_duration, short_host
-
-if TYPE_CHECKING:
-    from memtop.sources.processes import ProcessInfo
 
 TREND_POINTS = 120  # the sparkline's resolution before a widget fits it to its width
 TREND_MARKS = 1024  # per-step baselines the sparkline summarises
@@ -149,6 +154,8 @@ class GpuRow:
     temperature: int | None = None  # °C
     power_watts: float | None = None
     host: str = ""  # the machine it is in, short, when not this one (the fleet view)
+    mig: str = ""  # a MIG instance's "MIG 3g.40gb #1" (its index is its GPU's)
+    gpu_instance: int | None = None  # a MIG instance's GPU instance id
 
     @property
     def used_share(self) -> float | None:
@@ -188,6 +195,14 @@ class ProcessRow:
     # An agent that uses no CUDA device (a CPU trainer): judged by its host memory, and the
     # keys that act on CUDA's caching allocator (cleanup, snapshot, stacks) have nothing to do.
     cpu_only: bool = False
+    mig_instance: int | None = None  # the GPU instance id of the MIG instance it runs on
+
+    @property
+    def gpu_label(self) -> str:
+        """ "0", "0:1" on GPU 0's MIG instance 1 (as `--only` takes it), "—" without a GPU."""
+        if self.gpu is None:
+            return "—"
+        return f"{self.gpu}:{self.mig_instance}" if self.mig_instance is not None else str(self.gpu)
 
     @property
     def last_known(self) -> bool:
@@ -228,6 +243,8 @@ class SuggestionItem:
     effect_kind: EffectKind = EffectKind.SAVING  # its colour on screen: widgets.suggestions
     rule: str = ""
     room: str | None = None  # a roll-up's headroom ("53.8 GiB unused"), drawn apart from savings
+    fix_by_agent: bool = False  # the fix is an agent's words (an OOM report's): marked so
+    fix_is_prose: bool = False  # the fix is advice in words, not a line to paste
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,8 +280,13 @@ def build(
     flagged = {(s.pid, s.device) for s in obs.suggestions if s.rule == RuleId.EXPANDABLE_SEGMENTS}
     gpus = tuple(_gpu_row(gpu, flagged) for gpu in obs.gpus)
     users = users if users is not None else {}
+    # A process on a MIG instance shows its GPU as "0:1" (GPU 0, GPU instance 1).
+    instances = {g.uuid: g.mig.gpu_instance_id for g in obs.gpus if g.mig is not None}
     processes = tuple(
-        _process_row(entry, my_uid, users, obs.time, obs.diagnosis.hosts) for entry in obs.entries
+        _process_row(
+            entry, my_uid, users, obs.time, instances.get(entry.uuid or ""), obs.diagnosis.hosts
+        )
+        for entry in obs.entries
     )
     if not sampled:
         state = WAITING
@@ -412,6 +434,8 @@ def _gpu_row(gpu: GpuObservation, flagged: set[tuple[int | None, int | None]]) -
         temperature=gpu.temperature_c,
         power_watts=getattr(gpu, "power_watts", None),
         host=short_host(gpu.host) if gpu.host else "",
+        mig=gpu.mig.label() if gpu.mig is not None else "",
+        gpu_instance=gpu.mig.gpu_instance_id if gpu.mig is not None else None,
     )
 
 
@@ -511,6 +535,7 @@ def _process_row(
     my_uid: int,
     users: MutableMapping[int, str],
     now: float,
+    mig_instance: int | None = None,
     hosts: Mapping[int, HostDiagnosis] | None = None,
 ) -> ProcessRow:
     info = entry.info
@@ -537,6 +562,7 @@ def _process_row(
             full_command=info.command if info and info.visible else "?",
             **host,
             gpu=entry.gpu,
+            mig_instance=mig_instance,
             device=None,
             used=entry.used_bytes,
             allocated=None,
@@ -581,6 +607,7 @@ def _process_row(
         **host,
         job=job.label if job is not None else "",
         gpu=dev.gpu if dev else None,
+        mig_instance=mig_instance if dev else None,
         device=dev.index if dev else None,
         used=entry.used_bytes if dev else None,
         allocated=dev.allocated_bytes if dev else None,
@@ -732,6 +759,8 @@ def _item(s: Suggestion) -> SuggestionItem:
         detail=s.detail,
         effect_kind=s.effect_kind,
         rule=s.rule,
+        fix_by_agent=s.fix_by_agent,
+        fix_is_prose=s.fix_is_prose,
     )
 
 
@@ -748,7 +777,8 @@ CHART_POINTS = 240
 class Series:
     name: str
     xs: tuple[float, ...]  # seconds relative to the newest sample (≤ 0)
-    ys: tuple[float, ...]  # bytes
+    ys: tuple[float, ...]  # bytes (a band's highs)
+    lows: tuple[float, ...] | None = None  # a band (allocated): each bin's minimum
 
 
 @dataclass(frozen=True)
@@ -780,9 +810,13 @@ def build_detail(obs: Observation, row: ProcessRow, gpu_uuid: str | None) -> Det
             for values, name in (
                 (history.reserved, "reserved"),
                 (history.torch_peak, "peak"),
-                (history.allocated, "allocated"),
             ):
                 series.append(_series(name, times, values[skip:], newest))
+            # Allocated swings within a step: each bin's min and max, a band on the chart
+            # (its maxima alone, sampled at 1 Hz, aliased into scattered points).
+            band = _series("allocated", times, history.allocated[skip:], newest)
+            lows = bin_reduce(history.allocated[skip:], CHART_POINTS, min)
+            series.append(replace(band, lows=tuple(lows)))
             marks = history
             mark_times = [t for t in marks.mark_time if t >= times[0]]
             if mark_times:
@@ -851,3 +885,60 @@ def _trend_line(
         (times[first] - newest, times[last] - newest),
         (level + slope * steps[first], level + slope * steps[last]),
     )
+
+
+# ------------------------------------------------------------------------------ GPU detail
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDetailLine:
+    """One line of a GPU's own detail: a part of its used bytes, or a process in one."""
+
+    bytes: int | None
+    text: str  # the part's name, or "pid N  <what memtop can say of it>"
+    pids: str = ""  # a part's pids, "4101,4102"
+    process: bool = False  # a process of the part above (indented)
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDetail:
+    title: str  # "GPU 0 · MIG 3g.40gb #1  NVIDIA A100-SXM4-80GB MIG 3g.40gb"
+    used: int | None
+    total: int | None
+    lines: tuple[GpuDetailLine, ...]
+    missing: str = ""  # why there is no accounting (used bytes not read)
+
+
+def build_gpu_detail(obs: Observation, uuid: str) -> GpuDetail | None:
+    """A GPU's own detail (enter on its card): who holds its used bytes, part by part, with the
+    pids of each and what memtop can say of each process (DESIGN §13 accounting).  None: the
+    GPU is gone from view."""
+    gpu = obs.gpu(uuid)
+    if gpu is None:
+        return None
+    title = f"{gpu.label}  {gpu.name}"
+    accounting = gpu.accounting
+    if accounting is None:
+        return GpuDetail(title, None, gpu.total_bytes, (), gpu.error or "used memory not read")
+    lines: list[GpuDetailLine] = []
+    for part in accounting.parts:
+        if not part.bytes and not part.pids:
+            continue
+        pids = ",".join(str(p) for p in part.pids[:12]) + ("…" if len(part.pids) > 12 else "")
+        lines.append(GpuDetailLine(part.bytes, part.label, pids, note=part.note))
+        for process in part.processes:
+            said = [process.why] if process.why else []
+            if process.user and part.name in ("no_agent", "other_users"):
+                said.insert(0, process.user)
+            for holder in process.holders:
+                said.append(
+                    f"holder {holder.pid}{' (its process group)' if holder.kin else ''}: "
+                    f"{holder.command[:60]}"
+                )
+            lines.append(
+                GpuDetailLine(
+                    process.bytes, f"pid {process.pid}  " + " · ".join(said), process=True
+                )
+            )
+    return GpuDetail(title, accounting.used_bytes, gpu.total_bytes, tuple(lines))

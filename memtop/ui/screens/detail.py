@@ -3,8 +3,6 @@ breakdown of its memory, fragmentation and pressure, and its suggestions in full
 
 from __future__ import annotations
 
-import time
-
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
@@ -12,30 +10,14 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
-from textual_plotext import PlotextPlot
 
+from memtop.ui.fixes import fix_text
 from memtop.ui.render import FREE, SEVERITY_STYLES, fragmentation_style, gauge, short_bytes
 from memtop.ui.view import Detail, ProcessRow, leak_label
+from memtop.ui.widgets.history_chart import HistoryChart
 from memtop.ui.widgets.sites_table import SitesPanel
 from memtop.ui.widgets.suggestions import BADGES, EFFECT_STYLES
-from memtop.units import GiB, format_bytes, format_duration
-
-# RGB, not colour names: plotext's names go through the terminal's palette (its "yellow" drew
-# purple in some themes), and the legend in the chart's title must show the same colours.
-COLOURS: dict[str, tuple[int, int, int]] = {
-    "reserved": (230, 190, 0),
-    "peak": (230, 60, 80),
-    "allocated": (140, 220, 40),
-    "baseline": (80, 200, 230),
-    "leak trend": (240, 240, 240),
-    "GPU used": (200, 90, 210),
-}
-WHITE = (240, 240, 240)
-
-
-def _hex(rgb: tuple[int, int, int]) -> str:
-    return "#{:02x}{:02x}{:02x}".format(*rgb)
-
+from memtop.units import format_bytes, format_duration
 
 BREAKDOWN_ROLES = (
     ("parameters", "parameters"),
@@ -56,7 +38,7 @@ class DetailScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield Static(id="detail-title")
-        yield PlotextPlot(id="chart")
+        yield HistoryChart(id="chart")
         with Horizontal(id="detail-facts"):
             yield Static(id="breakdown")
             yield Static(id="facts")
@@ -68,7 +50,6 @@ class DetailScreen(Screen[None]):
         self.query_one("#breakdown").border_title = "Breakdown at step boundary"
         self.query_one("#facts").border_title = "Allocator"
         self.query_one("#detail-suggestions-box").border_title = "Suggestions"
-        self.query_one("#chart").border_title = "History (GiB, wall-clock time)"
 
     def show(self, detail: Detail) -> None:
         if detail == self.detail:
@@ -76,45 +57,11 @@ class DetailScreen(Screen[None]):
         self.detail = detail
         self.row = detail.row
         self.query_one("#detail-title", Static).update(_title(detail.row))
-        # The legend under the chart, not inside it over the data.
-        lines = [*detail.series, *([detail.trend_line] if detail.trend_line else [])]
-        legend = "  ".join(
-            f"[{_hex(COLOURS.get(series.name, WHITE))}]■[/] {series.name}" for series in lines
-        )
-        self.query_one("#chart").border_title = f"History (GiB)  {legend}"
-        self._chart(detail)
+        self.query_one(HistoryChart).show(detail)
         self.query_one("#breakdown", Static).update(_breakdown(detail))
         self.query_one("#facts", Static).update(_facts(detail))
         self.query_one("#detail-suggestions", Static).update(_suggestions(detail))
         self.query_one(SitesPanel).show(detail.device.sites if detail.device else ())
-
-    def _chart(self, detail: Detail) -> None:
-        plot = self.query_one(PlotextPlot)
-        plt = plot.plt
-        plt.clear_data()
-        plt.clear_figure()
-        lines = [*detail.series, *([detail.trend_line] if detail.trend_line else [])]
-        oldest = 0.0
-        for series in lines:
-            if not series.xs:
-                continue
-            oldest = min(oldest, min(series.xs))
-            plt.plot(
-                list(series.xs),
-                [y / GiB for y in series.ys],
-                color=COLOURS.get(series.name, WHITE),
-                marker="hd",  # quadrant blocks: in more fonts than braille
-            )
-        if not lines:
-            plt.title("no history yet")
-        elif detail.newest is not None:
-            # Wall-clock ticks: "14:03" reads better than "-1800.0" over a long window.
-            ticks = [oldest + (0 - oldest) * i / 4 for i in range(5)]
-            span = -oldest
-            fmt = "%H:%M:%S" if span < 600 else "%H:%M"
-            labels = [time.strftime(fmt, time.localtime(detail.newest + t)) for t in ticks]
-            plt.xticks(ticks, labels)
-        plot.refresh()
 
 
 def _title(row: ProcessRow) -> Text:
@@ -162,9 +109,9 @@ def _suggestions(detail: Detail) -> Table | Text:
             body.append(f"\n{item.detail}")
         if item.evidence:
             body.append(f"\n{item.evidence}", style=FREE)
-        if item.fix:
-            body.append("\n$ ", style=FREE)
-            body.append(item.fix, style="bold cyan")
+        if item.fix:  # `$ command` or `→ advice`, and whose words (memtop.ui.fixes)
+            body.append("\n")
+            body.append_text(fix_text(item))
         grid.add_row(badge, body)
     return grid
 

@@ -11,53 +11,21 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from memtop.ui import actions
 from memtop.ui.render import ALLOCATED, CACHED, FREE, OTHER, PEAK
-
-# What each binding does, in more words than its footer label; by binding id.
-EXPLAIN = {
-    "cleanup": "cleanup in the selected trainer: gc.collect() + torch.cuda.empty_cache()",
-    "reset_peak": "reset the peak (torch's peak stats and memtop's own)",
-    "snapshot": "write a memory snapshot file; open it at https://pytorch.org/memory_viz",
-    "kill": "terminate the selected process: TERM, INT or KILL (asks first; your own only)",
-    "attach": "attach memtop's agent to the selected process that has none (asks first; gdb)",
-    "stacks": "record allocation stacks in the selected trainer, or stop: who holds the memory, "
-    "by line, on the detail screen (asks first, says the cost)",
-    "copy_fix": "copy a fix to the clipboard: the highlighted suggestion's (suggestions pane) "
-    "or the selected process's most severe one (table, detail screen)",
-    "filter": "filter the table by pid, user, command or gpuN (enter keeps, esc clears)",
-    "pause": "pause / resume sampling",
-    "help": "this screen",
-    "quit": "quit (memtop demo also stops its simulated trainers)",
-    "table.up": "previous process",
-    "table.down": "next process",
-    "table.page_up": "a page up",
-    "table.page_down": "a page down",
-    "table.first": "first process",
-    "table.last": "last process",
-    "table.detail": "open the detail screen of the selected process (history, breakdown)",
-    "table.sort_next": "sort by the next column (a click on a header sorts by it)",
-    "table.sort_prev": "sort by the previous column",
-    "table.sort_invert": "invert the sort order",
-}
-EXTRA_KEYS = (
-    ("tab", "move between the table and the suggestions pane"),
-    ("esc", "back from a detail or help screen"),
-)
 
 
 def key_rows(app: object) -> list[tuple[str, str, str]]:
-    """(keys as the user's keymap binds them, what it does, binding id), from the bindings."""
+    """(keys as the user's keymap binds them, what it does, binding id): the records of this
+    app's keys and the table's (memtop.ui.actions); the live dashboard's when `app` is None."""
     from memtop.ui.app import MemtopApp
-    from memtop.ui.widgets.process_table import ProcessTable
 
     keymap = getattr(app, "_keymap", {}) or {}
     rows = []
-    for binding in (*MemtopApp.BINDINGS, *ProcessTable.BINDINGS):
-        if not isinstance(binding, Binding) or not binding.id or binding.id == "readonly":
-            continue  # (readonly: --readonly's stand-in for the keys that act on a process)
-        keys = keymap.get(binding.id, binding.key)
+    for action in (*getattr(app, "ACTIONS", MemtopApp.ACTIONS), *actions.TABLE, *actions.GPU_CARD):
+        keys = keymap.get(action.id, action.keys)
         shown = " ".join(_display(k) for k in keys.split(","))
-        rows.append((shown, EXPLAIN.get(binding.id, binding.description), binding.id))
+        rows.append((shown, action.explain, action.id))
     return rows
 
 
@@ -75,6 +43,12 @@ def _display(key: str) -> str:
         "end": "End",
         "f1": "F1",
         "f10": "F10",
+        "left": "←",
+        "right": "→",
+        "shift+left": "shift+←",
+        "shift+right": "shift+→",
+        "left_square_bracket": "[",
+        "right_square_bracket": "]",
     }.get(key, key)
 
 
@@ -103,13 +77,15 @@ TERMS = (
 def help_text(app: object = None) -> Group:
     """Keys (from the bindings, as the user's keymap binds them, with each binding's id for
     config.toml), the bar's legend and the terms, in grids whose last column wraps in place."""
+    from memtop.ui.app import MemtopApp
+
     keys = Table.grid(padding=(0, 2))
     keys.add_column(style="bold cyan", no_wrap=True)
     keys.add_column(ratio=1)
     keys.add_column(style="bright_black", no_wrap=True)
     for key, what, binding_id in key_rows(app):
         keys.add_row(key, what, binding_id)
-    for key, what in EXTRA_KEYS:
+    for key, what in actions.EXTRA_KEYS:
         keys.add_row(key, what, "")
     legend = Text("  ")
     for glyph, style, name in (
@@ -128,8 +104,8 @@ def help_text(app: object = None) -> Group:
     for term, meaning in TERMS:
         terms.add_row(term, meaning)
     readonly = (
-        Text("Read-only (--readonly): cleanup, reset, snapshot, kill and attach are off.\n")
-        if getattr(app, "readonly", False)
+        Text(f"Read-only (--readonly): {actions.refused_words(app.ACTIONS)} are off.\n")
+        if getattr(app, "readonly", False) and isinstance(app, MemtopApp)
         else Text()
     )
     return Group(

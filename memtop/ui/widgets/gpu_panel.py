@@ -10,10 +10,12 @@ from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
 from textual.geometry import Region
+from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Static
 
+from memtop.ui import actions
 from memtop.ui.render import (
     ALLOCATED,
     CACHED,
@@ -65,13 +67,29 @@ def _changed_region(y: int, old: Text, new: Text, width: int) -> Region:
     return Region(x0, y, max(1, min(x1, width) - x0), 1)
 
 
-class GpuCard(Widget):
-    """Two lines for one GPU.  It repaints only when its row changed (rows compare by value)."""
+class GpuCard(Widget, can_focus=True):
+    """Two lines for one GPU.  It repaints only when its row changed (rows compare by value).
+    Focused (tab) and chosen with enter or a click, it opens the GPU's own detail."""
 
     DEFAULT_CSS = """
     GpuCard { height: 2; }
     GpuCard.-dense { height: 1; }
+    GpuCard:focus { background: $boost; }
     """
+    BINDINGS = actions.bindings(actions.GPU_CARD)
+
+    class Chosen(Message):
+        """Enter (or a click) on a GPU's card: open its detail."""
+
+        def __init__(self, uuid: str) -> None:
+            super().__init__()
+            self.uuid = uuid
+
+    def action_choose(self) -> None:
+        self.post_message(self.Chosen(self.row.uuid))
+
+    def on_click(self) -> None:
+        self.post_message(self.Chosen(self.row.uuid))
 
     def __init__(self, row: GpuRow) -> None:
         super().__init__()
@@ -163,6 +181,11 @@ class GpuCard(Widget):
         row = self.row
         dense = self.has_class("-dense")
         label = f"GPU{row.index} " if compact else f"GPU {row.index}  {row.name[:26]} "
+        if row.mig:  # a MIG instance, on the row under its GPU's: "GPU 0 · MIG 3g.40gb #1"
+            gpu_instance = row.mig.rsplit("#", 1)[-1]
+            label = (
+                f"GPU{row.index}:{gpu_instance} " if compact else f"GPU {row.index} · {row.mig} "
+            )
         if compact and row.host:  # the fleet: the card without its name still names its host
             label = f"GPU{row.index} {row.host} "
         head = Text(label, style="bold")
@@ -305,10 +328,11 @@ class GpuPanel(VerticalScroll):
         elif not gpus:
             line = no_gpus or WAITING
             if self._waiting is None:
-                self._waiting = Static(line, id="gpu-waiting", classes="muted")
+                # Why there is no GPU, as a driver or a fleet source said it: words, not markup.
+                self._waiting = Static(Text(line), id="gpu-waiting", classes="muted")
                 self.mount(self._waiting)
             elif self._said != line:
-                self._waiting.update(line)
+                self._waiting.update(Text(line))
             self._said = line
         wanted = {row.uuid for row in gpus}
         for uuid in [uuid for uuid in self._cards if uuid not in wanted]:

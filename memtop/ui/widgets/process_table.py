@@ -20,12 +20,12 @@ from dataclasses import dataclass, replace
 from rich.style import Style
 from rich.text import Span, Text
 from textual import events
-from textual.binding import Binding
 from textual.geometry import Region, Size
 from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
+from memtop.ui import actions
 from memtop.ui.render import FREE, short_bytes, slow_tick
 from memtop.ui.view import JobHeader, ProcessRow, process_key
 from memtop.ui.widgets.lines import changed_cells, looks_alike, text_strip
@@ -95,7 +95,7 @@ COLUMNS = (
     Column(
         "gpu",
         "GPU",
-        lambda r, c: "—" if r.gpu is None else str(r.gpu),
+        lambda r, c: r.gpu_label,
         (3, 3),
         True,
         lambda r: _num(r.gpu),
@@ -207,18 +207,8 @@ class ProcessTable(Widget, can_focus=True):
     ProcessTable > .process-table--cursor { background: $accent; color: $text; }
     ProcessTable > .process-table--cursor-blurred { background: $accent 30%; }
     """
-    BINDINGS = [
-        Binding("up", "move(-1)", "Up", show=False, id="table.up"),
-        Binding("down", "move(1)", "Down", show=False, id="table.down"),
-        Binding("pageup", "page(-1)", "Page up", show=False, id="table.page_up"),
-        Binding("pagedown", "page(1)", "Page down", show=False, id="table.page_down"),
-        Binding("home,g", "move(-1000000)", "First", show=False, id="table.first"),
-        Binding("end,G", "move(1000000)", "Last", show=False, id="table.last"),
-        Binding("enter", "choose", "Detail", show=False, id="table.detail"),
-        Binding("greater_than_sign", "sort_column(1)", "Sort →", show=False, id="table.sort_next"),
-        Binding("less_than_sign", "sort_column(-1)", "Sort ←", show=False, id="table.sort_prev"),
-        Binding("I", "invert_sort", "Invert sort", show=False, id="table.sort_invert"),
-    ]
+    # Its keys are records of memtop.ui.actions (the help screen and the README read them too).
+    BINDINGS = actions.bindings(actions.TABLE)
 
     class RowChosen(Message):
         """Enter (or a click on the selected row) on a row: open its detail."""
@@ -239,6 +229,7 @@ class ProcessTable(Widget, can_focus=True):
         self.sort_reverse = False
         self.filter = ""
         self._top = 0  # first line shown (the table scrolls to keep the cursor in view)
+        self._borders: tuple[str, str] | None = None  # the title and subtitle set, as words
         self._compact = False
         self._texts: list[Text] = []
         self._header = Text()
@@ -291,7 +282,9 @@ class ProcessTable(Widget, can_focus=True):
         if not self.filter:
             return True
         needle = self.filter.lower()
-        hay = f"{row.pid} {row.user} gpu{row.gpu} {row.full_command or row.command} {row.state}"
+        hay = (
+            f"{row.pid} {row.user} gpu{row.gpu_label} {row.full_command or row.command} {row.state}"
+        )
         return needle in hay.lower()
 
     def _arrange(self) -> None:
@@ -341,10 +334,12 @@ class ProcessTable(Widget, can_focus=True):
         # The compact layout draws only the top rule, where the subtitle (the filter, the sort)
         # is not shown: there it goes into the title, or nothing said a filter was on.
         title = f"Processes  {subtitle}" if self._compact and subtitle else "Processes"
-        if subtitle != self.border_subtitle:  # setting it, even unchanged, repaints the border
-            self.border_subtitle = subtitle
-        if title != self.border_title:
-            self.border_title = title
+        if (title, subtitle) != self._borders:  # setting them, even unchanged, repaints
+            self._borders = (title, subtitle)
+            # Text, not a str: a str is parsed as markup, and the filter is typed text
+            # (`/[/x]` raised MarkupError).
+            self.border_subtitle = Text(subtitle)
+            self.border_title = Text(title)
         self._render_rows()
 
     def _subtitle(self) -> str:
