@@ -14,6 +14,7 @@ from typing import Any
 
 from memtop import metric_table
 from memtop._version import __version__
+from memtop.diagnosis.workload import ENGINE_NAMES
 from memtop.observation import Accounting, AgentObservation, GpuObservation, Observation
 from memtop.units import format_bytes
 
@@ -33,15 +34,19 @@ def build(observation: Observation) -> dict[str, Any]:
             "error": obs.nvml_error,
             "driver_version": obs.driver_version,
         },
-        "devices": [_device(gpu) for gpu in obs.gpus],
-        "agents": [_agent(agent) for agent in obs.agents],
+        "devices": [_device(gpu, obs) for gpu in obs.gpus],
+        "agents": [_agent(agent, obs) for agent in obs.agents],
         "suggestions": [s.as_dict() for s in obs.suggestions],
         "problems": list(obs.problems),
         "events": list(obs.events),
     }
 
 
-def _device(gpu: GpuObservation) -> dict[str, Any]:
+def _device(gpu: GpuObservation, obs: Observation) -> dict[str, Any]:
+    # What each listed process is, where known (DESIGN §13: a server's engine and share).
+    workloads = {
+        e.pid: e.workload.as_dict() for e in obs.entries if e.uuid == gpu.uuid and e.workload
+    }
     return {
         "index": gpu.index,
         "uuid": gpu.uuid,
@@ -55,7 +60,13 @@ def _device(gpu: GpuObservation) -> dict[str, Any]:
         "error": gpu.error,
         "pci_bus_id": gpu.pci_bus_id,
         "processes": [
-            {"pid": p.pid, "used_bytes": p.used_bytes, "kind": p.kind} for p in gpu.processes
+            {
+                "pid": p.pid,
+                "used_bytes": p.used_bytes,
+                "kind": p.kind,
+                "workload": workloads.get(p.pid),
+            }
+            for p in gpu.processes
         ],
         # The sum of the true peaks of the PyTorch processes on it (each its own moment).
         "peak_sum_bytes": gpu.peak_sum_bytes if gpu.agents else None,
@@ -108,7 +119,7 @@ def _accounting(accounting: Accounting | None) -> dict[str, Any] | None:
     }
 
 
-def _agent(agent: AgentObservation) -> dict[str, Any]:
+def _agent(agent: AgentObservation, obs: Observation) -> dict[str, Any]:
     hello = agent.hello
     devices = []
     for dev in agent.devices:
@@ -134,8 +145,12 @@ def _agent(agent: AgentObservation) -> dict[str, Any]:
                     if breakdown
                     else None
                 ),
+                # What the process is on this device: trainer, server (engine, the share it
+                # asked for and the setting that sets it), … (DESIGN §13).
+                "workload": found.workload.as_dict() if found.workload else None,
             }
         )
+    workload = next((d.diagnosis.workload for d in agent.devices if d.diagnosis.workload), None)
     return {
         "pid": agent.pid,
         "state": agent.status.value,
@@ -146,14 +161,34 @@ def _agent(agent: AgentObservation) -> dict[str, Any]:
         "hip": agent.hip,  # the ROCm build's HIP version; null on CUDA
         "allocator_conf": hello.allocator_conf if hello else None,
         "step": agent.step,
+        # `trainer`, `server`, `preallocator` or `process` (no steps yet), and the engine;
+        # each device's `workload` has the share (null before its first sample).
+        "kind": workload.kind.value if workload else None,
+        "engine": workload.engine if workload else None,
         "devices": devices,
         "job": job.as_json() if (job := agent.job) is not None else None,
+        # Its own host memory, where the agent reports it: RSS now, its peak, and for a process
+        # that uses no CUDA device, the leak verdict on its RSS after each step.
+        "host": _host(agent, obs),
         # Live memory by the user's line, per device (stack recording on; DESIGN §12).
         "sites": [
             {"device": dev.index, **trend.as_dict()}
             for dev in agent.devices
             for trend in dev.diagnosis.sites
         ],
+    }
+
+
+def _host(agent: AgentObservation, obs: Observation) -> dict[str, Any] | None:
+    memory = agent.host_memory
+    if memory is None:
+        return None
+    verdict = obs.diagnosis.hosts.get(agent.pid)
+    return {
+        "rss_bytes": memory.rss_bytes,
+        "peak_rss_bytes": memory.peak_rss_bytes,
+        "total_bytes": memory.total_bytes,
+        "leak": verdict.leak.as_dict() if verdict is not None else None,
     }
 
 
@@ -183,6 +218,17 @@ def _accounting_lines(accounting: dict[str, Any] | None) -> list[str]:
 def _command(argv: list[str]) -> str:
     text = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(argv))
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _label(dev: dict[str, Any]) -> str:
+    """ "vLLM · 0.92 of GPU  " before a server's command; "" for a trainer."""
+    workload = dev.get("workload") or {}
+    share, engine = workload.get("budget_share"), workload.get("engine")
+    if share is None:
+        return ""
+    name = ENGINE_NAMES.get(engine or "", "preallocated")
+    of = "of free GPU" if workload.get("budget_basis") == "free" else "of GPU"
+    return f"{name} · {share:.2f} {of}  "
 
 
 def render_text(report: dict[str, Any]) -> str:
@@ -244,7 +290,7 @@ def render_text(report: dict[str, Any]) -> str:
                     f"{format_bytes(dev['reserved_bytes']):>10} "
                     f"{format_bytes(dev['peak_bytes']):>10} "
                     f"{dev['fragmentation']:>5.2f} {dev['num_alloc_retries']:>7} "
-                    f"{dev['num_ooms']:>4}  {_command(a['argv'])}"
+                    f"{dev['num_ooms']:>4}  {_label(dev)}{_command(a['argv'])}"
                     + ("" if a["state"] == "connected" else f"  [{a['state']}]")
                 )
     if report["suggestions"]:

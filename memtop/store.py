@@ -32,6 +32,7 @@ from memtop.model import (
     AgentSnapshot,
     AgentStatus,
     DriverReading,
+    HostMemory,
     PidFacts,
     ProcessInfo,
     host_of,
@@ -148,6 +149,11 @@ class AgentState:
     last_oom: Mapping[str, Any] | None = None
     # The agent's `sites` readings, oldest first (stack recording on): the leak's line.
     sites: deque[AgentSites] = field(default_factory=lambda: deque(maxlen=SITES_READINGS))
+    # The process's own host memory (a CPU trainer's only memory figure): the newest reading,
+    # its RSS at every sample, and its RSS right after each step (the host's baseline).
+    host_memory: HostMemory | None = None
+    host_history: Ring | None = None
+    host_marks: Ring | None = None
 
 
 @dataclass(frozen=True)
@@ -182,6 +188,11 @@ class AgentView:
     snapshot_time: float | None = None
     last_oom: Mapping[str, Any] | None = None
     sites: tuple[AgentSites, ...] = ()
+    # Host memory (AgentState's): the newest reading, ("time", "rss") per sample and ("step",
+    # "time", "rss") per step mark, oldest first; empty without windows or readings.
+    host_memory: HostMemory | None = None
+    host_history: Mapping[str, array[float]] = field(default_factory=dict)
+    host_marks: Mapping[str, array[float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -346,7 +357,16 @@ class Store:
                 float(device.num_alloc_retries),
                 float(device.num_ooms),
             )
+        if sample.host_memory is not None:
+            agent.host_memory = sample.host_memory
+            if agent.host_history is None:
+                agent.host_history = Ring(self._history, ("time", "rss"))
+            agent.host_history.append(sample.time, float(sample.host_memory.rss_bytes))
         for mark in sample.step_marks:
+            if mark.host_rss is not None:
+                if agent.host_marks is None:
+                    agent.host_marks = Ring(self._step_marks, ("step", "time", "rss"))
+                agent.host_marks.append(float(mark.step), mark.time, float(mark.host_rss))
             for index, allocated in mark.allocated.items():
                 state = agent.devices.get(index)
                 if state is not None:
@@ -587,7 +607,14 @@ class Store:
             snapshot_time=agent.snapshot_time,
             last_oom=agent.last_oom,
             sites=tuple(agent.sites),
+            host_memory=agent.host_memory,
+            host_history=_windows(agent.host_history) if windows else {},
+            host_marks=_windows(agent.host_marks, VIEW_MARKS) if windows else {},
         )
+
+
+def _windows(ring: Ring | None, last: int | None = None) -> dict[str, array[float]]:
+    return {name: ring.window(name, last) for name in ring.names} if ring is not None else {}
 
 
 def _agent_name(pid: int) -> str:

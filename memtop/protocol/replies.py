@@ -86,6 +86,7 @@ def hello_result(
     world_size: int | None,
     scheduler: Mapping[str, Any] | None,
     rendezvous: Mapping[str, Any] | None,
+    engine_environment: Mapping[str, str] | None = None,
 ) -> Result:
     """`hello`: the schema's required fields (protocol, pid, argv, python, torch,
     allocator_conf, devices), then what memtop shows of the process: `hip` (torch.version.hip:
@@ -110,6 +111,9 @@ def hello_result(
         "world_size": world_size,
         "scheduler": scheduler,
         "rendezvous": rendezvous,
+        # The variables that set an engine's share of the GPU (model.ENGINE_ENVIRONMENT), only
+        # those, only where set: what makes JAX or a TGI shard a preallocator.
+        "engine_environment": dict(engine_environment or {}),
     }
 
 

@@ -549,8 +549,9 @@ class MemtopApp(App[None]):
         # it must show its last key, q Quit, whole).
         return record.on_detail or self._detail_screen() is None
 
-    def _agent_target(self, verb: str) -> view.ProcessRow | None:
-        """The selected process if `verb` can be done in it; otherwise say why not."""
+    def _agent_target(self, verb: str, cuda: bool = False) -> view.ProcessRow | None:
+        """The selected process if `verb` can be done in it; otherwise say why not.  `cuda`:
+        the action works on CUDA's caching allocator, which a CPU-only process does not use."""
         row = self.selected_row()
         if row is None:
             self.notify("No process selected: move to one with ↑/↓.", severity="warning")
@@ -574,6 +575,15 @@ class MemtopApp(App[None]):
             agent = self.observation.agent(row.pid) if self.observation else None
             why = agent.error if agent is not None and agent.error else row.state
             self.notify(f"Cannot reach the agent of pid {row.pid}: {why}", severity="error")
+            return None
+        if cuda and row.cpu_only:
+            self.notify(
+                f"pid {row.pid} uses no CUDA device (CPU only): nothing to {verb} — this key "
+                "acts on CUDA's caching allocator. Its host memory is on the detail screen "
+                "(enter).",
+                severity="warning",
+                timeout=8,
+            )
             return None
         return row
 
@@ -628,7 +638,7 @@ class MemtopApp(App[None]):
         )
 
     def action_cleanup(self) -> None:
-        row = self._agent_target("clean up")
+        row = self._agent_target("clean up", cuda=True)
         if row is not None:
             self.notify(f"Cleaning up in pid {row.pid}…", timeout=2)
             self._run_agent_command(row, "cleanup", {}, self._cleanup_done)
@@ -669,7 +679,7 @@ class MemtopApp(App[None]):
         self.notify(f"Peak reset in pid {row.pid} ({devices or 'no devices'}).", timeout=5)
 
     def action_snapshot(self) -> None:
-        row = self._agent_target("take a snapshot")
+        row = self._agent_target("take a snapshot", cuda=True)
         if row is None:
             return
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.clock()))
@@ -745,7 +755,7 @@ class MemtopApp(App[None]):
     def action_stacks(self) -> None:
         """Stack recording on or off in the selected trainer (asks first, says the cost):
         the `sites` command, switched by the trainer at its next step boundary."""
-        row = self._agent_target("record stacks")
+        row = self._agent_target("record stacks", cuda=True)
         if row is None:
             return
 

@@ -90,7 +90,11 @@ def _suggestions(detail: Detail) -> Table | Text:
     """Every suggestion in full: a badge column, and the text wrapping beside it."""
     if not detail.suggestions:
         if detail.device is None and detail.row.has_agent:
-            return Text("Nothing to judge: this process uses no CUDA device (CPU only).", FREE)
+            return Text(
+                "No CUDA device (CPU only): judged by its host memory (RSS after each step); "
+                "nothing to suggest.",
+                FREE,
+            )
         return Text("Nothing to suggest.", FREE)
     grid = Table.grid(padding=(0, 1))
     grid.add_column(no_wrap=True)
