@@ -16,7 +16,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from memtop import protocol
@@ -29,6 +29,7 @@ from memtop.model import (
     AgentSites,
     AgentSnapshot,
     DriverReading,
+    SiteUsage,
     host_of,
 )
 from memtop.sources.agents import CONNECTED, EXITED, AgentPoll
@@ -37,6 +38,13 @@ from memtop.sources.processes import ProcessInfo
 HISTORY_SAMPLES = 3600  # one hour at the default 1 s interval
 STEP_MARKS = 4096
 SITES_READINGS = 32  # `sites` readings kept per agent (minutes at the sampler's rate)
+# An agent serves its top 20 sites per device (memtop.agent.sites.TOP_SITES); one that mints new
+# sites in every reply (1,000 each, the most a reply may hold) cost the exporter ~50 MB and
+# ~0.1 s of CPU a round.  So a reading keeps its largest SITES_PER_DEVICE sites per device and
+# SITES_KEPT in all, and an agent's readings hold at most SITES_KEPT distinct sites: the oldest
+# readings go first (a churning agent gets a shorter trend, never a wrong newest reading).
+SITES_PER_DEVICE = 32
+SITES_KEPT = 256
 # The step marks a view copies per device: as many as the leak test and the screens look at.
 VIEW_MARKS = MARK_WINDOW
 # One agent device's sampled history; the pressure counters are kept so that their deltas over a
@@ -394,7 +402,7 @@ class Store:
             if not reply.enabled:
                 agent.sites.clear()
             elif reply.time is not None and (not agent.sites or agent.sites[-1].time != reply.time):
-                agent.sites.append(reply)
+                keep_sites(agent.sites, reply)
 
         self._update_agent(pid, apply)
 
@@ -569,6 +577,36 @@ class Store:
             last_oom=agent.last_oom,
             sites=tuple(agent.sites),
         )
+
+
+def keep_sites(kept: deque[AgentSites], reading: AgentSites) -> None:
+    """Append `reading` to an agent's `kept` readings within the bounds above (SITES_KEPT):
+    its largest sites only, each site one object shared by every reading that names it, and
+    the oldest readings dropped while the readings name more than SITES_KEPT sites."""
+    per_device: dict[int, int] = {}
+    largest: list[SiteUsage] = []
+    for usage in sorted(reading.sites, key=lambda u: -u.bytes):
+        if len(largest) == SITES_KEPT:
+            break
+        if per_device.get(usage.device, 0) < SITES_PER_DEVICE:
+            per_device[usage.device] = per_device.get(usage.device, 0) + 1
+            largest.append(usage)
+    known = {usage.site: usage.site for old in kept for usage in old.sites}
+    shared = tuple(
+        usage if known.get(usage.site) is None else replace(usage, site=known[usage.site])
+        for usage in largest
+    )
+    kept.append(replace(reading, sites=shared))
+    named = {usage.site for usage in shared}
+    newest_first = list(reversed(kept))
+    keep = 1
+    for old in newest_first[1:]:
+        named.update(usage.site for usage in old.sites)
+        if len(named) > SITES_KEPT:
+            break
+        keep += 1
+    while len(kept) > keep:
+        kept.popleft()
 
 
 def _agent_name(pid: int) -> str:

@@ -14,6 +14,9 @@ killed.  KIND is one of:
   liar       says allocated > reserved > the device's total, and counters going backwards
   escape     an honest agent whose argv carries terminal escape sequences
   counter    a plain listener that only counts connections (into --log): a symlink target
+  longargv   an honest agent whose argv[1] is 4,000 characters (the exporter's `job` label)
+  sites      an honest agent that records stacks and mints 1,000 new sites (long paths and
+             lines of code) in every `sites` reply
 
 Every connection accepted is appended to `--log` (one line each) so a test can prove that the
 viewer never connected (or never sent a byte).
@@ -41,6 +44,10 @@ ESCAPE_ARGV = [
     "\u202eevil",  # right-to-left override
     "\x9b31m",  # C1 CSI
 ]
+
+
+LONG_ARGV_CHARS = 4000
+SITES_PER_REPLY = 1000
 
 
 def frame(obj: object) -> bytes:
@@ -90,6 +97,8 @@ class Hostile:
 
     def hello(self) -> dict:
         argv = ESCAPE_ARGV if self.kind == "escape" else [f"hostile-{self.kind}.py"]
+        if self.kind == "longargv":
+            argv = ["python3", "/srv/" + "j" * LONG_ARGV_CHARS, "--lr", "1e-4"]
         return {
             "protocol": 1,
             "pid": self.pid,
@@ -132,6 +141,29 @@ class Hostile:
             reply["host_memory"] = {"rss_bytes": 2 * GiB, "peak_rss_bytes": GiB}
         return reply
 
+    def sites(self) -> dict:
+        """1,000 sites never seen before, each with a long path and line of code."""
+        with self.lock:
+            self.samples += 1
+            n = self.samples
+        minted = [
+            {
+                "device": 0,
+                "site": {
+                    "file": f"/work/{'d' * 450}/minted_{n}_{i}.py",
+                    "line": i + 1,
+                    "function": f"f{'u' * 80}_{i}",
+                    "text": f"x_{n}_{i} = torch.empty({'9' * 200})",
+                },
+                "bytes": (i + 1) * 4096,
+                "blocks": 1,
+                "old_blocks": 0,
+            }
+            for i in range(SITES_PER_REPLY)
+        ]
+        return {"enabled": True, "wanted": True, "supported": True, "time": time.time(),
+                "step": n, "sites": minted, "blocks": SITES_PER_REPLY, "took_s": 0.001}  # fmt: skip
+
     def serve(self, conn: socket.socket) -> None:
         try:
             while True:
@@ -159,6 +191,8 @@ class Hostile:
                         )
                         continue
                     result = self.sample()
+                elif cmd == "sites" and self.kind == "sites":
+                    result = self.sites()
                 elif cmd == "snapshot" and self.kind in ("escape", "slow"):
                     # Claims success without writing anything.
                     result = {"path": (request.get("args") or {}).get("path"), "devices": {}}

@@ -45,7 +45,6 @@ INFO_LABELS = (
     *INFO_JOB_LABELS,
 )
 BREAKDOWN_PARTS = ("parameters", "gradients", "optimizer_state", "other")
-COMMAND_CHARS = 200  # a label value is stored with every sample: keep the command line short
 
 
 EXPORT_TOP_SITES = 5  # `site` label values per device: a bounded family
@@ -226,10 +225,10 @@ def render(
             [
                 *agent_labels,
                 agent.status.value,
-                " ".join(agent.argv)[:COMMAND_CHARS],
+                " ".join(agent.argv),
                 agent.hello.python if agent.hello else "",
                 (agent.hello.torch or "") if agent.hello else "",
-                agent.allocator_conf[:COMMAND_CHARS],
+                agent.allocator_conf,
                 *info_labels(agent.job),
             ],
             1,
