@@ -14,6 +14,8 @@ killed.  KIND is one of:
   liar       says allocated > reserved > the device's total, and counters going backwards
   escape     an honest agent whose argv carries terminal escape sequences
   counter    a plain listener that only counts connections (into --log): a symlink target
+  hugehost   an honest GPU agent whose `host_memory` says 2^62 bytes resident on a 1-byte machine
+  bighost    ... whose `host_memory` claims a machine of 2^62 bytes (larger than this one)
   longargv   an honest agent whose argv[1] is 4,000 characters (the exporter's `job` label)
   sites      an honest agent that records stacks and mints 1,000 new sites (long paths and
              lines of code) in every `sites` reply
@@ -139,6 +141,10 @@ class Hostile:
         reply = {"time": time.time(), "step": n, "devices": [device], "step_marks": []}
         if self.kind == "liar":  # a resident set above its own high-water mark
             reply["host_memory"] = {"rss_bytes": 2 * GiB, "peak_rss_bytes": GiB}
+        elif self.kind == "hugehost":
+            reply["host_memory"] = {"rss_bytes": 2**62, "peak_rss_bytes": 2**62, "total_bytes": 1}
+        elif self.kind == "bighost":
+            reply["host_memory"] = {"rss_bytes": GiB, "peak_rss_bytes": GiB, "total_bytes": 2**62}
         return reply
 
     def sites(self) -> dict:
