@@ -78,8 +78,8 @@ def from_replies(pid: int, sample: AgentSample, breakdown: AgentBreakdown | None
     peak since the trainer started (or since a dashboard's `r`), its reserved bytes now."""
     if not sample.devices or max(d.torch_peak for d in sample.devices) <= 0:
         if sample.host_memory is not None:
-            marks = HostMarks().add(sample.step_marks)
-            return _host(pid, sample.host_memory, marks, this_machine_bytes())
+            host_marks = HostMarks().add(sample.step_marks)
+            return _host(pid, sample.host_memory, host_marks, this_machine_bytes())
         raise MeasuredError(
             f"pid {pid}: no device with torch's memory counters and no host memory reading "
             "(a CPU trainer under an older agent?)"
