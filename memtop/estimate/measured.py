@@ -174,7 +174,7 @@ def from_recording(path: Path) -> Measured:
     # each step: what a CPU trainer is measured by.
     hosts: dict[int, HostMemory] = {}
     host_marks: dict[int, HostMarks] = {}
-    for event in recording.events:
+    for event in recording.stream():
         if event.pid is None:
             continue
         if event.kind == "sample" and isinstance(event.value, AgentSample):
