@@ -129,6 +129,10 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(f"devices: {nvml['error']}")
     for problem in report.get("problems", []):
         lines.append(f"! {problem}")
+    hidden = report.get("filtered_out")  # `--user nobody`: what the filter hid, in a line
+    if not devices and not agents and hidden:
+        lines += ["", f"Nothing matches: {hidden}."]
+        return "\n".join(lines) + "\n"
     if not devices and not agents:
         lines.append("")
         lines.append("No GPUs and no memtop agents found.")
@@ -151,7 +155,9 @@ def render_text(report: dict[str, Any]) -> str:
         for p in d["processes"]:
             lines.append(f"       pid {p['pid']:<8} {format_bytes(p['used_bytes']):>10}")
     lines.append("")
-    if not agents:
+    if not agents and hidden:
+        lines.append(f"No memtop agent matches: {hidden}.")
+    elif not agents:
         lines.append("No memtop agents found (start a trainer with `memtop run train.py`).")
     else:
         lines.append(
