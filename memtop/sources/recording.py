@@ -26,6 +26,7 @@ import json
 import math
 import os
 import socket
+import stat
 import threading
 import time
 import types
@@ -62,6 +63,13 @@ class RecordWriter:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
         if not overwrite:
             flags |= os.O_EXCL
+        # A directory is not a file to overwrite: "exists; add --force" then "Is a directory"
+        # were two wrong answers in a row.
+        with contextlib.suppress(OSError):
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                raise RecordError(
+                    f"{path} is a directory: name a file to record to, e.g. {path / 'run.memtop'}"
+                )
         try:
             fd = os.open(path, flags, 0o600)
         except FileExistsError:
