@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuFacts
 from memtop.diagnosis.facts import ReadsSample
 from memtop.diagnosis.stability import Stabilizer
+from memtop.diagnosis.suggestions import last_seen_leaks, most_severe_first
 from memtop.jobs import JobIdentity, job_identity
 from memtop.model import (
     MARK_WINDOW,
@@ -361,7 +362,20 @@ class Observer:
             time=now,
             devices={(d.pid, d.index): d for d in diagnosed.values()},
             gpus=facts,
-            suggestions=tuple(self.stabilizer.suggest(facts, now)),
+            suggestions=tuple(
+                most_severe_first(
+                    [
+                        *self.stabilizer.suggest(facts, now),
+                        # An exited trainer's leak, kept (marked) while its row is.
+                        *last_seen_leaks(
+                            d.diagnosis
+                            for a in agents
+                            if a.status == AgentStatus.EXITED
+                            for d in a.devices
+                        ),
+                    ]
+                )
+            ),
         )
         self.builds += 1
         return Observation(

@@ -541,6 +541,10 @@ def _process_row(
     if dev is not None and dev.diagnosis.leak.detected and state == ProcessState.AGENT:
         leak = dev.diagnosis.leak
         trend = leak_label(leak.bytes_per_step, leak.bytes_per_second, None, short=True)
+    elif dev is not None and dev.diagnosis.leak.detected and state == ProcessState.EXITED:
+        # The verdict stays with the row of a trainer that exited, marked as the last seen.
+        leak = dev.diagnosis.leak
+        trend = "was " + leak_label(leak.bytes_per_step, leak.bytes_per_second, None, short=True)
     # Without a device (an agent that has not sampled yet, or cannot be reached) the row keeps
     # its process and agent columns and leaves the GPU's blank.
     return ProcessRow(
