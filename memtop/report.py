@@ -34,7 +34,7 @@ def build(observation: Observation) -> dict[str, Any]:
             "driver_version": obs.driver_version,
         },
         "devices": [_device(gpu) for gpu in obs.gpus],
-        "agents": [_agent(agent) for agent in obs.agents],
+        "agents": [_agent(agent, obs.time) for agent in obs.agents],
         "suggestions": [s.as_dict() for s in obs.suggestions],
         "problems": list(obs.problems),
         "events": list(obs.events),
@@ -62,7 +62,7 @@ def _device(gpu: GpuObservation) -> dict[str, Any]:
     }
 
 
-def _agent(agent: AgentObservation) -> dict[str, Any]:
+def _agent(agent: AgentObservation, now: float) -> dict[str, Any]:
     hello = agent.hello
     devices = []
     for dev in agent.devices:
@@ -87,6 +87,14 @@ def _agent(agent: AgentObservation) -> dict[str, Any]:
                     {k: breakdown[k] for k in BREAKDOWN_KEYS if k in breakdown}
                     if breakdown
                     else None
+                ),
+                # When it was measured: the step after which, and how long before this report
+                # (the agent measures it every 10 s or so; it is served until the next).
+                "breakdown_step": found.breakdown_step,
+                "breakdown_age_s": (
+                    None
+                    if found.breakdown_time is None
+                    else round(max(0.0, now - found.breakdown_time), 1)
                 ),
             }
         )
@@ -117,6 +125,19 @@ def _agent(agent: AgentObservation) -> dict[str, Any]:
 def _command(argv: list[str]) -> str:
     text = " ".join(os.path.basename(a) if i == 0 else a for i, a in enumerate(argv))
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+BREAKDOWN_NAMES = (
+    ("parameters", "parameters"),
+    ("gradients", "gradients"),
+    ("optimizer_state", "optimizer state"),
+    ("other", "other"),
+)
+
+
+def _smoothed(dev: dict[str, Any]) -> float:
+    smoothed = dev.get("fragmentation_smoothed")
+    return float(smoothed if smoothed is not None else dev["fragmentation"])
 
 
 def render_text(report: dict[str, Any]) -> str:
@@ -162,7 +183,7 @@ def render_text(report: dict[str, Any]) -> str:
     else:
         lines.append(
             f"{'pid':<8} {'GPU':<4} {'step':>7} {'allocated':>10} {'reserved':>10} {'peak':>10} "
-            f"{'frag':>5} {'retries':>7} {'ooms':>4}  command"
+            f"{'frag~':>5} {'retries':>7} {'ooms':>4}  command"
         )
         for a in agents:
             if not a["devices"]:
@@ -178,10 +199,29 @@ def render_text(report: dict[str, Any]) -> str:
                     f"{format_bytes(dev['allocated_bytes']):>10} "
                     f"{format_bytes(dev['reserved_bytes']):>10} "
                     f"{format_bytes(dev['peak_bytes']):>10} "
-                    f"{dev['fragmentation']:>5.2f} {dev['num_alloc_retries']:>7} "
+                    f"{_smoothed(dev):>5.2f} {dev['num_alloc_retries']:>7} "
                     f"{dev['num_ooms']:>4}  {_command(a['argv'])}"
                     + ("" if a["state"] == "connected" else f"  [{a['state']}]")
                 )
+                parts = dev.get("breakdown")
+                if parts:
+                    age, step = dev.get("breakdown_age_s"), dev.get("breakdown_step")
+                    when = ("an unknown step" if step is None else f"step {step}") + (
+                        f", {age:.0f} s ago" if age is not None else ""
+                    )
+                    lines.append(
+                        f"         breakdown at {when}: "
+                        + ", ".join(
+                            f"{name} {format_bytes(parts[key])}"
+                            for key, name in BREAKDOWN_NAMES
+                            if key in parts
+                        )
+                    )
+        if any(a["devices"] for a in agents):
+            # One fragmentation figure on the page: the one the suggestions judge.
+            lines.append(
+                "frag~: the median of the recent fragmentation samples, as the suggestions judge it"
+            )
     if report["suggestions"]:
         lines.append("")
         for s in report["suggestions"]:

@@ -146,6 +146,7 @@ class AgentState:
     devices: dict[int, AgentDeviceState] = field(default_factory=dict)
     breakdown: dict[int, dict[str, int]] | None = None
     breakdown_time: float | None = None
+    breakdown_step: int | None = None  # the step after which the agent measured it
     # The latest trace-free snapshot summary per device (external fragmentation and friends).
     snapshot_summary: dict[int, dict[str, Any]] | None = None
     snapshot_time: float | None = None
@@ -184,6 +185,8 @@ class AgentView:
     devices: tuple[AgentDeviceView, ...]
     breakdown: dict[int, dict[str, int]] | None
     snapshot_summary: dict[int, dict[str, Any]] | None = None
+    breakdown_time: float | None = None  # when the agent measured it (its clock: this host's)
+    breakdown_step: int | None = None
     snapshot_time: float | None = None
     last_oom: Mapping[str, Any] | None = None
     sites: tuple[AgentSites, ...] = ()
@@ -362,7 +365,11 @@ class Store:
         reply = result if isinstance(result, AgentBreakdown) else protocol.parse_breakdown(result)
 
         def keep(agent: AgentState, devices: dict[int, dict[str, Any]], stamp: float) -> None:
-            agent.breakdown, agent.breakdown_time = devices, stamp
+            # Measured at the agent's time (a breakdown is served until the next one is taken:
+            # its age is from then, not from when it was read).
+            agent.breakdown = devices
+            agent.breakdown_time = reply.time if reply.time is not None else stamp
+            agent.breakdown_step = reply.step
 
         self._keep_per_device(pid, reply.pending, reply.devices, when, keep)
 
@@ -570,6 +577,8 @@ class Store:
                 for d in sorted(agent.devices.values(), key=lambda d: d.index)
             ),
             breakdown=None if agent.breakdown is None else dict(agent.breakdown),
+            breakdown_time=agent.breakdown_time,
+            breakdown_step=agent.breakdown_step,
             snapshot_summary=(
                 None if agent.snapshot_summary is None else dict(agent.snapshot_summary)
             ),
