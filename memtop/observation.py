@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuFacts
 from memtop.diagnosis.facts import ReadsSample
 from memtop.diagnosis.stability import Stabilizer
-from memtop.diagnosis.suggestions import host_leak_suggestions
+from memtop.diagnosis.suggestions import host_leak_suggestions, last_seen_leaks, most_severe_first
 from memtop.diagnosis.workload import Workload, recognise
 from memtop.jobs import JobIdentity, job_identity
 from memtop.model import (
@@ -44,7 +44,6 @@ from memtop.model import (
     HostMemory,
     MigInfo,
     ProcessInfo,
-    Severity,
     bare_uuid,
     host_of,
 )
@@ -468,7 +467,20 @@ class Observer:
             time=now,
             devices={(d.pid, d.index): d for d in diagnosed.values()},
             gpus=facts,
-            suggestions=tuple(sorted(suggestions, key=lambda s: -Severity(s.severity).rank)),
+            suggestions=tuple(
+                most_severe_first(
+                    [
+                        *suggestions,
+                        # An exited trainer's leak, kept (marked) while its row is.
+                        *last_seen_leaks(
+                            d.diagnosis
+                            for a in agents
+                            if a.status == AgentStatus.EXITED
+                            for d in a.devices
+                        ),
+                    ]
+                )
+            ),
             hosts=hosts,
         )
         self.builds += 1

@@ -121,6 +121,7 @@ def _accounting(accounting: Accounting | None) -> dict[str, Any] | None:
 
 def _agent(agent: AgentObservation, obs: Observation) -> dict[str, Any]:
     hello = agent.hello
+    now = obs.time
     devices = []
     for dev in agent.devices:
         found = dev.diagnosis
@@ -148,6 +149,14 @@ def _agent(agent: AgentObservation, obs: Observation) -> dict[str, Any]:
                 # What the process is on this device: trainer, server (engine, the share it
                 # asked for and the setting that sets it), … (DESIGN §13).
                 "workload": found.workload.as_dict() if found.workload else None,
+                # When it was measured: the step after which, and how long before this report
+                # (the agent measures it every 10 s or so; it is served until the next).
+                "breakdown_step": found.breakdown_step,
+                "breakdown_age_s": (
+                    None
+                    if found.breakdown_time is None
+                    else round(max(0.0, now - found.breakdown_time), 1)
+                ),
             }
         )
     workload = next((d.diagnosis.workload for d in agent.devices if d.diagnosis.workload), None)
@@ -231,6 +240,19 @@ def _label(dev: dict[str, Any]) -> str:
     return f"{name} · {share:.2f} {of}  "
 
 
+BREAKDOWN_NAMES = (
+    ("parameters", "parameters"),
+    ("gradients", "gradients"),
+    ("optimizer_state", "optimizer state"),
+    ("other", "other"),
+)
+
+
+def _smoothed(dev: dict[str, Any]) -> float:
+    smoothed = dev.get("fragmentation_smoothed")
+    return float(smoothed if smoothed is not None else dev["fragmentation"])
+
+
 def render_text(report: dict[str, Any]) -> str:
     stamp = time.strftime("%H:%M:%S", time.localtime(report["time"]))
     lines = [f"memtop {report['version']} on {report['host']}  {stamp}"]
@@ -241,6 +263,10 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(f"devices: {nvml['error']}")
     for problem in report.get("problems", []):
         lines.append(f"! {problem}")
+    hidden = report.get("filtered_out")  # `--user nobody`: what the filter hid, in a line
+    if not devices and not agents and hidden:
+        lines += ["", f"Nothing matches: {hidden}."]
+        return "\n".join(lines) + "\n"
     if not devices and not agents:
         lines.append("")
         lines.append("No GPUs and no memtop agents found.")
@@ -268,12 +294,14 @@ def render_text(report: dict[str, Any]) -> str:
             lines.append(f"       pid {p['pid']:<8} {format_bytes(p['used_bytes']):>10}")
         lines += _accounting_lines(d.get("accounting"))
     lines.append("")
-    if not agents:
+    if not agents and hidden:
+        lines.append(f"No memtop agent matches: {hidden}.")
+    elif not agents:
         lines.append("No memtop agents found (start a trainer with `memtop run train.py`).")
     else:
         lines.append(
             f"{'pid':<8} {'GPU':<4} {'step':>7} {'allocated':>10} {'reserved':>10} {'peak':>10} "
-            f"{'frag':>5} {'retries':>7} {'ooms':>4}  command"
+            f"{'frag~':>5} {'retries':>7} {'ooms':>4}  command"
         )
         for a in agents:
             if not a["devices"]:
@@ -289,10 +317,29 @@ def render_text(report: dict[str, Any]) -> str:
                     f"{format_bytes(dev['allocated_bytes']):>10} "
                     f"{format_bytes(dev['reserved_bytes']):>10} "
                     f"{format_bytes(dev['peak_bytes']):>10} "
-                    f"{dev['fragmentation']:>5.2f} {dev['num_alloc_retries']:>7} "
+                    f"{_smoothed(dev):>5.2f} {dev['num_alloc_retries']:>7} "
                     f"{dev['num_ooms']:>4}  {_label(dev)}{_command(a['argv'])}"
                     + ("" if a["state"] == "connected" else f"  [{a['state']}]")
                 )
+                parts = dev.get("breakdown")
+                if parts:
+                    age, step = dev.get("breakdown_age_s"), dev.get("breakdown_step")
+                    when = ("an unknown step" if step is None else f"step {step}") + (
+                        f", {age:.0f} s ago" if age is not None else ""
+                    )
+                    lines.append(
+                        f"         breakdown at {when}: "
+                        + ", ".join(
+                            f"{name} {format_bytes(parts[key])}"
+                            for key, name in BREAKDOWN_NAMES
+                            if key in parts
+                        )
+                    )
+        if any(a["devices"] for a in agents):
+            # One fragmentation figure on the page: the one the suggestions judge.
+            lines.append(
+                "frag~: the median of the recent fragmentation samples, as the suggestions judge it"
+            )
     if report["suggestions"]:
         lines.append("")
         for s in report["suggestions"]:

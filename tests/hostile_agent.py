@@ -18,6 +18,11 @@ killed.  KIND is one of:
   slurm      an honest agent that claims rank 2 of Slurm job 9 (another user's job)
   markup     an agent with Rich/Textual markup in every string it sends (MARKUP): argv, device
              name, Slurm job, an OOM report's cause, detail, fix and stack, error messages
+  hugehost   an honest GPU agent whose `host_memory` says 2^62 bytes resident on a 1-byte machine
+  bighost    ... whose `host_memory` claims a machine of 2^62 bytes (larger than this one)
+  longargv   an honest agent whose argv[1] is 4,000 characters (the exporter's `job` label)
+  sites      an honest agent that records stacks and mints 1,000 new sites (long paths and
+             lines of code) in every `sites` reply
 
 Every connection accepted is appended to `--log` (one line each) so a test can prove that the
 viewer never connected (or never sent a byte).
@@ -45,6 +50,10 @@ ESCAPE_ARGV = [
     "\u202eevil",  # right-to-left override
     "\x9b31m",  # C1 CSI
 ]
+
+
+LONG_ARGV_CHARS = 4000
+SITES_PER_REPLY = 1000
 
 
 def frame(obj: object) -> bytes:
@@ -101,6 +110,8 @@ class Hostile:
         argv = ESCAPE_ARGV if self.kind == "escape" else [f"hostile-{self.kind}.py"]
         if self.kind == "markup":
             argv = ["train.py", MARKUP]
+        if self.kind == "longargv":
+            argv = ["python3", "/srv/" + "j" * LONG_ARGV_CHARS, "--lr", "1e-4"]
         hello = {
             "protocol": 1,
             "pid": self.pid,
@@ -152,7 +163,34 @@ class Hostile:
             reply["oom"] = {"ooms": 1, "reports": 1, "last": markup_oom_report(self.pid)}
         if self.kind == "liar":  # a resident set above its own high-water mark
             reply["host_memory"] = {"rss_bytes": 2 * GiB, "peak_rss_bytes": GiB}
+        elif self.kind == "hugehost":
+            reply["host_memory"] = {"rss_bytes": 2**62, "peak_rss_bytes": 2**62, "total_bytes": 1}
+        elif self.kind == "bighost":
+            reply["host_memory"] = {"rss_bytes": GiB, "peak_rss_bytes": GiB, "total_bytes": 2**62}
         return reply
+
+    def sites(self) -> dict:
+        """1,000 sites never seen before, each with a long path and line of code."""
+        with self.lock:
+            self.samples += 1
+            n = self.samples
+        minted = [
+            {
+                "device": 0,
+                "site": {
+                    "file": f"/work/{'d' * 450}/minted_{n}_{i}.py",
+                    "line": i + 1,
+                    "function": f"f{'u' * 80}_{i}",
+                    "text": f"x_{n}_{i} = torch.empty({'9' * 200})",
+                },
+                "bytes": (i + 1) * 4096,
+                "blocks": 1,
+                "old_blocks": 0,
+            }
+            for i in range(SITES_PER_REPLY)
+        ]
+        return {"enabled": True, "wanted": True, "supported": True, "time": time.time(),
+                "step": n, "sites": minted, "blocks": SITES_PER_REPLY, "took_s": 0.001}  # fmt: skip
 
     def serve(self, conn: socket.socket) -> None:
         try:
@@ -187,6 +225,8 @@ class Hostile:
                     and "stacks" not in (request.get("args") or {})
                 ):
                     result = markup_sites()
+                elif cmd == "sites" and self.kind == "sites":
+                    result = self.sites()
                 elif cmd == "snapshot" and self.kind in ("escape", "slow"):
                     # Claims success without writing anything.
                     result = {"path": (request.get("args") or {}).get("path"), "devices": {}}

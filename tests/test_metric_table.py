@@ -16,6 +16,8 @@ from memtop.sources.prometheus import hosts_of
 
 # agents[].devices[] of `memtop --once --json`.
 DEVICE_JSON_FIELDS = {
+    "breakdown_step",  # the step after which the breakdown was measured
+    "breakdown_age_s",  # and how long before the report
     "workload",  # what the process is and what it reserved on purpose (a server's share)
     "index",
     "uuid",

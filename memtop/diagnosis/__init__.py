@@ -183,6 +183,8 @@ class Diagnoser:
             pressure=pressure_now,
             breakdown=(agent.breakdown or {}).get(dev.index),
             breakdown_measured=agent.breakdown is not None,
+            breakdown_step=agent.breakdown_step if agent.breakdown is not None else None,
+            breakdown_time=agent.breakdown_time if agent.breakdown is not None else None,
             allocator_conf=agent.hello.allocator_conf if agent.hello else "",
             hip=_hip(agent.hello.extra.get("hip") if agent.hello else None),
             last_oom=last_oom,

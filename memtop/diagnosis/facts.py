@@ -76,6 +76,10 @@ class DeviceDiagnosis(ReadsSample):
     # Whether the agent has measured a breakdown at all: `breakdown` is None both before the
     # first measurement and when it found no optimizer holding this device's parameters.
     breakdown_measured: bool = False
+    # The step after which the breakdown was measured, and when (unix time: its age is the
+    # reader's to say, so that this value does not change every round).
+    breakdown_step: int | None = None
+    breakdown_time: float | None = None
     # Its job's other ranks in view (memtop.diagnosis.ranks): its rank, the job's label, how
     # many other ranks, and the median of their peaks.
     rank: int | None = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Container, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from memtop.diagnosis.facts import (
@@ -1008,4 +1008,41 @@ def suggest(
     judged against their exit limits (hysteresis)."""
     rules = tuple(rules)
     found = [s for gpu in gpus for rule in rules for s in rule(gpu, held=held)]
+    return most_severe_first(found)
+
+
+def most_severe_first(found: Iterable[Suggestion]) -> list[Suggestion]:
     return sorted(found, key=lambda s: (-Severity(s.severity).rank, s.pid or 0, s.device or 0))
+
+
+def last_seen_leaks(exited: Iterable[DeviceDiagnosis]) -> list[Suggestion]:
+    """The leak verdicts of trainers that have exited, while their rows stay: the leak is still
+    the code's to fix (it vanished with the process, the row staying a minute without it).
+    Marked as last seen; no time to full and no growth (nothing grows any more), a warning."""
+    found = []
+    for dev in exited:
+        if not dev.leak.detected:
+            continue
+        stopped = replace(dev, leak=replace(dev.leak, seconds_to_full=None, steps_to_full=None))
+        finding = _leak(stopped, _alone(stopped), False)
+        if finding is None:
+            continue
+        title = finding.title.removeprefix("Leak: ")
+        found.append(
+            Suggestion(
+                RuleId.LEAK,
+                WARNING,
+                dev.pid,
+                dev.index,
+                f"Leak, last seen before pid {dev.pid} exited: {title}",
+                finding.detail,
+                finding.evidence,
+                finding.fix,
+                None,
+            )
+        )
+    return found
+
+
+def _alone(dev: DeviceDiagnosis) -> GpuFacts:
+    return GpuFacts(dev.uuid, dev.index, "", dev.total_bytes, None, (), (dev,))

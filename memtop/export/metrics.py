@@ -48,7 +48,6 @@ INFO_LABELS = (
     *INFO_JOB_LABELS,
 )
 BREAKDOWN_PARTS = ("parameters", "gradients", "optimizer_state", "other")
-COMMAND_CHARS = 200  # a label value is stored with every sample: keep the command line short
 
 
 EXPORT_TOP_SITES = 5  # `site` label values per device: a bounded family
@@ -254,10 +253,10 @@ def render(
             [
                 *agent_labels,
                 agent.status.value,
-                " ".join(agent.argv)[:COMMAND_CHARS],
+                " ".join(agent.argv),
                 agent.hello.python if agent.hello else "",
                 (agent.hello.torch or "") if agent.hello else "",
-                agent.allocator_conf[:COMMAND_CHARS],
+                agent.allocator_conf,
                 *info_labels(agent.job),
             ],
             1,
@@ -313,7 +312,7 @@ def render(
         workload_info.add_metric([*labels, what.kind.value, what.engine or ""], 1)
         if what.budget_share is not None:
             budget_share.add_metric(
-                [*labels, what.engine or "", (what.setting or "")[:COMMAND_CHARS]],
+                [*labels, what.engine or "", what.setting or ""],
                 what.budget_share,
             )
 

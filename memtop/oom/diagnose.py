@@ -22,6 +22,7 @@ others that also hold are listed):
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import statistics
 from typing import Any
@@ -68,12 +69,17 @@ def step_sizes(
         return _baseline_steps(recent)
     runs: list[list[tuple[int, float]]] = [[]]
     previous = None
+    # Sorted, so that "an OOM between two marks" is two binary searches, not a walk of every
+    # OOM at every mark (a report's lists are bounded too: memtop.oom.reports).
+    oom_times = sorted(ooms)
     for mark in recent:
         total, step, when = mark.get("allocated_total_bytes"), mark.get("step"), mark.get("time")
         if not isinstance(total, int) or not isinstance(step, int):
             continue
         if previous is not None and step > previous[0] and total >= previous[1]:
-            if any(previous[2] < t <= when for t in ooms if isinstance(when, int | float)):
+            if isinstance(when, int | float) and bisect.bisect_right(
+                oom_times, previous[2]
+            ) < bisect.bisect_right(oom_times, when):
                 runs.append([])
             else:
                 runs[-1].append((step, (total - previous[1]) / (step - previous[0])))

@@ -36,6 +36,23 @@ class TrainerPlan:
     world_size: int | None = None
 
 
+# The most GPUs one demo simulates: one trainer each (a few more with `mixed`), every one a
+# Python process stepping a simulated allocator.  16 is the most one box holds (DGX-2 and HGX-2
+# boards; 8 on today's DGX/HGX H100 and MI300X platforms); `--gpus 1000` started ~1,003 trainers
+# (load 50, nothing on screen for 20 s).
+MAX_GPUS = 16
+
+
+def gpus_problem(gpus: int) -> str:
+    """Why `--gpus N` cannot be simulated (one line)."""
+    if gpus < 1:
+        return "--gpus must be at least 1"
+    return (
+        f"--gpus {gpus}: a demo simulates at most {MAX_GPUS} GPUs (one trainer each; "
+        f"{MAX_GPUS} is the most one box holds)"
+    )
+
+
 def plan(scenario: str, gpus: int) -> list[TrainerPlan]:
     """Which trainer runs where.  `mixed`: one healthy rank per GPU (like DDP), plus a leaking
     job sharing GPU 0 and a fragmenting one sharing the last GPU."""
@@ -132,8 +149,8 @@ class Demo:
             raise ValueError(
                 f"unknown scenario {scenario!r}; choose from {', '.join(DEMO_SCENARIOS)}"
             )
-        if gpus < 1:
-            raise ValueError("--gpus must be at least 1")
+        if not 1 <= gpus <= MAX_GPUS:
+            raise ValueError(gpus_problem(gpus))
         if vendor not in VENDORS:
             raise ValueError(f"unknown vendor {vendor!r}; choose from {', '.join(VENDORS)}")
         if total_bytes is None:

@@ -349,13 +349,32 @@ class MemtopApp(App[None]):
             renew = self._renewal_due(dash, compact) or exact
             self.gpu_panel.show(dash.gpus, dense, renew, no_gpus=dash.no_gpus)
             self.table.show(dash.processes, compact, renew, jobs=dash.jobs)
-            self.suggestions.show(dash.suggestions, compact, renew, quiet=dash.quiet)
+            self._show_suggestions(dash, compact, renew)
         detail = self._detail_screen()
         if detail is not None:
             self._show_detail(detail)
         gpu_screen = self._gpu_screen()
         if gpu_screen is not None:
             self._show_gpu(gpu_screen)
+
+    def _show_suggestions(self, dash: view.Dashboard, compact: bool, renew: bool | None) -> None:
+        """The suggestions about what the table shows: with a `/` filter on, those of the rows
+        it keeps (a GPU-wide one, of their GPUs); `/gpu1` filtered the table, not the pane."""
+        items, quiet = dash.suggestions, dash.quiet
+        needle = self.table.filter
+        if needle:
+            pids = {row.pid for row in self.table.rows}
+            gpus = {row.gpu for row in self.table.rows}
+            items = tuple(
+                item
+                for item in items
+                if (item.pid in pids if item.pid is not None else item.device in (None, *gpus))
+            )
+            hidden = len(dash.suggestions) - len(items)
+            if not items:
+                quiet = f"Nothing to suggest about the processes “{needle}” shows"
+                quiet += f" ({hidden} about others)." if hidden else "."
+        self.suggestions.show(items, compact, renew, quiet=quiet)
 
     def _renewal_due(self, dash: view.Dashboard, compact: bool) -> bool:
         """Whether this round's slow figures replace the held ones, in every widget: once per
@@ -921,14 +940,22 @@ class MemtopApp(App[None]):
     def on_input_changed(self, event: Any) -> None:
         if event.input is self.filter_input:
             self.table.set_filter(event.value)
+            self._refilter_suggestions()
 
     def on_input_submitted(self, event: Any) -> None:
         if event.input is self.filter_input:
             self._close_filter(keep=True)
 
+    def _refilter_suggestions(self) -> None:
+        dash = self.dashboard
+        if dash is not None and dash.state != view.EMPTY and self._mounted:
+            compact = self.size.width < COMPACT_WIDTH or self.size.height < COMPACT_HEIGHT
+            self._show_suggestions(dash, compact, renew=True)
+
     def _close_filter(self, keep: bool) -> None:
         if not keep:
             self.table.set_filter("")
+            self._refilter_suggestions()
         self.filter_input.display = False
         self.table.focus()
 

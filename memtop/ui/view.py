@@ -589,8 +589,17 @@ def _process_row(
     if dev is not None and dev.diagnosis.leak.detected and state == ProcessState.AGENT:
         leak = dev.diagnosis.leak
         trend = leak_label(leak.bytes_per_step, leak.bytes_per_second, None, short=True)
+    elif dev is not None and dev.diagnosis.leak.detected and state == ProcessState.EXITED:
+        # The verdict stays with the row of a trainer that exited, marked as the last seen.
+        leak = dev.diagnosis.leak
+        trend = "was " + leak_label(leak.bytes_per_step, leak.bytes_per_second, None, short=True)
     own_host = (hosts or {}).get(agent.pid)
-    if dev is None and own_host is not None and own_host.leak.detected and state == "agent":
+    if (
+        dev is None
+        and own_host is not None
+        and own_host.leak.detected
+        and state == ProcessState.AGENT
+    ):
         # A CPU trainer: its verdict is on its host memory (RSS after each step).
         leak = own_host.leak
         trend = "host " + leak_label(leak.bytes_per_step, leak.bytes_per_second, None, short=True)

@@ -59,6 +59,7 @@ class DetailScreen(Screen[None]):
         self.query_one("#detail-title", Static).update(_title(detail.row))
         self.query_one(HistoryChart).show(detail)
         self.query_one("#breakdown", Static).update(_breakdown(detail))
+        self.query_one("#breakdown").border_title = _breakdown_title(detail)
         self.query_one("#facts", Static).update(_facts(detail))
         self.query_one("#detail-suggestions", Static).update(_suggestions(detail))
         self.query_one(SitesPanel).show(detail.device.sites if detail.device else ())
@@ -114,6 +115,19 @@ def _suggestions(detail: Detail) -> Table | Text:
             body.append_text(fix_text(item))
         grid.add_row(badge, body)
     return grid
+
+
+def _breakdown_title(detail: Detail) -> str:
+    """Which step the breakdown was measured after, and how long ago: it is served until the
+    agent measures the next (every 10 s or so), and lagged a minute behind in one run."""
+    device = detail.device
+    if device is None or not device.breakdown:
+        return "Breakdown at step boundary"
+    step = device.breakdown_step
+    if device.breakdown_time is None or detail.newest is None:
+        return "Breakdown at step boundary" if step is None else f"Breakdown after step {step}"
+    age = format_duration(max(0.0, detail.newest - device.breakdown_time))
+    return f"Breakdown, {age} ago" if step is None else f"Breakdown after step {step}, {age} ago"
 
 
 def _breakdown(detail: Detail) -> Text:

@@ -152,9 +152,12 @@ class Group:
             text.append("  alloc spread ", style=FREE)
             text.append(short_bytes(spread), style="bold")
             text.append(f" (r{top.rank} − r{low.rank})", style=FREE)
-        leaking = [r for r in self.rows if r.trend]
+        leaking = sorted((r for r in self.rows if r.trend), key=lambda r: r.last_known)
         if leaking:
-            text.append(f"  r{leaking[0].rank} leaks {leaking[0].trend}", style="bold red")
+            rank = leaking[0]  # a live leak before the last one seen of a rank that exited
+            verb = "leaked" if rank.last_known else "leaks"
+            trend = rank.trend.removeprefix("was ")
+            text.append(f"  r{rank.rank} {verb} {trend}", style="bold red")
         return text
 
 
