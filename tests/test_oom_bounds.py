@@ -57,7 +57,8 @@ def test_memtop_oom_reads_a_1_mb_report_in_bounded_cpu(tmp_path: Path) -> None:
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     # Diagnosed whole (the cause's name on its line: without the driver's per-process split,
     # whose memory it was is "not known", issue 31 item 7).
-    assert result.returncode == 0 and "\nunknown_holder: needed 1.0 GiB" in result.stdout, result.stderr
+    said = result.stdout
+    assert result.returncode == 0 and "\nunknown_holder: needed 1.0 GiB" in said, result.stderr
     assert cpu < 5.0, f"{cpu:.1f} s of CPU"  # 0.2 s now, 21 s before
 
 

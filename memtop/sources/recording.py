@@ -21,10 +21,10 @@ or `{"t", "error"}` when the trainer died) are read by the same reader.
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import dataclasses
 import json
-import collections.abc
 import math
 import os
 import socket
