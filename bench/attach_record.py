@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from memtop import children  # noqa: E402
 
 PY = sys.executable
-MEMTOP = [PY, "-m", "memtop"]
+MEMTOP = children.python_command("memtop")  # isolated from the current directory
 
 
 def best_of(args: list[str], n: int = 5, cwd: Path | None = None, env: dict | None = None) -> float:

@@ -83,9 +83,7 @@ class DenseReader:
 
 def start_trainer(batch: int, width: int, step_time: float, env: dict[str, str]) -> Any:
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
+        children.python_command(
             "memtop",
             "run",
             str(ROOT / "examples" / "train_cpu.py"),
@@ -97,7 +95,7 @@ def start_trainer(batch: int, width: int, step_time: float, env: dict[str, str])
             str(width),
             "--step-time",
             str(step_time),
-        ],
+        ),
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -147,9 +145,7 @@ def one_run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
         wait_for_steps(measured.pid, directory, args.steps, measured, sampled)
         wait_for_steps(target.pid, directory, args.steps, target, sampled)
         estimate = subprocess.run(
-            [
-                sys.executable,
-                "-m",
+            children.python_command(
                 "memtop",
                 "estimate",
                 "--from",
@@ -159,7 +155,7 @@ def one_run(args: argparse.Namespace, directory: Path) -> dict[str, Any]:
                 "--batch",
                 str(args.batch),
                 "--json",
-            ],
+            ),
             env=env,
             capture_output=True,
             text=True,

@@ -12,7 +12,9 @@ spikes (a bigger batch), with step-time jitter and pauses, with 0-30 % of the ma
 time-only series (no step marks: a sawtooth sampled at 1 Hz for 30 min whose floor climbs).
 
 Not leaks (label 0): a flat baseline with noise, a warm-up ramp that plateaus, a one-off level
-shift up or down, spikes, and a time-only healthy sawtooth.
+shift up or down, spikes, and a time-only healthy sawtooth; and, scored apart
+(`server_shaped`), inference servers without steps: request bursts, a KV cache filling to its
+budget and staying, model reloads.
 
 The headline figures are over the per-step series; the series without steps are scored apart
 (`without_steps`).  A leak counts as detected when the last checkpoint says so with a rate
@@ -142,6 +144,64 @@ def time_series(rng: random.Random, leak: bool) -> Series:
     s.grade_from = t0 + 60
     s.leak_from = t0
     return s
+
+
+def server_series(rng: random.Random, kind: str) -> Series:
+    """No step marks, no leak: what an inference server's allocated bytes do, sampled at ~1 Hz
+    for 30 min.  `bursts`: weights, then requests arriving at random, each holding its
+    activations for a few seconds; `kv_fill`: a KV cache filling to its budget with the first
+    requests (10-60 s) and staying there, under request bursts; `reload`: the model unloaded
+    and loaded again every few minutes (tens of seconds near empty), sometimes a model of
+    another size."""
+    base = rng.uniform(2, 40) * GiB
+    per_request = rng.uniform(16 * MiB, 2 * GiB)
+    arrivals = rng.uniform(0.05, 3.0)  # requests per second
+    budget = rng.uniform(1, 30) * GiB
+    fill_s = rng.uniform(10, 60)  # the first requests fill it (a fill over minutes is a leak)
+    s = Series(f"server_{kind}", False, 0.0, time_only=True)
+    t0 = 1_700_000_000.0
+    t = t0
+    live: list[tuple[float, float]] = []  # (until, bytes) of the requests in flight
+    model = base
+    reload_at = t0 + rng.uniform(120, 600)
+    reload_until = 0.0
+    while t - t0 < TIME_ONLY_SECONDS:
+        dt = rng.uniform(0.9, 1.1)
+        t += dt
+        for _ in range(_poisson(rng, arrivals * dt)):
+            live.append((t + rng.uniform(0.5, 8.0), per_request * rng.uniform(0.2, 1.0)))
+        live = [(until, size) for until, size in live if until > t]
+        value = model + sum(size for _, size in live)
+        if kind == "kv_fill":
+            value += budget * min(1.0, (t - t0) / fill_s)
+        if kind == "reload":
+            if reload_until == 0.0 and t >= reload_at:
+                reload_until = t + rng.uniform(10, 40)
+            if reload_until:
+                if t < reload_until:
+                    value = rng.uniform(0, 512 * MiB)  # unloaded: the context and little else
+                else:
+                    reload_until = 0.0
+                    reload_at = t + rng.uniform(120, 600)
+                    if rng.random() < 0.3:
+                        model = base * rng.uniform(0.5, 1.5)  # another model
+        if rng.random() < 0.1:
+            continue
+        s.times.append(t)
+        s.values.append(_round(value))
+    s.grade_from = t0 + 60
+    return s
+
+
+def _poisson(rng: random.Random, mean: float) -> int:
+    limit, k, p = math.exp(-mean), 0, rng.random()
+    while p > limit:
+        k += 1
+        p *= rng.random()
+    return k
+
+
+SERVER_KINDS = ("bursts", "kv_fill", "reload")
 
 
 def evaluate(s: Series) -> tuple[bool, float | None, float | None]:
@@ -386,6 +446,14 @@ def main() -> None:
         alarm, _, _ = evaluate(s)
         totals[s.kind] += 1
         alarms[s.kind] += alarm
+    # Server-shaped series (no leak, no steps) from a generator of their own, so the figures
+    # above stay comparable with earlier runs.
+    server_rng = random.Random(args.seed + 1_000_003)
+    for i in range(args.series // 5):
+        s = server_series(server_rng, SERVER_KINDS[i % len(SERVER_KINDS)])
+        alarm, _, _ = evaluate(s)
+        totals[s.kind] += 1
+        alarms[s.kind] += alarm
     print(f"{'kind':<20} {'series':>6} {'leak found / false alarm':>26}")
     for kind in sorted(totals):
         count = hits[kind] if "leak" in kind else alarms[kind]
@@ -398,7 +466,8 @@ def main() -> None:
         false = sum(alarms[k] for k in others) / max(1, sum(totals[k] for k in others))
         return round(found, 4), round(false, 4)
 
-    per_step = [k for k in totals if not k.startswith("time_")]
+    per_step = [k for k in totals if not k.startswith(("time_", "server_"))]
+    servers = [k for k in totals if k.startswith("server_")]
     detection_rate, false_alarm_rate = rates(per_step)
     time_detection, time_false = rates([k for k in totals if k.startswith("time_")])
     result = {
@@ -415,6 +484,14 @@ def main() -> None:
             "false_alarm_rate": time_false,
             "median_seconds_to_detect": (
                 round(statistics.median(seconds_to_detect)) if seconds_to_detect else None
+            ),
+        },
+        # Servers without steps that must not alarm (request bursts, a KV cache filling to its
+        # budget and staying, model reloads), judged as the without-steps series are.
+        "server_shaped": {
+            "series": sum(totals[k] for k in servers),
+            "false_alarm_rate": round(
+                sum(alarms[k] for k in servers) / max(1, sum(totals[k] for k in servers)), 4
             ),
         },
         "seconds": round(time.perf_counter() - started, 1),

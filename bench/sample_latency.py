@@ -50,7 +50,7 @@ def start_torch_trainer(socket_dir: Path, step_time: float) -> tuple[int, Callab
     env = dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir), OMP_NUM_THREADS="1")
     env["PYTHONWARNINGS"] = "ignore"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    command = [sys.executable, "-m", "memtop.cli", "run", str(ROOT / "examples" / "train_cpu.py")]
+    command = children.python_command("memtop", "run", str(ROOT / "examples" / "train_cpu.py"))
     command += ["--device", "cpu", "--step-time", str(step_time)]
     trainer = subprocess.Popen(
         command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL

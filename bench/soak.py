@@ -325,7 +325,7 @@ def _soak(
     viewers: list[subprocess.Popen[str]],
 ) -> dict[str, Any]:
     for _ in range(args.trainers):
-        command = [sys.executable, "-m", "memtop", "run", str(Path(__file__).resolve())]
+        command = children.python_command("memtop", "run", str(Path(__file__).resolve()))
         agents.append(_spawn(command + trainer_args, env, work))
         if not args.no_control:
             controls.append(_spawn(me + trainer_args, env, work))

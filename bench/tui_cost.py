@@ -67,7 +67,7 @@ FIRST_DATA_TIMEOUT_S = 30.0
 QUIT_TIMEOUT_S = 10.0
 TAIL_BYTES = 64 * 1024
 BURST_GAP_S = 0.01  # chunks closer than this belong to one burst of output (about one frame)
-DEMO = [sys.executable, "-m", "memtop", "demo", "--no-ui"]
+DEMO = children.python_command("memtop", "demo", "--no-ui")
 
 # CSI ... final byte, OSC ... BEL/ST, and two-byte escapes (ESC 7, ESC =, ...).
 ANSI = re.compile(rb"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_=>78]")
@@ -272,7 +272,7 @@ def measure(
     """One run of one tool in a pty: first frame, then CPU, terminal bytes and RSS over the
     window."""
     if tool == "memtop":
-        command = [sys.executable, "-m", "memtop"]
+        command = children.python_command("memtop")
         if args.memtop_interval is not None:
             command += ["--interval", str(args.memtop_interval)]
         markers = {
@@ -281,7 +281,7 @@ def measure(
             "data": re.compile(rb"GPU ?%d\b" % last_gpu),
         }
     else:
-        command = [sys.executable, "-m", "nvitop"]
+        command = children.python_command("nvitop")
         markers = {k: re.compile(rb"NVITOP") for k in ("frame", "full", "data")}
     spawned = time.monotonic()
     process, master = children.start_in_terminal(command, args.size, env)

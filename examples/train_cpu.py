@@ -2,6 +2,7 @@
 
     memtop run examples/train_cpu.py               # until Ctrl-C
     memtop run examples/train_cpu.py --steps 500 --step-time 0.01
+    memtop run examples/train_cpu.py --device cpu --keep-logits   # a host-memory leak
 
 An MLP learns a fixed random function on synthetic data with AdamW.  Nothing here knows about
 memtop: under `memtop run`, the agent counts steps through torch's global optimizer step hook.
@@ -24,6 +25,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--width", type=int, default=256)
+    parser.add_argument(
+        "--keep-logits",
+        action="store_true",
+        help="keep each step's logits with their graph (a leak: their activations stay alive)",
+    )
     return parser.parse_args()
 
 
@@ -43,11 +49,16 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.01)
     target = torch.randn(features, 1, device=device)  # the function to learn: sin(x @ target)
 
+    kept: list[torch.Tensor] = []  # --keep-logits: the classic leak, `outputs.append(logits)`
     step, started = 0, time.monotonic()
     try:
         while args.steps == 0 or step < args.steps:
             x = torch.randn(args.batch_size, features, device=device)
             loss = nn.functional.mse_loss(model(x), torch.sin(x @ target))
+            if args.keep_logits:
+                # Logits kept for a metric later, outside torch.no_grad() and not detached: the
+                # graph they carry keeps this step's activations alive.
+                kept.append(model(x))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

@@ -7,6 +7,9 @@ into the same clean exit as Ctrl-C so that `finally` blocks stop the children (a
 by `timeout`, a demo whose terminal closed), and, in the child, end when the parent is gone
 even when the parent could not stop it (SIGKILL, a crash): PR_SET_PDEATHSIG on Linux, and a
 poll of the parent pid everywhere.
+
+It is also the one home of how memtop starts a Python of its own (python_command): isolated
+from the directory it was started in and from import paths someone else controls.
 """
 
 from __future__ import annotations
@@ -27,9 +30,56 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from memtop.untrusted import root_may_not_load
+
 PARENT_POLL_S = 0.5  # how often a child looks whether its parent is still there
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 STOP_TIMEOUT_S = 5.0
+# The folder that holds the running memtop package: a dev checkout on PYTHONPATH, or
+# site-packages.  This process imported memtop from it already, so its children may too.
+MEMTOP_PARENT = str(Path(__file__).resolve().parent.parent)
+
+# What a child runs under `python -I -c`: the import path entries this process chose are put
+# in front (as PYTHONPATH entries would be), after a first entry that stands where `python -m`
+# puts the current directory: the interpreter's own folder, as memtop's console script has its
+# bin/ there (`memtop run` replaces that first entry with the program's folder); then the module
+# runs as `python -m` would run it.
+_BOOT = (
+    "import os, sys, runpy; "
+    "sys.path[:0] = [os.path.dirname(sys.executable)]"
+    " + [p for p in {paths!r} if p not in sys.path]; "
+    "runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+)
+
+
+def python_command(module: str, *args: str, environ: Mapping[str, str] | None = None) -> list[str]:
+    """The command that runs `python -m module args` with this interpreter, isolated.
+
+    `python -m` puts the current directory first on the import path: root running
+    `memtop demo` in a folder where another user made `memtop/` (or `json.py`) ran that user's
+    code as root.  Here the child starts with `-I` (no current directory, no PYTHONPATH, no
+    user site-packages; `-P` alone needs Python 3.11) and gets back, explicitly, the folder
+    that holds this memtop and the PYTHONPATH entries (of `environ`, default ours) that
+    import_paths keeps: it imports the same memtop and dependencies as this process."""
+    paths = import_paths(os.environ if environ is None else environ)
+    return [sys.executable, "-I", "-c", _BOOT.format(paths=paths, module=module), *args]
+
+
+def import_paths(environ: Mapping[str, str]) -> list[str]:
+    """PYTHONPATH's entries, made absolute, then the folder holding this memtop, for a child
+    started by python_command.  Empty entries (which name the current directory) are dropped;
+    as root, so is every entry another user could write (untrusted.root_may_not_load)."""
+    paths = []
+    for entry in environ.get("PYTHONPATH", "").split(os.pathsep):
+        if not entry:
+            continue
+        entry = os.path.abspath(entry)
+        if os.geteuid() == 0 and root_may_not_load(entry) is not None:
+            continue
+        paths.append(entry)
+    if MEMTOP_PARENT not in paths:
+        paths.append(MEMTOP_PARENT)
+    return paths
 
 
 def start_until_first_line(

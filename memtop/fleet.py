@@ -57,13 +57,15 @@ class RemoteDiagnoser(Diagnoser):
         self.verdicts: Mapping[tuple[int, int], dict[str, float]] = {}
         self.host = host  # where the verdicts were judged, for a pid that does not say (local)
 
-    def _device(self, agent: AgentView, dev: AgentDeviceView, now: float) -> DeviceDiagnosis:
+    def _device(
+        self, agent: AgentView, dev: AgentDeviceView, now: float, launcher_argv: Sequence[str] = ()
+    ) -> DeviceDiagnosis:
         key = (agent.pid, dev.index)
         verdict = self.verdicts.get(key, {})
         # Seeding the verdict cache keeps the base class from judging the leak again from
         # scrape-rate samples.
         self._leaks[key] = (now, remote_leak(verdict, host_of(agent.pid) or self.host))
-        found = super()._device(agent, dev, now)
+        found = super()._device(agent, dev, now, launcher_argv)
         frag = found.fragmentation
         return dataclasses.replace(
             found,

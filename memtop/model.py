@@ -503,6 +503,12 @@ class ProcessInfo:
     # Host usage, refreshed every USAGE_EVERY_S (the dashboard's CPU% and RSS columns).
     cpu_percent: float | None = None
     rss: int | None = None
+    # What tells an inference server's share (memtop.diagnosis.workload): its launcher's command
+    # line (vLLM's and SGLang's engine processes rename themselves and keep no flags), and the
+    # ENGINE_ENVIRONMENT variables of its environment where /proc lets the viewer read it (the
+    # same user, or root: read, never run); nothing else of either environment is kept.
+    launcher_cmdline: tuple[str, ...] = ()
+    engine_environ: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def command(self) -> str:

@@ -26,6 +26,8 @@ from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuFacts
 from memtop.diagnosis.effects import ActionEffect, effect
 from memtop.diagnosis.facts import ReadsSample
 from memtop.diagnosis.stability import Stabilizer
+from memtop.diagnosis.suggestions import host_leak_suggestions, last_seen_leaks, most_severe_first
+from memtop.diagnosis.workload import Workload, recognise
 from memtop.jobs import JobIdentity, job_identity
 from memtop.model import (
     GONE,
@@ -41,6 +43,7 @@ from memtop.model import (
     DriverReading,
     GpuProcess,
     Holder,
+    HostMemory,
     MigInfo,
     ProcessInfo,
     bare_uuid,
@@ -112,6 +115,16 @@ class AgentObservation:
     allocator_settings: str | None = None
     # What each action memtop performed in it did, per device: the windows before and after.
     actions: tuple[ActionEffect, ...] = ()
+    # Its own host memory (a CPU trainer's only memory figure): the newest reading, and the
+    # windows the detail screen draws (RSS per sample; RSS right after each step).
+    host_memory: HostMemory | None = None
+    host_history: DeviceHistory = field(default_factory=DeviceHistory)
+
+    @property
+    def cpu_only(self) -> bool:
+        """Sampled, and no CUDA device in use: cleanup, snapshots and stacks have nothing to
+        act on (they are CUDA's caching allocator's)."""
+        return self.live and not self.devices and self.host_memory is not None
 
     @property
     def live(self) -> bool:
@@ -305,6 +318,10 @@ class ProcessEntry:
     agent: AgentObservation | None
     device: AgentDeviceObservation | None
     info: ProcessInfo | None
+    # What the process is (memtop.diagnosis.workload): an agent device's as its diagnosis
+    # judged it; a process without an agent's from its command line and environment, when they
+    # say (None otherwise).
+    workload: Workload | None = None
 
 
 @dataclass(frozen=True)
@@ -453,17 +470,35 @@ class Observer:
                     info=infos.get(agent.pid),
                     allocator_settings=agent.allocator_settings,
                     actions=_effects(agent, [a for a in view.actions if a.pid == agent.pid]),
+                    host_memory=agent.host_memory,
+                    host_history=_host_history(agent),
                 )
             )
 
         gpus = _gpus(view, reading, [d for a in agents if a.live for d in a.devices])
         gpus = tuple(replace(g, accounting=_accounting(g, gpus, view, self.uid)) for g in gpus)
-        facts = tuple(_facts(g) for g in gpus)
+        facts = tuple(_facts(g, infos) for g in gpus)
+        hosts = self.diagnoser.diagnose_hosts(view, now)
+        suggestions = (*self.stabilizer.suggest(facts, now), *host_leak_suggestions(hosts.values()))
         diagnosis = Diagnosis(
             time=now,
             devices={(d.pid, d.index): d for d in diagnosed.values()},
             gpus=facts,
-            suggestions=tuple(self.stabilizer.suggest(facts, now)),
+            suggestions=tuple(
+                most_severe_first(
+                    [
+                        *suggestions,
+                        # An exited trainer's leak, kept (marked) while its row is.
+                        *last_seen_leaks(
+                            d.diagnosis
+                            for a in agents
+                            if a.status == AgentStatus.EXITED
+                            for d in a.devices
+                        ),
+                    ]
+                )
+            ),
+            hosts=hosts,
         )
         self.builds += 1
         return Observation(
@@ -527,6 +562,19 @@ def _driver_uuids(
         return by_bus.get(declared.pci_bus_id, dev.uuid)
 
     return resolve
+
+
+def _host_history(agent: AgentView) -> DeviceHistory:
+    """A process's RSS per sample (as `allocated`) and right after each step (as the marks'
+    `allocated`): the detail screen's host memory chart."""
+    rows, marks = agent.host_history, agent.host_marks
+    return DeviceHistory(
+        time=rows.get("time", ())[-HISTORY_ROWS:],
+        allocated=rows.get("rss", ())[-HISTORY_ROWS:],
+        mark_step=marks.get("step", ())[-MARK_ROWS:],
+        mark_time=marks.get("time", ())[-MARK_ROWS:],
+        mark_allocated=marks.get("rss", ())[-MARK_ROWS:],
+    )
 
 
 def _settled_instance(pid: int, size: int, instances: Sequence[DeviceReading]) -> str | None:
@@ -766,9 +814,23 @@ def _used_window(view: RoundView, uuid: str) -> tuple[Sequence[float], Sequence[
     return (times[-HISTORY_ROWS:], used[-HISTORY_ROWS:])
 
 
-def _facts(gpu: GpuObservation) -> GpuFacts:
+def process_workload(info: ProcessInfo | None) -> Workload | None:
+    """What a process without an agent is, where its command line (or its launcher's) or its
+    environment says (memtop.diagnosis.workload)."""
+    if info is None or not info.visible:
+        return None
+    return recognise(info.cmdline, info.engine_environ, info.launcher_cmdline)
+
+
+def _facts(gpu: GpuObservation, infos: Mapping[int, ProcessInfo]) -> GpuFacts:
     """What the suggestion rules judge about one GPU."""
     first = gpu.agents[0].diagnosis if gpu.agents else None
+    with_agent = {a.pid for a in gpu.agents}
+    workloads = {
+        p.pid: found
+        for p in gpu.processes
+        if p.pid not in with_agent and (found := process_workload(infos.get(p.pid))) is not None
+    }
     return GpuFacts(
         uuid=gpu.uuid,
         index=gpu.index,
@@ -777,6 +839,7 @@ def _facts(gpu: GpuObservation) -> GpuFacts:
         used_bytes=gpu.used_bytes,
         processes=tuple((p.pid, p.used_bytes) for p in gpu.processes if gpu.source != SOURCE_AGENT),
         agents=tuple(a.diagnosis for a in gpu.agents),
+        workloads=workloads,
     )
 
 
@@ -801,6 +864,7 @@ def _entries(
                     agent=agent,
                     device=dev,
                     info=agent.info,
+                    workload=dev.diagnosis.workload,
                 )
             )
         if not agent.devices:  # not sampled yet, or unreachable
@@ -811,7 +875,14 @@ def _entries(
                 if (p.pid, d.uuid) not in seen:
                     entries.append(
                         ProcessEntry(
-                            p.pid, d.index, d.uuid, p.used_bytes, None, None, infos.get(p.pid)
+                            p.pid,
+                            d.index,
+                            d.uuid,
+                            p.used_bytes,
+                            None,
+                            None,
+                            infos.get(p.pid),
+                            process_workload(infos.get(p.pid)),
                         )
                     )
     entries.sort(key=lambda e: (e.gpu if e.gpu is not None else 1 << 30, e.pid))

@@ -6,8 +6,9 @@ polls and their low-rate replies).  The `Observer` built on the store and its di
 exactly what they would have seen at that moment of the run; their clock is the cursor.
 
 The dashboard drives a Player like a Sampler (start, stop, pause, rounds) plus a time cursor:
-`seek`, `step_by` and `speed`.  Seeking back replays from the start into a fresh store state
-(a few thousand events take milliseconds).
+`seek`, `step_by` and `speed`.  The recording is read as a stream (`Recording.stream`: memory
+stays bounded however long it is); seeking back replays it from the start into a fresh store
+state (a few thousand events take milliseconds; an hour of a fast trainer, seconds).
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ class Player(FeedLoop):
         self.interval = interval
         self.cursor = recording.start  # unix time of the recording shown now
         self.speed = 1.0
-        self._next = 0  # index of the first event not yet applied
+        self._events = recording.stream()
+        self._next: ReplayEvent | None = None  # the first event not yet applied
+        self._advance()
         self._hellos: dict[int, AgentHello] = {}
         self._counters: dict[int, dict[str, int]] = {}
         self._lock = threading.RLock()
@@ -59,7 +62,10 @@ class Player(FeedLoop):
 
     @property
     def at_end(self) -> bool:
-        return self._next >= len(self.recording.events)
+        return self._next is None
+
+    def _advance(self) -> None:
+        self._next = next(self._events, None)
 
     def clock(self) -> float:
         """The Observer's clock: the cursor, not the wall."""
@@ -91,7 +97,8 @@ class Player(FeedLoop):
 
     def _restart(self) -> None:
         self.store.reset()
-        self._next = 0
+        self._events = self.recording.stream()
+        self._advance()
         self._hellos.clear()
         self._counters.clear()
         if not self.recording.has_devices:
@@ -100,10 +107,9 @@ class Player(FeedLoop):
             )
 
     def _apply_until(self, when: float) -> None:
-        events = self.recording.events
-        while self._next < len(events) and events[self._next].t <= when:
-            self._apply(events[self._next])
-            self._next += 1
+        while self._next is not None and self._next.t <= when:
+            self._apply(self._next)
+            self._advance()
 
     def _apply(self, event: ReplayEvent) -> None:
         store, pid = self.store, event.pid

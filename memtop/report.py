@@ -14,6 +14,7 @@ from typing import Any
 
 from memtop import metric_table
 from memtop._version import __version__
+from memtop.diagnosis.workload import ENGINE_NAMES
 from memtop.observation import Accounting, AgentObservation, GpuObservation, Observation
 from memtop.units import format_bytes
 
@@ -33,8 +34,8 @@ def build(observation: Observation) -> dict[str, Any]:
             "error": obs.nvml_error,
             "driver_version": obs.driver_version,
         },
-        "devices": [_device(gpu) for gpu in obs.gpus],
-        "agents": [_agent(agent) for agent in obs.agents],
+        "devices": [_device(gpu, obs) for gpu in obs.gpus],
+        "agents": [_agent(agent, obs) for agent in obs.agents],
         "suggestions": [s.as_dict() for s in obs.suggestions],
         "problems": list(obs.problems),
         "events": list(obs.events),
@@ -43,7 +44,11 @@ def build(observation: Observation) -> dict[str, Any]:
     }
 
 
-def _device(gpu: GpuObservation) -> dict[str, Any]:
+def _device(gpu: GpuObservation, obs: Observation) -> dict[str, Any]:
+    # What each listed process is, where known (DESIGN §13: a server's engine and share).
+    workloads = {
+        e.pid: e.workload.as_dict() for e in obs.entries if e.uuid == gpu.uuid and e.workload
+    }
     return {
         "index": gpu.index,
         "uuid": gpu.uuid,
@@ -57,7 +62,13 @@ def _device(gpu: GpuObservation) -> dict[str, Any]:
         "error": gpu.error,
         "pci_bus_id": gpu.pci_bus_id,
         "processes": [
-            {"pid": p.pid, "used_bytes": p.used_bytes, "kind": p.kind} for p in gpu.processes
+            {
+                "pid": p.pid,
+                "used_bytes": p.used_bytes,
+                "kind": p.kind,
+                "workload": workloads.get(p.pid),
+            }
+            for p in gpu.processes
         ],
         # The sum of the true peaks of the PyTorch processes on it (each its own moment).
         "peak_sum_bytes": gpu.peak_sum_bytes if gpu.agents else None,
@@ -110,8 +121,9 @@ def _accounting(accounting: Accounting | None) -> dict[str, Any] | None:
     }
 
 
-def _agent(agent: AgentObservation) -> dict[str, Any]:
+def _agent(agent: AgentObservation, obs: Observation) -> dict[str, Any]:
     hello = agent.hello
+    now = obs.time
     devices = []
     for dev in agent.devices:
         found = dev.diagnosis
@@ -136,8 +148,20 @@ def _agent(agent: AgentObservation) -> dict[str, Any]:
                     if breakdown
                     else None
                 ),
+                # What the process is on this device: trainer, server (engine, the share it
+                # asked for and the setting that sets it), … (DESIGN §13).
+                "workload": found.workload.as_dict() if found.workload else None,
+                # When it was measured: the step after which, and how long before this report
+                # (the agent measures it every 10 s or so; it is served until the next).
+                "breakdown_step": found.breakdown_step,
+                "breakdown_age_s": (
+                    None
+                    if found.breakdown_time is None
+                    else round(max(0.0, now - found.breakdown_time), 1)
+                ),
             }
         )
+    workload = next((d.diagnosis.workload for d in agent.devices if d.diagnosis.workload), None)
     return {
         "pid": agent.pid,
         "state": agent.status.value,
@@ -150,14 +174,34 @@ def _agent(agent: AgentObservation) -> dict[str, Any]:
         # In force now (`memtop tune` changes it); null where the agent does not say.
         "allocator_settings": agent.allocator_settings,
         "step": agent.step,
+        # `trainer`, `server`, `preallocator` or `process` (no steps yet), and the engine;
+        # each device's `workload` has the share (null before its first sample).
+        "kind": workload.kind.value if workload else None,
+        "engine": workload.engine if workload else None,
         "devices": devices,
         "job": job.as_json() if (job := agent.job) is not None else None,
+        # Its own host memory, where the agent reports it: RSS now, its peak, and for a process
+        # that uses no CUDA device, the leak verdict on its RSS after each step.
+        "host": _host(agent, obs),
         # Live memory by the user's line, per device (stack recording on; DESIGN §12).
         "sites": [
             {"device": dev.index, **trend.as_dict()}
             for dev in agent.devices
             for trend in dev.diagnosis.sites
         ],
+    }
+
+
+def _host(agent: AgentObservation, obs: Observation) -> dict[str, Any] | None:
+    memory = agent.host_memory
+    if memory is None:
+        return None
+    verdict = obs.diagnosis.hosts.get(agent.pid)
+    return {
+        "rss_bytes": memory.rss_bytes,
+        "peak_rss_bytes": memory.peak_rss_bytes,
+        "total_bytes": memory.total_bytes,
+        "leak": verdict.leak.as_dict() if verdict is not None else None,
     }
 
 
@@ -189,6 +233,30 @@ def _command(argv: list[str]) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _label(dev: dict[str, Any]) -> str:
+    """ "vLLM · 0.92 of GPU  " before a server's command; "" for a trainer."""
+    workload = dev.get("workload") or {}
+    share, engine = workload.get("budget_share"), workload.get("engine")
+    if share is None:
+        return ""
+    name = ENGINE_NAMES.get(engine or "", "preallocated")
+    of = "of free GPU" if workload.get("budget_basis") == "free" else "of GPU"
+    return f"{name} · {share:.2f} {of}  "
+
+
+BREAKDOWN_NAMES = (
+    ("parameters", "parameters"),
+    ("gradients", "gradients"),
+    ("optimizer_state", "optimizer state"),
+    ("other", "other"),
+)
+
+
+def _smoothed(dev: dict[str, Any]) -> float:
+    smoothed = dev.get("fragmentation_smoothed")
+    return float(smoothed if smoothed is not None else dev["fragmentation"])
+
+
 def render_text(report: dict[str, Any]) -> str:
     stamp = time.strftime("%H:%M:%S", time.localtime(report["time"]))
     lines = [f"memtop {report['version']} on {report['host']}  {stamp}"]
@@ -199,6 +267,10 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(f"devices: {nvml['error']}")
     for problem in report.get("problems", []):
         lines.append(f"! {problem}")
+    hidden = report.get("filtered_out")  # `--user nobody`: what the filter hid, in a line
+    if not devices and not agents and hidden:
+        lines += ["", f"Nothing matches: {hidden}."]
+        return "\n".join(lines) + "\n"
     if not devices and not agents:
         lines.append("")
         lines.append("No GPUs and no memtop agents found.")
@@ -226,12 +298,14 @@ def render_text(report: dict[str, Any]) -> str:
             lines.append(f"       pid {p['pid']:<8} {format_bytes(p['used_bytes']):>10}")
         lines += _accounting_lines(d.get("accounting"))
     lines.append("")
-    if not agents:
+    if not agents and hidden:
+        lines.append(f"No memtop agent matches: {hidden}.")
+    elif not agents:
         lines.append("No memtop agents found (start a trainer with `memtop run train.py`).")
     else:
         lines.append(
             f"{'pid':<8} {'GPU':<4} {'step':>7} {'allocated':>10} {'reserved':>10} {'peak':>10} "
-            f"{'frag':>5} {'retries':>7} {'ooms':>4}  command"
+            f"{'frag~':>5} {'retries':>7} {'ooms':>4}  command"
         )
         for a in agents:
             if not a["devices"]:
@@ -247,10 +321,29 @@ def render_text(report: dict[str, Any]) -> str:
                     f"{format_bytes(dev['allocated_bytes']):>10} "
                     f"{format_bytes(dev['reserved_bytes']):>10} "
                     f"{format_bytes(dev['peak_bytes']):>10} "
-                    f"{dev['fragmentation']:>5.2f} {dev['num_alloc_retries']:>7} "
-                    f"{dev['num_ooms']:>4}  {_command(a['argv'])}"
+                    f"{_smoothed(dev):>5.2f} {dev['num_alloc_retries']:>7} "
+                    f"{dev['num_ooms']:>4}  {_label(dev)}{_command(a['argv'])}"
                     + ("" if a["state"] == "connected" else f"  [{a['state']}]")
                 )
+                parts = dev.get("breakdown")
+                if parts:
+                    age, step = dev.get("breakdown_age_s"), dev.get("breakdown_step")
+                    when = ("an unknown step" if step is None else f"step {step}") + (
+                        f", {age:.0f} s ago" if age is not None else ""
+                    )
+                    lines.append(
+                        f"         breakdown at {when}: "
+                        + ", ".join(
+                            f"{name} {format_bytes(parts[key])}"
+                            for key, name in BREAKDOWN_NAMES
+                            if key in parts
+                        )
+                    )
+        if any(a["devices"] for a in agents):
+            # One fragmentation figure on the page: the one the suggestions judge.
+            lines.append(
+                "frag~: the median of the recent fragmentation samples, as the suggestions judge it"
+            )
     if report["suggestions"]:
         lines.append("")
         for s in report["suggestions"]:

@@ -47,6 +47,36 @@ class Scope:
             parts.append("pid " + ",".join(str(p) for p in sorted(self.pids)))
         return " · ".join(parts)
 
+    def flags(self) -> str:
+        """The flags as typed: "--only 1 --user nobody --pid 4101,4102"."""
+        parts = []
+        if self.gpus is not None:
+            parts.append("--only " + ",".join(str(i) for i in sorted(self.gpus)))
+        if self.users is not None:
+            parts.append("--user " + ",".join(sorted(self.users)))
+        if self.pids is not None:
+            parts.append("--pid " + ",".join(str(p) for p in sorted(self.pids)))
+        return " ".join(parts)
+
+    def hidden(self, whole: Observation, shown: Observation) -> str | None:
+        """What the scope hid, in one line ("4 agents filtered out by --user nobody"), or None:
+        a filter that matches nothing is not "no GPUs and no agents found"."""
+        if not self:
+            return None
+        agents = len(whole.agents) - len(shown.agents)
+        gpus = len(whole.gpus) - len(shown.gpus)
+        seen = {a.pid for a in whole.agents}
+        others = len({e.pid for e in whole.entries} - seen - {e.pid for e in shown.entries})
+        parts = [
+            f"{n} {name}{'' if n == 1 else 's'}"
+            for n, name in ((agents, "agent"), (gpus, "GPU"), (others, "other process"))
+            if n > 0
+        ]
+        if not parts:
+            return None
+        counted = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+        return f"{counted} filtered out by {self.flags()}"
+
     def missing(self, obs: Observation) -> list[str]:
         """One line for each GPU asked for that this machine does not have (`--only 5`, or
         `--only 0:9` where GPU 0 has no MIG instance 9)."""

@@ -33,14 +33,23 @@ from memtop.model import (
     AgentSnapshot,
     AgentStatus,
     DriverReading,
+    HostMemory,
     PidFacts,
     ProcessInfo,
+    SiteUsage,
     host_of,
 )
 
 HISTORY_SAMPLES = 3600  # one hour at the default 1 s interval
 STEP_MARKS = 4096
 SITES_READINGS = 32  # `sites` readings kept per agent (minutes at the sampler's rate)
+# An agent serves its top 20 sites per device (memtop.agent.sites.TOP_SITES); one that mints new
+# sites in every reply (1,000 each, the most a reply may hold) cost the exporter ~50 MB and
+# ~0.1 s of CPU a round.  So a reading keeps its largest SITES_PER_DEVICE sites per device and
+# SITES_KEPT in all, and an agent's readings hold at most SITES_KEPT distinct sites: the oldest
+# readings go first (a churning agent gets a shorter trend, never a wrong newest reading).
+SITES_PER_DEVICE = 32
+SITES_KEPT = 256
 # The step marks a view copies per device: as many as the leak test and the screens look at.
 VIEW_MARKS = MARK_WINDOW
 # One agent device's sampled history; the pressure counters are kept so that their deltas over a
@@ -144,6 +153,7 @@ class AgentState:
     devices: dict[int, AgentDeviceState] = field(default_factory=dict)
     breakdown: dict[int, dict[str, int]] | None = None
     breakdown_time: float | None = None
+    breakdown_step: int | None = None  # the step after which the agent measured it
     # The latest trace-free snapshot summary per device (external fragmentation and friends).
     snapshot_summary: dict[int, dict[str, Any]] | None = None
     snapshot_time: float | None = None
@@ -154,6 +164,11 @@ class AgentState:
     allocator_settings: str | None = None
     # The agent's `sites` readings, oldest first (stack recording on): the leak's line.
     sites: deque[AgentSites] = field(default_factory=lambda: deque(maxlen=SITES_READINGS))
+    # The process's own host memory (a CPU trainer's only memory figure): the newest reading,
+    # its RSS at every sample, and its RSS right after each step (the host's baseline).
+    host_memory: HostMemory | None = None
+    host_history: Ring | None = None
+    host_marks: Ring | None = None
 
 
 @dataclass(frozen=True)
@@ -185,6 +200,8 @@ class AgentView:
     devices: tuple[AgentDeviceView, ...]
     breakdown: dict[int, dict[str, int]] | None
     snapshot_summary: dict[int, dict[str, Any]] | None = None
+    breakdown_time: float | None = None  # when the agent measured it (its clock: this host's)
+    breakdown_step: int | None = None
     snapshot_time: float | None = None
     last_oom: Mapping[str, Any] | None = None
     sites: tuple[AgentSites, ...] = ()
@@ -197,6 +214,12 @@ class AgentView:
         if self.allocator_settings is not None:
             return self.allocator_settings
         return self.hello.settings_in_force if self.hello is not None else ""
+
+    # Host memory (AgentState's): the newest reading, ("time", "rss") per sample and ("step",
+    # "time", "rss") per step mark, oldest first; empty without windows or readings.
+    host_memory: HostMemory | None = None
+    host_history: Mapping[str, array[float]] = field(default_factory=dict)
+    host_marks: Mapping[str, array[float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -384,7 +407,16 @@ class Store:
                 float(device.num_ooms),
                 float(device.inactive_split),
             )
+        if sample.host_memory is not None:
+            agent.host_memory = sample.host_memory
+            if agent.host_history is None:
+                agent.host_history = Ring(self._history, ("time", "rss"))
+            agent.host_history.append(sample.time, float(sample.host_memory.rss_bytes))
         for mark in sample.step_marks:
+            if mark.host_rss is not None:
+                if agent.host_marks is None:
+                    agent.host_marks = Ring(self._step_marks, ("step", "time", "rss"))
+                agent.host_marks.append(float(mark.step), mark.time, float(mark.host_rss))
             for index, allocated in mark.allocated.items():
                 state = agent.devices.get(index)
                 if state is not None:
@@ -396,7 +428,11 @@ class Store:
         scrape) is parsed by its reader (memtop.protocol.schema), as the live one was."""
 
         def keep(agent: AgentState, devices: dict[int, dict[str, Any]], stamp: float) -> None:
-            agent.breakdown, agent.breakdown_time = devices, stamp
+            # Measured at the agent's time (a breakdown is served until the next one is taken:
+            # its age is from then, not from when it was read).
+            agent.breakdown = devices
+            agent.breakdown_time = reply.time if reply.time is not None else stamp
+            agent.breakdown_step = reply.step
 
         self._keep_per_device(pid, reply.pending, reply.devices, when, keep)
 
@@ -441,9 +477,9 @@ class Store:
             for past in reply.history:
                 newest = agent.sites[-1].time if agent.sites else None
                 if past.time is not None and (newest is None or newest < past.time < reply.time):
-                    agent.sites.append(past)
+                    keep_sites(agent.sites, past)
             # Kept without its history: a reading is one round.
-            agent.sites.append(replace(reply, history=()) if reply.history else reply)
+            keep_sites(agent.sites, replace(reply, history=()) if reply.history else reply)
 
         self._update_agent(pid, apply)
 
@@ -628,6 +664,8 @@ class Store:
                 for d in sorted(agent.devices.values(), key=lambda d: d.index)
             ),
             breakdown=None if agent.breakdown is None else dict(agent.breakdown),
+            breakdown_time=agent.breakdown_time,
+            breakdown_step=agent.breakdown_step,
             snapshot_summary=(
                 None if agent.snapshot_summary is None else dict(agent.snapshot_summary)
             ),
@@ -635,7 +673,44 @@ class Store:
             last_oom=agent.last_oom,
             sites=tuple(agent.sites),
             allocator_settings=agent.allocator_settings,
+            host_memory=agent.host_memory,
+            host_history=_windows(agent.host_history) if windows else {},
+            host_marks=_windows(agent.host_marks, VIEW_MARKS) if windows else {},
         )
+
+
+def _windows(ring: Ring | None, last: int | None = None) -> dict[str, array[float]]:
+    return {name: ring.window(name, last) for name in ring.names} if ring is not None else {}
+
+
+def keep_sites(kept: deque[AgentSites], reading: AgentSites) -> None:
+    """Append `reading` to an agent's `kept` readings within the bounds above (SITES_KEPT):
+    its largest sites only, each site one object shared by every reading that names it, and
+    the oldest readings dropped while the readings name more than SITES_KEPT sites."""
+    per_device: dict[int, int] = {}
+    largest: list[SiteUsage] = []
+    for usage in sorted(reading.sites, key=lambda u: -u.bytes):
+        if len(largest) == SITES_KEPT:
+            break
+        if per_device.get(usage.device, 0) < SITES_PER_DEVICE:
+            per_device[usage.device] = per_device.get(usage.device, 0) + 1
+            largest.append(usage)
+    known = {usage.site: usage.site for old in kept for usage in old.sites}
+    shared = tuple(
+        usage if known.get(usage.site) is None else replace(usage, site=known[usage.site])
+        for usage in largest
+    )
+    kept.append(replace(reading, sites=shared))
+    named = {usage.site for usage in shared}
+    newest_first = list(reversed(kept))
+    keep = 1
+    for old in newest_first[1:]:
+        named.update(usage.site for usage in old.sites)
+        if len(named) > SITES_KEPT:
+            break
+        keep += 1
+    while len(kept) > keep:
+        kept.popleft()
 
 
 def _agent_name(pid: int) -> str:

@@ -221,3 +221,32 @@ def loads_toml(data: bytes, *, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
         raise UntrustedInput(f"is not valid TOML ({exc})") from None
     except RecursionError:  # not reached past check_depth; never a traceback either way
         raise UntrustedInput(f"nests deeper than {max_depth} levels") from None
+
+
+# ------------------------------------------------------------------------------ code as root
+
+
+def root_may_not_load(path: Path | str) -> str | None:
+    """Why root must not import or load code from `path` (a folder on an import path, a shared
+    library), or None when only root can change what it holds: the path (symlinks resolved)
+    and every folder above it belong to root and no one else may write them.  A folder above
+    may be writable by all when it is sticky (/tmp): no one else can rename or remove what root
+    made in it; the path itself may not (anyone could add a module to it).  Group write counts
+    as write by others unless the group is root's.  A path that does not exist is refused too
+    (someone could make it)."""
+    resolved = os.path.realpath(path)
+    current = resolved
+    while True:
+        try:
+            info = os.lstat(current)
+        except OSError as exc:
+            return f"{current} cannot be checked ({exc.strerror or exc})"
+        if info.st_uid != 0:
+            return f"{current} belongs to uid {info.st_uid}, not root"
+        others = info.st_mode & stat.S_IWOTH or (info.st_mode & stat.S_IWGRP and info.st_gid != 0)
+        if others and (current == resolved or not info.st_mode & stat.S_ISVTX):
+            return f"{current} may be written by users other than root"
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent

@@ -54,6 +54,10 @@ SHOTS = (
     ("leak-stacks", "leak", 1, 60, ("leak-row", "enter")),
     # AMD GPUs: `memtop demo --vendor amd` (simulated MI300Xs, trainers on ROCm).
     ("amd", "mixed", 2, 40, ()),
+    # An inference server that preallocates 0.92 of its GPU: named, and judged by its request.
+    ("server", "server", 1, 25, ()),
+    # A GPU's own screen (tab to its card, enter): who holds its memory.
+    ("gpu-detail", "mixed", 2, 30, ("gpu-card", "enter")),
 )
 # Shots of another vendor's simulated GPUs than NVIDIA's (Demo's `vendor`).
 VENDORS = {"amd": "amd"}
@@ -87,6 +91,10 @@ async def shoot(name: str, socket_dir: Path, seconds: float, keys: tuple[str, ..
                         await pilot.press("greater_than_sign")
                 elif key.startswith("theme:"):
                     continue
+                elif key == "gpu-card":  # focus the first GPU's card, as tab reaches it
+                    from memtop.ui.widgets.gpu_panel import GpuCard
+
+                    app.query(GpuCard).first().focus()
                 else:
                     await pilot.press(key)
                 await pilot.pause(1.5)

@@ -16,6 +16,13 @@ killed.  KIND is one of:
   counter    a plain listener that only counts connections (into --log): a symlink target
   plain      an honest agent (tests/agent_crowd.py runs many)
   slurm      an honest agent that claims rank 2 of Slurm job 9 (another user's job)
+  markup     an agent with Rich/Textual markup in every string it sends (MARKUP): argv, device
+             name, Slurm job, an OOM report's cause, detail, fix and stack, error messages
+  hugehost   an honest GPU agent whose `host_memory` says 2^62 bytes resident on a 1-byte machine
+  bighost    ... whose `host_memory` claims a machine of 2^62 bytes (larger than this one)
+  longargv   an honest agent whose argv[1] is 4,000 characters (the exporter's `job` label)
+  sites      an honest agent that records stacks and mints 1,000 new sites (long paths and
+             lines of code) in every `sites` reply
 
 Every connection accepted is appended to `--log` (one line each) so a test can prove that the
 viewer never connected (or never sent a byte).
@@ -43,6 +50,10 @@ ESCAPE_ARGV = [
     "\u202eevil",  # right-to-left override
     "\x9b31m",  # C1 CSI
 ]
+
+
+LONG_ARGV_CHARS = 4000
+SITES_PER_REPLY = 1000
 
 
 def frame(obj: object) -> bytes:
@@ -80,6 +91,11 @@ def stats(allocated: int, reserved: int, ooms: int = 0, retries: int = 0) -> dic
     }
 
 
+# Closing a tag never opened: Rich and Textual raise MarkupError where they parse it as markup.
+MARKUP = "try again [/x] later [@click=app.quit]quit[/] [bold]"
+MARKUP_SETTING = "PYTORCH_CUDA_ALLOC_CONF=" + MARKUP.replace(" ", "")
+
+
 class Hostile:
     def __init__(self, args: argparse.Namespace) -> None:
         self.kind = args.kind
@@ -92,16 +108,11 @@ class Hostile:
 
     def hello(self) -> dict:
         argv = ESCAPE_ARGV if self.kind == "escape" else [f"hostile-{self.kind}.py"]
-        if self.kind == "slurm":  # claims rank 2 of Slurm job 9, whoever runs that job
-            return {
-                **self.plain_hello(argv),
-                "scheduler": {"kind": "slurm", "job_id": "9", "proc_id": 2},
-                "rank": 2,
-            }
-        return self.plain_hello(argv)
-
-    def plain_hello(self, argv: list[str]) -> dict:
-        return {
+        if self.kind == "markup":
+            argv = ["train.py", MARKUP]
+        if self.kind == "longargv":
+            argv = ["python3", "/srv/" + "j" * LONG_ARGV_CHARS, "--lr", "1e-4"]
+        hello = {
             "protocol": 1,
             "pid": self.pid,
             "argv": argv,
@@ -112,6 +123,14 @@ class Hostile:
                 {"index": 0, "uuid": self.uuid, "name": "Sim GPU", "total_bytes": self.total}
             ],
         }
+        if self.kind == "markup":
+            hello["devices"][0]["name"] = f"Sim GPU {MARKUP}"
+            hello["scheduler"] = {"kind": "slurm", "job_id": "4242", "job_name": MARKUP}
+            hello["allocator_conf"] = MARKUP
+        if self.kind == "slurm":  # claims rank 2 of Slurm job 9, whoever runs that job
+            hello["scheduler"] = {"kind": "slurm", "job_id": "9", "proc_id": 2}
+            hello["rank"] = 2
+        return hello
 
     def sample(self) -> dict:
         with self.lock:
@@ -139,9 +158,39 @@ class Hostile:
                 "total_bytes": self.total,
             }
         reply = {"time": time.time(), "step": n, "devices": [device], "step_marks": []}
+        if self.kind == "markup":  # an OOM, with the agent's own words for why and what to do
+            device["stats"] = stats(GiB, 2 * GiB, ooms=1)
+            reply["oom"] = {"ooms": 1, "reports": 1, "last": markup_oom_report(self.pid)}
         if self.kind == "liar":  # a resident set above its own high-water mark
             reply["host_memory"] = {"rss_bytes": 2 * GiB, "peak_rss_bytes": GiB}
+        elif self.kind == "hugehost":
+            reply["host_memory"] = {"rss_bytes": 2**62, "peak_rss_bytes": 2**62, "total_bytes": 1}
+        elif self.kind == "bighost":
+            reply["host_memory"] = {"rss_bytes": GiB, "peak_rss_bytes": GiB, "total_bytes": 2**62}
         return reply
+
+    def sites(self) -> dict:
+        """1,000 sites never seen before, each with a long path and line of code."""
+        with self.lock:
+            self.samples += 1
+            n = self.samples
+        minted = [
+            {
+                "device": 0,
+                "site": {
+                    "file": f"/work/{'d' * 450}/minted_{n}_{i}.py",
+                    "line": i + 1,
+                    "function": f"f{'u' * 80}_{i}",
+                    "text": f"x_{n}_{i} = torch.empty({'9' * 200})",
+                },
+                "bytes": (i + 1) * 4096,
+                "blocks": 1,
+                "old_blocks": 0,
+            }
+            for i in range(SITES_PER_REPLY)
+        ]
+        return {"enabled": True, "wanted": True, "supported": True, "time": time.time(),
+                "step": n, "sites": minted, "blocks": SITES_PER_REPLY, "took_s": 0.001}  # fmt: skip
 
     def serve(self, conn: socket.socket) -> None:
         try:
@@ -170,12 +219,21 @@ class Hostile:
                         )
                         continue
                     result = self.sample()
+                elif (
+                    cmd == "sites"
+                    and self.kind == "markup"
+                    and "stacks" not in (request.get("args") or {})
+                ):
+                    result = markup_sites()
+                elif cmd == "sites" and self.kind == "sites":
+                    result = self.sites()
                 elif cmd == "snapshot" and self.kind in ("escape", "slow"):
                     # Claims success without writing anything.
                     result = {"path": (request.get("args") or {}).get("path"), "devices": {}}
                 else:
+                    message = MARKUP if self.kind == "markup" else "no"
                     conn.sendall(
-                        frame({"id": rid, "error": {"code": "unavailable", "message": "no"}})
+                        frame({"id": rid, "error": {"code": "unavailable", "message": message}})
                     )
                     continue
                 conn.sendall(frame({"id": rid, "result": result}))
@@ -207,6 +265,37 @@ class Hostile:
                 conn.close()
                 continue
             threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
+
+
+def markup_oom_report(pid: int) -> dict:
+    return {
+        "time": time.time(),
+        "pid": pid,
+        "step": MARKUP,
+        "phase": MARKUP,
+        "device": 0,
+        "path": f"/tmp/{MARKUP}.json",
+        "stack": [{"file": f"/srv/{MARKUP}.py", "line": 1, "function": MARKUP, "text": MARKUP}],
+        # A setting (no blank in it: memtop copies it, as the agent's) with markup in it.
+        "diagnosis": {"cause": MARKUP, "detail": MARKUP, "fix": MARKUP_SETTING},
+    }
+
+
+def markup_sites() -> dict:
+    site = {"file": f"/srv/{MARKUP}.py", "line": 7, "function": MARKUP, "text": MARKUP}
+    entry = {"device": 0, "site": site, "bytes": GiB, "blocks": 3, "old_blocks": 3}
+    return {
+        "enabled": True,
+        "wanted": True,
+        "supported": True,
+        "sites": [entry],
+        "time": time.time(),
+        "step": 1,
+        "blocks": 3,
+        "took_s": 0.001,
+        "rounds": 1,
+        "rounds_abandoned": 0,
+    }
 
 
 def main() -> None:

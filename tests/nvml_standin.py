@@ -15,6 +15,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from memtop.sources.driver_libraries import DEV_DIR_ENV
+
 SOURCE = Path(__file__).with_name("nvml_standin.c")
 STATE_ENV = "NVML_STANDIN_STATE"
 GiB = 1 << 30
@@ -111,4 +113,10 @@ def env(library: Path, state: Path, base: dict[str, str] | None = None) -> dict[
     result = dict(os.environ if base is None else base)
     result["LD_LIBRARY_PATH"] = str(library)
     result[STATE_ENV] = str(state)
+    # As root, memtop loads NVML only where a /dev/nvidia* node exists (driver_libraries): the
+    # stand-in's box has none, so the tests say where its "device node" is (tests only).
+    dev = Path(library) / "dev"
+    dev.mkdir(exist_ok=True)
+    (dev / "nvidia0").touch()
+    result[DEV_DIR_ENV] = str(dev)
     return result

@@ -26,6 +26,7 @@ from memtop import children, protocol
 from memtop.model import SOURCE_AMDSMI, DeviceReading, DriverReading, GpuProcess
 from memtop.sources import amdsmi as amd_source
 from memtop.sources.amdsmi import NO_LIBRARY, NOT_INSTALLED, AmdSmiSource
+from memtop.sources.driver_libraries import DEV_DIR_ENV
 
 GiB = 1 << 30
 
@@ -46,6 +47,13 @@ def rocm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _env(rocm: Path | None, state: Path | None, socket_dir: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("ROCM_HOME", STATE_ENV)}
     env["ROCM_PATH"] = str(rocm) if rocm is not None else "/nonexistent-rocm"
+    if rocm is not None:
+        # As root, memtop loads libamd_smi.so only where /dev/kfd exists: the stand-in's box
+        # has none, so the test says where its "device node" is (driver_libraries, tests only).
+        dev = rocm / "dev"
+        dev.mkdir(exist_ok=True)
+        (dev / "kfd").touch()
+        env[DEV_DIR_ENV] = str(dev)
     env["MEMTOP_SOCKET_DIR"] = str(socket_dir)
     if state is not None:
         env[STATE_ENV] = str(state)

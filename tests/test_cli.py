@@ -52,6 +52,20 @@ def test_usage_errors_exit_2(args):
     assert result.stderr.strip()
 
 
+@pytest.mark.parametrize("gpus", ["17", "1000", "0"])
+def test_demo_refuses_more_gpus_than_a_box_holds_before_starting_any(socket_dir: Path, gpus: str):
+    # `--gpus 1000` started ~1,003 trainers (load 50, no output for 20 s).
+    try:
+        result = memtop("demo", "--gpus", gpus, "--no-ui", socket_dir=socket_dir, timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"--gpus {gpus} started a demo")
+    assert result.returncode == 2, result
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("memtop: --gpus")
+    if gpus != "0":
+        assert "at most 16 GPUs" in result.stderr
+    assert list(socket_dir.iterdir()) == []  # no trainer started
+
+
 def test_once_with_no_gpu_and_no_agents_says_so(socket_dir: Path):
     result = memtop("--once", socket_dir=socket_dir)
     assert result.returncode == 0

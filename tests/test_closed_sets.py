@@ -92,4 +92,13 @@ def test_the_cli_offers_the_simulators_scenarios():
     assert scenario.choices is DEMO_SCENARIOS
     assert SCENARIOS is TRAINER_SCENARIOS
     assert (*TRAINER_SCENARIOS, "mixed") == DEMO_SCENARIOS
-    assert DEMO_SCENARIOS == ("healthy", "leak", "fragment", "pressure", "oom", "mixed")
+    assert DEMO_SCENARIOS == (
+        "healthy",
+        "leak",
+        "fragment",
+        "pressure",
+        "oom",
+        "server",
+        "server-overrun",
+        "mixed",
+    )

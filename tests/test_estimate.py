@@ -974,6 +974,10 @@ def test_this_machines_amd_gpus_fit_what_is_free_now(rocm, tmp_path, socket_dir)
     state = State(gpus=[busy, idle]).write(tmp_path / "state")
     env = {k: v for k, v in os.environ.items() if k not in ("ROCM_HOME", STATE_ENV)}
     env.update(ROCM_PATH=str(rocm), MEMTOP_SOCKET_DIR=str(socket_dir), **{STATE_ENV: str(state)})
+    # As root, amdsmi's library loads only where /dev/kfd is: the stand-in's is in the test's dir.
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "kfd").touch()
+    env["MEMTOP_TEST_DEV_DIR"] = str(tmp_path / "dev")
     done = subprocess.run(
         [sys.executable, "-m", "memtop", "estimate", "--preset", "llama-7b", "--json"],
         env=env, capture_output=True, text=True, timeout=60,

@@ -262,3 +262,47 @@ def test_the_evaluation_harness_runs_and_reports_its_figures():
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(result) >= {"detection_rate", "false_alarm_rate", "median_steps_to_detect"}
     assert result["detection_rate"] >= 0.75 and result["false_alarm_rate"] <= 0.25
+
+
+def test_without_steps_a_slow_leak_under_a_tall_sawtooth_is_found_at_its_rate():
+    # 400 MiB over 30 minutes under 12 GiB of activations: each window's minimum misses the
+    # floor by up to hundreds of MiB, the floor's line under all the samples does not (issue
+    # 31.3; the detector before it said "no significant growth").
+    rate = 400 * MiB / 1800
+    times, values = sampled_sawtooth(1800, rate, activations=12 * GiB, step_time=2.3)
+    estimate = detect([], [], [], times, values, 8 * GiB)
+    assert estimate.detected, estimate.reason
+    assert estimate.bytes_per_second == pytest.approx(rate, rel=0.5)
+
+
+def server_allocated(kind: str, seconds: float = 1800, seed: int = 2):
+    """An inference server's allocated bytes at ~1 Hz: weights, request bursts, and a KV cache
+    filling to its budget in its first 40 s (the first requests) then staying (kv_fill), or the
+    model reloaded every 5 minutes, 20 s near empty each time (reload)."""
+    rng = random.Random(seed)
+    times, values, live = [], [], []
+    t = T0
+    while t - T0 < seconds:
+        t += rng.uniform(0.9, 1.1)
+        if rng.random() < 0.8:
+            live.append((t + rng.uniform(0.5, 8), rng.uniform(0.1, 1.5) * GiB))
+        live = [(until, size) for until, size in live if until > t]
+        value = 20 * GiB + sum(size for _, size in live)
+        if kind == "kv_fill":
+            value += 12 * GiB * min(1.0, (t - T0) / 40)
+        if kind == "reload" and (t - T0) % 300 > 280:
+            value = 300 * MiB
+        times.append(t)
+        values.append(float(int(value) // 512 * 512))
+    return times, values
+
+
+@pytest.mark.parametrize("kind", ["bursts", "kv_fill", "reload"])
+def test_a_server_without_steps_is_not_a_leak_at_any_moment(kind):
+    times, values = server_allocated(kind)
+    alarms = [
+        round(times[i - 1] - T0)
+        for i in range(60, len(times) + 1, 30)
+        if detect([], [], [], times[:i], values[:i], 40 * GiB).detected
+    ]
+    assert not alarms, f"called a leak at {alarms} s"

@@ -16,6 +16,9 @@ from memtop.sources.prometheus import hosts_of
 
 # agents[].devices[] of `memtop --once --json`.
 DEVICE_JSON_FIELDS = {
+    "breakdown_step",  # the step after which the breakdown was measured
+    "breakdown_age_s",  # and how long before the report
+    "workload",  # what the process is and what it reserved on purpose (a server's share)
     "index",
     "uuid",
     "name",
@@ -86,6 +89,17 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "gauge",
         "Device memory the driver charges one process (NVML per-process used).",
         (*GPU, "pid"),
+    ),
+    "memtop_process_workload_info": (
+        "gauge",
+        "One per process on a GPU whose kind is known: trainer, server (engine), preallocator.",
+        (*GPU, "pid", "kind", "engine"),
+    ),
+    "memtop_process_budget_share": (
+        "gauge",
+        "The share of the GPU a server or preallocator takes on purpose (0-1), and the "
+        "setting that sets it (vLLM's --gpu-memory-utilization, …).",
+        (*GPU, "pid", "engine", "setting"),
     ),
     "memtop_agent_info": (
         "gauge",

@@ -203,6 +203,12 @@ def test_diagnosis_names_each_cause():
     flat = _marks([10 * GiB] * 20, [30 * GiB] * 20)
     verdict = diagnose(_report(recent=flat))
     assert verdict["cause"] == "too_big" and "memtop estimate" in verdict["fix"]
+    # Which fix helps most rests on the breakdown: without one it says so (issue 31, item 7);
+    # with one, the largest part leads.
+    assert "which helps most is not known: no breakdown" in verdict["fix"]
+    measured = {"parameters": 8 * GiB, "optimizer_state": 40 * GiB, "other": 20 * GiB}
+    led = diagnose(_report(recent=flat, breakdown=measured))["fix"]
+    assert led.startswith("an 8-bit optimizer (its state is the largest part)"), led
     assert "needed 2.0 GiB in backward at step 100 with 1.0 GiB free" in verdict["detail"]
     # Fragmentation: 5.2 GiB free in the cache, no block over 1.4 GiB.
     frag = _report(
@@ -219,8 +225,15 @@ def test_diagnosis_names_each_cause():
     # ... and never suggested again to a trainer that has it on.
     verdict = diagnose({**frag, "allocator_conf": "expandable_segments:True"})
     assert "expandable_segments" not in verdict["fix"].replace("already on expandable", "")
-    # Another process: the driver has 1 GiB free, we hold 20 GiB of 80 and are under our limit.
-    other = _report(recent=flat, allocated_bytes=18 * GiB, reserved_bytes=20 * GiB)
+    # Another process: the driver has 1 GiB free, we hold 20 GiB of 80 and are under our
+    # limit, and the driver's per-process usage says 58 GiB are another process's.
+    other = _report(
+        recent=flat,
+        allocated_bytes=18 * GiB,
+        reserved_bytes=20 * GiB,
+        own_non_pytorch_bytes=512 * MiB,
+        other_processes_bytes=int(58.5 * GiB),
+    )
     verdict = diagnose(other)
     assert verdict["cause"] == "another_process"
     assert "another process took 58.5 GiB" in verdict["detail"]
@@ -562,7 +575,15 @@ def test_the_driver_split_is_read_off_the_trainers_thread(agent, allocator, oom_
 def test_own_memory_outside_pytorch_is_not_blamed_on_another_process():
     # 80 GiB GPU, 1 GiB free, this process reserved 20 GiB: 59 GiB are outside torch's cache.
     short = _report(allocated_bytes=18 * GiB, reserved_bytes=20 * GiB)
-    assert diagnose(short)["cause"] == "another_process"  # without the driver's split
+    # Without the driver's split memtop cannot tell whose the 58.5 GiB are: it says so, names
+    # both, and what tells them apart (issue 31, item 7), instead of blaming another process.
+    unknown = diagnose(short)
+    assert unknown["cause"] == "unknown_holder", unknown
+    assert "another process" not in unknown["detail"].split(":")[1].split(",")[0]
+    assert "cannot say whose" in unknown["detail"]
+    assert "another process on this GPU, or this process itself" in unknown["detail"]
+    assert "nvidia-smi --query-compute-apps" in unknown["fix"]
+    assert unknown["possibilities"] == ["another_process", "outside_pytorch"]
     own = {**short, "own_non_pytorch_bytes": 58 * GiB, "other_processes_bytes": 512 * MiB}
     verdict = diagnose(own)
     assert verdict["cause"] == "outside_pytorch", verdict

@@ -165,6 +165,19 @@ def test_refuses_to_overwrite_and_says_so_in_one_line(socket_dir: Path, tmp_path
     assert out.read_text() == "precious"
 
 
+@pytest.mark.parametrize("force", [(), ("--force",)])
+def test_a_directory_is_said_to_be_one_in_one_line(socket_dir: Path, tmp_path: Path, force):
+    # `-o DIR` said "exists; add --force", and with --force "Is a directory".
+    out = tmp_path / "runs"
+    out.mkdir()
+    result = memtop("record", "-o", str(out), "--seconds", "1", *force, socket_dir=socket_dir)
+    assert result.returncode == 1
+    assert result.stderr == (
+        f"memtop: {out} is a directory: name a file to record to, e.g. {out / 'run.memtop'}\n"
+    )
+    assert list(out.iterdir()) == []
+
+
 def test_reader_takes_a_stream_cut_anywhere(tmp_path: Path):
     path = tmp_path / "cut.memtop"
     writer = RecordWriter(path, flush_s=3600)  # flushes only when told

@@ -163,3 +163,35 @@ def test_numbers_out_of_range_are_bad_values(
     assert data["replay"]["skipped_lines"] == 5
     (agent,) = data["agents"]
     assert agent["devices"][0]["allocated_bytes"] == 1 << 30  # the good sample, not 10^400
+
+
+@pytest.mark.slow
+def test_a_long_recording_is_replayed_in_bounded_memory(tmp_path: Path) -> None:
+    # A 9 MB gzip of 400,000 valid lines took replay 850 MB (every event parsed and held): the
+    # recording is a stream now, and memory does not grow with its length.
+    path = tmp_path / "long.memtop"
+    lines = [json.dumps({"t": T0, "src": "agent", "pid": 4242, "cmd": "hello",
+                         "reply": {"result": hello_result(4242)}})]  # fmt: skip
+    for n in range(15_000):
+        t = T0 + 1 + n * 0.01
+        mark = {"step": n, "time": t, "allocated_bytes": {"0": 1 << 30}}
+        result = {**sample_result(t), "step": n, "step_marks": [mark]}
+        lines.append(json.dumps({"t": t, "src": "agent", "pid": 4242, "cmd": "sample",
+                                 "reply": {"result": result}}))  # fmt: skip
+    path.write_bytes(gzip.compress(HEADER + "\n".join(lines).encode() + b"\n", 6))
+    from memtop.playback import Player
+    from memtop.store import Store
+
+    tracemalloc.start()
+    try:
+        recording = load(path)
+        player = Player(Store(), recording)
+        player.seek(recording.end)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert player.at_end and recording.duration == pytest.approx(1 + 14_999 * 0.01)
+    assert recording.skipped_count == 0
+    agent = player.store.agent(4242)
+    assert agent is not None and agent.step == 14_999  # every sample was applied
+    assert peak < 12 << 20, peak  # 6 MB now; 21 MB when the events were held

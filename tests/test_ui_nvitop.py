@@ -105,6 +105,26 @@ def test_filter_with_slash_keeps_and_escape_clears() -> None:
     drive(frozen_app(), body)
 
 
+def test_the_slash_filter_filters_the_suggestions_too() -> None:
+    # `/gpu1` filtered the table but the pane kept suggesting about GPU 0's trainers.
+    async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
+        everything = app.suggestions.items
+        assert {i.pid for i in everything} - {None, 4201, 7002}, "nothing about GPU 0 to hide"
+        await pilot.press("slash")
+        for key in "gpu1":
+            await pilot.press(key)
+        await pilot.pause(0.05)
+        assert pids(app) == [4201, 7002]
+        shown = app.suggestions.items
+        assert shown and all(
+            i.pid in (4201, 7002) if i.pid is not None else i.device in (None, 1) for i in shown
+        ), [(i.pid, i.device, i.title) for i in shown]
+        await pilot.press("escape")  # the filter cleared: every suggestion again
+        assert app.suggestions.items == everything
+
+    drive(frozen_app(), body)
+
+
 def test_keys_typed_fast_after_slash_are_the_filters() -> None:
     # A terminal delivers "/leak" typed (or pasted) fast as five keys queued at once. The
     # filter line took focus only after them: "lea" went nowhere, and `k` opened the kill

@@ -120,7 +120,7 @@ def test_detail_of_a_cpu_only_trainer_says_its_agent_is_there() -> None:
         assert "agent · step 689" in screen
         assert "No agent" not in screen and "No memtop agent" not in screen
         assert "The agent is running" in screen and "CPU only" in screen
-        assert "Nothing to judge: this process uses no CUDA device" in screen
+        assert "No CUDA device (CPU only): judged by its host memory" in screen
 
     drive(frozen_app(cpu_only_store()), body)
 

@@ -32,6 +32,7 @@ from memtop.agent.probe import SAMPLE_STAT_KEYS, ProbeDevice
 from memtop.agent.snapshot_summary import summarize_snapshot
 from memtop.protocol import replies
 from memtop.protocol.commands import cooldown_s
+from memtop.protocol.environment import ENGINE_ENVIRONMENT
 from memtop.protocol.framing import (
     E_BAD_REQUEST,
     E_FAILED,
@@ -197,6 +198,7 @@ class Commands:
             scheduler=agent.scheduler,
             rendezvous=agent.rendezvous,
             allocator_settings=self.settings_in_force(),
+            engine_environment=_engine_environment(),
         )
 
     def settings_in_force(self) -> str | None:
@@ -671,3 +673,10 @@ def _mark_layout_arg(request: Request) -> str:
     if layout not in ("rows", "columns"):
         raise ProtocolError(E_BAD_REQUEST, '\'mark_layout\' must be "rows" or "columns"')
     return str(layout)
+
+
+def _engine_environment() -> dict[str, str]:
+    """The ENGINE_ENVIRONMENT variables of the trainer's environment (a dictionary lookup each,
+    no other variable read: an environment holds secrets)."""
+    environ = os.environ
+    return {name: environ[name][:64] for name in ENGINE_ENVIRONMENT if name in environ}

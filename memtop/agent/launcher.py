@@ -41,6 +41,7 @@ def run_program(target: str, args: list[str], as_module: bool) -> int:
 
     SystemExit raised by the program propagates, as from python.
     """
+    _import_the_agent()
     if as_module:
         check_module(target)
         sys.path[0:1] = [os.getcwd()]
@@ -66,6 +67,17 @@ def run_program(target: str, args: list[str], as_module: bool) -> int:
         print_user_traceback(exc)
         return 1
     return 0
+
+
+def _import_the_agent() -> None:
+    """Import what the agent runs on (memtop's modules and the standard library's) while the
+    import path is still memtop's own: from here on its first entry is the program's folder
+    (or, for -m, the current directory), where a `json.py` or `socket.py` is the program's
+    business, not memtop's.  Root running `memtop run` in a folder another user can write
+    imported that user's `json.py` for the agent, as root, before the program started."""
+    import pkgutil  # noqa: F401  (runpy.run_path imports it when it hands over)
+
+    from memtop.agent import auto_cleanup, lazy_probe, server  # noqa: F401
 
 
 def _environment_for_children() -> None:

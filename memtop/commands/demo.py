@@ -13,11 +13,20 @@ from memtop.commands.watch import paint_header, watch
 from memtop.errors import MemtopError
 
 
+class DemoUsageError(MemtopError):
+    """A flag's value the demo cannot use: one line, exit 2 (as argparse's usage errors)."""
+
+    exit_code = 2
+
+
 def run(args: argparse.Namespace) -> int:
     from memtop import protocol
+    from memtop.sim import demo as demo_module
     from memtop.sim.demo import Demo
 
     gpus = args.gpus if args.gpus is not None else (2 if args.scenario == "mixed" else 1)
+    if not 1 <= gpus <= demo_module.MAX_GPUS:  # before any trainer starts: a usage error
+        raise DemoUsageError(demo_module.gpus_problem(gpus))
     # The trainers would refuse an unsafe socket directory one by one: say it once, up front.
     protocol.ensure_socket_dir(args.socket_dir)
     # With the dashboard, the trainers' messages go to a log: on its terminal they would be

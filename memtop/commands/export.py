@@ -34,6 +34,9 @@ def run(args: argparse.Namespace) -> int:
             raise
         try:
             exporter.round()  # "serving" is said once there is something to serve
+            # `--only 99` on a machine without a GPU 99 exported nothing and said nothing.
+            for line in exporter.scope.missing(exporter.observer.latest()):
+                print(f"memtop export: warning: {line}", file=sys.stderr, flush=True)
             scheme = "https" if config is not None and config.tls else "http"
             print(f"memtop export: serving {scheme}://{host}:{port}/metrics", flush=True)
             if exporter.exposed:

@@ -64,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     demo = sub.add_parser("demo", help="simulated GPUs and trainers, then the dashboard")
-    demo.add_argument("--gpus", type=int, default=None, help="simulated GPUs (default 1; mixed: 2)")
+    demo.add_argument(
+        "--gpus", type=int, default=None, help="simulated GPUs, 1 to 16 (default 1; mixed: 2)"
+    )
     demo.add_argument(
         "--scenario",
         default="mixed",

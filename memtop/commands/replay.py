@@ -49,7 +49,7 @@ def open_recording(path: Path) -> Recording:
     from memtop.sources.replay import load
 
     recording = load(path)  # a RecordError is said in one line
-    if not recording.events:
+    if next(recording.stream(), None) is None:  # the first event read, not all of them
         raise ReplayError(f"{path}: the recording holds nothing to replay")
     return recording
 

@@ -9,13 +9,15 @@ import os
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from memtop import children
 from memtop.commands import EXIT_OK, common
 from memtop.commands.common import TERMINAL_FD
 
 if TYPE_CHECKING:
+    from memtop.observation import Observation
+    from memtop.scope import Scope
     from memtop.ui.config import UiConfig
 
 ONCE_EXTRA_ROUNDS = 6
@@ -56,7 +58,7 @@ def once(args: argparse.Namespace) -> int:
         whole = Observer(sampler.store).latest()
         for line in scope.missing(whole):
             print(f"memtop: warning: {line}", file=sys.stderr)
-        data = report.build(scope.apply(whole))
+        data = scoped_report(scope, whole)
     finally:
         sampler.stop()
     if args.json:
@@ -64,6 +66,17 @@ def once(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(report.render_text(data))
     return EXIT_OK
+
+
+def scoped_report(scope: Scope, whole: Observation) -> dict[str, Any]:
+    """The report of what `scope` shows, with `filtered_out`: what it hid, in one line (None
+    when it hid nothing), which the text says instead of "no GPUs and no agents found"."""
+    from memtop import report
+
+    shown = scope.apply(whole)
+    data = report.build(shown)
+    data["filtered_out"] = scope.hidden(whole, shown)
+    return data
 
 
 def _first_round_wait_s() -> float:
@@ -186,7 +199,7 @@ def _text_view(args: argparse.Namespace, simulated_only: bool) -> int:
                 warned = True
                 for line in scope.missing(whole):
                     print(f"memtop: warning: {line}", file=sys.stderr, flush=True)
-            data = report.build(scope.apply(whole))
+            data = scoped_report(scope, whole)
             text = report.render_text(data)
             if interactive:
                 sys.stdout.write("\x1b[H\x1b[2J" + text + "\n(Ctrl-C to quit)\n")

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from memtop.diagnosis.facts import DeviceDiagnosis, GpuFacts
+from memtop.diagnosis.facts import DeviceDiagnosis, GpuFacts, HostDiagnosis
 from memtop.diagnosis.fragmentation import (
     GAUGE_SAMPLES,
     PRESSURE_WINDOW_S,
@@ -27,6 +27,7 @@ from memtop.diagnosis.leak import MAX_MARKS, LeakEstimate, detect
 from memtop.diagnosis.ranks import with_job_peers
 from memtop.diagnosis.sites import site_trends
 from memtop.diagnosis.suggestions import Suggestion
+from memtop.diagnosis.workload import Workload, flat_high_share, of_agent
 from memtop.oom.diagnose import growing_batch
 
 if TYPE_CHECKING:  # the store's view is only read: the package stays light
@@ -37,6 +38,7 @@ __all__ = [
     "Diagnoser",
     "Diagnosis",
     "GpuFacts",
+    "HostDiagnosis",
     "LeakEstimate",
     "Suggestion",
 ]
@@ -56,6 +58,8 @@ class Diagnosis:
     devices: dict[tuple[int, int], DeviceDiagnosis]  # by (pid, device index)
     gpus: tuple[GpuFacts, ...]
     suggestions: tuple[Suggestion, ...]
+    # Host memory of the processes that use no CUDA device (CPU trainers), by pid.
+    hosts: dict[int, HostDiagnosis] = field(default_factory=dict)
 
     def device(self, pid: int, index: int) -> DeviceDiagnosis | None:
         return self.devices.get((pid, index))
@@ -70,10 +74,43 @@ class Diagnoser:
 
     leak_refresh_s: float = LEAK_REFRESH_S
     _leaks: dict[tuple[int, int], tuple[float, LeakEstimate]] = field(default_factory=dict)
+    _host_leaks: dict[int, tuple[float, LeakEstimate]] = field(default_factory=dict)
 
     def forget(self) -> None:
         """Judge every device anew next time (see Observer.forget)."""
         self._leaks.clear()
+        self._host_leaks.clear()
+
+    def diagnose_hosts(self, view: RoundView, now: float) -> dict[int, HostDiagnosis]:
+        """The host memory of each agent that uses no CUDA device (a CPU trainer), by pid: its
+        RSS after each step is its baseline, judged as a device's allocated bytes are."""
+        hosts: dict[int, HostDiagnosis] = {}
+        for agent in view.agents:
+            memory = agent.host_memory
+            if agent.devices or memory is None:
+                continue
+            cached = self._host_leaks.get(agent.pid)
+            if cached is not None and 0 <= now - cached[0] < self.leak_refresh_s:
+                leak = cached[1]
+            else:
+                marks, history = agent.host_marks, agent.host_history
+                headroom = (
+                    max(0, memory.total_bytes - memory.rss_bytes) if memory.total_bytes else None
+                )
+                leak = detect(
+                    _newest(marks, "step", MAX_MARKS),
+                    _newest(marks, "time", MAX_MARKS),
+                    _newest(marks, "rss", MAX_MARKS),
+                    _newest(history, "time"),
+                    _newest(history, "rss"),
+                    headroom_bytes=headroom,
+                )
+                self._host_leaks[agent.pid] = (now, leak)
+            hosts[agent.pid] = HostDiagnosis(
+                agent.pid, memory.rss_bytes, memory.peak_rss_bytes, memory.total_bytes, leak
+            )
+        self._host_leaks = {k: v for k, v in self._host_leaks.items() if k in hosts}
+        return hosts
 
     def diagnose_devices(
         self, view: RoundView, now: float
@@ -82,12 +119,16 @@ class Diagnoser:
         devices: dict[tuple[int, int], DeviceDiagnosis] = {}
         for agent in view.agents:
             for dev in agent.devices:
-                devices[(agent.pid, dev.index)] = self._device(agent, dev, now)
+                info = view.processes.get(agent.pid)
+                launcher = info.launcher_cmdline if info is not None else ()
+                devices[(agent.pid, dev.index)] = self._device(agent, dev, now, launcher)
         self._leaks = {k: v for k, v in self._leaks.items() if k in devices}
         owners = {pid: info.uid for pid, info in view.processes.items()}
         return with_job_peers(devices, view.agents, owners)
 
-    def _device(self, agent: AgentView, dev: AgentDeviceView, now: float) -> DeviceDiagnosis:
+    def _device(
+        self, agent: AgentView, dev: AgentDeviceView, now: float, launcher_argv: Sequence[str] = ()
+    ) -> DeviceDiagnosis:
         latest = dev.latest
         key = (agent.pid, dev.index)
         history, marks = dev.history, dev.marks
@@ -142,16 +183,43 @@ class Diagnoser:
             pressure=pressure_now,
             breakdown=(agent.breakdown or {}).get(dev.index),
             breakdown_measured=agent.breakdown is not None,
+            breakdown_step=agent.breakdown_step if agent.breakdown is not None else None,
+            breakdown_time=agent.breakdown_time if agent.breakdown is not None else None,
             # The settings in force (`memtop tune` changes them), not the environment's.
             allocator_conf=agent.settings_in_force,
             hip=_hip(agent.hello.extra.get("hip") if agent.hello else None),
             last_oom=last_oom,
             oom_growth=oom_growth,
             sites=site_trends(agent.sites, dev.index, leak) if agent.sites else (),
+            workload=_workload(agent, dev, launcher_argv),
         )
 
 
 _PRESSURE_COLUMNS = ("time", "num_alloc_retries", "num_ooms")
+
+
+def _workload(agent: AgentView, dev: AgentDeviceView, launcher_argv: Sequence[str]) -> Workload:
+    """What the process is (memtop.diagnosis.workload), from its hello, its steps and its
+    reserved bytes since the first sample the store keeps."""
+    hello = agent.hello
+    environ = hello.extra.get("engine_environment") if hello is not None else None
+    stepped = bool(agent.step) or bool(dev.marks.get("step", ()))
+    latest = dev.latest
+    pattern = None
+    if not stepped:
+        pattern = flat_high_share(
+            dev.history.get("reserved", ()),
+            latest.total_bytes,
+            latest.num_alloc_retries,
+            latest.num_ooms,
+        )
+    return of_agent(
+        hello.argv if hello is not None else (),
+        environ if isinstance(environ, dict) else None,
+        launcher_argv,
+        stepped,
+        pattern,
+    )
 
 
 def _newest(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -9,6 +10,7 @@ from memtop import alloc_conf
 from memtop.diagnosis.fragmentation import Fragmentation, Pressure
 from memtop.diagnosis.leak import LeakEstimate
 from memtop.diagnosis.sites import SiteTrend
+from memtop.diagnosis.workload import Workload, WorkloadKind
 from memtop.model import AgentDeviceSample
 
 
@@ -74,6 +76,10 @@ class DeviceDiagnosis(ReadsSample):
     # Whether the agent has measured a breakdown at all: `breakdown` is None both before the
     # first measurement and when it found no optimizer holding this device's parameters.
     breakdown_measured: bool = False
+    # The step after which the breakdown was measured, and when (unix time: its age is the
+    # reader's to say, so that this value does not change every round).
+    breakdown_step: int | None = None
+    breakdown_time: float | None = None
     # Its job's other ranks in view (memtop.diagnosis.ranks): its rank, the job's label, how
     # many other ranks, and the median of their peaks.
     rank: int | None = None
@@ -82,6 +88,15 @@ class DeviceDiagnosis(ReadsSample):
     peers_median_peak_bytes: int | None = None
     # Live memory by the user's line (stack recording on), largest first; the leak's marked.
     sites: tuple[SiteTrend, ...] = ()
+    # What the process is (memtop.diagnosis.workload): a trainer, a server with the share it
+    # asked for, a PyTorch process with no steps.  None: not judged (taken for a trainer).
+    workload: Workload | None = None
+
+    @property
+    def trains(self) -> bool:
+        """Whether the rules for a training loop apply (8-bit optimizer, checkpointing, a
+        bigger batch): not to a server, nor to a process that has never stepped."""
+        return self.workload is None or self.workload.kind == WorkloadKind.TRAINER
 
     @property
     def transient_bytes(self) -> int | None:
@@ -97,6 +112,19 @@ class DeviceDiagnosis(ReadsSample):
 
 
 @dataclass(frozen=True, slots=True)
+class HostDiagnosis:
+    """A process's own host memory (a CPU trainer's only memory): its resident set now, and the
+    leak verdict on its RSS right after each step (the host's per-step baseline), or over time
+    without steps."""
+
+    pid: int
+    rss_bytes: int | None
+    peak_rss_bytes: int | None
+    total_bytes: int | None  # the machine's memory
+    leak: LeakEstimate
+
+
+@dataclass(frozen=True, slots=True)
 class GpuFacts:
     """One physical GPU: the driver's view and every agent device on it."""
 
@@ -107,6 +135,9 @@ class GpuFacts:
     used_bytes: int | None
     processes: tuple[tuple[int, int | None], ...]  # (pid, used bytes) from NVML
     agents: tuple[DeviceDiagnosis, ...] = field(default=())
+    # What each process without an agent is, where its command line or environment says
+    # (memtop.diagnosis.workload), by pid: a vLLM without an agent still asked for its share.
+    workloads: Mapping[int, Workload] = field(default_factory=dict)
 
     @property
     def used_share(self) -> float | None:

@@ -9,18 +9,21 @@ agent.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Container, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from memtop.diagnosis.facts import (
     DeviceDiagnosis,
     GpuFacts,
+    HostDiagnosis,
     has_expandable_segments,
     parse_allocator_conf,
     uses_async_backend,
 )
 from memtop.diagnosis.sites import leaking_site
+from memtop.diagnosis.workload import BudgetBasis, Workload
 from memtop.estimate.calibrate import BatchModel
 from memtop.model import Choice, Severity
 from memtop.sites import site_name, stack_phrase
@@ -86,6 +89,7 @@ class RuleId(Choice):
     EIGHT_BIT_OPTIMIZER = "8bit_optimizer"
     BF16_PARAMETERS = "bf16_parameters"
     BIGGER_BATCH = "bigger_batch"
+    HOST_LEAK = "host_leak"  # a CPU trainer's RSS after each step grows
 
 
 class EffectKind(Choice):
@@ -109,6 +113,10 @@ class Suggestion:
     evidence: str
     fix: str | None = None  # one line a user can copy
     effect_bytes: int | None = None  # bytes saved / freed / made usable, when known
+    # An OOM report's fix is the agent's words (a trainer wrote the report), and most are
+    # advice in prose ("cap the batch at about 80 % ..."), not a line to paste into a shell.
+    fix_by_agent: bool = False
+    fix_is_prose: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -121,6 +129,10 @@ class Suggestion:
             "evidence": self.evidence,
             "fix": self.fix,
             "effect_bytes": self.effect_bytes,
+            # What `fix` is: a command or setting ("command") or advice in words ("prose"),
+            # and whose words ("memtop", or "agent": from a trainer's OOM report).
+            "fix_kind": None if not self.fix else "prose" if self.fix_is_prose else "command",
+            "fix_by": None if not self.fix else "agent" if self.fix_by_agent else "memtop",
         }
 
     @property
@@ -164,6 +176,8 @@ class Finding:
     evidence: str
     fix: str | None = None
     effect_bytes: int | None = None
+    fix_by_agent: bool = False  # see Suggestion
+    fix_is_prose: bool = False
 
 
 # Whether the suggestion of this rule at (pid, device) is on screen now (hysteresis).
@@ -218,6 +232,8 @@ class Rule:
                 f.evidence,
                 f.fix,
                 f.effect_bytes,
+                f.fix_by_agent,
+                f.fix_is_prose,
             )
 
 
@@ -233,12 +249,19 @@ def _heaviest(gpu: GpuFacts) -> DeviceDiagnosis | None:
 
 
 def _usage(gpu: GpuFacts, held: Held) -> Iterator[tuple[int | None, int | None, Finding]]:
-    """85 % warning, 90 % critical, 95 % emergency of the device's memory in use."""
+    """85 % warning, 90 % critical, 95 % emergency of the device's memory in use; info when the
+    usage is what an inference server or a preallocator on it asked for (_own_request)."""
     share = gpu.used_share
     if share is None or gpu.used_bytes is None:
         return
     heaviest = _heaviest(gpu)
-    pid, device = (heaviest.pid, heaviest.index) if heaviest else (None, gpu.index)
+    asking = _preallocators(gpu)
+    pid: int | None
+    device: int | None
+    if asking:
+        pid, device = asking[0][0], (asking[0][2].index if asking[0][2] else gpu.index)
+    else:
+        pid, device = (heaviest.pid, heaviest.index) if heaviest else (None, gpu.index)
     was = held(pid, device)
     severity = next(
         (level for limit, level in USAGE_LEVELS if _at_least(share, limit, was, share=True)), None
@@ -246,6 +269,10 @@ def _usage(gpu: GpuFacts, held: Held) -> Iterator[tuple[int | None, int | None, 
     if severity is None:
         return
     evidence = f"{format_bytes(gpu.used_bytes)} of {format_bytes(gpu.total_bytes)} used"
+    if asking:
+        within = _own_request(gpu, share, asking)
+        yield pid, device, _server_usage(gpu, share, severity, asking, within, evidence)
+        return
     if heaviest is not None:
         evidence += (
             f"; pid {heaviest.pid} reserves {format_bytes(heaviest.reserved_bytes)}"
@@ -258,6 +285,12 @@ def _usage(gpu: GpuFacts, held: Held) -> Iterator[tuple[int | None, int | None, 
             "could give back (c in the dashboard)."
         )
         fix: str | None = f"memtop cleanup {cached[0].pid}"
+    elif heaviest is not None and not heaviest.trains:
+        detail = (
+            f"pid {heaviest.pid} has not stepped (not a training loop): what it keeps allocated "
+            "is its own; lower what it loads or caches, or move other processes off this GPU."
+        )
+        fix = None
     else:
         detail = (
             "The next larger batch or sequence may not fit: lower the batch size or sequence "
@@ -278,6 +311,108 @@ def _usage(gpu: GpuFacts, held: Held) -> Iterator[tuple[int | None, int | None, 
     )
 
 
+# What a server or a preallocator may hold beyond its share and still be within its request:
+# a CUDA context, NCCL's buffers and the like, which vLLM's own share includes only roughly.
+OWN_REQUEST_TOLERANCE = 0.03
+
+Asking = tuple[int, Workload, DeviceDiagnosis | None]  # (pid, what it is, its agent device)
+
+
+def _preallocators(gpu: GpuFacts) -> list[Asking]:
+    """The processes on the GPU that asked for a share of it on purpose, largest first."""
+    found: list[Asking] = [
+        (a.pid, a.workload, a)
+        for a in gpu.agents
+        if a.workload is not None and a.workload.preallocates
+    ]
+    found += [(pid, w, None) for pid, w in gpu.workloads.items() if w.preallocates]
+    return sorted(found, key=lambda x: -(x[1].budget_share or 0.0))
+
+
+def _asked_share(workload: Workload) -> float:
+    """The most of the GPU its setting lets it take: its share of the total; for a share of the
+    memory free after its weights (TensorRT-LLM), up to all of it."""
+    if workload.basis == BudgetBasis.FREE:
+        return 1.0
+    return workload.budget_share or 0.0
+
+
+def _trouble(agent: DeviceDiagnosis | None) -> str | None:
+    """What says a preallocator is short of its own share: retries, OOMs, growth."""
+    if agent is None:
+        return None
+    p = agent.pressure
+    ooms = p.ooms_recent if p.ooms_recent is not None else p.ooms
+    retries = p.retries_recent if p.retries_recent is not None else p.retries
+    if ooms:
+        return f"{ooms} out-of-memory error{'s' if ooms != 1 else ''}"
+    if retries:
+        return f"{retries} allocation retr{'ies' if retries != 1 else 'y'} (cache flushed)"
+    if agent.leak.detected:
+        return "its memory grows"
+    return None
+
+
+def _own_request(gpu: GpuFacts, share: float, asking: list[Asking]) -> bool:
+    """Whether the GPU's usage is what its preallocators asked for: no more than the sum of
+    their shares (and a context each), and none of them retrying, out of memory or growing."""
+    asked = sum(_asked_share(w) for _, w, _ in asking)
+    if share > asked + OWN_REQUEST_TOLERANCE:
+        return False
+    return all(_trouble(agent) is None for _, _, agent in asking)
+
+
+def _server_usage(
+    gpu: GpuFacts,
+    share: float,
+    severity: Severity,
+    asking: list[Asking],
+    within: bool,
+    evidence: str,
+) -> Finding:
+    pid, workload, agent = asking[0]
+    what = workload.label or "a preallocating process"
+    setting = workload.setting or "its own sizing"
+    evidence += "; " + ", ".join(
+        f"pid {p} {w.label} ({w.setting or w.source})" for p, w, _ in asking
+    )
+    if within:
+        seen = "flat, no retries or OOMs" if agent is not None else "retries not visible: no agent"
+        return Finding(
+            severity=INFO,
+            title=f"GPU {gpu.index} at {_pct(share)}: {what}, reserved on purpose",
+            detail=(
+                f"pid {pid} takes its share when it starts ({setting}) for its weights and "
+                "cache, and keeps it: usage within its own request is not pressure. To leave "
+                f"room for other processes on this GPU, start it with a lower {_flag_of(setting)}."
+            ),
+            evidence=f"{evidence}; {seen}",
+        )
+    trouble = _trouble(agent)
+    asked = sum(_asked_share(w) for _, w, _ in asking)
+    beyond = (
+        f"the GPU is at {_pct(share)}, beyond the {asked:.2f} it asked for"
+        if share > asked + OWN_REQUEST_TOLERANCE
+        else f"within the {asked:.2f} it asked for, but with {trouble}"
+    )
+    return Finding(
+        severity=severity,
+        title=f"GPU {gpu.index} memory at {_pct(share)}: {what} past its request",
+        detail=(
+            f"pid {pid} asked for its share ({setting}) and {beyond}. Something beyond its "
+            f"request holds memory: another process on this GPU, or the engine itself outside "
+            f"its pool; lower {_flag_of(setting)} or move the other processes."
+        ),
+        evidence=evidence + (f"; {trouble}" if trouble else ""),
+        effect_bytes=max(0, (gpu.used_bytes or 0) - int(min(1.0, asked) * gpu.total_bytes)),
+    )
+
+
+def _flag_of(setting: str) -> str:
+    """The flag or variable of a setting ("--gpu-memory-utilization 0.92" → the flag)."""
+    return setting.split(" ", 1)[0].split("=", 1)[0] or setting
+
+
 # The causes of memtop.oom.diagnose, as a suggestion's title says them.
 OOM_CAUSES = {
     "growing_batch": "the batch grows",
@@ -285,6 +420,7 @@ OOM_CAUSES = {
     "fragmentation": "fragmentation",
     "another_process": "another process holds the GPU",
     "outside_pytorch": "memory outside PyTorch in this process",
+    "unknown_holder": "memory outside PyTorch, whose is not known",
     "too_big": "the step does not fit",
 }
 
@@ -317,6 +453,8 @@ def _out_of_memory(agent: DeviceDiagnosis, gpu: GpuFacts, held: bool) -> Finding
                 f"report: memtop oom {report.get('path') or ''}".rstrip()
             ),
             fix=str(verdict.get("fix") or ""),
+            fix_by_agent=True,
+            fix_is_prose=not is_setting(str(verdict.get("fix") or "")),
         )
     growth = agent.oom_growth
     if growth is not None:
@@ -331,6 +469,7 @@ def _out_of_memory(agent: DeviceDiagnosis, gpu: GpuFacts, held: bool) -> Finding
             detail=str(growth["detail"]),
             evidence=f"num_ooms {p.ooms}, num_alloc_retries {p.retries}; step marks",
             fix=str(growth["fix"]),
+            fix_is_prose=not is_setting(str(growth["fix"])),
         )
     return Finding(
         severity=CRITICAL,
@@ -341,6 +480,17 @@ def _out_of_memory(agent: DeviceDiagnosis, gpu: GpuFacts, held: bool) -> Finding
         ),
         evidence=f"num_ooms {p.ooms}, num_alloc_retries {p.retries}",
     )
+
+
+# `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`: the one kind of OOM fix that is a line to
+# paste (memtop.oom.diagnose words every other as advice).
+_SETTING = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=\S+")
+
+
+def is_setting(fix: str) -> bool:
+    """Whether an OOM verdict's fix is an environment setting (NAME=value, no space in it)
+    rather than advice in words."""
+    return _SETTING.fullmatch(fix) is not None
 
 
 def _fragmented(agent: DeviceDiagnosis, held: bool) -> bool:
@@ -442,6 +592,13 @@ LEAK_CULPRITS = (
 )
 
 
+LEAK_WITHOUT_STACKS = (
+    "Which line it is, memtop cannot tell without stack recording (off): press w on the "
+    "process (or run it with MEMTOP_STACKS=1) and the line whose blocks outlive their step is "
+    "named."
+)
+
+
 LEAK_AT_SITE = (
     "Something keeps what that line returns alive across steps: a list it is appended to, a "
     "running total with its graph (`total += loss`: use `loss.item()`), an output stored for "
@@ -476,6 +633,9 @@ def _leak(agent: DeviceDiagnosis, gpu: GpuFacts, held: bool) -> Finding | None:
     if estimate.steps_to_full is not None:
         eta += f" ({estimate.steps_to_full} steps)"
     title, detail = f"Leak: {rate}{eta}", LEAK_CULPRITS
+    if not agent.sites:
+        # Which of those it is rests on a reading memtop does not have: say which and how.
+        detail = f"{LEAK_CULPRITS} {LEAK_WITHOUT_STACKS}"
     culprit = leaking_site(agent.sites)
     named = site_name(_site_dict(culprit.site)) if culprit is not None else None
     if culprit is not None and named is not None:
@@ -505,6 +665,8 @@ def _leak(agent: DeviceDiagnosis, gpu: GpuFacts, held: bool) -> Finding | None:
 
 
 def _eight_bit_optimizer(agent: DeviceDiagnosis, gpu: GpuFacts, was: bool) -> Finding | None:
+    if not agent.trains:
+        return None  # a server or a loop without steps has no optimizer state to shrink
     state = (agent.breakdown or {}).get("optimizer_state", 0)
     peak = agent.peak_bytes
     if peak <= 0 or not _at_least(state, max(BIG_ENOUGH, OPTIMIZER_SHARE * peak), was):
@@ -548,6 +710,8 @@ def _bf16_parameters(agent: DeviceDiagnosis, gpu: GpuFacts, was: bool) -> Findin
 
 
 def _gradient_checkpointing(agent: DeviceDiagnosis, gpu: GpuFacts, was: bool) -> Finding | None:
+    if not agent.trains:
+        return None  # no backward pass keeps activations in a server
     share_used = gpu.used_share or 0.0
     breakdown = agent.breakdown
     if breakdown is None or agent.peak_bytes <= 0:
@@ -637,6 +801,8 @@ def bigger_batch_vetoed(agent: DeviceDiagnosis) -> str | None:
 
 
 def _bigger_batch(agent: DeviceDiagnosis, gpu: GpuFacts, was: bool) -> Finding | None:
+    if not agent.trains:
+        return None  # a server sizes its batches itself; a loop without steps has no batch seen
     share = gpu.used_share
     if share is None or gpu.process_count != 1 or len(gpu.agents) != 1:
         return None  # only a trainer alone on its GPU can count the free memory as its own
@@ -750,6 +916,71 @@ bigger_batch = Rule(
     veto=bigger_batch_vetoed,
 )
 
+
+def _no_gpu_findings(gpu: GpuFacts, held: Held) -> Iterator[tuple[int | None, int | None, Finding]]:
+    """A rule judged on processes, not GPUs (host_leak_suggestions): nothing per GPU."""
+    return iter(())
+
+
+host_leak = Rule(
+    RuleId.HOST_LEAK,
+    _no_gpu_findings,
+    effect_words="+{}/hour",
+    effect_kind=EffectKind.GROWTH,
+    short_title="host leak",
+)
+
+HOST_LEAK_CULPRITS = (
+    "Something keeps each step's tensors alive in host memory: a loss or logits kept with "
+    "their graph (`losses.append(loss)`: append `loss.item()`, or `.detach()` what you keep), "
+    "outputs appended to a list, a cache keyed by step, hooks that store their inputs."
+)
+
+
+def host_leak_suggestions(hosts: Iterable[HostDiagnosis]) -> list[Suggestion]:
+    """A CPU trainer whose RSS after each step grows (DESIGN §5's leak, on host memory)."""
+    found = []
+    for host in hosts:
+        estimate = host.leak
+        if not estimate.detected:
+            continue
+        seconds = estimate.seconds_to_full
+        severity = (
+            EMERGENCY
+            if seconds is not None and seconds < 300
+            else CRITICAL
+            if seconds is not None and seconds < 3600
+            else WARNING
+        )
+        if estimate.bytes_per_step is not None:
+            rate = f"+{format_bytes(estimate.bytes_per_step)} per step"
+            basis = "the resident set right after each step grows"
+        else:
+            rate = f"+{format_bytes((estimate.bytes_per_second or 0) * 60)}/min"
+            basis = "the lowest resident set over time grows (no steps seen)"
+        eta = f", machine full in ~{format_duration(seconds)}" if seconds is not None else ""
+        found.append(
+            Suggestion(
+                RuleId.HOST_LEAK,
+                severity,
+                host.pid,
+                None,
+                f"Host memory leak: {rate}{eta}",
+                HOST_LEAK_CULPRITS,
+                (
+                    f"RSS {format_bytes(host.rss_bytes)}; confidence "
+                    f"{100 * estimate.confidence:.1f} % over {estimate.samples} samples; {basis}"
+                ),
+                effect_bytes=(
+                    round(estimate.bytes_per_second * 3600)
+                    if estimate.bytes_per_second is not None
+                    else None
+                ),
+            )
+        )
+    return found
+
+
 RULES: tuple[Rule, ...] = (
     usage,
     out_of_memory,
@@ -761,6 +992,7 @@ RULES: tuple[Rule, ...] = (
     eight_bit_optimizer,
     bf16_parameters,
     bigger_batch,
+    host_leak,
 )
 RULES_BY_ID: dict[str, Rule] = {rule.id: rule for rule in RULES}
 # The vetoes by rule, for memtop.diagnosis.stability (each is its rule record's).
@@ -778,4 +1010,41 @@ def suggest(
     judged against their exit limits (hysteresis)."""
     rules = tuple(rules)
     found = [s for gpu in gpus for rule in rules for s in rule(gpu, held=held)]
+    return most_severe_first(found)
+
+
+def most_severe_first(found: Iterable[Suggestion]) -> list[Suggestion]:
     return sorted(found, key=lambda s: (-Severity(s.severity).rank, s.pid or 0, s.device or 0))
+
+
+def last_seen_leaks(exited: Iterable[DeviceDiagnosis]) -> list[Suggestion]:
+    """The leak verdicts of trainers that have exited, while their rows stay: the leak is still
+    the code's to fix (it vanished with the process, the row staying a minute without it).
+    Marked as last seen; no time to full and no growth (nothing grows any more), a warning."""
+    found = []
+    for dev in exited:
+        if not dev.leak.detected:
+            continue
+        stopped = replace(dev, leak=replace(dev.leak, seconds_to_full=None, steps_to_full=None))
+        finding = _leak(stopped, _alone(stopped), False)
+        if finding is None:
+            continue
+        title = finding.title.removeprefix("Leak: ")
+        found.append(
+            Suggestion(
+                RuleId.LEAK,
+                WARNING,
+                dev.pid,
+                dev.index,
+                f"Leak, last seen before pid {dev.pid} exited: {title}",
+                finding.detail,
+                finding.evidence,
+                finding.fix,
+                None,
+            )
+        )
+    return found
+
+
+def _alone(dev: DeviceDiagnosis) -> GpuFacts:
+    return GpuFacts(dev.uuid, dev.index, "", dev.total_bytes, None, (), (dev,))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from memtop.model import AgentBreakdown, AgentSample, HostMemory, StepMark
+from memtop.sources.agent_sanity import host_memory_problem, this_machine_bytes
 from memtop.sources.recording import RecordError
 from memtop.sources.replay import load
 
@@ -115,7 +116,8 @@ def from_replies(pid: int, sample: AgentSample, breakdown: AgentBreakdown | None
     peak since the trainer started (or since a dashboard's `r`), its reserved bytes now."""
     if not sample.devices or max(d.torch_peak for d in sample.devices) <= 0:
         if sample.host_memory is not None:
-            return _host(pid, sample.host_memory, HostMarks().add(sample.step_marks))
+            host_marks = HostMarks().add(sample.step_marks)
+            return _host(pid, sample.host_memory, host_marks, this_machine_bytes())
         raise MeasuredError(
             f"pid {pid}: no device with torch's memory counters and no host memory reading "
             "(a CPU trainer under an older agent?)"
@@ -150,10 +152,16 @@ def from_replies(pid: int, sample: AgentSample, breakdown: AgentBreakdown | None
     )
 
 
-def _host(pid: int, host: HostMemory, marks: HostMarks) -> Measured:
+def _host(
+    pid: int, host: HostMemory, marks: HostMarks, machine_bytes: int | None = None
+) -> Measured:
     """A trainer without a CUDA device, measured by its host memory (memtop.agent.host_memory):
     the peak is the kernel's exact high-water mark of its resident set; nothing is cached above
-    it (glibc's kept heap is resident already), so reserved is the peak."""
+    it (glibc's kept heap is resident already), so reserved is the peak.  Figures that cannot
+    be true are refused, as the viewer refuses them (`machine_bytes`: live, this machine's)."""
+    problem = host_memory_problem(host, machine_bytes)
+    if problem is not None:
+        raise MeasuredError(f"pid {pid}: numbers that cannot be true: {problem}")
     leak = judge_leak(pid, marks.series, "resident memory")
     return Measured(
         pid=pid,
@@ -236,7 +244,7 @@ def from_recording(path: Path, pid: int | None = None) -> Measured:
     # each step: what a CPU trainer is measured by.
     hosts: dict[int, HostMemory] = {}
     host_marks: dict[int, HostMarks] = {}
-    for event in recording.events:
+    for event in recording.stream():
         if event.pid is None or (pid is not None and event.pid != pid):
             continue
         if event.kind == "sample" and isinstance(event.value, AgentSample):

@@ -48,7 +48,6 @@ INFO_LABELS = (
     *INFO_JOB_LABELS,
 )
 BREAKDOWN_PARTS = ("parameters", "gradients", "optimizer_state", "other")
-COMMAND_CHARS = 200  # a label value is stored with every sample: keep the command line short
 
 
 EXPORT_TOP_SITES = 5  # `site` label values per device: a bounded family
@@ -254,10 +253,10 @@ def render(
             [
                 *agent_labels,
                 agent.status.value,
-                " ".join(agent.argv)[:COMMAND_CHARS],
+                " ".join(agent.argv),
                 agent.hello.python if agent.hello else "",
                 (agent.hello.torch or "") if agent.hello else "",
-                agent.allocator_conf[:COMMAND_CHARS],
+                agent.allocator_conf,
                 *info_labels(agent.job),
             ],
             1,
@@ -291,6 +290,32 @@ def render(
             if culprit is not None and name is not None and culprit.bytes_per_step is not None:
                 leak_site.add_metric([*labels, name], culprit.bytes_per_step)
 
+    # What each process on a GPU is (DESIGN §13): trainer, server (its engine), preallocator,
+    # and the share of the GPU a server or preallocator asked for, with the setting that sets it.
+    workload_info = gauge(
+        "memtop_process_workload_info",
+        "One per process on a GPU whose kind is known: trainer, server (engine), preallocator.",
+        (*gpu_label_names, "pid", "kind", "engine"),
+    )
+    budget_share = gauge(
+        "memtop_process_budget_share",
+        "The share of the GPU a server or preallocator takes on purpose (0-1), and the "
+        "setting that sets it (vLLM's --gpu-memory-utilization, …).",
+        (*gpu_label_names, "pid", "engine", "setting"),
+    )
+    names = {g.uuid: g.name for g in obs.gpus}
+    for entry in obs.entries:
+        what = entry.workload
+        if what is None or entry.uuid is None or entry.gpu is None:
+            continue
+        labels = [*gpu_labels(entry.uuid, entry.gpu, names.get(entry.uuid, "")), str(entry.pid)]
+        workload_info.add_metric([*labels, what.kind.value, what.engine or ""], 1)
+        if what.budget_share is not None:
+            budget_share.add_metric(
+                [*labels, what.engine or "", what.setting or ""],
+                what.budget_share,
+            )
+
     suggestions = gauge(
         "memtop_suggestions",
         "Suggestions standing now, by severity and rule.",
@@ -316,6 +341,8 @@ def render(
         *families.values(),
         breakdown,
         site_bytes,
+        workload_info,
+        budget_share,
         leak_site,
         suggestions,
     ]

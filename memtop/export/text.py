@@ -16,9 +16,21 @@ from collections.abc import Iterable
 from prometheus_client.core import Metric
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Every label value is written with every sample that carries it, and many come from agents (a
+# trainer's argv[1] is its `job`): a 4,000-character one made a 4.6 MB scrape.  Every value this
+# writer prints is cut here, the one place all of them pass, to this many characters, the cut
+# marked with "…".
+LABEL_VALUE_CHARS = 200
+
+
+def label_value(value: str) -> str:
+    if len(value) <= LABEL_VALUE_CHARS:
+        return value
+    return value[: LABEL_VALUE_CHARS - 1] + "…"
 
 
 def _escape_value(value: str) -> str:
+    value = label_value(value)
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 

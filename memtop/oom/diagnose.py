@@ -3,7 +3,9 @@
 The causes, checked in this order (the first that the evidence supports is the verdict; the
 others that also hold are listed):
 - another_process: the driver had less free than the request while this process stayed under
-  its limit: someone else holds the GPU;
+  its limit, and the driver's per-process usage shows someone else holding the GPU;
+- unknown_holder: the same shortage without the driver's per-process usage: another process,
+  or this one outside PyTorch; both are named, with what tells them apart;
 - growing_batch: the bytes each step allocates (the growth of torch's cumulative
   `allocated_bytes.all.allocated` between step marks, per step; from a recording, the rise of
   the baseline each step leaves) rose step after step up to the OOM, and after each earlier
@@ -20,6 +22,7 @@ others that also hold are listed):
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import statistics
 from typing import Any
@@ -66,12 +69,17 @@ def step_sizes(
         return _baseline_steps(recent)
     runs: list[list[tuple[int, float]]] = [[]]
     previous = None
+    # Sorted, so that "an OOM between two marks" is two binary searches, not a walk of every
+    # OOM at every mark (a report's lists are bounded too: memtop.oom.reports).
+    oom_times = sorted(ooms)
     for mark in recent:
         total, step, when = mark.get("allocated_total_bytes"), mark.get("step"), mark.get("time")
         if not isinstance(total, int) or not isinstance(step, int):
             continue
         if previous is not None and step > previous[0] and total >= previous[1]:
-            if any(previous[2] < t <= when for t in ooms if isinstance(when, int | float)):
+            if isinstance(when, int | float) and bisect.bisect_right(
+                oom_times, previous[2]
+            ) < bisect.bisect_right(oom_times, when):
                 runs.append([])
             else:
                 runs[-1].append((step, (total - previous[1]) / (step - previous[0])))
@@ -192,6 +200,36 @@ def leak_rate(recent: list[dict[str, Any]]) -> tuple[float, int] | None:
     return None
 
 
+# What each part of the memory, when it is the largest, is cut by.
+PART_FIXES = {
+    "optimizer_state": "an 8-bit optimizer (its state is the largest part)",
+    "parameters": "bf16 weights (the parameters are the largest part)",
+    "gradients": "bf16 gradients or gradient accumulation over smaller batches",
+    "other": "gradient checkpointing or a smaller batch (activations are the largest part)",
+}
+
+
+def _too_big_fix(breakdown: object) -> str:
+    """The fix for a step that does not fit: led by the largest part of the breakdown when the
+    agent had measured one; without it, which fix helps most is not known, and it says so."""
+    generic = (
+        "a smaller batch, gradient checkpointing, bf16 weights or an 8-bit optimizer; "
+        "`memtop estimate` says what fits"
+    )
+    parts = {
+        key: value
+        for key, value in (breakdown.items() if isinstance(breakdown, dict) else ())
+        if key in PART_FIXES and isinstance(value, int | float) and value > 0
+    }
+    if not parts:
+        return (
+            f"{generic} (which helps most is not known: no breakdown was measured before this "
+            "OOM; the agent measures one after an optimizer step)"
+        )
+    largest = max(parts, key=lambda key: parts[key])
+    return f"{PART_FIXES[largest]}, else {generic}"
+
+
 def leak_site(sites: Any, rate: float) -> dict[str, Any] | None:
     """The report's site whose bytes grew with the leak (its growth over the agent's kept rounds,
     DESIGN §13), the fastest first; None without one (no stacks, an older agent, no growth)."""
@@ -234,7 +272,8 @@ def diagnose(report: dict[str, Any]) -> dict[str, Any]:
     # Someone else holds the GPU: the driver's free is short while we are under our limit.
     # With the driver's per-process usage (read by the agent at the OOM) the bytes outside
     # torch's cache are split into this process's own (NCCL, cuDNN workspaces, another
-    # library) and other processes'; without it, all of it but a CUDA context is "others".
+    # library) and other processes'.  Without it memtop cannot tell the two apart, and says
+    # so (unknown_holder): both are named, with what would tell them apart (issue 31, item 7).
     own_outside = _int(report, "own_non_pytorch_bytes")
     other_processes = _int(report, "other_processes_bytes")
     if free is not None and total is not None and free < requested:
@@ -243,18 +282,37 @@ def diagnose(report: dict[str, Any]) -> dict[str, Any]:
         assert others is not None
         under_limit = limit is None or reserved + requested <= limit
         enough = max(requested, total // 20)
-        if under_limit and others > enough:
+        if under_limit and not split and others > enough:
+            found.append(
+                {
+                    "cause": "unknown_holder",
+                    "detail": (
+                        f"{headline}: {format_bytes(others)} of this GPU is held outside this "
+                        f"process's PyTorch cache (it reserved {format_bytes(reserved)}), and "
+                        "the driver's per-process usage was not available, so memtop cannot "
+                        "say whose: another process on this GPU, or this process itself "
+                        "outside PyTorch (NCCL buffers, cuDNN/cuBLAS workspaces, a library such "
+                        "as JAX or CuPy preallocating). What tells them apart: the driver's "
+                        "list of processes on this GPU and what each uses"
+                    ),
+                    "fix": (
+                        "nvidia-smi --query-compute-apps=pid,used_memory --format=csv: another "
+                        "pid holding it → move one job or stop it; only this pid → find the "
+                        "library (NCCL_BUFFSIZE, cudnn.benchmark=False, "
+                        "XLA_PYTHON_CLIENT_PREALLOCATE=false)"
+                    ),
+                    "unattributed_bytes": others,
+                    "possibilities": ["another_process", "outside_pytorch"],
+                }
+            )
+        elif under_limit and others > enough:
             found.append(
                 {
                     "cause": "another_process",
                     "detail": (
                         f"{headline}: another process took {format_bytes(others)} on this GPU "
-                        f"(this one reserved {format_bytes(reserved)}"
-                        + (
-                            f" and holds {format_bytes(own_outside)} outside PyTorch)"
-                            if split
-                            else ")"
-                        )
+                        f"(this one reserved {format_bytes(reserved)} and holds "
+                        f"{format_bytes(own_outside)} outside PyTorch)"
                     ),
                     "fix": "see who with `memtop`; move one job to another GPU or stop it",
                     "other_bytes": others,
@@ -342,10 +400,7 @@ def diagnose(report: dict[str, Any]) -> dict[str, Any]:
                     f"{headline}: {format_bytes(allocated)} allocated{room}; "
                     "the step needs more than the GPU has"
                 ),
-                "fix": (
-                    "a smaller batch, gradient checkpointing, bf16 weights or an 8-bit "
-                    "optimizer; `memtop estimate` says what fits"
-                ),
+                "fix": _too_big_fix(report.get("breakdown")),
             }
         )
     verdict = dict(found[0])

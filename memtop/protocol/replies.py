@@ -87,6 +87,7 @@ def hello_result(
     scheduler: Mapping[str, Any] | None,
     rendezvous: Mapping[str, Any] | None,
     allocator_settings: str | None = None,
+    engine_environment: Mapping[str, str] | None = None,
 ) -> Result:
     """`hello`: the schema's required fields (protocol, pid, argv, python, torch,
     allocator_conf, devices), then what memtop shows of the process: `hip` (torch.version.hip:
@@ -114,6 +115,9 @@ def hello_result(
         "scheduler": scheduler,
         "rendezvous": rendezvous,
         "allocator_settings": allocator_settings,
+        # The variables that set an engine's share of the GPU (model.ENGINE_ENVIRONMENT), only
+        # those, only where set: what makes JAX or a TGI shard a preallocator.
+        "engine_environment": dict(engine_environment or {}),
     }
 
 

@@ -13,13 +13,12 @@ import shutil
 import signal
 import stat
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from memtop import protocol
-from memtop.children import stop_all
+from memtop.children import python_command, stop_all
 from memtop.sim.device import VENDORS, SimGpuRegistry, simulated_gpu_specs
 from memtop.sim.scenario_names import DEMO_SCENARIOS
 
@@ -35,6 +34,23 @@ class TrainerPlan:
     seed: int = 0
     rank: int | None = None  # a rank of a DDP job: RANK / LOCAL_RANK / WORLD_SIZE set for it
     world_size: int | None = None
+
+
+# The most GPUs one demo simulates: one trainer each (a few more with `mixed`), every one a
+# Python process stepping a simulated allocator.  16 is the most one box holds (DGX-2 and HGX-2
+# boards; 8 on today's DGX/HGX H100 and MI300X platforms); `--gpus 1000` started ~1,003 trainers
+# (load 50, nothing on screen for 20 s).
+MAX_GPUS = 16
+
+
+def gpus_problem(gpus: int) -> str:
+    """Why `--gpus N` cannot be simulated (one line)."""
+    if gpus < 1:
+        return "--gpus must be at least 1"
+    return (
+        f"--gpus {gpus}: a demo simulates at most {MAX_GPUS} GPUs (one trainer each; "
+        f"{MAX_GPUS} is the most one box holds)"
+    )
 
 
 def plan(scenario: str, gpus: int) -> list[TrainerPlan]:
@@ -133,8 +149,8 @@ class Demo:
             raise ValueError(
                 f"unknown scenario {scenario!r}; choose from {', '.join(DEMO_SCENARIOS)}"
             )
-        if gpus < 1:
-            raise ValueError("--gpus must be at least 1")
+        if not 1 <= gpus <= MAX_GPUS:
+            raise ValueError(gpus_problem(gpus))
         if vendor not in VENDORS:
             raise ValueError(f"unknown vendor {vendor!r}; choose from {', '.join(VENDORS)}")
         if total_bytes is None:
@@ -176,9 +192,8 @@ class Demo:
 
     def _spawn(self, env: dict[str, str], output: int | None) -> None:
         for trainer in plan(self.scenario, self.gpus):
-            command = [
-                sys.executable,
-                "-m",
+            # Isolated from the caller's directory (root's demo in another user's folder).
+            command = python_command(
                 "memtop.sim.trainer",
                 "--registry",
                 str(self.registry),
@@ -194,7 +209,8 @@ class Demo:
                 str(trainer.seed),
                 "--parent",
                 str(os.getpid()),
-            ]
+                environ=env,
+            )
             rank_env = {}
             if trainer.rank is not None:
                 rank_env = {

@@ -14,6 +14,8 @@ class Scenario(Choice):
     FRAGMENT = "fragment"  # variable sequence lengths
     PRESSURE = "pressure"  # runs at 90-97 % of the device, hits retries
     OOM = "oom"  # a batch that grows until it does not fit
+    SERVER = "server"  # a vLLM-like inference server: its share taken at start, flat, no steps
+    SERVER_OVERRUN = "server-overrun"  # the same server, then memory beyond its share grows
     MIXED = "mixed"  # the demo only: several GPUs, several trainers, each its own scenario
 
 

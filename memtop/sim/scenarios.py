@@ -19,6 +19,11 @@ bugs and real data do:
             the allocator keeps hitting the free-cache-and-retry path (and may OOM);
 - oom:      the batch grows 25 % a step until a step runs out of memory, then halves (the
             H100 recording's `train_gpt.py --mode oom`): OOMs in forward, over and over.
+
+Two more are not trainers (ServerWorkload): an inference server like vLLM, which takes its share
+of the GPU when it starts and serves request bursts out of it with no optimizer step (`server`),
+and the same server whose memory beyond its share grows until the allocator retries and runs
+out (`server-overrun`).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ MiB = 1 << 20
 GiB = 1 << 30
 
 SCENARIOS = TRAINER_SCENARIOS
+SERVER_SCENARIOS = ("server", "server-overrun")
 OOM_GROWTH = 1.25  # the oom scenario's batch growth per step
 
 
@@ -87,7 +93,7 @@ class Workload:
         log: Callable[[str], None] | None = None,
         pace: Callable[[], object] | None = None,
     ) -> None:
-        if scenario not in SCENARIOS:
+        if scenario not in SCENARIOS or scenario in SERVER_SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
         self.scenario = scenario
         self.alloc = allocator
@@ -290,5 +296,91 @@ class Workload:
                 optimizer_state=2 * parameters if self.optimizer_state else 0,
                 allocated=self.alloc.memory_allocated(),
                 fp32_parameter_bytes=parameters,
+            )
+        }
+
+
+class ServerWorkload:
+    """An inference server on one simulated device, as vLLM runs: at start it loads its weights,
+    profiles one batch (whose activations go back to the cache), and takes the rest of its share
+    of the GPU (`--gpu-memory-utilization`) as one KV cache it keeps; then each `step()` serves
+    a burst of requests out of the cached activations: reserved flat at its share, no retries,
+    no OOMs, and no optimizer step (memtop.step() is never called).
+
+    `server-overrun`: after `grow_after` bursts, each burst also keeps a block beside the pool
+    (a prefix cache the engine does not count): the GPU goes past the share asked for, the
+    allocator flushes its cache and retries, and at the end runs out; the server then drops
+    what it kept and grows again."""
+
+    WEIGHTS_SHARE = 0.25
+    ACTIVATION_SHARE = 0.04
+    CHUNKS = 16
+    GROWTH_SHARE = 0.01  # of the GPU kept per burst once it overruns
+
+    def __init__(
+        self,
+        scenario: str,
+        allocator: SimulatedCachingAllocator,
+        total_bytes: int,
+        share: float,
+        overhead_bytes: int,
+        seed: int = 0,
+        grow_after: int = 40,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        if scenario not in SERVER_SCENARIOS:
+            raise ValueError(f"not a server scenario: {scenario!r}")
+        self.scenario = scenario
+        self.alloc = allocator
+        self.rng = random.Random(seed)
+        self.grow_after = grow_after
+        self.log = log or (lambda message: None)
+        self.steps = 0  # request bursts served (not optimizer steps)
+        self.ooms = 0
+        self.current_pass = "idle"
+        self.kept: list[int] = []
+        self.weights = [
+            self.alloc.malloc(int(total_bytes * self.WEIGHTS_SHARE / 8)) for _ in range(8)
+        ]
+        self.chunk = int(total_bytes * self.ACTIVATION_SHARE / self.CHUNKS)
+        profile = [self.alloc.malloc(self.chunk) for _ in range(self.CHUNKS)]
+        for address in profile:
+            self.alloc.free(address)  # the profiling batch: its activations stay cached
+        pool = int(share * total_bytes) - overhead_bytes - self.alloc.memory_reserved()
+        self.kv_cache = self.alloc.malloc(max(self.chunk, pool))
+
+    def step(self) -> bool:
+        """Serve one burst of requests; False when it ran out of memory."""
+        self.current_pass = "forward"
+        try:
+            live = [self.alloc.malloc(self.chunk) for _ in range(self.rng.randrange(4, 17))]
+            for address in live:
+                self.alloc.free(address)
+            if self.scenario == "server-overrun" and self.steps >= self.grow_after:
+                size = int(self.GROWTH_SHARE * self.alloc.mem_get_info()[1])
+                self.kept.append(self.alloc.malloc(size + self.rng.randrange(1, 64) * MiB))
+        except SimulatedOutOfMemoryError as exc:
+            self.ooms += 1
+            self.log(f"OOM after {self.steps} bursts: {str(exc)[:120]}; dropping its prefix cache")
+            for address in self.kept:
+                self.alloc.free(address)
+            self.kept = []
+            return False
+        finally:
+            self.current_pass = "idle"
+        self.steps += 1
+        return True
+
+    def breakdown(self, index: int) -> dict[int, Breakdown]:
+        """No optimizer, no gradients: what a breakdown measures of a server (never asked at a
+        step boundary, there being none)."""
+        parameters = sum(self.alloc.allocation_size(a) for a in self.weights)
+        return {
+            index: Breakdown(
+                parameters=parameters,
+                gradients=0,
+                optimizer_state=0,
+                allocated=self.alloc.memory_allocated(),
+                fp32_parameter_bytes=0,
             )
         }

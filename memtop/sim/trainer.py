@@ -24,7 +24,14 @@ from memtop.children import StopFlag, die_with_parent
 from memtop.sim.allocator import SimulatedCachingAllocator
 from memtop.sim.device import SimGpuRegistry
 from memtop.sim.probe import SimulatedGpu, SimulatedProbe
-from memtop.sim.scenarios import SCENARIOS, MiB, Workload, model_for
+from memtop.sim.scenarios import (
+    SCENARIOS,
+    SERVER_SCENARIOS,
+    MiB,
+    ServerWorkload,
+    Workload,
+    model_for,
+)
 
 # What a CUDA context, cuBLAS workspaces and friends take outside the caching allocator.
 CONTEXT_OVERHEAD_BYTES = 518 * MiB
@@ -71,6 +78,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--scale", type=float, default=1.0, help="model size factor")
     parser.add_argument("--leak-mib", type=float, default=8.0, help="leak per step (leak)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.92,
+        help="the share of the GPU a server scenario takes at start (as vLLM's flag)",
+    )
+    parser.add_argument(
+        "--grow-after", type=int, default=40, help="bursts before server-overrun grows"
+    )
     parser.add_argument("--max-steps", type=int, default=0, help="stop after N steps (0: never)")
     parser.add_argument(
         "--parent", type=int, default=None, help="stop when this process (the demo) is gone"
@@ -115,15 +131,41 @@ def main(argv: list[str] | None = None) -> int:
         if next(visits) % visits_per_pause == 0:
             stop.wait(layer_pause)
 
-    workload = Workload(
-        args.scenario,
-        allocator,
-        model_for(args.scenario, spec.total_bytes, args.scale),
-        seed=args.seed,
-        leak_bytes_per_step=int(args.leak_mib * MiB),
-        log=lambda message: print(f"[pid {os.getpid()}] {message}", file=sys.stderr, flush=True),
-        pace=pace,
-    )
+    def log(message: str) -> None:
+        print(f"[pid {os.getpid()}] {message}", file=sys.stderr, flush=True)
+
+    workload: Workload | ServerWorkload
+    if args.scenario in SERVER_SCENARIOS:
+        workload = ServerWorkload(
+            args.scenario,
+            allocator,
+            spec.total_bytes,
+            args.gpu_memory_utilization,
+            CONTEXT_OVERHEAD_BYTES,
+            seed=args.seed,
+            grow_after=args.grow_after,
+            log=log,
+        )
+        # What the process table shows: a vLLM server, flags and all (how memtop knows it).
+        shown_argv = [
+            "vllm",
+            "serve",
+            "sim/llama-3-8b",
+            "--gpu-memory-utilization",
+            f"{args.gpu_memory_utilization:g}",
+        ]
+    else:
+        workload = Workload(
+            args.scenario,
+            allocator,
+            model_for(args.scenario, spec.total_bytes, args.scale),
+            seed=args.seed,
+            leak_bytes_per_step=int(args.leak_mib * MiB),
+            log=log,
+            pace=pace,
+        )
+        # What the process table shows: the workload, not the simulator's plumbing.
+        shown_argv = ["sim_train.py", f"--scenario={args.scenario}", f"--gpu={args.gpu}"]
     probe = SimulatedProbe(
         [SimulatedGpu(device, allocator)],
         allocator_conf=conf,
@@ -131,8 +173,6 @@ def main(argv: list[str] | None = None) -> int:
         current_pass=lambda: workload.current_pass,
         hip=SIMULATED_HIP_VERSION if amd else None,
     )
-    # What the process table shows: the workload, not the simulator's plumbing.
-    shown_argv = ["sim_train.py", f"--scenario={args.scenario}", f"--gpu={args.gpu}"]
     agent = memtop.start_agent(probe=probe, argv=shown_argv)
     if agent is None:
         return 1
@@ -150,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     next_step = time.monotonic()
     try:
         while not stop.is_set():
-            if workload.step():
+            # A server serves bursts: it never marks a step (that is how memtop tells it).
+            if workload.step() and not isinstance(workload, ServerWorkload):
                 memtop.step()
             if args.max_steps and workload.steps >= args.max_steps:
                 break

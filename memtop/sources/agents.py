@@ -60,7 +60,12 @@ from memtop.sources.agent_client import (
     PendingReply,
     parse_sample,
 )
-from memtop.sources.agent_sanity import MONOTONIC_STATS, SIGNED_STATS, sanity_problem
+from memtop.sources.agent_sanity import (
+    MONOTONIC_STATS,
+    SIGNED_STATS,
+    sanity_problem,
+    this_machine_bytes,
+)
 
 __all__ = [
     "CONNECTED",
@@ -702,7 +707,9 @@ class AgentPool:
                 sample, breakdown, snapshot, sites = None, None, None, None
         if sample is not None:
             now = time.monotonic()
-            problem = sanity_problem(agent.hello, sample, known_devices, agent.counters)
+            problem = sanity_problem(
+                agent.hello, sample, known_devices, agent.counters, this_machine_bytes()
+            )
             if problem is not None:
                 agent.inconsistent_until = now + self.INCONSISTENT_HOLD_S
                 agent.last_violation = problem

@@ -25,7 +25,7 @@ import logging
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from memtop.sources.device_source import (
     DriverLibrarySource,
     joined_errors,
 )
+from memtop.sources.driver_libraries import DriverLibraryRefused, as_root, checked_amdsmi
 from memtop.sources.driver_text import driver_text as _text
 from memtop.sources.driver_text import one_line as _one_line
 
@@ -109,6 +110,10 @@ class _LibraryMissing(Exception):
     """Internal: the package or libamd_smi.so is not on this machine."""
 
 
+class _LibraryRefused(_LibraryMissing):
+    """Internal: libamd_smi.so is on this machine, and memtop (as root) does not load it."""
+
+
 def _error_code(exc: BaseException) -> int | None:
     """The amdsmi status behind `exc`, or None when it is not an amdsmi library error."""
     for name in ("err_code", "value"):
@@ -148,9 +153,17 @@ def import_amdsmi() -> Any:
         # `python -m memtop` puts the working directory first on sys.path: as root in a
         # directory another user writes to, their `amdsmi` would run as root.
         raise _LibraryMissing(f"amdsmi not loaded: {foreign}")
+    # As root: only a libamd_smi.so of root's, where there is an AMD GPU, and pinned to it
+    # (memtop.sources.driver_libraries); never the linker's path, which LD_LIBRARY_PATH sets.
+    try:
+        library = checked_amdsmi()
+    except DriverLibraryRefused as refused:
+        raise _LibraryRefused(str(refused)) from None
+    if as_root() and library is None:
+        raise _LibraryMissing(NO_LIBRARY)
     said = io.StringIO()
     try:
-        with contextlib.redirect_stdout(said):
+        with contextlib.redirect_stdout(said), _rocm_home(library):
             return importlib.import_module("amdsmi")
     except (KeyError, OSError) as exc:
         _LOG.debug("import amdsmi: %s (%s)", exc, said.getvalue().strip())
@@ -159,6 +172,24 @@ def import_amdsmi() -> Any:
         raise _LibraryMissing(
             _one_line(f"amdsmi not available: {LIBRARY_NAME} does not match the package: {exc}")
         ) from None
+
+
+@contextlib.contextmanager
+def _rocm_home(library: str | None) -> Iterator[None]:
+    """ROCM_HOME set, while amdsmi is imported, to the ROCm that holds `library`: the first
+    place the package tries (and then finds loaded already)."""
+    if library is None:
+        yield
+        return
+    before = os.environ.get("ROCM_HOME")
+    os.environ["ROCM_HOME"] = os.path.dirname(os.path.dirname(library))
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("ROCM_HOME", None)
+        else:
+            os.environ["ROCM_HOME"] = before
 
 
 def _foreign(package: Path) -> str | None:
@@ -209,12 +240,13 @@ class AmdSmiSource(DriverLibrarySource[DriverDevice]):
         # The package or library is missing: that does not change while memtop runs, so it is
         # not looked for again (an import of amdsmi costs ~0.1 s of CPU).
         self._missing: str | None = None
+        self._refused = False  # the library is here but not loaded: its line is the one shown
 
     @property
     def library_found(self) -> bool:
         """Whether amdsmi and libamd_smi.so are on this machine (False until a read said so).
         Where they are, the box is an AMD one and amdsmi's errors are the ones to show."""
-        return self._lib is not None and self._missing is None
+        return (self._lib is not None and self._missing is None) or self._refused
 
     def error_line(self, exc: BaseException) -> str:
         return amdsmi_error_line(exc)
@@ -238,6 +270,7 @@ class AmdSmiSource(DriverLibrarySource[DriverDevice]):
                 self._lib = import_amdsmi()
             except _LibraryMissing as missing:
                 self._missing = str(missing)
+                self._refused = isinstance(missing, _LibraryRefused)
                 raise
         flags = getattr(self._lib, "AmdSmiInitFlags", None)
         if flags is not None:

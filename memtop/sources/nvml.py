@@ -30,6 +30,7 @@ from memtop.sources.device_source import (
     DriverLibrarySource,
     joined_errors,
 )
+from memtop.sources.driver_libraries import DriverLibraryRefused, checked_nvml
 from memtop.sources.driver_text import DriverDown
 from memtop.sources.driver_text import driver_text as _text
 from memtop.sources.driver_text import one_line as _one_line
@@ -159,6 +160,8 @@ def nvml_error_line(exc: BaseException) -> str:
         if message is not None:
             return message
         return f"NVML error: {_describe(exc)}"
+    if isinstance(exc, DriverLibraryRefused):
+        return _one_line(str(exc))
     if isinstance(exc, ImportError):
         return "NVML not available: the nvidia-ml-py package (pynvml) is not installed"
     return _one_line(f"NVML: unexpected {type(exc).__name__}: {_describe(exc)}")
@@ -226,6 +229,7 @@ class NvmlSource(DriverLibrarySource[_Device]):
         super().__init__(lib, source, clock, retry_interval)
         # Which variant of a process-list function works with this driver, by base name.
         self._process_functions: dict[str, str] = {}
+        self._lib_is_pynvml = False  # the real bindings, which load the library themselves
 
     @property
     def library_found(self) -> bool:
@@ -249,10 +253,16 @@ class NvmlSource(DriverLibrarySource[_Device]):
     # -- initialisation ------------------------------------------------------------------------
 
     def _initialise(self) -> None:
-        if self._lib is None:
-            import pynvml
+        if self._lib is None or self._lib_is_pynvml:
+            # As root, NVML's library only from root's folders, where there is an NVIDIA GPU
+            # (memtop.sources.driver_libraries); before every nvmlInit, which loads it again
+            # after a failed load.
+            checked_nvml()
+            if self._lib is None:
+                import pynvml
 
-            self._lib = pynvml
+                self._lib = pynvml
+                self._lib_is_pynvml = True
         self._lib.nvmlInit()
         self._initialised = True
         self._driver_version = None

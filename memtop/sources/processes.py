@@ -19,6 +19,7 @@ import psutil
 # ProcessInfo is a record of memtop.model (the store and the UI import it from there); named
 # here too for the importers of old.
 from memtop.model import ProcessInfo
+from memtop.protocol.environment import ENGINE_ENVIRONMENT
 from memtop.protocol.procfs import process_start_ticks
 from memtop.protocol.text import clean_text
 
@@ -40,13 +41,44 @@ def read_process(pid: int) -> ProcessInfo:
             name = clean_text(process.name(), 100)
             created: float | None = process.create_time()
             ppid: int | None = process.ppid()
+            environ = _engine_environ(process)
     except psutil.Error:
         return ProcessInfo(pid, None, None, (), "?")
     except OSError as exc:  # EMFILE, ENFILE: psutil's /proc reads raise them as they are
         raise ProcessesUnreadable(
             f"cannot read processes: {exc.strerror or exc} (out of file descriptors? ulimit -n)"
         ) from None
-    return ProcessInfo(pid, uid, user, cmdline, name, created, ppid)
+    return ProcessInfo(
+        pid,
+        uid,
+        user,
+        cmdline,
+        name,
+        created,
+        ppid,
+        launcher_cmdline=_cmdline_of(ppid),
+        engine_environ=environ,
+    )
+
+
+def _engine_environ(process: psutil.Process) -> dict[str, str]:
+    """The ENGINE_ENVIRONMENT variables of a process's environment, where /proc lets this user
+    read it (its own processes; all of them as root): reading a file, nothing run."""
+    try:
+        environ = process.environ()
+    except (psutil.Error, OSError):
+        return {}
+    return {name: clean_text(environ[name], 64) for name in ENGINE_ENVIRONMENT if name in environ}
+
+
+def _cmdline_of(pid: int | None) -> tuple[str, ...]:
+    """A launcher's command line (bounded), or () when it cannot be read."""
+    if not pid or pid <= 1:
+        return ()
+    try:
+        return tuple(clean_text(a) for a in psutil.Process(pid).cmdline()[:256])
+    except (psutil.Error, OSError):
+        return ()
 
 
 class ProcessesUnreadable(Exception):

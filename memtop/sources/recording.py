@@ -21,12 +21,14 @@ or `{"t", "error"}` when the trainer died) are read by the same reader.
 
 from __future__ import annotations
 
+import collections.abc
 import contextlib
 import dataclasses
 import json
 import math
 import os
 import socket
+import stat
 import threading
 import time
 import types
@@ -63,6 +65,13 @@ class RecordWriter:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
         if not overwrite:
             flags |= os.O_EXCL
+        # A directory is not a file to overwrite: "exists; add --force" then "Is a directory"
+        # were two wrong answers in a row.
+        with contextlib.suppress(OSError):
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                raise RecordError(
+                    f"{path} is a directory: name a file to record to, e.g. {path / 'run.memtop'}"
+                )
         try:
             fd = os.open(path, flags, 0o600)
         except FileExistsError:
@@ -160,6 +169,7 @@ class LineTally:
         self.count = 0
         self.examples: list[str] = []
         self.notes: list[str] = []
+        self.file_lines = 0  # lines read of the file read last (memtop.sources.replay reads twice)
 
     @property
     def exhausted(self) -> bool:
@@ -171,7 +181,9 @@ class LineTally:
             self.examples.append(clean_text(f"{path}:{number}: {why}", 300))
 
 
-def read_lines(path: Path, tally: LineTally | None = None) -> Iterator[dict[str, Any]]:
+def read_lines(
+    path: Path, tally: LineTally | None = None, max_lines: int | None = None
+) -> Iterator[dict[str, Any]]:
     """Every whole JSON line of a gzip'd (or plain) JSON-lines file, tolerating a cut tail.
 
     Concatenated gzip members are read one after the other; a member cut short (a recorder that
@@ -179,7 +191,9 @@ def read_lines(path: Path, tally: LineTally | None = None) -> Iterator[dict[str,
     file if it is the last one (half-written), else is an error; a line with a number out of
     range is skipped (counted in `tally`).  Only a regular file is read (a FIFO hung replay for
     good), and only up to MAX_RECORDING_BYTES / MAX_RECORDING_LINES in all the files `tally`
-    has counted (a note in `tally` where reading stopped).
+    has counted (a note in `tally` where reading stopped).  `tally.file_lines` says how many
+    lines of this file were read; `max_lines` reads no more than that many (a second reading
+    of a file stops where the first did).
     """
     tally = tally if tally is not None else LineTally()
     try:
@@ -197,7 +211,7 @@ def read_lines(path: Path, tally: LineTally | None = None) -> Iterator[dict[str,
             else iter(lambda: handle.read(OUT_CHUNK), b"")
         )
         pending = b""
-        number = 0
+        number = tally.file_lines = 0
         for chunk in chunks:
             tally.bytes_read += len(chunk)
             if tally.bytes_read > MAX_RECORDING_BYTES:
@@ -211,20 +225,24 @@ def read_lines(path: Path, tally: LineTally | None = None) -> Iterator[dict[str,
             if len(pending) > MAX_LINE:
                 raise RecordError(f"{path}: a line longer than {MAX_LINE} bytes")
             for raw in whole:
-                number += 1
+                if max_lines is not None and number >= max_lines:
+                    return
+                number = tally.file_lines = number + 1
                 tally.lines_read += 1
                 if tally.lines_read > MAX_RECORDING_LINES:
                     tally.notes.append(
                         f"{path}: read up to line {number - 1}: a replay reads "
                         f"{MAX_RECORDING_LINES:,} lines at most"
                     )
+                    tally.file_lines = number - 1
                     return
                 if raw.strip():
                     line = _parse_line(raw, path, number, tally)
                     if line is not None:
                         yield line
         # A last line without its newline: whole if it parses, else the cut of a crash.
-        if pending.strip():
+        if pending.strip() and (max_lines is None or number < max_lines):
+            tally.file_lines = number + 1
             with contextlib.suppress(RecordError):
                 line = _parse_line(pending, path, number + 1, tally)
                 if line is not None:
@@ -352,6 +370,10 @@ def _fits(value: Any, hint: Any) -> bool:
         )
     if hint is str:
         return isinstance(value, str)
+    if origin is collections.abc.Mapping:  # a few named strings (a server's environment)
+        return isinstance(value, dict) and all(
+            _fits(k, args[0]) and _fits(v, args[1]) for k, v in value.items()
+        )
     return False
 
 

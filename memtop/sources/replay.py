@@ -16,7 +16,9 @@ Two kinds of recording are read:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import heapq
+import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,36 +52,119 @@ class ReplayEvent:
     value: Any = None
 
 
-@dataclass(slots=True)
+# Events a file's stream may hold back to put them in time order: a record file is written as
+# things are read, agent replies on worker threads, so its times are in order but for a few
+# neighbours (the whole recording was sorted at once before, which held all of it in memory).
+REORDER_WINDOW = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class _FileScan:
+    """What the first reading of one file found: its kind, how many lines to read of it, and the
+    shift for pids another file of the folder holds too."""
+
+    path: Path
+    kind: str  # "record" or "wire"
+    lines: int
+    clash: frozenset[int] = frozenset()
+    shift: int = 0
+
+
 class Recording:
-    events: list[ReplayEvent]
-    files: list[Path]
-    kind: str  # "record" (memtop record) or "wire" (agent wire recordings)
-    # The first few lines that were skipped, with why (a reply that fails the wire schema, say).
-    skipped: list[str] = field(default_factory=list)
-    header: dict[str, Any] = field(default_factory=dict)
-    skipped_count: int = 0  # all of them
-    notes: tuple[str, ...] = ()  # one line per file that was not read to its end, and why
+    """A recording, read as a stream (a 9 MB gzip of valid lines was 850 MB held as events).
 
-    @property
-    def start(self) -> float:
-        return self.events[0].t if self.events else 0.0
+    `load` reads each file once for what a screen shows before playing (its time span, whether
+    it holds driver readings, its header, where reading stopped); `stream()` reads the files
+    again, parsing each line as the live viewer parses a reply, and yields the events in time
+    order: memory stays bounded by a file's reader and the reorder window, whatever the
+    recording's length.  `events` (all of them in a list) is for small recordings and tests."""
 
-    @property
-    def end(self) -> float:
-        return self.events[-1].t if self.events else 0.0
+    def __init__(
+        self,
+        files: list[Path],
+        kind: str,
+        *,
+        header: dict[str, Any] | None = None,
+        start: float = 0.0,
+        end: float = 0.0,
+        has_devices: bool = False,
+        notes: tuple[str, ...] = (),
+        scans: tuple[_FileScan, ...] = (),
+    ) -> None:
+        self.files = files
+        self.kind = kind  # "record" (memtop record) or "wire" (agent wire recordings)
+        self.header = header or {}
+        self.start = start
+        self.end = end
+        self.has_devices = has_devices
+        self.notes = notes  # one line per file that was not read to its end, and why
+        self._scans = scans
+        self._passed_over: LineTally | None = None  # of the newest stream read to its end
 
     @property
     def duration(self) -> float:
         return self.end - self.start
 
+    def stream(self) -> Iterator[ReplayEvent]:
+        """Every event in time order, parsed and checked as the live viewer checks a reply."""
+        tally = LineTally()
+        per_file = [_in_time_order(_file_events(scan, tally)) for scan in self._scans]
+        yield from heapq.merge(*per_file, key=_when)
+        self._passed_over = tally
+
     @property
-    def has_devices(self) -> bool:
-        return any(e.kind == "nvml" for e in self.events)
+    def events(self) -> list[ReplayEvent]:
+        return list(self.stream())
+
+    def _tally(self) -> LineTally:
+        if self._passed_over is None:
+            for _ in self.stream():  # the skipped lines are known once every line was read
+                pass
+        assert self._passed_over is not None
+        return self._passed_over
+
+    @property
+    def skipped(self) -> list[str]:
+        """The first few lines that were skipped, with why (a reply that fails the wire schema,
+        say)."""
+        return self._tally().examples
+
+    @property
+    def skipped_count(self) -> int:
+        return self._tally().count
+
+
+def _when(event: ReplayEvent) -> float:
+    return event.t
+
+
+def _in_time_order(events: Iterable[ReplayEvent]) -> Iterator[ReplayEvent]:
+    """`events` sorted by time within a window of REORDER_WINDOW (ties keep their order)."""
+    held: list[tuple[float, int, ReplayEvent]] = []
+    for n, event in enumerate(events):
+        heapq.heappush(held, (event.t, n, event))
+        if len(held) > REORDER_WINDOW:
+            yield heapq.heappop(held)[2]
+    while held:
+        yield heapq.heappop(held)[2]
+
+
+def _file_events(scan: _FileScan, tally: LineTally) -> Iterator[ReplayEvent]:
+    lines = read_lines(scan.path, tally, max_lines=scan.lines)
+    first = next(lines, None)
+    if first is None:
+        return
+    if scan.kind == "record":
+        events = _record_events(lines, scan.path, tally)
+    else:
+        events = _wire_events(first, lines, scan.path, tally)
+    for event in events:
+        yield _shift_pid(event, scan.shift) if event.pid in scan.clash else event
 
 
 def load(path: Path) -> Recording:
-    """A record file, one wire recording, or a folder of either; raises RecordError."""
+    """A record file, one wire recording, or a folder of either; raises RecordError.  Each file
+    is read once here, for its time span and kind (see Recording), and kept nothing of."""
     if path.is_dir():
         files = sorted(
             p for p in path.iterdir() if p.is_file() and p.name.endswith(RECORDING_SUFFIXES)
@@ -90,12 +175,13 @@ def load(path: Path) -> Recording:
         files = [path]
     else:
         raise RecordError(f"no such file or directory: {path}")
-    events: list[ReplayEvent] = []
     tally = LineTally()
     kinds = set()
     header: dict[str, Any] = {}
     taken: set[int] = set()
     unread: list[Path] = []
+    scans: list[_FileScan] = []
+    start, end, has_devices = math.inf, -math.inf, False
     for index, file in enumerate(files):
         if tally.exhausted:  # a folder of many: the caps hold for all of them together
             unread = files[index:]
@@ -107,34 +193,100 @@ def load(path: Path) -> Recording:
         if "memtop_record" in first:
             if first["memtop_record"] != 1:
                 raise RecordError(f"{file}: record format {first['memtop_record']!r} is newer")
-            kinds.add("record")
+            kind = "record"
             header = header or first
-            mine = list(_record_events(lines, file, tally))
+            span = _record_span(lines)
         elif first.get("cmd") == "hello":
-            kinds.add("wire")
-            mine = list(_wire_events(first, lines, file, tally))
+            kind = "wire"
+            span = _wire_span(first, lines, file)
         else:
             raise RecordError(f"{file}: neither a memtop record nor an agent wire recording")
+        kinds.add(kind)
+        if span.start is not None and span.end is not None:
+            start, end = min(start, span.start), max(end, span.end)
+        has_devices = has_devices or span.driver
         # Two recordings from different machines may share a pid: keep them apart.
-        pids = {e.pid for e in mine if e.pid is not None}
-        clash = pids & taken
-        if clash:
-            shift = (max(taken | pids) // 1_000_000 + 1) * 1_000_000
-            mine = [_shift_pid(e, shift) if e.pid in clash else e for e in mine]
-            pids = {e.pid for e in mine if e.pid is not None}
-        taken |= pids
-        events += mine
+        clash = span.pids & taken
+        shift = (max(taken | span.pids) // 1_000_000 + 1) * 1_000_000 if clash else 0
+        taken |= span.pids if not clash else {p + shift if p in clash else p for p in span.pids}
+        scans.append(_FileScan(file, kind, tally.file_lines, frozenset(clash), shift))
     if unread:
         tally.notes.append(
             f"{len(unread)} of the {len(files)} files not read ({unread[0].name}, …): "
             "the ones before hold all one replay reads"
         )
-    events.sort(key=lambda e: e.t)
-    header = protocol.clean_value(header)
-    notes = tuple(protocol.clean_text(note, 300) for note in tally.notes)
+    if start > end:
+        start = end = 0.0
     return Recording(
-        events, files, "+".join(sorted(kinds)), tally.examples, header, tally.count, notes
+        files,
+        "+".join(sorted(kinds)),
+        header=protocol.clean_value(header),
+        start=start,
+        end=end,
+        has_devices=has_devices,
+        notes=tuple(protocol.clean_text(note, 300) for note in tally.notes),
+        scans=tuple(scans),
     )
+
+
+@dataclass(slots=True)
+class _Span:
+    """The first reading of one file: the times of the lines that can be events, the pids, and
+    whether it holds driver readings (parsing each reply waits for `Recording.stream`)."""
+
+    start: float | None = None
+    end: float | None = None
+    pids: set[int] = field(default_factory=set)
+    driver: bool = False
+
+    def add(self, t: float) -> None:
+        self.start = t if self.start is None else min(self.start, t)
+        self.end = t if self.end is None else max(self.end, t)
+
+
+def _record_span(lines: Iterable[dict[str, Any]]) -> _Span:
+    span = _Span()
+    for line in lines:
+        t = _time(line)
+        src = line.get("src")
+        if t is None:
+            continue
+        if src in ("nvml", "processes"):
+            span.add(t)
+            span.driver = span.driver or src == "nvml"
+        elif src == "agent":
+            pid = line.get("pid")
+            event = "state" in line or line.get("cmd") in AGENT_COMMANDS
+            if isinstance(pid, int) and not isinstance(pid, bool) and event:
+                span.add(t)
+                span.pids.add(pid)
+    return span
+
+
+def _wire_span(first: dict[str, Any], lines: Iterable[dict[str, Any]], file: Path) -> _Span:
+    reply = first.get("reply")
+    result = reply.get("result") if isinstance(reply, dict) else None
+    pid = result.get("pid") if isinstance(result, dict) else None
+    t0 = _time(first)
+    if not isinstance(pid, int) or t0 is None:
+        raise RecordError(f"{file}: the hello line names no pid or time")
+    refused = LineTally()
+    if _agent_event(t0, pid, "hello", result, (file, 1), refused) is None:
+        raise RecordError(f"bad hello ({refused.examples[-1]})")
+    span = _Span(pids={pid})
+    span.add(t0)
+    for line in lines:
+        t = _time(line)
+        if t is None:
+            continue
+        if "error" in line and "cmd" not in line:
+            span.add(t)
+        else:
+            answer = line.get("reply")
+            replied = isinstance(answer, dict) and "error" not in answer
+            if line.get("cmd") in AGENT_COMMANDS and replied:
+                span.add(t)
+    return span
 
 
 def _shift_pid(event: ReplayEvent, shift: int) -> ReplayEvent:

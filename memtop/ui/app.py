@@ -26,6 +26,7 @@ from textual.containers import Vertical
 from textual.css.query import NoMatches
 from textual.markup import escape
 from textual.message import Message
+from textual.notifications import SeverityLevel
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Input, OptionList, Static
 
@@ -34,7 +35,7 @@ from memtop.feed import ActionReply, Feed, still_feed
 from memtop.model import AgentCleanup, AgentResetPeak, AgentSnapshot, AgentTune, snapshot_note
 from memtop.observation import Observation, Observer
 from memtop.scope import Scope
-from memtop.ui import actions, view
+from memtop.ui import actions, fixes, view
 from memtop.ui.config import UiConfig
 from memtop.ui.lean_screen import LeanScreen
 from memtop.ui.render import FREE, slow_tick
@@ -349,13 +350,32 @@ class MemtopApp(App[None]):
             renew = self._renewal_due(dash, compact) or exact
             self.gpu_panel.show(dash.gpus, dense, renew, no_gpus=dash.no_gpus)
             self.table.show(dash.processes, compact, renew, jobs=dash.jobs)
-            self.suggestions.show(dash.suggestions, compact, renew, quiet=dash.quiet)
+            self._show_suggestions(dash, compact, renew)
         detail = self._detail_screen()
         if detail is not None:
             self._show_detail(detail)
         gpu_screen = self._gpu_screen()
         if gpu_screen is not None:
             self._show_gpu(gpu_screen)
+
+    def _show_suggestions(self, dash: view.Dashboard, compact: bool, renew: bool | None) -> None:
+        """The suggestions about what the table shows: with a `/` filter on, those of the rows
+        it keeps (a GPU-wide one, of their GPUs); `/gpu1` filtered the table, not the pane."""
+        items, quiet = dash.suggestions, dash.quiet
+        needle = self.table.filter
+        if needle:
+            pids = {row.pid for row in self.table.rows}
+            gpus = {row.gpu for row in self.table.rows}
+            items = tuple(
+                item
+                for item in items
+                if (item.pid in pids if item.pid is not None else item.device in (None, *gpus))
+            )
+            hidden = len(dash.suggestions) - len(items)
+            if not items:
+                quiet = f"Nothing to suggest about the processes “{needle}” shows"
+                quiet += f" ({hidden} about others)." if hidden else "."
+        self.suggestions.show(items, compact, renew, quiet=quiet)
 
     def _renewal_due(self, dash: view.Dashboard, compact: bool) -> bool:
         """Whether this round's slow figures replace the held ones, in every widget: once per
@@ -549,8 +569,9 @@ class MemtopApp(App[None]):
         # it must show its last key, q Quit, whole).
         return record.on_detail or self._detail_screen() is None
 
-    def _agent_target(self, verb: str) -> view.ProcessRow | None:
-        """The selected process if `verb` can be done in it; otherwise say why not."""
+    def _agent_target(self, verb: str, cuda: bool = False) -> view.ProcessRow | None:
+        """The selected process if `verb` can be done in it; otherwise say why not.  `cuda`:
+        the action works on CUDA's caching allocator, which a CPU-only process does not use."""
         row = self.selected_row()
         if row is None:
             self.notify("No process selected: move to one with ↑/↓.", severity="warning")
@@ -574,6 +595,15 @@ class MemtopApp(App[None]):
             agent = self.observation.agent(row.pid) if self.observation else None
             why = agent.error if agent is not None and agent.error else row.state
             self.notify(f"Cannot reach the agent of pid {row.pid}: {why}", severity="error")
+            return None
+        if cuda and row.cpu_only:
+            self.notify(
+                f"pid {row.pid} uses no CUDA device (CPU only): nothing to {verb} — this key "
+                "acts on CUDA's caching allocator. Its host memory is on the detail screen "
+                "(enter).",
+                severity="warning",
+                timeout=8,
+            )
             return None
         return row
 
@@ -601,6 +631,21 @@ class MemtopApp(App[None]):
 
         self.run_worker(wait, thread=True, exit_on_error=False, group="actions")
 
+    def notify(
+        self,
+        message: str,
+        *,
+        title: str = "",
+        severity: SeverityLevel = "information",
+        timeout: float | None = None,
+        markup: bool = False,
+    ) -> None:
+        """Every notification of memtop is words, never markup: they carry what agents,
+        drivers, fleet hosts and other users' processes say (an agent's error `try again [/x]
+        later` raised MarkupError and ended root's dashboard).  The one place a notification is
+        made: whatever a caller passes, the message is shown as it reads."""
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=False)
+
     def _failed(self, row: view.ProcessRow, cmd: str, why: str) -> None:
         self.notify(f"{cmd} in pid {row.pid} failed: {why}", severity="error", timeout=8)
 
@@ -613,7 +658,7 @@ class MemtopApp(App[None]):
         )
 
     def action_cleanup(self) -> None:
-        row = self._agent_target("clean up")
+        row = self._agent_target("clean up", cuda=True)
         if row is not None:
             self.notify(f"Cleaning up in pid {row.pid}…", timeout=2)
             self._run_agent_command(row, "cleanup", {}, self._cleanup_done)
@@ -654,7 +699,7 @@ class MemtopApp(App[None]):
         self.notify(f"Peak reset in pid {row.pid} ({devices or 'no devices'}).", timeout=5)
 
     def action_snapshot(self) -> None:
-        row = self._agent_target("take a snapshot")
+        row = self._agent_target("take a snapshot", cuda=True)
         if row is None:
             return
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(self.clock()))
@@ -670,7 +715,6 @@ class MemtopApp(App[None]):
             f"{path}\n{snapshot_note(snapshot.devices if snapshot is not None else {})}",
             title=f"Snapshot of pid {row.pid} written",
             timeout=15,
-            markup=False,  # a path is not markup
         )
 
     def action_terminate(self) -> None:
@@ -731,7 +775,7 @@ class MemtopApp(App[None]):
     def action_stacks(self) -> None:
         """Stack recording on or off in the selected trainer (asks first, says the cost):
         the `sites` command, switched by the trainer at its next step boundary."""
-        row = self._agent_target("record stacks")
+        row = self._agent_target("record stacks", cuda=True)
         if row is None:
             return
 
@@ -909,30 +953,31 @@ class MemtopApp(App[None]):
 
     def action_copy_fix(self) -> None:
         """Copy a fix (OSC 52: works over SSH in most terminals): the focused suggestion's; from
-        the table or the detail screen, the most severe fix for the selected process — never
-        another process's."""
+        the table or the detail screen, the selected process's most severe suggestion's — never
+        another process's, nor a lesser tip's when that one has none (a leak's `y` copied the
+        8-bit optimizer).  Only a command shown in full is copied (memtop.ui.fixes)."""
         pane = self.suggestions
         if self.focused is pane and self._detail_screen() is None:
             item = pane.selected()
             if item is None:
                 self.notify("No suggestion highlighted.", severity="warning")
                 return
-            if not item.fix:
-                self.notify(f"“{item.title}” has no one-line fix.", severity="warning")
-                return
-            fix = item.fix or ""
         else:
             row = self.selected_row()
             if row is None:
                 self.notify("No process selected: move to one with ↑/↓.", severity="warning")
                 return
-            mine = [i for i in self._items_of(row) if i.fix]
-            if not mine:
+            mine = self._items_of(row)
+            if not any(i.fix for i in mine):
                 self.notify(f"No suggestion for pid {row.pid} has a fix.", severity="warning")
                 return
-            fix = mine[0].fix or ""  # most severe first
-        self.copy_to_clipboard(fix)
-        self.notify(f"Copied: {fix}", timeout=4)
+            item = mine[0]  # most severe first
+        refusal = fixes.not_copied(item)
+        if refusal is not None:
+            self.notify(refusal, severity="warning", timeout=6)
+            return
+        self.copy_to_clipboard(item.fix or "")
+        self.notify(fixes.copied(item), timeout=6)
 
     def _items_of(self, row: view.ProcessRow) -> list[view.SuggestionItem]:
         """The selected process's own suggestions, most severe first, unfolded (the pane folds
@@ -958,14 +1003,22 @@ class MemtopApp(App[None]):
     def on_input_changed(self, event: Any) -> None:
         if event.input is self.filter_input:
             self.table.set_filter(event.value)
+            self._refilter_suggestions()
 
     def on_input_submitted(self, event: Any) -> None:
         if event.input is self.filter_input:
             self._close_filter(keep=True)
 
+    def _refilter_suggestions(self) -> None:
+        dash = self.dashboard
+        if dash is not None and dash.state != view.EMPTY and self._mounted:
+            compact = self.size.width < COMPACT_WIDTH or self.size.height < COMPACT_HEIGHT
+            self._show_suggestions(dash, compact, renew=True)
+
     def _close_filter(self, keep: bool) -> None:
         if not keep:
             self.table.set_filter("")
+            self._refilter_suggestions()
         self.filter_input.display = False
         self.table.focus()
 

@@ -8,11 +8,11 @@ them needs no Textual, so tests can check the joins and the wording without a te
 from __future__ import annotations
 
 import os
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from memtop.diagnosis import DeviceDiagnosis, Suggestion
+from memtop.diagnosis import DeviceDiagnosis, HostDiagnosis, Suggestion
 from memtop.diagnosis.effects import ActionEffect
 from memtop.diagnosis.leak import LeakBasis
 from memtop.diagnosis.suggestions import EffectKind, RuleId
@@ -193,6 +193,9 @@ class ProcessRow:
     rocm: str | None = None  # the HIP version when its torch is a ROCm build (AMD GPUs)
     host: str = ""  # the machine it runs on, short, when not this one (the fleet view)
     job: str = ""  # its scheduler job or rendezvous, compact (memtop.jobs): "slurm 4242"
+    # An agent that uses no CUDA device (a CPU trainer): judged by its host memory, and the
+    # keys that act on CUDA's caching allocator (cleanup, snapshot, stacks) have nothing to do.
+    cpu_only: bool = False
     mig_instance: int | None = None  # the GPU instance id of the MIG instance it runs on
 
     @property
@@ -241,6 +244,8 @@ class SuggestionItem:
     effect_kind: EffectKind = EffectKind.SAVING  # its colour on screen: widgets.suggestions
     rule: str = ""
     room: str | None = None  # a roll-up's headroom ("53.8 GiB unused"), drawn apart from savings
+    fix_by_agent: bool = False  # the fix is an agent's words (an OOM report's): marked so
+    fix_is_prose: bool = False  # the fix is advice in words, not a line to paste
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,7 +284,9 @@ def build(
     # A process on a MIG instance shows its GPU as "0:1" (GPU 0, GPU instance 1).
     instances = {g.uuid: g.mig.gpu_instance_id for g in obs.gpus if g.mig is not None}
     processes = tuple(
-        _process_row(entry, my_uid, users, obs.time, instances.get(entry.uuid or ""))
+        _process_row(
+            entry, my_uid, users, obs.time, instances.get(entry.uuid or ""), obs.diagnosis.hosts
+        )
         for entry in obs.entries
     )
     if not sampled:
@@ -366,7 +373,17 @@ def nothing_to_suggest(obs: Observation) -> str:
         # CPU only when the agents say they see no CUDA device; else their first samples are
         # still on the way.
         if all(a.hello is not None and not a.hello.devices for a in live):
-            return "Nothing to judge: the PyTorch processes use no GPU (CPU only)."
+            # Judged by their host memory (RSS after each step) once there are steps enough.
+            hosts = [obs.diagnosis.hosts.get(a.pid) for a in live]
+            if hosts and all(h is not None and h.leak.basis != LeakBasis.NONE for h in hosts):
+                return (
+                    "Nothing to suggest: the PyTorch processes use no GPU (CPU only); their "
+                    "host memory after each step is steady."
+                )
+            return (
+                "Nothing to judge yet: the PyTorch processes use no GPU (CPU only); their host "
+                "memory is judged after a few dozen steps."
+            )
         return COLLECTING
     if any(d.diagnosis.leak.basis == LeakBasis.NONE for d in devices):
         return COLLECTING
@@ -520,6 +537,7 @@ def _process_row(
     users: MutableMapping[int, str],
     now: float,
     mig_instance: int | None = None,
+    hosts: Mapping[int, HostDiagnosis] | None = None,
 ) -> ProcessRow:
     info = entry.info
     own = info is not None and info.uid == my_uid
@@ -538,7 +556,10 @@ def _process_row(
             pid=entry.pid,
             host=where,
             user=user,
-            command=short_command(argv) if argv else (info.name if info and info.visible else "?"),
+            command=_labelled(
+                entry,
+                short_command(argv) if argv else (info.name if info and info.visible else "?"),
+            ),
             full_command=info.command if info and info.visible else "?",
             **host,
             gpu=entry.gpu,
@@ -554,7 +575,7 @@ def _process_row(
             own=own,
         )
     argv = agent.argv or (info.cmdline if info else ())
-    command = short_command(argv) if argv else "?"
+    command = _labelled(entry, short_command(argv) if argv else "?")
     full = " ".join(argv) if argv else "?"
     extra = agent.hello.extra if agent.hello is not None else {}
     ranks = {
@@ -569,6 +590,20 @@ def _process_row(
     if dev is not None and dev.diagnosis.leak.detected and state == ProcessState.AGENT:
         leak = dev.diagnosis.leak
         trend = leak_label(leak.bytes_per_step, leak.bytes_per_second, None, short=True)
+    elif dev is not None and dev.diagnosis.leak.detected and state == ProcessState.EXITED:
+        # The verdict stays with the row of a trainer that exited, marked as the last seen.
+        leak = dev.diagnosis.leak
+        trend = "was " + leak_label(leak.bytes_per_step, leak.bytes_per_second, None, short=True)
+    own_host = (hosts or {}).get(agent.pid)
+    if (
+        dev is None
+        and own_host is not None
+        and own_host.leak.detected
+        and state == ProcessState.AGENT
+    ):
+        # A CPU trainer: its verdict is on its host memory (RSS after each step).
+        leak = own_host.leak
+        trend = "host " + leak_label(leak.bytes_per_step, leak.bytes_per_second, None, short=True)
     # Without a device (an agent that has not sampled yet, or cannot be reached) the row keeps
     # its process and agent columns and leaves the GPU's blank.
     return ProcessRow(
@@ -593,7 +628,15 @@ def _process_row(
         trend=trend,
         own=own,
         rocm=agent.hip,
+        cpu_only=agent.cpu_only,
     )
+
+
+def _labelled(entry: ProcessEntry, command: str) -> str:
+    """A server's command with what it is and what it reserved on purpose in front ("vLLM ·
+    0.92 of GPU  vllm serve …"): its usage is then read against its own request."""
+    label = entry.workload.label if entry.workload is not None else ""
+    return f"{label}  {command}" if label else command
 
 
 def process_key(pid: int | None) -> str:
@@ -726,6 +769,8 @@ def _item(s: Suggestion) -> SuggestionItem:
         detail=s.detail,
         effect_kind=s.effect_kind,
         rule=s.rule,
+        fix_by_agent=s.fix_by_agent,
+        fix_is_prose=s.fix_is_prose,
     )
 
 
@@ -800,6 +845,19 @@ def build_detail(obs: Observation, row: ProcessRow, gpu_uuid: str | None) -> Det
         actions = tuple(
             line for e in reversed(done[-ACTIONS_SHOWN:]) for line in effect_lines(e, obs.time)
         )
+    elif (agent := obs.agent(row.pid)) is not None and agent.host_history.time:
+        # No CUDA device (a CPU trainer): its host memory is its history.
+        history = agent.host_history
+        times = history.time[-DETAIL_SAMPLES:]
+        newest = times[-1]
+        skip = len(history.time) - len(times)
+        series.append(_series("RSS", times, history.allocated[skip:], newest))
+        mark_times = [t for t in history.mark_time if t >= times[0]]
+        if mark_times:
+            first = len(history.mark_time) - len(mark_times)
+            series.append(
+                _series("RSS after step", mark_times, history.mark_allocated[first:], newest, min)
+            )
     elif gpu_uuid is not None:
         gpu = obs.gpu(gpu_uuid)
         if gpu is not None and gpu.used_history[0]:

@@ -11,6 +11,7 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from memtop.ui.fixes import fix_text
 from memtop.ui.render import FREE, SEVERITY_STYLES, fragmentation_style, gauge, short_bytes
 from memtop.ui.view import Detail, ProcessRow, leak_label
 from memtop.ui.widgets.history_chart import HistoryChart
@@ -58,6 +59,7 @@ class DetailScreen(Screen[None]):
         self.query_one("#detail-title", Static).update(_title(detail.row))
         self.query_one(HistoryChart).show(detail)
         self.query_one("#breakdown", Static).update(_breakdown(detail))
+        self.query_one("#breakdown").border_title = _breakdown_title(detail)
         self.query_one("#facts", Static).update(_facts(detail))
         self.query_one("#detail-suggestions", Static).update(_suggestions(detail))
         self.query_one(SitesPanel).show(detail.device.sites if detail.device else ())
@@ -89,7 +91,11 @@ def _suggestions(detail: Detail) -> Table | Text:
     """Every suggestion in full: a badge column, and the text wrapping beside it."""
     if not detail.suggestions:
         if detail.device is None and detail.row.has_agent:
-            return Text("Nothing to judge: this process uses no CUDA device (CPU only).", FREE)
+            return Text(
+                "No CUDA device (CPU only): judged by its host memory (RSS after each step); "
+                "nothing to suggest.",
+                FREE,
+            )
         return Text("Nothing to suggest.", FREE)
     grid = Table.grid(padding=(0, 1))
     grid.add_column(no_wrap=True)
@@ -104,11 +110,24 @@ def _suggestions(detail: Detail) -> Table | Text:
             body.append(f"\n{item.detail}")
         if item.evidence:
             body.append(f"\n{item.evidence}", style=FREE)
-        if item.fix:
-            body.append("\n$ ", style=FREE)
-            body.append(item.fix, style="bold cyan")
+        if item.fix:  # `$ command` or `→ advice`, and whose words (memtop.ui.fixes)
+            body.append("\n")
+            body.append_text(fix_text(item))
         grid.add_row(badge, body)
     return grid
+
+
+def _breakdown_title(detail: Detail) -> str:
+    """Which step the breakdown was measured after, and how long ago: it is served until the
+    agent measures the next (every 10 s or so), and lagged a minute behind in one run."""
+    device = detail.device
+    if device is None or not device.breakdown:
+        return "Breakdown at step boundary"
+    step = device.breakdown_step
+    if device.breakdown_time is None or detail.newest is None:
+        return "Breakdown at step boundary" if step is None else f"Breakdown after step {step}"
+    age = format_duration(max(0.0, detail.newest - device.breakdown_time))
+    return f"Breakdown, {age} ago" if step is None else f"Breakdown after step {step}, {age} ago"
 
 
 def _breakdown(detail: Detail) -> Text:

@@ -328,10 +328,11 @@ class GpuPanel(VerticalScroll):
         elif not gpus:
             line = no_gpus or WAITING
             if self._waiting is None:
-                self._waiting = Static(line, id="gpu-waiting", classes="muted")
+                # Why there is no GPU, as a driver or a fleet source said it: words, not markup.
+                self._waiting = Static(Text(line), id="gpu-waiting", classes="muted")
                 self.mount(self._waiting)
             elif self._said != line:
-                self._waiting.update(line)
+                self._waiting.update(Text(line))
             self._said = line
         wanted = {row.uuid for row in gpus}
         for uuid in [uuid for uuid in self._cards if uuid not in wanted]:

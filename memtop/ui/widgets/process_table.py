@@ -152,9 +152,12 @@ class Group:
             text.append("  alloc spread ", style=FREE)
             text.append(short_bytes(spread), style="bold")
             text.append(f" (r{top.rank} − r{low.rank})", style=FREE)
-        leaking = [r for r in self.rows if r.trend]
+        leaking = sorted((r for r in self.rows if r.trend), key=lambda r: r.last_known)
         if leaking:
-            text.append(f"  r{leaking[0].rank} leaks {leaking[0].trend}", style="bold red")
+            rank = leaking[0]  # a live leak before the last one seen of a rank that exited
+            verb = "leaked" if rank.last_known else "leaks"
+            trend = rank.trend.removeprefix("was ")
+            text.append(f"  r{rank.rank} {verb} {trend}", style="bold red")
         return text
 
 
@@ -229,6 +232,7 @@ class ProcessTable(Widget, can_focus=True):
         self.sort_reverse = False
         self.filter = ""
         self._top = 0  # first line shown (the table scrolls to keep the cursor in view)
+        self._borders: tuple[str, str] | None = None  # the title and subtitle set, as words
         self._compact = False
         self._texts: list[Text] = []
         self._header = Text()
@@ -333,10 +337,12 @@ class ProcessTable(Widget, can_focus=True):
         # The compact layout draws only the top rule, where the subtitle (the filter, the sort)
         # is not shown: there it goes into the title, or nothing said a filter was on.
         title = f"Processes  {subtitle}" if self._compact and subtitle else "Processes"
-        if subtitle != self.border_subtitle:  # setting it, even unchanged, repaints the border
-            self.border_subtitle = subtitle
-        if title != self.border_title:
-            self.border_title = title
+        if (title, subtitle) != self._borders:  # setting them, even unchanged, repaints
+            self._borders = (title, subtitle)
+            # Text, not a str: a str is parsed as markup, and the filter is typed text
+            # (`/[/x]` raised MarkupError).
+            self.border_subtitle = Text(subtitle)
+            self.border_title = Text(title)
         self._render_rows()
 
     def _subtitle(self) -> str:

@@ -10,6 +10,7 @@ from textual.widgets.option_list import Option
 
 from memtop.diagnosis.suggestions import EffectKind
 from memtop.model import Severity
+from memtop.ui.fixes import fix_lines
 from memtop.ui.render import FREE, SEVERITY_STYLES, slow_tick
 from memtop.ui.view import SuggestionItem
 from memtop.ui.widgets.lines import looks_alike
@@ -87,18 +88,18 @@ def suggestion_text(item: SuggestionItem, compact: bool, width: int | None = Non
         title.append(" · ", style=FREE)
         title.append(item.room, style=EFFECT_STYLES[EffectKind.ROOM])
     indent = " " * 8
-    todo: Text | None = None
-    if item.fix:
-        todo = Text.assemble(indent, ("$ ", FREE), (item.fix, "bold cyan"))
+    todo: list[Text] = []
+    if item.fix:  # the whole fix, wrapped: what `y` copies is what is read (memtop.ui.fixes)
+        todo = fix_lines(item, indent, width)
     elif item.detail and item.severity in URGENT:
-        todo = Text.assemble(indent, ("→ ", FREE), (item.detail, "bold"))
+        todo = [Text.assemble(indent, ("→ ", FREE), (item.detail, "bold"))]
     evidence = Text(indent + item.evidence, style=FREE) if item.evidence else None
     if compact:
-        lines = [title, *([todo] if todo else [evidence] if evidence else [])]
+        lines = [title, *(todo or ([evidence] if evidence else []))]
     else:
-        lines = [title, *([evidence] if evidence else []), *([todo] if todo else [])]
-    # One row per line at any width: wrapped evidence would lose its indent and push the next
-    # suggestion out of view; the detail screen has the full text.
+        lines = [title, *([evidence] if evidence else []), *todo]
+    # One row per line at any width (but a fix's, wrapped above): wrapped evidence would lose
+    # its indent and push the next suggestion out of view; the detail screen has the full text.
     if width is not None:
         lines = [clip(line, width) for line in lines]
     return Text("\n").join(lines)
