@@ -276,6 +276,11 @@ def _agent_threads(pid: int) -> list[int]:
         return []
 
 
+def _more_fds(pid: int, before: tuple[int, int] | None) -> bool:
+    now = _proc_counts(pid)
+    return now is not None and before is not None and now[1] > before[1]
+
+
 def _agent_thread_id(pid: int, sockets: Path) -> int | None:
     """The agent thread's native id from its `hello` (None from an agent that does not say)."""
     from memtop.sources.agents import AgentClient
@@ -336,8 +341,20 @@ def _soak(
             break
         time.sleep(0.05)
     time.sleep(1.0)  # the agents' threads are up
-    start_counts = {pid: _proc_counts(pid) for pid in pids}
+    before = {pid: _proc_counts(pid) for pid in pids}
     agent_tids = {pid: _agent_thread_id(pid, sockets) for pid in pids}
+    # That connection is closed; the agent closes its end when it reads the EOF, which a loaded
+    # box may not have done yet: the fd counts start once it has (at most 3 s), so the soak's
+    # own look at the agents is not counted as a descriptor the viewers cost.
+    settle = time.monotonic() + 3.0
+    while time.monotonic() < settle and any(
+        (now := _proc_counts(pid)) is not None
+        and (old := before[pid]) is not None
+        and now[1] > old[1]
+        for pid in pids
+    ):
+        time.sleep(0.05)
+    start_counts = {pid: _proc_counts(pid) for pid in pids}
     viewer_command = [*me, "--viewer", "--seconds", str(args.seconds - 2), "--socket-dir"]
     viewer_command += [str(sockets), "--out", str(work), "--pids", ",".join(map(str, pids))]
     viewers.extend(_spawn(viewer_command, env, work) for _ in range(args.viewers))

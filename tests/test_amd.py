@@ -101,8 +101,13 @@ def test_once_json_lists_the_amd_gpus_and_their_processes(
     assert first["utilization_percent"] == 40
     assert first["temperature_c"] == 50  # the hotspot sensor: an MI300X has no edge one
     assert first["source"] == "amdsmi" and first["error"] is None
-    assert first["processes"] == [{"pid": 4242, "used_bytes": 5 * GiB, "kind": "compute"}]
-    assert second["processes"] == [{"pid": 4243, "used_bytes": 7 * GiB, "kind": "compute"}]
+    # (`workload`: what the process is, when known: a server's request; none here)
+    assert first["processes"] == [
+        {"pid": 4242, "used_bytes": 5 * GiB, "kind": "compute", "workload": None}
+    ]
+    assert second["processes"] == [
+        {"pid": 4243, "used_bytes": 7 * GiB, "kind": "compute", "workload": None}
+    ]
 
 
 @pytest.fixture
