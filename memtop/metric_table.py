@@ -447,4 +447,12 @@ GPU_METRICS: tuple[GpuMetric, ...] = (
         "The GPU's temperature in degrees Celsius.",
         "celsius",
     ),
+    GpuMetric(
+        "power_watts",
+        "power_watts",
+        "memtop_gpu_power_watts",
+        "The board's power draw in watts (NVML power usage, amdsmi socket power).",
+        "watts",
+        parse=float,
+    ),
 )
