@@ -1,5 +1,6 @@
 """The per-device figures, in one table: what `--once --json`, the Prometheus exporter and the
 fleet's Prometheus reader each call them, and how to read each from an observed agent device.
+The driver's per-GPU figures are a second table, `GPU_METRICS`, at the end.
 
 `memtop.report` writes a row's `json` field into each agent device of the JSON report,
 `memtop.export.metrics` a family named `prometheus` with its help text (DESIGN §11), and
@@ -382,3 +383,76 @@ def _by_key(table: tuple[DeviceMetric, ...]) -> dict[str, DeviceMetric]:
 @cache
 def _by_series(table: tuple[DeviceMetric, ...]) -> dict[str, DeviceMetric]:
     return {row.series: row for row in table if row.series is not None and row.fleet}
+
+
+# The driver's per-GPU figures (NVML, amdsmi, the demo's simulated GPUs, or the agents' account
+# where no driver answers): one row each.  `memtop.report` writes a row's `json` field into each
+# entry of the JSON report's `devices`, `memtop.export.metrics` its family (labelled by GPU,
+# as dcgm-exporter's), and `memtop.sources.prometheus` reads that family back into the same
+# field of a remote host's `DeviceReading`.  Adding a driver figure the sources already read is
+# one row here; the names are contracts like the agent devices' above.
+
+
+@dataclass(frozen=True)
+class GpuMetric:
+    """One figure the driver reports for one GPU."""
+
+    field: str  # the memtop.model.DeviceReading field it is (and the fleet's reader refills)
+    json: str | None  # field of devices[] in `--once --json`; None: not in the report
+    prometheus: str | None  # gauge family; None: not exported
+    help: str  # the family's help text (a contract, like the name)
+    unit: str  # "bytes", "percent", "celsius", "watts"
+    # A sample's value back into the reading's type, for the fleet's reader (bytes are ints).
+    parse: Callable[[float], Any] = int
+
+    def read(self, reading: Any) -> Any:
+        """Its value from a memtop.model.DeviceReading; None: not read."""
+        return getattr(reading, self.field)
+
+
+# In the order of the JSON report's fields; the exporter writes its families in this order too.
+GPU_METRICS: tuple[GpuMetric, ...] = (
+    GpuMetric(
+        "total_bytes",
+        "total_bytes",
+        "memtop_gpu_memory_total_bytes",
+        "Device memory in all.",
+        "bytes",
+    ),
+    GpuMetric(
+        "used_bytes",
+        "used_bytes",
+        "memtop_gpu_memory_used_bytes",
+        "Device memory in use (NVML, or the agents' mem_get_info).",
+        "bytes",
+    ),
+    GpuMetric(
+        "free_bytes",
+        "free_bytes",
+        "memtop_gpu_memory_free_bytes",
+        "Device memory free.",
+        "bytes",
+    ),
+    GpuMetric(
+        "utilization_percent",
+        "utilization_percent",
+        None,
+        "The share of the last sample period a kernel ran (NVML's GPU utilisation).",
+        "percent",
+    ),
+    GpuMetric(
+        "temperature_c",
+        "temperature_c",
+        None,
+        "The GPU's temperature in degrees Celsius.",
+        "celsius",
+    ),
+    GpuMetric(
+        "power_watts",
+        "power_watts",
+        "memtop_gpu_power_watts",
+        "The board's power draw in watts (NVML power usage, amdsmi socket power).",
+        "watts",
+        parse=float,
+    ),
+)

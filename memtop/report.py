@@ -53,11 +53,8 @@ def _device(gpu: GpuObservation, obs: Observation) -> dict[str, Any]:
         "index": gpu.index,
         "uuid": gpu.uuid,
         "name": gpu.name,
-        "total_bytes": gpu.total_bytes,
-        "used_bytes": gpu.used_bytes,
-        "free_bytes": gpu.free_bytes,
-        "utilization_percent": gpu.utilization_percent,
-        "temperature_c": gpu.temperature_c,
+        # The driver's figures: the rows of memtop.metric_table.GPU_METRICS.
+        **{row.json: row.read(gpu.reading) for row in metric_table.GPU_METRICS if row.json},
         "source": gpu.source,
         "error": gpu.error,
         "pci_bus_id": gpu.pci_bus_id,

@@ -1,17 +1,27 @@
 """The per-device figures are contracts (DESIGN §7 and §11): the `--once --json` fields of each
 agent device, and the Prometheus families with their type, help text and labels.  These pins
 were taken from the hand-written lists before `memtop.metric_table` replaced them: a name, a
-help text or a label that changes here breaks a user's script, dashboard or alert."""
+help text or a label that changes here breaks a user's script, dashboard or alert.  The driver's
+per-GPU figures (`metric_table.GPU_METRICS`: the `devices[]` of the report, the `memtop_gpu_*`
+families) are pinned the same way."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from helpers.observations import frozen_observation
+from nvml_standin import Gpu, State, build, env
 from prometheus_client.parser import text_string_to_metric_families
 
 from memtop import metric_table, report
 from memtop.export.metrics import render
 from memtop.export.text import exposition
-from memtop.metric_table import DeviceMetric
+from memtop.metric_table import DeviceMetric, GpuMetric
 from memtop.sources.prometheus import hosts_of
 
 # agents[].devices[] of `memtop --once --json`.
@@ -47,6 +57,27 @@ DEVICE_JSON_FIELDS = {
     "pressure",
     "baseline_bytes",
     "breakdown",
+}
+
+# devices[] of `memtop --once --json`: one GPU each.
+GPU_JSON_FIELDS = {
+    "index",
+    "uuid",
+    "name",
+    "total_bytes",
+    "used_bytes",
+    "free_bytes",
+    "utilization_percent",
+    "temperature_c",
+    "power_watts",
+    "source",
+    "error",
+    "pci_bus_id",
+    "processes",
+    "peak_sum_bytes",
+    "mig",
+    "mig_mode",
+    "accounting",
 }
 
 GPU = ("hostname", "UUID", "gpu", "modelName")
@@ -85,6 +116,11 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         (*GPU, "part"),
     ),
     "memtop_gpu_memory_free_bytes": ("gauge", "Device memory free.", GPU),
+    "memtop_gpu_power_watts": (
+        "gauge",
+        "The board's power draw in watts (NVML power usage, amdsmi socket power).",
+        GPU,
+    ),
     "memtop_gpu_process_used_bytes": (
         "gauge",
         "Device memory the driver charges one process (NVML per-process used).",
@@ -274,6 +310,13 @@ def test_the_json_fields_of_an_agent_device_are_the_contracted_ones():
         assert set(dev) == DEVICE_JSON_FIELDS
 
 
+def test_the_json_fields_of_a_gpu_are_the_contracted_ones():
+    built = report.build(frozen_observation())
+    assert built["devices"]
+    for gpu in built["devices"]:
+        assert set(gpu) == GPU_JSON_FIELDS
+
+
 def test_every_family_keeps_its_name_type_help_and_labels():
     families = render(frozen_observation())
     exposed = _exposed(exposition(families).decode())
@@ -373,3 +416,119 @@ def test_every_row_reads_a_real_device_and_follows_the_naming_conventions():
     fleet = {row.fleet for row in metric_table.DEVICE_METRICS if row.fleet}
     assert (metric_table.DEVICE, "index") in fleet
     assert (metric_table.STATS, "allocated_bytes.all.current") in fleet
+
+
+# ------------------------------------------------------------------ the driver's figures: one table
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# In a child (pynvml binds its library once per process): one observation of the stand-in
+# driver, its GPU's power as observed and the exposition of it.
+EXPOSE = """
+import json, sys
+from memtop.cli import _make_sampler, build_parser
+from memtop.export.metrics import render
+from memtop.export.text import exposition
+from memtop.observation import Observer
+sampler = _make_sampler(build_parser().parse_args(["--socket-dir", sys.argv[1]]))
+sampler.sample_once()
+observation = Observer(sampler.store).latest()
+print(json.dumps([gpu.power_watts for gpu in observation.gpus]))
+sys.stdout.write(exposition(render(observation)).decode())
+sampler.stop()
+"""
+
+
+def test_the_power_draw_reaches_the_json_report_and_the_exporter(tmp_path: Path) -> None:
+    """The board's draw, on screen since the GPU panel had it, is in `--once --json`,
+    `memtop export` and the fleet's readings too: read by the real nvidia-ml-py from the
+    stand-in driver, whose nvmlDeviceGetPowerUsage says 100 W + 5 W per percent of
+    utilisation."""
+    state = State(gpus=[Gpu(util=50), Gpu(util=10)]).write(tmp_path / "state")
+    sockets = tmp_path / "sockets"
+    sockets.mkdir(mode=0o700)
+    child_env = env(build(tmp_path / "lib"), state)
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), *sys.path) if p)
+
+    def run(*args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, *args], env=child_env, capture_output=True, text=True, timeout=90
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    report_ = json.loads(run("-m", "memtop", "--socket-dir", str(sockets), "--once", "--json"))
+    assert report_["nvml"]["source"] == "nvml", report_["nvml"]
+    assert [gpu["power_watts"] for gpu in report_["devices"]] == [350.0, 150.0]
+
+    observed_line, text = run("-c", EXPOSE, str(sockets)).split("\n", 1)
+    observed = json.loads(observed_line)
+    assert observed == [350.0, 150.0]  # what the screen shows
+    exposed = _exposed(text)
+    assert exposed["memtop_gpu_power_watts"]["TYPE"] == "gauge"
+    power = {
+        s.labels["gpu"]: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "memtop_gpu_power_watts"
+    }
+    assert power == {"0": observed[0], "1": observed[1]}
+    # And the fleet's reader gives it back to the host's readings (the fleet's GPU cards).
+    (host,) = hosts_of(_as_prometheus_stores_it(text))
+    assert [d.power_watts for d in host.driver.devices] == observed
+
+
+def test_a_gpu_figure_added_to_the_table_reaches_the_report_the_exporter_and_the_fleet(
+    monkeypatch,
+):
+    """A driver figure the sources read (here the memory controller's busy share, which no
+    output had) is one GpuMetric row: the JSON report, the exporter and the fleet's reader
+    follow from it."""
+    row = GpuMetric(
+        "memory_utilization_percent",
+        "memory_busy_percent",
+        "memtop_gpu_memory_busy_percent",
+        "The memory controller's busy share (a family made up for this test).",
+        "percent",
+    )
+    monkeypatch.setattr(metric_table, "GPU_METRICS", (*metric_table.GPU_METRICS, row))
+    observation = frozen_observation()
+    busy = {gpu.uuid: 30 + gpu.index for gpu in observation.gpus}
+    observation = dataclasses.replace(
+        observation,
+        gpus=tuple(
+            dataclasses.replace(
+                gpu,
+                reading=dataclasses.replace(gpu.reading, memory_utilization_percent=busy[gpu.uuid]),
+            )
+            for gpu in observation.gpus
+        ),
+    )
+
+    built = report.build(observation)
+    assert {gpu["uuid"]: gpu["memory_busy_percent"] for gpu in built["devices"]} == busy
+
+    text = exposition(render(observation)).decode()
+    assert _exposed(text)["memtop_gpu_memory_busy_percent"] == {
+        "HELP": "The memory controller's busy share (a family made up for this test).",
+        "TYPE": "gauge",
+    }
+    (host,) = hosts_of(_as_prometheus_stores_it(text))
+    assert {d.uuid: d.memory_utilization_percent for d in host.driver.devices} == busy
+
+
+def test_every_gpu_row_reads_a_real_reading_and_follows_the_naming_conventions():
+    reading = frozen_observation().gpus[0].reading
+    jsons, names = set(), set()
+    for row in metric_table.GPU_METRICS:
+        row.read(reading)  # every row names a field the reading has
+        assert row.json not in jsons and row.prometheus not in names
+        if row.json is not None:
+            jsons.add(row.json)
+        if row.prometheus is None:
+            continue
+        names.add(row.prometheus)
+        assert row.prometheus.startswith("memtop_gpu_")
+        suffix = {"bytes": "_bytes", "watts": "_watts", "percent": "_percent"}.get(row.unit)
+        if suffix is not None:
+            assert row.prometheus.endswith(suffix), row

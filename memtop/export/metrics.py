@@ -167,13 +167,12 @@ def render(
         "memtop_observation_time_seconds", "Unix time of the observation.", ("hostname",)
     )
     time_g.add_metric([host], obs.time)
-    gpu_used = gauge(
-        "memtop_gpu_memory_used_bytes",
-        "Device memory in use (NVML, or the agents' mem_get_info).",
-        gpu_label_names,
-    )
-    gpu_total = gauge("memtop_gpu_memory_total_bytes", "Device memory in all.", gpu_label_names)
-    gpu_free = gauge("memtop_gpu_memory_free_bytes", "Device memory free.", gpu_label_names)
+    # One family per exported driver figure of the GPU table (memtop.metric_table.GPU_METRICS).
+    gpu_families = [
+        (figure, gauge(figure.prometheus, figure.help, gpu_label_names))
+        for figure in metric_table.GPU_METRICS
+        if figure.prometheus is not None
+    ]
     gpu_processes = gauge(
         "memtop_gpu_process_used_bytes",
         "Device memory the driver charges one process (NVML per-process used).",
@@ -197,12 +196,9 @@ def render(
         if gpu.accounting is not None:
             for share in gpu.accounting.parts:
                 gpu_accounted.add_metric([*labels, share.name], share.bytes)
-        if gpu.used_bytes is not None:
-            gpu_used.add_metric(labels, gpu.used_bytes)
-        if gpu.total_bytes is not None:
-            gpu_total.add_metric(labels, gpu.total_bytes)
-        if gpu.free_bytes is not None:
-            gpu_free.add_metric(labels, gpu.free_bytes)
+        for figure, family in gpu_families:
+            if (value := figure.read(gpu.reading)) is not None:
+                family.add_metric(labels, value)
         for process in gpu.processes:
             if process.used_bytes is not None:
                 gpu_processes.add_metric([*labels, str(process.pid)], process.used_bytes)
@@ -331,9 +327,7 @@ def render(
     return [
         time_g,
         gpu_info,
-        gpu_used,
-        gpu_total,
-        gpu_free,
+        *(family for _, family in gpu_families),
         gpu_processes,
         gpu_accounted,
         info,

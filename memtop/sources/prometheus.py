@@ -588,6 +588,8 @@ def _host(host: str, rows: list[tuple[dict[str, str], float]]) -> HostReading:
         return found
 
     per_device = metric_table.by_series()  # the series of the metric table the fleet reads
+    # The driver's figures the exporter writes, by family (memtop.metric_table.GPU_METRICS).
+    per_gpu = {row.prometheus: row for row in metric_table.GPU_METRICS if row.prometheus}
     for labels, value in rows:
         name = labels.get("__name__", "")
         instance = instance or labels.get("instance")
@@ -600,9 +602,8 @@ def _host(host: str, rows: list[tuple[dict[str, str], float]]) -> HostReading:
                 name=labels.get("modelName", ""),
                 source=labels.get("source", "nvml"),
             )
-        elif name in ("memtop_gpu_memory_used_bytes", "memtop_gpu_memory_total_bytes",
-                      "memtop_gpu_memory_free_bytes"):  # fmt: skip
-            gpus.setdefault(labels.get("UUID", ""), {})[name.split("_")[3]] = int(value)
+        elif (figure := per_gpu.get(name)) is not None:
+            gpus.setdefault(labels.get("UUID", ""), {})[figure.field] = figure.parse(value)
         elif name == "memtop_gpu_process_used_bytes":
             processes.setdefault(labels.get("UUID", ""), []).append(
                 GpuProcess(_int(labels.get("pid")), int(value))
@@ -619,15 +620,14 @@ def _host(host: str, rows: list[tuple[dict[str, str], float]]) -> HostReading:
     readings = []
     for uuid, gpu in gpus.items():
         listed = tuple(sorted(processes.get(uuid, []), key=lambda p: p.pid))
+        figures: dict[str, Any] = {row.field: gpu.get(row.field) for row in per_gpu.values()}
         readings.append(
             DeviceReading(
                 index=gpu.get("index", 0),
                 uuid=uuid,
                 name=gpu.get("name", ""),
-                total_bytes=gpu.get("total"),
-                used_bytes=gpu.get("used"),
-                free_bytes=gpu.get("free"),
                 processes=listed,
+                **figures,
                 source=gpu.get("source", "nvml"),
             )
         )
