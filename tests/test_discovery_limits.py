@@ -30,6 +30,7 @@ from memtop.sources.agents import AgentPool
 
 pytestmark = [pytest.mark.slow, needs_root]
 
+ROOT = Path(__file__).resolve().parent.parent
 CROWD = str(Path(__file__).with_name("agent_crowd.py"))
 SYSTEM_PYTHON = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
 PER_DIRECTORY = 40  # two directories of one user: 80 agents, over the 64 per user
@@ -234,7 +235,24 @@ def test_ten_thousand_empty_directories_are_one_line(crowd: Crowd) -> None:
         "sys.exit(subprocess.run([sys.executable, '-m', 'memtop.cli', '--once', '--json'])"
         ".returncode)\n"
     )
-    script = 'mount -t tmpfs -o mode=1777 tmpfs /tmp && exec "$0" -c "$1"'
+    # The interpreter, its packages and this checkout may live under /tmp themselves (CI's venv
+    # does): each is bind-mounted aside before the new /tmp hides it, and back in after.
+    keep = [
+        p for p in dict.fromkeys(
+            os.path.realpath(q)
+            for q in (sys.prefix, sys.base_prefix, os.path.dirname(sys.executable), str(ROOT))
+        )
+        if p.startswith("/tmp/")
+    ]  # fmt: skip
+    aside = "".join(
+        f'mkdir -p "$k/{i}" && mount --bind "{p}" "$k/{i}" && ' for i, p in enumerate(keep)
+    )
+    back = "".join(f'mkdir -p "{p}" && mount --bind "$k/{i}" "{p}" && ' for i, p in enumerate(keep))
+    script = (
+        "k=$(mktemp -d /run/mt-keep.XXXXXX) && "
+        f"{aside}mount -t tmpfs -o mode=1777 tmpfs /tmp && {back}"
+        'exec "$0" -c "$1"'
+    )
     result = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, sys.executable,
          program],
