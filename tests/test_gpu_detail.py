@@ -77,3 +77,28 @@ def test_enter_on_a_gpu_card_shows_who_holds_its_memory() -> None:
     assert "2.0 GiB  processes in other pid namespaces  pid 4103" in text
     assert "container 3f2a9c1b7d4e" in text
     assert "1.0 GiB  charged to no listed process" in text
+
+
+def test_a_gpus_screen_charts_its_used_memory_and_its_largest_reservers() -> None:
+    """Issue 33 item 2 (in part): the GPU's own screen draws its used bytes over the window held
+    and each of its largest agents' reserved beside them, with a legend in their colours."""
+    from helpers.observations import frozen_observation
+
+    from memtop.ui import view
+    from memtop.ui.widgets.history_chart import chart_lines, colour_of, legend
+
+    observation = frozen_observation()
+    gpu = observation.gpus[0]
+    detail = view.build_gpu_detail(observation, gpu.uuid)
+    assert detail is not None and detail.newest is not None
+    names = [s.name for s in detail.series]
+    pids = sorted(f"pid {d.pid}" for d in gpu.agents)
+    assert names[0] == "GPU used" and sorted(names[1:]) == pids
+    assert len(detail.series[0].xs) > 100  # the window held, not the newest reading
+    lines = chart_lines(detail, 100, 10)
+    assert len(lines) == 10 and sum(line.plain.count("⣀") for line in lines) > 100
+    title = legend(detail, 9)
+    assert title.plain.startswith("History  ■ GPU used  ■ pid ")
+    # Each process its own colour, the same in the legend as in the chart.
+    colours = {colour_of(s.name, detail.series) for s in detail.series}
+    assert len(colours) == len(detail.series)

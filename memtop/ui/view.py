@@ -968,6 +968,12 @@ class GpuDetail:
     total: int | None
     lines: tuple[GpuDetailLine, ...]
     missing: str = ""  # why there is no accounting (used bytes not read)
+    # Its chart (memtop.ui.widgets.history_chart reads these, as a process's Detail's): the
+    # driver's used bytes over the window held, and each agent's reserved on it beside them.
+    series: tuple[Series, ...] = ()
+    newest: float | None = None  # unix time of x = 0
+    trend_line: Series | None = None  # (none: a GPU's chart fits no trend)
+    device: DeviceDiagnosis | None = None
 
 
 def build_gpu_detail(obs: Observation, uuid: str) -> GpuDetail | None:
@@ -978,9 +984,11 @@ def build_gpu_detail(obs: Observation, uuid: str) -> GpuDetail | None:
     if gpu is None:
         return None
     title = f"{gpu.label}  {gpu.name}"
+    series, newest = _gpu_series(gpu)
     accounting = gpu.accounting
     if accounting is None:
-        return GpuDetail(title, None, gpu.total_bytes, (), gpu.error or "used memory not read")
+        missing = gpu.error or "used memory not read"
+        return GpuDetail(title, None, gpu.total_bytes, (), missing, series, newest)
     lines: list[GpuDetailLine] = []
     for part in accounting.parts:
         if not part.bytes and not part.pids:
@@ -1001,4 +1009,32 @@ def build_gpu_detail(obs: Observation, uuid: str) -> GpuDetail | None:
                     process.bytes, f"pid {process.pid}  " + " · ".join(said), process=True
                 )
             )
-    return GpuDetail(title, accounting.used_bytes, gpu.total_bytes, tuple(lines))
+    return GpuDetail(
+        title, accounting.used_bytes, gpu.total_bytes, tuple(lines), "", series, newest
+    )
+
+
+GPU_CHART_PROCESSES = 4  # the largest reservers drawn, each a line of its own
+
+
+def _gpu_series(gpu: GpuObservation) -> tuple[tuple[Series, ...], float | None]:
+    """The GPU's used bytes over the window held, and the reserved of its largest agents'
+    processes beside them (each its own line: their rounds' times differ, so they are not
+    summed into a stack that would be made up between samples)."""
+    times, used = gpu.used_history
+    series: list[Series] = []
+    newest: float | None = times[-1] if times else None
+    agents = sorted(gpu.agents, key=lambda d: -(d.reserved_bytes or 0))[:GPU_CHART_PROCESSES]
+    for dev in agents:
+        if dev.history.time:
+            last = dev.history.time[-1]
+            newest = last if newest is None else max(newest, last)
+    if newest is None:
+        return (), None
+    if times:
+        series.append(_series("GPU used", times[-DETAIL_SAMPLES:], used[-DETAIL_SAMPLES:], newest))
+    for dev in agents:
+        history = dev.history
+        if history.time:
+            series.append(_series(f"pid {dev.pid}", history.time, history.reserved, newest))
+    return tuple(series), newest

@@ -13,6 +13,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from memtop.ui.view import GpuDetail
+from memtop.ui.widgets.history_chart import HistoryChart
 from memtop.units import format_bytes
 
 
@@ -21,6 +22,8 @@ class GpuScreen(Screen[None]):
 
     DEFAULT_CSS = """
     GpuScreen #gpu-title { height: 1; text-style: bold; }
+    GpuScreen #gpu-chart { height: 12; border: round $primary-darken-1; }
+    GpuScreen.-short #gpu-chart { height: 7; }
     GpuScreen #gpu-body { height: 1fr; }
     """
 
@@ -31,9 +34,14 @@ class GpuScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield Static(id="gpu-title")
+        # Used over the window held, and its largest reservers beside it (memtop.ui.view).
+        yield HistoryChart(id="gpu-chart")
         with VerticalScroll(id="gpu-body"):
             yield Static(id="gpu-accounting")
         yield Footer()
+
+    def on_resize(self) -> None:
+        self.set_class(self.size.height < 30, "-short")  # 80×24: the parts need the rows
 
     def show(self, detail: GpuDetail | None) -> None:
         """Draw `detail` (None: the GPU left the view).  Every string from outside memtop (a
@@ -48,6 +56,7 @@ class GpuScreen(Screen[None]):
             body.update(Text(""))
             return
         title.update(Text(detail.title))
+        self.query_one(HistoryChart).show(detail)
         text = Text()
         if detail.missing:
             text.append(f"No accounting: {detail.missing}\n", style="bold red")

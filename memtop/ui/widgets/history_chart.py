@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Protocol
 
 from rich.console import Group, RenderableType
 from rich.text import Text
 from textual.widget import Widget
 
+from memtop.diagnosis import DeviceDiagnosis
 from memtop.ui import braille
-from memtop.ui.view import Detail, Series
+from memtop.ui.view import Series
 from memtop.units import GiB, format_duration
 
 # RGB hex, not colour names: a terminal's palette turned "yellow" purple in some themes.
@@ -30,13 +32,37 @@ COLOURS = {
     "host RSS": "#c85ad2",
 }
 OTHER = "#f0f0f0"
+# A process's own line on a GPU's chart ("pid 4101"): one of these, by its place in the list.
+PROCESS_COLOURS = ("#e6be00", "#5fa02a", "#50c8e6", "#e63c50", "#f0a030", "#a0a0ff")
 # Drawn in this order: the lines a reader judges (baseline, trend) last, so they stay on top.
 ORDER = ("GPU used", "host RSS", "reserved", "peak", "allocated", "leak trend", "baseline")
 Y_LABEL_W = 7  # "12.3G " and a rule
 X_LABEL_ROWS = 1
 
 
-def drawn_series(detail: Detail, rows: int) -> list[Series]:
+class Charted(Protocol):
+    """What the chart reads: a process's Detail, or a GPU's (memtop.ui.view)."""
+
+    @property
+    def series(self) -> tuple[Series, ...]: ...
+    @property
+    def trend_line(self) -> Series | None: ...
+    @property
+    def device(self) -> DeviceDiagnosis | None: ...
+    @property
+    def newest(self) -> float | None: ...
+
+
+def colour_of(name: str, series: Sequence[Series] = ()) -> str:
+    if name in COLOURS:
+        return COLOURS[name]
+    processes = [s.name for s in series if s.name.startswith("pid ")]
+    if name in processes:
+        return PROCESS_COLOURS[processes.index(name) % len(PROCESS_COLOURS)]
+    return OTHER
+
+
+def drawn_series(detail: Charted, rows: int) -> list[Series]:
     """What the chart draws at `rows` plot rows, in drawing order: fewer series when short
     (the flat peak first, then reserved), never the baseline or the trend."""
     lines = [*detail.series, *([detail.trend_line] if detail.trend_line else [])]
@@ -49,7 +75,7 @@ def drawn_series(detail: Detail, rows: int) -> list[Series]:
     return sorted(kept, key=lambda s: ORDER.index(s.name) if s.name in ORDER else len(ORDER))
 
 
-def y_range(detail: Detail, series: Sequence[Series]) -> tuple[float, float, bool]:
+def y_range(detail: Charted, series: Sequence[Series]) -> tuple[float, float, bool]:
     """(low, high, cut): the range of what is drawn, from 0 unless a leak's regime is being
     judged; then from just under the regime's lowest value, so the slope is not flattened by
     a warm-up at zero (`cut` says so)."""
@@ -71,7 +97,7 @@ def y_range(detail: Detail, series: Sequence[Series]) -> tuple[float, float, boo
     return max(0.0, low - 0.08 * span), high + 0.05 * span, True
 
 
-def chart_lines(detail: Detail | None, width: int, height: int) -> list[Text]:
+def chart_lines(detail: Charted | None, width: int, height: int) -> list[Text]:
     if detail is None or width < Y_LABEL_W + 8 or height < 2:
         return [Text("no history yet", style="dim")]
     rows = height - X_LABEL_ROWS
@@ -90,7 +116,7 @@ def chart_lines(detail: Detail | None, width: int, height: int) -> list[Text]:
                 s.name,
                 s.xs,
                 s.ys,
-                COLOURS.get(s.name, OTHER),
+                colour_of(s.name, series),
                 lows=s.lows,
                 points=s.name == "baseline",
             )
@@ -116,13 +142,13 @@ def chart_lines(detail: Detail | None, width: int, height: int) -> list[Text]:
     return out
 
 
-def _time_to_full(detail: Detail) -> str:
+def _time_to_full(detail: Charted) -> str:
     device = detail.device
     seconds = device.leak.seconds_to_full if device is not None else None
     return f"full {format_duration(seconds)}" if seconds else ""
 
 
-def _x_axis(detail: Detail, oldest: float, cols: int) -> Text:
+def _x_axis(detail: Charted, oldest: float, cols: int) -> Text:
     """Wall-clock ticks under the plot: '14:03' reads better than '-1800 s'."""
     axis = [" "] * cols
     newest = detail.newest
@@ -144,10 +170,10 @@ class HistoryChart(Widget):
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self.detail: Detail | None = None
+        self.detail: Charted | None = None
         self._legend = ""
 
-    def show(self, detail: Detail) -> None:
+    def show(self, detail: Charted) -> None:
         self.detail = detail
         self.refresh()
 
@@ -163,11 +189,11 @@ class HistoryChart(Widget):
         return Group(*chart_lines(self.detail, size.width, size.height))
 
 
-def legend(detail: Detail, rows: int) -> Text:
+def legend(detail: Charted, rows: int) -> Text:
     series = drawn_series(detail, rows)
     title = Text("History  ")
     for s in series:
-        title.append("■ ", style=COLOURS.get(s.name, OTHER))
+        title.append("■ ", style=colour_of(s.name, series))
         title.append(f"{s.name}  ")
     if series and y_range(detail, series)[2]:
         title.append("(y: warm-up cut)", style="dim")
