@@ -19,7 +19,7 @@ from pathlib import Path
 
 from memtop.protocol import namespaces
 from memtop.protocol.discovery import Discovery, SocketDirs
-from memtop.protocol.procfs import process_start_ticks
+from memtop.protocol.procfs import process_start_ticks, stat_fields
 from memtop.protocol.text import clean_text, decimal
 
 
@@ -188,20 +188,10 @@ def pid_alive(pid: int) -> bool:
     parent has not reaped yet holds no GPU memory and serves no socket."""
     if not pid_exists(pid):
         return False
-    try:
-        # os.open/read, not open(): no buffered file object for one small read (half the cost;
-        # a viewer asks this of every agent and simulated GPU every second).
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return True
-    try:
-        proc_stat = os.read(fd, 4096)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    # The state letter follows the last ')' (the command name may itself contain one).
-    tail = proc_stat[proc_stat.rfind(b")") + 1 :].split()
+    tail = stat_fields(pid)
+    if tail is None:
+        return True  # exists, but /proc will not say more
+    # The state letter follows the command name: a zombie (Z) or a dead one (X) is gone.
     return not (tail and tail[0] in (b"Z", b"X"))
 
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 import os
 
 
-def process_start_ticks(pid: int) -> int | None:
-    """When `pid` started, in clock ticks since boot (/proc/PID/stat field 22): unlike the pid,
-    never the same for two processes that had it in turn.  None: not visible here."""
+def stat_fields(pid: int) -> list[bytes] | None:
+    """/proc/PID/stat's fields after the command name (which may hold ')' and spaces): [0] is
+    the state (field 3), [19] the start time (field 22).  None: not visible here.  os.open and
+    read, not open(): no buffered file object for one small read (a viewer asks this of every
+    agent every second)."""
     try:
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
@@ -20,10 +22,14 @@ def process_start_ticks(pid: int) -> int | None:
         return None
     finally:
         os.close(fd)
-    # Fields after the command name (which may hold ')' and spaces): state is field 3, so
-    # field 22 is the 20th after the last ')'.
-    tail = proc_stat[proc_stat.rfind(b")") + 1 :].split()
+    return proc_stat[proc_stat.rfind(b")") + 1 :].split()
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """When `pid` started, in clock ticks since boot (/proc/PID/stat field 22): unlike the pid,
+    never the same for two processes that had it in turn.  None: not visible here."""
+    tail = stat_fields(pid)
     try:
-        return int(tail[19])
+        return int(tail[19]) if tail is not None else None
     except (IndexError, ValueError):
         return None
