@@ -56,6 +56,8 @@ HISTORY_BACKOFF_S = 600.0  # memory history recording seen on: no periodic snaps
 CLEANUP_MIN_INTERVAL_S = cooldown_s("cleanup")
 SNAPSHOT_MIN_INTERVAL_S = cooldown_s("snapshot")
 TUNE_MIN_INTERVAL_S = cooldown_s("tune")
+# How long the allocator settings in force are served as last read (Commands.settings_in_force).
+SETTINGS_REREAD_S = 5.0
 # gc.collect() takes ~120 ms in a process that imported torch (measured on this repo's CI
 # machine): a cleanup or a snapshot file may take at most this share of the trainer's time,
 # however often viewers ask; the interval after each grows with what it cost.
@@ -122,6 +124,9 @@ class Commands:
             limits.get("tune_min_interval_s", TUNE_MIN_INTERVAL_S),
             share,
         )
+        # The allocator settings in force, as last read, and when (monotonic): `sample` serves
+        # them at 10 Hz a viewer, and they change only when someone sets them.
+        self._settings: tuple[float, str | None] | None = None
         # Measured on the trainer's thread, served from here.
         self.latest_breakdown: dict[str, Any] | None = None
         self.breakdown_job: TrainerJob | None = None
@@ -197,21 +202,29 @@ class Commands:
             world_size=agent.world_size,
             scheduler=agent.scheduler,
             rendezvous=agent.rendezvous,
-            allocator_settings=self.settings_in_force(),
+            allocator_settings=self.settings_in_force(fresh=True),
             engine_environment=_engine_environment(),
         )
 
-    def settings_in_force(self) -> str | None:
+    def settings_in_force(self, fresh: bool = False) -> str | None:
         """The allocator's option string the trainer runs with (a probe that reads it), else
-        None: the environment's `allocator_conf` is all the viewer has."""
+        None: the environment's `allocator_conf` is all the viewer has.  Read again at most
+        every SETTINGS_REREAD_S (a call into torch each `sample` of each viewer was most of
+        what it cost), and at once when `fresh` (a `tune` just set them; a `hello`)."""
+        now = time.monotonic()
+        kept = self._settings
+        if not fresh and kept is not None and now - kept[0] < SETTINGS_REREAD_S:
+            return kept[1]
         read = getattr(self.agent.probe, "allocator_settings", None)
-        if read is None:
-            return None
-        try:
-            settings = read()
-        except Exception:
-            return None
-        return settings if isinstance(settings, str) else None
+        settings: str | None = None
+        if read is not None:
+            try:
+                value = read()
+            except Exception:
+                value = None
+            settings = value if isinstance(value, str) else None
+        self._settings = (now, settings)
+        return settings
 
     def _hip_version(self) -> str | None:
         hip = getattr(self.agent.probe, "hip_version", None)  # optional in a Probe
@@ -556,7 +569,7 @@ class Commands:
         the boundary holds its jobs then)."""
         started = time.perf_counter()
         probe = self.agent.probe
-        before = self.settings_in_force()
+        before = self.settings_in_force(fresh=True)
         if before is None:
             before = probe.allocator_conf()
         wanted = alloc_conf.with_options(before, changes)
@@ -569,7 +582,7 @@ class Commands:
             raise Unavailable(str(exc)) from None
         except (RuntimeError, ValueError) as exc:  # torch refused the string: nothing changed
             raise ProtocolError(E_FAILED, f"torch refused {wanted!r}: {exc}") from None
-        after = self.settings_in_force()
+        after = self.settings_in_force(fresh=True)
         reserved_before = reserved_after = None
         if empty_cache:
             indices = [d.index for d in self._devices()]
