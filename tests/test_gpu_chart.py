@@ -87,7 +87,7 @@ def test_the_processes_reserved_is_stacked_on_the_charts_own_columns() -> None:
     assert stack is not None
     columns = grid(used_t[0], used_t[-1], 50)
     assert stack.grid == columns
-    inf = float("inf")
+    inf = float("inf")  # (the live processes' newest samples are all within their hold)
     for c, at in enumerate(columns):
         want = [
             _in_force(a_t, a_v, at, 3.0, inf),
@@ -118,6 +118,22 @@ def test_the_processes_reserved_is_stacked_on_the_charts_own_columns() -> None:
     assert all(REST_COLOUR in painted[c] for c in range(0, 10))
     title = legend(_detail(used, bands)).plain
     assert title == "Memory  ■ pid 1  ■ pid 2  ■ pid 3  ■ rest of used"
+
+
+def test_a_process_is_absent_in_a_gap_of_its_samples_and_after_it_left_not_after_a_late_round() -> (
+    None
+):
+    times = [T0 + s for s in (0, 1, 2, 3, 20, 21, 22)]
+    values = [float(s) for s in range(7)]
+    at = [T0 + s for s in (0.5, 3.5, 5.9, 6.1, 19.9, 20.0, 22.0, 40.0)]
+    live = Timeline("pid 1", times, values).resample(at)
+    # Held 3 s (three of its 1 s intervals) in the gap, then absent until its next sample;
+    # its newest value held to the end: a late round is not a process gone.
+    assert live == [0.0, 3.0, 3.0, None, None, 4.0, 6.0, 6.0]
+    gone = Timeline("pid 1", times, values, ended=True).resample(at)
+    assert gone == [0.0, 3.0, 3.0, None, None, 4.0, 6.0, None]
+    assert Timeline("pid 1", [], []).resample(at) == [None] * len(at)
+    assert Timeline("pid 1", times, values).resample([T0 - 1]) == [None]  # before it arrived
 
 
 def test_each_event_lands_in_the_column_whose_span_holds_it_and_labels_never_overlap() -> None:

@@ -56,15 +56,18 @@ class Timeline:
 
     def resample(self, grid: Sequence[float]) -> list[float | None]:
         """The value in force at each time of `grid` (ascending); None where the series was
-        absent: before its first sample, more than its hold after a sample, after it ended."""
+        absent: before its first sample, in a gap of more than its hold between two samples,
+        after it ended.  A series that has not ended holds its newest value to the end (a
+        round that is late is not a process gone: the dashboard shows the same value)."""
         times, values = self.times, self.values
         if not times:
             return [None] * len(grid)
-        hold, last = self.hold_s(), times[-1]
+        hold, last = self.hold_s(), len(times) - 1
         out: list[float | None] = []
         for t in grid:
             i = bisect_right(times, t) - 1
-            if i < 0 or t - times[i] > hold or (self.ended and t > last):
+            gone = i == last and self.ended and t > times[i]
+            if i < 0 or gone or (i < last and t - times[i] > hold):
                 out.append(None)
             else:
                 out.append(values[i])
@@ -146,45 +149,74 @@ def cells(
         if used is not None and used > below:
             segments.append((min(units, round(used * scale)), rest_colour))
         columns.append(segments)
+    column_tops = [[top for top, _ in segments] for segments in columns]
     out = []
+    styles: dict[tuple[str | None, str | None], Style] = {}
     for row in range(rows - 1, -1, -1):
-        text = Text()
         floor = row * 8
-        for segments in columns:
-            glyph, style = _cell(segments, floor)
-            text.append(glyph, style=style)
-        out.append(text)
+        runs: list[tuple[str, Style]] = []  # (glyphs, style): a run of cells in one style
+        for segments, tops in zip(columns, column_tops, strict=True):
+            # Most cells lie inside one segment, or above them all: only the rest are judged.
+            inside = bisect_right(tops, floor)
+            key: tuple[str | None, str | None]
+            if inside == len(tops):
+                glyph, key = " ", (None, None)
+            elif tops[inside] >= floor + 8:
+                glyph, key = " ", (None, segments[inside][1])
+            else:
+                glyph, key = _cell(segments, floor)
+            style = styles.get(key)
+            if style is None:
+                style = styles[key] = Style(color=key[0], bgcolor=key[1])
+            if runs and runs[-1][1] is style:
+                runs[-1] = (runs[-1][0] + glyph, style)
+            else:
+                runs.append((glyph, style))
+        out.append(Text.assemble(*runs))
     return out
 
 
-def _cell(segments: Sequence[tuple[int, str]], floor: int) -> tuple[str, Style | str]:
-    """One cell spanning eighths [floor, floor + 8): the split and two colours that paint most
-    of it right."""
-    cover: list[str | None] = [None] * 8  # the owner of each eighth, bottom first
+def _cell(
+    segments: Sequence[tuple[int, str]], floor: int
+) -> tuple[str, tuple[str | None, str | None]]:
+    """One cell spanning eighths [floor, floor + 8) where segments meet: the split (at a
+    boundary between them) and the two colours that paint most of it right, as (glyph,
+    (foreground, background))."""
+    runs: list[tuple[str | None, int]] = []  # (owner, eighths), bottom first
     bottom = 0
     for top, colour in segments:
-        for level in range(max(bottom, floor), min(top, floor + 8)):
-            cover[level - floor] = colour
+        lo, hi = max(bottom, floor), min(top, floor + 8)
+        if hi > lo:
+            runs.append((colour, hi - lo))
         bottom = max(bottom, top)
-    if len(set(cover)) == 1:
-        return _full(cover[0])
+    filled = sum(n for _, n in runs)
+    if filled < 8:
+        runs.append((None, 8 - filled))
     best: tuple[int, int, str | None, str | None] = (-1, 0, None, None)
-    for split in range(1, 8):
-        lower = max(set(cover[:split]), key=cover[:split].count)
-        upper = max(set(cover[split:]), key=cover[split:].count)
-        score = cover[:split].count(lower) + cover[split:].count(upper)
-        if score > best[0]:
-            best = (score, split, lower, upper)
+    split = 0
+    for i in range(1, len(runs)):
+        split += runs[i - 1][1]
+        lower, lower_n = _majority(runs[:i])
+        upper, upper_n = _majority(runs[i:])
+        if lower_n + upper_n > best[0]:
+            best = (lower_n + upper_n, split, lower, upper)
     _, split, lower, upper = best
-    if lower is None or lower == upper:
-        return _full(upper)
-    return _LOWER[split], Style(color=lower, bgcolor=upper)
+    if lower is None or lower == upper or not 0 < split < 8:
+        # One colour: its background (a full block's glyph leaves seams between cells in
+        # some terminals and in the SVG screenshots).
+        return " ", (None, upper if lower is None or lower == upper else lower)
+    return _LOWER[split], (lower, upper)
 
 
-def _full(colour: str | None) -> tuple[str, Style | str]:
-    """A cell of one band: its background (a full block's glyph leaves seams between cells in
-    some terminals and in the SVG screenshots)."""
-    return (" ", Style(bgcolor=colour)) if colour else (" ", "")
+def _majority(runs: Sequence[tuple[str | None, int]]) -> tuple[str | None, int]:
+    """The owner of most eighths among `runs`, and how many it owns."""
+    if len(runs) == 1:
+        return runs[0]
+    counts: dict[str | None, int] = {}
+    for owner, n in runs:
+        counts[owner] = counts.get(owner, 0) + n
+    owner = max(counts, key=counts.__getitem__)
+    return owner, counts[owner]
 
 
 # ------------------------------------------------------------------ events
@@ -197,6 +229,7 @@ MARKS = {
 }
 ACTION_MARK = ("◆", "#50c8e6")  # memtop's own actions: cleanup, tune, reset_peak, …
 _RANK = {"oom": 0, "left": 2, "arrived": 3}  # actions rank 1
+LABEL_TRIES = 24  # the events tried for a label (a row holds a few; an OOM storm has hundreds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,17 +275,20 @@ def marker_row(
     for event in reversed(order):  # the most important last, so it wins its column
         chars[landed[event]] = event.glyph
         taken[landed[event]] = True
-    for event in order:
+    for event in order[:LABEL_TRIES]:
         column = landed[event]
         if chars[column] != event.glyph:
             continue  # its column shows a more important event
         for text in (event.label(), event.label(short=True)):
             if _place(text[2:], column, chars, taken, event.glyph[1]):
                 break
-    row = Text()
+    runs: list[tuple[str, str]] = []
     for ch, colour in chars:
-        row.append(ch, style=colour)
-    return row, landed
+        if runs and runs[-1][1] == colour:
+            runs[-1] = (runs[-1][0] + ch, colour)
+        else:
+            runs.append((ch, colour))
+    return Text.assemble(*runs), landed
 
 
 def _place(
