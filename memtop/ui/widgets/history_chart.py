@@ -126,7 +126,10 @@ def chart_lines(detail: Charted | None, width: int, height: int) -> list[Text]:
     end_row = chart.py(trend.ys[-1]) // 4 if trend is not None and trend.ys else None
     for i, line in enumerate(plot):
         label = f"{labels[i] / GiB:5.1f}G" if i in labels else ""
-        row = Text(f"{label:>{Y_LABEL_W - 1}}│", style="dim")
+        # The label dim, not the row: a Text's own style is the base of all its spans, and
+        # a dim base fades every series' colour.
+        row = Text()
+        row.append(f"{label:>{Y_LABEL_W - 1}}│", style="dim")
         row.append_text(line)
         if end_row == i and full:
             row.append(" " + full, style=COLOURS["leak trend"])
