@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,7 @@ from memtop.sources.agents import CONNECTED, EXITED, AgentPoll
 from memtop.store import Store
 from memtop.ui import view
 from memtop.ui.stacked import Band, ChartEvent, Timeline, grid
-from memtop.ui.widgets.gpu_chart import REST_COLOUR, Y_LABEL_W, gpu_chart, legend
+from memtop.ui.widgets.gpu_chart import REST_COLOUR, Y_LABEL_W, event_legend, gpu_chart, legend
 
 GiB = 1 << 30
 T0 = 1_790_000_000.0
@@ -255,6 +256,10 @@ def test_a_gpus_events_are_read_from_its_agents_ooms_actions_arrivals_and_depart
             assert left_height == 3 * GiB, c
     marks = drawn.lines[drawn.plot_rows].plain
     assert "▼" in marks and "◆" in marks and "▲" in marks and "△" in marks
+    said = event_legend(detail).plain
+    assert said == " ▲ arrived  ▼ OOM  ◆ cleanup  △ left "
+    storm = replace(detail, events=(*detail.events, ChartEvent(T0 + 70, "oom", 4242)))
+    assert "▼ OOM ×2" in event_legend(storm).plain
 
 
 @pytest.mark.slow

@@ -101,14 +101,18 @@ def legend(detail: GpuDetail) -> Text:
 
 
 def event_legend(detail: GpuDetail) -> Text:
-    """The kinds of events marked, in their glyphs (the border under the chart)."""
-    seen: dict[str, tuple[str, str]] = {}
+    """The kinds of events in the window, in their glyphs, with how many where more than one
+    (the border under the chart: an OOM storm hides an action's glyph in its column, not its
+    count here)."""
+    seen: dict[str, tuple[tuple[str, str], int]] = {}
     for event in detail.events:
-        seen.setdefault(event.what, event.glyph)
+        if detail.start is not None and event.time >= detail.start:
+            glyph, count = seen.get(event.what, (event.glyph, 0))
+            seen[event.what] = (glyph, count + 1)
     text = Text()
-    for what, (glyph, colour) in seen.items():
+    for what, ((glyph, colour), count) in seen.items():
         text.append(f" {glyph}", style=colour)
-        text.append(f" {what} ")
+        text.append(f" {what}" + (f" ×{count}" if count > 1 else "") + " ")
     return text
 
 
