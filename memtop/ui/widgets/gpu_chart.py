@@ -107,8 +107,8 @@ def event_legend(detail: GpuDetail) -> Text:
     seen: dict[str, tuple[tuple[str, str], int]] = {}
     for event in detail.events:
         if detail.start is not None and event.time >= detail.start:
-            glyph, count = seen.get(event.what, (event.glyph, 0))
-            seen[event.what] = (glyph, count + 1)
+            mark, count = seen.get(event.what, (event.glyph, 0))
+            seen[event.what] = (mark, count + 1)
     text = Text()
     for what, ((glyph, colour), count) in seen.items():
         text.append(f" {glyph}", style=colour)
