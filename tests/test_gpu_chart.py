@@ -119,6 +119,7 @@ def test_the_processes_reserved_is_stacked_on_the_charts_own_columns() -> None:
     assert all(REST_COLOUR in painted[c] for c in range(0, 10))
     title = legend(_detail(used, bands)).plain
     assert title == "Memory  ■ pid 1  ■ pid 2  ■ pid 3  ■ rest of used"
+    assert legend(_detail(used, ())).plain == "Memory  ■ used (no agent on it)"
 
 
 def test_a_process_is_absent_in_a_gap_of_its_samples_and_after_it_left_not_after_a_late_round() -> (

@@ -96,7 +96,7 @@ def legend(detail: GpuDetail) -> Text:
         title.append(f"{band.name}  ")
     if detail.used_timeline is not None:
         title.append("■ ", style=REST_COLOUR)
-        title.append(REST_NAME)
+        title.append(REST_NAME if detail.bands else "used (no agent on it)")
     return title
 
 
