@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 
 from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuFacts
 from memtop.diagnosis.effects import ActionEffect, effect
-from memtop.diagnosis.facts import ReadsSample
+from memtop.diagnosis.facts import DeviceHistory
 from memtop.diagnosis.stability import Stabilizer
 from memtop.diagnosis.suggestions import host_leak_suggestions, last_seen_leaks, most_severe_first
 from memtop.diagnosis.workload import Workload, recognise
@@ -36,7 +36,6 @@ from memtop.model import (
     OTHER_NAMESPACE,
     SOURCE_AGENT,
     ActionRecord,
-    AgentDeviceSample,
     AgentHello,
     AgentStatus,
     DeviceReading,
@@ -58,58 +57,13 @@ EVENTS = 20  # the newest event messages kept
 
 
 @dataclass(frozen=True, slots=True)
-class DeviceHistory:
-    """The newest sampled rows and step marks of one agent device, oldest first.
-
-    Each column is a sequence of floats that nobody changes: slices of the round's view
-    (`array('d')`, Store.view), which cost a memcpy rather than a float object per row; most
-    rounds nobody reads them (the detail screen and the trend, once in a while)."""
-
-    time: Sequence[float] = ()
-    allocated: Sequence[float] = ()
-    reserved: Sequence[float] = ()
-    torch_peak: Sequence[float] = ()
-    mark_step: Sequence[float] = ()
-    mark_time: Sequence[float] = ()
-    mark_allocated: Sequence[float] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class AgentDeviceObservation(ReadsSample):
-    """One CUDA device of one agent, with the metrics of DESIGN §4 (its sample's bytes read
-    through the sample, ReadsSample)."""
-
-    pid: int
-    index: int  # the agent's own cuda index (actions and the detail screen use it)
-    uuid: str
-    name: str
-    gpu: int  # the GPU as the driver numbers it (the agent's index without a driver view)
-    sample: AgentDeviceSample
-    sampled_peak_bytes: int  # memtop's own maximum of what it sampled (misses step peaks)
-    nvml_used_bytes: int | None  # what the driver charges this process on this GPU
-    diagnosis: DeviceDiagnosis
-    history: DeviceHistory
-
-    @property
-    def torch_peak_bytes(self) -> int:
-        return self.sample.torch_peak
-
-    @property
-    def non_pytorch_bytes(self) -> int | None:
-        """Driver-charged bytes outside PyTorch's caches (CUDA context, NCCL, workspaces)."""
-        if self.nvml_used_bytes is None:
-            return None
-        return max(0, self.nvml_used_bytes - self.sample.reserved)
-
-
-@dataclass(frozen=True, slots=True)
 class AgentObservation:
     pid: int
     status: AgentStatus
     error: str | None
     hello: AgentHello | None
     step: int | None
-    devices: tuple[AgentDeviceObservation, ...]
+    devices: tuple[DeviceDiagnosis, ...]
     info: ProcessInfo | None  # owner and command line, when visible
     # The allocator's option string in force, where the agent says (`memtop tune` changes it).
     allocator_settings: str | None = None
@@ -221,7 +175,7 @@ class GpuObservation:
 
     reading: DeviceReading
     processes: tuple[GpuProcess, ...]  # as the driver lists them (agents' pids without one)
-    agents: tuple[AgentDeviceObservation, ...]
+    agents: tuple[DeviceDiagnosis, ...]
     used_history: tuple[Sequence[float], Sequence[float]] = ((), ())  # times, used bytes
     accounting: Accounting | None = None  # None: the used bytes are not known
 
@@ -316,7 +270,7 @@ class ProcessEntry:
     uuid: str | None
     used_bytes: int | None  # what the driver charges it on that GPU
     agent: AgentObservation | None
-    device: AgentDeviceObservation | None
+    device: DeviceDiagnosis | None
     info: ProcessInfo | None
     # What the process is (memtop.diagnosis.workload): an agent device's as its diagnosis
     # judged it; a process without an agent's from its command line and environment, when they
@@ -353,7 +307,7 @@ class Observation:
     def agent(self, pid: int) -> AgentObservation | None:
         return next((a for a in self.agents if a.pid == pid), None)
 
-    def device(self, pid: int, index: int) -> AgentDeviceObservation | None:
+    def device(self, pid: int, index: int) -> DeviceDiagnosis | None:
         agent = self.agent(pid)
         if agent is None:
             return None
@@ -450,8 +404,7 @@ class Observer:
             for dev in agent.devices:
                 uuid = driver_uuid(agent, dev)
                 devices.append(
-                    _agent_device(
-                        agent,
+                    _placed(
                         dev,
                         uuid,
                         gpu_number.get(uuid, dev.index),
@@ -482,7 +435,7 @@ class Observer:
         suggestions = (*self.stabilizer.suggest(facts, now), *host_leak_suggestions(hosts.values()))
         diagnosis = Diagnosis(
             time=now,
-            devices={(d.pid, d.index): d for d in diagnosed.values()},
+            devices={(d.pid, d.index): d for a in agents for d in a.devices},
             gpus=facts,
             suggestions=tuple(
                 most_severe_first(
@@ -612,14 +565,12 @@ def _effects(agent: AgentView, actions: Sequence[ActionRecord]) -> tuple[ActionE
     return tuple(found)
 
 
-def _agent_device(
-    agent: AgentView,
-    dev: AgentDeviceView,
-    uuid: str,
-    gpu: int,
-    nvml_used: int | None,
-    diagnosis: DeviceDiagnosis,
-) -> AgentDeviceObservation:
+def _placed(
+    dev: AgentDeviceView, uuid: str, gpu: int, nvml_used: int | None, diagnosed: DeviceDiagnosis
+) -> DeviceDiagnosis:
+    """The diagnosed device where it is: the driver's UUID and number of its GPU, what the
+    driver charges the process there, and the windows the screens draw (the one record of an
+    agent's device; its figures stay its sample's, by reference)."""
     rows, marks = dev.history, dev.marks
     history = DeviceHistory(
         time=rows.get("time", ())[-HISTORY_ROWS:],
@@ -630,27 +581,24 @@ def _agent_device(
         mark_time=marks.get("time", ())[-MARK_ROWS:],
         mark_allocated=marks.get("allocated", ())[-MARK_ROWS:],
     )
-    return AgentDeviceObservation(
-        pid=agent.pid,
-        index=dev.index,
+    return replace(
+        diagnosed,
         uuid=uuid,
         name=dev.name,
         gpu=gpu,
-        sample=dev.latest,
         sampled_peak_bytes=dev.sampled_peak_bytes,
         nvml_used_bytes=nvml_used,
-        diagnosis=diagnosis,
         history=history,
     )
 
 
 def _gpus(
-    view: RoundView, reading: DriverReading, devices: Sequence[AgentDeviceObservation]
+    view: RoundView, reading: DriverReading, devices: Sequence[DeviceDiagnosis]
 ) -> tuple[GpuObservation, ...]:
     """The driver's GPUs, each with the live agent devices on it (by UUID); then the GPUs only
     agents know about (no driver view, or a UUID the driver does not list), whose account is
     the agents' own mem_get_info."""
-    on_gpu: dict[str, list[AgentDeviceObservation]] = {}
+    on_gpu: dict[str, list[DeviceDiagnosis]] = {}
     for dev in devices:
         on_gpu.setdefault(dev.uuid or f"{dev.pid}:{dev.index}", []).append(dev)
     gpus = []
@@ -838,7 +786,7 @@ def _facts(gpu: GpuObservation, infos: Mapping[int, ProcessInfo]) -> GpuFacts:
         total_bytes=gpu.total_bytes or (first.total_bytes if first else 0),
         used_bytes=gpu.used_bytes,
         processes=tuple((p.pid, p.used_bytes) for p in gpu.processes if gpu.source != SOURCE_AGENT),
-        agents=tuple(a.diagnosis for a in gpu.agents),
+        agents=gpu.agents,
         workloads=workloads,
     )
 

@@ -1,8 +1,14 @@
-"""What the diagnosis knows about each agent device and each GPU: the input of the rules."""
+"""What the diagnosis knows about each agent device and each GPU: the input of the rules.
+
+`DeviceDiagnosis` is the one record of an agent's device above the store: the diagnoser makes it
+from the round's view, the observation places it (the driver's UUID and number of its GPU,
+what the driver charges, the windows the screens draw), and the rules, the screens, the report
+and the exporter read that same record.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,13 +56,35 @@ class ReadsSample:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceHistory:
+    """The newest sampled rows and step marks of one agent device, oldest first.
+
+    Each column is a sequence of floats that nobody changes: slices of the round's view
+    (`array('d')`, Store.view), which cost a memcpy rather than a float object per row; most
+    rounds nobody reads them (the detail screen and the trend, once in a while)."""
+
+    time: Sequence[float] = ()
+    allocated: Sequence[float] = ()
+    reserved: Sequence[float] = ()
+    torch_peak: Sequence[float] = ()
+    mark_step: Sequence[float] = ()
+    mark_time: Sequence[float] = ()
+    mark_allocated: Sequence[float] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceDiagnosis(ReadsSample):
-    """One device of one agent: the judgements behind every rule (leak, fragmentation,
-    pressure, baseline), beside the sample they were judged on, held by reference: its bytes
-    are read through it (ReadsSample), never copied."""
+    """One CUDA device of one agent, as everything above the store sees it: where it is (the
+    GPU as the driver names and numbers it, what the driver charges the process there), the
+    judgements behind every rule (leak, fragmentation, pressure, baseline), and the windows the
+    screens draw, beside the sample they were judged on, held by reference: its bytes are read
+    through it (ReadsSample), never copied.  The diagnoser makes it (`Diagnoser._device`); the
+    observation places it (`observation._placed`)."""
 
     pid: int
-    index: int
+    index: int  # the agent's own cuda index (actions and the detail screen use it)
+    # The GPU as the driver names it once placed (the agent's own UUID until then, and where
+    # the driver lists no such GPU).
     uuid: str
     sample: AgentDeviceSample  # the round's latest sample of this device
     baseline_bytes: int | None  # allocated right after the newest step
@@ -91,6 +119,29 @@ class DeviceDiagnosis(ReadsSample):
     # What the process is (memtop.diagnosis.workload): a trainer, a server with the share it
     # asked for, a PyTorch process with no steps.  None: not judged (taken for a trainer).
     workload: Workload | None = None
+    # Where it is and what the screens draw (the observation fills these in: `_placed`).
+    name: str = ""
+    gpu: int = -1  # the GPU as the driver numbers it (the agent's index without a driver view)
+    sampled_peak_bytes: int = 0  # memtop's own maximum of what it sampled (misses step peaks)
+    nvml_used_bytes: int | None = None  # what the driver charges this process on this GPU
+    history: DeviceHistory = field(default_factory=DeviceHistory)
+
+    @property
+    def diagnosis(self) -> DeviceDiagnosis:
+        """Itself: the device and its diagnosis are one record (call sites read
+        `device.diagnosis.leak` as they did when they were two)."""
+        return self
+
+    @property
+    def torch_peak_bytes(self) -> int:
+        return self.sample.torch_peak
+
+    @property
+    def non_pytorch_bytes(self) -> int | None:
+        """Driver-charged bytes outside PyTorch's caches (CUDA context, NCCL, workspaces)."""
+        if self.nvml_used_bytes is None:
+            return None
+        return max(0, self.nvml_used_bytes - self.sample.reserved)
 
     @property
     def trains(self) -> bool:

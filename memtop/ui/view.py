@@ -14,6 +14,7 @@ from typing import Any
 
 from memtop.diagnosis import DeviceDiagnosis, HostDiagnosis, Suggestion
 from memtop.diagnosis.effects import ActionEffect
+from memtop.diagnosis.facts import DeviceHistory
 from memtop.diagnosis.leak import LeakBasis
 from memtop.diagnosis.suggestions import EffectKind, RuleId
 from memtop.job_groups import JobGroup, job_groups
@@ -27,8 +28,6 @@ from memtop.model import (
     host_of,
 )
 from memtop.observation import (
-    AgentDeviceObservation,
-    DeviceHistory,
     GpuObservation,
     Observation,
     ProcessEntry,
@@ -447,7 +446,7 @@ def _trend(gpu: GpuObservation) -> Trend:
     activations' sawtooth is gone; without step marks, the minimum of sampled allocated."""
     on_it = gpu.agents
     leaking = [d for d in on_it if d.diagnosis.leak.detected]
-    focus: AgentDeviceObservation | None
+    focus: DeviceDiagnosis | None
     if leaking:
         focus = max(leaking, key=lambda d: d.diagnosis.leak.bytes_per_second or 0.0)
     else:
