@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from memtop.diagnosis import suggestions as rules
-from memtop.diagnosis.facts import DeviceDiagnosis, GpuFacts, parse_allocator_conf
+from memtop.diagnosis.facts import DeviceDiagnosis, GpuObservation, parse_allocator_conf
 from memtop.diagnosis.fragmentation import Fragmentation, Pressure
 from memtop.diagnosis.leak import LeakEstimate, not_enough
-from memtop.model import AgentDeviceSample
+from memtop.model import AgentDeviceSample, DeviceReading, GpuProcess
 
 MiB, GiB = 1 << 20, 1 << 30
 TOTAL = 80 * GiB
@@ -57,15 +57,17 @@ def device(
     )
 
 
-def gpu(*agents: DeviceDiagnosis, used: int | None = None, processes: Any = None) -> GpuFacts:
+def gpu(*agents: DeviceDiagnosis, used: int | None = None, processes: Any = None) -> GpuObservation:
     if used is None:
         used = sum(a.reserved_bytes for a in agents) + 500 * MiB
     if processes is None:
         processes = tuple((a.pid, a.reserved_bytes) for a in agents)
-    return GpuFacts("GPU-1", 0, "Sim GPU", TOTAL, used, processes, agents)
+    listed = tuple(GpuProcess(pid, charged) for pid, charged in processes)
+    reading = DeviceReading(0, "GPU-1", "Sim GPU", TOTAL, used, processes=listed)
+    return GpuObservation(reading, listed, agents)
 
 
-def fired(rule: rules.Rule, facts: GpuFacts) -> list[rules.Suggestion]:
+def fired(rule: rules.Rule, facts: GpuObservation) -> list[rules.Suggestion]:
     return list(rule(facts))
 
 

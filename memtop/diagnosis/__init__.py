@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from memtop.diagnosis.facts import DeviceDiagnosis, GpuFacts, HostDiagnosis
+from memtop.diagnosis.facts import DeviceDiagnosis, GpuObservation, HostDiagnosis
 from memtop.diagnosis.fragmentation import (
     GAUGE_SAMPLES,
     PRESSURE_WINDOW_S,
@@ -37,7 +37,7 @@ __all__ = [
     "DeviceDiagnosis",
     "Diagnoser",
     "Diagnosis",
-    "GpuFacts",
+    "GpuObservation",
     "HostDiagnosis",
     "LeakEstimate",
     "Suggestion",
@@ -56,7 +56,7 @@ GROWTH_MARKS = 60
 class Diagnosis:
     time: float
     devices: dict[tuple[int, int], DeviceDiagnosis]  # by (pid, device index)
-    gpus: tuple[GpuFacts, ...]
+    gpus: tuple[GpuObservation, ...]
     suggestions: tuple[Suggestion, ...]
     # Host memory of the processes that use no CUDA device (CPU trainers), by pid.
     hosts: dict[int, HostDiagnosis] = field(default_factory=dict)

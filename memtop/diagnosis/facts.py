@@ -17,7 +17,7 @@ from memtop.diagnosis.fragmentation import Fragmentation, Pressure
 from memtop.diagnosis.leak import LeakEstimate
 from memtop.diagnosis.sites import SiteTrend
 from memtop.diagnosis.workload import Workload, WorkloadKind
-from memtop.model import AgentDeviceSample
+from memtop.model import Accounting, AgentDeviceSample, DeviceReading, GpuProcess, MigInfo
 
 
 class ReadsSample:
@@ -176,30 +176,116 @@ class HostDiagnosis:
 
 
 @dataclass(frozen=True, slots=True)
-class GpuFacts:
-    """One physical GPU: the driver's view and every agent device on it."""
+class GpuObservation:
+    """One physical GPU: the driver's reading of it (or, without one, the agents' account,
+    as a reading of source "agent"), the processes the driver lists on it, and the devices of
+    live agents on it.  The reading's figures are read through it (the properties below).
+    It is also what the suggestion rules judge (`suggestions.Rule`): one record of a GPU from
+    the join to the rules and the screens."""
 
-    uuid: str
-    index: int
-    name: str
-    total_bytes: int
-    used_bytes: int | None
-    processes: tuple[tuple[int, int | None], ...]  # (pid, used bytes) from NVML
-    agents: tuple[DeviceDiagnosis, ...] = field(default=())
+    reading: DeviceReading
+    processes: tuple[GpuProcess, ...]  # as the driver lists them (agents' pids without one)
+    agents: tuple[DeviceDiagnosis, ...]  # the live agents' devices on it
+    used_history: tuple[Sequence[float], Sequence[float]] = ((), ())  # times, used bytes
+    accounting: Accounting | None = None  # None: the used bytes are not known
     # What each process without an agent is, where its command line or environment says
     # (memtop.diagnosis.workload), by pid: a vLLM without an agent still asked for its share.
     workloads: Mapping[int, Workload] = field(default_factory=dict)
 
     @property
+    def index(self) -> int:
+        return self.reading.index
+
+    @property
+    def uuid(self) -> str:
+        return self.reading.uuid
+
+    @property
+    def name(self) -> str:
+        return self.reading.name
+
+    @property
+    def total_bytes(self) -> int | None:
+        return self.reading.total_bytes
+
+    @property
+    def used_bytes(self) -> int | None:
+        return self.reading.used_bytes
+
+    @property
+    def free_bytes(self) -> int | None:
+        return self.reading.free_bytes
+
+    @property
+    def utilization_percent(self) -> int | None:
+        return self.reading.utilization_percent
+
+    @property
+    def temperature_c(self) -> int | None:
+        return self.reading.temperature_c
+
+    @property
+    def source(self) -> str:
+        return self.reading.source
+
+    @property
+    def error(self) -> str | None:
+        return self.reading.error
+
+    @property
+    def power_watts(self) -> float | None:
+        return self.reading.power_watts
+
+    @property
+    def pci_bus_id(self) -> str | None:
+        """ "dddd:bb:dd.f" where the driver (or the agent) says."""
+        return self.reading.pci_bus_id
+
+    @property
+    def vendor(self) -> str | None:
+        """ "amd" for AMD's GPUs (DeviceReading.vendor)."""
+        return self.reading.vendor
+
+    @property
+    def host(self) -> str | None:
+        """The machine it is in, when not this one (the fleet view)."""
+        return self.reading.host
+
+    @property
+    def mig(self) -> MigInfo | None:
+        """Where a MIG instance sits (None: a whole GPU)."""
+        return self.reading.mig
+
+    @property
+    def label(self) -> str:
+        """ "GPU 0", or "GPU 0 · MIG 3g.40gb #1" for a MIG instance."""
+        if self.mig is not None:
+            return f"GPU {self.index} · {self.mig.label()}"
+        return f"GPU {self.index}"
+
+    @property
+    def peak_sum_bytes(self) -> int:
+        """The sum of the true peaks of the PyTorch processes on it (they need not coincide)."""
+        return sum(a.peak_bytes for a in self.agents)
+
+    @property
+    def judged_total_bytes(self) -> int:
+        """What the rules judge a share against: the driver's total, else its agents' own
+        (torch's mem_get_info), else 0."""
+        if self.total_bytes:
+            return self.total_bytes
+        return self.agents[0].total_bytes if self.agents else 0
+
+    @property
     def used_share(self) -> float | None:
-        if self.used_bytes is None or not self.total_bytes:
+        total = self.judged_total_bytes
+        if self.used_bytes is None or not total:
             return None
-        return self.used_bytes / self.total_bytes
+        return self.used_bytes / total
 
     @property
     def process_count(self) -> int:
-        pids = {pid for pid, _ in self.processes} | {a.pid for a in self.agents}
-        return len(pids)
+        return len({p.pid for p in self.processes} | {a.pid for a in self.agents})
 
 
 # The trainer's allocator options, read as torch reads them (memtop.alloc_conf: the one reader
