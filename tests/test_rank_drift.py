@@ -48,7 +48,6 @@ def rank_device(pid: int, rank: int, peak: int, median: int, others: int) -> Dev
         fragmentation=Fragmentation(0.0, 0.0, 0, 10 * GiB, None, None, None, 0, samples=10),
         pressure=Pressure(0, 0, 0, 0, 60.0),
         breakdown=None,
-        allocator_conf="",
         rank=rank,
         job="slurm 9",
         peer_ranks=others,

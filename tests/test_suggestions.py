@@ -11,7 +11,8 @@ from memtop.diagnosis import suggestions as rules
 from memtop.diagnosis.facts import DeviceDiagnosis, GpuObservation, parse_allocator_conf
 from memtop.diagnosis.fragmentation import Fragmentation, Pressure
 from memtop.diagnosis.leak import LeakEstimate, not_enough
-from memtop.model import AgentDeviceSample, DeviceReading, GpuProcess
+from memtop.model import AgentDeviceSample, AgentHello, DeviceReading, GpuProcess
+from memtop.store import AgentView
 
 MiB, GiB = 1 << 20, 1 << 30
 TOTAL = 80 * GiB
@@ -53,8 +54,23 @@ def device(
         fragmentation=fragmentation or frag(),
         pressure=pressure or Pressure(0, 0, 0, 0, 600.0),
         breakdown=breakdown,
-        allocator_conf=conf,
+        process=process(pid, conf),
     )
+
+
+def process(
+    pid: int = 100, conf: str = "", hip: str | None = None, last_oom: Any = None
+) -> AgentView:
+    """The agent's record a device reads who it is through: its allocator settings (the
+    environment's), its ROCm build, its newest OOM report."""
+    hello = AgentHello(1, pid, (), "3.12", "2.5", conf, (), extra={"hip": hip} if hip else {})
+    return AgentView(pid, "connected", hello, None, None, None, (), None, last_oom=last_oom)
+
+
+def told(dev: DeviceDiagnosis, hip: str | None = None, last_oom: Any = None) -> DeviceDiagnosis:
+    """`dev` whose process is a ROCm build (`hip`) or reported an OOM on it (`last_oom`)."""
+    oom = None if last_oom is None else {**last_oom, "device": dev.index}
+    return dataclasses.replace(dev, process=process(dev.pid, dev.allocator_conf, hip, oom))
 
 
 def gpu(*agents: DeviceDiagnosis, used: int | None = None, processes: Any = None) -> GpuObservation:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memtop import alloc_conf
 from memtop.diagnosis.fragmentation import Fragmentation, Pressure
@@ -18,6 +18,9 @@ from memtop.diagnosis.leak import LeakEstimate
 from memtop.diagnosis.sites import SiteTrend
 from memtop.diagnosis.workload import Workload, WorkloadKind
 from memtop.model import Accounting, AgentDeviceSample, DeviceReading, GpuProcess, MigInfo
+
+if TYPE_CHECKING:  # the store's record of the agent is only read: the package stays light
+    from memtop.store import AgentView
 
 
 class ReadsSample:
@@ -92,12 +95,10 @@ class DeviceDiagnosis(ReadsSample):
     fragmentation: Fragmentation
     pressure: Pressure
     breakdown: dict[str, int] | None
-    allocator_conf: str
-    # The newest OOM report of this process on this device (its headline and diagnosis, as
-    # the agent's sample carries it), None without one.
-    last_oom: dict[str, Any] | None = None
-    # torch.version.hip of the trainer: a ROCm build (AMD GPUs), whose fixes are spelt for ROCm.
-    hip: str | None = None
+    # Its process: who it is (hello, allocator settings in force, newest OOM), the agent's own
+    # record in the round's view, read through (allocator_conf, hip, last_oom), never copied
+    # onto each of its devices.  None: a device judged without one (the tests' own).
+    process: AgentView | None = field(default=None, compare=False, repr=False)
     # Without a report of its newest OOM (a recording, an agent that wrote none): the
     # growing-batch finding of memtop.oom.diagnose from the step marks and the OOM counter.
     oom_growth: dict[str, Any] | None = None
@@ -125,6 +126,27 @@ class DeviceDiagnosis(ReadsSample):
     sampled_peak_bytes: int = 0  # memtop's own maximum of what it sampled (misses step peaks)
     nvml_used_bytes: int | None = None  # what the driver charges this process on this GPU
     history: DeviceHistory = field(default_factory=DeviceHistory)
+
+    @property
+    def allocator_conf(self) -> str:
+        """The allocator options its process runs with: in force (`memtop tune` changes them),
+        else its environment's."""
+        return self.process.settings_in_force if self.process is not None else ""
+
+    @property
+    def hip(self) -> str | None:
+        """torch.version.hip of its process: a ROCm build (AMD GPUs), whose fixes are spelt for
+        ROCm; None on CUDA, or from an agent that does not say."""
+        hello = self.process.hello if self.process is not None else None
+        value = hello.extra.get("hip") if hello is not None else None
+        return value if isinstance(value, str) and value else None
+
+    @property
+    def last_oom(self) -> dict[str, Any] | None:
+        """The newest OOM report of its process when it was on this device (its headline and
+        diagnosis, as the agent's sample carries it), None without one."""
+        oom = self.process.last_oom if self.process is not None else None
+        return dict(oom) if oom is not None and oom.get("device") == self.index else None
 
     @property
     def diagnosis(self) -> DeviceDiagnosis:
