@@ -8,10 +8,10 @@ The driver's per-GPU figures are a second table, `GPU_METRICS`, at the end.
 says.  Adding a per-device figure is one row here.  The names are contracts (DESIGN §7, §11:
 dashboards, alerts and scripts depend on them): a row may be added, never renamed or dropped.
 
-A row's `read` takes one `memtop.observation.AgentDeviceObservation`.  It is typed `Any` here
-because this table sits below the sources in the import layers (the fleet's reader, a source,
-reads it) and so cannot import the observation; tests/test_metric_table.py reads every row of
-a real observation.
+A row's `read` takes one `memtop.diagnosis.DeviceDiagnosis` (an agent's device).  It is typed
+`Any` here because this table sits below the sources in the import layers (the fleet's reader,
+a source, reads it) and so cannot import the diagnosis; tests/test_metric_table.py reads every
+row of a real observation.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class DeviceMetric:
     prometheus: str | None  # metric family (without a counter's `_total`); None: not exported
     help: str  # the family's help text (a contract, like the name)
     unit: str  # "bytes", "ratio", "seconds", "timestamp", "count", "steps", "bytes/step", ...
-    read: Callable[[Any], Any]  # its value from an AgentDeviceObservation; None: not known
+    read: Callable[[Any], Any]  # its value from a DeviceDiagnosis; None: not known
     kind: Literal["gauge", "counter"] = "gauge"
     digits: int | None = None  # the JSON report rounds it to this many decimals
     fleet: tuple[FleetPlace, str] | None = None  # where the fleet's reader puts it back

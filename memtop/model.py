@@ -546,3 +546,56 @@ class PidFacts:
     attachable: bool = False
     why: str = ""  # why it can or cannot take an agent; where it runs; what holds its memory
     holders: tuple[Holder, ...] = ()
+
+
+# The parts of a GPU's used bytes, in order (DESIGN §13, `accounting` in --once --json), and
+# how the screens name them.
+PART_LABELS = {
+    "agents_reserved": "PyTorch's caches (agents' reserved)",
+    "agents_outside_pytorch": "agents' processes outside PyTorch",
+    "no_agent": "processes without an agent",
+    "other_namespace": "processes in other pid namespaces",
+    "other_users": "other users' processes",
+    "gone": "exited pids still charged",
+    "mig_instances": "MIG instances",
+    "overcounted": "charged twice (per-process sum exceeds used)",
+    "unattributed": "charged to no listed process",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AccountedProcess:
+    """One process in a part of a GPU's accounting, and what memtop can say of it."""
+
+    pid: int
+    bytes: int | None  # what the driver charges it (None: N/A, counted as unattributed)
+    why: str = ""  # attachable or not and why; where it runs; what holds its memory
+    attachable: bool | None = None
+    container: str | None = None
+    user: str | None = None
+    holders: tuple[Holder, ...] = ()  # a gone pid: live processes holding GPU device files
+
+
+@dataclass(frozen=True, slots=True)
+class AccountPart:
+    name: str  # a key of PART_LABELS
+    bytes: int
+    pids: tuple[int, ...] = ()
+    processes: tuple[AccountedProcess, ...] = ()
+    note: str = ""
+
+    @property
+    def label(self) -> str:
+        return PART_LABELS.get(self.name, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Accounting:
+    """Every byte the driver counts as used on one GPU, by who holds it: parts that sum exactly
+    to `used_bytes` (the last, `unattributed`, is what no listed process is charged)."""
+
+    used_bytes: int
+    parts: tuple[AccountPart, ...]
+
+    def part(self, name: str) -> AccountPart | None:
+        return next((p for p in self.parts if p.name == name), None)

@@ -22,9 +22,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuFacts
+from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuObservation
 from memtop.diagnosis.effects import ActionEffect, effect
-from memtop.diagnosis.facts import ReadsSample
+from memtop.diagnosis.facts import DeviceHistory
 from memtop.diagnosis.stability import Stabilizer
 from memtop.diagnosis.suggestions import host_leak_suggestions, last_seen_leaks, most_severe_first
 from memtop.diagnosis.workload import Workload, recognise
@@ -35,16 +35,16 @@ from memtop.model import (
     MARK_WINDOW,
     OTHER_NAMESPACE,
     SOURCE_AGENT,
+    AccountedProcess,
+    Accounting,
+    AccountPart,
     ActionRecord,
-    AgentDeviceSample,
     AgentHello,
     AgentStatus,
     DeviceReading,
     DriverReading,
     GpuProcess,
-    Holder,
     HostMemory,
-    MigInfo,
     ProcessInfo,
     bare_uuid,
     host_of,
@@ -58,59 +58,13 @@ EVENTS = 20  # the newest event messages kept
 
 
 @dataclass(frozen=True, slots=True)
-class DeviceHistory:
-    """The newest sampled rows and step marks of one agent device, oldest first.
-
-    Each column is a sequence of floats that nobody changes: slices of the round's view
-    (`array('d')`, Store.view), which cost a memcpy rather than a float object per row; most
-    rounds nobody reads them (the detail screen and the trend, once in a while)."""
-
-    time: Sequence[float] = ()
-    allocated: Sequence[float] = ()
-    reserved: Sequence[float] = ()
-    torch_peak: Sequence[float] = ()
-    num_ooms: Sequence[float] = ()  # torch's OOM counter: a rise is an OOM (the GPU's chart)
-    mark_step: Sequence[float] = ()
-    mark_time: Sequence[float] = ()
-    mark_allocated: Sequence[float] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class AgentDeviceObservation(ReadsSample):
-    """One CUDA device of one agent, with the metrics of DESIGN §4 (its sample's bytes read
-    through the sample, ReadsSample)."""
-
-    pid: int
-    index: int  # the agent's own cuda index (actions and the detail screen use it)
-    uuid: str
-    name: str
-    gpu: int  # the GPU as the driver numbers it (the agent's index without a driver view)
-    sample: AgentDeviceSample
-    sampled_peak_bytes: int  # memtop's own maximum of what it sampled (misses step peaks)
-    nvml_used_bytes: int | None  # what the driver charges this process on this GPU
-    diagnosis: DeviceDiagnosis
-    history: DeviceHistory
-
-    @property
-    def torch_peak_bytes(self) -> int:
-        return self.sample.torch_peak
-
-    @property
-    def non_pytorch_bytes(self) -> int | None:
-        """Driver-charged bytes outside PyTorch's caches (CUDA context, NCCL, workspaces)."""
-        if self.nvml_used_bytes is None:
-            return None
-        return max(0, self.nvml_used_bytes - self.sample.reserved)
-
-
-@dataclass(frozen=True, slots=True)
 class AgentObservation:
     pid: int
     status: AgentStatus
     error: str | None
     hello: AgentHello | None
     step: int | None
-    devices: tuple[AgentDeviceObservation, ...]
+    devices: tuple[DeviceDiagnosis, ...]
     info: ProcessInfo | None  # owner and command line, when visible
     # The allocator's option string in force, where the agent says (`memtop tune` changes it).
     allocator_settings: str | None = None
@@ -161,152 +115,6 @@ class AgentObservation:
         return job_identity(self.hello.extra) if self.hello is not None else None
 
 
-# The parts of a GPU's used bytes, in order (DESIGN §13, `accounting` in --once --json), and
-# how the screens name them.
-PART_LABELS = {
-    "agents_reserved": "PyTorch's caches (agents' reserved)",
-    "agents_outside_pytorch": "agents' processes outside PyTorch",
-    "no_agent": "processes without an agent",
-    "other_namespace": "processes in other pid namespaces",
-    "other_users": "other users' processes",
-    "gone": "exited pids still charged",
-    "mig_instances": "MIG instances",
-    "overcounted": "charged twice (per-process sum exceeds used)",
-    "unattributed": "charged to no listed process",
-}
-
-
-@dataclass(frozen=True, slots=True)
-class AccountedProcess:
-    """One process in a part of a GPU's accounting, and what memtop can say of it."""
-
-    pid: int
-    bytes: int | None  # what the driver charges it (None: N/A, counted as unattributed)
-    why: str = ""  # attachable or not and why; where it runs; what holds its memory
-    attachable: bool | None = None
-    container: str | None = None
-    user: str | None = None
-    holders: tuple[Holder, ...] = ()  # a gone pid: live processes holding GPU device files
-
-
-@dataclass(frozen=True, slots=True)
-class AccountPart:
-    name: str  # a key of PART_LABELS
-    bytes: int
-    pids: tuple[int, ...] = ()
-    processes: tuple[AccountedProcess, ...] = ()
-    note: str = ""
-
-    @property
-    def label(self) -> str:
-        return PART_LABELS.get(self.name, self.name)
-
-
-@dataclass(frozen=True, slots=True)
-class Accounting:
-    """Every byte the driver counts as used on one GPU, by who holds it: parts that sum exactly
-    to `used_bytes` (the last, `unattributed`, is what no listed process is charged)."""
-
-    used_bytes: int
-    parts: tuple[AccountPart, ...]
-
-    def part(self, name: str) -> AccountPart | None:
-        return next((p for p in self.parts if p.name == name), None)
-
-
-@dataclass(frozen=True, slots=True)
-class GpuObservation:
-    """One physical GPU: the driver's reading of it (or, without one, the agents' account,
-    as a reading of source "agent"), the processes the driver lists on it, and the devices of
-    live agents on it.  The reading's figures are read through it (the properties below)."""
-
-    reading: DeviceReading
-    processes: tuple[GpuProcess, ...]  # as the driver lists them (agents' pids without one)
-    agents: tuple[AgentDeviceObservation, ...]
-    used_history: tuple[Sequence[float], Sequence[float]] = ((), ())  # times, used bytes
-    accounting: Accounting | None = None  # None: the used bytes are not known
-
-    @property
-    def index(self) -> int:
-        return self.reading.index
-
-    @property
-    def uuid(self) -> str:
-        return self.reading.uuid
-
-    @property
-    def name(self) -> str:
-        return self.reading.name
-
-    @property
-    def total_bytes(self) -> int | None:
-        return self.reading.total_bytes
-
-    @property
-    def used_bytes(self) -> int | None:
-        return self.reading.used_bytes
-
-    @property
-    def free_bytes(self) -> int | None:
-        return self.reading.free_bytes
-
-    @property
-    def utilization_percent(self) -> int | None:
-        return self.reading.utilization_percent
-
-    @property
-    def temperature_c(self) -> int | None:
-        return self.reading.temperature_c
-
-    @property
-    def source(self) -> str:
-        return self.reading.source
-
-    @property
-    def error(self) -> str | None:
-        return self.reading.error
-
-    @property
-    def power_watts(self) -> float | None:
-        return self.reading.power_watts
-
-    @property
-    def pci_bus_id(self) -> str | None:
-        """ "dddd:bb:dd.f" where the driver (or the agent) says."""
-        return self.reading.pci_bus_id
-
-    @property
-    def vendor(self) -> str | None:
-        """ "amd" for AMD's GPUs (DeviceReading.vendor)."""
-        return self.reading.vendor
-
-    @property
-    def host(self) -> str | None:
-        """The machine it is in, when not this one (the fleet view)."""
-        return self.reading.host
-
-    @property
-    def mig(self) -> MigInfo | None:
-        """Where a MIG instance sits (None: a whole GPU)."""
-        return self.reading.mig
-
-    @property
-    def label(self) -> str:
-        """ "GPU 0", or "GPU 0 · MIG 3g.40gb #1" for a MIG instance."""
-        if self.mig is not None:
-            return f"GPU {self.index} · {self.mig.label()}"
-        return f"GPU {self.index}"
-
-    @property
-    def peak_sum_bytes(self) -> int:
-        """The sum of the true peaks of the PyTorch processes on it (they need not coincide)."""
-        return sum(a.peak_bytes for a in self.agents)
-
-    @property
-    def process_count(self) -> int:
-        return len({p.pid for p in self.processes} | {a.pid for a in self.agents})
-
-
 @dataclass(frozen=True, slots=True)
 class ProcessEntry:
     """One line of the process table: an agent device, an agent that has no device yet, or a
@@ -317,7 +125,7 @@ class ProcessEntry:
     uuid: str | None
     used_bytes: int | None  # what the driver charges it on that GPU
     agent: AgentObservation | None
-    device: AgentDeviceObservation | None
+    device: DeviceDiagnosis | None
     info: ProcessInfo | None
     # What the process is (memtop.diagnosis.workload): an agent device's as its diagnosis
     # judged it; a process without an agent's from its command line and environment, when they
@@ -354,7 +162,7 @@ class Observation:
     def agent(self, pid: int) -> AgentObservation | None:
         return next((a for a in self.agents if a.pid == pid), None)
 
-    def device(self, pid: int, index: int) -> AgentDeviceObservation | None:
+    def device(self, pid: int, index: int) -> DeviceDiagnosis | None:
         agent = self.agent(pid)
         if agent is None:
             return None
@@ -451,8 +259,7 @@ class Observer:
             for dev in agent.devices:
                 uuid = driver_uuid(agent, dev)
                 devices.append(
-                    _agent_device(
-                        agent,
+                    _placed(
                         dev,
                         uuid,
                         gpu_number.get(uuid, dev.index),
@@ -477,14 +284,20 @@ class Observer:
             )
 
         gpus = _gpus(view, reading, [d for a in agents if a.live for d in a.devices])
-        gpus = tuple(replace(g, accounting=_accounting(g, gpus, view, self.uid)) for g in gpus)
-        facts = tuple(_facts(g, infos) for g in gpus)
+        gpus = tuple(
+            replace(
+                g,
+                accounting=_accounting(g, gpus, view, self.uid),
+                workloads=_workloads(g, infos),
+            )
+            for g in gpus
+        )
         hosts = self.diagnoser.diagnose_hosts(view, now)
-        suggestions = (*self.stabilizer.suggest(facts, now), *host_leak_suggestions(hosts.values()))
+        suggestions = (*self.stabilizer.suggest(gpus, now), *host_leak_suggestions(hosts.values()))
         diagnosis = Diagnosis(
             time=now,
-            devices={(d.pid, d.index): d for d in diagnosed.values()},
-            gpus=facts,
+            devices={(d.pid, d.index): d for a in agents for d in a.devices},
+            gpus=gpus,
             suggestions=tuple(
                 most_severe_first(
                     [
@@ -613,14 +426,12 @@ def _effects(agent: AgentView, actions: Sequence[ActionRecord]) -> tuple[ActionE
     return tuple(found)
 
 
-def _agent_device(
-    agent: AgentView,
-    dev: AgentDeviceView,
-    uuid: str,
-    gpu: int,
-    nvml_used: int | None,
-    diagnosis: DeviceDiagnosis,
-) -> AgentDeviceObservation:
+def _placed(
+    dev: AgentDeviceView, uuid: str, gpu: int, nvml_used: int | None, diagnosed: DeviceDiagnosis
+) -> DeviceDiagnosis:
+    """The diagnosed device where it is: the driver's UUID and number of its GPU, what the
+    driver charges the process there, and the windows the screens draw (the one record of an
+    agent's device; its figures stay its sample's, by reference)."""
     rows, marks = dev.history, dev.marks
     history = DeviceHistory(
         time=rows.get("time", ())[-HISTORY_ROWS:],
@@ -632,27 +443,24 @@ def _agent_device(
         mark_time=marks.get("time", ())[-MARK_ROWS:],
         mark_allocated=marks.get("allocated", ())[-MARK_ROWS:],
     )
-    return AgentDeviceObservation(
-        pid=agent.pid,
-        index=dev.index,
+    return replace(
+        diagnosed,
         uuid=uuid,
         name=dev.name,
         gpu=gpu,
-        sample=dev.latest,
         sampled_peak_bytes=dev.sampled_peak_bytes,
         nvml_used_bytes=nvml_used,
-        diagnosis=diagnosis,
         history=history,
     )
 
 
 def _gpus(
-    view: RoundView, reading: DriverReading, devices: Sequence[AgentDeviceObservation]
+    view: RoundView, reading: DriverReading, devices: Sequence[DeviceDiagnosis]
 ) -> tuple[GpuObservation, ...]:
     """The driver's GPUs, each with the live agent devices on it (by UUID); then the GPUs only
     agents know about (no driver view, or a UUID the driver does not list), whose account is
     the agents' own mem_get_info."""
-    on_gpu: dict[str, list[AgentDeviceObservation]] = {}
+    on_gpu: dict[str, list[DeviceDiagnosis]] = {}
     for dev in devices:
         on_gpu.setdefault(dev.uuid or f"{dev.pid}:{dev.index}", []).append(dev)
     gpus = []
@@ -824,25 +632,14 @@ def process_workload(info: ProcessInfo | None) -> Workload | None:
     return recognise(info.cmdline, info.engine_environ, info.launcher_cmdline)
 
 
-def _facts(gpu: GpuObservation, infos: Mapping[int, ProcessInfo]) -> GpuFacts:
-    """What the suggestion rules judge about one GPU."""
-    first = gpu.agents[0].diagnosis if gpu.agents else None
+def _workloads(gpu: GpuObservation, infos: Mapping[int, ProcessInfo]) -> dict[int, Workload]:
+    """What each process on `gpu` without an agent is, where it says (the rules read it)."""
     with_agent = {a.pid for a in gpu.agents}
-    workloads = {
+    return {
         p.pid: found
         for p in gpu.processes
         if p.pid not in with_agent and (found := process_workload(infos.get(p.pid))) is not None
     }
-    return GpuFacts(
-        uuid=gpu.uuid,
-        index=gpu.index,
-        name=gpu.name,
-        total_bytes=gpu.total_bytes or (first.total_bytes if first else 0),
-        used_bytes=gpu.used_bytes,
-        processes=tuple((p.pid, p.used_bytes) for p in gpu.processes if gpu.source != SOURCE_AGENT),
-        agents=tuple(a.diagnosis for a in gpu.agents),
-        workloads=workloads,
-    )
 
 
 def _entries(

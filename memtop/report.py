@@ -15,7 +15,8 @@ from typing import Any
 from memtop import metric_table
 from memtop._version import __version__
 from memtop.diagnosis.workload import ENGINE_NAMES
-from memtop.observation import Accounting, AgentObservation, GpuObservation, Observation
+from memtop.model import Accounting
+from memtop.observation import AgentObservation, GpuObservation, Observation
 from memtop.units import format_bytes
 
 BREAKDOWN_KEYS = ("parameters", "gradients", "optimizer_state", "other", "fp32_parameter_bytes")

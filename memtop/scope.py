@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from memtop.model import Accounting
 from memtop.observation import (
-    Accounting,
     AgentObservation,
     GpuObservation,
     Observation,

@@ -603,15 +603,14 @@ def test_the_hello_of_a_trainer_on_rocm_says_hip_and_its_pci_bus_ids(socket_dir:
 
 
 def test_the_expandable_segments_fix_is_spelt_for_rocm_on_rocm() -> None:
-    import dataclasses
 
-    from test_suggestions import device, frag, gpu
+    from test_suggestions import device, frag, gpu, told
 
     from memtop.diagnosis import suggestions as rules
 
     cuda = device(fragmentation=frag(0.4, 4 * GiB))
     (on_cuda,) = rules.expandable_segments(gpu(cuda))
-    (on_rocm,) = rules.expandable_segments(gpu(dataclasses.replace(cuda, hip="7.0.51831")))
+    (on_rocm,) = rules.expandable_segments(gpu(told(cuda, hip="7.0.51831")))
     assert on_cuda.fix == "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
     assert on_rocm.fix == "PYTORCH_HIP_ALLOC_CONF=expandable_segments:True"
     assert "expandable_segments not supported on this platform" in on_rocm.detail

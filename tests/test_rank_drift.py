@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from memtop import children
-from memtop.diagnosis.facts import DeviceDiagnosis, GpuFacts
+from memtop.diagnosis.facts import DeviceDiagnosis, GpuObservation
 from memtop.diagnosis.fragmentation import Fragmentation, Pressure
 from memtop.diagnosis.leak import not_enough
 from memtop.diagnosis.stability import Stabilizer
-from memtop.model import AgentDeviceSample
+from memtop.model import AgentDeviceSample, DeviceReading, GpuProcess
 from memtop.sim.demo import registry_dir
 from memtop.sim.device import SimGpuRegistry, simulated_gpu_specs
 
@@ -48,7 +48,6 @@ def rank_device(pid: int, rank: int, peak: int, median: int, others: int) -> Dev
         fragmentation=Fragmentation(0.0, 0.0, 0, 10 * GiB, None, None, None, 0, samples=10),
         pressure=Pressure(0, 0, 0, 0, 60.0),
         breakdown=None,
-        allocator_conf="",
         rank=rank,
         job="slurm 9",
         peer_ranks=others,
@@ -56,15 +55,15 @@ def rank_device(pid: int, rank: int, peak: int, median: int, others: int) -> Dev
     )
 
 
-def job_round(peaks: list[int]) -> list[GpuFacts]:
+def job_round(peaks: list[int]) -> list[GpuObservation]:
     gpus = []
     for rank, peak in enumerate(peaks):
         others = [p for r, p in enumerate(peaks) if r != rank]
         median = int(statistics.median(others))
         device = rank_device(1000 + rank, rank, peak, median, len(others))
-        gpus.append(
-            GpuFacts(f"GPU-{rank}", rank, "H100", 80 * GiB, peak, ((1000 + rank, peak),), (device,))
-        )
+        listed = (GpuProcess(1000 + rank, peak),)
+        reading = DeviceReading(rank, f"GPU-{rank}", "H100", 80 * GiB, peak, processes=listed)
+        gpus.append(GpuObservation(reading, listed, (device,)))
     return gpus
 
 

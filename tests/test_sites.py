@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_suggestions import device, gpu
+from test_suggestions import device, gpu, told
 
 import memtop
 from memtop import protocol
@@ -123,11 +123,13 @@ def test_the_dashboards_oom_line_names_the_failing_line():
              "text": "attn = q @ k.transpose(-2, -1)"}
         ],
     }  # fmt: skip
-    ran_out = dataclasses.replace(device(), pressure=Pressure(1, 1, 1, 1, 60.0), last_oom=report)
+    ran_out = told(
+        dataclasses.replace(device(), pressure=Pressure(1, 1, 1, 1, 60.0)), last_oom=report
+    )
     (shown,) = rules.out_of_memory(gpu(ran_out))
     assert shown.title.endswith("in `model.py:88 attn = q @ k.transpose(-2, -1)`"), shown.title
     # An older agent's headline has no stack: the title is as before.
-    older = dataclasses.replace(ran_out, last_oom={k: v for k, v in report.items() if k != "stack"})
+    older = told(ran_out, last_oom={k: v for k, v in report.items() if k != "stack"})
     (shown,) = rules.out_of_memory(gpu(older))
     assert "`" not in shown.title
 

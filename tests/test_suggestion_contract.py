@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from helpers.observations import frozen_observation
-from test_suggestions import BREAKDOWN, TOTAL, GiB, MiB, device, frag, gpu, leak
+from test_suggestions import BREAKDOWN, TOTAL, GiB, MiB, device, frag, gpu, leak, told
 
 from memtop.diagnosis import suggestions as rules
 from memtop.diagnosis.fragmentation import Pressure
@@ -60,10 +60,10 @@ def facts() -> dict[str, Any]:
             used=17 * GiB,
         ),
         "oom": gpu(
-            dataclasses.replace(
+            told(
                 device(pressure=Pressure(9, 2, 3, 1, 600.0), conf="max_split_size_mb:64"),
-                last_oom=oom_report,
                 hip="6.2",
+                last_oom=oom_report,
             ),
             device(pid=101, pressure=Pressure(5, 2, 1, 1, 600.0)),
         ),

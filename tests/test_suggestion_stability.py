@@ -13,7 +13,7 @@ from itertools import pairwise
 from pathlib import Path
 
 import pytest
-from test_suggestions import GiB, device, frag, gpu
+from test_suggestions import GiB, device, frag, gpu, told
 
 from memtop.diagnosis import Diagnoser
 from memtop.diagnosis import suggestions as rules
@@ -83,7 +83,7 @@ def test_an_event_that_contradicts_a_suggestion_ends_it_at_once():
     shown = stable.suggest([gpu(ran_out, used=17 * GiB)], 1.0)
     assert [s.rule for s in shown] == ["expandable_segments"]
     report = {"diagnosis": {"cause": "growing_batch", "detail": "grew", "fix": "cap it"}}
-    explained = dataclasses.replace(ran_out, last_oom=report)
+    explained = told(ran_out, last_oom=report)
     assert stable.suggest([gpu(explained, used=17 * GiB)], 2.0) == ()
     # Fragmentation past the entry line is its own finding, growing batch or not.
     split = dataclasses.replace(explained, fragmentation=frag(0.3, 2 * GiB))

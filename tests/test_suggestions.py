@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from memtop.diagnosis import suggestions as rules
-from memtop.diagnosis.facts import DeviceDiagnosis, GpuFacts, parse_allocator_conf
+from memtop.diagnosis.facts import DeviceDiagnosis, GpuObservation, parse_allocator_conf
 from memtop.diagnosis.fragmentation import Fragmentation, Pressure
 from memtop.diagnosis.leak import LeakEstimate, not_enough
-from memtop.model import AgentDeviceSample
+from memtop.model import AgentDeviceSample, AgentHello, DeviceReading, GpuProcess
+from memtop.store import AgentView
 
 MiB, GiB = 1 << 20, 1 << 30
 TOTAL = 80 * GiB
@@ -53,19 +54,36 @@ def device(
         fragmentation=fragmentation or frag(),
         pressure=pressure or Pressure(0, 0, 0, 0, 600.0),
         breakdown=breakdown,
-        allocator_conf=conf,
+        process=process(pid, conf),
     )
 
 
-def gpu(*agents: DeviceDiagnosis, used: int | None = None, processes: Any = None) -> GpuFacts:
+def process(
+    pid: int = 100, conf: str = "", hip: str | None = None, last_oom: Any = None
+) -> AgentView:
+    """The agent's record a device reads who it is through: its allocator settings (the
+    environment's), its ROCm build, its newest OOM report."""
+    hello = AgentHello(1, pid, (), "3.12", "2.5", conf, (), extra={"hip": hip} if hip else {})
+    return AgentView(pid, "connected", hello, None, None, None, (), None, last_oom=last_oom)
+
+
+def told(dev: DeviceDiagnosis, hip: str | None = None, last_oom: Any = None) -> DeviceDiagnosis:
+    """`dev` whose process is a ROCm build (`hip`) or reported an OOM on it (`last_oom`)."""
+    oom = None if last_oom is None else {**last_oom, "device": dev.index}
+    return dataclasses.replace(dev, process=process(dev.pid, dev.allocator_conf, hip, oom))
+
+
+def gpu(*agents: DeviceDiagnosis, used: int | None = None, processes: Any = None) -> GpuObservation:
     if used is None:
         used = sum(a.reserved_bytes for a in agents) + 500 * MiB
     if processes is None:
         processes = tuple((a.pid, a.reserved_bytes) for a in agents)
-    return GpuFacts("GPU-1", 0, "Sim GPU", TOTAL, used, processes, agents)
+    listed = tuple(GpuProcess(pid, charged) for pid, charged in processes)
+    reading = DeviceReading(0, "GPU-1", "Sim GPU", TOTAL, used, processes=listed)
+    return GpuObservation(reading, listed, agents)
 
 
-def fired(rule: rules.Rule, facts: GpuFacts) -> list[rules.Suggestion]:
+def fired(rule: rules.Rule, facts: GpuObservation) -> list[rules.Suggestion]:
     return list(rule(facts))
 
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from memtop.diagnosis.facts import DeviceDiagnosis, GpuFacts, HostDiagnosis
+from memtop.diagnosis.facts import DeviceDiagnosis, GpuObservation, HostDiagnosis
 from memtop.diagnosis.fragmentation import (
     GAUGE_SAMPLES,
     PRESSURE_WINDOW_S,
@@ -37,7 +37,7 @@ __all__ = [
     "DeviceDiagnosis",
     "Diagnoser",
     "Diagnosis",
-    "GpuFacts",
+    "GpuObservation",
     "HostDiagnosis",
     "LeakEstimate",
     "Suggestion",
@@ -56,7 +56,7 @@ GROWTH_MARKS = 60
 class Diagnosis:
     time: float
     devices: dict[tuple[int, int], DeviceDiagnosis]  # by (pid, device index)
-    gpus: tuple[GpuFacts, ...]
+    gpus: tuple[GpuObservation, ...]
     suggestions: tuple[Suggestion, ...]
     # Host memory of the processes that use no CUDA device (CPU trainers), by pid.
     hosts: dict[int, HostDiagnosis] = field(default_factory=dict)
@@ -155,11 +155,7 @@ class Diagnoser:
                 headroom_bytes=latest.free_bytes + latest.cached,
             )
             self._leaks[key] = (now, leak)
-        last_oom = (
-            dict(agent.last_oom)
-            if agent.last_oom is not None and agent.last_oom.get("device") == dev.index
-            else None
-        )
+        reported = agent.last_oom is not None and agent.last_oom.get("device") == dev.index
         pressure_now = pressure(
             latest,
             recent.get("time", []),
@@ -168,7 +164,7 @@ class Diagnoser:
         )
         oom_growth = None
         ooms = pressure_now.ooms if pressure_now.ooms_recent is None else pressure_now.ooms_recent
-        if last_oom is None and ooms > 0:
+        if not reported and ooms > 0:
             oom_growth = _growth_from_marks(marks, recent)
         summaries = agent.snapshot_summary or {}
         snapshot_age = now - agent.snapshot_time if agent.snapshot_time is not None else None
@@ -185,10 +181,8 @@ class Diagnoser:
             breakdown_measured=agent.breakdown is not None,
             breakdown_step=agent.breakdown_step if agent.breakdown is not None else None,
             breakdown_time=agent.breakdown_time if agent.breakdown is not None else None,
-            # The settings in force (`memtop tune` changes them), not the environment's.
-            allocator_conf=agent.settings_in_force,
-            hip=_hip(agent.hello.extra.get("hip") if agent.hello else None),
-            last_oom=last_oom,
+            # Who it is (settings in force, ROCm, newest OOM) is its process's, read through.
+            process=agent,
             oom_growth=oom_growth,
             sites=site_trends(agent.sites, dev.index, leak) if agent.sites else (),
             workload=_workload(agent, dev, launcher_argv),
@@ -228,11 +222,6 @@ def _newest(
     """The newest `last` rows (all: None) of one column as floats, oldest first."""
     column = columns.get(name, ())
     return list(column if last is None else column[-last:])
-
-
-def _hip(value: object) -> str | None:
-    """The hello's `hip` (torch.version.hip) when it is one."""
-    return value if isinstance(value, str) and value else None
 
 
 def _growth_from_marks(

@@ -1,17 +1,26 @@
-"""What the diagnosis knows about each agent device and each GPU: the input of the rules."""
+"""What the diagnosis knows about each agent device and each GPU: the input of the rules.
+
+`DeviceDiagnosis` is the one record of an agent's device above the store: the diagnoser makes it
+from the round's view, the observation places it (the driver's UUID and number of its GPU,
+what the driver charges, the windows the screens draw), and the rules, the screens, the report
+and the exporter read that same record.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memtop import alloc_conf
 from memtop.diagnosis.fragmentation import Fragmentation, Pressure
 from memtop.diagnosis.leak import LeakEstimate
 from memtop.diagnosis.sites import SiteTrend
 from memtop.diagnosis.workload import Workload, WorkloadKind
-from memtop.model import AgentDeviceSample
+from memtop.model import Accounting, AgentDeviceSample, DeviceReading, GpuProcess, MigInfo
+
+if TYPE_CHECKING:  # the store's record of the agent is only read: the package stays light
+    from memtop.store import AgentView
 
 
 class ReadsSample:
@@ -50,13 +59,36 @@ class ReadsSample:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceHistory:
+    """The newest sampled rows and step marks of one agent device, oldest first.
+
+    Each column is a sequence of floats that nobody changes: slices of the round's view
+    (`array('d')`, Store.view), which cost a memcpy rather than a float object per row; most
+    rounds nobody reads them (the detail screen and the trend, once in a while)."""
+
+    time: Sequence[float] = ()
+    allocated: Sequence[float] = ()
+    reserved: Sequence[float] = ()
+    torch_peak: Sequence[float] = ()
+    num_ooms: Sequence[float] = ()  # torch's OOM counter: a rise is an OOM (the GPU's chart)
+    mark_step: Sequence[float] = ()
+    mark_time: Sequence[float] = ()
+    mark_allocated: Sequence[float] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class DeviceDiagnosis(ReadsSample):
-    """One device of one agent: the judgements behind every rule (leak, fragmentation,
-    pressure, baseline), beside the sample they were judged on, held by reference: its bytes
-    are read through it (ReadsSample), never copied."""
+    """One CUDA device of one agent, as everything above the store sees it: where it is (the
+    GPU as the driver names and numbers it, what the driver charges the process there), the
+    judgements behind every rule (leak, fragmentation, pressure, baseline), and the windows the
+    screens draw, beside the sample they were judged on, held by reference: its bytes are read
+    through it (ReadsSample), never copied.  The diagnoser makes it (`Diagnoser._device`); the
+    observation places it (`observation._placed`)."""
 
     pid: int
-    index: int
+    index: int  # the agent's own cuda index (actions and the detail screen use it)
+    # The GPU as the driver names it once placed (the agent's own UUID until then, and where
+    # the driver lists no such GPU).
     uuid: str
     sample: AgentDeviceSample  # the round's latest sample of this device
     baseline_bytes: int | None  # allocated right after the newest step
@@ -64,12 +96,10 @@ class DeviceDiagnosis(ReadsSample):
     fragmentation: Fragmentation
     pressure: Pressure
     breakdown: dict[str, int] | None
-    allocator_conf: str
-    # The newest OOM report of this process on this device (its headline and diagnosis, as
-    # the agent's sample carries it), None without one.
-    last_oom: dict[str, Any] | None = None
-    # torch.version.hip of the trainer: a ROCm build (AMD GPUs), whose fixes are spelt for ROCm.
-    hip: str | None = None
+    # Its process: who it is (hello, allocator settings in force, newest OOM), the agent's own
+    # record in the round's view, read through (allocator_conf, hip, last_oom), never copied
+    # onto each of its devices.  None: a device judged without one (the tests' own).
+    process: AgentView | None = field(default=None, compare=False, repr=False)
     # Without a report of its newest OOM (a recording, an agent that wrote none): the
     # growing-batch finding of memtop.oom.diagnose from the step marks and the OOM counter.
     oom_growth: dict[str, Any] | None = None
@@ -91,6 +121,50 @@ class DeviceDiagnosis(ReadsSample):
     # What the process is (memtop.diagnosis.workload): a trainer, a server with the share it
     # asked for, a PyTorch process with no steps.  None: not judged (taken for a trainer).
     workload: Workload | None = None
+    # Where it is and what the screens draw (the observation fills these in: `_placed`).
+    name: str = ""
+    gpu: int = -1  # the GPU as the driver numbers it (the agent's index without a driver view)
+    sampled_peak_bytes: int = 0  # memtop's own maximum of what it sampled (misses step peaks)
+    nvml_used_bytes: int | None = None  # what the driver charges this process on this GPU
+    history: DeviceHistory = field(default_factory=DeviceHistory)
+
+    @property
+    def allocator_conf(self) -> str:
+        """The allocator options its process runs with: in force (`memtop tune` changes them),
+        else its environment's."""
+        return self.process.settings_in_force if self.process is not None else ""
+
+    @property
+    def hip(self) -> str | None:
+        """torch.version.hip of its process: a ROCm build (AMD GPUs), whose fixes are spelt for
+        ROCm; None on CUDA, or from an agent that does not say."""
+        hello = self.process.hello if self.process is not None else None
+        value = hello.extra.get("hip") if hello is not None else None
+        return value if isinstance(value, str) and value else None
+
+    @property
+    def last_oom(self) -> dict[str, Any] | None:
+        """The newest OOM report of its process when it was on this device (its headline and
+        diagnosis, as the agent's sample carries it), None without one."""
+        oom = self.process.last_oom if self.process is not None else None
+        return dict(oom) if oom is not None and oom.get("device") == self.index else None
+
+    @property
+    def diagnosis(self) -> DeviceDiagnosis:
+        """Itself: the device and its diagnosis are one record (call sites read
+        `device.diagnosis.leak` as they did when they were two)."""
+        return self
+
+    @property
+    def torch_peak_bytes(self) -> int:
+        return self.sample.torch_peak
+
+    @property
+    def non_pytorch_bytes(self) -> int | None:
+        """Driver-charged bytes outside PyTorch's caches (CUDA context, NCCL, workspaces)."""
+        if self.nvml_used_bytes is None:
+            return None
+        return max(0, self.nvml_used_bytes - self.sample.reserved)
 
     @property
     def trains(self) -> bool:
@@ -125,30 +199,116 @@ class HostDiagnosis:
 
 
 @dataclass(frozen=True, slots=True)
-class GpuFacts:
-    """One physical GPU: the driver's view and every agent device on it."""
+class GpuObservation:
+    """One physical GPU: the driver's reading of it (or, without one, the agents' account,
+    as a reading of source "agent"), the processes the driver lists on it, and the devices of
+    live agents on it.  The reading's figures are read through it (the properties below).
+    It is also what the suggestion rules judge (`suggestions.Rule`): one record of a GPU from
+    the join to the rules and the screens."""
 
-    uuid: str
-    index: int
-    name: str
-    total_bytes: int
-    used_bytes: int | None
-    processes: tuple[tuple[int, int | None], ...]  # (pid, used bytes) from NVML
-    agents: tuple[DeviceDiagnosis, ...] = field(default=())
+    reading: DeviceReading
+    processes: tuple[GpuProcess, ...]  # as the driver lists them (agents' pids without one)
+    agents: tuple[DeviceDiagnosis, ...]  # the live agents' devices on it
+    used_history: tuple[Sequence[float], Sequence[float]] = ((), ())  # times, used bytes
+    accounting: Accounting | None = None  # None: the used bytes are not known
     # What each process without an agent is, where its command line or environment says
     # (memtop.diagnosis.workload), by pid: a vLLM without an agent still asked for its share.
     workloads: Mapping[int, Workload] = field(default_factory=dict)
 
     @property
+    def index(self) -> int:
+        return self.reading.index
+
+    @property
+    def uuid(self) -> str:
+        return self.reading.uuid
+
+    @property
+    def name(self) -> str:
+        return self.reading.name
+
+    @property
+    def total_bytes(self) -> int | None:
+        return self.reading.total_bytes
+
+    @property
+    def used_bytes(self) -> int | None:
+        return self.reading.used_bytes
+
+    @property
+    def free_bytes(self) -> int | None:
+        return self.reading.free_bytes
+
+    @property
+    def utilization_percent(self) -> int | None:
+        return self.reading.utilization_percent
+
+    @property
+    def temperature_c(self) -> int | None:
+        return self.reading.temperature_c
+
+    @property
+    def source(self) -> str:
+        return self.reading.source
+
+    @property
+    def error(self) -> str | None:
+        return self.reading.error
+
+    @property
+    def power_watts(self) -> float | None:
+        return self.reading.power_watts
+
+    @property
+    def pci_bus_id(self) -> str | None:
+        """ "dddd:bb:dd.f" where the driver (or the agent) says."""
+        return self.reading.pci_bus_id
+
+    @property
+    def vendor(self) -> str | None:
+        """ "amd" for AMD's GPUs (DeviceReading.vendor)."""
+        return self.reading.vendor
+
+    @property
+    def host(self) -> str | None:
+        """The machine it is in, when not this one (the fleet view)."""
+        return self.reading.host
+
+    @property
+    def mig(self) -> MigInfo | None:
+        """Where a MIG instance sits (None: a whole GPU)."""
+        return self.reading.mig
+
+    @property
+    def label(self) -> str:
+        """ "GPU 0", or "GPU 0 · MIG 3g.40gb #1" for a MIG instance."""
+        if self.mig is not None:
+            return f"GPU {self.index} · {self.mig.label()}"
+        return f"GPU {self.index}"
+
+    @property
+    def peak_sum_bytes(self) -> int:
+        """The sum of the true peaks of the PyTorch processes on it (they need not coincide)."""
+        return sum(a.peak_bytes for a in self.agents)
+
+    @property
+    def judged_total_bytes(self) -> int:
+        """What the rules judge a share against: the driver's total, else its agents' own
+        (torch's mem_get_info), else 0."""
+        if self.total_bytes:
+            return self.total_bytes
+        return self.agents[0].total_bytes if self.agents else 0
+
+    @property
     def used_share(self) -> float | None:
-        if self.used_bytes is None or not self.total_bytes:
+        total = self.judged_total_bytes
+        if self.used_bytes is None or not total:
             return None
-        return self.used_bytes / self.total_bytes
+        return self.used_bytes / total
 
     @property
     def process_count(self) -> int:
-        pids = {pid for pid, _ in self.processes} | {a.pid for a in self.agents}
-        return len(pids)
+        return len({p.pid for p in self.processes} | {a.pid for a in self.agents})
 
 
 # The trainer's allocator options, read as torch reads them (memtop.alloc_conf: the one reader

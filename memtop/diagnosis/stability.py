@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from memtop.diagnosis.facts import DeviceDiagnosis, GpuFacts
+from memtop.diagnosis.facts import DeviceDiagnosis, GpuObservation
 from memtop.diagnosis.suggestions import RULES, VETOES, Key, Rule, Suggestion, suggest
 from memtop.model import Severity
 
@@ -62,11 +62,11 @@ class Stabilizer:
         """Nothing is on screen any more: the next round is judged as a first one."""
         self._shown.clear()
 
-    def suggest(self, gpus: Iterable[GpuFacts], now: float) -> tuple[Suggestion, ...]:
+    def suggest(self, gpus: Iterable[GpuObservation], now: float) -> tuple[Suggestion, ...]:
         """What to show now, most severe first, judged on this round's facts."""
         return self._judge(tuple(gpus), now)
 
-    def _judge(self, gpus: tuple[GpuFacts, ...], now: float) -> tuple[Suggestion, ...]:
+    def _judge(self, gpus: tuple[GpuObservation, ...], now: float) -> tuple[Suggestion, ...]:
         live: dict[tuple[int, int], DeviceDiagnosis] = {
             (a.pid, a.index): a for g in gpus for a in g.agents
         }

@@ -1,8 +1,8 @@
 """The suggestions engine: rules that turn the diagnosis into what to do, with the evidence and
 the effect in bytes where it can be known (DESIGN §5).
 
-Every rule is a function of the facts about one GPU (`GpuFacts`, with the diagnosis of each
-agent device on it) returning zero or more suggestions.  Rules never suggest what the trainer
+Every rule is a function of the facts about one GPU (`GpuObservation`, with the diagnosis of
+each agent device on it) returning zero or more suggestions.  Rules never suggest what the trainer
 already has: the allocator settings are read from the trainer's own environment through its
 agent.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from memtop.diagnosis.facts import (
     DeviceDiagnosis,
-    GpuFacts,
+    GpuObservation,
     HostDiagnosis,
     has_expandable_segments,
     parse_allocator_conf,
@@ -25,7 +25,7 @@ from memtop.diagnosis.facts import (
 from memtop.diagnosis.sites import leaking_site
 from memtop.diagnosis.workload import BudgetBasis, Workload
 from memtop.estimate.calibrate import BatchModel
-from memtop.model import Choice, Severity
+from memtop.model import SOURCE_AGENT, Choice, DeviceReading, Severity
 from memtop.sites import site_name, stack_phrase
 from memtop.units import MiB, format_bytes, format_duration
 
@@ -183,15 +183,17 @@ class Finding:
 # Whether the suggestion of this rule at (pid, device) is on screen now (hysteresis).
 Held = Callable[[int | None, int | None], bool]
 # A rule's predicate over one GPU: each (pid, device, finding) it fires at.
-Judge = Callable[[GpuFacts, Held], Iterable[tuple[int | None, int | None, Finding]]]
+Judge = Callable[[GpuObservation, Held], Iterable[tuple[int | None, int | None, Finding]]]
 # ... or over one agent device on it (most rules): a finding or None, told whether it is held.
-AgentJudge = Callable[[DeviceDiagnosis, GpuFacts, bool], Finding | None]
+AgentJudge = Callable[[DeviceDiagnosis, GpuObservation, bool], Finding | None]
 
 
 def per_agent(judge: AgentJudge) -> Judge:
     """A rule judged on each agent device of the GPU on its own."""
 
-    def over_gpu(gpu: GpuFacts, held: Held) -> Iterator[tuple[int | None, int | None, Finding]]:
+    def over_gpu(
+        gpu: GpuObservation, held: Held
+    ) -> Iterator[tuple[int | None, int | None, Finding]]:
         for agent in gpu.agents:
             found = judge(agent, gpu, held(agent.pid, agent.index))
             if found is not None:
@@ -215,7 +217,9 @@ class Rule:
     # measure hovering at a line.  "Room for a bigger batch" must not stay up after an OOM.
     veto: Callable[[DeviceDiagnosis], str | None] | None = None
 
-    def __call__(self, gpu: GpuFacts, held: Container[Key] = NOTHING_HELD) -> Iterator[Suggestion]:
+    def __call__(
+        self, gpu: GpuObservation, held: Container[Key] = NOTHING_HELD
+    ) -> Iterator[Suggestion]:
         """Its suggestions on one GPU; `held`: the keys of the suggestions on screen now."""
 
         def is_held(pid: int | None, device: int | None) -> bool:
@@ -241,14 +245,14 @@ def _pct(share: float) -> str:
     return f"{100 * share:.1f} %"
 
 
-def _heaviest(gpu: GpuFacts) -> DeviceDiagnosis | None:
+def _heaviest(gpu: GpuObservation) -> DeviceDiagnosis | None:
     return max(gpu.agents, key=lambda a: a.reserved_bytes, default=None)
 
 
 # ------------------------------------------------------------------------------ the rules
 
 
-def _usage(gpu: GpuFacts, held: Held) -> Iterator[tuple[int | None, int | None, Finding]]:
+def _usage(gpu: GpuObservation, held: Held) -> Iterator[tuple[int | None, int | None, Finding]]:
     """85 % warning, 90 % critical, 95 % emergency of the device's memory in use; info when the
     usage is what an inference server or a preallocator on it asked for (_own_request)."""
     share = gpu.used_share
@@ -268,7 +272,7 @@ def _usage(gpu: GpuFacts, held: Held) -> Iterator[tuple[int | None, int | None, 
     )
     if severity is None:
         return
-    evidence = f"{format_bytes(gpu.used_bytes)} of {format_bytes(gpu.total_bytes)} used"
+    evidence = f"{format_bytes(gpu.used_bytes)} of {format_bytes(gpu.judged_total_bytes)} used"
     if asking:
         within = _own_request(gpu, share, asking)
         yield pid, device, _server_usage(gpu, share, severity, asking, within, evidence)
@@ -306,7 +310,7 @@ def _usage(gpu: GpuFacts, held: Held) -> Iterator[tuple[int | None, int | None, 
             detail=detail,
             evidence=evidence,
             fix=fix,
-            effect_bytes=max(0, gpu.used_bytes - int(0.85 * gpu.total_bytes)),
+            effect_bytes=max(0, gpu.used_bytes - int(0.85 * gpu.judged_total_bytes)),
         ),
     )
 
@@ -318,7 +322,7 @@ OWN_REQUEST_TOLERANCE = 0.03
 Asking = tuple[int, Workload, DeviceDiagnosis | None]  # (pid, what it is, its agent device)
 
 
-def _preallocators(gpu: GpuFacts) -> list[Asking]:
+def _preallocators(gpu: GpuObservation) -> list[Asking]:
     """The processes on the GPU that asked for a share of it on purpose, largest first."""
     found: list[Asking] = [
         (a.pid, a.workload, a)
@@ -353,7 +357,7 @@ def _trouble(agent: DeviceDiagnosis | None) -> str | None:
     return None
 
 
-def _own_request(gpu: GpuFacts, share: float, asking: list[Asking]) -> bool:
+def _own_request(gpu: GpuObservation, share: float, asking: list[Asking]) -> bool:
     """Whether the GPU's usage is what its preallocators asked for: no more than the sum of
     their shares (and a context each), and none of them retrying, out of memory or growing."""
     asked = sum(_asked_share(w) for _, w, _ in asking)
@@ -363,7 +367,7 @@ def _own_request(gpu: GpuFacts, share: float, asking: list[Asking]) -> bool:
 
 
 def _server_usage(
-    gpu: GpuFacts,
+    gpu: GpuObservation,
     share: float,
     severity: Severity,
     asking: list[Asking],
@@ -404,7 +408,7 @@ def _server_usage(
             f"its pool; lower {_flag_of(setting)} or move the other processes."
         ),
         evidence=evidence + (f"; {trouble}" if trouble else ""),
-        effect_bytes=max(0, (gpu.used_bytes or 0) - int(min(1.0, asked) * gpu.total_bytes)),
+        effect_bytes=max(0, (gpu.used_bytes or 0) - int(min(1.0, asked) * gpu.judged_total_bytes)),
     )
 
 
@@ -425,7 +429,7 @@ OOM_CAUSES = {
 }
 
 
-def _out_of_memory(agent: DeviceDiagnosis, gpu: GpuFacts, held: bool) -> Finding | None:
+def _out_of_memory(agent: DeviceDiagnosis, gpu: GpuObservation, held: bool) -> Finding | None:
     p = agent.pressure
     recent = p.ooms_recent if p.ooms_recent is not None else p.ooms
     if recent <= 0:
@@ -538,7 +542,7 @@ def alloc_conf_variable(agent: DeviceDiagnosis) -> str:
     return "PYTORCH_HIP_ALLOC_CONF" if agent.hip is not None else "PYTORCH_CUDA_ALLOC_CONF"
 
 
-def _expandable_segments(agent: DeviceDiagnosis, gpu: GpuFacts, was: bool) -> Finding | None:
+def _expandable_segments(agent: DeviceDiagnosis, gpu: GpuObservation, was: bool) -> Finding | None:
     """Split segments or allocator retries → expandable_segments:True (not if already set)."""
     if expandable_segments_vetoed(agent):
         return None
@@ -610,7 +614,7 @@ def _site_dict(site: Any) -> dict[str, Any]:
     return {"file": site.file, "line": site.line, "function": site.function, "text": site.text}
 
 
-def _leak(agent: DeviceDiagnosis, gpu: GpuFacts, held: bool) -> Finding | None:
+def _leak(agent: DeviceDiagnosis, gpu: GpuObservation, held: bool) -> Finding | None:
     estimate = agent.leak
     if not estimate.detected:
         return None
@@ -664,7 +668,7 @@ def _leak(agent: DeviceDiagnosis, gpu: GpuFacts, held: bool) -> Finding | None:
     )
 
 
-def _eight_bit_optimizer(agent: DeviceDiagnosis, gpu: GpuFacts, was: bool) -> Finding | None:
+def _eight_bit_optimizer(agent: DeviceDiagnosis, gpu: GpuObservation, was: bool) -> Finding | None:
     if not agent.trains:
         return None  # a server or a loop without steps has no optimizer state to shrink
     state = (agent.breakdown or {}).get("optimizer_state", 0)
@@ -685,7 +689,7 @@ def _eight_bit_optimizer(agent: DeviceDiagnosis, gpu: GpuFacts, was: bool) -> Fi
     )
 
 
-def _bf16_parameters(agent: DeviceDiagnosis, gpu: GpuFacts, was: bool) -> Finding | None:
+def _bf16_parameters(agent: DeviceDiagnosis, gpu: GpuObservation, was: bool) -> Finding | None:
     breakdown = agent.breakdown or {}
     fp32 = breakdown.get("fp32_parameter_bytes", 0)
     limit = max(BIG_ENOUGH, FP32_SHARE * agent.peak_bytes)
@@ -709,7 +713,9 @@ def _bf16_parameters(agent: DeviceDiagnosis, gpu: GpuFacts, was: bool) -> Findin
     )
 
 
-def _gradient_checkpointing(agent: DeviceDiagnosis, gpu: GpuFacts, was: bool) -> Finding | None:
+def _gradient_checkpointing(
+    agent: DeviceDiagnosis, gpu: GpuObservation, was: bool
+) -> Finding | None:
     if not agent.trains:
         return None  # no backward pass keeps activations in a server
     share_used = gpu.used_share or 0.0
@@ -744,7 +750,7 @@ def _gradient_checkpointing(agent: DeviceDiagnosis, gpu: GpuFacts, was: bool) ->
 
 
 def _cleanup_for_neighbour(
-    gpu: GpuFacts, held: Held
+    gpu: GpuObservation, held: Held
 ) -> Iterator[tuple[int | None, int | None, Finding]]:
     """Cache one process holds while another on the same GPU is short → cleanup."""
     if gpu.process_count < 2:
@@ -800,7 +806,7 @@ def bigger_batch_vetoed(agent: DeviceDiagnosis) -> str | None:
     return None
 
 
-def _bigger_batch(agent: DeviceDiagnosis, gpu: GpuFacts, was: bool) -> Finding | None:
+def _bigger_batch(agent: DeviceDiagnosis, gpu: GpuObservation, was: bool) -> Finding | None:
     if not agent.trains:
         return None  # a server sizes its batches itself; a loop without steps has no batch seen
     share = gpu.used_share
@@ -811,14 +817,14 @@ def _bigger_batch(agent: DeviceDiagnosis, gpu: GpuFacts, was: bool) -> Finding |
     transient = agent.transient_bytes
     if bigger_batch_vetoed(agent) or transient is None or transient < 64 * MiB:
         return None
-    free = gpu.total_bytes - (gpu.used_bytes or 0)
+    free = gpu.judged_total_bytes - (gpu.used_bytes or 0)
     # The room at the step's peak, not at this sample's moment: between peaks the transient's
     # memory waits in the cache, so the cache of the moment counted it twice (the batch factor
     # came out too large, and the headroom jumped by up to the transient from one sample to
     # the next).  At the peak, what the cache holds beyond the peak is all that is spare.  (The
     # split blocks of the moment are not taken off: their share moves within a step too.)
     cache_at_peak = max(0, agent.reserved_bytes - agent.peak_bytes)
-    safety = int(SAFETY_SHARE * gpu.total_bytes)
+    safety = int(SAFETY_SHARE * gpu.judged_total_bytes)
     headroom = free + cache_at_peak - safety
     # How many times this batch fits: `memtop estimate --from`'s model of the step (one home),
     # where the cache's overhead above the peak grows with the transient (a batch twice as
@@ -856,7 +862,7 @@ RANK_DRIFT_CAUSES = (
 )
 
 
-def _rank_drift(agent: DeviceDiagnosis, gpu: GpuFacts, is_held: bool) -> Finding | None:
+def _rank_drift(agent: DeviceDiagnosis, gpu: GpuObservation, is_held: bool) -> Finding | None:
     """A rank whose true peak exceeds the median of its job's other ranks by more than 15 %
     and 1 GiB: the rank that OOMs first."""
     median = agent.peers_median_peak_bytes
@@ -917,7 +923,9 @@ bigger_batch = Rule(
 )
 
 
-def _no_gpu_findings(gpu: GpuFacts, held: Held) -> Iterator[tuple[int | None, int | None, Finding]]:
+def _no_gpu_findings(
+    gpu: GpuObservation, held: Held
+) -> Iterator[tuple[int | None, int | None, Finding]]:
     """A rule judged on processes, not GPUs (host_leak_suggestions): nothing per GPU."""
     return iter(())
 
@@ -1002,7 +1010,7 @@ VETOES: dict[str, Callable[[DeviceDiagnosis], str | None]] = {
 
 
 def suggest(
-    gpus: Iterable[GpuFacts],
+    gpus: Iterable[GpuObservation],
     rules: Iterable[Rule] = RULES,
     held: Container[Key] = NOTHING_HELD,
 ) -> list[Suggestion]:
@@ -1046,5 +1054,7 @@ def last_seen_leaks(exited: Iterable[DeviceDiagnosis]) -> list[Suggestion]:
     return found
 
 
-def _alone(dev: DeviceDiagnosis) -> GpuFacts:
-    return GpuFacts(dev.uuid, dev.index, "", dev.total_bytes, None, (), (dev,))
+def _alone(dev: DeviceDiagnosis) -> GpuObservation:
+    """A device judged on its own (an exited trainer's): a GPU of the agent's own account."""
+    reading = DeviceReading(dev.index, dev.uuid, "", dev.total_bytes, None, source=SOURCE_AGENT)
+    return GpuObservation(reading, (), (dev,))

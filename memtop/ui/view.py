@@ -14,6 +14,7 @@ from typing import Any
 
 from memtop.diagnosis import DeviceDiagnosis, HostDiagnosis, Suggestion
 from memtop.diagnosis.effects import ActionEffect
+from memtop.diagnosis.facts import DeviceHistory
 from memtop.diagnosis.leak import LeakBasis
 from memtop.diagnosis.suggestions import EffectKind, RuleId
 from memtop.job_groups import JobGroup, job_groups
@@ -27,9 +28,7 @@ from memtop.model import (
     host_of,
 )
 from memtop.observation import (
-    AgentDeviceObservation,
     AgentObservation,
-    DeviceHistory,
     GpuObservation,
     Observation,
     ProcessEntry,
@@ -449,7 +448,7 @@ def _trend(gpu: GpuObservation) -> Trend:
     activations' sawtooth is gone; without step marks, the minimum of sampled allocated."""
     on_it = gpu.agents
     leaking = [d for d in on_it if d.diagnosis.leak.detected]
-    focus: AgentDeviceObservation | None
+    focus: DeviceDiagnosis | None
     if leaking:
         focus = max(leaking, key=lambda d: d.diagnosis.leak.bytes_per_second or 0.0)
     else:
@@ -1042,7 +1041,7 @@ def _gpu_chart(
     own = sorted(largest[:GPU_CHART_PROCESSES], key=lambda d: (d.history.time[0], d.pid))
     rest = largest[GPU_CHART_PROCESSES:]
 
-    def timeline(dev: AgentDeviceObservation) -> Timeline:
+    def timeline(dev: DeviceDiagnosis) -> Timeline:
         return Timeline(f"pid {dev.pid}", dev.history.time, dev.history.reserved, dev.pid in exited)
 
     bands = [Band(f"pid {d.pid}", PROCESS_COLOURS[i], (timeline(d),)) for i, d in enumerate(own)]
