@@ -166,13 +166,17 @@ class SuggestionsPane(OptionList):
         self._compact = compact
         self._width = width
         self._quiet = quiet
-        self.clear_options()
         self._prompts = [suggestion_text(item, compact, width) for item in items]
+        # set_options, not clear_options then add_options: the cleared list's height (0 lines)
+        # was a change of the pane's virtual size, and the full one another: each rebuild
+        # re-laid the whole screen out and drew it all (a fifth of the dashboard's CPU in the
+        # `mixed` demo, where suggestions come and go; bench/tui_cost.py, issue 35).  Now the
+        # screen is laid out again only if the pane's number of lines changed.
         if not items:
-            self.add_option(Option(Text(f"  {quiet}", FREE)))
+            self.set_options([Option(Text(f"  {quiet}", FREE))])
             self.border_subtitle = ""
             return
-        self.add_options(
+        self.set_options(
             [Option(text, id=item.key) for text, item in zip(self._prompts, items, strict=True)]
         )
         counts = [
