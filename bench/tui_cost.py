@@ -1,14 +1,18 @@
-"""memtop's dashboard and nvitop side by side in one run, on the same stand-in GPUs (issue 12;
-DESIGN §9 budgets: memtop CPU ≤ 1.0× nvitop's, bytes to the terminal ≤ 3× nvitop's, first frame
-≤ 0.35 s, RSS ≤ 60 MB).
+"""memtop's dashboard and nvitop side by side in one run, on the same stand-in GPUs (issues 12
+and 35; the goals: memtop's CPU and bytes to the terminal ≤ 1.0× nvitop's, first data ≤ 0.2 s,
+full frame ≤ 0.4 s, RSS ≤ 45 MB).
 
-    .venv/bin/python bench/tui_cost.py [--seconds 20] [--pairs 3] [--gpus 8] [--size 120x36]
+    .venv/bin/python bench/tui_cost.py [--seconds 30] [--pairs 3] [--gpus 8] [--size 120x36]
+        [--scenarios healthy,mixed] [--quick]
     (needs `pip install nvitop` for the comparison; --tools memtop measures memtop alone)
 
-The stand-in GPUs:
-- `memtop demo --no-ui --gpus N --scenario healthy` runs N simulated GPUs with one simulated
-  trainer (and its real agent) on each, in a private socket directory (MEMTOP_SOCKET_DIR).
-  memtop reads them as it does in `memtop demo`: the simulated GPUs and the 8 agents.
+The stand-in GPUs, once per scenario:
+- `memtop demo --no-ui --gpus N --scenario S` runs N simulated GPUs in a private socket
+  directory (MEMTOP_SOCKET_DIR). `healthy`: one quiet trainer (and its real agent) on each GPU.
+  `mixed`: what users look at, a screen with suggestions: one rank of a DDP job on each GPU,
+  a leaking trainer beside rank 0, a fragmenting one beside the last rank and one under
+  pressure beside rank 1 (11 agents on 8 GPUs).
+  memtop reads them as it does in `memtop demo`: the simulated GPUs and their agents.
 - `../shared/tools/fakenvml` (a libnvidia-ml.so.1 stand-in, built here with its build.sh) serves
   nvitop the same GPUs: a mirror thread writes its state file twice a second from the demo's
   registry (each GPU's used bytes, its trainer's pid and used bytes, its utilisation), so both
@@ -25,7 +29,9 @@ nvitop 2 s), stdin/stdout/stderr on the pty slave; a reader thread drains the ma
 - After --warmup s, a window of --seconds: the tool's user+system CPU over the wall time, the
   bytes read from the pty in the window, and its RSS at the end.  Then "q".
 - The tools take turns, --pairs times, the order alternating (m n, n m, m n …), so drift in the
-  machine's load (the box is shared) falls on both; medians are compared, and every run printed.
+  machine's load (the box is shared) falls on both; medians are compared, and every run printed
+  with the load average at its start (judge the ratios more than the absolute figures).
+- --quick: 1 pair of 10 s windows after 2 s of warm-up, for iterating; not for the figures.
 
 The last line of output is one JSON object.
 """
@@ -52,12 +58,28 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from memtop import children  # noqa: E402
+from memtop.sim.scenario_names import DEMO_SCENARIOS  # noqa: E402
 
 GOAL_CPU_RATIO = 1.0  # memtop's CPU / nvitop's
-GOAL_TTY_RATIO = 3.0  # memtop's bytes to the terminal / nvitop's
-GOAL_FIRST_FRAME_S = 0.35
-GOAL_RSS_MB = 60.0
-FAKENVML = ROOT.parent / "shared" / "tools" / "fakenvml"
+GOAL_TTY_RATIO = 1.0  # memtop's bytes to the terminal / nvitop's
+GOAL_FIRST_DATA_S = 0.2  # every GPU's figures on screen
+GOAL_FULL_FRAME_S = 0.4  # Textual's first frame
+GOAL_RSS_MB = 45.0
+SCENARIOS = ("healthy", "mixed")
+# The stand-in's sources: beside the checkout (../shared/tools/fakenvml), or two levels up from
+# a worktree (/work/wt/NAME -> /work/shared), or where FAKENVML_DIR says.
+FAKENVML = next(
+    (
+        path
+        for path in (
+            *([Path(os.environ["FAKENVML_DIR"])] if os.environ.get("FAKENVML_DIR") else []),
+            ROOT.parent / "shared" / "tools" / "fakenvml",
+            ROOT.parent.parent / "shared" / "tools" / "fakenvml",
+        )
+        if (path / "build.sh").is_file()
+    ),
+    ROOT.parent / "shared" / "tools" / "fakenvml",
+)
 MIRROR_HZ = 2.0
 
 DEMO_READY_TIMEOUT_S = 60.0
@@ -162,9 +184,11 @@ def child_env(socket_dir: Path) -> dict[str, str]:
     return env
 
 
-def start_demo(gpus: int, env: dict[str, str]) -> tuple[subprocess.Popen[str], list[int]]:
+def start_demo(
+    gpus: int, scenario: str, env: dict[str, str]
+) -> tuple[subprocess.Popen[str], list[int]]:
     demo = subprocess.Popen(
-        [*DEMO, "--gpus", str(gpus), "--scenario", "healthy"],
+        [*DEMO, "--gpus", str(gpus), "--scenario", scenario],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -283,6 +307,7 @@ def measure(
     else:
         command = children.python_command("nvitop")
         markers = {k: re.compile(rb"NVITOP") for k in ("frame", "full", "data")}
+    load = round(os.getloadavg()[0], 2)
     spawned = time.monotonic()
     process, master = children.start_in_terminal(command, args.size, env)
     reader = PtyReader(master, markers)
@@ -323,6 +348,7 @@ def measure(
         "tty_bursts_per_s": round(bursts / wall, 2),
         "rss_mb": round(rss / 2**20, 1),
         "seconds": round(wall, 2),
+        "load_1min": load,
         "exit_code": exit_code,
     }
 
@@ -333,7 +359,7 @@ def median(values: list[float]) -> float:
     return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
-def run(args: argparse.Namespace) -> dict[str, object]:
+def run(args: argparse.Namespace, scenario: str) -> dict[str, object]:
     workdir = Path(tempfile.mkdtemp(prefix="mt-tui-"))
     workdir.chmod(0o700)
     socket_dir = workdir / "s"
@@ -344,10 +370,10 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     mirror: Mirror | None = None
     runs: dict[str, list[dict[str, object]]] = {tool: [] for tool in args.tools}
     try:
-        demo, trainer_pids = start_demo(args.gpus, env)
+        demo, trainer_pids = start_demo(args.gpus, scenario, env)
         print(
-            f"demo: {len(trainer_pids)} simulated trainer(s) with agents on {args.gpus} "
-            f"simulated GPU(s), pid {demo.pid}",
+            f"demo {scenario}: {len(trainer_pids)} simulated trainer(s) with agents on "
+            f"{args.gpus} simulated GPU(s), pid {demo.pid}",
             flush=True,
         )
         time.sleep(AGENTS_SETTLE_S)
@@ -374,7 +400,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                     f"(full {result['full_frame_s']} s, data {result['first_data_s']} s), "
                     f"cpu {result['cpu_percent']:.2f} %, "
                     f"{float(result['tty_bytes_per_s']) / 1000:.2f} KB/s, "  # type: ignore[arg-type]
-                    f"rss {result['rss_mb']} MB",
+                    f"rss {result['rss_mb']} MB, load {result['load_1min']}",
                     flush=True,
                 )
     finally:
@@ -384,12 +410,25 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             stop_demo(demo, trainer_pids)
         shutil.rmtree(workdir, ignore_errors=True)
 
-    keys = ("first_frame_s", "cpu_percent", "tty_bytes_per_s", "rss_mb")
+    keys = (
+        "first_frame_s",
+        "first_data_s",
+        "full_frame_s",
+        "cpu_percent",
+        "tty_bytes_per_s",
+        "rss_mb",
+        "load_1min",
+    )
     medians = {
-        tool: {k: median([float(r[k]) for r in rs]) for k in keys}  # type: ignore[arg-type]
+        tool: {
+            k: median([float(r[k]) for r in rs if r[k] is not None])  # type: ignore[arg-type]
+            for k in keys
+            if any(r[k] is not None for r in rs)
+        }
         for tool, rs in runs.items()
     }
     result: dict[str, object] = {
+        "scenario": scenario,
         "gpus": args.gpus,
         "agents": len(trainer_pids),
         "size": f"{args.size[0]}x{args.size[1]}",
@@ -402,7 +441,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     m = medians.get("memtop")
     if m is not None:
         goals: dict[str, bool] = {
-            "first_frame": m["first_frame_s"] <= GOAL_FIRST_FRAME_S,
+            "first_data": m.get("first_data_s", float("inf")) <= GOAL_FIRST_DATA_S,
+            "full_frame": m.get("full_frame_s", float("inf")) <= GOAL_FULL_FRAME_S,
             "rss": m["rss_mb"] <= GOAL_RSS_MB,
         }
         n = medians.get("nvitop")
@@ -419,36 +459,12 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     return result
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description="memtop's dashboard cost beside nvitop's")
-    parser.add_argument("--seconds", type=float, default=20.0, help="measured window (s)")
-    parser.add_argument("--pairs", type=int, default=3, help="interleaved runs of each tool")
-    parser.add_argument("--gpus", type=int, default=8, help="simulated GPUs, one trainer each")
-    parser.add_argument("--size", type=parse_size, default=(120, 36), help="COLUMNSxROWS")
-    parser.add_argument("--warmup", type=float, default=3.0, help="seconds after first frame")
-    parser.add_argument(
-        "--memtop-interval",
-        type=float,
-        default=None,
-        help="memtop's refresh in s (default: its own, 1 s; 2 compares at nvitop's refresh)",
-    )
-    parser.add_argument(
-        "--tools", default="memtop,nvitop", help="comma-separated: memtop, nvitop (default both)"
-    )
-    args = parser.parse_args()
-    args.tools = [t.strip() for t in args.tools.split(",") if t.strip()]
-    if not set(args.tools) <= {"memtop", "nvitop"} or not args.tools:
-        parser.error("--tools takes memtop and/or nvitop")
-    if args.gpus < 1 or args.seconds <= 0 or args.pairs < 1 or args.warmup < 0:
-        parser.error("--gpus and --pairs must be >= 1, --seconds > 0, --warmup >= 0")
-    if "nvitop" in args.tools and importlib.util.find_spec("nvitop") is None:
-        parser.error("nvitop is not installed here: pip install nvitop (or --tools memtop)")
-
-    result = run(args)
+def print_summary(args: argparse.Namespace, result: dict[str, object]) -> None:
     medians = result["median"]
     assert isinstance(medians, dict)
     print(
-        f"\n{result['gpus']} GPU(s), {result['agents']} agent(s), {result['size']} terminal, "
+        f"\n{result['scenario']}: {result['gpus']} GPU(s), {result['agents']} agent(s), "
+        f"{result['size']} terminal, "
         f"{args.seconds:g} s windows, {args.pairs} interleaved run(s) each; medians:"
     )
     print(
@@ -462,10 +478,14 @@ def main() -> int:
         ("cpu_percent", "cpu", "%"),
         ("tty_bytes_per_s", "terminal", "B/s"),
         ("first_frame_s", "first frame", "s"),
+        ("first_data_s", "first data", "s"),
+        ("full_frame_s", "full frame", "s"),
         ("rss_mb", "rss", "MB"),
     ):
         row = f"{label + ' (' + unit + ')':<14}" + "".join(
-            f"{medians[tool][key]:>12.3f}"
+            f"{'-':>12}"
+            if key not in medians[tool]
+            else f"{medians[tool][key]:>12.3f}"
             if key != "tty_bytes_per_s"
             else f"{medians[tool][key]:>12.0f}"
             for tool in medians
@@ -476,10 +496,56 @@ def main() -> int:
     goals = result.get("goals_met") or {}
     assert isinstance(goals, dict)
     print(
-        "goals (memtop cpu <= 1.0x nvitop, terminal <= 3x, first frame <= 0.35 s, rss <= 60 MB): "
-        + ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in goals.items())
+        "goals (memtop cpu and terminal <= 1.0x nvitop, first data <= 0.2 s, full frame <= 0.4 s,"
+        " rss <= 45 MB): " + ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in goals.items())
     )
-    print(json.dumps(result))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="memtop's dashboard cost beside nvitop's")
+    parser.add_argument("--seconds", type=float, default=30.0, help="measured window (s)")
+    parser.add_argument("--pairs", type=int, default=3, help="interleaved runs of each tool")
+    parser.add_argument("--gpus", type=int, default=8, help="simulated GPUs, one trainer each")
+    parser.add_argument("--size", type=parse_size, default=(120, 36), help="COLUMNSxROWS")
+    parser.add_argument("--warmup", type=float, default=3.0, help="seconds after first frame")
+    parser.add_argument(
+        "--memtop-interval",
+        type=float,
+        default=None,
+        help="memtop's refresh in s (default: its own, 1 s; 2 compares at nvitop's refresh)",
+    )
+    parser.add_argument(
+        "--tools", default="memtop,nvitop", help="comma-separated: memtop, nvitop (default both)"
+    )
+    parser.add_argument(
+        "--scenarios",
+        default=",".join(SCENARIOS),
+        help="comma-separated demo scenarios, each measured in turn (default healthy,mixed)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="1 pair of 10 s windows, 2 s warm-up (iterating)"
+    )
+    args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.pairs, args.warmup = 10.0, 1, 2.0
+    args.tools = [t.strip() for t in args.tools.split(",") if t.strip()]
+    if not set(args.tools) <= {"memtop", "nvitop"} or not args.tools:
+        parser.error("--tools takes memtop and/or nvitop")
+    args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    if not set(args.scenarios) <= set(DEMO_SCENARIOS) or not args.scenarios:
+        parser.error(f"--scenarios takes some of {', '.join(DEMO_SCENARIOS)}")
+    if args.gpus < 1 or args.seconds <= 0 or args.pairs < 1 or args.warmup < 0:
+        parser.error("--gpus and --pairs must be >= 1, --seconds > 0, --warmup >= 0")
+    if "nvitop" in args.tools and importlib.util.find_spec("nvitop") is None:
+        parser.error("nvitop is not installed here: pip install nvitop (or --tools memtop)")
+
+    results = {scenario: run(args, scenario) for scenario in args.scenarios}
+    for result in results.values():
+        print_summary(args, result)
+    last = results[args.scenarios[-1]]
+    # The last line: one JSON object, each scenario's figures under "scenarios" and the last
+    # one's also at the top level (as before there were scenarios).
+    print(json.dumps({**last, "scenarios": results}))
     return 0
 
 

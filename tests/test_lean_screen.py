@@ -152,3 +152,68 @@ def test_a_step_that_moved_repaints_its_cells_not_the_rows():
     assert len(SGR.sub("", written)) <= 14 * rows, written
     assert len(SGR.findall(written)) <= 2 * rows, written
     assert terminal.cells == whole.cells
+
+
+def test_changes_far_apart_render_only_the_widgets_that_changed_not_the_box_between():
+    """The header and the footer change in one frame: the box around both is the whole screen,
+    yet only those two lines are rendered (Textual rendered every widget in the box: the GPU
+    cards and the table each time a STEP cell and the status line changed together)."""
+    app = Board(lean=True)
+
+    async def run() -> tuple[Counter[str], object]:
+        async with app.run_test(size=(40, 10)) as pilot:
+            await pilot.pause()
+            RENDERS.clear()
+            for step in range(1, 4):
+                app.query_one("#head", Static).update(f"memtop  host  {step} GPUs")
+                app.query_one("#foot", Static).update(f"q Quit {step}")
+                await pilot.pause(0.05)
+            renders = Counter(RENDERS)
+            return renders, full_frame(app)
+
+    renders, whole = asyncio.run(run())
+    assert renders["head"] >= 3 and renders["foot"] >= 3
+    assert renders["a"] == renders["step"] == renders["b"] == 0, renders
+    assert app.terminal.cells == whole.cells  # type: ignore[attr-defined]
+    assert any(char == "3" for char, _ in app.terminal.cells.values())
+
+
+def test_a_tall_widget_renders_only_its_dirty_lines():
+    """One line of a ten-line widget changes: that line is rendered, not the other nine, and
+    the terminal shows what a full frame shows."""
+    crops: list[Region] = []
+
+    class Tall(Static):
+        def render_lines(self, crop):  # type: ignore[no-untyped-def]
+            crops.append(crop)
+            return super().render_lines(crop)
+
+    class Page(App[None]):
+        CSS = "Tall { height: 10; }"
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.terminal = play_into_terminal(self)
+
+        def get_default_screen(self) -> Screen[None]:
+            return LeanScreen(id="_default")
+
+        def compose(self) -> ComposeResult:
+            yield Static("head", id="head")
+            yield Tall("\n".join(f"line {i}" for i in range(10)), id="tall")
+
+    app = Page()
+
+    async def run() -> tuple[list[Region], object]:
+        async with app.run_test(size=(30, 12)) as pilot:
+            await pilot.pause()
+            tall = app.query_one(Tall)
+            crops.clear()
+            tall.refresh(Region(0, 4, 6, 1))  # line 4's first cells, as a table cell's refresh
+            await pilot.pause(0.05)
+            rendered = list(crops)
+            return rendered, full_frame(app)
+
+    rendered, whole = asyncio.run(run())
+    assert rendered and all(crop.height == 1 and crop.y == 4 for crop in rendered), rendered
+    assert app.terminal.cells == whole.cells  # type: ignore[attr-defined]

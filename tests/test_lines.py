@@ -182,3 +182,126 @@ def test_changed_cells_is_where_characters_moved_in_place_or_the_whole_line():
     assert changed_cells(row, Text(moved.plain[:-1], spans=moved.spans)) is None  # length
     wide = Text(" 4101  GPU 状态  1299"), Text(" 4101  GPU 状态  1300")
     assert changed_cells(*wide) is None  # characters are not cells here
+
+
+def test_a_new_set_of_suggestions_with_as_many_lines_lays_nothing_out_again():
+    """Suggestions come and go every few seconds in a busy run: a new set that fills as many
+    lines is drawn in place, without a layout of the whole screen (the pane was cleared to zero
+    lines and filled again: two changes of its virtual size, each a layout and a full frame)."""
+    import asyncio
+    from dataclasses import replace
+
+    from textual.app import App, ComposeResult
+
+    from memtop.model import Severity
+    from memtop.ui.view import SuggestionItem
+    from memtop.ui.widgets import suggestions
+
+    first = SuggestionItem(
+        key="frag:1:0",
+        severity=Severity.WARNING,
+        pid=1,
+        device=0,
+        title="Fragmentation 0.24: use expandable segments",
+        evidence="fragmentation 0.24",
+        fix="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+        effect="1.5 GiB stuck in splits",
+    )
+    second = replace(first, key="frag:2:1", pid=2, device=1)
+
+    from pathlib import Path
+
+    from memtop.ui import app as dashboard
+
+    class One(App[None]):
+        # The dashboard's CSS: the pane's height is the room it has, not its content's.
+        CSS_PATH = Path(dashboard.__file__).with_name("memtop.tcss")
+
+        def compose(self) -> ComposeResult:
+            yield suggestions.SuggestionsPane()
+
+    async def run() -> None:
+        app = One()
+        async with app.run_test(size=(120, 12)) as pilot:
+            pane = app.query_one(suggestions.SuggestionsPane)
+            pane.show((first,), compact=False)
+            await pilot.pause()
+            layouts: list[str] = []
+            refresh = pane.refresh
+
+            def record(*regions, **kwargs):  # type: ignore[no-untyped-def]
+                if kwargs.get("layout"):
+                    layouts.append("layout")
+                return refresh(*regions, **kwargs)
+
+            pane.refresh = record  # type: ignore[method-assign]
+            pane.show((second,), compact=False)  # another suggestion, as many lines
+            await pilot.pause()
+            assert pane.items == (second,) and pane.get_option_at_index(0).id == second.key
+            assert "pid 2" in pane.get_option_at_index(0).prompt.plain
+            assert layouts == []
+            pane.show((first, second), compact=False)  # more lines: laid out again
+            await pilot.pause()
+            assert layouts and pane.option_count == 2
+
+    asyncio.run(run())
+
+
+def test_rewording_one_suggestion_renders_that_one_again_not_every_one():
+    """A suggestion's figures moved: its prompt is replaced and only it is wrapped and styled
+    again (Textual's OptionList dropped every option's rendering on each replacement)."""
+    import asyncio
+    from dataclasses import replace
+    from pathlib import Path
+
+    from textual.app import App, ComposeResult
+
+    from memtop.model import Severity
+    from memtop.ui import app as dashboard
+    from memtop.ui.view import SuggestionItem
+    from memtop.ui.widgets import suggestions
+
+    items = tuple(
+        SuggestionItem(
+            key=f"frag:{pid}:0",
+            severity=Severity.WARNING,
+            pid=pid,
+            device=0,
+            title="Fragmentation 0.24: use expandable segments",
+            evidence="fragmentation 0.24",
+            fix="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+            effect="1.5 GiB stuck in splits",
+        )
+        for pid in (1, 2, 3)
+    )
+
+    class One(App[None]):
+        CSS_PATH = Path(dashboard.__file__).with_name("memtop.tcss")
+
+        def compose(self) -> ComposeResult:
+            yield suggestions.SuggestionsPane()
+
+    async def run() -> None:
+        app = One()
+        async with app.run_test(size=(120, 20)) as pilot:
+            pane = app.query_one(suggestions.SuggestionsPane)
+            pane.show(items, compact=False, renew=True)
+            await pilot.pause()
+            rendered: list[int] = []
+            render = pane._get_option_render
+            padding = pane.get_component_styles("option-list--option").padding
+
+            def record(option, style):  # type: ignore[no-untyped-def]
+                if (option, style, padding) not in pane._option_render_cache:
+                    rendered.append(pane.options.index(option))  # wrapped and styled anew
+                return render(option, style)
+
+            pane._get_option_render = record  # type: ignore[method-assign]
+            moved = (items[0], replace(items[1], effect="2.5 GiB stuck in splits"), items[2])
+            pane.show(moved, compact=False, renew=True)
+            await pilot.pause()
+            assert rendered == [1]
+            assert "2.5 GiB" in pane.get_option_at_index(1).prompt.plain
+            assert "1.5 GiB" in pane.get_option_at_index(2).prompt.plain
+
+    asyncio.run(run())

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import tempfile
@@ -397,6 +396,10 @@ def simulated_gpu_specs(
     if name is None:
         name = "Simulated AMD Instinct MI300X" if amd else "Simulated H100 80GB HBM3"
     specs = []
+    # Here, not at the top: only a demo names its GPUs, and hashlib loads OpenSSL's libcrypto
+    # (~3 MB of the dashboard's RSS, which reads the demo's ledgers through this module).
+    import hashlib
+
     for index in range(count):
         h = hashlib.sha256(f"memtop-sim:{seed}:{index}".encode()).hexdigest()
         if amd:

@@ -7,15 +7,21 @@ container render in every frame, whatever changed: on the dashboard, where a fra
 changes eight table cells, that was most of the widgets rendered (bench/tui_cost.py, issue 12).
 
 `LeanCompositor` keeps a widget only when the part of it that shows (its region within its
-clip) overlaps the box: exactly the widgets that can paint a cell there, so the frame is the
-same.
+clip) holds a dirty cell, and renders only its lines that do: exactly the widgets and lines that
+can paint a cell of the update, so the frame is the same.  Textual rendered every line of every
+widget inside the box around all dirty regions: a STEP cell in the table and a figure in a GPU
+card made the box most of the screen, and each of its widgets' lines was cropped into a new strip
+(Strip.crop and Strip.__init__ were a fifth of the dashboard's CPU; bench/tui_cost.py, issue 35).
+The lines it does not render are blank placeholders: the update writes only dirty cells, and a
+line without one is never written.
 
 Its updates (`SpanUpdate`) also write only the cells of each dirty span.  Textual's write the
 span's line from the start of the widget that covers it: a table row whose STEP changed went out
 from the table's left border to the STEP column, eighty cells for four, to be diffed away again
 by memtop.ui.cell_diff.
 
-Everything else is Textual's own (`Compositor._get_renders`, `ChopsUpdate`, textual 8.x);
+Everything else is Textual's own (`Compositor._get_renders`, `_render_chops`,
+`_regions_to_spans`, `ChopsUpdate`, textual 8.x);
 should a later Textual change what this relies on, the screen falls back to Textual's compositor.
 """
 
@@ -57,16 +63,35 @@ class SpanUpdate(ChopsUpdate):
 
 
 class LeanCompositor(Compositor):
+    def __init__(self) -> None:
+        super().__init__()
+        # While a partial update renders: each dirty line's spans [x1, x2), by screen line.
+        self._dirty_rows: dict[int, list[tuple[int, int]]] | None = None
+
     def render_partial_update(self) -> ChopsUpdate | None:
-        update = super().render_partial_update()
-        if update is None:
+        # Textual's render_partial_update, but for the dirty rows kept for _get_renders.
+        update_regions = self._dirty_regions.copy()
+        self._dirty_regions.clear()
+        if not update_regions:
             return None
-        return SpanUpdate(update.chops, update.spans, update.chop_ends)
+        crop = Region.from_union(update_regions).intersection(self.size.region)
+        spans = list(self._regions_to_spans(update_regions))
+        rows: dict[int, list[tuple[int, int]]] = {}
+        for y, x1, x2 in spans:
+            rows.setdefault(y, []).append((x1, x2))
+        self._dirty_rows = rows
+        try:
+            chops = self._render_chops(crop, rows.__contains__)
+        finally:
+            self._dirty_rows = None
+        chop_ends = [cut_set[1:] for cut_set in self.cuts]
+        return SpanUpdate(chops, spans, chop_ends)
 
     def _get_renders(
         self, crop: Region | None = None
     ) -> Iterable[tuple[Region, Region, list[Strip]]]:
-        if crop is None:  # a full frame: every widget, as Textual does it
+        rows = self._dirty_rows
+        if crop is None or rows is None:  # a full frame: every widget, as Textual does it
             yield from super()._get_renders(crop)
             return
         overlaps = crop.overlaps
@@ -75,14 +100,27 @@ class LeanCompositor(Compositor):
             shown = intersection(region, clip)
             if not shown.area or not overlaps(shown):
                 continue  # paints no cell of the update
-            # The lines of the part that shows, in the widget's own coordinates.
-            yield (
-                region,
-                clip,
-                widget.render_lines(
-                    Region(shown.x - region.x, shown.y - region.y, shown.width, shown.height)
-                ),
-            )
+            left, right = shown.x, shown.right
+            lines = [
+                y
+                for y in shown.line_range
+                if any(x1 < right and x2 > left for x1, x2 in rows.get(y, ()))
+            ]
+            if not lines:
+                continue  # the box around the update overlaps it, but no dirty cell does
+            blank = Strip.blank(shown.width)
+            strips = [blank] * shown.height
+            # Each run of consecutive dirty lines in one call, in the widget's own coordinates.
+            start = 0
+            for index in range(1, len(lines) + 1):
+                if index < len(lines) and lines[index] == lines[index - 1] + 1:
+                    continue
+                first, count = lines[start], index - start
+                strips[first - shown.y : first - shown.y + count] = widget.render_lines(
+                    Region(shown.x - region.x, first - region.y, shown.width, count)
+                )
+                start = index
+            yield region, clip, strips
 
 
 def lean_compositor_fits() -> bool:
@@ -90,6 +128,9 @@ def lean_compositor_fits() -> bool:
     return (
         callable(getattr(Compositor, "_get_renders", None))
         and callable(getattr(Compositor, "render_partial_update", None))
+        and callable(getattr(Compositor, "_render_chops", None))
+        and callable(getattr(Compositor, "_regions_to_spans", None))
+        and hasattr(Compositor(), "_dirty_regions")
         and isinstance(getattr(Compositor, "visible_widgets", None), property)
         and callable(getattr(ChopsUpdate, "render_segments", None))
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from rich.text import Text
+from textual.visual import VisualType
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
@@ -166,13 +167,17 @@ class SuggestionsPane(OptionList):
         self._compact = compact
         self._width = width
         self._quiet = quiet
-        self.clear_options()
         self._prompts = [suggestion_text(item, compact, width) for item in items]
+        # set_options, not clear_options then add_options: the cleared list's height (0 lines)
+        # was a change of the pane's virtual size, and the full one another: each rebuild
+        # re-laid the whole screen out and drew it all (a fifth of the dashboard's CPU in the
+        # `mixed` demo, where suggestions come and go; bench/tui_cost.py, issue 35).  Now the
+        # screen is laid out again only if the pane's number of lines changed.
         if not items:
-            self.add_option(Option(Text(f"  {quiet}", FREE)))
+            self.set_options([Option(Text(f"  {quiet}", FREE))])
             self.border_subtitle = ""
             return
-        self.add_options(
+        self.set_options(
             [Option(text, id=item.key) for text, item in zip(self._prompts, items, strict=True)]
         )
         counts = [
@@ -185,6 +190,26 @@ class SuggestionsPane(OptionList):
             keys = [item.key for item in items]
             if selected.key in keys:
                 self.highlighted = keys.index(selected.key)
+
+    def _replace_option_prompt(self, index: int, prompt: VisualType) -> None:
+        """Textual's drops every option's rendering when one prompt is replaced, and the repaint
+        wrapped and styled every suggestion again through its content pipeline (the pane's
+        repaints were a fifth of the dashboard's CPU in the `mixed` demo, whose suggestions
+        quote figures that move).  Here only the replaced option's rendering is dropped when
+        it keeps its number of lines (so its height, and every other option's place, stay)."""
+        option = self.get_option_at_index(index)
+        old = option.prompt
+        if not (isinstance(old, Text) and isinstance(prompt, Text)) or old.plain.count(
+            "\n"
+        ) != prompt.plain.count("\n"):
+            super()._replace_option_prompt(index, prompt)
+            return
+        option._set_prompt(prompt)
+        cache = self._option_render_cache
+        # An LRUCache has keys() but cannot be iterated itself.
+        for key in [key for key in cache.keys() if key[0] is option]:  # noqa: SIM118
+            cache.discard(key)
+        self.refresh()
 
     def on_focus(self) -> None:
         # Tab here lands on the first suggestion, so y and enter act at once (nothing was
