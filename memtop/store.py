@@ -321,6 +321,9 @@ class Store:
             self._owners = {}
             self._problems = []
             self.events.clear()
+            # A replay that seeks back before an action must not know of it yet.
+            self._actions.clear()
+            self._refusals.clear()
             self._changed()
 
     def update_driver(self, reading: DriverReading, when: float | None = None) -> None:

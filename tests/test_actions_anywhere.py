@@ -185,6 +185,14 @@ def test_made_up_action_kinds_stay_bounded_labels() -> None:
     assert len(counts) <= 17 and sum(counts.values()) == 100
 
 
+def test_a_replay_that_seeks_back_before_an_action_forgets_it() -> None:
+    store = Store()
+    store.record_action(ActionRecord("cleanup", 100.0, 42, seq=1, source="agent"))
+    assert store.view().actions
+    store.reset()  # what the player does on a seek back
+    assert store.view().actions == ()
+
+
 def _agent(store: Store, pid: int):  # type: ignore[no-untyped-def]
     from memtop.store import AgentState
 
@@ -273,6 +281,12 @@ def test_a_cleanup_from_another_shell_shows_in_a_separate_viewer_and_its_recordi
     assert again_done["by"] == {"uid": os.getuid(), "pid": shell.pid}
     assert again_done["before"]["basis"] == "samples" and again_done["before"]["samples"] >= 2
     assert again_done["after"]["samples"] >= 1
+    # The HTML report lists it, with who asked and what it did.
+    page = tmp_path / "page.html"
+    assert memtop("report", str(recording), "-o", str(page), socket_dir=socket_dir).returncode == 0
+    html = page.read_text()
+    actions_section = html[html.index("<h2>Actions</h2>") :]
+    assert "<td>cleanup</td>" in actions_section and f"<td>uid {os.getuid()}</td>" in html
     # Before it happened, a replay does not know it.
     early = json.loads(
         memtop(
@@ -280,3 +294,44 @@ def test_a_cleanup_from_another_shell_shows_in_a_separate_viewer_and_its_recordi
         ).stdout
     )
     assert not [a for a in early["actions"] if a["kind"] == "cleanup" and a["result"] == "ok"]
+
+
+def test_the_detail_says_who_asked_and_a_refusal_in_short_lines() -> None:
+    from memtop.diagnosis.effects import effect
+    from memtop.ui.view import effect_lines
+
+    times = [float(t) for t in range(100, 221)]
+    reserved = [4096.0 * MiB if t <= 160 else 3072.0 * MiB for t in range(100, 221)]
+    marks = [float(s) for s in range(0, 6001, 50)]
+    stamps = [100 + s * 0.02 for s in marks]
+    theirs = ActionRecord(
+        "cleanup", 160.0, 42, by_uid=1000, by_pid=4321, step=3000, seq=7, source="agent"
+    )
+    lines = effect_lines(
+        effect(theirs, 0, times, reserved, reserved, [0.0] * 121, marks, stamps), 220.0
+    )
+    assert lines[0].startswith("cleanup 60 s ago: rsvd 4.0G→3.0G")
+    assert lines[-1] == "by uid 1000 · after step 3000"
+    # Known only from the agent's reading (this viewer came after it): said so.
+    late = ActionRecord(
+        "tune",
+        219.5,
+        42,
+        by_uid=1000,
+        seq=8,
+        source="agent",
+        before={0: {"reserved_bytes": 5 << 30, "split_bytes": 1 << 30}},
+    )
+    found = effect(late, 0, times[-1:], reserved[-1:], reserved[-1:], [0.0], [], [])
+    assert found.before is not None and found.before.basis == "agent"
+    assert found.before.reserved_bytes == 5 << 30
+    assert effect_lines(found, 221.0)[-1] == "by uid 1000 · before: agent's reading"
+    refused = ActionRecord(
+        "tune", 219.0, 42, by_uid=0, result="refused", why="x" * 300, seq=9, source="agent"
+    )
+    said = effect_lines(effect(refused, 0, times, reserved, reserved, [0.0] * 121, [], []), 220.0)
+    assert said[0] == "tune 1 s ago: refused" and said[-1] == "by uid 0"
+    assert all(len(line) <= 46 for line in (lines[-1], *said))
+    # The agent's own (--auto-cleanup): no uid.
+    own = ActionRecord("cleanup", 160.0, 42, seq=10, source="agent")
+    assert own.by_words() == "by the agent itself"

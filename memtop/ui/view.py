@@ -893,7 +893,7 @@ def effect_lines(effect: ActionEffect, now: float) -> tuple[str, ...]:
         return (
             _cut(f"{said}: refused"),
             *((_cut(action.why),) if action.why else ()),
-            *((_cut(", ".join(who)),) if who else ()),
+            *((_cut(" · ".join(who)),) if who else ()),
         )
     if before is not None and before.basis == BASIS_AGENT:
         who.append("before: agent's reading")
