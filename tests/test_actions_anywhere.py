@@ -335,3 +335,62 @@ def test_the_detail_says_who_asked_and_a_refusal_in_short_lines() -> None:
     # The agent's own (--auto-cleanup): no uid.
     own = ActionRecord("cleanup", 160.0, 42, seq=10, source="agent")
     assert own.by_words() == "by the agent itself"
+
+
+def test_the_agent_logs_on_the_trainers_thread_and_a_broken_log_never_reaches_it(
+    socket_dir: Path,
+) -> None:
+    import threading
+
+    from memtop.agent.probe import ProbeDevice
+    from memtop.agent.server import Agent
+    from memtop.sim.allocator import SimulatedCachingAllocator
+    from memtop.sim.device import LocalDeviceMemory
+    from memtop.sim.probe import SimulatedGpu, SimulatedProbe
+    from memtop.sources.agent_client import AgentClient
+
+    allocator = SimulatedCachingAllocator(LocalDeviceMemory(8 << 30), 0)
+    device = ProbeDevice(0, "GPU-00000000-0000-0000-0000-000000000001", "Sim GPU", 8 << 30)
+    agent = Agent(SimulatedProbe([SimulatedGpu(device, allocator)]), socket_dir)
+    agent.start()
+    appended_on: list[str] = []
+    real_append = agent.actions.append
+
+    def watched(*args, **kwargs):  # type: ignore[no-untyped-def]
+        appended_on.append(threading.current_thread().name)
+        return real_append(*args, **kwargs)
+
+    agent.actions.append = watched  # type: ignore[method-assign]
+    stop = threading.Event()
+
+    def trainer() -> None:
+        while not stop.is_set():
+            agent.on_step(explicit=True)
+            time.sleep(0.01)
+
+    stepping = threading.Thread(target=trainer, name="the-trainer")
+    stepping.start()
+    try:
+        allocator.free(allocator.malloc(40 * MiB))
+        with AgentClient(agent.pid, agent.directory, timeout=5.0) as client:
+            client.connect()
+            done = client.request("cleanup", timeout=10)
+            assert done["released_bytes"] == {"0": 40 * MiB}
+            assert appended_on == ["the-trainer"]  # at the step boundary, where it ran
+            (entry,) = client.request("sample")["actions"]
+            assert entry["seq"] == done["action_seq"] and entry["by"]["pid"] == os.getpid()
+            assert entry["devices"]["0"]["reserved_bytes"] == 40 * MiB  # read right before
+            assert client.request("sample").get("actions") is None  # nothing new
+            # A log that fails: the action still runs and answers, the trainer steps on.
+            agent.actions.append = None  # type: ignore[assignment,method-assign]
+            agent.commands.cleanup_cooldown.refund()
+            again = client.request("cleanup", timeout=10)
+            assert "released_bytes" in again and "action_seq" not in again
+            assert any("action log" in e for e in agent.errors)
+        before = agent.step or 0
+        time.sleep(0.2)
+        assert (agent.step or 0) > before
+    finally:
+        stop.set()
+        stepping.join()
+        agent.stop()
