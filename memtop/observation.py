@@ -69,6 +69,7 @@ class DeviceHistory:
     allocated: Sequence[float] = ()
     reserved: Sequence[float] = ()
     torch_peak: Sequence[float] = ()
+    num_ooms: Sequence[float] = ()  # torch's OOM counter: a rise is an OOM (the GPU's chart)
     mark_step: Sequence[float] = ()
     mark_time: Sequence[float] = ()
     mark_allocated: Sequence[float] = ()
@@ -633,6 +634,7 @@ def _agent_device(
         allocated=rows.get("allocated", ())[-HISTORY_ROWS:],
         reserved=rows.get("reserved", ())[-HISTORY_ROWS:],
         torch_peak=rows.get("torch_peak", ())[-HISTORY_ROWS:],
+        num_ooms=rows.get("num_ooms", ())[-HISTORY_ROWS:],
         mark_step=marks.get("step", ())[-MARK_ROWS:],
         mark_time=marks.get("time", ())[-MARK_ROWS:],
         mark_allocated=marks.get("allocated", ())[-MARK_ROWS:],

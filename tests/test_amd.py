@@ -551,7 +551,7 @@ def test_hello_carries_the_pci_bus_id_and_hip() -> None:
 
 def test_the_torch_probe_reads_the_pci_address_from_the_device_properties() -> None:
     pytest.importorskip("torch")
-    from memtop.agent.torch_probe import _pci_bus_id
+    from memtop.agent.backends.cuda import _pci_bus_id
 
     class Props:
         pci_domain_id, pci_bus_id, pci_device_id = 0, 0xC1, 0

@@ -79,26 +79,30 @@ def test_enter_on_a_gpu_card_shows_who_holds_its_memory() -> None:
     assert "1.0 GiB  charged to no listed process" in text
 
 
-def test_a_gpus_screen_charts_its_used_memory_and_its_largest_reservers() -> None:
-    """Issue 33 item 2 (in part): the GPU's own screen draws its used bytes over the window held
-    and each of its largest agents' reserved beside them, with a legend in their colours."""
+def test_a_gpus_screen_stacks_its_processes_reserved_under_its_used_memory() -> None:
+    """Issue 33 item 2: the GPU's own screen stacks each agent's reserved on it (in the order
+    they arrived) under its used bytes over the window held, with a legend in their colours;
+    the frozen GPU 0's used bytes are more than its two trainers reserve (their CUDA context,
+    a process without an agent): the rest of used shows above the stack."""
     from helpers.observations import frozen_observation
 
     from memtop.ui import view
-    from memtop.ui.widgets.history_chart import chart_lines, colour_of, legend
+    from memtop.ui.widgets.gpu_chart import REST_COLOUR, gpu_chart, legend
 
     observation = frozen_observation()
     gpu = observation.gpus[0]
     detail = view.build_gpu_detail(observation, gpu.uuid)
-    assert detail is not None and detail.newest is not None
-    names = [s.name for s in detail.series]
-    pids = sorted(f"pid {d.pid}" for d in gpu.agents)
-    assert names[0] == "GPU used" and sorted(names[1:]) == pids
-    assert len(detail.series[0].xs) > 100  # the window held, not the newest reading
-    lines = chart_lines(detail, 100, 10)
-    assert len(lines) == 10 and sum(line.plain.count("⣀") for line in lines) > 100
-    title = legend(detail, 9)
-    assert title.plain.startswith("History  ■ GPU used  ■ pid ")
-    # Each process its own colour, the same in the legend as in the chart.
-    colours = {colour_of(s.name, detail.series) for s in detail.series}
-    assert len(colours) == len(detail.series)
+    assert detail is not None and detail.newest is not None and detail.used_timeline
+    assert [b.name for b in detail.bands] == sorted(f"pid {d.pid}" for d in gpu.agents)
+    assert len(detail.used_timeline.times) > 100  # the window held, not the newest reading
+    drawn = gpu_chart(detail, 100, 10)
+    assert drawn.stack is not None and len(drawn.lines) == 10
+    newest = len(drawn.stack.grid) - 1
+    reserved = sum(d.reserved_bytes or 0 for d in gpu.agents)
+    assert drawn.stack.top(newest) == reserved < (drawn.stack.used[newest] or 0)
+    plot = "".join(str(span.style) for line in drawn.lines for span in line.spans)
+    assert all(b.colour in plot for b in detail.bands) and REST_COLOUR in plot
+    title = legend(detail)
+    assert title.plain == "Memory  ■ pid 4101  ■ pid 4102  ■ rest of used"
+    colours = {b.colour for b in detail.bands}
+    assert len(colours) == len(detail.bands)

@@ -96,3 +96,20 @@ def test_a_short_chart_draws_fewer_series_and_its_rows_fit():
         lines = chart_lines(detail, width, height)
         assert len(lines) == height
         assert all(line.cell_len <= width for line in lines), [line.cell_len for line in lines]
+
+
+def test_the_series_colours_are_drawn_at_full_strength_not_dimmed_with_the_axis():
+    """The y-axis labels are dim; the dots beside them are not (a dim base style on the row
+    faded every series' colour: the chart read as grey, the legend's colours did not match)."""
+    from rich.console import Console
+
+    console = Console(color_system="truecolor")
+    lines = chart_lines(_leak_detail(), 100, 14)
+    plotted = 0
+    for line in lines[:-1]:  # the x-axis row is all labels
+        for offset, char in enumerate(line.plain):
+            if "\u2800" < char <= "\u28ff":
+                style = line.get_style_at_offset(console, offset)
+                assert not style.dim, (offset, char, style)
+                plotted += 1
+    assert plotted > 100

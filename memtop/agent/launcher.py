@@ -77,7 +77,9 @@ def _import_the_agent() -> None:
     imported that user's `json.py` for the agent, as root, before the program started."""
     import pkgutil  # noqa: F401  (runpy.run_path imports it when it hands over)
 
-    from memtop.agent import auto_cleanup, lazy_probe, server  # noqa: F401
+    # backends: its registry imports (importlib) here too; the backend modules themselves are
+    # memtop's submodules, found through its own package path whenever torch arrives.
+    from memtop.agent import auto_cleanup, backends, lazy_probe, server  # noqa: F401
 
 
 def _environment_for_children() -> None:

@@ -83,7 +83,8 @@ class LazyTorchProbe:
 
     def allocator_settings(self) -> str | None:
         real = self.real()
-        return real.allocator_settings() if real else None
+        read = getattr(real, "allocator_settings", None) if real else None
+        return read() if read is not None else None
 
     def hip_version(self) -> str | None:
         real = self.real()
@@ -127,7 +128,10 @@ class LazyTorchProbe:
         real = self.real()
         if real is None:
             raise NotImplementedError("this program has not imported torch")
-        real.set_allocator_settings(text)
+        setter = getattr(real, "set_allocator_settings", None)
+        if setter is None:
+            raise NotImplementedError("this device backend cannot change allocator settings")
+        setter(text)
 
     def snapshot(self) -> dict[str, Any]:
         real = self.real()

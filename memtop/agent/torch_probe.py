@@ -1,14 +1,15 @@
-"""The real probe: torch.cuda inside the trainer.  The only module of memtop that imports torch.
+"""The real probe: torch inside the trainer, over the accelerator's device backend.
 
-Rules it keeps:
-- it never initialises CUDA: until the trainer has initialised it, there are no devices;
-- it only reads devices the trainer has a context on, so it creates no context elsewhere;
-- every call is wrapped by the agent, which turns any exception into an error frame.
+What is the same on every accelerator lives here: the optimizer step hooks, the breakdown walk
+(`count_optimizer_memory`), autograd's pass at an OOM, torch's version, the environment's
+allocator options.  What an accelerator changes (devices, allocator counters, snapshot, cache,
+settings, stack recording, the OOM observer) is a `DeviceBackend` of `memtop.agent.backends`,
+chosen by its registry (CUDA/ROCm: `backends/cuda.py`, the only module that names torch.cuda).
+With the backends, the only modules of memtop that import torch.
 """
 
 from __future__ import annotations
 
-import contextlib
 import operator
 import os
 import threading
@@ -19,14 +20,18 @@ from typing import Any
 
 import torch
 
+from memtop.agent import backends
 from memtop.agent.probe import (
-    SAMPLE_STAT_KEYS,
+    BackendExtras,
     Breakdown,
+    DeviceBackend,
     ProbeDevice,
     StepCallback,
     allocator_conf_from_env,
+    any_thread,
+    interface_methods,
+    trainer_thread,
 )
-from memtop.protocol.text import pci_bus_id_of
 
 _register_step_post_hook: Callable[..., Any] | None
 _register_step_pre_hook: Callable[..., Any] | None
@@ -175,199 +180,84 @@ def count_optimizer_memory(
     }
 
 
-def _allocator_conf() -> str:
-    return allocator_conf_from_env(os.environ)
-
-
-def _pci_bus_id(props: Any) -> str | None:
-    """The device's PCI address from torch's properties (pci_domain_id, pci_bus_id,
-    pci_device_id: CUDA and ROCm builds of torch >= 2.3 have them), None without them."""
-    names = ("pci_domain_id", "pci_bus_id", "pci_device_id")
-    numbers = [getattr(props, name, None) for name in names]
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers):
-        return None
-    domain, bus, device = (int(n) for n in numbers if n is not None)
-    return pci_bus_id_of(domain, bus, device)
-
-
-# The nested path of each SAMPLE_STAT_KEYS key in torch._C._cuda_memoryStats()'s dict.
-# torch's max_entries for stack recording: a bound on its trace ring (unused by enabled="state",
-# which keeps only the live blocks' stacks, but bounded all the same).
-HISTORY_MAX_ENTRIES = 10_000
-_SAMPLE_PATHS = tuple((key, tuple(key.split("."))) for key in SAMPLE_STAT_KEYS)
-
-
-def _pick_stats(nested: dict[str, Any]) -> dict[str, int]:
-    """SAMPLE_STAT_KEYS out of the allocator's nested stats, without flattening all ~120."""
-    out: dict[str, int] = {}
-    for key, path in _SAMPLE_PATHS:
-        value: Any = nested
-        for part in path:
-            if not isinstance(value, dict):
-                break
-            value = value.get(part)
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            out[key] = int(value)
-    return out
+# The optional methods a TorchProbe has exactly when its backend has them (current_pass is
+# torch's, not the accelerator's: autograd and the optimizer hooks say it).
+_BACKEND_EXTRAS = frozenset(interface_methods(BackendExtras)) - {"current_pass"}
 
 
 class TorchProbe:
-    def __init__(self, breakdown_device_type: str | None = None) -> None:
-        # Which tensors the breakdown counts: CUDA ones, unless told otherwise (the CPU soak and
-        # tests set MEMTOP_BREAKDOWN_DEVICE=cpu to exercise the walk on a machine with no GPU).
+    """`memtop.agent.probe.Probe` over torch: torch's own side here, the device's in
+    `self.backend` (the registry's choice unless given)."""
+
+    def __init__(
+        self, breakdown_device_type: str | None = None, backend: DeviceBackend | None = None
+    ) -> None:
+        self.backend = backend if backend is not None else backends.select()
+        # Which tensors the breakdown counts: the backend's, unless told otherwise (the CPU soak
+        # and tests set MEMTOP_BREAKDOWN_DEVICE=cpu to exercise the walk with no GPU).
         self.breakdown_device_type = (
-            breakdown_device_type or os.environ.get("MEMTOP_BREAKDOWN_DEVICE") or "cuda"
+            breakdown_device_type
+            or os.environ.get("MEMTOP_BREAKDOWN_DEVICE")
+            or self.backend.tensor_device_type
         )
         self._optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._device_cache: dict[int, ProbeDevice] = {}
         self._hook_handle: Any = None
         self._pre_hook_handle: Any = None
         self._in_optimizer_step = False  # between the step pre- and post-hooks: the OOM's pass
         self._lock = threading.Lock()
-        self._written: str | None = None  # the option string memtop last set (torch < 2.9)
 
+    def __getattr__(self, name: str) -> Any:
+        # BackendExtras' methods are the backend's, where it has them; a probe whose backend
+        # lacks one lacks it too (callers ask with getattr(probe, name, None)).
+        backend = self.__dict__.get("backend")
+        if name in _BACKEND_EXTRAS and backend is not None:
+            return getattr(backend, name)
+        raise AttributeError(name)
+
+    # ------------------------------------------------------------ torch's own
+    @any_thread
     def torch_version(self) -> str | None:
         return str(torch.__version__)
 
+    @any_thread
     def allocator_conf(self) -> str:
-        return _allocator_conf()
+        return allocator_conf_from_env(os.environ)
 
-    def hip_version(self) -> str | None:
-        hip = getattr(torch.version, "hip", None)
-        return str(hip) if hip else None
-
-    def allocator_settings(self) -> str | None:
-        """Any thread: the allocator's option string in force.  torch >= 2.9 keeps it and reads
-        it back (`_accelerator_getAllocatorSettings`: a copy of a host-side string taken under
-        its own mutex, c10/core/AllocatorConfig.h `last_allocator_settings()`, so any thread may
-        read it); an older torch has only a setter, so it is what memtop last wrote, else the
-        environment's."""
-        read = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
-        if read is not None:
-            return str(read())
-        return self._written if self._written is not None else _allocator_conf()
-
-    def set_allocator_settings(self, text: str) -> None:
-        """Trainer's thread, at a step boundary: the whole option string (torch's parser
-        resets every key it leaves out).  New segments follow it; cached ones keep their kind."""
-        setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
-        if setter is None:
-            memory = getattr(torch.cuda, "memory", None)
-            setter = getattr(memory, "_set_allocator_settings", None)
-        if setter is None:
-            raise NotImplementedError(
-                f"torch {torch.__version__} cannot change allocator settings while it runs"
-            )
-        setter(text)
-        self._written = text
-
-    def _used_indices(self) -> list[int]:
-        # is_initialized() first: is_available() would call cudaGetDeviceCount, initialising
-        # the CUDA driver in a trainer that has not (yet) touched CUDA itself.
-        if not torch.cuda.is_initialized() or not torch.cuda.is_available():
-            return []
-        has_context = getattr(torch._C, "_cuda_hasPrimaryContext", None)
-        indices = []
-        for index in range(torch.cuda.device_count()):
-            if has_context is None or has_context(index):
-                indices.append(index)
-        return indices
-
+    # ------------------------------------------------------------ the device backend's
+    @any_thread
     def devices(self) -> list[ProbeDevice]:
-        found = []
-        for index in self._used_indices():
-            device = self._device_cache.get(index)
-            if device is None:
-                props = torch.cuda.get_device_properties(index)
-                # As torch gives it (bare: CUDA's cuDeviceGetUuid_v2, a MIG instance's own or,
-                # through older paths, its GPU's): a `GPU-` prefix made a MIG instance's UUID
-                # one the driver never lists.  The viewer compares UUIDs without the prefix.
-                uuid = str(getattr(props, "uuid", "") or "")
-                device = ProbeDevice(
-                    index, uuid, str(props.name), int(props.total_memory), _pci_bus_id(props)
-                )
-                self._device_cache[index] = device
-            found.append(device)
-        return found
+        return self.backend.devices()
 
+    @any_thread
     def memory_stats(self, index: int) -> dict[str, int]:
-        # torch.cuda.memory_stats() flattens and sorts all ~120 counters (150 µs on an H100);
-        # the raw nested dict is 21.5 µs and holds the same numbers.  Host-side counters only.
-        if not torch.cuda.is_initialized():
-            return {}
-        raw = getattr(torch._C, "_cuda_memoryStats", None)
-        if raw is None:
-            return {k: int(v) for k, v in torch.cuda.memory_stats(index).items()}
-        return _pick_stats(raw(index))
+        return self.backend.memory_stats(index)
 
-    def is_capturing(self) -> bool:
-        if not torch.cuda.is_initialized():
-            return False
-        try:
-            return bool(torch.cuda.is_current_stream_capturing())
-        except Exception:
-            return True  # when in doubt, touch nothing
-
+    @any_thread
     def memory_allocated(self, index: int) -> int:
-        # Runs on the trainer's thread after every step.  torch.cuda.memory_allocated() flattens
-        # all ~120 allocator stats into a sorted dict first (tens of µs, a measurable share of a
-        # short step); the nested dict it flattens has the same number one lookup away.
-        if not torch.cuda.is_initialized():
-            return 0  # as torch.cuda.memory_allocated() says, without touching CUDA
-        try:
-            return int(torch._C._cuda_memoryStats(index)["allocated_bytes"]["all"]["current"])
-        except (AttributeError, KeyError, TypeError):
-            return int(torch.cuda.memory_allocated(index))
+        return self.backend.memory_allocated(index)
 
-    def mark_reading(self, index: int) -> tuple[int, int, int]:
-        """(allocated now, its peak, bytes ever allocated) from one host-side allocator read:
-        what a step mark records."""
-        if not torch.cuda.is_initialized():
-            return 0, 0, 0
-        try:
-            counts = torch._C._cuda_memoryStats(index)["allocated_bytes"]["all"]
-            return int(counts["current"]), int(counts["peak"]), int(counts["allocated"])
-        except (AttributeError, KeyError, TypeError):
-            return int(torch.cuda.memory_allocated(index)), 0, 0
-
-    def mem_get_info(self, index: int) -> tuple[int, int]:
-        free, total = torch.cuda.mem_get_info(index)
-        return int(free), int(total)
-
-    def empty_cache(self, index: int) -> None:
-        with torch.cuda.device(index):
-            torch.cuda.empty_cache()
-
+    @any_thread
     def reset_peak(self, index: int) -> None:
-        torch.cuda.reset_peak_memory_stats(index)
+        self.backend.reset_peak(index)
 
+    @trainer_thread
+    def is_capturing(self) -> bool:
+        return self.backend.is_capturing()
+
+    @trainer_thread
+    def mem_get_info(self, index: int) -> tuple[int, int]:
+        return self.backend.mem_get_info(index)
+
+    @trainer_thread
+    def empty_cache(self, index: int) -> None:
+        self.backend.empty_cache(index)
+
+    @trainer_thread
     def snapshot(self) -> dict[str, Any]:
-        if not self._used_indices():
-            return {"segments": [], "device_traces": []}
-        return dict(torch.cuda.memory._snapshot())
+        return self.backend.snapshot()
 
-    def record_history(self, enabled: bool) -> bool:
-        """Stack recording in its cheapest form that still keeps each live block's allocating
-        stack: state only (no trace ring), allocation context, Python frames.  The trainer's
-        thread at a step boundary only (DESIGN §6).  False while no device is in use (nothing
-        to record yet: CUDA is not initialised here for it)."""
-        indices = self._used_indices()
-        if not indices:
-            return False
-        record = torch.cuda.memory._record_memory_history
-        for index in indices:
-            if enabled:
-                record(
-                    enabled="state",
-                    context="alloc",
-                    stacks="python",
-                    max_entries=HISTORY_MAX_ENTRIES,
-                    device=index,
-                )
-            else:
-                record(enabled=None, device=index)
-        return True
-
+    # ------------------------------------------------------------ steps, breakdown, pass
+    @any_thread
     def install_step_hook(self, on_step: StepCallback) -> bool:
         if _register_step_post_hook is None:
             return False
@@ -398,6 +288,7 @@ class TorchProbe:
             self._pre_hook_handle = _register_step_pre_hook(pre_hook)
         return True
 
+    @any_thread
     def remove_step_hook(self) -> None:
         """Undo install_step_hook (the hook is process-global in torch)."""
         handle, self._hook_handle = self._hook_handle, None
@@ -408,24 +299,7 @@ class TorchProbe:
             pre.remove()
         self._in_optimizer_step = False
 
-    def attach_oom_observer(self, observer: Callable[[int, int, int, int], None]) -> bool:
-        """Have `observer(device, alloc_size, memory limit, device free)` called by the CUDA
-        caching allocator at every out-of-memory, on the allocating thread, with the allocator's
-        lock released.  The allocator keeps observers per device, so they can only be attached
-        once CUDA is initialised: torch's lazy-init queue runs the attach right after the
-        trainer initialises CUDA (or now, if it has).  Never initialises CUDA itself."""
-        attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
-        lazy_call = getattr(torch.cuda, "_lazy_call", None)
-        if attach is None or lazy_call is None:
-            return False  # a CPU build of torch: no CUDA allocator to observe
-
-        def register() -> None:
-            with contextlib.suppress(Exception):  # nothing may fail the trainer's CUDA init
-                attach(observer)
-
-        lazy_call(register)
-        return True
-
+    @any_thread
     def current_pass(self) -> str | None:
         """The allocating thread's pass, for an OOM report: "optimizer" inside optimizer.step(),
         "backward" inside autograd's graph task (on its own device threads, too), else "forward"
@@ -446,8 +320,10 @@ class TorchProbe:
         """count_optimizer_memory() over the collected optimizers (any device type)."""
         return count_optimizer_memory(self.collected_optimizers(), device_type)
 
+    @trainer_thread
     def breakdown(self) -> dict[int, Breakdown]:
-        """Bytes of parameters, gradients and optimizer state per CUDA device, each storage once."""
+        """Bytes of parameters, gradients and optimizer state per device of the backend's type,
+        each storage once."""
         return {
             index: Breakdown(
                 parameters=counts.parameters,

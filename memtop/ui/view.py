@@ -28,12 +28,14 @@ from memtop.model import (
 )
 from memtop.observation import (
     AgentDeviceObservation,
+    AgentObservation,
     DeviceHistory,
     GpuObservation,
     Observation,
     ProcessEntry,
 )
 from memtop.ui.render import bin_reduce, short_bytes
+from memtop.ui.stacked import Band, ChartEvent, Timeline
 from memtop.units import format_bytes, format_duration, short_host
 
 TREND_POINTS = 120  # the sparkline's resolution before a widget fits it to its width
@@ -992,12 +994,13 @@ class GpuDetail:
     total: int | None
     lines: tuple[GpuDetailLine, ...]
     missing: str = ""  # why there is no accounting (used bytes not read)
-    # Its chart (memtop.ui.widgets.history_chart reads these, as a process's Detail's): the
-    # driver's used bytes over the window held, and each agent's reserved on it beside them.
-    series: tuple[Series, ...] = ()
-    newest: float | None = None  # unix time of x = 0
-    trend_line: Series | None = None  # (none: a GPU's chart fits no trend)
-    device: DeviceDiagnosis | None = None
+    # Its chart (memtop.ui.widgets.gpu_chart): the driver's used bytes over the window held,
+    # its processes' reserved stacked under them in a fixed order, and what happened on it.
+    used_timeline: Timeline | None = None
+    bands: tuple[Band, ...] = ()
+    events: tuple[ChartEvent, ...] = ()
+    start: float | None = None  # the window's oldest and newest unix times
+    newest: float | None = None
 
 
 def build_gpu_detail(obs: Observation, uuid: str) -> GpuDetail | None:
@@ -1008,11 +1011,11 @@ def build_gpu_detail(obs: Observation, uuid: str) -> GpuDetail | None:
     if gpu is None:
         return None
     title = f"{gpu.label}  {gpu.name}"
-    series, newest = _gpu_series(gpu)
+    chart = _gpu_chart(gpu, obs.agents)
     accounting = gpu.accounting
     if accounting is None:
         missing = gpu.error or "used memory not read"
-        return GpuDetail(title, None, gpu.total_bytes, (), missing, series, newest)
+        return GpuDetail(title, None, gpu.total_bytes, (), missing, *chart)
     lines: list[GpuDetailLine] = []
     for part in accounting.parts:
         if not part.bytes and not part.pids:
@@ -1033,32 +1036,83 @@ def build_gpu_detail(obs: Observation, uuid: str) -> GpuDetail | None:
                     process.bytes, f"pid {process.pid}  " + " · ".join(said), process=True
                 )
             )
-    return GpuDetail(
-        title, accounting.used_bytes, gpu.total_bytes, tuple(lines), "", series, newest
-    )
+    return GpuDetail(title, accounting.used_bytes, gpu.total_bytes, tuple(lines), "", *chart)
 
 
-GPU_CHART_PROCESSES = 4  # the largest reservers drawn, each a line of its own
+GPU_CHART_PROCESSES = 5  # the largest reservers stacked each in a band; the rest in one
+# Each process's band by its place in the stack; then the band of the rest of the agents.
+PROCESS_COLOURS = ("#e6be00", "#5fa02a", "#50c8e6", "#e63c50", "#f0a030")
+MORE_COLOUR = "#8c8cdc"
 
 
-def _gpu_series(gpu: GpuObservation) -> tuple[tuple[Series, ...], float | None]:
-    """The GPU's used bytes over the window held, and the reserved of its largest agents'
-    processes beside them (each its own line: their rounds' times differ, so they are not
-    summed into a stack that would be made up between samples)."""
+def _gpu_chart(
+    gpu: GpuObservation, agents: Sequence[AgentObservation]
+) -> tuple[Timeline | None, tuple[Band, ...], tuple[ChartEvent, ...], float | None, float | None]:
+    """The GPU's chart: its used bytes over the window held, and the reserved of every agent's
+    process that was on it in that window (live or exited, while the store keeps it), each a
+    band in a fixed order (by arrival: a band does not move when another grows), the largest
+    GPU_CHART_PROCESSES each its own, the rest summed in one.  Then the events to mark."""
     times, used = gpu.used_history
-    series: list[Series] = []
-    newest: float | None = times[-1] if times else None
-    agents = sorted(gpu.agents, key=lambda d: -(d.reserved_bytes or 0))[:GPU_CHART_PROCESSES]
-    for dev in agents:
-        if dev.history.time:
-            last = dev.history.time[-1]
-            newest = last if newest is None else max(newest, last)
-    if newest is None:
-        return (), None
+    devices = [d for a in agents for d in a.devices if d.uuid == gpu.uuid and d.history.time]
+    ends = [d.history.time[-1] for d in devices] + ([times[-1]] if times else [])
+    if not ends:
+        return None, (), (), None, None
+    newest = max(ends)
+    start = min([d.history.time[0] for d in devices] + ([times[0]] if times else []))
     if times:
-        series.append(_series("GPU used", times[-DETAIL_SAMPLES:], used[-DETAIL_SAMPLES:], newest))
-    for dev in agents:
-        history = dev.history
-        if history.time:
-            series.append(_series(f"pid {dev.pid}", history.time, history.reserved, newest))
-    return tuple(series), newest
+        start = times[0]  # the driver's window is the chart's: the agents' may be longer
+    exited = {a.pid for a in agents if a.status == AgentStatus.EXITED}
+    largest = sorted(devices, key=lambda d: -max(d.history.reserved, default=0.0))
+    own = sorted(largest[:GPU_CHART_PROCESSES], key=lambda d: (d.history.time[0], d.pid))
+    rest = largest[GPU_CHART_PROCESSES:]
+
+    def timeline(dev: AgentDeviceObservation) -> Timeline:
+        return Timeline(f"pid {dev.pid}", dev.history.time, dev.history.reserved, dev.pid in exited)
+
+    bands = [Band(f"pid {d.pid}", PROCESS_COLOURS[i], (timeline(d),)) for i, d in enumerate(own)]
+    if rest:
+        more = f"{len(rest)} more pid{'s' if len(rest) > 1 else ''}"
+        bands.append(Band(more, MORE_COLOUR, tuple(timeline(d) for d in rest)))
+    used_timeline = Timeline("GPU used", times, used) if times else None
+    events = gpu_events(gpu.uuid, agents, start)
+    return used_timeline, tuple(bands), events, start, newest
+
+
+def gpu_events(
+    uuid: str, agents: Sequence[AgentObservation], since: float
+) -> tuple[ChartEvent, ...]:
+    """What happened on GPU `uuid` since `since`, oldest first: its agents' OOMs (a rise of
+    torch's counter between two samples; at the flight recorder's own time for the newest),
+    the actions memtop performed in them on it (memtop.diagnosis.effects), and their arriving
+    (a process that started in the window, at its first sample here) and leaving (an exited
+    agent, at its last).  One home: another source of events (an agent's own log of actions)
+    adds its records here."""
+    events: list[ChartEvent] = []
+    for agent in agents:
+        for dev in agent.devices:
+            if dev.uuid != uuid or not dev.history.time:
+                continue
+            history = dev.history
+            times, ooms = history.time, history.num_ooms
+            rises = [i for i in range(1, len(ooms)) if ooms[i] > ooms[i - 1] and times[i] >= since]
+            oom_times = [times[i] for i in rises]
+            reported = (dev.diagnosis.last_oom or {}).get("time")
+            # The newest OOM happened between its two samples: its report says exactly when.
+            if (
+                rises
+                and isinstance(reported, int | float)
+                and times[rises[-1] - 1] <= reported <= times[rises[-1]]
+            ):
+                oom_times[-1] = float(reported)
+            events += [ChartEvent(t, "oom", agent.pid) for t in oom_times]
+            events += [
+                ChartEvent(e.action.time, e.action.kind, agent.pid)
+                for e in agent.actions
+                if e.device == dev.index and e.action.time >= since
+            ]
+            created = agent.info.create_time if agent.info is not None else None
+            if created is not None and created >= since:
+                events.append(ChartEvent(history.time[0], "arrived", agent.pid))
+            if agent.status == AgentStatus.EXITED:
+                events.append(ChartEvent(history.time[-1], "left", agent.pid))
+    return tuple(sorted(events, key=lambda e: (e.time, e.pid)))

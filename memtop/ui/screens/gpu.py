@@ -13,7 +13,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Static
 
 from memtop.ui.view import GpuDetail
-from memtop.ui.widgets.history_chart import HistoryChart
+from memtop.ui.widgets.gpu_chart import GpuChart
 from memtop.units import format_bytes
 
 
@@ -22,8 +22,8 @@ class GpuScreen(Screen[None]):
 
     DEFAULT_CSS = """
     GpuScreen #gpu-title { height: 1; text-style: bold; }
-    GpuScreen #gpu-chart { height: 12; border: round $primary-darken-1; }
-    GpuScreen.-short #gpu-chart { height: 7; }
+    GpuScreen #gpu-chart { height: 16; border: round $primary-darken-1; }
+    GpuScreen.-short #gpu-chart { height: 10; }
     GpuScreen #gpu-body { height: 1fr; }
     """
 
@@ -34,8 +34,8 @@ class GpuScreen(Screen[None]):
 
     def compose(self) -> ComposeResult:
         yield Static(id="gpu-title")
-        # Used over the window held, and its largest reservers beside it (memtop.ui.view).
-        yield HistoryChart(id="gpu-chart")
+        # Its processes' reserved stacked under its used bytes, and its events marked.
+        yield GpuChart(id="gpu-chart")
         with VerticalScroll(id="gpu-body"):
             yield Static(id="gpu-accounting")
         yield Footer()
@@ -56,7 +56,7 @@ class GpuScreen(Screen[None]):
             body.update(Text(""))
             return
         title.update(Text(detail.title))
-        self.query_one(HistoryChart).show(detail)
+        self.query_one(GpuChart).show(detail)
         text = Text()
         if detail.missing:
             text.append(f"No accounting: {detail.missing}\n", style="bold red")

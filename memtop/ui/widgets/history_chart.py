@@ -32,8 +32,6 @@ COLOURS = {
     "host RSS": "#c85ad2",
 }
 OTHER = "#f0f0f0"
-# A process's own line on a GPU's chart ("pid 4101"): one of these, by its place in the list.
-PROCESS_COLOURS = ("#e6be00", "#5fa02a", "#50c8e6", "#e63c50", "#f0a030", "#a0a0ff")
 # Drawn in this order: the lines a reader judges (baseline, trend) last, so they stay on top.
 ORDER = ("GPU used", "host RSS", "reserved", "peak", "allocated", "leak trend", "baseline")
 Y_LABEL_W = 7  # "12.3G " and a rule
@@ -41,7 +39,7 @@ X_LABEL_ROWS = 1
 
 
 class Charted(Protocol):
-    """What the chart reads: a process's Detail, or a GPU's (memtop.ui.view)."""
+    """What the chart reads: a process's Detail (memtop.ui.view)."""
 
     @property
     def series(self) -> tuple[Series, ...]: ...
@@ -54,12 +52,7 @@ class Charted(Protocol):
 
 
 def colour_of(name: str, series: Sequence[Series] = ()) -> str:
-    if name in COLOURS:
-        return COLOURS[name]
-    processes = [s.name for s in series if s.name.startswith("pid ")]
-    if name in processes:
-        return PROCESS_COLOURS[processes.index(name) % len(PROCESS_COLOURS)]
-    return OTHER
+    return COLOURS.get(name, OTHER)
 
 
 def drawn_series(detail: Charted, rows: int) -> list[Series]:
@@ -133,7 +126,10 @@ def chart_lines(detail: Charted | None, width: int, height: int) -> list[Text]:
     end_row = chart.py(trend.ys[-1]) // 4 if trend is not None and trend.ys else None
     for i, line in enumerate(plot):
         label = f"{labels[i] / GiB:5.1f}G" if i in labels else ""
-        row = Text(f"{label:>{Y_LABEL_W - 1}}│", style="dim")
+        # The label dim, not the row: a Text's own style is the base of all its spans, and
+        # a dim base fades every series' colour.
+        row = Text()
+        row.append(f"{label:>{Y_LABEL_W - 1}}│", style="dim")
         row.append_text(line)
         if end_row == i and full:
             row.append(" " + full, style=COLOURS["leak trend"])
