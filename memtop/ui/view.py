@@ -1108,7 +1108,8 @@ def gpu_events(
             events += [
                 ChartEvent(e.action.time, e.action.kind, agent.pid)
                 for e in agent.actions
-                if e.device == dev.index and e.action.time >= since
+                # A refused action (the agent's log keeps those too) changed nothing: no mark.
+                if e.device == dev.index and e.action.time >= since and e.action.ok
             ]
             created = agent.info.create_time if agent.info is not None else None
             if created is not None and created >= since:
