@@ -80,6 +80,7 @@ def build(recording: Recording, title: str) -> str:
     ]
     parts = [_head(title), _header(recording, final, title)]
     parts.append(_suggestions(final))
+    parts.append(_actions(final, start))
     for uuid, (times, used) in sorted(view.device_used.items()):
         gpu = next((d for d in final["devices"] if d["uuid"] == uuid), None)
         if gpu is not None and len(times) > 1:
@@ -167,6 +168,51 @@ def _suggestions(final: dict[str, Any]) -> str:
             out.append(f"<br><span class=detail>evidence: {_e(s['evidence'])}</span>")
         out.append("</div>")
     return "".join(out)
+
+
+def _actions(final: dict[str, Any], start: float) -> str:
+    """Every action performed in a trainer during the recording (by memtop or anyone: the
+    agent's log), with the minute before and after it: one row per action and device."""
+    items = final.get("actions") or []
+    if not items:
+        return ""
+
+    def pair(action: dict[str, Any], key: str, shown: Any) -> str:
+        before, after = action.get("before") or {}, action.get("after") or {}
+        if before.get(key) is None or after.get(key) is None:
+            return ""
+        return f"{shown(before[key])} → {shown(after[key])}"
+
+    rows = []
+    for a in items:
+        by = a.get("by") or {}
+        who = (
+            "this memtop"
+            if a.get("by_this_memtop")
+            else ("the agent itself" if by.get("uid") is None else f"uid {by['uid']}")
+        )
+        result = a.get("result") or "ok"
+        if result != "ok" and a.get("why"):
+            result = f"{result}: {a['why']}"
+        rows.append(
+            (
+                f"{a['time'] - start:.1f} s",
+                a["pid"],
+                "" if a.get("device") is None else a["device"],
+                a["kind"],
+                who,
+                result,
+                pair(a, "reserved_bytes", fmt_bytes),
+                pair(a, "split_bytes", fmt_bytes),
+                pair(a, "retries_per_min", lambda v: f"{v:.1f}/min"),
+                pair(a, "step_time_s", lambda v: f"{v * 1000:.1f} ms"),
+            )
+        )
+    head = ("at", "pid", "GPU", "action", "by", "result", "reserved", "stranded", "retries", "step")
+    return (
+        "<h2>Actions</h2><p>Each action performed in a trainer, the minute before it against "
+        "the minute after (medians).</p>" + _table(head, rows)
+    )
 
 
 def _gpu_section(

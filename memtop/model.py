@@ -342,6 +342,9 @@ class AgentSample:
     host_memory: HostMemory | None = None  # None from an agent that does not report it
     # The allocator's option string in force (None: an agent that does not report it).
     allocator_settings: str | None = None
+    # The entries of the agent's action log this connection had not seen (pid 0: the store sets
+    # the trainer's pid as the viewer knows it).
+    actions: tuple[ActionRecord, ...] = ()
 
 
 # ------------------------------------------------------------------ the low-rate replies
@@ -415,6 +418,15 @@ class AgentTune:
     reserved_after: Mapping[int, int] = field(default_factory=dict)
 
 
+# The commands that change the trainer (memtop.protocol.commands' acting ones; a test holds the
+# two to the same names): an action's kind as the exporter labels it, any other is "other".
+ACTION_KINDS = ("cleanup", "tune", "reset_peak", "snapshot", "sites")
+ACTION_OK = "ok"
+ACTION_REFUSED = "refused"
+ACTION_BY_VIEWER = "viewer"
+ACTION_FROM_AGENT = "agent"
+
+
 @dataclass(frozen=True, slots=True)
 class ActionRecord:
     """An action memtop performed in a trainer (cleanup, tune, reset_peak, a snapshot file,
@@ -425,6 +437,35 @@ class ActionRecord:
     time: float
     pid: int
     args: Mapping[str, Any] = field(default_factory=dict)
+    # Who asked, from the agent's action log (the client's uid and pid by SO_PEERCRED; both
+    # None for the agent's own, an --auto-cleanup) or, for what this memtop did, its own.
+    by_uid: int | None = None
+    by_pid: int | None = None
+    result: str = ACTION_OK  # ACTION_OK, or ACTION_REFUSED with `why`
+    why: str | None = None
+    step: int | None = None  # the trainer's step it ran after, where the agent says
+    # Its number in the agent's action log: the one action the viewer performed and then read
+    # back from the log is kept once (memtop.store.Store.record_action).
+    seq: int | None = None
+    # ACTION_BY_VIEWER: this memtop performed it; ACTION_FROM_AGENT: known from the agent's log
+    # (another shell's `memtop cleanup`, another viewer, the exporter's host, the agent itself).
+    source: str = ACTION_BY_VIEWER
+    # Per device, the allocator's counters the agent read right before it ran (reserved_bytes,
+    # split_bytes, num_alloc_retries, num_ooms): a viewer that connected after it has no
+    # history before it, and still this.
+    before: Mapping[int, Mapping[str, int]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.result == ACTION_OK
+
+    def by_words(self) -> str:
+        """Who asked, in a few words: "by uid 1000", "by the agent itself", "" for this memtop."""
+        if self.source == ACTION_BY_VIEWER:
+            return ""
+        if self.by_uid is None:
+            return "by the agent itself"
+        return f"by uid {self.by_uid}"
 
 
 @dataclass(frozen=True, slots=True)

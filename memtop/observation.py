@@ -68,8 +68,11 @@ class AgentObservation:
     info: ProcessInfo | None  # owner and command line, when visible
     # The allocator's option string in force, where the agent says (`memtop tune` changes it).
     allocator_settings: str | None = None
-    # What each action memtop performed in it did, per device: the windows before and after.
+    # What each action performed in it did (by this memtop, or anyone: the agent's log), per
+    # device: the windows before and after.
     actions: tuple[ActionEffect, ...] = ()
+    # Actions performed in it by (kind, result), each counted once as it became known.
+    action_counts: Mapping[tuple[str, str], int] = field(default_factory=dict)
     # Its own host memory (a CPU trainer's only memory figure): the newest reading, and the
     # windows the detail screen draws (RSS per sample; RSS right after each step).
     host_memory: HostMemory | None = None
@@ -278,6 +281,7 @@ class Observer:
                     info=infos.get(agent.pid),
                     allocator_settings=agent.allocator_settings,
                     actions=_effects(agent, [a for a in view.actions if a.pid == agent.pid]),
+                    action_counts=agent.action_counts,
                     host_memory=agent.host_memory,
                     host_history=_host_history(agent),
                 )
@@ -409,6 +413,9 @@ def _effects(agent: AgentView, actions: Sequence[ActionRecord]) -> tuple[ActionE
     """Each action's windows before and after it, on each device of its trainer."""
     found = []
     for action in actions:
+        if not agent.devices:
+            # No device to measure it on (a CPU trainer): the action is still said.
+            found.append(ActionEffect(action, None, None, None))
         for dev in agent.devices:
             rows, marks = dev.history, dev.marks
             found.append(

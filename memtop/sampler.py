@@ -12,6 +12,7 @@ driver call that hangs leaves the last reading on screen and the agents sampled.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import signal
 import threading
 import time
@@ -303,8 +304,20 @@ class Sampler(FeedLoop):
                 return ActionReply(pid, cmd, error=str(exc))
             parsed = protocol.parse_reply(cmd, result) if cmd in protocol.REPLY_PARSERS else None
             if commands.acts(cmd, args):
-                # Done in the trainer: its effect is measured from the history around it.
-                self.store.record_action(ActionRecord(cmd, time.time(), pid, dict(args or {})))
+                # Done in the trainer: its effect is measured from the history around it.  The
+                # agent's log number, where it says one, keeps it once when the log comes back.
+                seq = result.get("action_seq") if isinstance(result, dict) else None
+                self.store.record_action(
+                    ActionRecord(
+                        cmd,
+                        time.time(),
+                        pid,
+                        {k: v for k, v in (args or {}).items() if k != "wait_s"},
+                        by_uid=os.getuid(),
+                        by_pid=os.getpid(),
+                        seq=seq if isinstance(seq, int) and not isinstance(seq, bool) else None,
+                    )
+                )
             if cmd == "reset_peak":
                 self.store.reset_peak(pid)  # the sampled peak restarts with torch's
             elif cmd == "sites":

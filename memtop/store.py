@@ -22,6 +22,8 @@ from typing import Any
 # Records only, from the model: the store (and the observation, the diagnosis and the UI above
 # it) loads no protocol, socket, selector or psutil (issue 35); its writers parse the replies.
 from memtop.model import (
+    ACTION_BY_VIEWER,
+    ACTION_FROM_AGENT,
     MARK_WINDOW,
     ActionRecord,
     AgentBreakdown,
@@ -64,7 +66,9 @@ HISTORY_COLUMNS = (
     "num_ooms",
     "split",  # inactive_split_bytes: an action's effect reads it (memtop.diagnosis.effects)
 )
-ACTIONS_KEPT = 64  # the actions memtop performed, newest kept
+ACTIONS_KEPT = 64  # the actions performed in trainers, newest kept
+ACTION_COUNT_KEYS = 16  # (kind, result) pairs counted per agent; the rest count as "other"
+REFUSALS_KEPT = 16  # ... and the refused ones apart (a flood of refusals evicts only its kind)
 
 
 class Ring:
@@ -169,6 +173,11 @@ class AgentState:
     host_memory: HostMemory | None = None
     host_history: Ring | None = None
     host_marks: Ring | None = None
+    # The newest action log number read from the agent: an entry at or below it was kept (or
+    # was, and aged out) when a reconnection serves the whole log again.
+    action_seq_seen: int = 0
+    # Actions performed in it, by (kind, result), counted once each as they became known.
+    action_counts: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -220,6 +229,8 @@ class AgentView:
     host_memory: HostMemory | None = None
     host_history: Mapping[str, array[float]] = field(default_factory=dict)
     host_marks: Mapping[str, array[float]] = field(default_factory=dict)
+    # Actions performed in it by (kind, result), each counted once (the exporter's counter).
+    action_counts: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -265,6 +276,7 @@ class Store:
         self._problems: list[str] = []
         self.events: deque[tuple[float, str]] = deque(maxlen=200)
         self._actions: deque[ActionRecord] = deque(maxlen=ACTIONS_KEPT)
+        self._refusals: deque[ActionRecord] = deque(maxlen=REFUSALS_KEPT)
         # Bumped once per round (once per write outside one): the UI redraws only when it moved.
         self.generation = 0
         self._rounds_open = 0  # depth of `round()` on the thread that holds the lock
@@ -309,6 +321,9 @@ class Store:
             self._owners = {}
             self._problems = []
             self.events.clear()
+            # A replay that seeks back before an action must not know of it yet.
+            self._actions.clear()
+            self._refusals.clear()
             self._changed()
 
     def update_driver(self, reading: DriverReading, when: float | None = None) -> None:
@@ -377,6 +392,8 @@ class Store:
         agent.allocator_settings = settings
 
     def _apply_sample(self, agent: AgentState, sample: AgentSample) -> None:
+        for action in sample.actions:  # the agent's action log: the pid as this viewer knows it
+            self._keep_action(replace(action, pid=agent.pid), agent)
         agent.step = sample.step
         if sample.oom is not None and isinstance(sample.oom.get("last"), Mapping):
             agent.last_oom = sample.oom["last"]
@@ -505,12 +522,41 @@ class Store:
                 self._changed()
 
     def record_action(self, action: ActionRecord) -> None:
-        """An action memtop performed in a trainer: its effect is read from the history around
-        it (memtop.diagnosis.effects), and it is an event."""
+        """An action performed in a trainer, by this memtop or (from the agent's action log)
+        anyone: its effect is read from the history around it (memtop.diagnosis.effects), and
+        it is an event.  One action known twice (this memtop did it, then read it back from the
+        log: the same `seq`) is kept once, with the agent's time and step."""
         with self._lock:
-            self._actions.append(action)
-            self.events.append((action.time, f"{action.kind} in pid {action.pid}"))
+            self._keep_action(action, self._agents.get(action.pid))
             self._changed()
+
+    def _keep_action(self, action: ActionRecord, agent: AgentState | None) -> None:
+        kept = self._actions if action.ok else self._refusals
+        if action.seq is not None:
+            for i, known in enumerate(kept):
+                if known.pid == action.pid and known.seq == action.seq:
+                    if action.source != known.source:
+                        # Ours, read back (or read back first): the agent's time, step and
+                        # who, and still ours.
+                        agents = action if action.source == ACTION_FROM_AGENT else known
+                        kept[i] = replace(agents, source=ACTION_BY_VIEWER)
+                    return
+            if agent is not None:
+                if action.seq <= agent.action_seq_seen:
+                    return  # read before and aged out here: a reconnection serves it again
+                if action.source == ACTION_FROM_AGENT:
+                    agent.action_seq_seen = action.seq
+        kept.append(action)
+        if agent is not None:
+            key = (action.kind, action.result)
+            if key not in agent.action_counts and len(agent.action_counts) >= ACTION_COUNT_KEYS:
+                key = ("other", action.result)  # a hostile agent's made-up kinds: bounded
+            agent.action_counts[key] = agent.action_counts.get(key, 0) + 1
+        by = action.by_words()
+        said = f"{action.kind} in pid {action.pid}" + (f" {by}" if by else "")
+        if not action.ok:
+            said += f" refused: {action.why}" if action.why else " refused"
+        self.events.append((action.time, said))
 
     def reset_peak(self, pid: int) -> None:
         """memtop's own peak restarts from the current value (the `r` key)."""
@@ -563,7 +609,7 @@ class Store:
                     problems=tuple(self._problems),
                     events=tuple(self.events),
                     owners=dict(self._owners),
-                    actions=tuple(self._actions),
+                    actions=tuple(sorted((*self._actions, *self._refusals), key=lambda a: a.time)),
                 )
             return view
 
@@ -676,6 +722,7 @@ class Store:
             host_memory=agent.host_memory,
             host_history=_windows(agent.host_history) if windows else {},
             host_marks=_windows(agent.host_marks, VIEW_MARKS) if windows else {},
+            action_counts=dict(agent.action_counts),
         )
 
 

@@ -132,4 +132,4 @@ def test_a_tune_in_a_live_trainer_is_measured_before_and_after(socket_dir: Path)
     assert detail.actions == lines
     assert lines[0].startswith("tune ") and " ago: rsvd " in lines[0] and " split " in lines[0]
     assert "→" in lines[0] and lines[1].startswith("retries ") and " · step " in lines[1]
-    assert max(len(line) for line in lines) <= 46  # the allocator box at 100 columns
+    assert max(len(line) for line in lines) <= 46, lines  # the allocator box at 100 columns

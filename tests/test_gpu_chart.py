@@ -236,6 +236,10 @@ def test_a_gpus_events_are_read_from_its_agents_ooms_actions_arrivals_and_depart
         store.update_agents(polls, t + 0.8)
         if s == 60:
             store.record_action(ActionRecord("cleanup", T0 + 60.2, 4242))
+        if s == 61:  # refused (the agent's log keeps refusals): it changed nothing, no mark
+            store.record_action(
+                ActionRecord("cleanup", T0 + 61.0, 4242, result="refused", seq=2, source="agent")
+            )
     obs = Observer(store, clock=lambda: T0 + 120.9).latest()
     detail = view.build_gpu_detail(obs, UUID)
     assert detail is not None

@@ -289,6 +289,40 @@ FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
         "Suggestions standing now, by severity and rule.",
         ("hostname", "severity", "rule"),
     ),
+    # Every action performed in a trainer, whoever asked (issue 34): bounded labels.
+    "memtop_process_actions_total": (
+        "counter",
+        "Actions performed in the trainer (cleanup, tune, reset_peak, snapshot, sites), by "
+        "anyone, by result (ok, refused), each counted once as this memtop learnt of it.",
+        (*AGENT, "action", "result"),
+    ),
+    "memtop_process_last_action_time_seconds": (
+        "gauge",
+        "Unix time of the newest action of each kind that ran in the trainer.",
+        (*AGENT, "action"),
+    ),
+    "memtop_process_last_action_reserved_bytes": (
+        "gauge",
+        "The newest action of each kind: median reserved bytes the minute before and after it.",
+        (*PROCESS, "action", "window"),
+    ),
+    "memtop_process_last_action_split_bytes": (
+        "gauge",
+        "The newest action of each kind: median free bytes inside split segments (stranded) "
+        "the minute before and after it.",
+        (*PROCESS, "action", "window"),
+    ),
+    "memtop_process_last_action_alloc_retries_per_second": (
+        "gauge",
+        "The newest action of each kind: the allocator's retries per second the minute before "
+        "and after it.",
+        (*PROCESS, "action", "window"),
+    ),
+    "memtop_process_last_action_step_seconds": (
+        "gauge",
+        "The newest action of each kind: the median step time the minute before and after it.",
+        (*PROCESS, "action", "window"),
+    ),
 }
 
 

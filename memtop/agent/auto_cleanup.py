@@ -98,6 +98,16 @@ class AutoCleanup:
         }
         self.runs.append(record)
         self.agent.oom.cleanups.append(record)  # the next OOM report lists it
+        # An action like any other, asked by nobody: `by` is null (the agent's own).
+        self.agent.actions.append(
+            "cleanup",
+            {"auto": True},
+            uid=None,
+            pid=None,
+            step=boundary.step,
+            when=now,
+            outcome={"released_bytes": released, "took_s": round(took, 4)},
+        )
         self.log(
             f"memtop: GPU {index} at {used:.0%} after step {boundary.step}: gc.collect() + "
             f"empty_cache() released {format_bytes(sum(released.values()))} in {took:.2f} s "

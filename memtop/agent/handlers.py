@@ -268,6 +268,8 @@ class Commands:
                 )
             )
         marks = self._marks_since(conn, len(devices), max_marks)
+        # The actions performed in the trainer this viewer has not seen (all kept, at first).
+        actions, conn.action_cursor = agent.actions.since(conn.action_cursor)
         return replies.sample_result(
             time=time.time(),
             step=boundary.step,
@@ -280,6 +282,7 @@ class Commands:
             oom=agent.oom.status(),
             host_memory=boundary.host.reading(),
             allocator_settings=self.settings_in_force(),
+            actions=actions,
             agent=replies.agent_costs(
                 boundary_costs=boundary.costs(),
                 connections=agent.connection_count,
@@ -397,7 +400,9 @@ class Commands:
 
         def hand_to_worker(data: dict[str, Any]) -> None:
             # On the trainer's thread only the data was taken; pickling and writing happen on
-            # the worker, which answers the viewer itself.
+            # the worker, which answers the viewer itself (and logs the action).
+            taken_at = time.time()
+
             def write() -> None:
                 started = time.perf_counter()
                 try:
@@ -405,17 +410,19 @@ class Commands:
                         path, pickle.dumps(data, protocol=4), overwrite=overwrite
                     )
                 except files.UnsafeTarget as exc:
+                    agent.log_action(conn, request, refused=(E_BAD_REQUEST, str(exc)))
                     reply = replies.error_reply(request_id, E_BAD_REQUEST, str(exc))
                 except OSError as exc:
-                    reply = replies.error_reply(
-                        request_id, E_FAILED, f"cannot write {path}: {exc.strerror}"
-                    )
+                    why = f"cannot write {path}: {exc.strerror}"
+                    agent.log_action(conn, request, refused=(E_FAILED, why), when=taken_at)
+                    reply = replies.error_reply(request_id, E_FAILED, why)
                 else:
                     summary = summarize_snapshot(data.get("segments", []))
-                    reply = replies.result_reply(
-                        request_id,
-                        replies.snapshot_file_result(path=path, size=size, devices=summary),
-                    )
+                    result = replies.snapshot_file_result(path=path, size=size, devices=summary)
+                    seq = agent.log_action(conn, request, outcome={"bytes": size}, when=taken_at)
+                    if seq is not None:
+                        result["action_seq"] = seq
+                    reply = replies.result_reply(request_id, result)
                 self.snapshot_cooldown.cost(time.perf_counter() - started)
                 agent.post(conn, reply)
 
@@ -627,6 +634,9 @@ class Commands:
                 raise ProtocolError(E_BAD_REQUEST, "'stacks' must be a boolean")
             if wanted and not tracker.supported():
                 raise ProtocolError(E_UNAVAILABLE, "this trainer's allocator cannot record stacks")
+            if wanted != tracker.wanted:
+                # An action only when it switches them (a viewer repeats what it wants).
+                self.agent.log_action(conn, request)
             tracker.wanted = wanted
         return tracker.result(history=history)
 

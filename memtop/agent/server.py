@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from memtop.agent import identity, limits_for_tests
+from memtop.agent.action_log import ActionLog
 from memtop.agent.boundary import MARK_BUFFER, StepBoundary, TrainerJob
 from memtop.agent.handlers import (
     CLEANUP_MIN_INTERVAL_S,
@@ -45,6 +46,7 @@ from memtop.agent.oom import OomRecorder
 from memtop.agent.probe import Probe
 from memtop.agent.sites import SiteTracker, stacks_wanted
 from memtop.agent.snapshot_summary import summarize_snapshot
+from memtop.protocol import commands as command_table
 from memtop.protocol import framing, places, replies
 from memtop.protocol.framing import (
     E_BAD_FRAME,
@@ -107,6 +109,27 @@ CONNECT_EXEMPT_BURST = 8  # ... plus this many at once
 # that churns connections gets at most this much in one go.
 GOVERN_EARLY_S = 0.005
 WORKER_QUEUE = 4
+# What the action log keeps of an action's reply (bytes released, the settings after, ...).
+OUTCOME_KEYS = (
+    "released_bytes",
+    "reserved_after",
+    "after",
+    "emptied_cache",
+    "devices",
+    "bytes",
+    "took_s",
+    "nothing_to_do",
+)
+# The counters read right before an action (Agent.figures), by their name in the log.
+ACTION_FIGURES = {
+    "reserved_bytes": "reserved_bytes.all.current",
+    "split_bytes": "inactive_split_bytes.all.current",
+    "num_alloc_retries": "num_alloc_retries",
+    "num_ooms": "num_ooms",
+}
+# Acting commands whose handler logs its own action: `sites` only when it switches stacks (a
+# viewer asks `stacks: true` on every request while they are wanted).
+LOGGED_BY_HANDLER = frozenset({"sites"})
 
 
 class _Account:
@@ -123,6 +146,7 @@ class _Account:
 
 class Connection:
     __slots__ = (
+        "action_cursor",
         "closed",
         "decoder",
         "interest",
@@ -149,6 +173,7 @@ class Connection:
         self.decoder = framing.FrameDecoder(max_frame=MAX_REQUEST_BYTES)
         self.outbound = bytearray()
         self.mark_cursor = 0  # sequence number of the last step mark this viewer has seen
+        self.action_cursor = 0  # ... and of the last entry of the action log
         self.last_request = now
         self.partial_since: float | None = None
         self.pending = 0  # deferred replies this viewer is waiting for
@@ -239,7 +264,7 @@ class Agent:
         self.worker = _Worker()
         # Jobs queued for the trainer's thread that a viewer is waiting on, with how to answer
         # if the deadline passes first.
-        self._waiting: list[tuple[TrainerJob, Connection, Any]] = []
+        self._waiting: list[tuple[TrainerJob, Connection, Request]] = []
         self._background: list[TrainerJob] = []
         self._last_sweep = 0.0
         # The governor's connect burst, unless a test lowered it (read once: limits_for_tests).
@@ -248,6 +273,8 @@ class Agent:
         )
         # What the commands answer, and what they keep between requests (handlers.HANDLERS).
         self.commands = Commands(self)
+        # Every action performed in the trainer, whoever asked (served in `sample`).
+        self.actions = ActionLog()
         self.errors = self.boundary.errors
         self.refused_requests = 0
         self.governed_s = 0.0  # time every viewer was paused to keep the agent's CPU in bounds
@@ -490,14 +517,16 @@ class Agent:
         """Deadlines: jobs no step came for, idle viewers, stalled frames, paused accepting."""
         if self._waiting:
             still = []
-            for job, conn, request_id in self._waiting:
+            for job, conn, request in self._waiting:
                 if job.claimed:
                     continue  # the trainer ran it; its reply is on its way
                 if now >= job.deadline and job.claim():
                     conn.pending = max(0, conn.pending - 1)
-                    self._reply(conn, replies.error_reply(request_id, *self._no_step(job)))
+                    refusal = self._no_step(job)
+                    self.log_action(conn, request, refused=refusal)
+                    self._reply(conn, replies.error_reply(request.id, *refusal))
                 else:
-                    still.append((job, conn, request_id))
+                    still.append((job, conn, request))
             self._waiting = still
         for conn in list(self._connections.values()):
             if (
@@ -752,14 +781,75 @@ class Agent:
         try:
             result = self.commands.handle(conn, request)
         except ProtocolError as exc:
+            self.log_action(conn, request, refused=(exc.code, exc.message))
             reply = replies.error_reply(request.id, exc.code, exc.message)
         except Exception as exc:
-            reply = replies.error_reply(request.id, E_FAILED, f"{type(exc).__name__}: {exc}"[:500])
+            why = f"{type(exc).__name__}: {exc}"[:500]
+            self.log_action(conn, request, refused=(E_FAILED, why))
+            reply = replies.error_reply(request.id, E_FAILED, why)
         else:
             if result is None:
                 return  # deferred: the reply comes when the trainer's thread has done the work
+            if request.cmd not in LOGGED_BY_HANDLER:
+                seq = self.log_action(conn, request, outcome=result)
+                if seq is not None:
+                    result = {**result, "action_seq": seq}
             reply = replies.result_reply(request.id, result)
         self._reply(conn, reply)
+
+    def log_action(
+        self,
+        conn: Connection,
+        request: Request,
+        *,
+        refused: tuple[str, str] | None = None,
+        outcome: dict[str, Any] | None = None,
+        when: float | None = None,
+        figures: dict[str, dict[str, int]] | None = None,
+    ) -> int | None:
+        """Log `request` in the action log (memtop.agent.action_log) if it acts on the trainer
+        (a refusal too), with who asked: its sequence number, else None.  Any thread; never
+        raises (a failure to log is an error counted, not the trainer's problem)."""
+        try:
+            if not command_table.acts(request.cmd, request.args):
+                return None
+            args = {k: v for k, v in request.args.items() if k != "wait_s"}
+            if outcome is not None:
+                outcome = {k: outcome[k] for k in OUTCOME_KEYS if k in outcome}
+            if refused is None and figures is None:
+                figures = self.figures()  # an action done here and now (reset_peak, stacks)
+            return self.actions.append(
+                request.cmd,
+                args,
+                uid=conn.uid,
+                pid=conn.peer_pid,
+                step=self.boundary.step,
+                when=when,
+                refused=refused,
+                outcome=outcome,
+                figures=figures,
+            )
+        except Exception as exc:
+            self.errors.append(f"action log: {exc!r}")
+            return None
+
+    def figures(self) -> dict[str, dict[str, int]] | None:
+        """The allocator's host-side counters an action's effect is judged by (reserved, split,
+        retries, OOMs) per device the trainer uses, read now: right before a trainer-thread
+        action runs, so a viewer that connects later still has a "before".  Any thread (the
+        same reads as `sample`); None if they cannot be read."""
+        try:
+            boundary = self.boundary
+            devices = boundary.devices if boundary.devices_known else []
+            read = {}
+            for device in devices[:16]:
+                stats = self.probe.memory_stats(device.index)
+                read[str(device.index)] = {
+                    name: int(stats.get(key, 0)) for name, key in ACTION_FIGURES.items()
+                }
+            return read
+        except Exception:
+            return None
 
     def defer(
         self,
@@ -781,28 +871,41 @@ class Agent:
                 f"{MAX_PENDING_PER_CONNECTION} requests of this viewer are already waiting",
             )
         request_id = request.id
+        before: list[dict[str, dict[str, int]] | None] = [None]
+        acting = command_table.acts(request.cmd, request.args)
+
+        def measured() -> Any:
+            # The counters right before the action, on the thread that performs it.
+            before[0] = self.figures()
+            return run()
 
         def done(job: TrainerJob) -> None:
             if job.error is not None:
                 err = job.error
                 code = err.code if isinstance(err, ProtocolError) else E_FAILED
                 text = err.message if isinstance(err, ProtocolError) else repr(err)
+                self.log_action(conn, request, refused=(code, text))
                 self.post(conn, replies.error_reply(request_id, code, text[:500]))
                 return
             try:
                 result = finish(job.result)
                 if result is None:
-                    return
+                    return  # handed on: whoever posts the reply logs the action
+                seq = self.log_action(conn, request, outcome=result, figures=before[0])
+                if seq is not None:
+                    # The viewer that asked knows this entry when it comes back in a sample.
+                    result = {**result, "action_seq": seq}
                 reply = replies.result_reply(request_id, result)
             except ProtocolError as exc:
+                self.log_action(conn, request, refused=(exc.code, exc.message))
                 reply = replies.error_reply(request_id, exc.code, exc.message)
             except Exception as exc:
                 reply = replies.error_reply(request_id, E_FAILED, repr(exc)[:500])
             self.post(conn, reply)
 
-        job = TrainerJob(name, run, time.monotonic() + wait_s, done)
+        job = TrainerJob(name, measured if acting else run, time.monotonic() + wait_s, done)
         conn.pending += 1
-        self._waiting.append((job, conn, request_id))
+        self._waiting.append((job, conn, request))
         self.boundary.submit(job)
         return job
 

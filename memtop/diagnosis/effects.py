@@ -4,8 +4,13 @@ For each action memtop performed in a trainer (memtop.model.ActionRecord), the s
 the EFFECT_WINDOW_S before and after it: reserved and split bytes (the medians of the samples:
 a step's swing is not an effect), allocator retries per minute, and the step time's median
 from the step marks.  The after-window grows until it is as long as the before-window; both say
-how many samples and seconds they hold, so a figure from three samples reads as such.  Pure:
-arrays in, a record out.
+how many samples and seconds they hold, so a figure from three samples reads as such.
+
+An action known from the agent's action log (another shell's `memtop cleanup`, another viewer)
+may predate this viewer's history: then the before-window is the agent's own reading of the
+counters right before the action (`basis` "agent", no samples, no rate), with the step time
+from the step marks, which reach back further.  A refused action changed nothing: no windows.
+Pure: arrays in, a record out.
 """
 
 from __future__ import annotations
@@ -16,9 +21,11 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
-from memtop.model import ActionRecord
+from memtop.model import ACTION_BY_VIEWER, ActionRecord
 
 EFFECT_WINDOW_S = 60.0
+BASIS_SAMPLES = "samples"
+BASIS_AGENT = "agent"
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +40,9 @@ class Window:
     step_time_s: float | None  # the median of the step marks' durations
     # The standard error of that median (1.253 σ / √n, σ from the MAD): its noise.
     step_time_se_s: float | None = None
+    # BASIS_SAMPLES: this viewer's samples; BASIS_AGENT: the agent's reading right before the
+    # action (a viewer that connected after it), one reading, no rate.
+    basis: str = "samples"
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -47,6 +57,7 @@ class Window:
             "step_time_se_s": (
                 None if self.step_time_se_s is None else round(self.step_time_se_s, 6)
             ),
+            "basis": self.basis,
         }
 
 
@@ -55,7 +66,7 @@ class ActionEffect:
     """One action on one device of its trainer: the windows before and after it."""
 
     action: ActionRecord
-    device: int
+    device: int | None  # None: the trainer uses no device memtop measures (a CPU trainer)
     before: Window | None  # None: no sample in that window
     after: Window | None
 
@@ -73,11 +84,19 @@ class ActionEffect:
 
     def as_json(self) -> dict[str, Any]:
         change = self.step_time_change()
+        action = self.action
         return {
-            "kind": self.action.kind,
-            "time": self.action.time,
-            "pid": self.action.pid,
-            "args": dict(self.action.args),
+            "kind": action.kind,
+            "time": action.time,
+            "pid": action.pid,
+            "args": dict(action.args),
+            # Who asked (the agent's log: the client's uid and pid; null uid: the agent itself),
+            # whether it ran, and the step it ran after.
+            "by": {"uid": action.by_uid, "pid": action.by_pid},
+            "by_this_memtop": action.source == ACTION_BY_VIEWER,
+            "result": action.result,
+            "why": action.why,
+            "step": action.step,
             "device": self.device,
             "before": self.before.as_json() if self.before is not None else None,
             "after": self.after.as_json() if self.after is not None else None,
@@ -105,19 +124,21 @@ def window(
     per_min = None
     if span > 0 and len(counted) >= 2:
         per_min = max(0.0, counted[-1] - counted[0]) * 60.0 / span
+    step_time, step_time_se = _step_time(mark_steps, mark_times, start, end)
     return Window(
         seconds=span,
         samples=last - first,
         reserved_bytes=int(median(reserved[first:last])),
         split_bytes=int(median(split[first:last])) if len(split) >= last else None,
         retries_per_min=per_min,
-        **_step_time(mark_steps, mark_times, start, end),
+        step_time_s=step_time,
+        step_time_se_s=step_time_se,
     )
 
 
 def _step_time(
     steps: Sequence[float], times: Sequence[float], start: float, end: float
-) -> dict[str, float | None]:
+) -> tuple[float | None, float | None]:
     """The median duration of a step between consecutive marks in (start, end], and the
     standard error of that median."""
     first, last = bisect_right(times, start), bisect_right(times, end)
@@ -127,13 +148,13 @@ def _step_time(
         if steps[i] > steps[i - 1] and times[i - 1] > start
     ]
     if not durations:
-        return {"step_time_s": None, "step_time_se_s": None}
+        return None, None
     middle = median(durations)
     se = None
     if len(durations) >= 3:
         spread = 1.4826 * median(abs(d - middle) for d in durations)
         se = 1.253 * spread / len(durations) ** 0.5
-    return {"step_time_s": middle, "step_time_se_s": se}
+    return middle, se
 
 
 def effect(
@@ -148,11 +169,22 @@ def effect(
     window_s: float = EFFECT_WINDOW_S,
 ) -> ActionEffect:
     """The windows of `window_s` before and after `action` of one device's history."""
+    if not action.ok:
+        return ActionEffect(action, device, None, None)
     at = action.time
     columns = (times, reserved, split, retries, mark_steps, mark_times)
-    return ActionEffect(
-        action,
-        device,
-        window(*columns, at - window_s, at),
-        window(*columns, at, at + window_s),
-    )
+    before = window(*columns, at - window_s, at)
+    reading = action.before.get(device)
+    if before is None and reading is not None:
+        step_time, step_time_se = _step_time(mark_steps, mark_times, at - window_s, at)
+        before = Window(
+            seconds=0.0,
+            samples=0,
+            reserved_bytes=reading.get("reserved_bytes"),
+            split_bytes=reading.get("split_bytes"),
+            retries_per_min=None,
+            step_time_s=step_time,
+            step_time_se_s=step_time_se,
+            basis=BASIS_AGENT,
+        )
+    return ActionEffect(action, device, before, window(*columns, at, at + window_s))

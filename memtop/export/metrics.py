@@ -29,7 +29,7 @@ from memtop import metric_table
 from memtop.diagnosis.sites import leaking_site
 from memtop.export.text import exposition
 from memtop.jobs import DCGM_LABELS, INFO_JOB_LABELS, dcgm_labels, info_labels
-from memtop.model import AgentStatus
+from memtop.model import ACTION_KINDS, AgentStatus
 from memtop.observation import AgentObservation, Observation
 
 GPU_LABELS = ("hostname", "UUID", "gpu", "modelName")
@@ -48,6 +48,12 @@ INFO_LABELS = (
     *INFO_JOB_LABELS,
 )
 BREAKDOWN_PARTS = ("parameters", "gradients", "optimizer_state", "other")
+
+
+def action_label(kind: str) -> str:
+    """An action's kind as a label value: a command of the closed set, else "other" (an agent's
+    string never becomes a label of its own: the family stays bounded)."""
+    return kind if kind in ACTION_KINDS else "other"
 
 
 EXPORT_TOP_SITES = 5  # `site` label values per device: a bounded family
@@ -240,6 +246,43 @@ def render(
         (*process_label_names, "site"),
     )
 
+    # Every action performed in a trainer, whoever asked (the agent's action log, issue 34), by
+    # kind and result; and the newest one of each kind that ran, its minute before and after.
+    actions_total = counter(
+        "memtop_process_actions",
+        "Actions performed in the trainer (cleanup, tune, reset_peak, snapshot, sites), by "
+        "anyone, by result (ok, refused), each counted once as this memtop learnt of it.",
+        (*AGENT_LABELS, "action", "result"),
+    )
+    action_time = gauge(
+        "memtop_process_last_action_time_seconds",
+        "Unix time of the newest action of each kind that ran in the trainer.",
+        (*AGENT_LABELS, "action"),
+    )
+    window_labels = (*process_label_names, "action", "window")
+    action_reserved = gauge(
+        "memtop_process_last_action_reserved_bytes",
+        "The newest action of each kind: median reserved bytes the minute before and after it.",
+        window_labels,
+    )
+    action_split = gauge(
+        "memtop_process_last_action_split_bytes",
+        "The newest action of each kind: median free bytes inside split segments (stranded) "
+        "the minute before and after it.",
+        window_labels,
+    )
+    action_retries = gauge(
+        "memtop_process_last_action_alloc_retries_per_second",
+        "The newest action of each kind: the allocator's retries per second the minute before "
+        "and after it.",
+        window_labels,
+    )
+    action_step = gauge(
+        "memtop_process_last_action_step_seconds",
+        "The newest action of each kind: the median step time the minute before and after it.",
+        window_labels,
+    )
+
     for agent in obs.agents:
         rank = rank_of(agent)
         agent_job = job or job_name(agent.argv)
@@ -259,6 +302,19 @@ def render(
         )
         if agent.step is not None:
             steps.add_metric(agent_labels, agent.step)
+        counted: dict[tuple[str, str], int] = {}
+        for (kind, result), n in agent.action_counts.items():
+            key = (action_label(kind), result if result in ("ok", "refused") else "other")
+            counted[key] = counted.get(key, 0) + n
+        for (kind, result), n in sorted(counted.items()):
+            actions_total.add_metric([*agent_labels, kind, result], n)
+        newest = {}
+        for effect in agent.actions:  # oldest first: the newest of each kind and device wins
+            if effect.action.ok:
+                newest[(action_label(effect.action.kind), effect.device)] = effect
+        for kind in sorted({kind for kind, _ in newest}):
+            when = max(e.action.time for (k, _), e in newest.items() if k == kind)
+            action_time.add_metric([*agent_labels, kind], when)
         if agent.status != AgentStatus.CONNECTED:
             continue  # an exited or hung agent's last numbers are not the present
         for dev in agent.devices:
@@ -281,6 +337,21 @@ def render(
                 name = site_label(trend.site.file, trend.site.line)
                 if name is not None:
                     site_bytes.add_metric([*labels, name], trend.bytes)
+            for (kind, index), effect in sorted(newest.items(), key=lambda item: item[0][0]):
+                if index != dev.index:
+                    continue
+                for window, side in (("before", effect.before), ("after", effect.after)):
+                    if side is None:
+                        continue
+                    at = [*labels, kind, window]
+                    if side.reserved_bytes is not None:
+                        action_reserved.add_metric(at, side.reserved_bytes)
+                    if side.split_bytes is not None:
+                        action_split.add_metric(at, side.split_bytes)
+                    if side.retries_per_min is not None:
+                        action_retries.add_metric(at, side.retries_per_min / 60.0)
+                    if side.step_time_s is not None:
+                        action_step.add_metric(at, side.step_time_s)
             culprit = leaking_site(dev.diagnosis.sites)
             name = site_label(culprit.site.file, culprit.site.line) if culprit else None
             if culprit is not None and name is not None and culprit.bytes_per_step is not None:
@@ -339,4 +410,10 @@ def render(
         budget_share,
         leak_site,
         suggestions,
+        actions_total,
+        action_time,
+        action_reserved,
+        action_split,
+        action_retries,
+        action_step,
     ]

@@ -137,8 +137,20 @@ def run_checks(pid: int, directory: Path) -> list[Check]:
                 if mark.host_heap_free is not None and mark.host_rss is None:
                     problems.append(f"step mark {mark.step}: heap free bytes without host_rss")
                     break
+            # The optional action log (DESIGN §13): the viewer leaves out an entry of the wrong
+            # shape; an agent that sends one fails here.  Numbered in order, oldest first.
+            raw_actions = reply["result"].get("actions") or []
+            if len(parsed.actions) != len(raw_actions):
+                problems.append(
+                    f"actions: {len(raw_actions) - len(parsed.actions)} entry(ies) malformed"
+                )
+            seqs = [a.seq or 0 for a in parsed.actions]
+            if seqs != sorted(set(seqs)):
+                problems.append("actions: entries not in the order of their seq")
             assert not problems, "; ".join(problems)
             described = "" if host is None else ", host memory"
+            if parsed.actions:
+                described += f", {len(parsed.actions)} action(s) logged"
             return (
                 f"{len(parsed.devices)} device(s), {len(parsed.step_marks)} step mark(s)"
                 + described

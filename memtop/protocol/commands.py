@@ -76,7 +76,8 @@ COMMANDS: tuple[Command, ...] = (
             "mark_layout": '"rows" (default) or "columns"',
         },
         EVERY_ROUND,
-        "allocator counters per device and the step marks since this connection's last sample",
+        "allocator counters per device, the step marks and the action log's entries since "
+        "this connection's last sample",
         recorded=True,
         required=("time", "step", "devices", "step_marks"),
     ),

@@ -183,10 +183,13 @@ def sample_result(
     agent: Mapping[str, Any],
     host_memory: Mapping[str, Any] | None = None,
     allocator_settings: str | None = None,
+    actions: Sequence[Mapping[str, Any]] = (),
 ) -> Result:
     """`sample`.  `columns` (the viewer asked `mark_layout: "columns"`): the step marks go out
     as `step_mark_columns` (mark_columns) and `step_marks` is empty.  `host_memory`: the
-    process's RSS and its high-water mark (memtop.agent.host_memory), where it could be read."""
+    process's RSS and its high-water mark (memtop.agent.host_memory), where it could be read.
+    `actions`: the entries of the agent's action log this connection has not seen (each an
+    `action_entry`; all still kept in a connection's first sample), only when there are some."""
     extra: Result = {}
     if columns:
         extra["step_mark_columns"] = mark_columns(step_marks)
@@ -197,6 +200,8 @@ def sample_result(
     # The allocator's option string in force (it changes under `memtop tune`).
     if allocator_settings is not None:
         extra["allocator_settings"] = allocator_settings
+    if actions:
+        extra["actions"] = list(actions)
     return {
         **extra,
         "time": time,
@@ -209,6 +214,43 @@ def sample_result(
         "oom": oom,
         "agent": agent,
     }
+
+
+def action_entry(
+    *,
+    cmd: str,
+    args: Mapping[str, Any],
+    time: float,
+    step: int | None,
+    uid: int | None,
+    pid: int | None,
+    refused: tuple[str, str] | None = None,
+    outcome: Mapping[str, Any] | None = None,
+    devices: Mapping[str, Mapping[str, int]] | None = None,
+) -> Result:
+    """One entry of the agent's action log (`sample`'s optional `actions`, DESIGN §13): the
+    command and its arguments, the wall time and step it ran at, who asked (`by`: the client's
+    uid and pid from SO_PEERCRED; null for the agent's own), `result` "ok" or "refused" with
+    the error's `code` and `why`, a few figures of its reply (`outcome`) and, per device, the
+    allocator's counters read right before it ran (`devices`: `{"<index>": {"reserved_bytes",
+    "split_bytes", "num_alloc_retries", "num_ooms"}}`), so a viewer that connects after it
+    still knows the state before.  `seq`, its number in the log, is set when it is appended."""
+    entry: Result = {
+        "seq": 0,
+        "cmd": cmd,
+        "args": dict(args),
+        "time": time,
+        "step": step,
+        "by": {"uid": uid, "pid": pid},
+        "result": "ok" if refused is None else "refused",
+    }
+    if refused is not None:
+        entry["code"], entry["why"] = refused
+    if outcome:
+        entry["outcome"] = dict(outcome)
+    if devices:
+        entry["devices"] = {index: dict(figures) for index, figures in devices.items()}
+    return entry
 
 
 def mark_columns(marks: list[dict[str, Any]]) -> dict[str, Any]:

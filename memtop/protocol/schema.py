@@ -11,6 +11,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from memtop.model import (
+    ACTION_FROM_AGENT,
+    ACTION_OK,
+    ACTION_REFUSED,
+    ActionRecord,
     AgentBreakdown,
     AgentCleanup,
     AgentDevice,
@@ -269,7 +273,106 @@ def parse_sample(result: Mapping[str, Any]) -> AgentSample:
         oom=clean_value(oom) if isinstance(oom, dict) and oom.get("ooms") else None,
         host_memory=_host_memory(result.get("host_memory")),
         allocator_settings=_settings(result, "sample"),
+        actions=_actions(result.get("actions")),
     )
+
+
+MAX_ACTIONS = 256  # entries of the action log in one sample (an agent keeps ~120)
+MAX_ACTION_ARGS = 8  # arguments (and keys of a nested one) kept of an action
+ACTION_TEXT = 300
+
+
+def _actions(raw: object) -> tuple[ActionRecord, ...]:
+    """`sample`'s optional `actions` (DESIGN §13): the agent's action log entries, each checked
+    and cleaned; an entry of the wrong shape is left out (the rest of the sample stands)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ProtocolError("bad_reply", "sample: 'actions' must be a list")
+    found = []
+    for entry in _bounded(raw, MAX_ACTIONS, "sample actions"):
+        action = _action(entry)
+        if action is not None:
+            found.append(action)
+    return tuple(found)
+
+
+def _action(entry: object) -> ActionRecord | None:
+    if not isinstance(entry, dict):
+        return None
+    cmd, when, seq = entry.get("cmd"), entry.get("time"), entry.get("seq")
+    step, by = entry.get("step"), entry.get("by")
+    result = entry.get("result")
+    if (
+        not isinstance(cmd, str)
+        or isinstance(when, bool)
+        or not isinstance(when, int | float)
+        or not math.isfinite(when)
+        or not _whole(seq)
+        or (step is not None and not _whole(step))
+        or not isinstance(by, dict)
+        or result not in (ACTION_OK, ACTION_REFUSED)
+    ):
+        return None
+    uid, pid = by.get("uid"), by.get("pid")
+    if (uid is not None and not _whole(uid)) or (pid is not None and not _whole(pid)):
+        return None
+    why = entry.get("why")
+    args = entry.get("args")
+    return ActionRecord(
+        kind=clean_text(cmd, 40),
+        time=float(when),
+        pid=0,
+        args=_small(args) if isinstance(args, dict) else {},
+        by_uid=uid,
+        by_pid=pid,
+        result=result,
+        why=clean_text(why, ACTION_TEXT) if isinstance(why, str) else None,
+        step=step,
+        seq=seq,
+        source=ACTION_FROM_AGENT,
+        before=_action_figures(entry.get("devices")),
+    )
+
+
+ACTION_FIGURE_NAMES = ("reserved_bytes", "split_bytes", "num_alloc_retries", "num_ooms")
+
+
+def _action_figures(raw: object) -> dict[int, dict[str, int]]:
+    """An action entry's optional `devices`: per device index, the counters read right before
+    it; anything not a count is left out."""
+    if not isinstance(raw, dict) or len(raw) > MAX_DEVICES:
+        return {}
+    figures = {}
+    for key, values in raw.items():
+        if _index(key) and isinstance(values, dict):
+            figures[int(key)] = {
+                name: values[name] for name in ACTION_FIGURE_NAMES if _whole(values.get(name))
+            }
+    return figures
+
+
+def _whole(value: object) -> bool:
+    """An int >= 0 (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _small(raw: Mapping[str, Any], depth: int = 0) -> dict[str, Any]:
+    """An action's arguments, cleaned and bounded: at most MAX_ACTION_ARGS keys, two levels,
+    strings cut, only numbers, booleans, strings and null kept as values."""
+    kept: dict[str, Any] = {}
+    for key, value in list(raw.items())[:MAX_ACTION_ARGS]:
+        if isinstance(value, dict) and depth < 1:
+            kept[clean_text(key, 64)] = _small(value, depth + 1)
+        elif isinstance(value, str):
+            kept[clean_text(key, 64)] = clean_text(value, ACTION_TEXT)
+        elif (
+            value is None
+            or isinstance(value, bool | int)
+            or (isinstance(value, float) and math.isfinite(value))
+        ):
+            kept[clean_text(key, 64)] = value
+    return kept
 
 
 def _optional(obj: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str) -> Any:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from memtop.diagnosis import DeviceDiagnosis, HostDiagnosis, Suggestion
-from memtop.diagnosis.effects import ActionEffect
+from memtop.diagnosis.effects import BASIS_AGENT, EFFECT_WINDOW_S, ActionEffect
 from memtop.diagnosis.facts import DeviceHistory
 from memtop.diagnosis.leak import LeakBasis
 from memtop.diagnosis.suggestions import EffectKind, RuleId
@@ -884,9 +884,26 @@ def effect_lines(effect: ActionEffect, now: float) -> tuple[str, ...]:
     20→20 ms (+0.4±0.6 %)`, the minute before against the minute after (or what there is of
     it so far); a figure missing on either side is left out."""
     before, after = effect.before, effect.after
-    said = f"{effect.action.kind} {format_duration(max(0.0, now - effect.action.time))} ago"
+    action = effect.action
+    said = f"{action.kind} {format_duration(max(0.0, now - action.time))} ago"
+    # Who asked, where it was not this memtop (an action known from the agent's log).
+    who = [action.by_words()] if action.by_words() else []
+    if action.step is not None and who:
+        who.append(f"after step {action.step}")
+    if not action.ok:
+        return (
+            _cut(f"{said}: refused"),
+            *((_cut(action.why),) if action.why else ()),
+            *((_cut(" · ".join(who)),) if who else ()),
+        )
+    if before is not None and before.basis == BASIS_AGENT:
+        who.append("before: agent's reading")
+    tail = (_cut(" · ".join(who)),) if who else ()
     if before is None or after is None:
-        return (f"{said}: {'no samples after it yet' if after is None else 'none before it'}",)
+        if after is None:
+            late = now - action.time > EFFECT_WINDOW_S  # a viewer that came after it
+            return (f"{said}: no samples after it{'' if late else ' yet'}", *tail)
+        return (f"{said}: none before it", *tail)
     sizes = [
         f"{name} {short_bytes(was)}→{short_bytes(now_is)}"
         for name, was, now_is in (
@@ -902,12 +919,24 @@ def effect_lines(effect: ActionEffect, now: float) -> tuple[str, ...]:
         step = f"step {_ms(before.step_time_s)}→{_ms(after.step_time_s)} ms"
         change = effect.step_time_change()
         if change is not None:
-            step += f" ({change[0]:+.1f}±{change[1]:.1f} %)"
+            # Whole percents where one decimal would not fit ("164→147 ms (-11±18 %)").
+            digits = 1 if len(step) + sum(len(r) + 3 for r in rest) < 26 else 0
+            step += f" ({change[0]:+.{digits}f}±{change[1]:.{digits}f} %)"
         rest.append(step)
-    lines = [f"{said}: {' '.join(sizes)}" if sizes else said]
+    first = f"{said}: {' '.join(sizes)}" if sizes else said
+    if len(first) > EFFECT_LINE_WIDTH:  # "cleanup 1 min ago: rsvd 4.0G→3.0G split …": drop "ago"
+        first = _cut(first.replace(" ago: ", ": ", 1))
+    lines = [first]
     if rest:
-        lines.append(" · ".join(rest))
-    return tuple(lines)
+        lines.append(_cut(" · ".join(rest)))
+    return (*lines, *tail)
+
+
+EFFECT_LINE_WIDTH = 46  # the allocator box at 100 columns
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= EFFECT_LINE_WIDTH else text[: EFFECT_LINE_WIDTH - 1] + "…"
 
 
 def _count(value: float) -> str:
@@ -1083,7 +1112,8 @@ def gpu_events(
             events += [
                 ChartEvent(e.action.time, e.action.kind, agent.pid)
                 for e in agent.actions
-                if e.device == dev.index and e.action.time >= since
+                # A refused action (the agent's log keeps those too) changed nothing: no mark.
+                if e.device == dev.index and e.action.time >= since and e.action.ok
             ]
             created = agent.info.create_time if agent.info is not None else None
             if created is not None and created >= since:
