@@ -39,3 +39,37 @@ def socket_dir() -> Iterator[Path]:
 def _private_socket_dir_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # No test may see (or clean up) the sockets of real trainers on this machine.
     monkeypatch.setenv("MEMTOP_SOCKET_DIR", str(tmp_path / "no-agents-here"))
+
+
+# Where the suite's time goes (README "Tests"): with MEMTOP_TEST_CPU_LOG=FILE, each test appends
+# one JSON line: its wall seconds, this worker's CPU seconds and its reaped children's (every
+# trainer, demo and CLI it started and waited for; a module-scoped fixture's teardown counts in
+# its module's last test).  On a 2-core box the suite's wall is bound below by its CPU over 2, so
+# the CPU column ranks what to make cheaper; the wall column ranks what waits.
+CPU_LOG = os.environ.get("MEMTOP_TEST_CPU_LOG")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if not CPU_LOG:
+        yield
+        return
+    import json
+    import resource
+    import time
+
+    def cpu(who: int) -> float:
+        usage = resource.getrusage(who)
+        return usage.ru_utime + usage.ru_stime
+
+    wall, own, children = time.monotonic(), cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
+    yield
+    line = {
+        "test": item.nodeid,
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+        "wall_s": round(time.monotonic() - wall, 3),
+        "cpu_s": round(cpu(resource.RUSAGE_SELF) - own, 3),
+        "children_cpu_s": round(cpu(resource.RUSAGE_CHILDREN) - children, 3),
+    }
+    with open(CPU_LOG, "a") as log:
+        log.write(json.dumps(line) + "\n")

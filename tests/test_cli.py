@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -83,8 +85,7 @@ def test_actions_on_a_missing_pid_fail_with_one_line(socket_dir: Path):
         assert result.stderr.count("\n") == 1 and "999999" in result.stderr
 
 
-@pytest.fixture
-def leak_demo(socket_dir: Path) -> Iterator[subprocess.Popen[str]]:
+def _leak_demo(socket_dir: Path) -> Iterator[subprocess.Popen[str]]:
     # No snapshot cooldown (a test writes one, then one with --force at once), and a cleanup's
     # that a second cleanup meets however slow the box is.
     env = dict(
@@ -127,7 +128,40 @@ def leak_demo(socket_dir: Path) -> Iterator[subprocess.Popen[str]]:
     children.stop(demo)  # TERM, then KILL past its deadline
 
 
-def test_demo_no_ui_then_once_json_twice_shows_steps_increasing(leak_demo, socket_dir: Path):
+@pytest.fixture
+def leak_demo(socket_dir: Path) -> Iterator[subprocess.Popen[str]]:
+    """A leak demo of the test's own, to stop."""
+    yield from _leak_demo(socket_dir)
+
+
+@pytest.fixture(scope="module")
+def shared_leak_demo() -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    """One leak demo for the tests that only ask it things (a demo and its trainer cost about
+    2 CPU-s to start), in a socket directory of its own, and the directory.  Its tests come last
+    in the module: the demo steps on until the module ends."""
+    directory = Path(tempfile.mkdtemp(prefix="mt-"))
+    directory.chmod(0o700)
+    try:
+        for demo in _leak_demo(directory):
+            yield demo, directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_demo_sigterm_leaves_no_process_or_socket(leak_demo, socket_dir: Path):
+    pids = protocol.list_agent_sockets(socket_dir)
+    assert len(pids) == 1
+    leak_demo.send_signal(signal.SIGTERM)
+    assert leak_demo.wait(15) == 0
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(protocol.pid_alive(p) for p in pids):
+        time.sleep(0.05)
+    assert not any(protocol.pid_alive(p) for p in pids)
+    assert [p.name for p in socket_dir.iterdir()] == []
+
+
+def test_demo_no_ui_then_once_json_twice_shows_steps_increasing(shared_leak_demo):
+    _, socket_dir = shared_leak_demo
     time.sleep(1.0)
     first = json.loads(memtop("--once", "--json", socket_dir=socket_dir).stdout)
     time.sleep(1.0)
@@ -166,19 +200,8 @@ def test_demo_no_ui_then_once_json_twice_shows_steps_increasing(leak_demo, socke
     assert second["agents"][0]["step"] > first["agents"][0]["step"] > 0
 
 
-def test_demo_sigterm_leaves_no_process_or_socket(leak_demo, socket_dir: Path):
-    pids = protocol.list_agent_sockets(socket_dir)
-    assert len(pids) == 1
-    leak_demo.send_signal(signal.SIGTERM)
-    assert leak_demo.wait(15) == 0
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(protocol.pid_alive(p) for p in pids):
-        time.sleep(0.05)
-    assert not any(protocol.pid_alive(p) for p in pids)
-    assert [p.name for p in socket_dir.iterdir()] == []
-
-
-def test_cleanup_and_snapshot_commands(leak_demo, socket_dir: Path, tmp_path: Path):
+def test_cleanup_and_snapshot_commands(shared_leak_demo, tmp_path: Path):
+    _, socket_dir = shared_leak_demo
     (pid,) = protocol.list_agent_sockets(socket_dir)
     out = tmp_path / "snap.pickle"
     result = memtop("snapshot", str(pid), "-o", str(out), socket_dir=socket_dir)
