@@ -100,6 +100,8 @@ def start_trainer(batch: int, width: int, step_time: float, env: dict[str, str])
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        # A bench killed mid-run (a test's timeout) must not leave a trainer stepping for good.
+        preexec_fn=children.signalled_when_parent_dies(),
     )
 
 

@@ -160,6 +160,24 @@ def die_with_parent(
     return thread
 
 
+def signalled_when_parent_dies(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A `preexec_fn` for a child that does not watch its parent itself (a trainer under
+    `memtop run` started by a bench): Linux sends it `sig` when the thread that started it ends,
+    so a crashed or killed parent leaves no orphan burning CPU.  None off Linux.  libc is
+    loaded here, in the parent: the forked child only calls into it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+
+    return preexec
+
+
 def stop_all(
     processes: Iterable[subprocess.Popen[Any]],
     sig: int = signal.SIGTERM,

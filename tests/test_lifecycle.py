@@ -185,6 +185,47 @@ def test_a_child_ends_when_its_parent_is_killed(tmp_path: Path) -> None:
         children.stop(parent, signal.SIGKILL)
 
 
+PLAIN_CHILD = """
+import os, sys, time
+print(os.getpid(), flush=True)
+time.sleep(60)  # watches nobody: what the kernel sends is all that stops it
+"""
+PARENT_WITH_PREEXEC = """
+import subprocess, sys, time
+from memtop import children
+subprocess.Popen([sys.executable, sys.argv[1]], stdout=open(sys.argv[2], "w"),
+                 preexec_fn=children.signalled_when_parent_dies())
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_child_that_watches_nobody_is_signalled_when_its_parent_is_killed(
+    tmp_path: Path,
+) -> None:
+    # bench/estimate_cpu.py's trainers under `memtop run` ran on for 42 minutes after a test's
+    # timeout killed the bench: the preexec asks the kernel to end them with their parent.
+    (tmp_path / "child.py").write_text(PLAIN_CHILD)
+    out = tmp_path / "child.out"
+    out.write_text("")
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT_WITH_PREEXEC, str(tmp_path / "child.py"), str(out)]
+    )
+    child = 0
+    try:
+        deadline = time.monotonic() + 20
+        while not out.read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int(out.read_text().split()[0])
+        parent.kill()
+        parent.wait()
+        assert wait_gone([child], 5) == []
+    finally:
+        children.stop(parent, signal.SIGKILL)
+        if child and alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
