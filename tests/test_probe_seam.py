@@ -293,3 +293,31 @@ def test_the_seam_check_would_see_a_stray_reference(tmp_path: Path) -> None:
         """)
     )
     assert _names_torch_cuda(stray) == [4, 5]
+
+
+LATE_TORCH = """
+import sys
+from memtop.agent.lazy_probe import LazyTorchProbe
+
+probe = LazyTorchProbe()
+seen = []
+assert "torch" not in sys.modules
+print("before", probe.attach_oom_observer(lambda *a: None))  # `memtop run`: no torch yet
+import torch  # the program's own import
+from memtop.agent.backends import cuda
+
+attached = []
+cuda.CudaBackend.attach_oom_observer = lambda self, observer: attached.append(observer) or True
+probe.devices()  # the agent's next sample makes the real probe
+print("attached", len(attached))
+"""
+
+
+def test_an_oom_observer_asked_for_before_torch_is_imported_is_attached_after() -> None:
+    # Under `memtop run` the agent starts before the program imports torch: the observer asked
+    # for at start used to be dropped (getattr on the lazy probe raised), so no OOM report.
+    out = subprocess.run(
+        [sys.executable, "-c", LATE_TORCH], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["before", "True", "attached", "1"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from memtop.agent.probe import Breakdown, ProbeDevice, StepCallback, allocator_conf_from_env
@@ -38,6 +39,11 @@ def torch_imported() -> bool:
     return "torch.optim" in sys.modules and "torch.cuda" in sys.modules
 
 
+def _attach_oom_observer(real: TorchProbe, observer: Callable[[int, int, int, int], None]) -> bool:
+    attach = getattr(real, "attach_oom_observer", None)  # a backend without one has none
+    return bool(attach(observer)) if attach is not None else False
+
+
 class LazyTorchProbe:
     def __init__(self) -> None:
         self._real: TorchProbe | None = None
@@ -45,6 +51,9 @@ class LazyTorchProbe:
         self._on_step: StepCallback | None = None
         self._waiter: threading.Thread | None = None
         self._stopped = threading.Event()
+        # An OOM observer asked for before torch was imported (`memtop run`: the agent starts
+        # first): attached the moment the real probe exists, or OOM reports would never come.
+        self._pending_oom_observer: Callable[[int, int, int, int], None] | None = None
 
     def real(self) -> TorchProbe | None:
         """The TorchProbe, once the program has imported torch; None before."""
@@ -57,7 +66,21 @@ class LazyTorchProbe:
                 from memtop.agent.torch_probe import TorchProbe
 
                 self._real = TorchProbe()
+                observer, self._pending_oom_observer = self._pending_oom_observer, None
+                if observer is not None:
+                    _attach_oom_observer(self._real, observer)
             return self._real
+
+    def attach_oom_observer(self, observer: Callable[[int, int, int, int], None]) -> bool:
+        """Any thread (the backend's attach only queues on torch's lazy CUDA init).  Before torch
+        is imported: kept, and attached when the real probe is made (real())."""
+        with self._lock:
+            real = self._real
+            if real is None and not torch_imported():
+                self._pending_oom_observer = observer
+                return True
+        real = self.real()
+        return real is not None and _attach_oom_observer(real, observer)
 
     def __getattr__(self, name: str) -> Any:
         # Whatever a newer Probe grows beyond these methods is the real probe's, once torch is
