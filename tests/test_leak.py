@@ -253,15 +253,18 @@ def test_without_steps_a_minute_of_history_is_needed():
 def test_the_evaluation_harness_runs_and_reports_its_figures():
     bench = Path(__file__).resolve().parent.parent / "bench" / "leak_eval.py"
     out = subprocess.run(
-        [sys.executable, str(bench), "--series", "10", "--seed", "3"],
+        [sys.executable, str(bench), "--series", "10", "--seed", "3", "--holdout", "4"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=300,  # the holdout seed judges its series without steps too
         check=True,
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(result) >= {"detection_rate", "false_alarm_rate", "median_steps_to_detect"}
     assert result["detection_rate"] >= 0.75 and result["false_alarm_rate"] <= 0.25
+    # The series without steps again on a seed not tuned on, beside the others.
+    assert set(result["holdout"]["4"]) == {"without_steps", "server_shaped"}
+    assert "seed 4 (held out" in out.stdout
 
 
 def test_without_steps_a_slow_leak_under_a_tall_sawtooth_is_found_at_its_rate():
