@@ -250,6 +250,7 @@ def test_without_steps_a_minute_of_history_is_needed():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(320)
 def test_the_evaluation_harness_runs_and_reports_its_figures():
     bench = Path(__file__).resolve().parent.parent / "bench" / "leak_eval.py"
     out = subprocess.run(
