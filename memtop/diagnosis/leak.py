@@ -2,8 +2,9 @@
 
 The signal is the per-step baseline: allocated bytes right after each optimizer step (DESIGN §5).
 Within a step memory rises and falls (the sawtooth of activations); between steps a healthy
-trainer comes back to the same level, and a leaking one does not.  Without step marks the
-baseline is approximated by the rolling minimum of the sampled allocated bytes over time.
+trainer comes back to the same level, and a leaking one does not.  Without step marks (a server,
+a custom loop, an evaluation job) the baseline is the floor of the sampled allocated bytes: the
+lowest sample of each of `FLOOR_WINDOWS` windows, tested the same way (`detect_from_history`).
 
 The test has to be right more than clever, so it is built from robust, boring pieces:
 
@@ -65,22 +66,23 @@ MEMORY_STEPS = 8
 Z_PERSIST = 3.72
 MIN_HISTORY_SECONDS = 60.0  # the time basis needs this much sampled history
 MIN_WINDOW_SECONDS = 10.0  # rolling-minimum window of the time basis
-# The time basis's windows over the history.  Fewer, longer ones see a sawtooth's floor better
-# (24 found 0.89 of the evaluation's slow leaks against 0.86) but called a server's bursts a leak
-# more often (0.0375 against 0.025): 40 stays.
+# The windows whose minima find regime changes on the time basis (a reload, a new level).
 TIME_BINS = 40
-# The floor's line itself (_floor_line): the lower convex hull of every sample of the regime,
-# checked against this many segments' minima (the floor must be that line in each, within
-# 1/FLOOR_NOISE_MULTIPLE of the growth, and still rise in the newer half).
-FLOOR_SEGMENTS = 8
-# ... over at least this long: it is for the slow leaks the window minima cannot see, and a
-# server's first minutes (a KV cache filling with the first requests) are not a trend yet.
-FLOOR_MIN_SECONDS = 300.0
-FLOOR_MIN_TOUCHED = 3  # segments with a vertex of the hull
-FLOOR_NOISE_MULTIPLE = 3.0
-# ... and the window minima must rise with it, if not significantly on their own (z ≥ this):
-# a line under a server's rare idle moments between bursts is not every step's floor.
-Z_FLOOR_AGREES = 1.0
+# The time basis's test (detect_from_history): the lowest sample of each of this many windows of
+# the regime.  Fewer, longer windows each come nearer a sawtooth's floor (a window's minimum
+# misses it by about the activations over its samples); more give the test more points.
+FLOOR_WINDOWS = 24
+FLOOR_WINDOW_SAMPLES = 10  # at least this many samples a window
+# A regime this long at least: the path is for slow leaks (fast ones are as clear after two
+# minutes), and a server's first minutes (a KV cache filling with its first requests) are not a
+# trend yet.
+FLOOR_MIN_SECONDS = 120.0
+# Mann–Kendall on those minima: one-sided p ≤ 0.0001, as for a climb that must persist: a
+# dashboard asks every round, and at 3.09 a healthy sawtooth whose sampling aliased its floor
+# into a slow wander, and servers' request bursts, passed at some round in 4 of 160 series.
+Z_FLOOR_TREND = 3.72
+# Sen's interval at this z (95 %, two-sided) must hold the hull's slope for it to give the rate.
+Z_SEN_INTERVAL = 1.96
 
 
 class LeakBasis(Choice):
@@ -216,7 +218,15 @@ def detect_from_steps(
 def detect_from_history(
     times: Sequence[float], allocated: Sequence[float], headroom_bytes: float | None
 ) -> LeakEstimate:
-    """Without steps: the slope of the rolling minimum of allocated bytes over time."""
+    """Without steps: does the floor of the sampled allocated bytes rise, significantly?
+
+    The floor is the lowest sample of each of up to `FLOOR_WINDOWS` equal windows of the regime
+    (the regime found as for steps, on finer windows' minima).  Those minima are the test's
+    points: under no leak they are exchangeable, whatever the shape of the noise above the
+    floor (a sawtooth's activations, requests in flight), so Mann–Kendall on them (its variance
+    widened by their lag-1 autocorrelation, as for steps) is a valid test, and Sen's confidence
+    interval bounds their slope.  The verdict rests on that test alone; the lower hull of all the
+    samples only sharpens the rate, and only where it lies inside that interval."""
     n = len(times)
     span = times[-1] - times[0] if n >= 2 else 0.0
     if span < MIN_HISTORY_SECONDS:
@@ -226,28 +236,46 @@ def detect_from_history(
         width = max(MIN_WINDOW_SECONDS, (xs[-1] - xs[0]) / TIME_BINS) if xs else 1.0
         return _rolling_minimum(xs, ys, width)
 
-    first, trend = _analyse(times, allocated, reduce, 2)
-    if trend is None or times[-1] - times[first] < MIN_HISTORY_SECONDS / 2:
-        reason = f"regime changed {times[-1] - times[first]:.0f} s ago; watching the new level"
+    first, _ = _analyse(times, allocated, reduce, 2)
+    regime_t, regime_y = times[first:], allocated[first:]
+    regime_span = regime_t[-1] - regime_t[0]
+    windows = min(FLOOR_WINDOWS, len(regime_t) // FLOOR_WINDOW_SAMPLES)
+    if regime_span < FLOOR_MIN_SECONDS or windows < MIN_BINS:
+        reason = f"watching the floor: {regime_span:.0f} of {FLOOR_MIN_SECONDS:.0f} s" + (
+            " since the level changed" if first else ""
+        )
         return LeakEstimate(
             False, None, None, None, None, 0.0, LeakBasis.TIME, n, times[first], reason
         )
-    per_second = trend.slope
-    detected, reason = _verdict(trend, per_second * (times[-1] - times[first]), "second")
-    if not detected:
-        # The window minima are a noisy floor (each misses it by up to a step's activations
-        # over its samples); the floor's line, from all the regime's samples, sees a slow leak
-        # that they cannot.
-        floor = _floor_line(times[first:], allocated[first:])
-        # The window minima must agree: a line under a few rare low
-        # samples (a server idle now and then between bursts) is not the floor of every step.
-        if (
-            floor is not None
-            and floor / 2 <= trend.slope <= 2 * floor
-            and trend.z >= Z_FLOOR_AGREES
-        ):
-            per_second, detected = floor, True
-            reason = f"the floor of the samples grows {floor * 60 / MiB:.2f} MiB per minute"
+    xs, ys = _window_minima(regime_t, regime_y, windows)
+    slope = _theil_sen(xs, ys)
+    inflation = _autocorrelation_inflation(xs, ys, slope)
+    z = _mann_kendall_z(ys, inflation)
+    confidence = _one_sided_confidence(z) if slope > 0 else 0.0
+    low, high = _sen_interval(xs, ys, Z_SEN_INTERVAL * math.sqrt(inflation))
+    per_second = slope
+    hull = _hull_slope(regime_t, regime_y)
+    if hull is not None and low <= hull <= high:
+        per_second = hull  # the same floor, seen through every sample rather than 1 in 40
+    growth = per_second * regime_span
+    minutes = regime_span / 60
+    newer = len(xs) // 2
+    if slope <= 0 or z < Z_FLOOR_TREND:
+        detected = False
+        reason = f"the floor does not rise significantly over {minutes:.0f} min (z {z:.1f})"
+    elif _theil_sen(xs[newer:], ys[newer:]) <= 0:
+        detected = False
+        reason = "the floor rose earlier and is flat lately (a cache filled, a warm-up)"
+    elif growth < MIN_GROWTH_BYTES:
+        detected = False
+        reason = f"the floor rises, but only {growth / 1024:.0f} KiB so far"
+    else:
+        detected = True
+        reason = (
+            f"the floor (lowest sample of each of {len(xs)} windows) rises"
+            f" {per_second * 60 / MiB:.2f} MiB per minute over {minutes:.0f} min"
+            f" (Mann–Kendall z {z:.1f})"
+        )
     seconds_to_full = None
     if detected and headroom_bytes is not None:
         seconds_to_full = max(0.0, headroom_bytes / per_second)
@@ -257,12 +285,45 @@ def detect_from_history(
         per_second,
         None,
         seconds_to_full,
-        trend.confidence,
+        confidence,
         LeakBasis.TIME,
         n,
         times[first],
         reason,
     )
+
+
+def _window_minima(
+    times: Sequence[float], values: Sequence[float], windows: int
+) -> tuple[list[float], list[float]]:
+    """The lowest sample of each of `windows` windows of equal sample counts, at its own time."""
+    n = len(times)
+    xs, ys = [], []
+    for k in range(windows):
+        lo, hi = k * n // windows, (k + 1) * n // windows
+        j = min(range(lo, hi), key=values.__getitem__)
+        xs.append(times[j])
+        ys.append(values[j])
+    return xs, ys
+
+
+def _sen_interval(xs: Sequence[float], ys: Sequence[float], z: float) -> tuple[float, float]:
+    """Sen's (1968) distribution-free confidence interval of the Theil–Sen slope: the pairwise
+    slopes ranked (N - C)/2 and (N + C)/2, C = z × the Mann–Kendall statistic's deviation."""
+    slopes = sorted(
+        (ys[j] - ys[i]) / (xs[j] - xs[i])
+        for i in range(len(xs))
+        for j in range(i + 1, len(xs))
+        if xs[j] != xs[i]
+    )
+    count = len(slopes)
+    if not count:
+        return 0.0, 0.0
+    n = len(xs)
+    c = z * math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
+    lower = max(0, min(count - 1, int((count - c) / 2)))
+    upper = max(0, min(count - 1, math.ceil((count + c) / 2)))
+    return slopes[lower], slopes[upper]
 
 
 def _lower_hull(xs: Sequence[float], ys: Sequence[float]) -> list[tuple[float, float]]:
@@ -290,52 +351,6 @@ def _hull_slope(xs: Sequence[float], ys: Sequence[float]) -> float | None:
         if x2 >= middle and x2 > x1:
             return (y2 - y1) / (x2 - x1)
     return None
-
-
-def _floor_line(times: Sequence[float], allocated: Sequence[float]) -> float | None:
-    """The floor's slope per second when every sample rides on a rising line: the lower hull's
-    slope over the regime, at least half of it in the newer half (a leak keeps rising; a cache
-    that filled and stays does not), with each of FLOOR_SEGMENTS segments' lowest sample within
-    1/FLOOR_NOISE_MULTIPLE of the growth of that line (a dip, a reload or a floor that wanders
-    is not a line); else None.
-
-    Why the hull: a window's minimum misses a sawtooth's floor by about the activations over
-    its samples (hundreds of MiB under a 12 GiB step at 1 Hz), while the line under all the
-    samples misses it by about that over all of them."""
-    n = len(times)
-    if n < FLOOR_SEGMENTS * 8 or times[-1] - times[0] < FLOOR_MIN_SECONDS:
-        return None
-    slope = _hull_slope(times, allocated)
-    half = n // 2
-    early, late = (
-        _hull_slope(times[:half], allocated[:half]),
-        _hull_slope(times[half:], allocated[half:]),
-    )
-    # Still rising lately (a floor that rose once and stays is a level, not a leak); the
-    # earlier half may dip below its line once (a sample missed at the top of a step).
-    if slope is None or late is None or early is None or min(slope, late) <= 0:
-        return None
-    if late < slope / 2:
-        return None  # levelling off: a cache filling to its size, a warm-up
-    growth = slope * (times[-1] - times[0])
-    if growth < MIN_GROWTH_BYTES:
-        return None
-    # The floor is touched along the way, not only at the two ends: a line from the lowest
-    # sample before a rise to the newest ones (a server idle once early, busy since) is not.
-    span = times[-1] - times[0]
-    touched = {
-        min(FLOOR_SEGMENTS - 1, int((t - times[0]) / span * FLOOR_SEGMENTS))
-        for t, _ in _lower_hull(times, allocated)
-    }
-    if len(touched) < FLOOR_MIN_TOUCHED:
-        return None
-    gaps = []
-    for k in range(FLOOR_SEGMENTS):
-        lo, hi = k * n // FLOOR_SEGMENTS, (k + 1) * n // FLOOR_SEGMENTS
-        gaps.append(min(y - slope * t for t, y in zip(times[lo:hi], allocated[lo:hi], strict=True)))
-    if max(gaps) - min(gaps) > growth / FLOOR_NOISE_MULTIPLE:
-        return None
-    return slope
 
 
 def _replace_reason(estimate: LeakEstimate, reason: str) -> LeakEstimate:
