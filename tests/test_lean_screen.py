@@ -152,3 +152,31 @@ def test_a_step_that_moved_repaints_its_cells_not_the_rows():
     assert len(SGR.sub("", written)) <= 14 * rows, written
     assert len(SGR.findall(written)) <= 2 * rows, written
     assert terminal.cells == whole.cells
+
+
+def test_the_lean_screen_keeps_rich_and_textual_line_caches_bounded():
+    """Issue 36 item 10: Rich's and Textual's caches keyed by a line's content (16,384 entries
+    each) grew for most of an hour on a dashboard whose figures change every second."""
+    from rich.segment import Segment
+    from rich.style import Style
+
+    from memtop.ui import lean_screen
+
+    assert len(lean_screen.TEXT_CACHES) == 2  # this Rich and this Textual have both
+    style = Style(color="red")
+    for n in range(3 * lean_screen.TEXT_CACHE_ENTRIES):  # lines a dashboard drew, all distinct
+        Segment(f"漢 step {n} │ 38.7 GiB", style).split_cells(5)
+    split_cells = vars(Segment)["_split_cells"].__func__
+    assert split_cells.cache_info().currsize > lean_screen.TEXT_CACHE_ENTRIES
+
+    async def frames() -> None:
+        app = Board(lean=True)
+        async with app.run_test(size=(40, 10)) as pilot:
+            for step in range(3):
+                app.query_one("#step", Static).update(f"漢 step {step}")
+                await pilot.pause(0.05)
+
+    asyncio.run(frames())
+    assert split_cells.cache_info().currsize <= lean_screen.TEXT_CACHE_ENTRIES
+    for cache in lean_screen.TEXT_CACHES:
+        assert cache.cache_info().currsize <= lean_screen.TEXT_CACHE_ENTRIES

@@ -762,6 +762,9 @@ class AgentPool:
         self._drop_client(agent)
         self._due = {k: v for k, v in self._due.items() if k[0] != agent.pid}
         alive = protocol.pid_alive(agent.pid)
+        if not alive:
+            # Nothing left to signal; kept, it would be one entry per trainer ever seen.
+            self._verified.pop(agent.pid, None)
         why = "agent stopped (its socket was removed)" if alive else "process exited"
         return AgentPoll(agent.pid, EXITED, agent.hello, error=why, owner=agent.owner)
 
