@@ -8,6 +8,7 @@ import re
 from collections import Counter
 
 import pytest
+from rich.color import ColorSystem
 from textual.app import App, ComposeResult
 from textual.containers import Vertical
 from textual.geometry import Region
@@ -159,15 +160,18 @@ def test_the_lean_screen_keeps_rich_and_textual_line_caches_bounded():
     each) grew for most of an hour on a dashboard whose figures change every second."""
     from rich.segment import Segment
     from rich.style import Style
+    from textual.strip import Strip
 
     from memtop.ui import lean_screen
 
-    assert len(lean_screen.TEXT_CACHES) == 2  # this Rich and this Textual have both
-    style = Style(color="red")
-    for n in range(3 * lean_screen.TEXT_CACHE_ENTRIES):  # lines a dashboard drew, all distinct
+    bound = getattr(lean_screen, "TEXT_CACHE_ENTRIES", 2048)
+    split_cells = vars(Segment)["_split_cells"].__func__  # this Rich's
+    render_ansi = vars(Strip)["render_ansi"].__func__  # this Textual's
+    for n in range(3 * bound):  # lines and styles a dashboard drew, all distinct
+        style = Style(color=f"#{n:06x}")
         Segment(f"漢 step {n} │ 38.7 GiB", style).split_cells(5)
-    split_cells = vars(Segment)["_split_cells"].__func__
-    assert split_cells.cache_info().currsize > lean_screen.TEXT_CACHE_ENTRIES
+        Strip.render_ansi(style, ColorSystem.TRUECOLOR)
+    assert split_cells.cache_info().currsize > bound < render_ansi.cache_info().currsize
 
     async def frames() -> None:
         app = Board(lean=True)
@@ -177,6 +181,5 @@ def test_the_lean_screen_keeps_rich_and_textual_line_caches_bounded():
                 await pilot.pause(0.05)
 
     asyncio.run(frames())
-    assert split_cells.cache_info().currsize <= lean_screen.TEXT_CACHE_ENTRIES
-    for cache in lean_screen.TEXT_CACHES:
-        assert cache.cache_info().currsize <= lean_screen.TEXT_CACHE_ENTRIES
+    assert split_cells.cache_info().currsize <= bound
+    assert render_ansi.cache_info().currsize <= bound
