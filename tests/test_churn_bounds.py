@@ -152,3 +152,14 @@ def test_a_recording_sampler_keeps_the_states_of_the_agents_of_this_round_only(t
     sampler._tap_round(0.0, 0.0, reading, {}, [])
     assert len(tap.states) == 500  # each exit said once
     assert sampler._tapped_states == {}
+
+
+def test_the_agent_pool_forgets_container_sockets_that_are_gone(tmp_path):
+    directory = tmp_path / "sockets"
+    directory.mkdir(mode=0o700)
+    pool = AgentPool(directory)
+    # What the pool had resolved of 500 container trainers' sockets (name -> inode, pid here),
+    # each trainer since gone with its socket.
+    pool._foreign = {f"{n}-4026532{n:03d}.sock": (n, 30_000 + n) for n in range(500)}
+    pool.poll(budget=0.1)
+    assert pool._foreign == {}
