@@ -163,3 +163,19 @@ def test_the_agent_pool_forgets_container_sockets_that_are_gone(tmp_path):
     pool._foreign = {f"{n}-4026532{n:03d}.sock": (n, 30_000 + n) for n in range(500)}
     pool.poll(budget=0.1)
     assert pool._foreign == {}
+
+
+def test_a_short_lived_trainer_holds_the_rows_it_sent_not_an_hour_of_them():
+    from memtop.store import HISTORY_COLUMNS, HISTORY_SAMPLES, Ring
+
+    ring = Ring(HISTORY_SAMPLES, HISTORY_COLUMNS)
+    for t in range(4):  # four seconds of samples
+        ring.append(*(float(t),) * len(HISTORY_COLUMNS))
+    held = sum(column.buffer_info()[1] * column.itemsize for column in ring._columns)
+    assert held < 1024, f"{held} bytes held for 4 rows"
+    assert ring.column("time") == [0.0, 1.0, 2.0, 3.0]
+    for t in range(4, HISTORY_SAMPLES + 10):  # full, then wrapping as before
+        ring.append(*(float(t),) * len(HISTORY_COLUMNS))
+    assert len(ring) == HISTORY_SAMPLES
+    assert ring.column("time", last=3) == [float(HISTORY_SAMPLES + 7 + i) for i in range(3)]
+    assert ring.last("time") == HISTORY_SAMPLES + 9
