@@ -236,12 +236,14 @@ class Sampler(FeedLoop):
             self._tapped_processes = dict(infos)
             self.tap.processes(now, infos)
         self.tap.driver(now, reading)
+        states: dict[int, str] = {}
         for poll in polls:
-            state = str(poll.state)
-            if self._tapped_states.get(poll.pid) != state:
-                self._tapped_states[poll.pid] = state
-                if state != "connected":  # a connected agent's replies say it all
-                    self.tap.agent_state(polled, poll.pid, state, poll.error)
+            state = states[poll.pid] = str(poll.state)
+            # A connected agent's replies say it all.
+            if self._tapped_states.get(poll.pid) != state and state != "connected":
+                self.tap.agent_state(polled, poll.pid, state, poll.error)
+        # The pids of this round only: the pool says "exited" once, then no more of that pid.
+        self._tapped_states = states
 
     def _driver_lists(self, pid: int) -> bool:
         reading = self.store.driver()

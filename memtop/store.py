@@ -72,24 +72,29 @@ REFUSALS_KEPT = 16  # ... and the refused ones apart (a flood of refusals evicts
 
 
 class Ring:
-    """A fixed-capacity table of float columns; the oldest row is overwritten when full."""
+    """A fixed-capacity table of float columns; the oldest row is overwritten when full.
+
+    The columns grow with the rows until the capacity is reached: a trainer that lived four
+    seconds holds four rows, not an hour's worth (~330 KiB an agent device, held through the
+    exited row's minute: ~20 MB on a dashboard with a trainer arriving every second)."""
 
     __slots__ = ("_columns", "_count", "_start", "capacity", "names")
 
     def __init__(self, capacity: int, names: Sequence[str]) -> None:
         self.capacity = capacity
         self.names = tuple(names)
-        self._columns = [array("d", bytes(8 * capacity)) for _ in names]
+        self._columns = [array("d") for _ in names]
         self._start = 0
         self._count = 0
 
     def append(self, *values: float) -> None:
-        if self._count < self.capacity:
-            slot = (self._start + self._count) % self.capacity
+        if self._count < self.capacity:  # not full: the rows are 0.._count-1, _start is 0
             self._count += 1
-        else:
-            slot = self._start
-            self._start = (self._start + 1) % self.capacity
+            for column, value in zip(self._columns, values, strict=True):
+                column.append(value)
+            return
+        slot = self._start
+        self._start = (self._start + 1) % self.capacity
         for column, value in zip(self._columns, values, strict=True):
             column[slot] = value
 

@@ -8,6 +8,7 @@ import re
 from collections import Counter
 
 import pytest
+from rich.color import ColorSystem
 from textual.app import App, ComposeResult
 from textual.containers import Vertical
 from textual.geometry import Region
@@ -217,3 +218,33 @@ def test_a_tall_widget_renders_only_its_dirty_lines():
     rendered, whole = asyncio.run(run())
     assert rendered and all(crop.height == 1 and crop.y == 4 for crop in rendered), rendered
     assert app.terminal.cells == whole.cells  # type: ignore[attr-defined]
+
+
+def test_the_lean_screen_keeps_rich_and_textual_line_caches_bounded():
+    """Issue 36 item 10: Rich's and Textual's caches keyed by a line's content (16,384 entries
+    each) grew for most of an hour on a dashboard whose figures change every second."""
+    from rich.segment import Segment
+    from rich.style import Style
+    from textual.strip import Strip
+
+    from memtop.ui import lean_screen
+
+    bound = getattr(lean_screen, "TEXT_CACHE_ENTRIES", 2048)
+    split_cells = vars(Segment)["_split_cells"].__func__  # this Rich's
+    render_ansi = vars(Strip)["render_ansi"].__func__  # this Textual's
+    for n in range(3 * bound):  # lines and styles a dashboard drew, all distinct
+        style = Style(color=f"#{n:06x}")
+        Segment(f"漢 step {n} │ 38.7 GiB", style).split_cells(5)
+        Strip.render_ansi(style, ColorSystem.TRUECOLOR)
+    assert split_cells.cache_info().currsize > bound < render_ansi.cache_info().currsize
+
+    async def frames() -> None:
+        app = Board(lean=True)
+        async with app.run_test(size=(40, 10)) as pilot:
+            for step in range(3):
+                app.query_one("#step", Static).update(f"漢 step {step}")
+                await pilot.pause(0.05)
+
+    asyncio.run(frames())
+    assert split_cells.cache_info().currsize <= bound
+    assert render_ansi.cache_info().currsize <= bound

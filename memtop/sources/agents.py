@@ -327,6 +327,7 @@ class AgentPool:
         own_namespace = namespaces.own_pid_namespace()
         # Agents read per owner, whichever of the owner's directories they are in.
         read_of: dict[int, int] = {}
+        listed_foreign: set[str] = set()
         for directory, owner in directories:
             try:
                 protocol.check_socket_dir(directory, owner)
@@ -351,6 +352,7 @@ class AgentPool:
                     # An agent in a container: found by the pid this viewer sees (at most as
                     # many per directory as agents are read from one).
                     foreign_seen += 1
+                    listed_foreign.add(name)
                     if foreign_seen > self.MAX_AGENTS_PER_USER:
                         continue
                     seen = self._resolve_foreign(path, owner, problems)
@@ -416,6 +418,9 @@ class AgentPool:
                 "to read them all"
             )
             found = dict(sorted(found.items())[:room])
+        # Only the sockets still there: a container's trainer that exited took its socket
+        # with it, and its entry would stay for as long as the viewer runs.
+        self._foreign = {k: v for k, v in self._foreign.items() if k in listed_foreign}
         self.problems = problems
         in_sight = {pid: name for pid, name in foreign.items() if pid in found}
         return _Scan(found, refused, tuple(problems), in_sight)
@@ -762,6 +767,9 @@ class AgentPool:
         self._drop_client(agent)
         self._due = {k: v for k, v in self._due.items() if k[0] != agent.pid}
         alive = protocol.pid_alive(agent.pid)
+        if not alive:
+            # Nothing left to signal; kept, it would be one entry per trainer ever seen.
+            self._verified.pop(agent.pid, None)
         why = "agent stopped (its socket was removed)" if alive else "process exited"
         return AgentPoll(agent.pid, EXITED, agent.hello, error=why, owner=agent.owner)
 

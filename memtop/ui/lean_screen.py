@@ -20,6 +20,15 @@ span's line from the start of the widget that covers it: a table row whose STEP 
 from the table's left border to the STEP column, eighty cells for four, to be diffed away again
 by memtop.ui.cell_diff.
 
+Rich and Textual remember, each in an LRU of 16,384 entries, how a segment of a line splits at a
+cell (`Segment._split_cells`, on every crop and every division of a line into chops) and the
+escape sequence of each style (`Strip.render_ansi`).  Their keys are the lines' contents, and a
+dashboard's figures change every second: each new figure is a new entry, ~1 KiB each, ~300 a
+minute on a dashboard with trainers coming and going, so the caches grew for most of an hour
+(0.5-0.7 MB a minute, issue 36) before Rich's cap held them, at ~16 MB.  A frame that finds one
+holding more than TEXT_CACHE_ENTRIES empties it (`trim_text_caches`): what is drawn again next
+second is cached again at once.
+
 Everything else is Textual's own (`Compositor._get_renders`, `_render_chops`,
 `_regions_to_spans`, `ChopsUpdate`, textual 8.x);
 should a later Textual change what this relies on, the screen falls back to Textual's compositor.
@@ -28,12 +37,41 @@ should a later Textual change what this relies on, the screen falls back to Text
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from rich.console import Console
+from rich.segment import Segment
 from textual._compositor import ChopsUpdate, Compositor
 from textual.geometry import Region
 from textual.screen import Screen
 from textual.strip import Strip
+
+# Entries a content-keyed cache of Rich's or Textual's may hold before a frame empties it: a
+# screen's worth of lines and styles (120 × 50 cells divide into far fewer), ~2 MiB at most.
+TEXT_CACHE_ENTRIES = 2048
+
+
+def _text_caches() -> tuple[Any, ...]:
+    """The functools LRU caches of Rich and Textual keyed by what a line contains (any that a
+    later Rich or Textual renamed or dropped is left out)."""
+    found = []
+    for owner, name in ((Segment, "_split_cells"), (Strip, "render_ansi")):
+        cached = getattr(vars(owner).get(name), "__func__", None)
+        if callable(getattr(cached, "cache_info", None)) and callable(
+            getattr(cached, "cache_clear", None)
+        ):
+            found.append(cached)
+    return tuple(found)
+
+
+TEXT_CACHES = _text_caches()
+
+
+def trim_text_caches(limit: int = TEXT_CACHE_ENTRIES, caches: Iterable[Any] = TEXT_CACHES) -> None:
+    """Empty each of `caches` that holds more than `limit` entries."""
+    for cache in caches:
+        if cache.cache_info().currsize > limit:
+            cache.cache_clear()
 
 
 class SpanUpdate(ChopsUpdate):
@@ -67,6 +105,10 @@ class LeanCompositor(Compositor):
         super().__init__()
         # While a partial update renders: each dirty line's spans [x1, x2), by screen line.
         self._dirty_rows: dict[int, list[tuple[int, int]]] | None = None
+
+    def render_update(self, *args: Any, **kwargs: Any) -> Any:
+        trim_text_caches()  # once a frame: a few calls of cache_info()
+        return super().render_update(*args, **kwargs)
 
     def render_partial_update(self) -> ChopsUpdate | None:
         # Textual's render_partial_update, but for the dirty rows kept for _get_renders.

@@ -290,6 +290,11 @@ def build(
         )
         for entry in obs.entries
     )
+    # Only the pids on screen: a viewer that watches trainers come and go for days would keep
+    # every owner it ever saw (the store drops an exited row after its grace; so does this).
+    shown = {entry.pid for entry in obs.entries}
+    for pid in [pid for pid in users if pid not in shown]:
+        del users[pid]
     if not sampled:
         state = WAITING
     elif not gpus and not obs.agents:
