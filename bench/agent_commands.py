@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from agent_overhead import thread_cpu_s  # one reader of a thread's CPU clock
 
-from memtop import children
+from memtop.base import children
 
 PLAN = (  # command, requests, pause between (s): the pauses respect the agent's cooldowns
     ("sample", 200, 0.02),

@@ -46,7 +46,7 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from memtop import children
+from memtop.base import children
 
 WARMUP_S = 3.0
 SETTLE_S = 0.1

@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from memtop import children  # noqa: E402
+from memtop.base import children  # noqa: E402
 
 PY = sys.executable
 MEMTOP = children.python_command("memtop")  # isolated from the current directory

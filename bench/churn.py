@@ -191,7 +191,7 @@ class Arm:
         self.screen = bytearray()
 
     def trainer(self, gpu: int, scenario: str) -> subprocess.Popen[bytes]:
-        from memtop.children import python_command
+        from memtop.base.children import python_command
 
         command = python_command(
             "memtop.sim.trainer",
@@ -205,7 +205,7 @@ class Arm:
         )  # fmt: skip
 
     def start(self) -> None:
-        from memtop.children import start_in_terminal
+        from memtop.base.children import start_in_terminal
 
         self.steady = [self.trainer(gpu, "healthy") for gpu in range(self.args.gpus)]
         command = [

@@ -16,7 +16,7 @@ much a sampled maximum misses of the peak.
 What it prints, per run and then as JSON: predicted and measured peak, the error in % of the
 measured peak, and in % of the part that grows with the batch (measured peak minus the fitted
 fixed part: the honest figure when the batch's share of the process is small), and the CPU cost
-of each host memory reading.  Every trainer is stopped on exit (memtop.children), also on
+of each host memory reading.  Every trainer is stopped on exit (memtop.base.children), also on
 Ctrl-C or SIGTERM.
 """
 
@@ -36,7 +36,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from memtop import children, protocol  # noqa: E402
+from memtop import protocol  # noqa: E402
+from memtop.base import children  # noqa: E402
 
 MiB = 1 << 20
 START_TIMEOUT_S = 120.0  # torch's import on a loaded 2-core box takes tens of seconds

@@ -23,6 +23,8 @@ import urllib.request
 
 from prometheus_client import CollectorRegistry, generate_latest
 
+from memtop.engine.observation import Observer
+from memtop.engine.store import Store
 from memtop.export.metrics import ObservationCollector
 from memtop.export.server import Exporter
 from memtop.export.text import exposition
@@ -36,10 +38,8 @@ from memtop.model import (
     GpuProcess,
     StepMark,
 )
-from memtop.observation import Observer
 from memtop.protocol.schema import parse_breakdown
 from memtop.sources.agents import CONNECTED, AgentPoll
-from memtop.store import Store
 
 MiB, GiB = 1 << 20, 1 << 30
 TOTAL = 80 * GiB

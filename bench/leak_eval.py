@@ -59,8 +59,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from memtop.diagnosis.leak import detect
+from memtop.engine.store import HISTORY_SAMPLES
 from memtop.model import MARK_WINDOW
-from memtop.store import HISTORY_SAMPLES
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 STEPS = 800

@@ -31,7 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from memtop import children, protocol  # noqa: E402
+from memtop import protocol  # noqa: E402
+from memtop.base import children  # noqa: E402
 from memtop.sources.agents import AgentClient  # noqa: E402
 
 

@@ -53,7 +53,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from memtop import children  # noqa: E402
+from memtop.base import children  # noqa: E402
 
 SAMPLE_HZ = 10.0
 CRASH_MARKERS = ("Fatal Python error", "Segmentation fault", "Aborted", "INTERNAL ASSERT")

@@ -57,7 +57,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from memtop import children  # noqa: E402
+from memtop.base import children  # noqa: E402
 from memtop.sim.scenario_names import DEMO_SCENARIOS  # noqa: E402
 
 GOAL_CPU_RATIO = 1.0  # memtop's CPU / nvitop's

@@ -12,10 +12,10 @@ import os
 import sys
 from collections.abc import Sequence
 
+from memtop.base.errors import MemtopError
 from memtop.commands import EXIT_ERROR, EXIT_OK, EXIT_USAGE, runner
 from memtop.commands.common import make_sampler, scope
 from memtop.commands.parser import build_parser
-from memtop.errors import MemtopError
 from memtop.protocol import UnsafeSocketDir
 
 # The old names, kept for the callers that import them from here (tests, scripts).

@@ -445,7 +445,7 @@ class ActionRecord:
     why: str | None = None
     step: int | None = None  # the trainer's step it ran after, where the agent says
     # Its number in the agent's action log: the one action the viewer performed and then read
-    # back from the log is kept once (memtop.store.Store.record_action).
+    # back from the log is kept once (memtop.engine.store.Store.record_action).
     seq: int | None = None
     # ACTION_BY_VIEWER: this memtop performed it; ACTION_FROM_AGENT: known from the agent's log
     # (another shell's `memtop cleanup`, another viewer, the exporter's host, the agent itself).

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import cairosvg
 
-from memtop.sampler import Sampler
+from memtop.engine.sampler import Sampler
+from memtop.engine.store import Store
 from memtop.sim.demo import Demo
 from memtop.sources.agents import AgentPool
 from memtop.sources.devices import DefaultDeviceSource
-from memtop.store import Store
 from memtop.ui.app import MemtopApp
 from memtop.ui.widgets.process_table import ProcessTable
 

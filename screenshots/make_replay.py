@@ -11,9 +11,9 @@ from pathlib import Path
 
 from make import to_png  # type: ignore[import-not-found]
 
-from memtop.playback import Player
+from memtop.engine.playback import Player
+from memtop.engine.store import Store
 from memtop.sources.replay import load
-from memtop.store import Store
 from memtop.ui.replay_app import ReplayApp
 
 HERE = Path(__file__).parent

@@ -117,10 +117,10 @@ def main() -> None:
 
     if args.no_pidfd:
         places.SO_PEERPIDFD = 0x7FFF  # an option no kernel knows: ENOPROTOOPT, as before 6.5
-    from memtop.sampler import Sampler
+    from memtop.engine.sampler import Sampler
+    from memtop.engine.store import Store
     from memtop.sources.agents import AgentPool
     from memtop.sources.processes import read_process
-    from memtop.store import Store
 
     directory = Path(tempfile.mkdtemp(prefix="mtreuse-"))
     directory.chmod(0o700)

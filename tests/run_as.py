@@ -18,7 +18,13 @@ import memtop
 
 # Everything the commands import on their way, loaded while the files are readable.
 for module in pkgutil.walk_packages(memtop.__path__, "memtop."):
-    skipped = ("memtop.ui", "memtop.sim", "memtop.agent", "memtop.report", "memtop.integrations")
+    skipped = (
+        "memtop.ui",
+        "memtop.sim",
+        "memtop.agent",
+        "memtop.present.report",
+        "memtop.integrations",
+    )
     if not module.name.startswith(skipped) and not module.name.endswith("__main__"):
         importlib.import_module(module.name)
 from memtop import cli  # noqa: E402

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from memtop import report
 from memtop.diagnosis.effects import effect, window
 from memtop.model import ActionRecord
+from memtop.present import report
 
 MiB = 1 << 20
 
@@ -68,12 +68,12 @@ def test_the_windows_before_and_after_an_action() -> None:
 @pytest.mark.slow
 def test_a_tune_in_a_live_trainer_is_measured_before_and_after(socket_dir: Path) -> None:
     from memtop.diagnosis import Diagnoser
-    from memtop.observation import Observer
-    from memtop.sampler import Sampler
+    from memtop.engine.observation import Observer
+    from memtop.engine.sampler import Sampler
+    from memtop.engine.store import Store
     from memtop.sim.demo import Demo
     from memtop.sources.agents import AgentPool
     from memtop.sources.devices import DefaultDeviceSource
-    from memtop.store import Store
     from memtop.ui.view import build, build_detail, effect_lines
 
     demo = Demo(gpus=1, scenario="fragment", step_time=0.02, socket_dir=socket_dir)

@@ -14,9 +14,9 @@ import pytest
 from test_ui_nvitop import drive
 from ui_helpers import notifications, screen_text, wait_for
 
-from memtop.playback import Player
+from memtop.engine.playback import Player
+from memtop.engine.store import Store
 from memtop.sources.replay import load
-from memtop.store import Store
 from memtop.ui.app import MemtopApp
 from memtop.ui.replay_app import ReplayApp
 from memtop.ui.screens.confirm import ConfirmScreen
@@ -30,7 +30,7 @@ def test_readonly_refuses_the_stacks_key_and_the_trainer_records_no_stacks(
 ) -> None:
     from test_ui_live import INTERVAL, agent_rows, select
 
-    from memtop.sampler import Sampler
+    from memtop.engine.sampler import Sampler
     from memtop.sim.demo import Demo
     from memtop.sources.agent_client import AgentClient
     from memtop.sources.agents import AgentPool
@@ -134,9 +134,9 @@ actions.DASHBOARD = (*actions.DASHBOARD, POKE)
 from test_ui_nvitop import drive
 from ui_frozen import MY_UID, NOW, frozen_store
 from ui_helpers import notifications, screen_text
-from memtop.playback import Player
+from memtop.engine.playback import Player
 from memtop.sources.replay import load
-from memtop.store import Store
+from memtop.engine.store import Store
 from memtop.ui.app import MemtopApp
 from memtop.ui.replay_app import ReplayApp
 
@@ -258,7 +258,7 @@ def test_the_expandable_key_asks_then_tunes_the_trainer_live(
     # undo; under --readonly it neither asks nor changes anything.
     from test_ui_live import INTERVAL, agent_rows, select
 
-    from memtop.sampler import Sampler
+    from memtop.engine.sampler import Sampler
     from memtop.sim.demo import Demo
     from memtop.sources.agent_client import AgentClient
     from memtop.sources.agents import AgentPool

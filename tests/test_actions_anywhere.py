@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from memtop import protocol
+from memtop.engine.store import Store
 from memtop.model import ActionRecord, AgentSample
-from memtop.store import Store
 
 MiB = 1 << 20
 
@@ -133,10 +133,10 @@ def test_an_action_this_viewer_did_and_then_read_back_is_kept_once() -> None:
 def _exporter_scrape(socket_dir: Path) -> str:
     """What `memtop export` would serve now: a viewer of its own, a few rounds, one render."""
     from memtop.diagnosis import Diagnoser
+    from memtop.engine.observation import Observer
+    from memtop.engine.sampler import Sampler
     from memtop.export.metrics import render
     from memtop.export.text import exposition
-    from memtop.observation import Observer
-    from memtop.sampler import Sampler
     from memtop.sources.agents import AgentPool
     from memtop.sources.devices import DefaultDeviceSource
 
@@ -194,7 +194,7 @@ def test_a_replay_that_seeks_back_before_an_action_forgets_it() -> None:
 
 
 def _agent(store: Store, pid: int):  # type: ignore[no-untyped-def]
-    from memtop.store import AgentState
+    from memtop.engine.store import AgentState
 
     return store._agents.setdefault(pid, AgentState(pid, "connected", None))
 

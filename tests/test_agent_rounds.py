@@ -344,7 +344,7 @@ def test_once_reports_an_agent_whose_first_request_is_still_out_when_the_rounds_
     # late, the rounds of `--once` ended first, and the report left the agent out.  Here the
     # rounds are cut short as the load did.
     from memtop import cli
-    from memtop.sampler import Sampler
+    from memtop.engine.sampler import Sampler
 
     monkeypatch.setattr(Sampler, "round_budget", lambda self: 0.2)
     monkeypatch.setenv("MEMTOP_SOCKET_DIR", str(socket_dir))

@@ -111,8 +111,8 @@ def _at(observation, when: float, *, leak: bool = True):
 def test_an_episode_runs_the_command_once_and_again_only_after_it_cleared(tmp_path: Path):
     from helpers.observations import frozen_observation
 
-    from memtop.alerts import AlertRunner
     from memtop.model import Severity
+    from memtop.present.alerts import AlertRunner
 
     out, lines = tmp_path / "alerts.jsonl", []
     runner = AlertRunner(f"cat >> {out}", Severity.CRITICAL, log=lines.append, clear_after_s=10.0)
@@ -136,8 +136,8 @@ def test_a_hanging_command_is_killed_and_never_holds_the_observer(tmp_path: Path
 
     from helpers.observations import frozen_observation
 
-    from memtop.alerts import AlertRunner
     from memtop.model import Severity
+    from memtop.present.alerts import AlertRunner
 
     lines: list[str] = []
     runner = AlertRunner("sleep 30", Severity.WARNING, log=lines.append, timeout_s=0.5)

@@ -1,4 +1,4 @@
-"""One reader of the allocator's options (memtop.alloc_conf), answering as torch does.
+"""One reader of the allocator's options (memtop.base.alloc_conf), answering as torch does.
 
 Before it, the suggestions, the OOM diagnosis and the simulator each parsed the text their own
 way and disagreed on the spellings below.  torch's answer (c10/core/AllocatorConfig.h's
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from memtop import alloc_conf
+from memtop.base import alloc_conf
 from memtop.diagnosis.facts import has_expandable_segments, uses_async_backend
 from memtop.oom.diagnose import diagnose
 from memtop.sim.allocator import AllocatorConfig

@@ -22,7 +22,8 @@ from typing import Any
 import pytest
 from amd_standin import STATE_ENV, Gpu, State, build, mi300x
 
-from memtop import children, protocol
+from memtop import protocol
+from memtop.base import children
 from memtop.model import SOURCE_AMDSMI, DeviceReading, DriverReading, GpuProcess
 from memtop.sources import amdsmi as amd_source
 from memtop.sources.amdsmi import NO_LIBRARY, NOT_INSTALLED, AmdSmiSource
@@ -644,7 +645,7 @@ def test_the_table_and_the_header_say_rocm(
     snippet = (
         "import json, sys\n"
         "from memtop.cli import _make_sampler, build_parser\n"
-        "from memtop.observation import Observer\n"
+        "from memtop.engine.observation import Observer\n"
         "from memtop.ui import view\n"
         "from memtop.ui.screens.detail import _title\n"
         "from memtop.ui.widgets.process_table import _command\n"
@@ -683,7 +684,7 @@ def test_the_exporter_labels_amd_gpus_as_amds_device_metrics_exporter_does(
         "from memtop.cli import _make_sampler, build_parser\n"
         "from memtop.export.metrics import render\n"
         "from memtop.export.text import exposition\n"
-        "from memtop.observation import Observer\n"
+        "from memtop.engine.observation import Observer\n"
         "args = build_parser().parse_args(['--socket-dir', sys.argv[1]])\n"
         "sampler = _make_sampler(args)\n"
         "sampler.sample_once()\n"
@@ -747,9 +748,9 @@ def test_the_dashboard_shows_a_lost_amd_gpu_in_one_line_and_the_rest_reads_on(
 
     from ui_helpers import screen_text, wait_for
 
-    from memtop.sampler import Sampler
+    from memtop.engine.sampler import Sampler
+    from memtop.engine.store import Store
     from memtop.sources.agents import AgentPool
-    from memtop.store import Store
     from memtop.ui.app import MemtopApp
 
     lib = FakeAmdSmi(2)
@@ -803,7 +804,7 @@ def test_demo_vendor_amd_shows_amd_gpus_joined_by_pci_bus_id(socket_dir: Path) -
             "from memtop.cli import _make_sampler, build_parser\n"
             "from memtop.export.metrics import render\n"
             "from memtop.export.text import exposition\n"
-            "from memtop.observation import Observer\n"
+            "from memtop.engine.observation import Observer\n"
             "sampler = _make_sampler(build_parser().parse_args(['--socket-dir', sys.argv[1]]))\n"
             "sampler.sample_once()\n"
             "sys.stdout.write(exposition(render(Observer(sampler.store).latest())).decode())\n"

@@ -15,8 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from memtop import attach
 from memtop.cli import main
+from memtop.engine import attach
 
 ROOT = Path(__file__).resolve().parent.parent
 MEMTOP = [sys.executable, "-m", "memtop"]
@@ -282,9 +282,9 @@ def test_dashboard_a_attaches_to_a_driver_listed_process_after_asking(trainer, s
 
     from ui_helpers import notifications, wait_for
 
-    from memtop.sampler import Sampler
+    from memtop.engine.sampler import Sampler
+    from memtop.engine.store import Store
     from memtop.sources.agents import AgentPool
-    from memtop.store import Store
     from memtop.ui.app import MemtopApp
     from memtop.ui.screens.confirm import ConfirmScreen
     from memtop.ui.widgets.process_table import ProcessTable

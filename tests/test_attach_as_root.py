@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from local_users import LocalUser, as_user, local_user, needs_root, wait_ready
 
-from memtop import attach
+from memtop.engine import attach
 
 pytestmark = [
     pytest.mark.slow,
@@ -219,9 +219,9 @@ def test_dashboard_a_names_the_owner_and_attaches_after_yes(planted: Planted) ->
     from test_attach import OneGpuListing
     from ui_helpers import notifications, wait_for
 
-    from memtop.sampler import Sampler
+    from memtop.engine.sampler import Sampler
+    from memtop.engine.store import Store
     from memtop.sources.agents import AgentPool
-    from memtop.store import Store
     from memtop.ui.app import MemtopApp
     from memtop.ui.screens.confirm import ConfirmScreen
     from memtop.ui.widgets.process_table import ProcessTable

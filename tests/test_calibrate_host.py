@@ -19,7 +19,7 @@ import pytest
 
 from memtop import protocol
 from memtop.cli import main
-from memtop.units import MiB
+from memtop.figures.units import MiB
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench" / "estimate_cpu.py"

@@ -12,11 +12,11 @@ import subprocess
 
 from ui_frozen import CONTEXT, MY_UID, T0, TOTAL, UUIDS, Trainer, poll_at
 
+from memtop.engine.sampler import Sampler
+from memtop.engine.store import Store
 from memtop.model import DeviceReading, DriverReading, GpuProcess
-from memtop.sampler import Sampler
 from memtop.sources.agents import CONNECTED, EXITED, AgentPoll, AgentPool
 from memtop.sources.processes import ProcessInfo
-from memtop.store import Store
 from memtop.ui.app import MemtopApp
 from memtop.ui.widgets.process_table import ProcessTable
 
@@ -166,7 +166,7 @@ def test_the_agent_pool_forgets_container_sockets_that_are_gone(tmp_path):
 
 
 def test_a_short_lived_trainer_holds_the_rows_it_sent_not_an_hour_of_them():
-    from memtop.store import HISTORY_COLUMNS, HISTORY_SAMPLES, Ring
+    from memtop.engine.store import HISTORY_COLUMNS, HISTORY_SAMPLES, Ring
 
     ring = Ring(HISTORY_SAMPLES, HISTORY_COLUMNS)
     for t in range(4):  # four seconds of samples

@@ -23,7 +23,7 @@ from memtop.model import (
     Severity,
     SourceKind,
 )
-from memtop.report import build as build_report
+from memtop.present.report import build as build_report
 from memtop.sim.scenario_names import DEMO_SCENARIOS, TRAINER_SCENARIOS, Scenario
 from memtop.sim.scenarios import SCENARIOS
 from memtop.ui.view import ProcessState, TrendStatus

@@ -23,13 +23,13 @@ from pathlib import Path
 import pytest
 from ui_helpers import notifications, wait_for
 
+from memtop.engine.sampler import Sampler
+from memtop.engine.store import Store
 from memtop.protocol import namespaces
-from memtop.sampler import Sampler
 from memtop.sim.demo import registry_dir
 from memtop.sim.device import SimGpuRegistry, simulated_gpu_specs
 from memtop.sources.agents import AgentPool
 from memtop.sources.devices import DefaultDeviceSource
-from memtop.store import Store
 from memtop.ui.app import MemtopApp
 from memtop.ui.screens.confirm import ConfirmScreen
 from memtop.ui.widgets.process_table import ProcessTable

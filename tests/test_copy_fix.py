@@ -17,9 +17,9 @@ import pytest
 from ui_frozen import NOW, T0, TRAINERS, frozen_store, poll_at
 from ui_helpers import notifications, screen_text, wait_for
 
-from memtop import report
+from memtop.engine.observation import Observer
 from memtop.model import Severity
-from memtop.observation import Observer
+from memtop.present import report
 from memtop.ui import fixes
 from memtop.ui.app import MemtopApp
 from memtop.ui.view import SuggestionItem

@@ -22,11 +22,11 @@ import pytest
 from ui_helpers import notifications, wait_for
 
 from memtop.diagnosis import Diagnoser
-from memtop.observation import Observer
-from memtop.sampler import Sampler
+from memtop.engine.observation import Observer
+from memtop.engine.sampler import Sampler
+from memtop.engine.store import Store
 from memtop.sources.agents import AgentPool
 from memtop.sources.devices import DefaultDeviceSource
-from memtop.store import Store
 from memtop.ui import view
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from memtop import report
 from memtop.diagnosis import Diagnoser, Diagnosis
-from memtop.observation import Observer
-from memtop.sampler import Sampler
+from memtop.engine.observation import Observer
+from memtop.engine.sampler import Sampler
+from memtop.engine.store import Store
+from memtop.present import report
 from memtop.sim.demo import Demo
 from memtop.sources.agents import AgentPool
 from memtop.sources.devices import DefaultDeviceSource
-from memtop.store import Store
 
 MiB = 1 << 20
 pytestmark = pytest.mark.slow

@@ -15,7 +15,7 @@ from memtop.estimate import PRESETS, Architecture, Setup, assumed_shape, estimat
 from memtop.estimate.architecture import from_hf_config, load_hf_config
 from memtop.estimate.memory import usable_bytes
 from memtop.estimate.reference import deepspeed_zero2_gpu_bytes, deepspeed_zero3_gpu_bytes
-from memtop.units import GiB
+from memtop.figures.units import GiB
 
 TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces" / "cuda-h100"
 if not TRACES.is_dir():
@@ -392,7 +392,7 @@ def test_bad_values_are_one_line_usage_errors(capsys, args, says):
 
 
 def test_sizes_read_one_unit_up_once_they_round_to_one():
-    from memtop.units import MiB, format_bytes
+    from memtop.figures.units import MiB, format_bytes
 
     assert format_bytes(1023.9 * MiB) == "1.0 GiB"
     assert format_bytes(1024 * MiB) == "1.0 GiB"

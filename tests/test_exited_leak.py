@@ -7,8 +7,8 @@ from __future__ import annotations
 from helpers.observations import HOST
 from ui_frozen import MY_UID, NOW, frozen_store
 
+from memtop.engine.observation import Observer
 from memtop.model import Severity
-from memtop.observation import Observer
 from memtop.sources.agents import EXITED, AgentPoll
 from memtop.ui import view
 

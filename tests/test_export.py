@@ -19,10 +19,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from ui_frozen import TRAINERS, UUIDS
 
+from memtop.base.jobs import DCGM_LABELS as JOB_LABELS
 from memtop.export.metrics import ObservationCollector, job_name, render
 from memtop.export.server import Exporter, ExportError, WebConfig, load_web_config, parse_listen
 from memtop.export.text import exposition
-from memtop.jobs import DCGM_LABELS as JOB_LABELS
 
 DCGM_LABELS = {"hostname", "UUID", "gpu", "modelName"}
 

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from memtop.engine.sampler import Sampler
+from memtop.engine.store import SITES_KEPT, SITES_PER_DEVICE, Store
 from memtop.export.server import Exporter
 from memtop.export.text import LABEL_VALUE_CHARS
-from memtop.sampler import Sampler
 from memtop.sources.agents import AgentPool
 from memtop.sources.devices import DefaultDeviceSource
-from memtop.store import SITES_KEPT, SITES_PER_DEVICE, Store
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""One seam per feed (memtop.feed): the live sampler, the replay player and the fleet sampler
+"""One seam per feed (memtop.engine.feed): the live sampler, the replay player and the fleet sampler
 pause, stop and act the same way, and an action comes back as a typed reply, never raised."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import signal
 import time
 
-from memtop.feed import ActionReply, FeedLoop, StillFeed
-from memtop.fleet import FleetSampler
-from memtop.playback import Player
-from memtop.sampler import Sampler
-from memtop.store import Store
+from memtop.engine.feed import ActionReply, FeedLoop, StillFeed
+from memtop.engine.fleet import FleetSampler
+from memtop.engine.playback import Player
+from memtop.engine.sampler import Sampler
+from memtop.engine.store import Store
 
 
 def test_the_three_feeds_share_one_thread_control():

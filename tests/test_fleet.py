@@ -10,11 +10,11 @@ from helpers.observations import frozen_observation
 from prometheus_client.parser import text_string_to_metric_families
 from ui_frozen import TRAINERS
 
-from memtop import report
+from memtop.engine.fleet import FleetSampler, host_observation, short_host
 from memtop.export.metrics import render
 from memtop.export.text import exposition
-from memtop.fleet import FleetSampler, host_observation, short_host
 from memtop.model import HostPid, host_of
+from memtop.present import report
 from memtop.sources.prometheus import FleetReading, PrometheusError, PrometheusSource, hosts_of
 from memtop.ui import view
 

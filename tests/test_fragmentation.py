@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from memtop.diagnosis.fragmentation import fragmentation, pressure
+from memtop.figures.segments import summarize_segments
+from memtop.figures.units import MiB
 from memtop.model import AgentDeviceSample
-from memtop.segments import summarize_segments
-from memtop.units import MiB
 
 H100_SNAPSHOTS = sorted(
     (Path(__file__).resolve().parents[2] / "shared" / "traces" / "cuda-h100").glob(

@@ -15,6 +15,8 @@ from rich.style import Style
 from rich.text import Text
 from ui_helpers import screen_text, wait_for
 
+from memtop.engine.observation import Observer
+from memtop.engine.store import Store
 from memtop.model import (
     ActionRecord,
     AgentDevice,
@@ -26,9 +28,7 @@ from memtop.model import (
     GpuProcess,
     ProcessInfo,
 )
-from memtop.observation import Observer
 from memtop.sources.agents import CONNECTED, EXITED, AgentPoll
-from memtop.store import Store
 from memtop.ui import view
 from memtop.ui.stacked import Band, ChartEvent, Timeline, grid
 from memtop.ui.widgets.gpu_chart import REST_COLOUR, Y_LABEL_W, event_legend, gpu_chart, legend
@@ -274,7 +274,7 @@ def test_the_gpu_screen_of_the_demo_shows_its_bands_and_an_action_memtop_took(
     """The real app, the demo's trainers and sampler: a cleanup in one trainer, then enter on
     the GPU's card: the legend names each trainer's band and the rest of used, and the chart
     marks the cleanup with its time and pid."""
-    from memtop.sampler import Sampler
+    from memtop.engine.sampler import Sampler
     from memtop.sim.demo import Demo
     from memtop.sources.agents import AgentPool
     from memtop.sources.devices import DefaultDeviceSource

@@ -7,10 +7,10 @@ import asyncio
 
 from ui_helpers import screen_text, wait_for
 
+from memtop.engine.store import Store
 from memtop.model import DeviceReading, DriverReading, GpuProcess
 from memtop.sources.owners import GONE, HERE, OTHER_NAMESPACE, Holder, PidFacts
 from memtop.sources.processes import ProcessInfo
-from memtop.store import Store
 from memtop.ui.app import MemtopApp
 from memtop.ui.widgets.gpu_panel import GpuCard
 

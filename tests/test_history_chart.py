@@ -10,10 +10,10 @@ import math
 
 import pytest
 
+from memtop.figures.units import GiB, MiB
 from memtop.ui import braille
 from memtop.ui.view import Detail, Series
 from memtop.ui.widgets.history_chart import chart_lines, drawn_series, y_range
-from memtop.units import GiB, MiB
 
 
 def _leak_detail(samples: int = 1200) -> Detail:

@@ -24,13 +24,13 @@ from ui_helpers import notifications, wait_for
 from yardstick import bound_s, control_once_s, slowdown
 
 from memtop import protocol
+from memtop.engine.sampler import Sampler
+from memtop.engine.store import Store
 from memtop.model import AgentStatus, DriverReading
-from memtop.sampler import Sampler
 from memtop.sim.demo import Demo
 from memtop.sim.device import SimGpuRegistry
 from memtop.sources.agents import AgentClient, AgentPool
 from memtop.sources.devices import DefaultDeviceSource
-from memtop.store import Store
 
 pytestmark = pytest.mark.slow
 

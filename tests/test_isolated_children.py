@@ -24,8 +24,8 @@ import pytest
 from local_users import LocalUser, local_user, needs_root
 
 import memtop
-from memtop import children
-from memtop.untrusted import root_may_not_load
+from memtop.base import children
+from memtop.base.untrusted import root_may_not_load
 
 ROOT = Path(__file__).resolve().parent.parent
 PLANT = """\

@@ -19,8 +19,9 @@ import pytest
 from test_fleet import _as_prometheus_has_it
 from test_jobs import Trainer
 
-from memtop import children, fleet_report
-from memtop.fleet import host_observation
+from memtop.base import children
+from memtop.engine.fleet import host_observation
+from memtop.present import fleet_report
 from memtop.sim.demo import registry_dir
 from memtop.sim.device import SimGpuRegistry, simulated_gpu_specs
 from memtop.sources.prometheus import hosts_of

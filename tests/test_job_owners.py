@@ -22,7 +22,8 @@ import pytest
 from local_users import as_user, local_user, needs_root, wait_ready
 from test_rank_drift import start_rank
 
-from memtop import children, protocol
+from memtop import protocol
+from memtop.base import children
 from memtop.sim.demo import registry_dir
 from memtop.sim.device import SimGpuRegistry, simulated_gpu_specs
 

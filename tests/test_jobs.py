@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from memtop import children, protocol
+from memtop import protocol
 from memtop.agent import identity
-from memtop.jobs import JobIdentity, dcgm_labels, job_identity, pod_set
+from memtop.base import children
+from memtop.base.jobs import JobIdentity, dcgm_labels, job_identity, pod_set
 from memtop.sim.demo import registry_dir
 from memtop.sim.device import SimGpuRegistry, simulated_gpu_specs
 

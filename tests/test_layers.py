@@ -17,16 +17,22 @@ IO_MODULES = (
     "subprocess",
     "memtop.protocol",
     "memtop.sources",
-    "memtop.sampler",
+    "memtop.engine.sampler",
 )
 
 
 @pytest.mark.parametrize(
     "module",
-    ["memtop.store", "memtop.observation", "memtop.feed", "memtop.ui.view", "memtop.report"],
+    [
+        "memtop.engine.store",
+        "memtop.engine.observation",
+        "memtop.engine.feed",
+        "memtop.ui.view",
+        "memtop.present.report",
+    ],
 )
 def test_the_view_model_loads_no_transport(module: str) -> None:
-    # On 873fb27 `import memtop.store` loaded socket, selectors, psutil and the agent pool
+    # On 873fb27 `import memtop.engine.store` loaded socket, selectors, psutil and the agent pool
     # (store.py imported sources.agents and sources.processes for two records).
     code = f"import sys, {module}\nprint(' '.join(m for m in {IO_MODULES!r} if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

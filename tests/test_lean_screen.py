@@ -66,7 +66,7 @@ async def run_board(lean: bool) -> tuple[Board, Counter[str], CellDiff]:
 
 
 def test_the_dashboard_uses_the_lean_screen():
-    from memtop.store import Store
+    from memtop.engine.store import Store
     from memtop.ui.app import MemtopApp
 
     screen = MemtopApp(Store(), None).get_default_screen()

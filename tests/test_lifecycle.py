@@ -22,7 +22,8 @@ import pytest
 from helpers import default_sigint
 from test_ui_cli import read_for, read_until, spawn_in_pty
 
-from memtop import children, protocol
+from memtop import protocol
+from memtop.base import children
 
 pytestmark = pytest.mark.slow
 
@@ -151,7 +152,7 @@ def test_a_demo_whose_terminal_is_gone_stops_its_trainers(socket_dir: Path) -> N
 
 CHILD = """
 import os, signal, sys, threading
-from memtop.children import die_with_parent
+from memtop.base.children import die_with_parent
 done = threading.Event()
 signal.signal(signal.SIGTERM, lambda *_: done.set())  # as the simulated trainer does
 die_with_parent(int(sys.argv[1]), done.set)
@@ -192,7 +193,7 @@ time.sleep(60)  # watches nobody: what the kernel sends is all that stops it
 """
 PARENT_WITH_PREEXEC = """
 import subprocess, sys, time
-from memtop import children
+from memtop.base import children
 subprocess.Popen([sys.executable, sys.argv[1]], stdout=open(sys.argv[2], "w"),
                  preexec_fn=children.signalled_when_parent_dies())
 time.sleep(60)
@@ -288,7 +289,7 @@ def test_a_demo_without_its_dashboard_cleans_up_on_a_hangup(socket_dir: Path) ->
 
 STORM = """
 import os, signal, sys, threading, time
-from memtop.children import StopFlag
+from memtop.base.children import StopFlag
 
 flag = threading.Event() if sys.argv[1] == "event" else StopFlag()
 signal.signal(signal.SIGUSR1, lambda signum, frame: flag.set())

@@ -21,10 +21,10 @@ import pytest
 from hostile_agent import MARKUP, MARKUP_SETTING
 from ui_helpers import notifications, screen_text, wait_for
 
-from memtop.sampler import Sampler
+from memtop.engine.sampler import Sampler
+from memtop.engine.store import Store
 from memtop.sources.agents import AgentPool
 from memtop.sources.devices import DefaultDeviceSource
-from memtop.store import Store
 
 pytestmark = pytest.mark.slow
 
@@ -145,9 +145,9 @@ def test_a_fleet_host_named_with_markup_is_shown_by_that_name() -> None:
     from helpers.observations import frozen_observation
     from test_fleet import _as_prometheus_has_it, _Fixed
 
+    from memtop.engine.fleet import FleetSampler
     from memtop.export.metrics import render
     from memtop.export.text import exposition
-    from memtop.fleet import FleetSampler
     from memtop.sources.prometheus import hosts_of
     from memtop.ui.app import MemtopApp
 

@@ -1,6 +1,6 @@
 """The per-device figures are contracts (DESIGN §7 and §11): the `--once --json` fields of each
 agent device, and the Prometheus families with their type, help text and labels.  These pins
-were taken from the hand-written lists before `memtop.metric_table` replaced them: a name, a
+were taken from the hand-written lists before `memtop.figures.metric_table` replaced them: a name, a
 help text or a label that changes here breaks a user's script, dashboard or alert.  The driver's
 per-GPU figures (`metric_table.GPU_METRICS`: the `devices[]` of the report, the `memtop_gpu_*`
 families) are pinned the same way."""
@@ -18,10 +18,11 @@ from helpers.observations import frozen_observation
 from nvml_standin import Gpu, State, build, env
 from prometheus_client.parser import text_string_to_metric_families
 
-from memtop import metric_table, report
 from memtop.export.metrics import render
 from memtop.export.text import exposition
-from memtop.metric_table import DeviceMetric, GpuMetric
+from memtop.figures import metric_table
+from memtop.figures.metric_table import DeviceMetric, GpuMetric
+from memtop.present import report
 from memtop.sources.prometheus import hosts_of
 
 # agents[].devices[] of `memtop --once --json`.
@@ -463,7 +464,7 @@ import json, sys
 from memtop.cli import _make_sampler, build_parser
 from memtop.export.metrics import render
 from memtop.export.text import exposition
-from memtop.observation import Observer
+from memtop.engine.observation import Observer
 sampler = _make_sampler(build_parser().parse_args(["--socket-dir", sys.argv[1]]))
 sampler.sample_once()
 observation = Observer(sampler.store).latest()

@@ -278,11 +278,11 @@ import sys
 from pathlib import Path
 from memtop.export.metrics import render
 from memtop.export.text import exposition
-from memtop.observation import Observer
-from memtop.sampler import Sampler
+from memtop.engine.observation import Observer
+from memtop.engine.sampler import Sampler
 from memtop.sources.agents import AgentPool
 from memtop.sources.devices import DefaultDeviceSource
-from memtop.store import Store
+from memtop.engine.store import Store
 store = Store()
 sockets = Path(sys.argv[1])
 sampler = Sampler(store, DefaultDeviceSource(sockets), AgentPool(sockets))
@@ -339,7 +339,7 @@ def test_the_dashboard_shows_each_mig_instance_on_a_row_under_its_gpu() -> None:
 
     from ui_helpers import screen_text, wait_for
 
-    from memtop.store import Store
+    from memtop.engine.store import Store
     from memtop.ui.app import MemtopApp
 
     store = Store()

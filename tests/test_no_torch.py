@@ -8,7 +8,7 @@ import sys
 
 def test_import_memtop_cli_does_not_import_torch():
     code = (
-        "import sys, memtop, memtop.cli, memtop.sampler, memtop.report\n"
+        "import sys, memtop, memtop.cli, memtop.engine.sampler, memtop.present.report\n"
         "print('torch' in sys.modules)"
     )
     result = subprocess.run(

@@ -9,10 +9,10 @@ import pytest
 from helpers.observations import frozen_observation, frozen_observer
 from ui_frozen import MY_UID, TRAINERS, UUIDS
 
-from memtop import report
+from memtop.figures.units import format_bytes
 from memtop.model import AgentStatus
+from memtop.present import report
 from memtop.ui import view
-from memtop.units import format_bytes
 
 
 def test_agents_join_their_gpus_by_uuid_and_processes_by_pid_and_uuid():

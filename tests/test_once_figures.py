@@ -8,8 +8,9 @@ from __future__ import annotations
 from helpers.observations import frozen_observer
 from ui_frozen import NOW, frozen_store
 
-from memtop import protocol, report
-from memtop.units import GiB
+from memtop import protocol
+from memtop.figures.units import GiB
+from memtop.present import report
 
 FRAGMENTED = 4201  # the frozen store's fragmenting trainer
 

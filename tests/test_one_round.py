@@ -18,6 +18,9 @@ from typing import Any
 
 import pytest
 
+from memtop.engine.observation import Observation, Observer
+from memtop.engine.sampler import Sampler
+from memtop.engine.store import Store
 from memtop.model import (
     AgentDevice,
     AgentDeviceSample,
@@ -28,10 +31,7 @@ from memtop.model import (
     GpuProcess,
     StepMark,
 )
-from memtop.observation import Observation, Observer
-from memtop.sampler import Sampler
 from memtop.sources.agents import CONNECTED, AgentPoll
-from memtop.store import Store
 
 MiB = 1 << 20
 TOTAL = 80 * 1024 * MiB
@@ -204,7 +204,7 @@ def test_a_replay_seek_is_one_generation() -> None:
     refreshing meanwhile sees the moment before it or after it, one generation apart."""
     from pathlib import Path
 
-    from memtop.playback import Player
+    from memtop.engine.playback import Player
     from memtop.sources.replay import load
 
     recording = load(Path(__file__).parent / "data" / "traces" / "leak.jsonl.gz")

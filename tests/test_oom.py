@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from helpers import default_sigint
 
-from memtop import children
 from memtop.agent.driver_usage import split_usage
 from memtop.agent.oom import MAX_REPORT_BYTES, encode_report, prune, report_name
 from memtop.agent.probe import ProbeDevice
 from memtop.agent.server import Agent
+from memtop.base import children
 from memtop.cli import main
 from memtop.oom.diagnose import diagnose
 from memtop.sim.allocator import SimulatedCachingAllocator, SimulatedOutOfMemoryError

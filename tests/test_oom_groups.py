@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from memtop import children
 from memtop.agent.oom import report_name
+from memtop.base import children
 from memtop.cli import main
 from memtop.oom.groups import size_class
 from memtop.sim.demo import registry_dir

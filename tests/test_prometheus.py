@@ -340,7 +340,7 @@ def test_fleet_dashboard_groups_hosts_and_keeps_actions_local(fleet: Fleet):
 
     from ui_helpers import notifications, wait_for
 
-    from memtop.fleet import FleetSampler
+    from memtop.engine.fleet import FleetSampler
     from memtop.model import HostPid, host_of
     from memtop.sources.prometheus import PrometheusSource
     from memtop.ui.app import MemtopApp
@@ -423,7 +423,7 @@ def _twin(port: int, host: str, twin: str, stack: contextlib.ExitStack) -> int:
 
 @pytest.mark.slow
 def test_two_hosts_with_the_same_pids_stay_apart_in_the_fleet():
-    from memtop.fleet import FleetSampler
+    from memtop.engine.fleet import FleetSampler
     from memtop.model import host_of
     from memtop.sources.prometheus import PrometheusSource
 

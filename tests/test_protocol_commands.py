@@ -15,11 +15,11 @@ TRACES = Path(__file__).parent / "data" / "traces"
 
 def test_every_side_serves_and_reads_exactly_the_table() -> None:
     from memtop.agent.handlers import HANDLERS
+    from memtop.engine.sampler import Sampler
+    from memtop.engine.store import Store
     from memtop.protocol.schema import REPLY_PARSERS
-    from memtop.sampler import Sampler
     from memtop.sources.agents import AgentPool
     from memtop.sources.devices import DefaultDeviceSource
-    from memtop.store import Store
 
     assert set(HANDLERS) == commands.NAMES
     assert set(REPLY_PARSERS) == commands.NAMES

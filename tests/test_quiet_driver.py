@@ -12,7 +12,7 @@ import pytest
 from test_ui_cli import drain, read_until, spawn_in_pty
 from textual._xterm_parser import XTermParser
 
-from memtop.store import Store
+from memtop.engine.store import Store
 from memtop.ui.app import MemtopApp
 from memtop.ui.quiet_driver import FALLBACK_TIMEOUT_S, QuietLinuxDriver, parser_timeout
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from memtop import children
+from memtop.base import children
 from memtop.diagnosis.facts import DeviceDiagnosis, GpuObservation
 from memtop.diagnosis.fragmentation import Fragmentation, Pressure
 from memtop.diagnosis.leak import not_enough

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from memtop import children, protocol
+from memtop import protocol
+from memtop.base import children
 from memtop.sources.recording import RecordWriter, read_lines
 
 MEMTOP = [sys.executable, "-m", "memtop"]

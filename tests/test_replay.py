@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from memtop.cli import main
-from memtop.observation import Observer
-from memtop.playback import Player
+from memtop.engine.observation import Observer
+from memtop.engine.playback import Player
+from memtop.engine.store import Store
 from memtop.sources.replay import load
-from memtop.store import Store
 
 TRACES = Path(__file__).parent / "data" / "traces"
 LEAK_BYTES_PER_STEP = 12 * 2**20  # the ground truth of leak.jsonl.gz

@@ -179,8 +179,8 @@ def test_a_long_recording_is_replayed_in_bounded_memory(tmp_path: Path) -> None:
         lines.append(json.dumps({"t": t, "src": "agent", "pid": 4242, "cmd": "sample",
                                  "reply": {"result": result}}))  # fmt: skip
     path.write_bytes(gzip.compress(HEADER + "\n".join(lines).encode() + b"\n", 6))
-    from memtop.playback import Player
-    from memtop.store import Store
+    from memtop.engine.playback import Player
+    from memtop.engine.store import Store
 
     tracemalloc.start()
     try:

@@ -20,13 +20,13 @@ import pytest
 from ui_helpers import screen_text, wait_for
 
 from memtop.cli import main
-from memtop.playback import Player
+from memtop.engine.playback import Player
+from memtop.engine.store import Store
+from memtop.figures.units import format_bytes
 from memtop.sources.replay import load
-from memtop.store import Store
 from memtop.ui.render import short_bytes
 from memtop.ui.replay_app import ReplayApp, _clock_text
 from memtop.ui.view import leak_label
-from memtop.units import format_bytes
 
 TRACES = Path(__file__).parent / "data" / "traces"
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from memtop.engine.sampler import Sampler
+from memtop.engine.store import Ring, Store
 from memtop.model import (
     AgentCleanup,
     AgentDeviceSample,
@@ -20,11 +22,9 @@ from memtop.model import (
     DriverReading,
     StepMark,
 )
-from memtop.sampler import Sampler
 from memtop.sim.demo import Demo
 from memtop.sources.agents import CONNECTED, EXITED, AgentClient, AgentPoll, AgentPool
 from memtop.sources.devices import DefaultDeviceSource
-from memtop.store import Ring, Store
 
 MiB = 1 << 20
 
@@ -210,8 +210,8 @@ def test_an_action_comes_back_as_a_typed_reply_and_its_consequence_is_the_feeds(
 
 
 def test_a_foreign_or_open_socket_dir_is_reported_not_used(socket_dir: Path):
-    from memtop import report
-    from memtop.observation import observe
+    from memtop.engine.observation import observe
+    from memtop.present import report
 
     socket_dir.chmod(0o777)
     store = Store()
@@ -229,7 +229,7 @@ def test_a_foreign_or_open_socket_dir_is_reported_not_used(socket_dir: Path):
 def test_device_reads_share_one_thread_and_recover_after_a_hang() -> None:
     import threading
 
-    from memtop.sampler import IsolatedDevices
+    from memtop.engine.sampler import IsolatedDevices
 
     class Source:
         def __init__(self) -> None:

@@ -22,12 +22,12 @@ import pytest
 from memtop.diagnosis import Diagnoser
 from memtop.diagnosis.suggestions import RULES, Severity, suggest
 from memtop.diagnosis.workload import WorkloadKind, recognise
-from memtop.observation import Observer
-from memtop.sampler import Sampler
+from memtop.engine.observation import Observer
+from memtop.engine.sampler import Sampler
+from memtop.engine.store import Store
 from memtop.sim.demo import Demo
 from memtop.sources.agents import AgentPool
 from memtop.sources.devices import DefaultDeviceSource
-from memtop.store import Store
 from memtop.ui import view
 
 GiB = 1 << 30

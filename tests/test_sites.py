@@ -366,7 +366,7 @@ def test_memtop_run_stacks_turns_them_on(tmp_path: Path):
 def test_the_leak_demo_with_stacks_names_the_leaking_line(socket_dir: Path):
     from test_diagnosis_scenarios import Watch
 
-    from memtop import report
+    from memtop.present import report
     from memtop.sim.demo import Demo
 
     demo = Demo(

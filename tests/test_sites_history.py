@@ -20,19 +20,20 @@ from test_diagnosis_scenarios import Watch
 from test_sampler_store import poll
 from test_sites import HERE, MiB, client_for, line_of, scenario_line, three_line_step
 
-from memtop import children, protocol
+from memtop import protocol
 from memtop.agent import sites as site_tracking
 from memtop.agent.probe import ProbeDevice
 from memtop.agent.server import Agent
+from memtop.base import children
 from memtop.diagnosis.leak import LeakEstimate
 from memtop.diagnosis.sites import leaking_site, site_trends
+from memtop.engine.store import Store
 from memtop.model import AgentSites
 from memtop.sim.allocator import SimulatedCachingAllocator
 from memtop.sim.demo import Demo
 from memtop.sim.device import LocalDeviceMemory
 from memtop.sim.probe import SimulatedGpu, SimulatedProbe
 from memtop.sources.agents import AgentError
-from memtop.store import Store
 
 THIS = Path(__file__).resolve()
 

@@ -161,10 +161,10 @@ def test_an_empty_snapshot_is_said_to_be_empty(tmp_path: Path, socket_dir: Path)
 def test_the_s_key_never_follows_a_link_at_its_file_name(trainer, tmp_path: Path) -> None:
     from ui_helpers import notifications, wait_for
 
-    from memtop.sampler import Sampler
+    from memtop.engine.sampler import Sampler
+    from memtop.engine.store import Store
     from memtop.sources.agents import AgentPool
     from memtop.sources.devices import DefaultDeviceSource
-    from memtop.store import Store
     from memtop.ui.app import MemtopApp
     from memtop.ui.widgets.process_table import ProcessTable
 

@@ -19,7 +19,7 @@ from test_suggestions import BREAKDOWN, TOTAL, GiB, MiB, device, frag, gpu, leak
 from memtop.diagnosis import suggestions as rules
 from memtop.diagnosis.fragmentation import Pressure
 from memtop.model import Severity
-from memtop.report import build as build_report
+from memtop.present.report import build as build_report
 from memtop.ui import view
 
 PINNED = Path(__file__).parent / "data" / "suggestion_contract.json"

@@ -19,12 +19,12 @@ from memtop.diagnosis import Diagnoser
 from memtop.diagnosis import suggestions as rules
 from memtop.diagnosis.fragmentation import Pressure
 from memtop.diagnosis.stability import GRACE_S, MIN_DWELL_S, Stabilizer
-from memtop.observation import Observer
-from memtop.sampler import Sampler
+from memtop.engine.observation import Observer
+from memtop.engine.sampler import Sampler
+from memtop.engine.store import Store
 from memtop.sim.demo import Demo
 from memtop.sources.agents import AgentPool
 from memtop.sources.devices import DefaultDeviceSource
-from memtop.store import Store
 
 
 def fragmented(gauge: float):
@@ -167,9 +167,9 @@ def test_played_round_by_round_each_suggestion_quotes_its_rounds_figures():
     # Six real H100 trainers on one GPU, played one second at a time through one Observer as
     # the dashboard is: the cleanup suggestion's "reserved X, allocated Y" is the very figures
     # the same observation gives that process (its table row), every round.
-    from memtop.playback import Player
+    from memtop.engine.playback import Player
+    from memtop.figures.units import format_bytes
     from memtop.sources.replay import load
-    from memtop.units import format_bytes
 
     traces = Path(__file__).parent / "data" / "traces"
     store = Store()

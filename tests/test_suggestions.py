@@ -11,8 +11,8 @@ from memtop.diagnosis import suggestions as rules
 from memtop.diagnosis.facts import DeviceDiagnosis, GpuObservation, parse_allocator_conf
 from memtop.diagnosis.fragmentation import Fragmentation, Pressure
 from memtop.diagnosis.leak import LeakEstimate, not_enough
+from memtop.engine.store import AgentView
 from memtop.model import AgentDeviceSample, AgentHello, DeviceReading, GpuProcess
-from memtop.store import AgentView
 
 MiB, GiB = 1 << 20, 1 << 30
 TOTAL = 80 * GiB
@@ -147,7 +147,8 @@ def test_expandable_segments_is_not_suggested_when_the_trainer_has_it(conf: str)
 
 
 def test_a_spelling_torch_refuses_is_not_expandable_segments():
-    # torch takes True or False only (memtop.alloc_conf): `:1` is not on, and the fix spells it.
+    # torch takes True or False only (memtop.base.alloc_conf): `:1` is not on, and the fix spells
+    # it.
     conf = "garbage_collection_threshold:0.6,expandable_segments:1"
     (found,) = fired(
         rules.expandable_segments, gpu(device(fragmentation=frag(0.4, 4 * GiB), conf=conf))

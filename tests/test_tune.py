@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 from stepping import Stepper
 
-from memtop import alloc_conf, protocol
+from memtop import protocol
 from memtop.agent.probe import ProbeDevice
 from memtop.agent.server import Agent
+from memtop.base import alloc_conf
 from memtop.sim.allocator import SimulatedCachingAllocator
 from memtop.sim.device import LocalDeviceMemory
 from memtop.sim.probe import SimulatedGpu, SimulatedProbe
@@ -333,8 +334,8 @@ def test_a_real_torch_trainer_is_tuned_and_reads_its_settings_back(
 
 
 def test_the_settings_event_is_one_line_per_change() -> None:
+    from memtop.engine.store import Store
     from memtop.model import AgentHello, AgentPoll, AgentSample, AgentStatus
-    from memtop.store import Store
 
     store = Store()
     hello = AgentHello(1, 4242, ("t.py",), "3.11", "2.13", "", (), allocator_settings="")

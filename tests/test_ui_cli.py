@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from helpers import default_sigint
 
-from memtop import children, protocol
+from memtop import protocol
+from memtop.base import children
 
 pytestmark = pytest.mark.slow
 

@@ -12,8 +12,8 @@ import textual
 from ui_frozen import MY_UID, NOW, frozen_store
 from ui_helpers import notifications, screen_text, wait_for
 
+from memtop.engine.store import Store
 from memtop.model import DriverReading
-from memtop.store import Store
 from memtop.ui.app import MemtopApp
 from memtop.ui.screens.detail import DetailScreen
 from memtop.ui.screens.help import HelpScreen

@@ -14,17 +14,17 @@ from pathlib import Path
 import pytest
 from ui_helpers import notifications, screen_text, wait_for
 
-from memtop.sampler import Sampler
+from memtop.engine.sampler import Sampler
+from memtop.engine.store import Store
+from memtop.figures.units import format_bytes
 from memtop.sim.demo import Demo
 from memtop.sources.agents import AgentPool
 from memtop.sources.devices import DefaultDeviceSource
-from memtop.store import Store
 from memtop.ui.app import MemtopApp
 from memtop.ui.screens.confirm import ConfirmScreen
 from memtop.ui.screens.detail import DetailScreen
 from memtop.ui.view import ProcessRow
 from memtop.ui.widgets.process_table import ProcessTable
-from memtop.units import format_bytes
 
 pytestmark = pytest.mark.slow
 

@@ -404,8 +404,8 @@ def test_tips_roll_up_keeps_savings_apart_from_headroom_and_leak_growth_is_red()
 
 def test_once_text_draws_the_leak_advice() -> None:
     """`memtop --once` text renders the same observation: the leak's culprits are there."""
-    from memtop import report
-    from memtop.observation import observe
+    from memtop.engine.observation import observe
+    from memtop.present import report
 
     text = report.render_text(report.build(observe(frozen_store(), clock=lambda: NOW)))
     leak = text.split("Leak:", 1)[1]

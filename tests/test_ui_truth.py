@@ -25,12 +25,12 @@ from ui_frozen import (
 )
 from ui_helpers import notifications, screen_text, wait_for
 
+from memtop.engine.observation import Observer
+from memtop.engine.scope import Scope
+from memtop.engine.store import Store
 from memtop.model import AgentHello, AgentSample, DriverReading
-from memtop.observation import Observer
-from memtop.scope import Scope
 from memtop.sources.agents import CONNECTED, AgentPoll
 from memtop.sources.processes import ProcessInfo
-from memtop.store import Store
 from memtop.ui import config, view
 from memtop.ui.app import MemtopApp
 from memtop.ui.screens.confirm import ConfirmScreen
@@ -161,7 +161,7 @@ def test_suggestions_say_collecting_until_there_is_evidence() -> None:
     assert healthy.quiet == "Nothing to suggest: memory looks healthy."
 
 
-# ------------------------------------------------------------------ filters (memtop.scope)
+# ------------------------------------------------------------------ filters (memtop.engine.scope)
 
 
 def test_only_hides_a_gpus_processes_from_the_suggestions_too() -> None:
@@ -206,8 +206,8 @@ def test_user_and_pid_filters_on_the_dashboard() -> None:
 def test_filters_reach_the_report_and_the_exporter() -> None:
     from helpers.observations import frozen_observer
 
-    from memtop import report
     from memtop.export.server import Exporter
+    from memtop.present import report
 
     whole = frozen_observer().latest()
     assert Scope(gpus=frozenset({1, 5})).missing(whole) == [
@@ -438,7 +438,7 @@ def test_header_badges_stay_whole_at_80_columns() -> None:
 
 def test_replay_header_and_footer_at_80x24() -> None:
     # The header lost "/ 02:50 ×1 PAUSED" and the footer ended "] F".
-    from memtop.playback import Player
+    from memtop.engine.playback import Player
     from memtop.sources.replay import load
     from memtop.ui.replay_app import ReplayApp
 

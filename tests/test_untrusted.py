@@ -1,6 +1,6 @@
 """Files someone else wrote (issue 27, findings 8 and 9, and the loader they share).
 
-memtop.untrusted reads them: regular files only, a size cap, a depth limit found by scanning
+memtop.base.untrusted reads them: regular files only, a size cap, a depth limit found by scanning
 before the parser recurses, numbers within +-2^64; one UntrustedInput with a one-line message.
 """
 
@@ -15,9 +15,7 @@ from pathlib import Path
 import pytest
 
 from memtop.agent.oom import encode_report, report_name
-from memtop.cli import main
-from memtop.ui import config
-from memtop.untrusted import (
+from memtop.base.untrusted import (
     MAX_DEPTH,
     UntrustedInput,
     check_depth,
@@ -26,6 +24,8 @@ from memtop.untrusted import (
     loads_toml,
     read_regular,
 )
+from memtop.cli import main
+from memtop.ui import config
 
 
 def _finishes(call, seconds: float = 10.0):  # type: ignore[no-untyped-def]

@@ -266,9 +266,9 @@ class _NoDevices:
 
 
 def _sampler(directory: Path):  # type: ignore[no-untyped-def]
-    from memtop.sampler import Sampler
+    from memtop.engine.sampler import Sampler
+    from memtop.engine.store import Store
     from memtop.sources.agents import AgentPool
-    from memtop.store import Store
 
     return Sampler(Store(), _NoDevices(), AgentPool(directory))
 

@@ -7,6 +7,7 @@ the rendered screen are the same on every run.
 
 from __future__ import annotations
 
+from memtop.engine.store import Store
 from memtop.model import (
     AgentDevice,
     AgentDeviceSample,
@@ -20,7 +21,6 @@ from memtop.model import (
 from memtop.protocol.schema import parse_breakdown
 from memtop.sources.agents import CONNECTED, EXITED, AgentPoll
 from memtop.sources.processes import ProcessInfo
-from memtop.store import Store
 
 MiB = 1 << 20
 GiB = 1 << 30

@@ -2,6 +2,12 @@
 
 Importing this package does not import torch; the torch probe is imported only when an agent
 starts without an explicit probe.
+
+May import: `memtop.protocol` (its standard-library parts: framing, replies), `memtop.figures`,
+`memtop.base`, `memtop.model`'s records only where a contract allows; never the viewer
+(`memtop.engine`, `memtop.ui`, `memtop.sources`, …: a contract). Only `agent.torch_probe` and
+`agent.backends.cuda` import torch, and the serving modules (server, handlers, boundary, …) import
+neither torch nor a backend.
 """
 
 from __future__ import annotations

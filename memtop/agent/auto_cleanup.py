@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from memtop.units import format_bytes
+from memtop.figures.units import format_bytes
 
 if TYPE_CHECKING:
     from memtop.agent.server import Agent

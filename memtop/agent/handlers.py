@@ -24,12 +24,12 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from memtop import alloc_conf
 from memtop._version import __version__
 from memtop.agent import files, limits_for_tests
 from memtop.agent.boundary import TrainerJob
 from memtop.agent.probe import SAMPLE_STAT_KEYS, ProbeDevice
 from memtop.agent.snapshot_summary import summarize_snapshot
+from memtop.base import alloc_conf
 from memtop.protocol import replies
 from memtop.protocol.commands import cooldown_s
 from memtop.protocol.environment import ENGINE_ENVIRONMENT

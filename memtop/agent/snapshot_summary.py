@@ -1,11 +1,11 @@
-"""The per-device summary a `snapshot` reply carries (DESIGN §4): memtop.segments' figures.
+"""The per-device summary a `snapshot` reply carries (DESIGN §4): memtop.figures.segments' figures.
 
 Kept as its own name in the agent so the server reads as what it does; the computation lives in
-`memtop.segments`, shared with the viewer.
+`memtop.figures.segments`, shared with the viewer.
 """
 
 from __future__ import annotations
 
-from memtop.segments import summarize_segments as summarize_snapshot
+from memtop.figures.segments import summarize_segments as summarize_snapshot
 
 __all__ = ["summarize_snapshot"]

@@ -4,6 +4,9 @@ dispatches through `COMMANDS`.
 Each module's `run(args)` runs its command and returns the exit code; a `MemtopError` it raises
 is printed by the CLI as one line (exit code 1, or the error's own).  A module is imported only
 when its command runs (the start-up budget, DESIGN §9).
+
+May import anything below it: the engine, the presenters, the UI, the exporter, the sources.
+Imported by `memtop.cli` only.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import argparse
 import importlib
 from collections.abc import Callable
 
-from memtop.errors import MemtopError
+from memtop.base.errors import MemtopError
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 

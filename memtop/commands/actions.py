@@ -1,5 +1,6 @@
 """`memtop cleanup PID` and `memtop snapshot PID -o FILE`: one agent command from the command
-line, asked through the dashboard's own path (memtop.sampler.ask_agent) with the agent located
+line, asked through the dashboard's own path (memtop.engine.sampler.ask_agent) with the agent
+located
 as root must locate it."""
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from memtop.base.errors import MemtopError
 from memtop.commands import EXIT_OK
-from memtop.errors import MemtopError
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,8 +61,8 @@ def agent_action(
     pid: int, cmd: str, cmd_args: dict[str, object], socket_dir: Path | None
 ) -> dict[str, Any]:
     """The agent of `pid` runs `cmd`: its reply (schema-checked), or a MemtopError in one line."""
+    from memtop.engine.sampler import AgentAddress, MalformedReply, ask_agent
     from memtop.protocol import namespaces
-    from memtop.sampler import AgentAddress, MalformedReply, ask_agent
     from memtop.sources.agents import AgentError, AgentUnreachable
 
     directory, owner = _agent_location(pid, socket_dir)
@@ -80,7 +81,7 @@ def agent_action(
 
 
 def _cleanup(args: argparse.Namespace) -> int:
-    from memtop.units import format_bytes
+    from memtop.figures.units import format_bytes
 
     if args.wait < 0:
         raise MemtopError("--wait must be seconds >= 0")
@@ -108,8 +109,8 @@ def _cleanup(args: argparse.Namespace) -> int:
 
 
 def _snapshot(args: argparse.Namespace) -> int:
+    from memtop.figures.units import format_bytes
     from memtop.model import snapshot_note
-    from memtop.units import format_bytes
 
     if args.wait < 0:
         raise MemtopError("--wait must be seconds >= 0")

@@ -1,11 +1,11 @@
-"""`memtop attach PID`: the command line of memtop.attach."""
+"""`memtop attach PID`: the command line of memtop.engine.attach."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from memtop.errors import MemtopError
+from memtop.base.errors import MemtopError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -33,7 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def run(args: argparse.Namespace) -> int:
-    from memtop.attach import (
+    from memtop.engine.attach import (
         attach,
         consent_question,
         consent_refusal,

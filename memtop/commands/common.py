@@ -9,20 +9,20 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # loaded when a command runs, not when the parser is built
-    from memtop.alerts import AlertRunner
-    from memtop.observation import Observer
-    from memtop.sampler import Sampler
-    from memtop.scope import Scope
+    from memtop.engine.observation import Observer
+    from memtop.engine.sampler import Sampler
+    from memtop.engine.scope import Scope
+    from memtop.present.alerts import AlertRunner
 
 # Textual draws on stderr (its driver writes to sys.__stderr__); the first paint goes there too.
 TERMINAL_FD = 2
 
 
 def make_sampler(args: argparse.Namespace, simulated_only: bool = False) -> Sampler:
-    from memtop.sampler import Sampler
+    from memtop.engine.sampler import Sampler
+    from memtop.engine.store import Store
     from memtop.sources.agents import AgentPool
     from memtop.sources.devices import DefaultDeviceSource
-    from memtop.store import Store
 
     store = Store()
     devices = DefaultDeviceSource(args.socket_dir, simulated_only=simulated_only)
@@ -36,8 +36,8 @@ def alerts(
     command = getattr(args, "on_alert", None)
     if not command:
         return None
-    from memtop.alerts import AlertRunner
     from memtop.model import Severity
+    from memtop.present.alerts import AlertRunner
 
     runner = AlertRunner(command, Severity(args.alert_severity), log=log, scope=scope(args).apply)
     observer.listeners.append(runner.observe)
@@ -45,7 +45,7 @@ def alerts(
 
 
 def scope(args: argparse.Namespace) -> Scope:
-    from memtop.scope import Scope
+    from memtop.engine.scope import Scope
 
     only = getattr(args, "only", None) or ()
     # `--only 0,1:2`: whole GPUs by number, MIG instances as (GPU, GPU instance id).

@@ -1,4 +1,5 @@
-"""`memtop compare A B`: two runs side by side (memtop.compare).  A and B are each a recording
+"""`memtop compare A B`: two runs side by side (memtop.present.compare).  A and B are each a
+recording
 (file or folder) or a live pid: a number is a live trainer's pid (a file named so is `./N`),
 sampled for `--seconds`."""
 
@@ -10,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from memtop.base.errors import MemtopError
 from memtop.commands import EXIT_OK, common
-from memtop.errors import MemtopError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -33,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def run(args: argparse.Namespace) -> int:
-    from memtop import compare
+    from memtop.present import compare
 
     try:
         a = _run(args, args.a, "A", args.a_pid)
@@ -49,13 +50,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, source: str, label: str, pid: int | None):  # type: ignore[no-untyped-def]
-    from memtop import compare
+    from memtop.present import compare
 
     if source.isdigit():
         return compare.run_of(_live(args, int(source)), label, int(source))
     from memtop.commands.replay import open_recording
-    from memtop.playback import Player
-    from memtop.store import Store
+    from memtop.engine.playback import Player
+    from memtop.engine.store import Store
 
     recording = open_recording(Path(source))
     store = Store()

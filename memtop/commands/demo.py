@@ -6,11 +6,11 @@ import argparse
 import contextlib
 import sys
 
-from memtop import children
+from memtop.base import children
+from memtop.base.errors import MemtopError
 from memtop.commands import EXIT_OK, common
 from memtop.commands.common import TERMINAL_FD
 from memtop.commands.watch import paint_header, watch
-from memtop.errors import MemtopError
 
 
 class DemoUsageError(MemtopError):

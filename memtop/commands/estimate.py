@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from memtop.base.errors import MemtopError
 from memtop.commands.actions import agent_action
-from memtop.errors import MemtopError
 
 
 def run(args: argparse.Namespace) -> int:

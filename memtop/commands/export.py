@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from memtop import children
+from memtop.base import children
 from memtop.commands import EXIT_OK, common
 
 

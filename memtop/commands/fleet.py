@@ -8,15 +8,16 @@ import json
 import sys
 import time
 
+from memtop.base.errors import MemtopError
 from memtop.commands import EXIT_OK
-from memtop.errors import MemtopError
 
 # The fleet dashboard waits this long for its first read before it opens (then reads on).
 FLEET_FIRST_READ_S = 3.0
 
 
 def run(args: argparse.Namespace) -> int:
-    from memtop import fleet, fleet_report
+    from memtop.engine import fleet
+    from memtop.present import fleet_report
     from memtop.sources.prometheus import PrometheusSource
 
     source = PrometheusSource(args.prometheus)

@@ -188,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_alerts(parser: argparse.ArgumentParser, default: object = None) -> None:
-    """--on-alert and --alert-severity (memtop.alerts): the dashboard, the text view, export."""
+    """--on-alert and --alert-severity (memtop.present.alerts): the dashboard, the text view,
+    export."""
     parser.add_argument(
         "--on-alert",
         metavar="CMD",
@@ -205,7 +206,8 @@ def _add_alerts(parser: argparse.ArgumentParser, default: object = None) -> None
 
 
 def _add_filters(parser: argparse.ArgumentParser, default: object = None) -> None:
-    """--user and --pid, as nvitop has them (memtop.scope): the dashboard, --once and export."""
+    """--user and --pid, as nvitop has them (memtop.engine.scope): the dashboard, --once and
+    export."""
     parser.add_argument(
         "--user",
         type=_name_list,

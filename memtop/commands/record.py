@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from memtop import children
-from memtop.errors import MemtopError
+from memtop.base import children
+from memtop.base.errors import MemtopError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -34,11 +34,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def run(args: argparse.Namespace) -> int:
-    from memtop.sampler import Sampler
+    from memtop.engine.sampler import Sampler
+    from memtop.engine.store import Store
     from memtop.sources.agents import AgentPool
     from memtop.sources.devices import DefaultDeviceSource
     from memtop.sources.recording import RecordWriter
-    from memtop.store import Store
 
     interval = getattr(args, "interval", None) or 1.0
     if interval <= 0:

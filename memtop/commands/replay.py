@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from memtop.errors import MemtopError
+from memtop.base.errors import MemtopError
 
 if TYPE_CHECKING:  # loaded when the command runs, not when the parser is built
-    from memtop.playback import Player
+    from memtop.engine.playback import Player
+    from memtop.engine.store import Store
     from memtop.sources.replay import Recording
-    from memtop.store import Store
 
 
 class ReplayError(MemtopError):
@@ -66,8 +66,8 @@ def moment(recording: Recording, at: float | None, default_end: bool) -> float:
 def run(args: argparse.Namespace) -> int:
     if args.json and not args.once:
         raise ReplayError("--json needs --once")
-    from memtop.playback import Player
-    from memtop.store import Store
+    from memtop.engine.playback import Player
+    from memtop.engine.store import Store
 
     recording = open_recording(args.path)
     store = Store()
@@ -85,8 +85,9 @@ def _host(recording: Recording) -> str:
 
 
 def _once(args: argparse.Namespace, recording: Recording, store: Store, player: Player) -> int:
-    from memtop import protocol, report
-    from memtop.observation import Observer
+    from memtop import protocol
+    from memtop.engine.observation import Observer
+    from memtop.present import report
 
     player.seek(moment(recording, args.at, default_end=True))
     observer = Observer(store, clock=player.clock, host=_host(recording))

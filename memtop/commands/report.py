@@ -12,8 +12,8 @@ import os
 import sys
 from pathlib import Path
 
+from memtop.base.errors import MemtopError
 from memtop.commands import EXIT_OK
-from memtop.errors import MemtopError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -34,9 +34,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 
 
 def run(args: argparse.Namespace) -> int:
-    from memtop import html_report
     from memtop.commands.actions import snapshot_output
     from memtop.commands.replay import open_recording
+    from memtop.present import html_report
 
     output = snapshot_output(args.output, 0, args.force)
     recording = open_recording(args.path)

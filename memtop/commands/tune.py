@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from memtop import alloc_conf
+from memtop.base import alloc_conf
+from memtop.base.errors import MemtopError
 from memtop.commands import EXIT_OK
 from memtop.commands.actions import agent_action
-from memtop.errors import MemtopError
 
 
 def settings_args(pairs: list[str]) -> dict[str, str]:
@@ -31,8 +31,8 @@ def settings_args(pairs: list[str]) -> dict[str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from memtop.figures.units import format_bytes
     from memtop.protocol import parse_tune
-    from memtop.units import format_bytes
 
     if args.wait < 0:
         raise MemtopError("--wait must be seconds >= 0")

@@ -11,13 +11,13 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from memtop import children
+from memtop.base import children
 from memtop.commands import EXIT_OK, common
 from memtop.commands.common import TERMINAL_FD
 
 if TYPE_CHECKING:
-    from memtop.observation import Observation
-    from memtop.scope import Scope
+    from memtop.engine.observation import Observation
+    from memtop.engine.scope import Scope
     from memtop.ui.config import UiConfig
 
 ONCE_EXTRA_ROUNDS = 6
@@ -33,8 +33,8 @@ FIRST_ROUND_WAIT_S = 0.3
 
 
 def once(args: argparse.Namespace) -> int:
-    from memtop import report
-    from memtop.observation import Observer
+    from memtop.engine.observation import Observer
+    from memtop.present import report
 
     sampler = common.make_sampler(args)
     deadline = time.monotonic() + ONCE_BUDGET_S
@@ -71,7 +71,7 @@ def once(args: argparse.Namespace) -> int:
 def scoped_report(scope: Scope, whole: Observation) -> dict[str, Any]:
     """The report of what `scope` shows, with `filtered_out`: what it hid, in one line (None
     when it hid nothing), which the text says instead of "no GPUs and no agents found"."""
-    from memtop import report
+    from memtop.present import report
 
     shown = scope.apply(whole)
     data = report.build(shown)
@@ -124,7 +124,7 @@ def _dashboard(args: argparse.Namespace, simulated_only: bool, painted: bool = F
     try:
         if not painted:
             paint_header(settings)
-        from memtop.observation import Observer
+        from memtop.engine.observation import Observer
 
         sampler = common.make_sampler(args, simulated_only)
         try:
@@ -181,8 +181,8 @@ def _log_line(line: str) -> None:
 
 def _text_view(args: argparse.Namespace, simulated_only: bool) -> int:
     """A plain refreshing text report, for a pipe or a log file."""
-    from memtop import report
-    from memtop.observation import Observer
+    from memtop.engine.observation import Observer
+    from memtop.present import report
 
     sampler = common.make_sampler(args, simulated_only)
     sampler.start()

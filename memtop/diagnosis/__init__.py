@@ -2,11 +2,15 @@
 
 `Diagnoser.diagnose_devices` judges each agent device (leak estimate, fragmentation, pressure,
 breakdown); `suggestions.suggest` turns the facts of each GPU into what to do.  Joining devices,
-processes and agents is not done here: `memtop.observation` does it once per round and
+processes and agents is not done here: `memtop.engine.observation` does it once per round and
 assembles the `Diagnosis` every consumer renders.
 
 The diagnosis is a function of one `RoundView` (the store's immutable view of one generation,
 with each device's windows): it never sees the store, so it cannot read two rounds at once.
+
+May import: `memtop.engine.store` (the round's view it judges), `memtop.model`, `memtop.figures`,
+`memtop.base`, `memtop.estimate`'s arithmetic and `memtop.oom`'s readers; no transport, no source,
+no I/O (contracts). Imported by the observation and above.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from memtop.diagnosis.workload import Workload, flat_high_share, of_agent
 from memtop.oom.diagnose import growing_batch
 
 if TYPE_CHECKING:  # the store's view is only read: the package stays light
-    from memtop.store import AgentDeviceView, AgentView, RoundView
+    from memtop.engine.store import AgentDeviceView, AgentView, RoundView
 
 __all__ = [
     "DeviceDiagnosis",

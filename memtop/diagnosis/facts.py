@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from memtop import alloc_conf
+from memtop.base import alloc_conf
 from memtop.diagnosis.fragmentation import Fragmentation, Pressure
 from memtop.diagnosis.leak import LeakEstimate
 from memtop.diagnosis.sites import SiteTrend
@@ -20,7 +20,7 @@ from memtop.diagnosis.workload import Workload, WorkloadKind
 from memtop.model import Accounting, AgentDeviceSample, DeviceReading, GpuProcess, MigInfo
 
 if TYPE_CHECKING:  # the store's record of the agent is only read: the package stays light
-    from memtop.store import AgentView
+    from memtop.engine.store import AgentView
 
 
 class ReadsSample:
@@ -311,7 +311,7 @@ class GpuObservation:
         return len({p.pid for p in self.processes} | {a.pid for a in self.agents})
 
 
-# The trainer's allocator options, read as torch reads them (memtop.alloc_conf: the one reader
+# The trainer's allocator options, read as torch reads them (memtop.base.alloc_conf: the one reader
 # of them, which the simulator and the OOM diagnosis use too).
 def parse_allocator_conf(conf: str) -> dict[str, str]:
     """`PYTORCH_CUDA_ALLOC_CONF` ("key:value,key:value") as a dict, in the order given."""

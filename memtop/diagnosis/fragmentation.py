@@ -3,7 +3,7 @@
 - the gauge: inactive split bytes of the large pool over its reserved bytes.  It swings within a
   step (a freed activation splits a segment until the next one reuses it), so the value judged
   is the median of the recent samples;
-- from the agent's low-rate trace-free snapshot (memtop.segments): the bytes a split
+- from the agent's low-rate trace-free snapshot (memtop.figures.segments): the bytes a split
   strands (free blocks inside large-pool segments that also hold live blocks), their share of
   the large pool (the "external fragmentation"), and the largest request the cache can serve
   without a new cudaMalloc.  Whole free cached segments are not fragmentation: any request up

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
+from memtop.figures.units import MiB
 from memtop.model import MARK_WINDOW, Choice
-from memtop.units import MiB
 
 MIN_MARKS = 30  # fewer per-step baselines than this say nothing about a trend
 MAX_MARKS = MARK_WINDOW  # the newest baselines looked at (minutes at typical step rates)

@@ -2,7 +2,7 @@
 the median peak of the job's OTHER ranks, so the `rank_drift` rule can say which rank peaks
 above the rest.
 
-Ranks are grouped as the fleet groups them (memtop.jobs: same Slurm job, torchrun rendezvous
+Ranks are grouped as the fleet groups them (memtop.base.jobs: same Slurm job, torchrun rendezvous
 or pod set, run by the same user) among the agents this diagnosis sees.  The median of the
 others, not of all: with two ranks the median of all sits halfway and a rank 30 % above the
 other would read 13 %.
@@ -15,11 +15,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from memtop.base.jobs import job_identity
 from memtop.diagnosis.facts import DeviceDiagnosis
-from memtop.jobs import job_identity
 
 if TYPE_CHECKING:
-    from memtop.store import AgentView
+    from memtop.engine.store import AgentView
 
 
 def _rank(extra: Mapping[str, object], slurm_proc_id: int | None) -> int | None:

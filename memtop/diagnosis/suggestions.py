@@ -14,6 +14,7 @@ from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+from memtop.base.user_frame import site_name, stack_phrase
 from memtop.diagnosis.facts import (
     DeviceDiagnosis,
     GpuObservation,
@@ -25,9 +26,8 @@ from memtop.diagnosis.facts import (
 from memtop.diagnosis.sites import leaking_site
 from memtop.diagnosis.workload import BudgetBasis, Workload
 from memtop.estimate.calibrate import BatchModel
+from memtop.figures.units import MiB, format_bytes, format_duration
 from memtop.model import SOURCE_AGENT, Choice, DeviceReading, Severity
-from memtop.sites import site_name, stack_phrase
-from memtop.units import MiB, format_bytes, format_duration
 
 INFO, WARNING, CRITICAL, EMERGENCY = (
     Severity.INFO,

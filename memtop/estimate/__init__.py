@@ -11,6 +11,9 @@ anything that does I/O except `architecture.load_hf_config` (one local JSON file
 - gpus.py           the capacities of named GPUs;
 - reference.py      DeepSpeed's own ZeRO estimators, reported beside ours;
 - render.py         the table and the JSON object.
+
+Outside the layers on purpose (one package on two levels; see pyproject's contract): its arithmetic
+imports no I/O, and only its command reads the local GPU.
 """
 
 from memtop.estimate.architecture import PRESETS, Architecture, assumed_shape, load_hf_config

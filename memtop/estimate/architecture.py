@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from memtop import untrusted
+from memtop.base import untrusted
 from memtop.estimate.config_keys import MOE_TYPES, checkpoint_weights, unread_size_keys
 
 GPT, LLAMA = "gpt", "llama"

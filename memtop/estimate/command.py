@@ -8,7 +8,7 @@ import json
 import re
 from pathlib import Path
 
-from memtop.errors import MemtopError
+from memtop.base.errors import MemtopError
 from memtop.estimate.architecture import (
     PRESETS,
     Architecture,

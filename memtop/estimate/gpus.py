@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from memtop.units import GiB, MiB
+from memtop.figures.units import GiB, MiB
 
 # The H100's figure is what its driver reported in shared/traces/cuda-h100; the others are
 # nvidia-smi's "Total" of each board.

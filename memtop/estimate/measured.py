@@ -92,7 +92,7 @@ def judge_leak(pid: int, marks: dict[int, tuple[float, int]], what: str) -> str:
     """memtop's leak verdict (memtop.diagnosis.leak) on a trainer's per-step baseline: raises
     Leaking when it grows, else says in words what was judged.  `marks`: step -> (time, bytes)."""
     from memtop.diagnosis.leak import MIN_MARKS, detect_from_steps
-    from memtop.units import format_bytes
+    from memtop.figures.units import format_bytes
 
     if len(marks) < MIN_MARKS:
         return f"not judged: {len(marks)} of the {MIN_MARKS} step marks a leak verdict needs"

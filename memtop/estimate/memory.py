@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memtop.estimate.architecture import Architecture, ArchitectureError
-from memtop.units import MiB
+from memtop.figures.units import MiB
 
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0}
 # QLoRA's NF4 with double quantization: 4 bits + 8-bit absmax per 64 values + an fp32 second

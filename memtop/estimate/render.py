@@ -29,7 +29,7 @@ from memtop.estimate.serving import (
     weights_in_words,
 )
 from memtop.estimate.serving import verdict as serve_verdict
-from memtop.units import format_bytes
+from memtop.figures.units import format_bytes
 
 
 @dataclass(frozen=True, slots=True)

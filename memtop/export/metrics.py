@@ -1,7 +1,8 @@
 """One `Observation` as Prometheus metric families (the names are a contract: DESIGN §11).
 
-Only a renderer, like `memtop.report`: what it writes was joined and diagnosed once in
-`memtop.observation`.  Conventions (https://prometheus.io/docs/practices/naming/): the `memtop_`
+Only a renderer, like `memtop.present.report`: what it writes was joined and diagnosed once in
+`memtop.engine.observation`.  Conventions (https://prometheus.io/docs/practices/naming/): the
+`memtop_`
 prefix, base units (bytes, seconds, ratios 0–1), `_bytes` / `_seconds` suffixes, `_total` for
 counters and no `_created` series.  Labels join with the DCGM exporter's: `hostname` (lower
 case), `UUID`, `gpu` (the driver's number) and `modelName`; the per-process series add `pid`,
@@ -12,7 +13,8 @@ per-process series also carry the labels of AMD's device metrics exporter
 `gpu_id` (amdsmi's GPU number), `gpu_uuid` and `card_model`, empty on an NVIDIA GPU beside them;
 a host without AMD GPUs exports exactly what it did before.
 
-The per-device families are the rows of `memtop.metric_table`, which `memtop.report` and the
+The per-device families are the rows of `memtop.figures.metric_table`, which
+`memtop.present.report` and the
 fleet's reader (`memtop.sources.prometheus`) read too: a new per-device figure is a row there.
 """
 
@@ -25,12 +27,12 @@ from collections.abc import Iterable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from memtop import metric_table
+from memtop.base.jobs import DCGM_LABELS, INFO_JOB_LABELS, dcgm_labels, info_labels
 from memtop.diagnosis.sites import leaking_site
+from memtop.engine.observation import AgentObservation, Observation
 from memtop.export.text import exposition
-from memtop.jobs import DCGM_LABELS, INFO_JOB_LABELS, dcgm_labels, info_labels
+from memtop.figures import metric_table
 from memtop.model import ACTION_KINDS, AgentStatus
-from memtop.observation import AgentObservation, Observation
 
 GPU_LABELS = ("hostname", "UUID", "gpu", "modelName")
 AMD_GPU_LABELS = ("gpu_id", "gpu_uuid", "card_model")
@@ -173,7 +175,8 @@ def render(
         "memtop_observation_time_seconds", "Unix time of the observation.", ("hostname",)
     )
     time_g.add_metric([host], obs.time)
-    # One family per exported driver figure of the GPU table (memtop.metric_table.GPU_METRICS).
+    # One family per exported driver figure of the GPU table
+    # (memtop.figures.metric_table.GPU_METRICS).
     gpu_families = [
         (figure, gauge(figure.prometheus, figure.help, gpu_label_names))
         for figure in metric_table.GPU_METRICS
@@ -215,7 +218,7 @@ def render(
         INFO_LABELS,
     )
     steps = counter("memtop_steps", "Training steps the agent counted.", AGENT_LABELS)
-    # One family per exported figure of the metric table (memtop.metric_table).
+    # One family per exported figure of the metric table (memtop.figures.metric_table).
     table = [row for row in metric_table.DEVICE_METRICS if row.prometheus is not None]
     families = {
         row.key: (counter if row.kind == "counter" else gauge)(

@@ -36,13 +36,14 @@ from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from memtop import protocol, untrusted
-from memtop.errors import MemtopError
+from memtop import protocol
+from memtop.base import untrusted
+from memtop.base.errors import MemtopError
+from memtop.engine.observation import Observer
+from memtop.engine.sampler import Sampler
+from memtop.engine.scope import Scope
 from memtop.export.metrics import ObservationCollector
 from memtop.export.text import CONTENT_TYPE
-from memtop.observation import Observer
-from memtop.sampler import Sampler
-from memtop.scope import Scope
 
 DEFAULT_LISTEN = "127.0.0.1:9482"
 

@@ -5,6 +5,9 @@ Each starts the agent, makes memtop's step number follow the framework's `global
 per optimizer update, gradient accumulation included) and says the phase (train / eval / save)
 so that OOM reports name it.  Importing this package imports neither framework; importing one
 of its modules imports that framework only.
+
+May import: `memtop.agent` (start_agent, step) and the standard library; nothing of the viewer (a
+contract). Imported by nothing of memtop: a trainer imports it.
 """
 
 from __future__ import annotations

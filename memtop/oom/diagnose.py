@@ -27,9 +27,9 @@ import itertools
 import statistics
 from typing import Any
 
-from memtop import alloc_conf
-from memtop.sites import site_name
-from memtop.units import MiB, format_bytes
+from memtop.base import alloc_conf
+from memtop.base.user_frame import site_name
+from memtop.figures.units import MiB, format_bytes
 
 CONTEXT_BYTES = 512 * MiB  # the process's own CUDA context, outside torch's counters
 MIN_RUN = 3  # consecutive growing steps that make a growing batch

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from memtop.figures.units import format_bytes
 from memtop.oom.diagnose import diagnose
 from memtop.oom.reports import Report
-from memtop.units import format_bytes
 
 
 def size_class(requested: object) -> str:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from memtop.base.user_frame import site_name, stack_phrase
+from memtop.figures.units import format_bytes
 from memtop.oom.diagnose import diagnose
 from memtop.oom.groups import group_reports
 from memtop.oom.reports import Report
-from memtop.sites import site_name, stack_phrase
-from memtop.units import format_bytes
 
 # The report fields the list carries (DESIGN §11), beside the diagnosis.
 SUMMARY_FIELDS = (

@@ -1,6 +1,6 @@
 """Reading OOM reports: only this user's regular files in the OOM directory, none larger than a
 report can be, parsed as untrusted JSON (a report was written by a trainer, and a trainer is
-code we do not control: memtop.untrusted bounds its depth and its numbers), every string made
+code we do not control: memtop.base.untrusted bounds its depth and its numbers), every string made
 inert and encodable for a terminal.  One report that cannot be read is one line in the list,
 never the end of it."""
 
@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memtop import protocol, untrusted
-from memtop.errors import MemtopError
+from memtop import protocol
+from memtop.base import untrusted
+from memtop.base.errors import MemtopError
 
 REPORT_NAME = re.compile(r"^oom-(\d+)-(\d+)\.json$")  # as memtop.agent.oom writes them
 MAX_READ_BYTES = 1 << 20

@@ -14,6 +14,9 @@ Both sides use them, so a third-party agent (a JAX one, a test double) only has 
 written there.  Nothing here imports torch or touches the GPU.  This package re-exports every
 public name, so `protocol.parse_reply`, `protocol.socket_dir`... keep working; new code imports
 the part it needs.
+
+May import: `memtop.model`, `memtop.figures`, `memtop.base`; the parts the agent loads are standard
+library only (a contract).
 """
 
 from __future__ import annotations

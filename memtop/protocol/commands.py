@@ -9,7 +9,7 @@ every table holds exactly these names):
 - its reply builder: memtop.protocol.replies (the agent's side, standard library only);
 - its parser into a typed record of memtop.model: memtop.protocol.schema.REPLY_PARSERS;
 - its handler: memtop.agent.handlers.HANDLERS (the agent serves those names, nothing else);
-- its use: the agent pool's polling (the LOW_RATE ones, memtop.sampler), the replay (the
+- its use: the agent pool's polling (the LOW_RATE ones, memtop.engine.sampler), the replay (the
   RECORDED ones, memtop.sources.replay), the conformance check (memtop.protocol.check), a key
   (memtop.ui.actions names the command it sends).
 

@@ -27,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from memtop import alloc_conf
 from memtop.agent import stacks
+from memtop.base import alloc_conf
 from memtop.sim.device import DeviceMemory
 
 __all__ = [
@@ -100,7 +100,7 @@ def format_size(size: int) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# PYTORCH_CUDA_ALLOC_CONF: tokens and booleans as memtop.alloc_conf reads them (torch's way);
+# PYTORCH_CUDA_ALLOC_CONF: tokens and booleans as memtop.base.alloc_conf reads them (torch's way);
 # the keys, checks and defaults below are torch's too, and it refuses what torch refuses.
 
 

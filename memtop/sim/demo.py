@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memtop import protocol
-from memtop.children import python_command, stop_all
+from memtop.base.children import python_command, stop_all
 from memtop.sim.device import VENDORS, SimGpuRegistry, simulated_gpu_specs
 from memtop.sim.scenario_names import DEMO_SCENARIOS
 

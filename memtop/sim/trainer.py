@@ -4,7 +4,7 @@ Started by `memtop demo` as `python -m memtop.sim.trainer --registry DIR --gpu I
 It behaves like a trainer under `memtop run`: the agent listens on the usual socket, steps are
 marked after every optimizer step, and SIGTERM/SIGINT stop it cleanly (socket and ledger entry
 removed).  With `--parent PID` (the demo passes its own) it stops as cleanly when that process is
-gone, however it ended (memtop.children.die_with_parent).
+gone, however it ended (memtop.base.children.die_with_parent).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import memtop
 from memtop import protocol
 from memtop.agent.probe import ProbeDevice, allocator_conf_from_env
-from memtop.children import StopFlag, die_with_parent
+from memtop.base.children import StopFlag, die_with_parent
 from memtop.sim.allocator import SimulatedCachingAllocator
 from memtop.sim.device import SimGpuRegistry
 from memtop.sim.probe import SimulatedGpu, SimulatedProbe

@@ -10,7 +10,7 @@ says, as that user):
 - it is loaded only where the vendor's device nodes exist (/dev/nvidia*, /dev/kfd): without
   them there is no GPU of that vendor to read;
 - and only when the file and every folder above it are root's and no one else may write them
-  (memtop.untrusted.root_may_not_load); it is then loaded by that absolute path, first, so
+  (memtop.base.untrusted.root_may_not_load); it is then loaded by that absolute path, first, so
   that the bindings' own lookup gets that very file.
 Each refusal is one line (DriverLibraryRefused), shown where the reading's error goes.
 
@@ -26,7 +26,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from memtop.untrusted import root_may_not_load
+from memtop.base.untrusted import root_may_not_load
 
 DEV_DIR_ENV = "MEMTOP_TEST_DEV_DIR"  # tests only: where the device nodes are looked for
 NVML_NAME = "libnvidia-ml.so.1"

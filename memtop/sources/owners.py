@@ -1,5 +1,5 @@
 """Who the pids the driver charges are, as far as this machine can tell (issue 31, item 5): the
-facts the per-GPU accounting (memtop.observation) sorts each charged byte by.
+facts the per-GPU accounting (memtop.engine.observation) sorts each charged byte by.
 
 For each pid the driver lists, one `PidFacts`:
 

@@ -8,7 +8,7 @@ store: an `DriverReading` of the host's GPUs, one `AgentPoll` per agent (hello a
 from the series), the breakdowns, and the host's own verdicts (leak, smoothed fragmentation,
 snapshot figures), which the fleet view shows as judged there rather than judging again from
 coarser data.  The metric names are those of `memtop.export.metrics`; the per-device ones, and
-where each is put back, are the rows of `memtop.metric_table`.
+where each is put back, are the rows of `memtop.figures.metric_table`.
 
 Prometheus attaches its own `job` target label to every series; with `honor_labels: false` (its
 default) memtop's `job` arrives as `exported_job`, and both spellings are read.
@@ -16,7 +16,7 @@ default) memtop's `job` arrives as `exported_job`, and both spellings are read.
 The server is trusted for nothing (issue 27): every read has a total deadline, not just a socket
 timeout (a server dripping a byte every 2 s kept `--once` running past 60 s), and runs on a
 worker thread that the caller stops waiting for at the deadline or at `close()` (the dashboard's
-`q`); a reply is read up to MAX_REPLY_BYTES and parsed by memtop.untrusted (depth, numbers);
+`q`); a reply is read up to MAX_REPLY_BYTES and parsed by memtop.base.untrusted (depth, numbers);
 credentials in the URL go only to the URL's own origin, never to where a redirect points.
 """
 
@@ -38,9 +38,10 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from memtop import metric_table, untrusted
-from memtop.errors import MemtopError
-from memtop.jobs import hello_fields_from_labels
+from memtop.base import untrusted
+from memtop.base.errors import MemtopError
+from memtop.base.jobs import hello_fields_from_labels
+from memtop.figures import metric_table
 from memtop.model import (
     SOURCE_AGENT,
     AgentDevice,
@@ -588,7 +589,7 @@ def _host(host: str, rows: list[tuple[dict[str, str], float]]) -> HostReading:
         return found
 
     per_device = metric_table.by_series()  # the series of the metric table the fleet reads
-    # The driver's figures the exporter writes, by family (memtop.metric_table.GPU_METRICS).
+    # The driver's figures the exporter writes, by family (memtop.figures.metric_table.GPU_METRICS).
     per_gpu = {row.prometheus: row for row in metric_table.GPU_METRICS if row.prometheus}
     for labels, value in rows:
         name = labels.get("__name__", "")

@@ -38,9 +38,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from memtop import untrusted
 from memtop._version import __version__
-from memtop.errors import MemtopError
+from memtop.base import untrusted
+from memtop.base.errors import MemtopError
 from memtop.model import DeviceReading, DriverReading, GpuProcess, MigInfo
 from memtop.protocol.text import clean_text, clean_value
 from memtop.sources.processes import ProcessInfo

@@ -3,7 +3,7 @@
 A recording is read into one time-ordered list of `ReplayEvent`s, each a thing the sampler read
 live: a driver reading, a process list, an agent's `hello` / `sample` / `breakdown` / `snapshot`
 reply (parsed and checked by the same protocol code as a live reply), or an agent going away.
-`memtop.playback` writes them into a store through the sampler's own store calls, so the
+`memtop.engine.playback` writes them into a store through the sampler's own store calls, so the
 observation and the diagnosis cannot tell a replay from a live run.
 
 Two kinds of recording are read:

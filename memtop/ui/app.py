@@ -30,11 +30,12 @@ from textual.notifications import SeverityLevel
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Input, OptionList, Static
 
-from memtop import alloc_conf
-from memtop.feed import ActionReply, Feed, still_feed
+from memtop.base import alloc_conf
+from memtop.engine.feed import ActionReply, Feed, still_feed
+from memtop.engine.observation import Observation, Observer
+from memtop.engine.scope import Scope
+from memtop.figures.units import format_bytes
 from memtop.model import AgentCleanup, AgentResetPeak, AgentSnapshot, AgentTune, snapshot_note
-from memtop.observation import Observation, Observer
-from memtop.scope import Scope
 from memtop.ui import actions, fixes, view
 from memtop.ui.config import UiConfig
 from memtop.ui.lean_screen import LeanScreen
@@ -42,7 +43,6 @@ from memtop.ui.render import FREE, slow_tick
 from memtop.ui.widgets.gpu_panel import GpuCard, GpuPanel
 from memtop.ui.widgets.process_table import ProcessTable
 from memtop.ui.widgets.suggestions import SuggestionsPane
-from memtop.units import format_bytes
 
 LINUX_DRIVER = "textual.drivers.linux_driver.LinuxDriver"  # by name: not imported elsewhere
 
@@ -131,7 +131,7 @@ class MemtopApp(App[None]):
         self._mounted = False  # the first Resize arrives before on_mount
         self.refreshes = 0
         # What the user asked to see (--only 0,2, --user NAME, --pid PID): every panel renders
-        # the observation through it (memtop.scope).
+        # the observation through it (memtop.engine.scope).
         self.scope = scope or Scope()
         if only:
             self.scope = replace(self.scope, gpus=frozenset(only))
@@ -692,7 +692,7 @@ class MemtopApp(App[None]):
             self._run_agent_command(row, "reset_peak", {}, self._reset_done)
 
     def _reset_done(self, row: view.ProcessRow, reply: ActionReply) -> None:
-        # The feed restarted its sampled peak with torch's (memtop.sampler.Sampler.act).
+        # The feed restarted its sampled peak with torch's (memtop.engine.sampler.Sampler.act).
         reset = reply.parsed_as(AgentResetPeak)
         indices = reset.devices if reset is not None else ()
         devices = ", ".join(self._gpu_name(row.pid, i) for i in indices)
@@ -860,7 +860,7 @@ class MemtopApp(App[None]):
             markup=False,  # the trainer's own string
         )
 
-    # The feed asks the agent's sites again at once (memtop.sampler.Sampler.act).
+    # The feed asks the agent's sites again at once (memtop.engine.sampler.Sampler.act).
     def _stacks_on(self, row: view.ProcessRow, reply: ActionReply) -> None:
         said = (
             f"Stack recording asked in pid {row.pid}: it starts at the trainer's next "
@@ -930,7 +930,7 @@ class MemtopApp(App[None]):
     def _attach_agent(self, pid: int, consent_uid: int | None) -> None:
         # A worker thread: gdb takes seconds; the sampler finds the new socket by itself.
         # consent_uid: the owner the dialog named; attach refuses a pid another user reused.
-        from memtop.attach import AttachError, attach
+        from memtop.engine.attach import AttachError, attach
 
         try:
             message = attach(pid, consent_uid=consent_uid).message

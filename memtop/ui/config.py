@@ -21,7 +21,7 @@ from pathlib import Path
 
 from platformdirs import user_config_dir
 
-from memtop.untrusted import UntrustedInput, loads_toml, read_regular
+from memtop.base.untrusted import UntrustedInput, loads_toml, read_regular
 
 MAX_CONFIG_BYTES = 64 << 10  # a theme and a few dozen keys: far less
 THEMES = ("memtop", "monochrome")  # ours; Textual's own names are accepted too

@@ -37,7 +37,7 @@ from textual._time import get_time
 from textual._xterm_parser import XTermParser
 from textual.drivers.linux_driver import LinuxDriver
 
-from memtop import children
+from memtop.base import children
 
 FALLBACK_TIMEOUT_S = 0.1  # Textual's own poll, when the parser's deadline cannot be read
 

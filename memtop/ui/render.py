@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
-from memtop.units import short_bytes
+from memtop.figures.units import short_bytes
 
 __all__ = ["short_bytes"]  # re-exported: widgets take it from here with the other builders
 

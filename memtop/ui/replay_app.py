@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memtop.feed import PlaybackFeed
+from memtop.engine.feed import PlaybackFeed
 from memtop.ui import actions
 from memtop.ui.app import MemtopApp
 
@@ -32,7 +32,8 @@ class ReplayApp(MemtopApp, inherit_bindings=False):
     def __init__(
         self, store: object, player: PlaybackFeed, recording: object, **kwargs: Any
     ) -> None:
-        # The player (memtop.playback.Player) is the feed and holds the recording (`recording` is
+        # The player (memtop.engine.playback.Player) is the feed and holds the recording
+        # (`recording` is
         # the player's, taken for the callers that name it).
         super().__init__(store, player, clock=player.clock, **kwargs)
         self.player = player

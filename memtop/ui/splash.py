@@ -25,8 +25,8 @@ import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from memtop.observation import Observation
-    from memtop.scope import Scope
+    from memtop.engine.observation import Observation
+    from memtop.engine.scope import Scope
 
 ENTER = "\x1b[?1049h\x1b[?25l\x1b[H\x1b[2J"  # alternate screen, cursor hidden, cleared
 # Only leave and show the cursor: after Textual has left already, this changes nothing (no clear,

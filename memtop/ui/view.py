@@ -17,7 +17,14 @@ from memtop.diagnosis.effects import BASIS_AGENT, EFFECT_WINDOW_S, ActionEffect
 from memtop.diagnosis.facts import DeviceHistory
 from memtop.diagnosis.leak import LeakBasis
 from memtop.diagnosis.suggestions import EffectKind, RuleId
-from memtop.job_groups import JobGroup, job_groups
+from memtop.engine.job_groups import JobGroup, job_groups
+from memtop.engine.observation import (
+    AgentObservation,
+    GpuObservation,
+    Observation,
+    ProcessEntry,
+)
+from memtop.figures.units import format_bytes, format_duration, short_host
 from memtop.model import (
     SOURCE_AGENT,
     SOURCE_SIM,
@@ -27,15 +34,8 @@ from memtop.model import (
     Severity,
     host_of,
 )
-from memtop.observation import (
-    AgentObservation,
-    GpuObservation,
-    Observation,
-    ProcessEntry,
-)
 from memtop.ui.render import bin_reduce, short_bytes
 from memtop.ui.stacked import Band, ChartEvent, Timeline
-from memtop.units import format_bytes, format_duration, short_host
 
 TREND_POINTS = 120  # the sparkline's resolution before a widget fits it to its width
 TREND_MARKS = 1024  # per-step baselines the sparkline summarises
@@ -193,7 +193,7 @@ class ProcessRow:
     run_seconds: float | None = None  # how long it has run, at the observation's time
     rocm: str | None = None  # the HIP version when its torch is a ROCm build (AMD GPUs)
     host: str = ""  # the machine it runs on, short, when not this one (the fleet view)
-    job: str = ""  # its scheduler job or rendezvous, compact (memtop.jobs): "slurm 4242"
+    job: str = ""  # its scheduler job or rendezvous, compact (memtop.base.jobs): "slurm 4242"
     # An agent that uses no CUDA device (a CPU trainer): judged by its host memory, and the
     # keys that act on CUDA's caching allocator (cleanup, snapshot, stacks) have nothing to do.
     cpu_only: bool = False
@@ -219,7 +219,7 @@ class ProcessRow:
 @dataclass(frozen=True, slots=True)
 class JobHeader:
     """One job's ranks across hosts in the fleet view (issue 25.3): the header line the process
-    table draws above them, with memtop.job_groups' own figures (never recomputed here)."""
+    table draws above them, with memtop.engine.job_groups' own figures (never recomputed here)."""
 
     key: str  # stable: the job's group key
     label: str  # "slurm 4242 (pretrain)", "torchrun node-a:29500 x8"
@@ -320,7 +320,7 @@ def build(
 
 
 def job_headers(obs: Observation) -> tuple[JobHeader, ...]:
-    """The jobs of the fleet view (its pids carry their hosts), from memtop.job_groups.  On
+    """The jobs of the fleet view (its pids carry their hosts), from memtop.engine.job_groups.  On
     one host the table groups a torchrun job under its launcher instead."""
     if not any(host_of(agent.pid) for agent in obs.agents):
         return ()
@@ -403,7 +403,7 @@ def _source(obs: Observation) -> str:
     if obs.nvml_available:
         if obs.nvml_source == SOURCE_SIM:
             return "simulated GPUs"
-        if obs.nvml_source == "prometheus":  # the fleet view (memtop.fleet)
+        if obs.nvml_source == "prometheus":  # the fleet view (memtop.engine.fleet)
             return "via Prometheus"
         label = _DRIVER_LABELS.get(obs.nvml_source, "NVML")
         return f"{label} {obs.driver_version}" if obs.driver_version else label

@@ -7,8 +7,8 @@ from typing import Any
 
 from ui_frozen import MY_UID, NOW, frozen_store
 
-from memtop.observation import Observation, Observer
-from memtop.store import Store
+from memtop.engine.observation import Observation, Observer
+from memtop.engine.store import Store
 
 HOST = "gpu-box"
 

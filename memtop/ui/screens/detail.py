@@ -11,13 +11,13 @@ from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from memtop.figures.units import format_bytes, format_duration
 from memtop.ui.fixes import fix_text
 from memtop.ui.render import FREE, SEVERITY_STYLES, fragmentation_style, gauge, short_bytes
 from memtop.ui.view import Detail, ProcessRow, leak_label
 from memtop.ui.widgets.history_chart import HistoryChart
 from memtop.ui.widgets.sites_table import SitesPanel
 from memtop.ui.widgets.suggestions import BADGES, EFFECT_STYLES
-from memtop.units import format_bytes, format_duration
 
 BREAKDOWN_ROLES = (
     ("parameters", "parameters"),

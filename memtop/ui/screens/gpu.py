@@ -1,5 +1,5 @@
 """A GPU's own detail (enter on its card): every byte the driver counts as used, by who holds
-it (the accounting of memtop.observation), each part with its pids and each process with what
+it (the accounting of memtop.engine.observation), each part with its pids and each process with what
 memtop can say of it: no agent (attachable or not, and why), another pid namespace, another
 user's, an exited pid and the live processes still holding the GPU's device files."""
 
@@ -12,9 +12,9 @@ from textual.containers import VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, Static
 
+from memtop.figures.units import format_bytes
 from memtop.ui.view import GpuDetail
 from memtop.ui.widgets.gpu_chart import GpuChart
-from memtop.units import format_bytes
 
 
 class GpuScreen(Screen[None]):

@@ -16,9 +16,9 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 from textual.widget import Widget
 
+from memtop.figures.units import GiB
 from memtop.ui import stacked
 from memtop.ui.view import GpuDetail
-from memtop.units import GiB
 
 REST_COLOUR = "#6e4a78"  # the rest of used: outside PyTorch, other processes, unattributed
 REST_NAME = "rest of used"

@@ -15,6 +15,7 @@ from textual.strip import Strip
 from textual.widget import Widget
 from textual.widgets import Static
 
+from memtop.figures.units import format_bytes
 from memtop.ui import actions
 from memtop.ui.render import (
     ALLOCATED,
@@ -31,7 +32,6 @@ from memtop.ui.render import (
 )
 from memtop.ui.view import GpuRow
 from memtop.ui.widgets.lines import changed_cells, looks_alike, text_strip
-from memtop.units import format_bytes
 
 # Below this width the second line uses short sizes (30.2G), so the trend keeps its room.
 WIDE_NUMBERS = 136

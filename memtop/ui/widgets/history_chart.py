@@ -17,9 +17,9 @@ from rich.text import Text
 from textual.widget import Widget
 
 from memtop.diagnosis import DeviceDiagnosis
+from memtop.figures.units import GiB, format_duration
 from memtop.ui import braille
 from memtop.ui.view import Series
-from memtop.units import GiB, format_duration
 
 # RGB hex, not colour names: a terminal's palette turned "yellow" purple in some themes.
 COLOURS = {

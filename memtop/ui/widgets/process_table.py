@@ -165,7 +165,7 @@ class Group:
 class JobLine:
     """The header line of one job's ranks across hosts (the fleet view): its label, how many
     of its ranks are shown, its hosts, the spread of the ranks' peaks and the rank that drifts
-    or leaks, as memtop.job_groups judged them.  Each rank's row below names its host."""
+    or leaks, as memtop.engine.job_groups judged them.  Each rank's row below names its host."""
 
     job: JobHeader
     rows: tuple[ProcessRow, ...]

@@ -13,7 +13,7 @@ from rich.text import Text
 from textual.widgets import Static
 
 from memtop.diagnosis.sites import SiteTrend
-from memtop.units import format_bytes
+from memtop.figures.units import format_bytes
 
 MAX_ROWS = 8
 

@@ -3,7 +3,7 @@
 The JSON object extends the local one (DESIGN §7): `hosts` holds each host's report in the local
 shape (its `host` field names it), and `devices`, `agents` and `suggestions` list every host's
 entries with a `host` field added, so a script written for one machine reads a fleet the same
-way.  Only a renderer: `memtop.fleet` built the observations.
+way.  Only a renderer: `memtop.engine.fleet` built the observations.
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from memtop import job_groups, report
 from memtop._version import __version__
-from memtop.observation import Observation
-from memtop.units import format_bytes
+from memtop.engine import job_groups
+from memtop.engine.observation import Observation
+from memtop.figures.units import format_bytes
+from memtop.present import report
 
 
 def build(

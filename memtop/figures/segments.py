@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from memtop.units import MiB
+from memtop.figures.units import MiB
 
 __all__ = ["SMALL_REQUEST_BYTES", "summarize_segments"]
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from memtop.model import Accounting
-from memtop.observation import (
+from memtop.engine.observation import (
     AgentObservation,
     GpuObservation,
     Observation,
     ProcessEntry,
 )
+from memtop.model import Accounting
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """The seam between a feed and what shows it (DESIGN §2): the one face the dashboard and the CLI
 see of whatever writes the store.
 
-Three feeds stand behind it: the live `memtop.sampler.Sampler`, the replay's
-`memtop.playback.Player` and the fleet's `memtop.fleet.FleetSampler`; `StillFeed` is a store
+Three feeds stand behind it: the live `memtop.engine.sampler.Sampler`, the replay's
+`memtop.engine.playback.Player` and the fleet's `memtop.engine.fleet.FleetSampler`; `StillFeed` is
+a store
 nobody writes while it is shown (a frozen picture).  The app asks a feed for the newest
 observation (through the `Observer` it builds on its store), pauses it, asks it to act on a pid
 (an agent command, or a signal) and gets an `ActionReply` back, and asks it which pids may be
@@ -23,9 +24,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
+from memtop.engine.observation import Observer
+from memtop.engine.store import Store
 from memtop.model import ProcessInfo
-from memtop.observation import Observer
-from memtop.store import Store
 
 T = TypeVar("T")
 
@@ -117,7 +118,8 @@ class Recording(Protocol):
 
 
 class PlaybackFeed(Feed, Protocol):
-    """A feed with a time cursor: the replay's (memtop.playback.Player).  The replay app drives
+    """A feed with a time cursor: the replay's (memtop.engine.playback.Player).  The replay app
+    drives
     it through this face, so the UI loads none of the recording's readers."""
 
     cursor: float  # unix time of the moment shown
@@ -210,7 +212,7 @@ class FeedLoop:
         self._stop_thread()
 
     def signal(self, pid: int, sig: signal.Signals, expected: ProcessInfo | None) -> ActionReply:
-        # Only a pid this feed vouches for (memtop.sampler.Sampler.may_signal); the others
+        # Only a pid this feed vouches for (memtop.engine.sampler.Sampler.may_signal); the others
         # refuse every pid, so the signal itself lives with the sampler.
         why = self.may_signal(pid)
         return ActionReply(pid, "signal", error=why or "this feed signals no process")

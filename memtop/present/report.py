@@ -1,9 +1,9 @@
 """`memtop --once`: one observation (devices, processes, agents, diagnosis) as JSON or text.
 
-Only a renderer: the join and the diagnosis are done once in `memtop.observation`.
+Only a renderer: the join and the diagnosis are done once in `memtop.engine.observation`.
 
 The JSON shape is a contract (DESIGN §7): fields may be added, never renamed or dropped.  An
-agent device's figures are the rows of `memtop.metric_table` (the exporter's too).
+agent device's figures are the rows of `memtop.figures.metric_table` (the exporter's too).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import os
 import time
 from typing import Any
 
-from memtop import metric_table
 from memtop._version import __version__
 from memtop.diagnosis.workload import ENGINE_NAMES
+from memtop.engine.observation import AgentObservation, GpuObservation, Observation
+from memtop.figures import metric_table
+from memtop.figures.units import format_bytes
 from memtop.model import Accounting
-from memtop.observation import AgentObservation, GpuObservation, Observation
-from memtop.units import format_bytes
 
 BREAKDOWN_KEYS = ("parameters", "gradients", "optimizer_state", "other", "fp32_parameter_bytes")
 
@@ -54,7 +54,7 @@ def _device(gpu: GpuObservation, obs: Observation) -> dict[str, Any]:
         "index": gpu.index,
         "uuid": gpu.uuid,
         "name": gpu.name,
-        # The driver's figures: the rows of memtop.metric_table.GPU_METRICS.
+        # The driver's figures: the rows of memtop.figures.metric_table.GPU_METRICS.
         **{row.json: row.read(gpu.reading) for row in metric_table.GPU_METRICS if row.json},
         "source": gpu.source,
         "error": gpu.error,

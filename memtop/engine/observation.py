@@ -22,13 +22,14 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from memtop.base.jobs import JobIdentity, job_identity
 from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuObservation
 from memtop.diagnosis.effects import ActionEffect, effect
 from memtop.diagnosis.facts import DeviceHistory
 from memtop.diagnosis.stability import Stabilizer
 from memtop.diagnosis.suggestions import host_leak_suggestions, last_seen_leaks, most_severe_first
 from memtop.diagnosis.workload import Workload, recognise
-from memtop.jobs import JobIdentity, job_identity
+from memtop.engine.store import AgentDeviceView, AgentView, RoundView, Store
 from memtop.model import (
     GONE,
     HIDDEN,
@@ -49,7 +50,6 @@ from memtop.model import (
     bare_uuid,
     host_of,
 )
-from memtop.store import AgentDeviceView, AgentView, RoundView, Store
 
 # The history windows the screens draw (the store keeps an hour).
 HISTORY_ROWS = 900  # sampled rows: 15 minutes at the default 1 s interval
@@ -114,7 +114,7 @@ class AgentObservation:
 
     @property
     def job(self) -> JobIdentity | None:
-        """Its scheduler job and rendezvous, as its hello said (memtop.jobs)."""
+        """Its scheduler job and rendezvous, as its hello said (memtop.base.jobs)."""
         return job_identity(self.hello.extra) if self.hello is not None else None
 
 

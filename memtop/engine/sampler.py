@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from memtop import protocol
-from memtop.feed import ActionReply, FeedLoop
+from memtop.engine.feed import ActionReply, FeedLoop
+from memtop.engine.store import Store
 from memtop.model import SOURCE_AGENT, ActionRecord, AgentStatus, DriverReading, bare_uuid
 from memtop.protocol import commands
 from memtop.sources.agents import AgentClient, AgentError, AgentPoll, AgentPool, AgentUnreachable
 from memtop.sources.owners import GpuOwners
 from memtop.sources.processes import ProcessDirectory, ProcessInfo, TerminateRefused, terminate
-from memtop.store import Store
 
 
 class DeviceSource(Protocol):
@@ -126,7 +126,7 @@ SNAPSHOT_INTERVAL_S = _every("snapshot")
 
 
 class Sampler(FeedLoop):
-    """The live feed (memtop.feed.Feed): NVML or the demo's GPUs, and the agents."""
+    """The live feed (memtop.engine.feed.Feed): NVML or the demo's GPUs, and the agents."""
 
     thread_name = "memtop-sampler"
     failure_label = "sampler"

@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memtop.store import AgentDeviceView, AgentView, Store
-from memtop.units import MiB, format_bytes
+from memtop.engine.store import AgentDeviceView, AgentView, Store
+from memtop.figures.units import MiB, format_bytes
 
 MEMORY_FLOOR = 16 * MiB
 RELATIVE_FLOOR = 0.01  # of a memory figure

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from memtop import protocol
-from memtop.errors import MemtopError
+from memtop.base.errors import MemtopError
 
 # Seams for the tests (and for systems that keep these elsewhere).
 YAMA_PTRACE_SCOPE = Path("/proc/sys/kernel/yama/ptrace_scope")
@@ -62,7 +62,7 @@ PROBE_OUTPUT_LIMIT = 4096  # bytes kept of the probe's stdout: two short lines a
 # /proc reads are bounded: argv and the environment are the target user's to make as large as
 # the kernel lets them (ARG_MAX grows with the stack limit); maps of a torch trainer are < 1 MiB.
 PROC_READ_LIMIT = 8 << 20
-MEMTOP_PARENT = str(Path(__file__).resolve().parent.parent)  # the folder holding memtop/
+MEMTOP_PARENT = str(Path(__file__).resolve().parents[2])  # the folder holding memtop/
 _PYTHON_LIB = re.compile(r"(?:^|/)(?:lib)?python(\d)\.(\d+)[a-z]*(?:\.so[.\d]*|$)")
 
 

@@ -15,10 +15,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from memtop.base.jobs import JobIdentity
 from memtop.diagnosis.suggestions import RANK_DRIFT_MIN_BYTES, RANK_DRIFT_SHARE
-from memtop.jobs import JobIdentity
+from memtop.engine.observation import AgentObservation, Observation
 from memtop.model import host_of
-from memtop.observation import AgentObservation, Observation
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,10 @@ from typing import Any
 from memtop.diagnosis import DeviceDiagnosis, Diagnoser
 from memtop.diagnosis.fragmentation import GAUGE_SAMPLES
 from memtop.diagnosis.leak import LeakBasis, LeakEstimate
-from memtop.feed import ActionReply, FeedLoop, refused
+from memtop.engine.feed import ActionReply, FeedLoop, refused
+from memtop.engine.observation import Observation, Observer
+from memtop.engine.store import AgentDeviceView, AgentView, Store
+from memtop.figures.units import short_host
 from memtop.model import (
     AgentDeviceSample,
     AgentPoll,
@@ -38,11 +41,8 @@ from memtop.model import (
     ProcessInfo,
     host_of,
 )
-from memtop.observation import Observation, Observer
 from memtop.protocol.schema import parse_breakdown
 from memtop.sources.prometheus import FleetReading, HostReading, PrometheusSource
-from memtop.store import AgentDeviceView, AgentView, Store
-from memtop.units import short_host
 
 REMOTE_UID = -1  # no remote process is "ours": the kill key never qualifies one
 HISTORY_S = 900.0  # what the dashboard's charts draw, fetched once at start
@@ -203,7 +203,7 @@ def fleet_observations(source: PrometheusSource) -> tuple[FleetReading, list[Obs
 
 
 class FleetSampler(FeedLoop):
-    """The fleet's feed (memtop.feed.Feed) under the dashboard: reads Prometheus at the
+    """The fleet's feed (memtop.engine.feed.Feed) under the dashboard: reads Prometheus at the
     interval and writes every host into one store."""
 
     thread_name = "memtop-fleet"

@@ -2,7 +2,7 @@
 fleet's Prometheus reader each call them, and how to read each from an observed agent device.
 The driver's per-GPU figures are a second table, `GPU_METRICS`, at the end.
 
-`memtop.report` writes a row's `json` field into each agent device of the JSON report,
+`memtop.present.report` writes a row's `json` field into each agent device of the JSON report,
 `memtop.export.metrics` a family named `prometheus` with its help text (DESIGN §11), and
 `memtop.sources.prometheus` reads that family back into the fleet's readings wherever `fleet`
 says.  Adding a per-device figure is one row here.  The names are contracts (DESIGN §7, §11:
@@ -23,7 +23,9 @@ from typing import Any, Final, Literal
 
 # Where the fleet's reader puts a series it reads back (DeviceMetric.fleet):
 STATS: Final = "stats"  # into the rebuilt sample's torch memory_stats(), under this key
-VERDICT: Final = "verdict"  # a verdict judged on the host (memtop.fleet shows it, never re-judges)
+VERDICT: Final = (
+    "verdict"  # a verdict judged on the host (memtop.engine.fleet shows it, never re-judges)
+)
 BREAKDOWN: Final = "breakdown"  # into the rebuilt breakdown reply, under this key
 DEVICE: Final = "device"  # the agent device's own figure: "free", "total" or "index"
 FleetPlace = Literal["stats", "verdict", "breakdown", "device"]
@@ -386,7 +388,8 @@ def _by_series(table: tuple[DeviceMetric, ...]) -> dict[str, DeviceMetric]:
 
 
 # The driver's per-GPU figures (NVML, amdsmi, the demo's simulated GPUs, or the agents' account
-# where no driver answers): one row each.  `memtop.report` writes a row's `json` field into each
+# where no driver answers): one row each.  `memtop.present.report` writes a row's `json` field into
+# each
 # entry of the JSON report's `devices`, `memtop.export.metrics` its family (labelled by GPU,
 # as dcgm-exporter's), and `memtop.sources.prometheus` reads that family back into the same
 # field of a remote host's `DeviceReading`.  Adding a driver figure the sources already read is

@@ -18,11 +18,11 @@ import threading
 import time
 from typing import Any
 
-from memtop.feed import ActionReply, FeedLoop, refused
+from memtop.engine.feed import ActionReply, FeedLoop, refused
+from memtop.engine.store import Store
 from memtop.model import AgentHello, AgentStatus, DriverReading
 from memtop.sources.agents import CONNECTED, AgentPoll, sanity_problem
 from memtop.sources.replay import Recording, ReplayEvent
-from memtop.store import Store
 
 NO_DEVICES = "this recording holds no driver readings (agent wire recordings)"
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
@@ -30,7 +30,8 @@ TICK_S = 0.1
 
 
 class Player(FeedLoop):
-    """The replay's feed (memtop.feed.Feed): the recording at a cursor that moves on by itself
+    """The replay's feed (memtop.engine.feed.Feed): the recording at a cursor that moves on by
+    itself
     at `speed` until paused or at the end."""
 
     thread_name = "memtop-replay"

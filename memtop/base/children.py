@@ -30,14 +30,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from memtop.untrusted import root_may_not_load
+from memtop.base.untrusted import root_may_not_load
 
 PARENT_POLL_S = 0.5  # how often a child looks whether its parent is still there
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 STOP_TIMEOUT_S = 5.0
 # The folder that holds the running memtop package: a dev checkout on PYTHONPATH, or
 # site-packages.  This process imported memtop from it already, so its children may too.
-MEMTOP_PARENT = str(Path(__file__).resolve().parent.parent)
+MEMTOP_PARENT = str(Path(__file__).resolve().parents[2])
 
 # What a child runs under `python -I -c`: the import path entries this process chose are put
 # in front (as PYTHONPATH entries would be), after a first entry that stands where `python -m`

@@ -20,12 +20,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from memtop import report
-from memtop.observation import Observer
-from memtop.playback import Player
+from memtop.engine.observation import Observer
+from memtop.engine.playback import Player
+from memtop.engine.store import AgentDeviceView, Store
+from memtop.figures.units import format_bytes as fmt_bytes
+from memtop.present import report
 from memtop.sources.replay import Recording
-from memtop.store import AgentDeviceView, Store
-from memtop.units import format_bytes as fmt_bytes
 
 CHART_W, CHART_H = 880, 190
 PLOT_L, PLOT_R, PLOT_T, PLOT_B = 64, 12, 10, 24

@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from memtop.engine.observation import Observation
 from memtop.model import Severity
-from memtop.observation import Observation
 
 CLEAR_AFTER_S = 120.0
 TIMEOUT_S = 30.0
