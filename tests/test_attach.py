@@ -228,7 +228,7 @@ def test_remote_debugging_disabled_on_3_14(capsys, socket_dir: Path, monkeypatch
 
 def test_the_path_appended_in_the_target_holds_this_memtop():
     assert (Path(attach.MEMTOP_PARENT) / "memtop" / "__init__.py").samefile(
-        Path(attach.__file__).parent / "__init__.py"
+        Path(attach.__file__).parents[1] / "__init__.py"
     )
 
 

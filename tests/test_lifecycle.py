@@ -86,7 +86,8 @@ def test_a_stop_asked_for_before_the_dashboard_ran_ends_it(socket_dir: Path) -> 
     dashboard carry on).  The stop is remembered, and the driver that takes the signals over
     honours it: here it is asked for before the dashboard starts at all."""
     code = (
-        "import sys; from memtop import children, cli; children.request_stop(); "
+        "import sys; from memtop import cli; from memtop.base import children; "
+        "children.request_stop(); "
         "sys.exit(cli.main(['demo', '--gpus', '1', '--scenario', 'healthy']))"
     )
     env = dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir), TERM="xterm-256color")
