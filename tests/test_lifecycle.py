@@ -175,10 +175,7 @@ def test_a_child_ends_when_its_parent_is_killed(tmp_path: Path) -> None:
     out.write_text("")
     parent = subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path / "child.py"), str(out)])
     try:
-        deadline = time.monotonic() + 20
-        while not out.read_text().strip() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        child = int(out.read_text().split()[0])
+        child = _first_word_written(out)
         parent.kill()
         parent.wait()
         assert wait_gone([child], 5) == []
@@ -215,10 +212,7 @@ def test_a_child_that_watches_nobody_is_signalled_when_its_parent_is_killed(
     )
     child = 0
     try:
-        deadline = time.monotonic() + 20
-        while not out.read_text().strip() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        child = int(out.read_text().split()[0])
+        child = _first_word_written(out)
         parent.kill()
         parent.wait()
         assert wait_gone([child], 5) == []
@@ -226,6 +220,14 @@ def test_a_child_that_watches_nobody_is_signalled_when_its_parent_is_killed(
         children.stop(parent, signal.SIGKILL)
         if child and alive(child):
             os.kill(child, signal.SIGKILL)
+
+
+def _first_word_written(out: Path, timeout: float = 20) -> int:
+    """The pid a child printed first into `out` (waiting for it up to `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while not out.read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return int(out.read_text().split()[0])
 
 
 ROOT = Path(__file__).resolve().parents[1]

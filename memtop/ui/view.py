@@ -924,9 +924,10 @@ def effect_lines(effect: ActionEffect, now: float) -> tuple[str, ...]:
         step = f"step {_ms(before.step_time_s)}→{_ms(after.step_time_s)} ms"
         change = effect.step_time_change()
         if change is not None:
+            precise = f"{step} ({change[0]:+.1f}±{change[1]:.1f} %)"
             # Whole percents where one decimal would not fit ("164→147 ms (-11±18 %)").
-            digits = 1 if len(step) + sum(len(r) + 3 for r in rest) < 26 else 0
-            step += f" ({change[0]:+.{digits}f}±{change[1]:.{digits}f} %)"
+            fits = len(" · ".join([*rest, precise])) <= EFFECT_LINE_WIDTH
+            step = precise if fits else f"{step} ({change[0]:+.0f}±{change[1]:.0f} %)"
         rest.append(step)
     first = f"{said}: {' '.join(sizes)}" if sizes else said
     if len(first) > EFFECT_LINE_WIDTH:  # "cleanup 1 min ago: rsvd 4.0G→3.0G split …": drop "ago"
