@@ -39,7 +39,8 @@ from memtop.model import AgentCleanup, AgentResetPeak, AgentSnapshot, AgentTune,
 from memtop.ui import actions, fixes, view
 from memtop.ui.config import UiConfig
 from memtop.ui.lean_screen import LeanScreen
-from memtop.ui.render import FREE, slow_tick
+from memtop.ui.render import FREE
+from memtop.ui.renewal import EVERYTHING, Renewal, RenewalClock
 from memtop.ui.widgets.gpu_panel import GpuCard, GpuPanel
 from memtop.ui.widgets.process_table import ProcessTable
 from memtop.ui.widgets.suggestions import SuggestionsPane
@@ -124,8 +125,7 @@ class MemtopApp(App[None]):
         self.observation: Observation | None = None
         self._generation = -1
         self._exact = False  # the screen shows every figure of its round (none held)
-        self._renewed_tick = -1  # the slow period whose figures the widgets show
-        self._renewal_news: tuple[object, ...] = ()
+        self.renewals = RenewalClock()  # which GPUs' held figures a round shows anew
         self._layout: tuple[bool, bool] | None = None
         self._shown: dict[str | None, tuple[object, ...]] = {}  # what each Static shows now
         self._mounted = False  # the first Resize arrives before on_mount
@@ -308,10 +308,10 @@ class MemtopApp(App[None]):
         (the feed is still) or the caller asks for `exact`, every figure is the round's own:
         a paused or ended feed must not keep a figure from an earlier round on screen.
 
-        Whether the held figures are renewed is decided here, once, for every widget: the GPU
-        cards, the table and the suggestions' wording then always show one round's figures
-        (a suggestion's "cached 31.2 GiB" beside a card's figures of another round was two
-        values for one thing on one screen)."""
+        Whether the held figures are renewed is decided here, once, for every widget, GPU by
+        GPU (memtop.ui.renewal): a GPU's card, its processes' rows and the suggestions about
+        them then always show one round's figures (a suggestion's "cached 31.2 GiB" beside a
+        card's figures of another round was two values for one thing on one screen)."""
         if not self.screen_stack:
             return  # the app is closing: a timer tick that lands after the last screen left
         exact = exact or self.feed_still()
@@ -347,7 +347,9 @@ class MemtopApp(App[None]):
         if empty:
             self._set(self.empty_state, _empty_text(dash))
         else:
-            renew = self._renewal_due(dash, compact) or exact
+            renew = self.renewals.due(dash, compact)  # (told every round, exact or not)
+            if exact:
+                renew = EVERYTHING
             self.gpu_panel.show(dash.gpus, dense, renew, no_gpus=dash.no_gpus)
             self.table.show(dash.processes, compact, renew, jobs=dash.jobs)
             self._show_suggestions(dash, compact, renew)
@@ -358,7 +360,9 @@ class MemtopApp(App[None]):
         if gpu_screen is not None:
             self._show_gpu(gpu_screen)
 
-    def _show_suggestions(self, dash: view.Dashboard, compact: bool, renew: bool | None) -> None:
+    def _show_suggestions(
+        self, dash: view.Dashboard, compact: bool, renew: Renewal | bool | None
+    ) -> None:
         """The suggestions about what the table shows: with a `/` filter on, those of the rows
         it keeps (a GPU-wide one, of their GPUs); `/gpu1` filtered the table, not the pane."""
         items, quiet = dash.suggestions, dash.quiet
@@ -376,26 +380,6 @@ class MemtopApp(App[None]):
                 quiet = f"Nothing to suggest about the processes “{needle}” shows"
                 quiet += f" ({hidden} about others)." if hidden else "."
         self.suggestions.show(items, compact, renew, quiet=quiet)
-
-    def _renewal_due(self, dash: view.Dashboard, compact: bool) -> bool:
-        """Whether this round's slow figures replace the held ones, in every widget: once per
-        slow period, and in any round that shows something new anyway (a figure the widgets
-        show at once, a suggestion come or gone, a leak's rate, the layout): the suggestions
-        quote both kinds of figure ("reserved 7.7 GiB, allocated 5.6 GiB"), so a frame shows
-        one round's figures everywhere or none.  A quiet round (only a sawtooth's allocated
-        bytes and the steps moved) keeps the held ones: the byte budget's common case."""
-        tick = slow_tick()
-        news = (
-            compact,
-            tuple((s.key, s.severity) for s in dash.suggestions),
-            tuple((g.uuid, g.used, g.reserved, g.peak, g.trend.label()) for g in dash.gpus),
-            tuple((p.key, p.used, p.reserved, p.peak, p.state) for p in dash.processes),
-        )
-        due = tick != self._renewed_tick or news != self._renewal_news
-        self._renewal_news = news
-        if due:
-            self._renewed_tick = tick
-        return due
 
     def _set(self, widget: Static, content: Text) -> None:
         # Static.update repaints even when nothing changed; compare first.

@@ -30,6 +30,7 @@ from memtop.ui.render import (
     sparkline,
     usage_style,
 )
+from memtop.ui.renewal import Renewal
 from memtop.ui.view import GpuRow
 from memtop.ui.widgets.lines import changed_cells, looks_alike, text_strip
 
@@ -316,12 +317,12 @@ class GpuPanel(VerticalScroll):
         self,
         gpus: tuple[GpuRow, ...],
         dense: bool,
-        renew: bool | None = None,
+        renew: Renewal | bool | None = None,
         no_gpus: str | None = None,
     ) -> None:
-        """`renew`: as SuggestionsPane.show.  `no_gpus`: why there is no card (no driver, no
-        such GPU), said in place of the "Reading…" line, which otherwise stayed forever on a
-        machine without NVML."""
+        """`renew`: as SuggestionsPane.show (a Renewal: the cards of the GPUs it names).
+        `no_gpus`: why there is no card (no driver, no such GPU), said in place of the
+        "Reading…" line, which otherwise stayed forever on a machine without NVML."""
         if gpus and self._waiting is not None:
             self._waiting.remove()
             self._waiting = None
@@ -344,7 +345,7 @@ class GpuPanel(VerticalScroll):
                 card = self._cards[row.uuid] = GpuCard(row)
                 new.append(card)
             else:
-                card.show(row, renew)
+                card.show(row, renew.gpu(row) if isinstance(renew, Renewal) else renew)
             card.set_class(dense, "-dense")
         if new:
             self.mount_all(new)

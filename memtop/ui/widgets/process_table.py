@@ -27,6 +27,7 @@ from textual.widget import Widget
 
 from memtop.ui import actions
 from memtop.ui.render import FREE, short_bytes, slow_tick
+from memtop.ui.renewal import Renewal
 from memtop.ui.view import JobHeader, ProcessRow, process_key
 from memtop.ui.widgets.lines import changed_cells, looks_alike, text_strip
 
@@ -250,16 +251,22 @@ class ProcessTable(Widget, can_focus=True):
         self,
         rows: tuple[ProcessRow, ...],
         compact: bool,
-        renew: bool | None = None,
+        renew: Renewal | bool | None = None,
         jobs: tuple[JobHeader, ...] = (),
     ) -> None:
         """`renew`: whether the slow figures are shown anew now (the dashboard decides it for
-        every widget at once, MemtopApp.refresh_view); None: once per slow period.  `jobs`:
-        the fleet view's jobs, each drawn above its ranks."""
+        every widget at once, MemtopApp.refresh_view: a Renewal, for the rows on the GPUs it
+        names); None: once per slow period.  `jobs`: the fleet view's jobs, each drawn above
+        its ranks."""
         tick = slow_tick()
         if renew is None:
             renew = tick != self._slow_tick
-        if not renew:
+        if isinstance(renew, Renewal) and not renew.everything:
+            shown = {row.key: row for row in self.source}
+            rows = tuple(
+                row if renew.process(row) else _hold(row, shown.get(row.key)) for row in rows
+            )
+        elif not renew:
             shown = {row.key: row for row in self.source}
             rows = tuple(_hold(row, shown.get(row.key)) for row in rows)
         else:

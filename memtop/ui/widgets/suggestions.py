@@ -13,6 +13,7 @@ from memtop.diagnosis.suggestions import EffectKind
 from memtop.model import Severity
 from memtop.ui.fixes import fix_lines
 from memtop.ui.render import FREE, SEVERITY_STYLES, slow_tick
+from memtop.ui.renewal import Renewal
 from memtop.ui.view import SuggestionItem
 from memtop.ui.widgets.lines import looks_alike
 
@@ -132,11 +133,12 @@ class SuggestionsPane(OptionList):
         self,
         items: tuple[SuggestionItem, ...],
         compact: bool,
-        renew: bool | None = None,
+        renew: Renewal | bool | None = None,
         quiet: str = "Nothing to suggest: memory looks healthy.",
     ) -> None:
         """`renew`: whether changed figures are worded anew now (the dashboard decides it for
-        every widget at once, MemtopApp.refresh_view); None: once per slow period.  New, gone
+        every widget at once, MemtopApp.refresh_view: a Renewal, for the suggestions about the
+        GPUs it names and their processes); None: once per slow period.  New, gone
         or re-ranked suggestions show at once either way.  `quiet`: the line without items."""
         # The gutter is kept whether or not a scrollbar shows: the text's width never changes
         # with the number of items, so lines never re-wrap between refreshes.
@@ -149,9 +151,15 @@ class SuggestionsPane(OptionList):
                 renew = tick != self._worded_at
             if items == self.items or not renew:
                 return
-            self._worded_at = tick
+            partial = isinstance(renew, Renewal) and not renew.everything
+            if not partial:
+                self._worded_at = tick
+            kept = list(items)
             for index, (new, old) in enumerate(zip(items, self.items, strict=True)):
                 if new == old:
+                    continue
+                if partial and not renew.suggestion(new):  # type: ignore[union-attr]
+                    kept[index] = old  # as worded: its GPU's figures are held too
                     continue
                 # Figures that moved below what the pane prints ("39.5 GiB unused" again)
                 # leave the prompt as it is: no re-layout of the list, no repaint.
@@ -159,7 +167,7 @@ class SuggestionsPane(OptionList):
                 if not looks_alike(text, self._prompts[index]):
                     self._prompts[index] = text
                     self.replace_option_prompt_at_index(index, text)
-            self.items = items
+            self.items = tuple(kept)
             return
         self._worded_at = slow_tick()
         selected = self.selected()

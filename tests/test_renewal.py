@@ -1,0 +1,75 @@
+"""The held figures are renewed GPU by GPU (memtop.ui.renewal; issue 35, item 8): a round in
+which only GPU 0's figures moved shows GPU 0's card, rows and suggestions anew, and leaves
+GPU 1's held figures (a sawtooth's allocated bytes) and their cells on the terminal alone."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from ui_frozen import MY_UID, NOW, SECONDS, TRAINERS, frozen_store, nvml_at, poll_at
+from ui_helpers import play_into_terminal
+
+from memtop.ui.app import MemtopApp
+from memtop.ui.widgets.process_table import ProcessTable
+
+WIDGETS = tuple(
+    f"memtop.ui.widgets.{name}" for name in ("gpu_panel", "process_table", "suggestions")
+)
+
+
+@pytest.fixture
+def one_slow_period(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every round of the test falls in one slow period: only news renews a held figure."""
+    import sys
+
+    for name in ("memtop.ui.render", "memtop.ui.renewal", "memtop.ui.app", *WIDGETS):
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "slow_tick"):
+            monkeypatch.setattr(module, "slow_tick", lambda period=0: 7)
+
+
+def _round(store, t: int) -> None:  # type: ignore[no-untyped-def]
+    reading = nvml_at(t)
+    store.update_driver(reading, NOW - SECONDS + t)
+    polls = [poll_at(tr, t, (reading.devices[tr.gpu].free_bytes or 0)) for tr in TRAINERS]
+    store.update_agents(polls, NOW - SECONDS + t + 0.01)
+
+
+def test_a_round_that_moves_only_gpu_0_leaves_gpu_1s_held_figures_and_cells(one_slow_period):
+    # At second 301 the leaking trainer on GPU 0 reserves more (news: GPU 0's figures renew,
+    # the healthy trainer beside it shows its new allocated bytes, 12.0G → 14.0G), while on
+    # GPU 1 only the fragmenting trainer's sawtooth moved (allocated 2.0G → 2.3G: a slow
+    # figure, held until its period ends or GPU 1 has news of its own).
+    store = frozen_store()
+    clock = [NOW + 0.5]
+    app = MemtopApp(store, None, clock=lambda: clock[0], host="gpu-box", my_uid=MY_UID)
+    healthy, leak, fragment = TRAINERS
+    assert fragment.at(SECONDS)[1] == fragment.at(SECONDS + 1)[1]  # its reserved: no news
+    assert leak.at(SECONDS)[1] != leak.at(SECONDS + 1)[1]  # GPU 0's news
+
+    async def run() -> tuple[dict[int, int | None], dict[int, int | None], str]:
+        terminal = play_into_terminal(app)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause()
+            table = app.query_one(ProcessTable)
+            before = {row.pid: row.allocated for row in table.rows}
+            _round(store, SECONDS + 1)
+            clock[0] += 1
+            app.refresh_view()
+            await pilot.pause()
+            after = {row.pid: row.allocated for row in table.rows}
+            rows = {row for (row, _) in terminal.cells}
+            screen = [
+                "".join(terminal.cells.get((row, col), (" ", ""))[0] for col in range(1, 121))
+                for row in sorted(rows)
+            ]
+            return before, after, next(line for line in screen if f" {fragment.pid} " in line)
+
+    before, after, line = asyncio.run(run())
+    assert before[healthy.pid] == healthy.at(SECONDS)[0]
+    assert after[healthy.pid] == healthy.at(SECONDS + 1)[0]  # renewed with its GPU's news
+    assert before[fragment.pid] == fragment.at(SECONDS)[0]
+    assert after[fragment.pid] == fragment.at(SECONDS)[0], "GPU 1's held figure was renewed"
+    # On the terminal: its ALLOC still reads 2.0G (the step beside it moved: a fast figure).
+    assert " 2.0G " in line and "2.3G" not in line, line
