@@ -4,6 +4,7 @@ bytes when little changed."""
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 
@@ -89,3 +90,31 @@ def test_random_frames_of_mixed_widths_end_on_the_same_screen():
         sent.append(diff.feed(stream))
         assert screen("".join(sent)) == screen("".join(full))
     assert diff.feed(frame(lines)) == "\x1b[?2026h\x1b[?2026l"  # nothing changed: nothing drawn
+
+
+def test_a_figure_that_moves_in_one_column_of_many_rows_costs_a_few_bytes_a_row():
+    # Issue 35, item 8: each second the step counters (one column, every row) move.  An
+    # absolute move to each (ESC[17;79H) cost 8 bytes for a digit or two; a row down and back
+    # to the column costs 4-5, and a gap of unchanged cells between two changed ones on a row
+    # is written again as it is where that is shorter than a move over it.
+    def table(steps: list[int], used: str) -> dict[int, list[tuple[str, str]]]:
+        return {
+            row: [("│ ", ""), (f"{7200 + row:8d} root  {used}  {step:6d} ", "38;5;253"), ("│", "")]
+            for row, step in enumerate(steps, start=3)
+        }
+
+    diff = CellDiff()
+    steps = [195, 194, 201, 197, 195, 192, 198, 196]
+    full = [frame(table(steps, "38.7G"))]
+    sent = [diff.feed(full[0])]
+    for second in range(1, 6):
+        moved = [step + 7 * second for step in steps]
+        full.append(frame(table(moved, "38.7G" if second < 5 else "39.1G")))
+        sent.append(diff.feed(full[-1]))
+    assert screen("".join(sent)) == screen("".join(full))
+    for out in sent[1:5]:  # the last one to three digits of each of 8 rows
+        # One absolute move (to the first row), then a row down and back to the column.
+        assert len(re.findall(r"\x1b\[\d+;\d+H", out)) == 1, repr(out)
+        assert len(out.encode()) <= 100, repr(out)  # an absolute move to each: 109-112
+    # "38.7G" → "39.1G": the unchanged "." between two changed digits is written, not jumped.
+    assert "9.1" in sent[5], sent[5]

@@ -129,7 +129,7 @@ class CellDiff:
                         continue
                     if chars[column] != char or styles[column] != now:
                         if at != (row, column + 1):
-                            out.append(f"\x1b[{row};{column + 1}H")
+                            out.append(self._move(at, row, column + 1, style))
                         if style != now:
                             out.append("\x1b[0m" + (f"\x1b[{now}m" if now else ""))
                             style = now
@@ -162,7 +162,10 @@ class CellDiff:
                 elif char == "\n":
                     self.row += 1
                 else:
+                    if char == "\b":
+                        self.col = max(1, self.col - 1)
                     out.append(char)
+                    at = None
             else:  # OSC and other escapes: not modelled, kept in order
                 out.append(match.group())
                 at = None
@@ -179,9 +182,67 @@ class CellDiff:
         elif final in "hl" and params.startswith("?"):
             if set(params[1:].split(";")) & _FORGET_PRIVATE:
                 self.forget()
-        elif final in "ABCDEFGd`":  # relative moves we do not track: be safe
+        elif final in "ABCD" and (params.isdigit() or not params):
+            # A relative move (this class writes them: `_move`): followed, so that the copy
+            # can also stand for a terminal that reads this class's own output (the tests').
+            n = int(params or 1) or 1  # (0 moves one, as 1)
+            if final == "A":
+                self.row = max(1, self.row - n)
+            elif final == "B":
+                self.row += n
+            elif final == "C":
+                self.col += n
+            else:
+                self.col = max(1, self.col - n)
+        elif final in "ABCDEFGd`":  # moves we do not track: be safe
             self.forget()
         out.append(f"\x1b[{params}{final}")
+
+    def _move(self, at: tuple[int, int] | None, row: int, col: int, style: str) -> str:
+        """The fewest bytes that put the real cursor, now at `at` (None: unknown), at (`row`,
+        `col`): an absolute move (`ESC[17;79H`, 8 bytes), or a relative one from where it is
+        (`ESC[B` and two backspaces: the same column of the next row; on one row, the cells
+        in between written again as they are, where that is shorter).  Most of what changes
+        each second is a figure in one column of many rows (a step counter, a percentage), so
+        most moves are a row down and a few cells back.
+
+        Relative only from a cell the copy knows on its row: there the terminal is at least
+        that wide, so the cursor sits on that cell (not past the right margin, a wrap
+        pending, where a backspace or a move down would land elsewhere)."""
+        absolute = f"\x1b[{row};{col}H"
+        if at is None:
+            return absolute
+        r0, c0 = at
+        known = self._chars.get(r0)
+        if known is None or len(known) < c0 or known[c0 - 1] is None:
+            return absolute
+        dr, dc = row - r0, col - c0
+        vertical = ""
+        if dr:
+            vertical = "\x1b[" + (str(abs(dr)) if abs(dr) > 1 else "") + ("B" if dr > 0 else "A")
+        horizontal = ""
+        if dc < 0:
+            horizontal = "\b" * -dc if -dc <= 4 else f"\x1b[{-dc}D"
+        elif dc > 0:
+            horizontal = f"\x1b[{dc}C" if dc > 1 else "\x1b[C"
+            gap = self._rewrite(r0, c0, col, style) if dr == 0 else None
+            if gap is not None and len(gap.encode()) < len(horizontal):
+                horizontal = gap
+        relative = vertical + horizontal
+        return relative if len(relative.encode()) < len(absolute) else absolute
+
+    def _rewrite(self, row: int, start: int, end: int, style: str) -> str | None:
+        """The cells [start, end) of `row` as the terminal shows them, if writing them again
+        in `style` changes nothing: each known, one cell wide and in that style."""
+        chars, styles = self._chars[row], self._styles[row]
+        if len(chars) < end - 1:
+            return None
+        if any(s != style for s in styles[start - 1 : end - 1]):
+            return None
+        cells = chars[start - 1 : end - 1]
+        if any(c is None or len(c) != 1 or not self._is_narrow(c) for c in cells):
+            return None
+        return "".join(c for c in cells if c is not None)
 
 
 def _clusters(text: str) -> list[tuple[str, int]]:
