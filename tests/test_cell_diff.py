@@ -118,3 +118,51 @@ def test_a_figure_that_moves_in_one_column_of_many_rows_costs_a_few_bytes_a_row(
         assert len(out.encode()) <= 100, repr(out)  # an absolute move to each: 109-112
     # "38.7G" → "39.1G": the unchanged "." between two changed digits is written, not jumped.
     assert "9.1" in sent[5], sent[5]
+
+
+def test_a_change_of_colour_between_changed_cells_sends_only_the_colour():
+    # Issue 35, item 8: a card's figures alternate bold white and dim grey on one background;
+    # each switch was a reset and the whole style (ESC[0m ESC[1;38;5;240;48;5;233m, 27 bytes).
+    white, grey = "1;38;5;253;48;5;233", "1;38;5;240;48;5;233"
+
+    def card(step: int) -> dict[int, list[tuple[str, str]]]:
+        return {3: [(f"used {step:3d} ", white), (f"frag 0.{step % 10}", grey)]}
+
+    diff = CellDiff()
+    full = [frame(card(1))]
+    sent = [diff.feed(full[0])]
+    full.append(frame(card(2)))
+    sent.append(diff.feed(full[1]))
+    assert "\x1b[38;5;240m" in sent[1] and f"\x1b[0m\x1b[{grey}m" not in sent[1], repr(sent[1])
+    assert screen("".join(sent)) == screen("".join(full))
+
+
+@pytest.mark.slow
+def test_random_frames_in_colours_on_backgrounds_end_on_the_same_screen():
+    rng = random.Random(5)
+    styles = [
+        "",
+        "1",
+        "1;38;5;253;48;5;233",
+        "1;38;5;240;48;5;233",
+        "38;5;16;48;5;214",
+        "38;5;253;48;5;233",
+        "1;4;31",
+        "2;38;2;10;20;30",
+        "7;48;5;234",
+    ]
+    diff = CellDiff()
+    full: list[str] = []
+    sent: list[str] = []
+    lines: dict[int, list[tuple[str, str]]] = {}
+    for _ in range(300):
+        row = rng.randrange(1, 6)
+        lines[row] = [
+            ("".join(rng.choice("ab7 .█") for _ in range(rng.randrange(1, 9))), rng.choice(styles))
+            for _ in range(rng.randrange(1, 6))
+        ]
+        stream = frame(lines)
+        full.append(stream)
+        sent.append(diff.feed(stream))
+        assert screen("".join(sent)) == screen("".join(full))
+    assert sum(map(len, sent[1:])) < sum(map(len, full[1:])) / 2

@@ -131,7 +131,7 @@ class CellDiff:
                         if at != (row, column + 1):
                             out.append(self._move(at, row, column + 1, style))
                         if style != now:
-                            out.append("\x1b[0m" + (f"\x1b[{now}m" if now else ""))
+                            out.append(_sgr_change(style, now))
                             style = now
                         out.append(char)
                         chars[column], styles[column] = char, now
@@ -146,8 +146,10 @@ class CellDiff:
                         self.style = ""
                     elif params.startswith("0;"):
                         self.style = params[2:]
+                    elif self.style:  # on top of a style: in one canonical form (_merged)
+                        self.style = _merged(self.style, params)
                     else:
-                        self.style = f"{self.style};{params}" if self.style else params
+                        self.style = params
                 elif final in "Hf" and not params.startswith("?"):
                     parts = params.split(";") if params else []
                     self.row = int(parts[0]) if parts and parts[0] else 1
@@ -243,6 +245,86 @@ class CellDiff:
         if any(c is None or len(c) != 1 or not self._is_narrow(c) for c in cells):
             return None
         return "".join(c for c in cells if c is not None)
+
+
+# SGR attributes (bold … strike, double underline, frame, encircle, overline), as Rich writes
+# them, in its order: attributes, then the foreground, then the background.
+_SGR_ATTRIBUTES = frozenset({1, 2, 3, 4, 5, 6, 7, 8, 9, 21, 51, 52, 53})
+_SGR_CACHE = 4096
+_parsed_sgr: dict[str, tuple[frozenset[int], str, str] | None] = {}
+
+
+def _parse_sgr(params: str) -> tuple[frozenset[int], str, str] | None:
+    """SGR parameters as (attributes, foreground, background), each colour its parameters
+    ("38;5;253", "31", "" for the default); None for anything else (left alone)."""
+    if params in _parsed_sgr:
+        return _parsed_sgr[params]
+    attributes: set[int] = set()
+    fg = bg = ""
+    parts = params.split(";")
+    parsed: tuple[frozenset[int], str, str] | None = None
+    i = 0
+    while i < len(parts):
+        if not parts[i].isdigit():
+            break
+        n = int(parts[i])
+        if n in (38, 48):
+            size = {"5": 3, "2": 5}.get(parts[i + 1] if i + 1 < len(parts) else "", 0)
+            code = parts[i : i + size]
+            if not size or len(code) < size or not all(c.isdigit() for c in code):
+                break
+            fg, bg = (";".join(code), bg) if n == 38 else (fg, ";".join(code))
+            i += size
+            continue
+        if n == 0:
+            attributes.clear()
+            fg = bg = ""
+        elif 30 <= n <= 37 or 90 <= n <= 97:
+            fg = parts[i]
+        elif 40 <= n <= 47 or 100 <= n <= 107:
+            bg = parts[i]
+        elif n in (39, 49):
+            fg, bg = ("", bg) if n == 39 else (fg, "")
+        elif n in _SGR_ATTRIBUTES:
+            attributes.add(n)
+        else:
+            break
+        i += 1
+    else:
+        parsed = (frozenset(attributes), fg, bg)
+    if len(_parsed_sgr) >= _SGR_CACHE:
+        _parsed_sgr.clear()
+    _parsed_sgr[params] = parsed
+    return parsed
+
+
+def _merged(style: str, params: str) -> str:
+    """The style in force after SGR `params` on top of `style`, as Rich would write it."""
+    parsed = _parse_sgr(f"{style};{params}")
+    if parsed is None:
+        return f"{style};{params}"
+    attributes, fg, bg = parsed
+    return ";".join([*map(str, sorted(attributes)), *filter(None, (fg, bg))])
+
+
+def _sgr_change(old: str, new: str) -> str:
+    """The SGR that turns the terminal's style `old` into `new`: only what differs (a colour)
+    where `new` keeps every attribute of `old`, else a reset and the whole style.  Most style
+    changes between two changed cells are a colour: "38;5;240" rather than a reset and
+    "1;38;5;240;48;5;233"."""
+    whole = "\x1b[0m" + (f"\x1b[{new}m" if new else "")
+    if not old or not new:
+        return whole
+    before, after = _parse_sgr(old), _parse_sgr(new)
+    if before is None or after is None or not before[0] <= after[0]:
+        return whole
+    parts = [str(n) for n in sorted(after[0] - before[0])]
+    if after[1] != before[1]:
+        parts.append(after[1] or "39")
+    if after[2] != before[2]:
+        parts.append(after[2] or "49")
+    delta = f"\x1b[{';'.join(parts)}m"
+    return delta if len(delta) < len(whole) else whole
 
 
 def _clusters(text: str) -> list[tuple[str, int]]:
