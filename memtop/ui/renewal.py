@@ -14,13 +14,16 @@ GPU 0 says nothing new about rank 4's allocated bytes on GPU 4, and renewing the
 for it (as one screen-wide rule did) rewrote every row's figures every second in the `mixed`
 demo: 4.4× nvitop's bytes to the terminal.  What has no single GPU (a host-wide suggestion, a
 job's header) follows any GPU's renewal: a suggestion is worded anew whenever a GPU it might
-quote is, and a job's header is computed from the rows as shown.
+quote is, and a job's header is computed from the rows as shown.  News is what reads
+differently on screen: a figure compared as printed at its finest ("38.7 GiB", "47.7 %"), so
+that bytes moving below the print renew nothing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from memtop.figures.units import format_bytes
 from memtop.ui.render import slow_tick
 from memtop.ui.view import Dashboard, GpuRow, ProcessRow, SuggestionItem
 
@@ -55,6 +58,13 @@ class Renewal:
         return item.device in self.gpus or item.pid in self.pids
 
 
+def _read(n: int | None) -> str:
+    """A byte count as read on screen at its finest ("38.7 GiB"; the table's "38.7G" and
+    the suggestions' words are no finer): a figure that moved below what is printed is no
+    news, and renews nothing."""
+    return format_bytes(n)
+
+
 EVERYTHING = Renewal(everything=True)
 NOTHING = Renewal(everything=False)
 
@@ -63,8 +73,9 @@ class RenewalClock:
     """Decides, once a round for every widget (MemtopApp.refresh_view), which GPUs' held
     figures are shown anew: all of them once per slow period and in any round whose news is
     screen-wide (a suggestion come, gone or re-ranked; the layout); otherwise each GPU whose
-    own news moved (its card's used, reserved, peak or trend verdict; one of its processes'
-    used, reserved, peak or state; a process come or gone on it)."""
+    own news moved (its card's used, its share, reserved, peak or trend verdict; one of its
+    processes' used, reserved, peak or state; a process come or gone on it), each as printed:
+    a leak's 8 MiB a step moves "38.7 GiB" every second or so, not every round."""
 
     def __init__(self) -> None:
         self._tick = -1
@@ -76,11 +87,16 @@ class RenewalClock:
         screen = (compact, tuple((s.key, s.severity) for s in dash.suggestions))
         per_gpu: dict[GpuScope, list[object]] = {}
         for g in dash.gpus:
+            share = f"{100 * g.used_share:.1f}" if g.used_share is not None else None
+            figures = map(_read, (g.used, g.reserved, g.peak, g.other))
+            counts = (g.error, g.agents, g.processes)
             per_gpu.setdefault(g.index, []).append(
-                (g.uuid, g.used, g.reserved, g.peak, g.trend.label())
+                (g.uuid, *figures, share, g.trend.label(), *counts)
             )
         for p in dash.processes:
-            per_gpu.setdefault(p.gpu, []).append((p.key, p.used, p.reserved, p.peak, p.state))
+            per_gpu.setdefault(p.gpu, []).append(
+                (p.key, *map(_read, (p.used, p.reserved, p.peak)), p.state)
+            )
         news = {scope: tuple(items) for scope, items in per_gpu.items()}
         everything = tick != self._tick or screen != self._screen
         self._screen = screen
