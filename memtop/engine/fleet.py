@@ -58,14 +58,19 @@ class RemoteDiagnoser(Diagnoser):
         self.host = host  # where the verdicts were judged, for a pid that does not say (local)
 
     def _device(
-        self, agent: AgentView, dev: AgentDeviceView, now: float, launcher_argv: Sequence[str] = ()
+        self,
+        agent: AgentView,
+        dev: AgentDeviceView,
+        now: float,
+        launcher_argv: Sequence[str] = (),
+        **where: Any,
     ) -> DeviceDiagnosis:
         key = (agent.pid, dev.index)
         verdict = self.verdicts.get(key, {})
         # Seeding the verdict cache keeps the base class from judging the leak again from
         # scrape-rate samples.
         self._leaks[key] = (now, remote_leak(verdict, host_of(agent.pid) or self.host))
-        found = super()._device(agent, dev, now, launcher_argv)
+        found = super()._device(agent, dev, now, launcher_argv, **where)
         frag = found.fragmentation
         return dataclasses.replace(
             found,

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from memtop.base.jobs import JobIdentity, job_identity
 from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuObservation
 from memtop.diagnosis.effects import ActionEffect, effect
-from memtop.diagnosis.facts import DeviceHistory
+from memtop.diagnosis.facts import HISTORY_ROWS, MARK_ROWS, DeviceHistory
 from memtop.diagnosis.stability import Stabilizer
 from memtop.diagnosis.suggestions import host_leak_suggestions, last_seen_leaks, most_severe_first
 from memtop.diagnosis.workload import Workload, recognise
@@ -33,7 +33,6 @@ from memtop.engine.store import AgentDeviceView, AgentView, RoundView, Store
 from memtop.model import (
     GONE,
     HIDDEN,
-    MARK_WINDOW,
     OTHER_NAMESPACE,
     SOURCE_AGENT,
     AccountedProcess,
@@ -51,9 +50,6 @@ from memtop.model import (
     host_of,
 )
 
-# The history windows the screens draw (the store keeps an hour).
-HISTORY_ROWS = 900  # sampled rows: 15 minutes at the default 1 s interval
-MARK_ROWS = MARK_WINDOW  # per-step baselines
 EVENTS = 20  # the newest event messages kept
 
 
@@ -245,31 +241,14 @@ class Observer:
         reading = view.driver or DriverReading(available=False, error="devices not read")
         views = view.agents
         infos = view.processes
-        diagnosed = self.diagnoser.diagnose_devices(view, now)
         driver = reading.available and reading.source != SOURCE_AGENT
-        # The driver's number and per-process charge of each GPU, by UUID.
-        gpu_number = {d.uuid: d.index for d in reading.devices} if reading.available else {}
-        driver_uuid = _driver_uuids(reading if driver else None)
-        charged: dict[tuple[int, str], int | None] = {}
-        if driver:
-            for d in reading.devices:
-                for p in d.processes:
-                    charged[(p.pid, d.uuid)] = p.used_bytes
+        diagnosed = self.diagnoser.diagnose_devices(
+            view, now, _placement(reading, driver, _driver_uuids(reading if driver else None))
+        )
 
         agents = []
         for agent in views:
-            devices = []
-            for dev in agent.devices:
-                uuid = driver_uuid(agent, dev)
-                devices.append(
-                    _placed(
-                        dev,
-                        uuid,
-                        gpu_number.get(uuid, dev.index),
-                        charged.get((agent.pid, uuid)),
-                        diagnosed[(agent.pid, dev.index)],
-                    )
-                )
+            devices = [diagnosed[(agent.pid, dev.index)] for dev in agent.devices]
             agents.append(
                 AgentObservation(
                     pid=agent.pid,
@@ -433,32 +412,26 @@ def _effects(agent: AgentView, actions: Sequence[ActionRecord]) -> tuple[ActionE
     return tuple(found)
 
 
-def _placed(
-    dev: AgentDeviceView, uuid: str, gpu: int, nvml_used: int | None, diagnosed: DeviceDiagnosis
-) -> DeviceDiagnosis:
-    """The diagnosed device where it is: the driver's UUID and number of its GPU, what the
-    driver charges the process there, and the windows the screens draw (the one record of an
-    agent's device; its figures stay its sample's, by reference)."""
-    rows, marks = dev.history, dev.marks
-    history = DeviceHistory(
-        time=rows.get("time", ())[-HISTORY_ROWS:],
-        allocated=rows.get("allocated", ())[-HISTORY_ROWS:],
-        reserved=rows.get("reserved", ())[-HISTORY_ROWS:],
-        torch_peak=rows.get("torch_peak", ())[-HISTORY_ROWS:],
-        num_ooms=rows.get("num_ooms", ())[-HISTORY_ROWS:],
-        mark_step=marks.get("step", ())[-MARK_ROWS:],
-        mark_time=marks.get("time", ())[-MARK_ROWS:],
-        mark_allocated=marks.get("allocated", ())[-MARK_ROWS:],
-    )
-    return replace(
-        diagnosed,
-        uuid=uuid,
-        name=dev.name,
-        gpu=gpu,
-        sampled_peak_bytes=dev.sampled_peak_bytes,
-        nvml_used_bytes=nvml_used,
-        history=history,
-    )
+def _placement(
+    reading: DriverReading,
+    driver: bool,
+    driver_uuid: Callable[[AgentView, AgentDeviceView], str],
+) -> Callable[[AgentView, AgentDeviceView], tuple[str, int, int | None]]:
+    """Where each agent device is, for the diagnoser to make its one record there: the driver's
+    UUID of its GPU (`driver_uuid`), the driver's number of it (the agent's index without a
+    driver view) and what the driver charges the process on it (None: not listed)."""
+    gpu_number = {d.uuid: d.index for d in reading.devices} if reading.available else {}
+    charged: dict[tuple[int, str], int | None] = {}
+    if driver:
+        for d in reading.devices:
+            for p in d.processes:
+                charged[(p.pid, d.uuid)] = p.used_bytes
+
+    def place(agent: AgentView, dev: AgentDeviceView) -> tuple[str, int, int | None]:
+        uuid = driver_uuid(agent, dev)
+        return uuid, gpu_number.get(uuid, dev.index), charged.get((agent.pid, uuid))
+
+    return place
 
 
 def _gpus(

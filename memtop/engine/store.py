@@ -21,6 +21,7 @@ from typing import Any
 
 # Records only, from the model: the store (and the observation, the diagnosis and the UI above
 # it) loads no protocol, socket, selector or psutil (issue 35); its writers parse the replies.
+from memtop.base.jobs import JobIdentity, job_identity
 from memtop.model import (
     ACTION_BY_VIEWER,
     ACTION_FROM_AGENT,
@@ -228,6 +229,20 @@ class AgentView:
         if self.allocator_settings is not None:
             return self.allocator_settings
         return self.hello.settings_in_force if self.hello is not None else ""
+
+    @property
+    def job(self) -> JobIdentity | None:
+        """Its scheduler job and rendezvous, as its hello said (memtop.base.jobs)."""
+        return job_identity(self.hello.extra) if self.hello is not None else None
+
+    @property
+    def rank(self) -> int | None:
+        """Its rank in its job: RANK as its hello said, else Slurm's SLURM_PROCID."""
+        rank = self.hello.extra.get("rank") if self.hello is not None else None
+        if isinstance(rank, int) and not isinstance(rank, bool):
+            return rank
+        job = self.job
+        return job.slurm_proc_id if job is not None else None
 
     # Host memory (AgentState's): the newest reading, ("time", "rss") per sample and ("step",
     # "time", "rss") per step mark, oldest first; empty without windows or readings.
