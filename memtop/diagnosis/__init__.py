@@ -8,7 +8,7 @@ assembles the `Diagnosis` every consumer renders.
 The diagnosis is a function of one `RoundView` (the store's immutable view of one generation,
 with each device's windows): it never sees the store, so it cannot read two rounds at once.
 
-May import: `memtop.engine.store` (the round's view it judges), `memtop.model`, `memtop.figures`,
+May import: `memtop.model` (the round's view it judges: `RoundView`), `memtop.figures`,
 `memtop.base`, `memtop.estimate`'s arithmetic and `memtop.oom`'s readers; no transport, no source,
 no I/O (contracts). Imported by the observation and above.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from memtop.diagnosis.facts import (
     HISTORY_ROWS,
@@ -39,10 +39,8 @@ from memtop.diagnosis.ranks import JobPeers, job_peers
 from memtop.diagnosis.sites import site_trends
 from memtop.diagnosis.suggestions import Suggestion
 from memtop.diagnosis.workload import Workload, flat_high_share, of_agent
+from memtop.model import AgentDeviceView, AgentView, RoundView
 from memtop.oom.diagnose import growing_batch
-
-if TYPE_CHECKING:  # the store's view is only read: the package stays light
-    from memtop.engine.store import AgentDeviceView, AgentView, RoundView
 
 __all__ = [
     "DeviceDiagnosis",

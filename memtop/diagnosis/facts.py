@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from memtop.base import alloc_conf
 from memtop.diagnosis.fragmentation import Fragmentation, Pressure
@@ -21,14 +21,11 @@ from memtop.model import (
     MARK_WINDOW,
     Accounting,
     AgentDeviceSample,
+    AgentView,
     DeviceReading,
     GpuProcess,
     MigInfo,
 )
-
-if TYPE_CHECKING:  # the store's record of the agent is only read: the package stays light
-    from memtop.engine.store import AgentView
-
 
 # The history windows the screens draw (the store keeps an hour).
 HISTORY_ROWS = 900  # sampled rows: 15 minutes at the default 1 s interval

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
-if TYPE_CHECKING:
-    from memtop.engine.store import AgentView
+from memtop.model import AgentView
 
 
 class JobPeers(NamedTuple):

@@ -28,13 +28,15 @@ from memtop.diagnosis.fragmentation import GAUGE_SAMPLES
 from memtop.diagnosis.leak import LeakBasis, LeakEstimate
 from memtop.engine.feed import ActionReply, FeedLoop, refused
 from memtop.engine.observation import Observation, Observer
-from memtop.engine.store import AgentDeviceView, AgentView, Store
+from memtop.engine.store import Store
 from memtop.figures.units import short_host
 from memtop.model import (
     AgentDeviceSample,
+    AgentDeviceView,
     AgentPoll,
     AgentSample,
     AgentStatus,
+    AgentView,
     DeviceReading,
     DriverReading,
     HostPid,

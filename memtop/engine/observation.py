@@ -29,7 +29,7 @@ from memtop.diagnosis.facts import HISTORY_ROWS, MARK_ROWS, DeviceHistory
 from memtop.diagnosis.stability import Stabilizer
 from memtop.diagnosis.suggestions import host_leak_suggestions, last_seen_leaks, most_severe_first
 from memtop.diagnosis.workload import Workload, recognise
-from memtop.engine.store import AgentDeviceView, AgentView, RoundView, Store
+from memtop.engine.store import Store
 from memtop.model import (
     GONE,
     HIDDEN,
@@ -39,13 +39,16 @@ from memtop.model import (
     Accounting,
     AccountPart,
     ActionRecord,
+    AgentDeviceView,
     AgentHello,
     AgentStatus,
+    AgentView,
     DeviceReading,
     DriverReading,
     GpuProcess,
     HostMemory,
     ProcessInfo,
+    RoundView,
     bare_uuid,
     host_of,
 )

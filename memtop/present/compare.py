@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memtop.engine.store import AgentDeviceView, AgentView, Store
+from memtop.engine.store import Store
 from memtop.figures.units import MiB, format_bytes
+from memtop.model import AgentDeviceView, AgentView
 
 MEMORY_FLOOR = 16 * MiB
 RELATIVE_FLOOR = 0.01  # of a memory figure

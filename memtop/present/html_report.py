@@ -22,8 +22,9 @@ from typing import Any
 
 from memtop.engine.observation import Observer
 from memtop.engine.playback import Player
-from memtop.engine.store import AgentDeviceView, Store
+from memtop.engine.store import Store
 from memtop.figures.units import format_bytes as fmt_bytes
+from memtop.model import AgentDeviceView
 from memtop.present import report
 from memtop.sources.replay import Recording
 
