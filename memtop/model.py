@@ -710,6 +710,13 @@ class AgentView:
         return job_identity(self.hello.extra) if self.hello is not None else None
 
     @property
+    def hip(self) -> str | None:
+        """The HIP version of the trainer's torch when it is a ROCm build (torch.version.hip, in
+        the hello since AMD support); None on CUDA, or from an older agent."""
+        value = self.hello.extra.get("hip") if self.hello is not None else None
+        return value if isinstance(value, str) and value else None
+
+    @property
     def rank(self) -> int | None:
         """Its rank in its job: RANK as its hello said, else Slurm's SLURM_PROCID."""
         rank = self.hello.extra.get("rank") if self.hello is not None else None

@@ -148,9 +148,7 @@ class DeviceDiagnosis(ReadsSample):
     def hip(self) -> str | None:
         """torch.version.hip of its process: a ROCm build (AMD GPUs), whose fixes are spelt for
         ROCm; None on CUDA, or from an agent that does not say."""
-        hello = self.process.hello if self.process is not None else None
-        value = hello.extra.get("hip") if hello is not None else None
-        return value if isinstance(value, str) and value else None
+        return self.process.hip if self.process is not None else None
 
     @property
     def last_oom(self) -> dict[str, Any] | None:

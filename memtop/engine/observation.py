@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from memtop.base.jobs import JobIdentity, job_identity
+from memtop.base.jobs import JobIdentity
 from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuObservation, HostDiagnosis
 from memtop.diagnosis.effects import ActionEffect, effect
 from memtop.diagnosis.facts import HISTORY_ROWS, MARK_ROWS, DeviceHistory
@@ -62,24 +62,55 @@ EVENTS = 20  # the newest event messages kept
 
 @dataclass(frozen=True, slots=True)
 class AgentObservation:
-    pid: int
-    status: AgentStatus
-    error: str | None
-    hello: AgentHello | None
-    step: int | None
+    """One agent above the store: its record as the store keeps it (`process`: who it is, its
+    state, its allocator settings in force, its host memory; held by reference and read through
+    the properties below, never copied), its devices' records, the host's view of it, and what
+    the actions performed in it did."""
+
+    process: AgentView
     devices: tuple[DeviceDiagnosis, ...]
     info: ProcessInfo | None  # owner and command line, when visible
-    # The allocator's option string in force, where the agent says (`memtop tune` changes it).
-    allocator_settings: str | None = None
     # What each action performed in it did (by this memtop, or anyone: the agent's log), per
     # device: the windows before and after.
     actions: tuple[ActionEffect, ...] = ()
-    # Actions performed in it by (kind, result), each counted once as it became known.
-    action_counts: Mapping[tuple[str, str], int] = field(default_factory=dict)
-    # Its own host memory (a CPU trainer's only memory figure): the newest reading, and the
-    # windows the detail screen draws (RSS per sample; RSS right after each step).
-    host_memory: HostMemory | None = None
+    # The windows the detail screen draws of its own host memory (a CPU trainer's only memory
+    # figure): RSS per sample; RSS right after each step.
     host_history: DeviceHistory = field(default_factory=DeviceHistory)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def status(self) -> AgentStatus:
+        return AgentStatus(self.process.state)
+
+    @property
+    def error(self) -> str | None:
+        return self.process.error
+
+    @property
+    def hello(self) -> AgentHello | None:
+        return self.process.hello
+
+    @property
+    def step(self) -> int | None:
+        return self.process.step
+
+    @property
+    def allocator_settings(self) -> str | None:
+        """The allocator's option string in force, where the agent says (`memtop tune`)."""
+        return self.process.allocator_settings
+
+    @property
+    def action_counts(self) -> Mapping[tuple[str, str], int]:
+        """Actions performed in it by (kind, result), each counted once as it became known."""
+        return self.process.action_counts
+
+    @property
+    def host_memory(self) -> HostMemory | None:
+        """Its own host memory's newest reading (None: the agent does not report it)."""
+        return self.process.host_memory
 
     @property
     def cpu_only(self) -> bool:
@@ -104,21 +135,17 @@ class AgentObservation:
     def settings_in_force(self) -> str:
         """The allocator options the trainer runs with now (the environment's where its agent
         does not say)."""
-        if self.allocator_settings is not None:
-            return self.allocator_settings
-        return self.hello.settings_in_force if self.hello is not None else ""
+        return self.process.settings_in_force
 
     @property
     def hip(self) -> str | None:
-        """The HIP version of the trainer's torch when it is a ROCm build (torch.version.hip, in
-        the hello since AMD support); None on CUDA, or from an older agent."""
-        value = self.hello.extra.get("hip") if self.hello is not None else None
-        return value if isinstance(value, str) and value else None
+        """torch.version.hip of its trainer (a ROCm build); None on CUDA, or not said."""
+        return self.process.hip
 
     @property
     def job(self) -> JobIdentity | None:
         """Its scheduler job and rendezvous, as its hello said (memtop.base.jobs)."""
-        return job_identity(self.hello.extra) if self.hello is not None else None
+        return self.process.job
 
 
 class ProcessState(Choice):
@@ -334,17 +361,10 @@ class Observer:
             devices = [diagnosed[(agent.pid, dev.index)] for dev in agent.devices]
             agents.append(
                 AgentObservation(
-                    pid=agent.pid,
-                    status=AgentStatus(agent.state),
-                    error=agent.error,
-                    hello=agent.hello,
-                    step=agent.step,
+                    process=agent,
                     devices=tuple(devices),
                     info=infos.get(agent.pid),
-                    allocator_settings=agent.allocator_settings,
                     actions=_effects(agent, [a for a in view.actions if a.pid == agent.pid]),
-                    action_counts=agent.action_counts,
-                    host_memory=agent.host_memory,
                     host_history=_host_history(agent),
                 )
             )
