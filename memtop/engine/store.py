@@ -271,13 +271,15 @@ class Store:
         elif agent.state != poll.state:
             message = f"{_agent_name(poll.pid)} {poll.state}"
             self.events.append((when, f"{message}: {poll.error}" if poll.error else message))
-        agent = replace(agent, state=poll.state, error=poll.error)
+        if agent.state != poll.state or agent.error != poll.error:
+            agent = replace(agent, state=poll.state, error=poll.error)
         if poll.hello is not None:
             if poll.hello is not agent.hello or agent.allocator_settings is None:
                 # A fresh hello only: the pool hands the one it read on connecting every round,
                 # and after a change its settings are older than the samples'.
                 agent = self._settings(agent, poll.hello.allocator_settings, when)
-            agent = replace(agent, hello=poll.hello)
+            if poll.hello is not agent.hello:
+                agent = replace(agent, hello=poll.hello)
         if poll.sample is not None:
             agent = self._settings(agent, poll.sample.allocator_settings, when)
             agent = self._apply_sample(agent, poll.sample)
