@@ -654,12 +654,8 @@ class Accounting:
 @dataclass(frozen=True)
 class AgentDeviceView:
     """One agent device as the store keeps it: its newest sample (the parsed reply's record,
-    by reference), where the agent's hello says it is, and memtop's own peak.
-
-    In a `RoundView` it also holds the device's windows, copied in the same lock take as the
-    latest sample (so they are of one round): `history`, the store's HISTORY_COLUMNS of every
-    row it keeps, and `marks`, its newest step marks (step, time, allocated), oldest first, as
-    arrays (Ring.window: a memcpy, no float object per row until one is read)."""
+    by reference), where the agent's hello says it is, and memtop's own peak.  Its windows
+    (history, step marks) are the round's: `RoundView.windows`."""
 
     index: int
     uuid: str
@@ -667,8 +663,6 @@ class AgentDeviceView:
     latest: AgentDeviceSample
     # memtop's own maximum of what it sampled (misses a step's peak; torch's is the sample's)
     sampled_peak_bytes: int
-    history: Mapping[str, array[float]] = field(default_factory=dict)
-    marks: Mapping[str, array[float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -725,19 +719,25 @@ class AgentView:
         job = self.job
         return job.slurm_proc_id if job is not None else None
 
-    # Host memory: the newest reading, ("time", "rss") per sample and ("step", "time", "rss")
-    # per step mark, oldest first; the windows only in a RoundView, empty without readings.
+    # Host memory's newest reading (its windows are the round's: `RoundView.host_windows`).
     host_memory: HostMemory | None = None
-    host_history: Mapping[str, array[float]] = field(default_factory=dict)
-    host_marks: Mapping[str, array[float]] = field(default_factory=dict)
     # Actions performed in it by (kind, result), each counted once (the exporter's counter).
     action_counts: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
+# A window of history: (rows, step marks), each columns by name, oldest first, as arrays
+# (Ring.window: a memcpy, no float object per row until one is read).
+Windows = tuple[Mapping[str, "array[float]"], Mapping[str, "array[float]"]]
+NO_WINDOWS: Windows = ({}, {})
+
+
 @dataclass(frozen=True)
 class RoundView:
-    """Everything the store holds of one generation, copied under one lock take: what the
-    observation joins and the diagnosis judges.  Nothing in it changes afterwards."""
+    """Everything the store holds of one generation, taken under one lock: what the
+    observation joins and the diagnosis judges.  Nothing in it changes afterwards: the agents'
+    records are the store's own (frozen, replaced whole on a write), and the windows of history
+    beside them were copied out of its rings in the same lock take (so they are of one round).
+    """
 
     generation: int
     driver: DriverReading | None
@@ -751,6 +751,20 @@ class RoundView:
     owners: Mapping[int, PidFacts] = field(default_factory=dict)
     # The actions memtop performed in trainers, oldest first (Store.record_action).
     actions: tuple[ActionRecord, ...] = ()
+    # Each agent device's windows by (pid, index): the store's HISTORY_COLUMNS of every row it
+    # keeps, and its newest step marks (step, time, allocated).
+    device_windows: Mapping[tuple[int, int], Windows] = field(default_factory=dict)
+    # Each agent's host memory's windows by pid: ("time", "rss") per sample, ("step", "time",
+    # "rss") per step mark; none without readings.
+    host_windows: Mapping[int, Windows] = field(default_factory=dict)
 
     def used_window(self, uuid: str) -> tuple[array[float], array[float]]:
         return self.device_used.get(uuid) or (array("d"), array("d"))
+
+    def windows(self, pid: int, index: int) -> Windows:
+        """One agent device's (history, step marks); empty where none were kept."""
+        return self.device_windows.get((pid, index), NO_WINDOWS)
+
+    def host_window(self, pid: int) -> Windows:
+        """One agent's host memory's (RSS per sample, RSS per step mark); empty without any."""
+        return self.host_windows.get(pid, NO_WINDOWS)

@@ -92,7 +92,10 @@ def test_the_reply_s_record_is_held_by_reference_from_the_store_to_the_row() -> 
         kept = store.agent(pid)
         assert isinstance(kept, AgentView) and kept is store.agent(pid)  # no copy per reader
         assert kept.devices[0].latest is reply_record
-        assert store.view().agents[list(samples).index(pid)].devices[0].latest is reply_record
+        # The round hands out the kept records themselves, its windows beside them.
+        round_view = store.view()
+        assert round_view.agents[list(samples).index(pid)] is kept
+        assert list(round_view.windows(pid, 0)[0]["allocated"]) == [reply_record.allocated]
         # The device's one record above the store: the diagnosis, the agent's and the GPU's.
         device = obs.diagnosis.devices[(pid, 0)]
         assert obs.device(pid, 0) is device

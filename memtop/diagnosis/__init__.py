@@ -39,7 +39,7 @@ from memtop.diagnosis.ranks import JobPeers, job_peers
 from memtop.diagnosis.sites import site_trends
 from memtop.diagnosis.suggestions import Suggestion
 from memtop.diagnosis.workload import Workload, flat_high_share, of_agent
-from memtop.model import AgentDeviceView, AgentView, RoundView
+from memtop.model import NO_WINDOWS, AgentDeviceView, AgentView, RoundView, Windows
 from memtop.oom.diagnose import growing_batch
 
 __all__ = [
@@ -106,7 +106,7 @@ class Diagnoser:
             if cached is not None and 0 <= now - cached[0] < self.leak_refresh_s:
                 leak = cached[1]
             else:
-                marks, history = agent.host_marks, agent.host_history
+                history, marks = view.host_window(agent.pid)
                 headroom = (
                     max(0, memory.total_bytes - memory.rss_bytes) if memory.total_bytes else None
                 )
@@ -148,6 +148,7 @@ class Diagnoser:
                     launcher,
                     place=place(agent, dev) if place is not None else None,
                     peers=peers.get(agent.pid),
+                    windows=view.windows(agent.pid, dev.index),
                 )
         self._leaks = {k: v for k, v in self._leaks.items() if k in devices}
         return devices
@@ -161,10 +162,13 @@ class Diagnoser:
         *,
         place: Placement | None = None,
         peers: JobPeers | None = None,
+        windows: Windows = NO_WINDOWS,
     ) -> DeviceDiagnosis:
+        """One agent device's record, made once: judged on its sample and its `windows` of the
+        round (history, step marks), where `place` says it is, with its job's `peers`."""
         latest = dev.latest
         key = (agent.pid, dev.index)
-        history, marks = dev.history, dev.marks
+        history, marks = windows
         # Only the rows each measure needs: the gauge's median and the pressure window, judged
         # every time; the whole allocated history only when the leak verdict is due again (a
         # dashboard diagnoses every second, and an hour of history is 3600 rows per device).
@@ -219,7 +223,7 @@ class Diagnoser:
             process=agent,
             oom_growth=oom_growth,
             sites=site_trends(agent.sites, dev.index, leak) if agent.sites else (),
-            workload=_workload(agent, dev, launcher_argv),
+            workload=_workload(agent, dev, launcher_argv, history, marks),
             rank=peers.rank if peers is not None else None,
             job=peers.job if peers is not None else None,
             peer_ranks=peers.peer_ranks if peers is not None else 0,
@@ -228,17 +232,18 @@ class Diagnoser:
             gpu=gpu,
             sampled_peak_bytes=dev.sampled_peak_bytes,
             nvml_used_bytes=charged,
-            history=_history(dev),
+            history=_history(history, marks),
         )
 
 
 _PRESSURE_COLUMNS = ("time", "num_alloc_retries", "num_ooms")
 
 
-def _history(dev: AgentDeviceView) -> DeviceHistory:
+def _history(
+    rows: Mapping[str, Sequence[float]], marks: Mapping[str, Sequence[float]]
+) -> DeviceHistory:
     """The windows the screens draw: the newest HISTORY_ROWS sampled rows and MARK_ROWS step
     marks of the round's view (slices of its arrays: a memcpy, no float object per row)."""
-    rows, marks = dev.history, dev.marks
     return DeviceHistory(
         time=rows.get("time", ())[-HISTORY_ROWS:],
         allocated=rows.get("allocated", ())[-HISTORY_ROWS:],
@@ -251,17 +256,23 @@ def _history(dev: AgentDeviceView) -> DeviceHistory:
     )
 
 
-def _workload(agent: AgentView, dev: AgentDeviceView, launcher_argv: Sequence[str]) -> Workload:
+def _workload(
+    agent: AgentView,
+    dev: AgentDeviceView,
+    launcher_argv: Sequence[str],
+    history: Mapping[str, Sequence[float]],
+    marks: Mapping[str, Sequence[float]],
+) -> Workload:
     """What the process is (memtop.diagnosis.workload), from its hello, its steps and its
     reserved bytes since the first sample the store keeps."""
     hello = agent.hello
     environ = hello.extra.get("engine_environment") if hello is not None else None
-    stepped = bool(agent.step) or bool(dev.marks.get("step", ()))
+    stepped = bool(agent.step) or bool(marks.get("step", ()))
     latest = dev.latest
     pattern = None
     if not stepped:
         pattern = flat_high_share(
-            dev.history.get("reserved", ()),
+            history.get("reserved", ()),
             latest.total_bytes,
             latest.num_alloc_retries,
             latest.num_ooms,

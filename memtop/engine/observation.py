@@ -53,6 +53,7 @@ from memtop.model import (
     HostMemory,
     ProcessInfo,
     RoundView,
+    Windows,
     bare_uuid,
     host_of,
 )
@@ -364,8 +365,8 @@ class Observer:
                     process=agent,
                     devices=tuple(devices),
                     info=infos.get(agent.pid),
-                    actions=_effects(agent, [a for a in view.actions if a.pid == agent.pid]),
-                    host_history=_host_history(agent),
+                    actions=_effects(agent, [a for a in view.actions if a.pid == agent.pid], view),
+                    host_history=_host_history(view.host_window(agent.pid)),
                 )
             )
 
@@ -464,10 +465,10 @@ def _driver_uuids(
     return resolve
 
 
-def _host_history(agent: AgentView) -> DeviceHistory:
+def _host_history(windows: Windows) -> DeviceHistory:
     """A process's RSS per sample (as `allocated`) and right after each step (as the marks'
     `allocated`): the detail screen's host memory chart."""
-    rows, marks = agent.host_history, agent.host_marks
+    rows, marks = windows
     return DeviceHistory(
         time=rows.get("time", ())[-HISTORY_ROWS:],
         allocated=rows.get("rss", ())[-HISTORY_ROWS:],
@@ -491,7 +492,9 @@ def _settled_instance(pid: int, size: int, instances: Sequence[DeviceReading]) -
     return matching[0] if len(matching) == 1 else None
 
 
-def _effects(agent: AgentView, actions: Sequence[ActionRecord]) -> tuple[ActionEffect, ...]:
+def _effects(
+    agent: AgentView, actions: Sequence[ActionRecord], view: RoundView
+) -> tuple[ActionEffect, ...]:
     """Each action's windows before and after it, on each device of its trainer."""
     found = []
     for action in actions:
@@ -499,7 +502,7 @@ def _effects(agent: AgentView, actions: Sequence[ActionRecord]) -> tuple[ActionE
             # No device to measure it on (a CPU trainer): the action is still said.
             found.append(ActionEffect(action, None, None, None))
         for dev in agent.devices:
-            rows, marks = dev.history, dev.marks
+            rows, marks = view.windows(agent.pid, dev.index)
             found.append(
                 effect(
                     action,

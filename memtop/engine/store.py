@@ -537,14 +537,22 @@ class Store:
                         uuid: (ring.window("time"), ring.window("used"))
                         for uuid, ring in self._device_used.items()
                     },
-                    agents=tuple(
-                        self._with_windows(self._agents[pid]) for pid in sorted(self._agents)
-                    ),
+                    agents=tuple(self._agents[pid] for pid in sorted(self._agents)),
                     processes=dict(self._processes),
                     problems=tuple(self._problems),
                     events=tuple(self.events),
                     owners=dict(self._owners),
                     actions=tuple(sorted((*self._actions, *self._refusals), key=lambda a: a.time)),
+                    device_windows={
+                        (pid, index): (_windows(history), _windows(marks, VIEW_MARKS))
+                        for pid, rings in self._rings.items()
+                        for index, (history, marks) in rings.devices.items()
+                    },
+                    host_windows={
+                        pid: (_windows(rings.host_history), _windows(rings.host_marks, VIEW_MARKS))
+                        for pid, rings in self._rings.items()
+                        if rings.host_history is not None or rings.host_marks is not None
+                    },
                 )
             return view
 
@@ -618,24 +626,6 @@ class Store:
     def _device_rings(self, pid: int, index: int) -> tuple[Ring, Ring] | None:
         rings = self._rings.get(pid)
         return rings.devices.get(index) if rings is not None else None
-
-    def _with_windows(self, agent: AgentView) -> AgentView:
-        """The agent's record with each device's history and step marks, and its host memory's,
-        copied out of the rings (the lock is held)."""
-        rings = self._rings[agent.pid]
-        return replace(
-            agent,
-            devices=tuple(
-                replace(
-                    d,
-                    history=_windows(rings.devices[d.index][0]),
-                    marks=_windows(rings.devices[d.index][1], VIEW_MARKS),
-                )
-                for d in agent.devices
-            ),
-            host_history=_windows(rings.host_history),
-            host_marks=_windows(rings.host_marks, VIEW_MARKS),
-        )
 
 
 def _windows(ring: Ring | None, last: int | None = None) -> dict[str, array[float]]:
