@@ -6,10 +6,13 @@ thread without copying or locking them.  Sizes are integer bytes throughout.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
+
+from memtop.base.jobs import JobIdentity, job_identity
 
 # The newest per-step baselines memtop judges a trend by: the leak verdict's window, the rows the
 # observation reads, and so all a viewer asks an agent for (DESIGN §6, `sample` `max_marks`).
@@ -640,3 +643,128 @@ class Accounting:
 
     def part(self, name: str) -> AccountPart | None:
         return next((p for p in self.parts if p.name == name), None)
+
+
+# ------------------------------------------------------------------ what the store keeps
+# memtop.engine.store keeps one `AgentView` per agent (frozen, replaced whole on each write:
+# the parsed sample held by reference, never copied) and hands a round of them out as one
+# `RoundView`; the diagnosis, the observation and the renderers read these.
+
+
+@dataclass(frozen=True)
+class AgentDeviceView:
+    """One agent device as the store keeps it: its newest sample (the parsed reply's record,
+    by reference), where the agent's hello says it is, and memtop's own peak.  Its windows
+    (history, step marks) are the round's: `RoundView.windows`."""
+
+    index: int
+    uuid: str
+    name: str
+    latest: AgentDeviceSample
+    # memtop's own maximum of what it sampled (misses a step's peak; torch's is the sample's)
+    sampled_peak_bytes: int
+
+
+@dataclass(frozen=True)
+class AgentView:
+    """One agent as the store keeps it: who it is (its hello, its rank and job, the allocator
+    settings in force, its newest OOM), its state, and each of its devices.  The store replaces
+    it whole on each write, so a reader holds one consistent agent without a copy."""
+
+    pid: int
+    state: str
+    hello: AgentHello | None
+    error: str | None
+    step: int | None
+    last_sample_time: float | None
+    devices: tuple[AgentDeviceView, ...]  # by index
+    breakdown: dict[int, dict[str, int]] | None
+    snapshot_summary: dict[int, dict[str, Any]] | None = None
+    breakdown_time: float | None = None  # when the agent measured it (its clock: this host's)
+    breakdown_step: int | None = None  # the step after which the agent measured it
+    snapshot_time: float | None = None
+    # The newest OOM report's headline, as the agent's sample says (None: no OOM yet).
+    last_oom: Mapping[str, Any] | None = None
+    sites: tuple[AgentSites, ...] = ()  # its `sites` readings, oldest first
+    # The allocator's option string in force, as the agent last said (None: it does not say;
+    # the hello's environment string is all there is).  `memtop tune` changes it.
+    allocator_settings: str | None = None
+
+    @property
+    def settings_in_force(self) -> str:
+        """The allocator options the trainer runs with: what its agent last said is in force,
+        else its environment's (an agent that does not say)."""
+        if self.allocator_settings is not None:
+            return self.allocator_settings
+        return self.hello.settings_in_force if self.hello is not None else ""
+
+    @property
+    def job(self) -> JobIdentity | None:
+        """Its scheduler job and rendezvous, as its hello said (memtop.base.jobs)."""
+        return job_identity(self.hello.extra) if self.hello is not None else None
+
+    @property
+    def hip(self) -> str | None:
+        """The HIP version of the trainer's torch when it is a ROCm build (torch.version.hip, in
+        the hello since AMD support); None on CUDA, or from an older agent."""
+        value = self.hello.extra.get("hip") if self.hello is not None else None
+        return value if isinstance(value, str) and value else None
+
+    @property
+    def rank(self) -> int | None:
+        """Its rank in its job: RANK as its hello said, else Slurm's SLURM_PROCID."""
+        rank = self.hello.extra.get("rank") if self.hello is not None else None
+        if isinstance(rank, int) and not isinstance(rank, bool):
+            return rank
+        job = self.job
+        return job.slurm_proc_id if job is not None else None
+
+    # Host memory's newest reading (its windows are the round's: `RoundView.host_windows`).
+    host_memory: HostMemory | None = None
+    # Actions performed in it by (kind, result), each counted once (the exporter's counter).
+    action_counts: Mapping[tuple[str, str], int] = field(default_factory=dict)
+
+
+# A window of history: (rows, step marks), each columns by name, oldest first, as arrays
+# (Ring.window: a memcpy, no float object per row until one is read).
+Windows = tuple[Mapping[str, "array[float]"], Mapping[str, "array[float]"]]
+NO_WINDOWS: Windows = ({}, {})
+
+
+@dataclass(frozen=True)
+class RoundView:
+    """Everything the store holds of one generation, taken under one lock: what the
+    observation joins and the diagnosis judges.  Nothing in it changes afterwards: the agents'
+    records are the store's own (frozen, replaced whole on a write), and the windows of history
+    beside them were copied out of its rings in the same lock take (so they are of one round).
+    """
+
+    generation: int
+    driver: DriverReading | None
+    # (times, used bytes) of each GPU the driver reported, by UUID, oldest first
+    device_used: Mapping[str, tuple[array[float], array[float]]]
+    agents: tuple[AgentView, ...]  # by pid, each device with its windows
+    processes: Mapping[int, ProcessInfo]
+    problems: tuple[str, ...]
+    events: tuple[tuple[float, str], ...]  # newest last
+    # Who each pid the driver charges is (memtop.sources.owners): the accounting sorts by it.
+    owners: Mapping[int, PidFacts] = field(default_factory=dict)
+    # The actions memtop performed in trainers, oldest first (Store.record_action).
+    actions: tuple[ActionRecord, ...] = ()
+    # Each agent device's windows by (pid, index): the store's HISTORY_COLUMNS of every row it
+    # keeps, and its newest step marks (step, time, allocated).
+    device_windows: Mapping[tuple[int, int], Windows] = field(default_factory=dict)
+    # Each agent's host memory's windows by pid: ("time", "rss") per sample, ("step", "time",
+    # "rss") per step mark; none without readings.
+    host_windows: Mapping[int, Windows] = field(default_factory=dict)
+
+    def used_window(self, uuid: str) -> tuple[array[float], array[float]]:
+        return self.device_used.get(uuid) or (array("d"), array("d"))
+
+    def windows(self, pid: int, index: int) -> Windows:
+        """One agent device's (history, step marks); empty where none were kept."""
+        return self.device_windows.get((pid, index), NO_WINDOWS)
+
+    def host_window(self, pid: int) -> Windows:
+        """One agent's host memory's (RSS per sample, RSS per step mark); empty without any."""
+        return self.host_windows.get(pid, NO_WINDOWS)

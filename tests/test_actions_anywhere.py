@@ -17,7 +17,7 @@ import pytest
 
 from memtop import protocol
 from memtop.engine.store import Store
-from memtop.model import ActionRecord, AgentSample
+from memtop.model import ActionRecord, AgentPoll, AgentSample, AgentStatus
 
 MiB = 1 << 20
 
@@ -120,9 +120,7 @@ def test_an_action_this_viewer_did_and_then_read_back_is_kept_once() -> None:
     store.record_action(ours)
     for _ in range(2):  # a reconnecting viewer is served the whole log again
         with store.round():
-            store._apply_sample(
-                _agent(store, 42), AgentSample(101.0, 3, (), actions=(theirs, other))
-            )
+            _sample(store, 42, AgentSample(101.0, 3, (), actions=(theirs, other)))
     actions = store.view().actions
     assert [(a.kind, a.pid, a.seq) for a in actions] == [("cleanup", 42, 5), ("tune", 42, 6)]
     mine = actions[0]
@@ -175,12 +173,11 @@ def test_made_up_action_kinds_stay_bounded_labels() -> None:
     assert set(ACTION_KINDS) == acting
     assert action_label("cleanup") == "cleanup" and action_label('evil"}') == "other"
     store = Store()
-    agent = _agent(store, 42)
     made_up = tuple(
         ActionRecord(f"kind{i}", 1.0 + i, 0, seq=i + 1, source="agent") for i in range(100)
     )
     with store.round():
-        store._apply_sample(agent, AgentSample(2.0, 1, (), actions=made_up))
+        _sample(store, 42, AgentSample(2.0, 1, (), actions=made_up))
     counts = store.agent(42).action_counts  # type: ignore[union-attr]
     assert len(counts) <= 17 and sum(counts.values()) == 100
 
@@ -193,10 +190,9 @@ def test_a_replay_that_seeks_back_before_an_action_forgets_it() -> None:
     assert store.view().actions == ()
 
 
-def _agent(store: Store, pid: int):  # type: ignore[no-untyped-def]
-    from memtop.engine.store import AgentState
-
-    return store._agents.setdefault(pid, AgentState(pid, "connected", None))
+def _sample(store: Store, pid: int, sample: AgentSample) -> None:
+    """A connected agent's sample, kept as the sampler keeps one (its first makes the agent)."""
+    store.update_agents([AgentPoll(pid, AgentStatus.CONNECTED, sample=sample)], when=sample.time)
 
 
 # ---------------------------------------------------------------- a real trainer

@@ -26,10 +26,13 @@ def test_agents_join_their_gpus_by_uuid_and_processes_by_pid_and_uuid():
     entries = {(e.pid, e.gpu): e for e in obs.entries}
     for trainer in TRAINERS:
         entry = entries[(trainer.pid, trainer.gpu)]
-        assert entry.device is not None and entry.agent is not None
+        assert entry.agent_device is not None and entry.agent is not None
         assert entry.used_bytes is not None
-        assert entry.used_bytes == entry.device.nvml_used_bytes
-        assert entry.device.non_pytorch_bytes == entry.used_bytes - entry.device.reserved_bytes
+        assert entry.used_bytes == entry.agent_device.nvml_used_bytes
+        assert (
+            entry.agent_device.non_pytorch_bytes
+            == entry.used_bytes - entry.agent_device.reserved_bytes
+        )
     strangers = [e for e in obs.entries if e.agent is None]
     assert {e.pid for e in strangers} == {7001, 7002}
     assert all(e.info is not None for e in strangers)

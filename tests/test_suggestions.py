@@ -11,8 +11,7 @@ from memtop.diagnosis import suggestions as rules
 from memtop.diagnosis.facts import DeviceDiagnosis, GpuObservation, parse_allocator_conf
 from memtop.diagnosis.fragmentation import Fragmentation, Pressure
 from memtop.diagnosis.leak import LeakEstimate, not_enough
-from memtop.engine.store import AgentView
-from memtop.model import AgentDeviceSample, AgentHello, DeviceReading, GpuProcess
+from memtop.model import AgentDeviceSample, AgentHello, AgentView, DeviceReading, GpuProcess
 
 MiB, GiB = 1 << 20, 1 << 30
 TOTAL = 80 * GiB

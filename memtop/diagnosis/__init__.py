@@ -8,7 +8,7 @@ assembles the `Diagnosis` every consumer renders.
 The diagnosis is a function of one `RoundView` (the store's immutable view of one generation,
 with each device's windows): it never sees the store, so it cannot read two rounds at once.
 
-May import: `memtop.engine.store` (the round's view it judges), `memtop.model`, `memtop.figures`,
+May import: `memtop.model` (the round's view it judges: `RoundView`), `memtop.figures`,
 `memtop.base`, `memtop.estimate`'s arithmetic and `memtop.oom`'s readers; no transport, no source,
 no I/O (contracts). Imported by the observation and above.
 """
@@ -16,11 +16,18 @@ no I/O (contracts). Imported by the observation and above.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from memtop.diagnosis.facts import DeviceDiagnosis, GpuObservation, HostDiagnosis
+from memtop.diagnosis.facts import (
+    HISTORY_ROWS,
+    MARK_ROWS,
+    DeviceDiagnosis,
+    DeviceHistory,
+    GpuObservation,
+    HostDiagnosis,
+)
 from memtop.diagnosis.fragmentation import (
     GAUGE_SAMPLES,
     PRESSURE_WINDOW_S,
@@ -28,14 +35,12 @@ from memtop.diagnosis.fragmentation import (
     pressure,
 )
 from memtop.diagnosis.leak import MAX_MARKS, LeakEstimate, detect
-from memtop.diagnosis.ranks import with_job_peers
+from memtop.diagnosis.ranks import JobPeers, job_peers
 from memtop.diagnosis.sites import site_trends
 from memtop.diagnosis.suggestions import Suggestion
 from memtop.diagnosis.workload import Workload, flat_high_share, of_agent
+from memtop.model import NO_WINDOWS, AgentDeviceView, AgentView, RoundView, Windows
 from memtop.oom.diagnose import growing_batch
-
-if TYPE_CHECKING:  # the store's view is only read: the package stays light
-    from memtop.engine.store import AgentDeviceView, AgentView, RoundView
 
 __all__ = [
     "DeviceDiagnosis",
@@ -46,6 +51,10 @@ __all__ = [
     "LeakEstimate",
     "Suggestion",
 ]
+
+# Where an agent's device is (the observation's join): the driver's UUID and number of its GPU,
+# and what the driver charges the process there.
+Placement = tuple[str, int, int | None]
 
 # The leak test costs a few ms per device; a dashboard refreshing every second re-judges each
 # device at most this often (a trend judged over minutes of steps does not change in ten
@@ -97,7 +106,7 @@ class Diagnoser:
             if cached is not None and 0 <= now - cached[0] < self.leak_refresh_s:
                 leak = cached[1]
             else:
-                marks, history = agent.host_marks, agent.host_history
+                history, marks = view.host_window(agent.pid)
                 headroom = (
                     max(0, memory.total_bytes - memory.rss_bytes) if memory.total_bytes else None
                 )
@@ -117,25 +126,49 @@ class Diagnoser:
         return hosts
 
     def diagnose_devices(
-        self, view: RoundView, now: float
+        self,
+        view: RoundView,
+        now: float,
+        place: Callable[[AgentView, AgentDeviceView], Placement] | None = None,
     ) -> dict[tuple[int, int], DeviceDiagnosis]:
-        """Every agent device of one round's `view`, by (pid, device index)."""
+        """Every agent device of one round's `view`, by (pid, device index): each one record,
+        made once, with where it is (`place`: the observation's join; without it, the agent's
+        own UUID and index) and its job's other ranks in view."""
         devices: dict[tuple[int, int], DeviceDiagnosis] = {}
+        owners = {pid: info.uid for pid, info in view.processes.items()}
+        peers = job_peers(view.agents, owners)
         for agent in view.agents:
             for dev in agent.devices:
                 info = view.processes.get(agent.pid)
                 launcher = info.launcher_cmdline if info is not None else ()
-                devices[(agent.pid, dev.index)] = self._device(agent, dev, now, launcher)
+                devices[(agent.pid, dev.index)] = self._device(
+                    agent,
+                    dev,
+                    now,
+                    launcher,
+                    place=place(agent, dev) if place is not None else None,
+                    peers=peers.get(agent.pid),
+                    windows=view.windows(agent.pid, dev.index),
+                )
         self._leaks = {k: v for k, v in self._leaks.items() if k in devices}
-        owners = {pid: info.uid for pid, info in view.processes.items()}
-        return with_job_peers(devices, view.agents, owners)
+        return devices
 
     def _device(
-        self, agent: AgentView, dev: AgentDeviceView, now: float, launcher_argv: Sequence[str] = ()
+        self,
+        agent: AgentView,
+        dev: AgentDeviceView,
+        now: float,
+        launcher_argv: Sequence[str] = (),
+        *,
+        place: Placement | None = None,
+        peers: JobPeers | None = None,
+        windows: Windows = NO_WINDOWS,
     ) -> DeviceDiagnosis:
+        """One agent device's record, made once: judged on its sample and its `windows` of the
+        round (history, step marks), where `place` says it is, with its job's `peers`."""
         latest = dev.latest
         key = (agent.pid, dev.index)
-        history, marks = dev.history, dev.marks
+        history, marks = windows
         # Only the rows each measure needs: the gauge's median and the pressure window, judged
         # every time; the whole allocated history only when the leak verdict is due again (a
         # dashboard diagnoses every second, and an hour of history is 3600 rows per device).
@@ -172,10 +205,11 @@ class Diagnoser:
             oom_growth = _growth_from_marks(marks, recent)
         summaries = agent.snapshot_summary or {}
         snapshot_age = now - agent.snapshot_time if agent.snapshot_time is not None else None
+        uuid, gpu, charged = place if place is not None else (dev.uuid, dev.index, None)
         return DeviceDiagnosis(
             pid=agent.pid,
             index=dev.index,
-            uuid=dev.uuid,
+            uuid=uuid,
             sample=latest,
             baseline_bytes=int(newest[-1]) if newest else None,
             leak=leak,
@@ -189,24 +223,56 @@ class Diagnoser:
             process=agent,
             oom_growth=oom_growth,
             sites=site_trends(agent.sites, dev.index, leak) if agent.sites else (),
-            workload=_workload(agent, dev, launcher_argv),
+            workload=_workload(agent, dev, launcher_argv, history, marks),
+            rank=peers.rank if peers is not None else None,
+            job=peers.job if peers is not None else None,
+            peer_ranks=peers.peer_ranks if peers is not None else 0,
+            peers_median_peak_bytes=peers.peers_median_peak_bytes if peers is not None else None,
+            name=dev.name,
+            gpu=gpu,
+            sampled_peak_bytes=dev.sampled_peak_bytes,
+            nvml_used_bytes=charged,
+            history=_history(history, marks),
         )
 
 
 _PRESSURE_COLUMNS = ("time", "num_alloc_retries", "num_ooms")
 
 
-def _workload(agent: AgentView, dev: AgentDeviceView, launcher_argv: Sequence[str]) -> Workload:
+def _history(
+    rows: Mapping[str, Sequence[float]], marks: Mapping[str, Sequence[float]]
+) -> DeviceHistory:
+    """The windows the screens draw: the newest HISTORY_ROWS sampled rows and MARK_ROWS step
+    marks of the round's view (slices of its arrays: a memcpy, no float object per row)."""
+    return DeviceHistory(
+        time=rows.get("time", ())[-HISTORY_ROWS:],
+        allocated=rows.get("allocated", ())[-HISTORY_ROWS:],
+        reserved=rows.get("reserved", ())[-HISTORY_ROWS:],
+        torch_peak=rows.get("torch_peak", ())[-HISTORY_ROWS:],
+        num_ooms=rows.get("num_ooms", ())[-HISTORY_ROWS:],
+        mark_step=marks.get("step", ())[-MARK_ROWS:],
+        mark_time=marks.get("time", ())[-MARK_ROWS:],
+        mark_allocated=marks.get("allocated", ())[-MARK_ROWS:],
+    )
+
+
+def _workload(
+    agent: AgentView,
+    dev: AgentDeviceView,
+    launcher_argv: Sequence[str],
+    history: Mapping[str, Sequence[float]],
+    marks: Mapping[str, Sequence[float]],
+) -> Workload:
     """What the process is (memtop.diagnosis.workload), from its hello, its steps and its
     reserved bytes since the first sample the store keeps."""
     hello = agent.hello
     environ = hello.extra.get("engine_environment") if hello is not None else None
-    stepped = bool(agent.step) or bool(dev.marks.get("step", ()))
+    stepped = bool(agent.step) or bool(marks.get("step", ()))
     latest = dev.latest
     pattern = None
     if not stepped:
         pattern = flat_high_share(
-            dev.history.get("reserved", ()),
+            history.get("reserved", ()),
             latest.total_bytes,
             latest.num_alloc_retries,
             latest.num_ooms,

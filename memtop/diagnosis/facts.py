@@ -1,26 +1,35 @@
 """What the diagnosis knows about each agent device and each GPU: the input of the rules.
 
 `DeviceDiagnosis` is the one record of an agent's device above the store: the diagnoser makes it
-from the round's view, the observation places it (the driver's UUID and number of its GPU,
-what the driver charges, the windows the screens draw), and the rules, the screens, the report
-and the exporter read that same record.
+once from the round's view, where the observation's join says it is (the driver's UUID and
+number of its GPU, what the driver charges), with the windows the screens draw, and the rules,
+the screens, the report and the exporter read that same record.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from memtop.base import alloc_conf
 from memtop.diagnosis.fragmentation import Fragmentation, Pressure
 from memtop.diagnosis.leak import LeakEstimate
 from memtop.diagnosis.sites import SiteTrend
 from memtop.diagnosis.workload import Workload, WorkloadKind
-from memtop.model import Accounting, AgentDeviceSample, DeviceReading, GpuProcess, MigInfo
+from memtop.model import (
+    MARK_WINDOW,
+    Accounting,
+    AgentDeviceSample,
+    AgentView,
+    DeviceReading,
+    GpuProcess,
+    MigInfo,
+)
 
-if TYPE_CHECKING:  # the store's record of the agent is only read: the package stays light
-    from memtop.engine.store import AgentView
+# The history windows the screens draw (the store keeps an hour).
+HISTORY_ROWS = 900  # sampled rows: 15 minutes at the default 1 s interval
+MARK_ROWS = MARK_WINDOW  # per-step baselines
 
 
 class ReadsSample:
@@ -82,8 +91,8 @@ class DeviceDiagnosis(ReadsSample):
     GPU as the driver names and numbers it, what the driver charges the process there), the
     judgements behind every rule (leak, fragmentation, pressure, baseline), and the windows the
     screens draw, beside the sample they were judged on, held by reference: its bytes are read
-    through it (ReadsSample), never copied.  The diagnoser makes it (`Diagnoser._device`); the
-    observation places it (`observation._placed`)."""
+    through it (ReadsSample), never copied.  The diagnoser makes it once (`Diagnoser._device`),
+    placed where the observation's join says (`observation._placement`)."""
 
     pid: int
     index: int  # the agent's own cuda index (actions and the detail screen use it)
@@ -110,8 +119,9 @@ class DeviceDiagnosis(ReadsSample):
     # reader's to say, so that this value does not change every round).
     breakdown_step: int | None = None
     breakdown_time: float | None = None
-    # Its job's other ranks in view (memtop.diagnosis.ranks): its rank, the job's label, how
-    # many other ranks, and the median of their peaks.
+    # Its job's other ranks in view (memtop.diagnosis.ranks): its rank and the job's label (its
+    # agent's own, AgentView.rank / .job, set here only where a peer is in view), how many
+    # other ranks, and the median of their peaks.
     rank: int | None = None
     job: str | None = None
     peer_ranks: int = 0
@@ -121,7 +131,7 @@ class DeviceDiagnosis(ReadsSample):
     # What the process is (memtop.diagnosis.workload): a trainer, a server with the share it
     # asked for, a PyTorch process with no steps.  None: not judged (taken for a trainer).
     workload: Workload | None = None
-    # Where it is and what the screens draw (the observation fills these in: `_placed`).
+    # Where it is (the observation's join) and what the screens draw.
     name: str = ""
     gpu: int = -1  # the GPU as the driver numbers it (the agent's index without a driver view)
     sampled_peak_bytes: int = 0  # memtop's own maximum of what it sampled (misses step peaks)
@@ -138,9 +148,7 @@ class DeviceDiagnosis(ReadsSample):
     def hip(self) -> str | None:
         """torch.version.hip of its process: a ROCm build (AMD GPUs), whose fixes are spelt for
         ROCm; None on CUDA, or from an agent that does not say."""
-        hello = self.process.hello if self.process is not None else None
-        value = hello.extra.get("hip") if hello is not None else None
-        return value if isinstance(value, str) and value else None
+        return self.process.hip if self.process is not None else None
 
     @property
     def last_oom(self) -> dict[str, Any] | None:

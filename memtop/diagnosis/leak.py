@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
-from memtop.figures.units import MiB
+from memtop.figures.units import MiB, format_bytes, format_duration, short_bytes
 from memtop.model import MARK_WINDOW, Choice
 
 MIN_MARKS = 30  # fewer per-step baselines than this say nothing about a trend
@@ -677,3 +677,22 @@ def _first_index_at_or_after(xs: Sequence[float], x: float) -> int:
         else:
             hi = mid
     return min(lo, len(xs) - 1)
+
+
+def leak_label(
+    per_step: float | None, per_second: float | None, to_full: float | None, short: bool = False
+) -> str:
+    """A leak's rate in a few words: "+8.0 MiB/step · full in 7 min", or "+8.0M/step 7 min"
+    where room is short (the process table, a GPU card's trend, the detail screen)."""
+    size = short_bytes if short else format_bytes
+    if per_step is not None:
+        rate = f"+{size(int(per_step))}/step"
+    elif per_second is not None:
+        rate = f"+{size(int(per_second))}/s"
+    else:
+        rate = "growing"
+    if to_full is None:
+        return rate
+    if short:
+        return f"{rate} {format_duration(to_full)}"
+    return f"{rate} · full in {format_duration(to_full)}"

@@ -28,13 +28,15 @@ from memtop.diagnosis.fragmentation import GAUGE_SAMPLES
 from memtop.diagnosis.leak import LeakBasis, LeakEstimate
 from memtop.engine.feed import ActionReply, FeedLoop, refused
 from memtop.engine.observation import Observation, Observer
-from memtop.engine.store import AgentDeviceView, AgentView, Store
+from memtop.engine.store import Store
 from memtop.figures.units import short_host
 from memtop.model import (
     AgentDeviceSample,
+    AgentDeviceView,
     AgentPoll,
     AgentSample,
     AgentStatus,
+    AgentView,
     DeviceReading,
     DriverReading,
     HostPid,
@@ -58,14 +60,19 @@ class RemoteDiagnoser(Diagnoser):
         self.host = host  # where the verdicts were judged, for a pid that does not say (local)
 
     def _device(
-        self, agent: AgentView, dev: AgentDeviceView, now: float, launcher_argv: Sequence[str] = ()
+        self,
+        agent: AgentView,
+        dev: AgentDeviceView,
+        now: float,
+        launcher_argv: Sequence[str] = (),
+        **where: Any,
     ) -> DeviceDiagnosis:
         key = (agent.pid, dev.index)
         verdict = self.verdicts.get(key, {})
         # Seeding the verdict cache keeps the base class from judging the leak again from
         # scrape-rate samples.
         self._leaks[key] = (now, remote_leak(verdict, host_of(agent.pid) or self.host))
-        found = super()._device(agent, dev, now, launcher_argv)
+        found = super()._device(agent, dev, now, launcher_argv, **where)
         frag = found.fragmentation
         return dataclasses.replace(
             found,

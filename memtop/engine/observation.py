@@ -21,62 +21,97 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
-from memtop.base.jobs import JobIdentity, job_identity
-from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuObservation
+from memtop.base.jobs import JobIdentity
+from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuObservation, HostDiagnosis
 from memtop.diagnosis.effects import ActionEffect, effect
-from memtop.diagnosis.facts import DeviceHistory
+from memtop.diagnosis.facts import HISTORY_ROWS, MARK_ROWS, DeviceHistory
+from memtop.diagnosis.leak import leak_label
 from memtop.diagnosis.stability import Stabilizer
 from memtop.diagnosis.suggestions import host_leak_suggestions, last_seen_leaks, most_severe_first
 from memtop.diagnosis.workload import Workload, recognise
-from memtop.engine.store import AgentDeviceView, AgentView, RoundView, Store
+from memtop.engine.store import Store
+from memtop.figures.units import short_host
 from memtop.model import (
     GONE,
     HIDDEN,
-    MARK_WINDOW,
     OTHER_NAMESPACE,
     SOURCE_AGENT,
     AccountedProcess,
     Accounting,
     AccountPart,
     ActionRecord,
+    AgentDeviceView,
     AgentHello,
     AgentStatus,
+    AgentView,
+    Choice,
     DeviceReading,
     DriverReading,
     GpuProcess,
     HostMemory,
     ProcessInfo,
+    RoundView,
+    Windows,
     bare_uuid,
     host_of,
 )
 
-# The history windows the screens draw (the store keeps an hour).
-HISTORY_ROWS = 900  # sampled rows: 15 minutes at the default 1 s interval
-MARK_ROWS = MARK_WINDOW  # per-step baselines
 EVENTS = 20  # the newest event messages kept
 
 
 @dataclass(frozen=True, slots=True)
 class AgentObservation:
-    pid: int
-    status: AgentStatus
-    error: str | None
-    hello: AgentHello | None
-    step: int | None
+    """One agent above the store: its record as the store keeps it (`process`: who it is, its
+    state, its allocator settings in force, its host memory; held by reference and read through
+    the properties below, never copied), its devices' records, the host's view of it, and what
+    the actions performed in it did."""
+
+    process: AgentView
     devices: tuple[DeviceDiagnosis, ...]
     info: ProcessInfo | None  # owner and command line, when visible
-    # The allocator's option string in force, where the agent says (`memtop tune` changes it).
-    allocator_settings: str | None = None
     # What each action performed in it did (by this memtop, or anyone: the agent's log), per
     # device: the windows before and after.
     actions: tuple[ActionEffect, ...] = ()
-    # Actions performed in it by (kind, result), each counted once as it became known.
-    action_counts: Mapping[tuple[str, str], int] = field(default_factory=dict)
-    # Its own host memory (a CPU trainer's only memory figure): the newest reading, and the
-    # windows the detail screen draws (RSS per sample; RSS right after each step).
-    host_memory: HostMemory | None = None
+    # The windows the detail screen draws of its own host memory (a CPU trainer's only memory
+    # figure): RSS per sample; RSS right after each step.
     host_history: DeviceHistory = field(default_factory=DeviceHistory)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def status(self) -> AgentStatus:
+        return AgentStatus(self.process.state)
+
+    @property
+    def error(self) -> str | None:
+        return self.process.error
+
+    @property
+    def hello(self) -> AgentHello | None:
+        return self.process.hello
+
+    @property
+    def step(self) -> int | None:
+        return self.process.step
+
+    @property
+    def allocator_settings(self) -> str | None:
+        """The allocator's option string in force, where the agent says (`memtop tune`)."""
+        return self.process.allocator_settings
+
+    @property
+    def action_counts(self) -> Mapping[tuple[str, str], int]:
+        """Actions performed in it by (kind, result), each counted once as it became known."""
+        return self.process.action_counts
+
+    @property
+    def host_memory(self) -> HostMemory | None:
+        """Its own host memory's newest reading (None: the agent does not report it)."""
+        return self.process.host_memory
 
     @property
     def cpu_only(self) -> bool:
@@ -101,39 +136,111 @@ class AgentObservation:
     def settings_in_force(self) -> str:
         """The allocator options the trainer runs with now (the environment's where its agent
         does not say)."""
-        if self.allocator_settings is not None:
-            return self.allocator_settings
-        return self.hello.settings_in_force if self.hello is not None else ""
+        return self.process.settings_in_force
 
     @property
     def hip(self) -> str | None:
-        """The HIP version of the trainer's torch when it is a ROCm build (torch.version.hip, in
-        the hello since AMD support); None on CUDA, or from an older agent."""
-        value = self.hello.extra.get("hip") if self.hello is not None else None
-        return value if isinstance(value, str) and value else None
+        """torch.version.hip of its trainer (a ROCm build); None on CUDA, or not said."""
+        return self.process.hip
 
     @property
     def job(self) -> JobIdentity | None:
         """Its scheduler job and rendezvous, as its hello said (memtop.base.jobs)."""
-        return job_identity(self.hello.extra) if self.hello is not None else None
+        return self.process.job
+
+
+class ProcessState(Choice):
+    """A process row's state, in the words the table shows: its agent's status (AgentStatus),
+    or that it has none."""
+
+    AGENT = "agent"  # an agent answers: its numbers are live
+    EXITED = "exited"  # gone; its last numbers stay a while, dimmed
+    NO_AGENT = "no agent"  # the driver lists it; no memtop agent runs in it
+    UNREACHABLE = "unreachable"
+    HUNG = "hung"
+    INCONSISTENT = "inconsistent"
+    REFUSED = "refused"
+
+
+STATE_LABELS = {
+    AgentStatus.CONNECTED: ProcessState.AGENT,
+    AgentStatus.EXITED: ProcessState.EXITED,
+    AgentStatus.UNREACHABLE: ProcessState.UNREACHABLE,
+    AgentStatus.HUNG: ProcessState.HUNG,
+    AgentStatus.INCONSISTENT: ProcessState.INCONSISTENT,
+    AgentStatus.REFUSED: ProcessState.REFUSED,
+}
 
 
 @dataclass(frozen=True, slots=True)
-class ProcessEntry:
-    """One line of the process table: an agent device, an agent that has no device yet, or a
-    process the driver lists without an agent — joined on (pid, GPU UUID)."""
+class ProcessRow:
+    """One line of the process table, and the one record of a process on a GPU above the
+    store: an agent device, an agent that has no device yet, or a process the driver lists
+    without an agent, joined on (pid, GPU UUID) (`_entries`), with the figures and words the
+    table, the detail screen and the keys read.  The agent, its device's record and the host's
+    view of the process are held by reference and not compared: two rows are equal when what
+    they show is (the table repaints only then).  The dashboard adds only what its viewer
+    remembers (an exited process's user; `own` for another uid: `memtop.ui.view.build`)."""
 
+    key: str  # stable across refreshes: the table's row key
     pid: int
-    gpu: int | None  # the driver's number of the GPU
-    uuid: str | None
-    used_bytes: int | None  # what the driver charges it on that GPU
-    agent: AgentObservation | None
-    device: DeviceDiagnosis | None
-    info: ProcessInfo | None
+    user: str
+    command: str
+    gpu: int | None  # the GPU as the driver numbers it
+    device: int | None  # the agent's own device index (for actions and the detail screen)
+    used: int | None  # what the driver charges to the process
+    allocated: int | None
+    reserved: int | None
+    peak: int | None  # torch's allocated_bytes.all.peak
+    step: int | None
+    state: ProcessState
+    trend: str  # "+8.0M/step" for a leak, "" otherwise
+    own: bool
+    full_command: str = ""  # the whole command line (the table shows `command`: basename + args)
+    rank: int | None = None  # RANK / LOCAL_RANK / WORLD_SIZE from the agent's hello
+    local_rank: int | None = None
+    world_size: int | None = None
+    launcher: int | None = None  # the parent pid of a rank (torchrun): the group it sits in
+    cpu_percent: float | None = None  # host CPU of the process
+    rss: int | None = None  # host resident memory
+    started: float | None = None  # unix time the process started
+    run_seconds: float | None = None  # how long it has run, at the observation's time
+    rocm: str | None = None  # the HIP version when its torch is a ROCm build (AMD GPUs)
+    host: str = ""  # the machine it runs on, short, when not this one (the fleet view)
+    job: str = ""  # its scheduler job or rendezvous, compact (memtop.base.jobs): "slurm 4242"
+    # An agent that uses no CUDA device (a CPU trainer): judged by its host memory, and the
+    # keys that act on CUDA's caching allocator (cleanup, snapshot, stacks) have nothing to do.
+    cpu_only: bool = False
+    mig_instance: int | None = None  # the GPU instance id of the MIG instance it runs on
+    uuid: str | None = None  # the GPU as the driver names it (None: no GPU)
     # What the process is (memtop.diagnosis.workload): an agent device's as its diagnosis
     # judged it; a process without an agent's from its command line and environment, when they
-    # say (None otherwise).
-    workload: Workload | None = None
+    # say (None otherwise).  Shown through `command`'s label.
+    workload: Workload | None = field(default=None, compare=False)
+    agent: AgentObservation | None = field(default=None, compare=False, repr=False)
+    agent_device: DeviceDiagnosis | None = field(default=None, compare=False, repr=False)
+    info: ProcessInfo | None = field(default=None, compare=False, repr=False)  # when visible
+
+    @property
+    def used_bytes(self) -> int | None:
+        """What the driver charges the process on its GPU (`used`)."""
+        return self.used
+
+    @property
+    def gpu_label(self) -> str:
+        """ "0", "0:1" on GPU 0's MIG instance 1 (as `--only` takes it), "—" without a GPU."""
+        if self.gpu is None:
+            return "—"
+        return f"{self.gpu}:{self.mig_instance}" if self.mig_instance is not None else str(self.gpu)
+
+    @property
+    def last_known(self) -> bool:
+        """Its memory figures are the last ones seen, not live (the process has exited)."""
+        return self.state == ProcessState.EXITED
+
+    @property
+    def has_agent(self) -> bool:
+        return self.state == ProcessState.AGENT
 
 
 @dataclass(frozen=True)
@@ -148,7 +255,7 @@ class Observation:
     driver_version: str | None
     gpus: tuple[GpuObservation, ...]
     agents: tuple[AgentObservation, ...]  # every agent in view, in any state, by pid
-    entries: tuple[ProcessEntry, ...]  # the process table, by GPU then pid
+    entries: tuple[ProcessRow, ...]  # the process table, by GPU then pid
     diagnosis: Diagnosis
     problems: tuple[str, ...] = ()
     events: tuple[str, ...] = ()  # newest last
@@ -245,45 +352,21 @@ class Observer:
         reading = view.driver or DriverReading(available=False, error="devices not read")
         views = view.agents
         infos = view.processes
-        diagnosed = self.diagnoser.diagnose_devices(view, now)
         driver = reading.available and reading.source != SOURCE_AGENT
-        # The driver's number and per-process charge of each GPU, by UUID.
-        gpu_number = {d.uuid: d.index for d in reading.devices} if reading.available else {}
-        driver_uuid = _driver_uuids(reading if driver else None)
-        charged: dict[tuple[int, str], int | None] = {}
-        if driver:
-            for d in reading.devices:
-                for p in d.processes:
-                    charged[(p.pid, d.uuid)] = p.used_bytes
+        diagnosed = self.diagnoser.diagnose_devices(
+            view, now, _placement(reading, driver, _driver_uuids(reading if driver else None))
+        )
 
         agents = []
         for agent in views:
-            devices = []
-            for dev in agent.devices:
-                uuid = driver_uuid(agent, dev)
-                devices.append(
-                    _placed(
-                        dev,
-                        uuid,
-                        gpu_number.get(uuid, dev.index),
-                        charged.get((agent.pid, uuid)),
-                        diagnosed[(agent.pid, dev.index)],
-                    )
-                )
+            devices = [diagnosed[(agent.pid, dev.index)] for dev in agent.devices]
             agents.append(
                 AgentObservation(
-                    pid=agent.pid,
-                    status=AgentStatus(agent.state),
-                    error=agent.error,
-                    hello=agent.hello,
-                    step=agent.step,
+                    process=agent,
                     devices=tuple(devices),
                     info=infos.get(agent.pid),
-                    allocator_settings=agent.allocator_settings,
-                    actions=_effects(agent, [a for a in view.actions if a.pid == agent.pid]),
-                    action_counts=agent.action_counts,
-                    host_memory=agent.host_memory,
-                    host_history=_host_history(agent),
+                    actions=_effects(agent, [a for a in view.actions if a.pid == agent.pid], view),
+                    host_history=_host_history(view.host_window(agent.pid)),
                 )
             )
 
@@ -330,7 +413,7 @@ class Observer:
             driver_version=reading.driver_version,
             gpus=gpus,
             agents=tuple(agents),
-            entries=_entries(reading, agents, infos),
+            entries=_entries(reading, agents, infos, gpus, hosts, self.uid, now),
             diagnosis=diagnosis,
             problems=view.problems,
             events=tuple(message for _, message in view.events[-EVENTS:]),
@@ -382,10 +465,10 @@ def _driver_uuids(
     return resolve
 
 
-def _host_history(agent: AgentView) -> DeviceHistory:
+def _host_history(windows: Windows) -> DeviceHistory:
     """A process's RSS per sample (as `allocated`) and right after each step (as the marks'
     `allocated`): the detail screen's host memory chart."""
-    rows, marks = agent.host_history, agent.host_marks
+    rows, marks = windows
     return DeviceHistory(
         time=rows.get("time", ())[-HISTORY_ROWS:],
         allocated=rows.get("rss", ())[-HISTORY_ROWS:],
@@ -409,7 +492,9 @@ def _settled_instance(pid: int, size: int, instances: Sequence[DeviceReading]) -
     return matching[0] if len(matching) == 1 else None
 
 
-def _effects(agent: AgentView, actions: Sequence[ActionRecord]) -> tuple[ActionEffect, ...]:
+def _effects(
+    agent: AgentView, actions: Sequence[ActionRecord], view: RoundView
+) -> tuple[ActionEffect, ...]:
     """Each action's windows before and after it, on each device of its trainer."""
     found = []
     for action in actions:
@@ -417,7 +502,7 @@ def _effects(agent: AgentView, actions: Sequence[ActionRecord]) -> tuple[ActionE
             # No device to measure it on (a CPU trainer): the action is still said.
             found.append(ActionEffect(action, None, None, None))
         for dev in agent.devices:
-            rows, marks = dev.history, dev.marks
+            rows, marks = view.windows(agent.pid, dev.index)
             found.append(
                 effect(
                     action,
@@ -433,32 +518,26 @@ def _effects(agent: AgentView, actions: Sequence[ActionRecord]) -> tuple[ActionE
     return tuple(found)
 
 
-def _placed(
-    dev: AgentDeviceView, uuid: str, gpu: int, nvml_used: int | None, diagnosed: DeviceDiagnosis
-) -> DeviceDiagnosis:
-    """The diagnosed device where it is: the driver's UUID and number of its GPU, what the
-    driver charges the process there, and the windows the screens draw (the one record of an
-    agent's device; its figures stay its sample's, by reference)."""
-    rows, marks = dev.history, dev.marks
-    history = DeviceHistory(
-        time=rows.get("time", ())[-HISTORY_ROWS:],
-        allocated=rows.get("allocated", ())[-HISTORY_ROWS:],
-        reserved=rows.get("reserved", ())[-HISTORY_ROWS:],
-        torch_peak=rows.get("torch_peak", ())[-HISTORY_ROWS:],
-        num_ooms=rows.get("num_ooms", ())[-HISTORY_ROWS:],
-        mark_step=marks.get("step", ())[-MARK_ROWS:],
-        mark_time=marks.get("time", ())[-MARK_ROWS:],
-        mark_allocated=marks.get("allocated", ())[-MARK_ROWS:],
-    )
-    return replace(
-        diagnosed,
-        uuid=uuid,
-        name=dev.name,
-        gpu=gpu,
-        sampled_peak_bytes=dev.sampled_peak_bytes,
-        nvml_used_bytes=nvml_used,
-        history=history,
-    )
+def _placement(
+    reading: DriverReading,
+    driver: bool,
+    driver_uuid: Callable[[AgentView, AgentDeviceView], str],
+) -> Callable[[AgentView, AgentDeviceView], tuple[str, int, int | None]]:
+    """Where each agent device is, for the diagnoser to make its one record there: the driver's
+    UUID of its GPU (`driver_uuid`), the driver's number of it (the agent's index without a
+    driver view) and what the driver charges the process on it (None: not listed)."""
+    gpu_number = {d.uuid: d.index for d in reading.devices} if reading.available else {}
+    charged: dict[tuple[int, str], int | None] = {}
+    if driver:
+        for d in reading.devices:
+            for p in d.processes:
+                charged[(p.pid, d.uuid)] = p.used_bytes
+
+    def place(agent: AgentView, dev: AgentDeviceView) -> tuple[str, int, int | None]:
+        uuid = driver_uuid(agent, dev)
+        return uuid, gpu_number.get(uuid, dev.index), charged.get((agent.pid, uuid))
+
+    return place
 
 
 def _gpus(
@@ -653,46 +732,204 @@ def _entries(
     reading: DriverReading,
     agents: Sequence[AgentObservation],
     infos: Mapping[int, ProcessInfo],
-) -> tuple[ProcessEntry, ...]:
+    gpus: Sequence[GpuObservation] = (),
+    hosts: Mapping[int, HostDiagnosis] | None = None,
+    my_uid: int = -1,
+    now: float = 0.0,
+) -> tuple[ProcessRow, ...]:
     """Agent devices joined with the driver's processes on (pid, GPU UUID); then the driver's
-    processes that have no agent."""
-    entries: list[ProcessEntry] = []
+    processes that have no agent: each one row, made once."""
+    # A process on a MIG instance shows its GPU as "0:1" (GPU 0, GPU instance 1).
+    instances = {g.uuid: g.mig.gpu_instance_id for g in gpus if g.mig is not None}
+    hosts = hosts or {}
+    rows: list[ProcessRow] = []
     seen: set[tuple[int, str]] = set()
     for agent in agents:
         for dev in agent.devices:
             seen.add((agent.pid, dev.uuid))
-            entries.append(
-                ProcessEntry(
-                    pid=agent.pid,
-                    gpu=dev.gpu,
-                    uuid=dev.uuid,
-                    used_bytes=dev.nvml_used_bytes,
-                    agent=agent,
-                    device=dev,
-                    info=agent.info,
-                    workload=dev.diagnosis.workload,
-                )
-            )
+            rows.append(_agent_row(agent, dev, my_uid, now, instances.get(dev.uuid), hosts))
         if not agent.devices:  # not sampled yet, or unreachable
-            entries.append(ProcessEntry(agent.pid, None, None, None, agent, None, agent.info))
+            rows.append(_agent_row(agent, None, my_uid, now, None, hosts))
     if reading.available:
         for d in reading.devices:
             for p in d.processes:
                 if (p.pid, d.uuid) not in seen:
-                    entries.append(
-                        ProcessEntry(
+                    rows.append(
+                        _stranger_row(
                             p.pid,
                             d.index,
                             d.uuid,
                             p.used_bytes,
-                            None,
-                            None,
                             infos.get(p.pid),
-                            process_workload(infos.get(p.pid)),
+                            my_uid,
+                            now,
+                            instances.get(d.uuid),
                         )
                     )
-    entries.sort(key=lambda e: (e.gpu if e.gpu is not None else 1 << 30, e.pid))
-    return tuple(entries)
+    rows.sort(key=lambda e: (e.gpu if e.gpu is not None else 1 << 30, e.pid))
+    return tuple(rows)
+
+
+def _stranger_row(
+    pid: int,
+    gpu: int,
+    uuid: str,
+    used: int | None,
+    info: ProcessInfo | None,
+    my_uid: int,
+    now: float,
+    mig_instance: int | None,
+) -> ProcessRow:
+    """A process the driver lists on a GPU, without an agent."""
+    workload = process_workload(info)
+    argv = info.cmdline if info and info.visible and info.cmdline else ()
+    return ProcessRow(
+        key=f"{process_key(pid)}:{uuid}",
+        pid=pid,
+        host=_where(pid),
+        user=_user(info),
+        command=_labelled(
+            workload,
+            short_command(argv) if argv else (info.name if info and info.visible else "?"),
+        ),
+        full_command=info.command if info and info.visible else "?",
+        **_host_usage(info, now),
+        gpu=gpu,
+        mig_instance=mig_instance,
+        device=None,
+        used=used,
+        allocated=None,
+        reserved=None,
+        peak=None,
+        step=None,
+        state=ProcessState.NO_AGENT,
+        trend="",
+        own=info is not None and info.uid == my_uid,
+        uuid=uuid,
+        workload=workload,
+        info=info,
+    )
+
+
+def _agent_row(
+    agent: AgentObservation,
+    dev: DeviceDiagnosis | None,
+    my_uid: int,
+    now: float,
+    mig_instance: int | None,
+    hosts: Mapping[int, HostDiagnosis],
+) -> ProcessRow:
+    """An agent's device (or, `dev` None, an agent without one yet: the row keeps its process
+    and agent columns and leaves the GPU's blank)."""
+    info = agent.info
+    workload = dev.workload if dev is not None else None
+    argv = agent.argv or (info.cmdline if info else ())
+    extra = agent.hello.extra if agent.hello is not None else {}
+    job = agent.job
+    state = STATE_LABELS[agent.status]
+    trend = ""
+    if dev is not None and dev.leak.detected and state == ProcessState.AGENT:
+        leak = dev.leak
+        trend = leak_label(leak.bytes_per_step, leak.bytes_per_second, None, short=True)
+    elif dev is not None and dev.leak.detected and state == ProcessState.EXITED:
+        # The verdict stays with the row of a trainer that exited, marked as the last seen.
+        leak = dev.leak
+        trend = "was " + leak_label(leak.bytes_per_step, leak.bytes_per_second, None, short=True)
+    own_host = hosts.get(agent.pid)
+    if (
+        dev is None
+        and own_host is not None
+        and own_host.leak.detected
+        and state == ProcessState.AGENT
+    ):
+        # A CPU trainer: its verdict is on its host memory (RSS after each step).
+        leak = own_host.leak
+        trend = "host " + leak_label(leak.bytes_per_step, leak.bytes_per_second, None, short=True)
+    process = process_key(agent.pid)
+    return ProcessRow(
+        key=f"{process}:{dev.uuid or dev.index}" if dev else f"{process}:-",
+        pid=agent.pid,
+        host=_where(agent.pid),
+        user=_user(info),
+        command=_labelled(workload, short_command(argv) if argv else "?"),
+        full_command=" ".join(argv) if argv else "?",
+        rank=_int_or_none(extra.get("rank")),
+        local_rank=_int_or_none(extra.get("local_rank")),
+        world_size=_int_or_none(extra.get("world_size")),
+        launcher=getattr(info, "ppid", None) if extra.get("rank") is not None else None,
+        **_host_usage(info, now),
+        job=job.label if job is not None else "",
+        gpu=dev.gpu if dev else None,
+        mig_instance=mig_instance if dev else None,
+        device=dev.index if dev else None,
+        used=dev.nvml_used_bytes if dev else None,
+        allocated=dev.allocated_bytes if dev else None,
+        reserved=dev.reserved_bytes if dev else None,
+        peak=dev.peak_bytes if dev else None,
+        step=agent.step,
+        state=state,
+        trend=trend,
+        own=info is not None and info.uid == my_uid,
+        rocm=agent.hip,
+        cpu_only=agent.cpu_only,
+        uuid=dev.uuid if dev else None,
+        workload=workload,
+        agent=agent,
+        agent_device=dev,
+        info=info,
+    )
+
+
+def short_command(argv: Sequence[str]) -> str:
+    """`train_gpt.py --mode leak …`: the program's basename and its arguments (the arguments
+    tell runs apart; the directory rarely does).  An interpreter in front of a script goes."""
+    args = list(argv)
+    if not args:
+        return "?"
+    program = os.path.basename(args[0])
+    if program.startswith("python") and len(args) > 1 and not args[1].startswith("-"):
+        args = args[1:]
+        program = os.path.basename(args[0])
+    return " ".join([program, *args[1:]])
+
+
+def _labelled(workload: Workload | None, command: str) -> str:
+    """A server's command with what it is and what it reserved on purpose in front ("vLLM ·
+    0.92 of GPU  vllm serve …"): its usage is then read against its own request."""
+    label = workload.label if workload is not None else ""
+    return f"{label}  {command}" if label else command
+
+
+def process_key(pid: int | None) -> str:
+    """A pid as a widget key: with its host in the fleet view, where two hosts share pids."""
+    remote = host_of(pid)
+    return f"{remote}/{pid}" if remote else str(pid)
+
+
+def _where(pid: int) -> str:
+    """The machine a pid runs on, short, when not this one (the fleet view)."""
+    remote = host_of(pid)
+    return short_host(remote) if remote else ""
+
+
+def _user(info: ProcessInfo | None) -> str:
+    """Its owner as the host names it ("?" where the host does not say)."""
+    return info.user if info is not None and info.user else "?"
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _host_usage(info: ProcessInfo | None, now: float) -> dict[str, Any]:
+    """Host CPU %, RSS, start and run time, where the process directory measured them."""
+    started = info.create_time if info is not None else None
+    return {
+        "cpu_percent": getattr(info, "cpu_percent", None),
+        "rss": getattr(info, "rss", None),
+        "started": started,
+        "run_seconds": max(0.0, now - started) if started is not None else None,
+    }
 
 
 def observe(store: Store, **kwargs: object) -> Observation:

@@ -14,7 +14,7 @@ from memtop.engine.observation import (
     AgentObservation,
     GpuObservation,
     Observation,
-    ProcessEntry,
+    ProcessRow,
 )
 from memtop.model import Accounting
 
@@ -117,7 +117,7 @@ class Scope:
                 return False
         return True
 
-    def _entry_ok(self, entry: ProcessEntry, obs: Observation, uuids: frozenset[str]) -> bool:
+    def _entry_ok(self, entry: ProcessRow, obs: Observation, uuids: frozenset[str]) -> bool:
         if self.instances is not None and entry.uuid not in uuids:
             return False
         if self.instances is None and self.gpus is not None and entry.gpu not in self.gpus:

@@ -21,23 +21,25 @@ from typing import Any
 
 # Records only, from the model: the store (and the observation, the diagnosis and the UI above
 # it) loads no protocol, socket, selector or psutil (issue 35); its writers parse the replies.
+# AgentView, AgentDeviceView and RoundView are the model's (the records this store keeps and
+# hands out); they are named here too, for the readers that have always imported them here.
 from memtop.model import (
     ACTION_BY_VIEWER,
     ACTION_FROM_AGENT,
     MARK_WINDOW,
     ActionRecord,
     AgentBreakdown,
-    AgentDeviceSample,
-    AgentHello,
+    AgentDeviceView,
     AgentPoll,
     AgentSample,
     AgentSites,
     AgentSnapshot,
     AgentStatus,
+    AgentView,
     DriverReading,
-    HostMemory,
     PidFacts,
     ProcessInfo,
+    RoundView,
     SiteUsage,
     host_of,
 )
@@ -138,126 +140,21 @@ class Ring:
 
 
 @dataclass
-class AgentDeviceState:
-    index: int
-    uuid: str
-    name: str
-    latest: AgentDeviceSample
-    # memtop's own maximum of what it sampled (misses a step's peak; torch's is the sample's)
-    sampled_peak_bytes: int
-    history: Ring
-    marks: Ring
+class _Rings:
+    """The writer's bookkeeping of one agent beside its record (`AgentView`, the one record the
+    store keeps of it, replaced whole on each write): each device's history and step marks, its
+    host memory's, the `sites` readings, and what its action log has told.  Readers never see
+    these: `Store.view` copies their windows into the round's records."""
 
-
-@dataclass
-class AgentState:
-    pid: int
-    state: str
-    hello: AgentHello | None
-    error: str | None = None
-    step: int | None = None
-    last_sample_time: float | None = None
-    last_step_time: float | None = None
     first_seen: float = field(default_factory=time.time)
-    devices: dict[int, AgentDeviceState] = field(default_factory=dict)
-    breakdown: dict[int, dict[str, int]] | None = None
-    breakdown_time: float | None = None
-    breakdown_step: int | None = None  # the step after which the agent measured it
-    # The latest trace-free snapshot summary per device (external fragmentation and friends).
-    snapshot_summary: dict[int, dict[str, Any]] | None = None
-    snapshot_time: float | None = None
-    # The newest OOM report's headline, as the agent's sample says (None: no OOM yet).
-    last_oom: Mapping[str, Any] | None = None
-    # The allocator's option string in force, as the agent last said (None: it does not say;
-    # the hello's environment string is all there is).  `memtop tune` changes it.
-    allocator_settings: str | None = None
-    # The agent's `sites` readings, oldest first (stack recording on): the leak's line.
-    sites: deque[AgentSites] = field(default_factory=lambda: deque(maxlen=SITES_READINGS))
-    # The process's own host memory (a CPU trainer's only memory figure): the newest reading,
-    # its RSS at every sample, and its RSS right after each step (the host's baseline).
-    host_memory: HostMemory | None = None
+    devices: dict[int, tuple[Ring, Ring]] = field(default_factory=dict)  # history, marks
     host_history: Ring | None = None
     host_marks: Ring | None = None
+    # The agent's `sites` readings, oldest first (stack recording on): the leak's line.
+    sites: deque[AgentSites] = field(default_factory=lambda: deque(maxlen=SITES_READINGS))
     # The newest action log number read from the agent: an entry at or below it was kept (or
     # was, and aged out) when a reconnection serves the whole log again.
     action_seq_seen: int = 0
-    # Actions performed in it, by (kind, result), counted once each as they became known.
-    action_counts: dict[tuple[str, str], int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class AgentDeviceView:
-    """A copy of one agent device's latest values, safe to read off the sampler thread.
-
-    In a `RoundView` it also holds the device's windows, copied in the same lock take as the
-    latest sample (so they are of one round): `history`, the HISTORY_COLUMNS of every row the
-    store keeps, and `marks`, its newest VIEW_MARKS step marks (step, time, allocated), oldest
-    first, as arrays (Ring.window: a memcpy, no float object per row until one is read)."""
-
-    index: int
-    uuid: str
-    name: str
-    latest: AgentDeviceSample
-    sampled_peak_bytes: int
-    history: Mapping[str, array[float]] = field(default_factory=dict)
-    marks: Mapping[str, array[float]] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class AgentView:
-    pid: int
-    state: str
-    hello: AgentHello | None
-    error: str | None
-    step: int | None
-    last_sample_time: float | None
-    devices: tuple[AgentDeviceView, ...]
-    breakdown: dict[int, dict[str, int]] | None
-    snapshot_summary: dict[int, dict[str, Any]] | None = None
-    breakdown_time: float | None = None  # when the agent measured it (its clock: this host's)
-    breakdown_step: int | None = None
-    snapshot_time: float | None = None
-    last_oom: Mapping[str, Any] | None = None
-    sites: tuple[AgentSites, ...] = ()
-    allocator_settings: str | None = None  # in force, where the agent says (AgentState's)
-
-    @property
-    def settings_in_force(self) -> str:
-        """The allocator options the trainer runs with: what its agent last said is in force,
-        else its environment's (an agent that does not say)."""
-        if self.allocator_settings is not None:
-            return self.allocator_settings
-        return self.hello.settings_in_force if self.hello is not None else ""
-
-    # Host memory (AgentState's): the newest reading, ("time", "rss") per sample and ("step",
-    # "time", "rss") per step mark, oldest first; empty without windows or readings.
-    host_memory: HostMemory | None = None
-    host_history: Mapping[str, array[float]] = field(default_factory=dict)
-    host_marks: Mapping[str, array[float]] = field(default_factory=dict)
-    # Actions performed in it by (kind, result), each counted once (the exporter's counter).
-    action_counts: Mapping[tuple[str, str], int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class RoundView:
-    """Everything the store holds of one generation, copied under one lock take: what the
-    observation joins and the diagnosis judges.  Nothing in it changes afterwards."""
-
-    generation: int
-    driver: DriverReading | None
-    # (times, used bytes) of each GPU the driver reported, by UUID, oldest first
-    device_used: Mapping[str, tuple[array[float], array[float]]]
-    agents: tuple[AgentView, ...]  # by pid, each device with its windows
-    processes: Mapping[int, ProcessInfo]
-    problems: tuple[str, ...]
-    events: tuple[tuple[float, str], ...]  # newest last
-    # Who each pid the driver charges is (memtop.sources.owners): the accounting sorts by it.
-    owners: Mapping[int, PidFacts] = field(default_factory=dict)
-    # The actions memtop performed in trainers, oldest first (Store.record_action).
-    actions: tuple[ActionRecord, ...] = ()
-
-    def used_window(self, uuid: str) -> tuple[array[float], array[float]]:
-        return self.device_used.get(uuid) or (array("d"), array("d"))
 
 
 class Store:
@@ -275,7 +172,9 @@ class Store:
         self._nvml: DriverReading | None = None
         self._nvml_time: float | None = None
         self._device_used: dict[str, Ring] = {}
-        self._agents: dict[int, AgentState] = {}
+        # One record per agent, replaced whole on each write, and the writer's rings beside it.
+        self._agents: dict[int, AgentView] = {}
+        self._rings: dict[int, _Rings] = {}
         self._processes: dict[int, ProcessInfo] = {}
         self._owners: dict[int, PidFacts] = {}
         self._problems: list[str] = []
@@ -322,6 +221,7 @@ class Store:
             self._nvml_time = None
             self._device_used.clear()
             self._agents.clear()
+            self._rings.clear()
             self._processes = {}
             self._owners = {}
             self._problems = []
@@ -353,15 +253,16 @@ class Store:
             for poll in polls:
                 self._apply_poll(poll, when)
             for pid, agent in list(self._agents.items()):
-                expired = agent.last_sample_time or agent.first_seen
+                expired = agent.last_sample_time or self._rings[pid].first_seen
                 if agent.state == AgentStatus.EXITED and when - expired > self._keep_exited_s:
-                    del self._agents[pid]
+                    del self._agents[pid], self._rings[pid]
             self._changed()
 
     def _apply_poll(self, poll: AgentPoll, when: float) -> None:
         agent = self._agents.get(poll.pid)
         if agent is None:
-            agent = self._agents[poll.pid] = AgentState(poll.pid, poll.state, poll.hello)
+            agent = AgentView(poll.pid, poll.state, poll.hello, None, None, None, (), None)
+            self._rings[poll.pid] = _Rings()
             if poll.state == AgentStatus.CONNECTED:
                 self.events.append((when, f"{_agent_name(poll.pid)} attached"))
             else:  # found hung, refused, …: said once, with why
@@ -370,22 +271,24 @@ class Store:
         elif agent.state != poll.state:
             message = f"{_agent_name(poll.pid)} {poll.state}"
             self.events.append((when, f"{message}: {poll.error}" if poll.error else message))
-        agent.state = poll.state
-        agent.error = poll.error
+        if agent.state != poll.state or agent.error != poll.error:
+            agent = replace(agent, state=poll.state, error=poll.error)
         if poll.hello is not None:
             if poll.hello is not agent.hello or agent.allocator_settings is None:
                 # A fresh hello only: the pool hands the one it read on connecting every round,
                 # and after a change its settings are older than the samples'.
-                self._settings(agent, poll.hello.allocator_settings, when)
-            agent.hello = poll.hello
+                agent = self._settings(agent, poll.hello.allocator_settings, when)
+            if poll.hello is not agent.hello:
+                agent = replace(agent, hello=poll.hello)
         if poll.sample is not None:
-            self._settings(agent, poll.sample.allocator_settings, when)
-            self._apply_sample(agent, poll.sample)
+            agent = self._settings(agent, poll.sample.allocator_settings, when)
+            agent = self._apply_sample(agent, poll.sample)
+        self._agents[poll.pid] = agent
 
-    def _settings(self, agent: AgentState, settings: str | None, when: float) -> None:
+    def _settings(self, agent: AgentView, settings: str | None, when: float) -> AgentView:
         """The allocator's settings in force, as the agent says; a change is an event."""
         if settings is None or settings == agent.allocator_settings:
-            return
+            return agent
         if agent.allocator_settings is not None:
             self.events.append(
                 (
@@ -394,32 +297,34 @@ class Store:
                     f"{agent.allocator_settings or '(default)'} → {settings or '(default)'}",
                 )
             )
-        agent.allocator_settings = settings
+        return replace(agent, allocator_settings=settings)
 
-    def _apply_sample(self, agent: AgentState, sample: AgentSample) -> None:
+    def _apply_sample(self, agent: AgentView, sample: AgentSample) -> AgentView:
+        """`agent` with `sample` kept: its devices' newest samples (the parsed records, by
+        reference) and peaks, their rows appended to the rings."""
+        rings = self._rings[agent.pid]
         for action in sample.actions:  # the agent's action log: the pid as this viewer knows it
-            self._keep_action(replace(action, pid=agent.pid), agent)
-        agent.step = sample.step
+            agent = self._keep_action(replace(action, pid=agent.pid), agent) or agent
+        last_oom = agent.last_oom
         if sample.oom is not None and isinstance(sample.oom.get("last"), Mapping):
-            agent.last_oom = sample.oom["last"]
-        agent.last_sample_time = sample.time
+            last_oom = sample.oom["last"]
         uuids = {d.index: (d.uuid, d.name) for d in (agent.hello.devices if agent.hello else ())}
+        devices = {d.index: d for d in agent.devices}
         for device in sample.devices:
-            state = agent.devices.get(device.index)
-            if state is None:
+            kept = devices.get(device.index)
+            if kept is None:
                 uuid, name = uuids.get(device.index, ("", f"cuda:{device.index}"))
-                state = agent.devices[device.index] = AgentDeviceState(
-                    index=device.index,
-                    uuid=uuid,
-                    name=name,
-                    latest=device,
-                    sampled_peak_bytes=0,
-                    history=Ring(self._history, HISTORY_COLUMNS),
-                    marks=Ring(self._step_marks, ("step", "time", "allocated")),
+                rings.devices[device.index] = (
+                    Ring(self._history, HISTORY_COLUMNS),
+                    Ring(self._step_marks, ("step", "time", "allocated")),
                 )
-            state.latest = device
-            state.sampled_peak_bytes = max(state.sampled_peak_bytes, device.allocated)
-            state.history.append(
+                peak = 0
+            else:
+                uuid, name, peak = kept.uuid, kept.name, kept.sampled_peak_bytes
+            devices[device.index] = AgentDeviceView(
+                device.index, uuid, name, device, max(peak, device.allocated)
+            )
+            rings.devices[device.index][0].append(
                 sample.time,
                 float(device.allocated),
                 float(device.reserved),
@@ -429,32 +334,45 @@ class Store:
                 float(device.num_ooms),
                 float(device.inactive_split),
             )
+        host_memory = agent.host_memory
         if sample.host_memory is not None:
-            agent.host_memory = sample.host_memory
-            if agent.host_history is None:
-                agent.host_history = Ring(self._history, ("time", "rss"))
-            agent.host_history.append(sample.time, float(sample.host_memory.rss_bytes))
+            host_memory = sample.host_memory
+            if rings.host_history is None:
+                rings.host_history = Ring(self._history, ("time", "rss"))
+            rings.host_history.append(sample.time, float(sample.host_memory.rss_bytes))
         for mark in sample.step_marks:
             if mark.host_rss is not None:
-                if agent.host_marks is None:
-                    agent.host_marks = Ring(self._step_marks, ("step", "time", "rss"))
-                agent.host_marks.append(float(mark.step), mark.time, float(mark.host_rss))
+                if rings.host_marks is None:
+                    rings.host_marks = Ring(self._step_marks, ("step", "time", "rss"))
+                rings.host_marks.append(float(mark.step), mark.time, float(mark.host_rss))
             for index, allocated in mark.allocated.items():
-                state = agent.devices.get(index)
-                if state is not None:
-                    state.marks.append(float(mark.step), mark.time, float(allocated))
-                    state.sampled_peak_bytes = max(state.sampled_peak_bytes, allocated)
+                kept = devices.get(index)
+                if kept is not None:
+                    rings.devices[index][1].append(float(mark.step), mark.time, float(allocated))
+                    if allocated > kept.sampled_peak_bytes:
+                        devices[index] = replace(kept, sampled_peak_bytes=allocated)
+        return replace(
+            agent,
+            step=sample.step,
+            last_oom=last_oom,
+            last_sample_time=sample.time,
+            devices=tuple(devices[index] for index in sorted(devices)),
+            host_memory=host_memory,
+        )
 
     def update_breakdown(self, pid: int, reply: AgentBreakdown, when: float | None = None) -> None:
         """Keep a `breakdown` reply: bytes by role per device.  A raw reply (a recording, a
         scrape) is parsed by its reader (memtop.protocol.schema), as the live one was."""
 
-        def keep(agent: AgentState, devices: dict[int, dict[str, Any]], stamp: float) -> None:
+        def keep(agent: AgentView, devices: dict[int, dict[str, Any]], stamp: float) -> AgentView:
             # Measured at the agent's time (a breakdown is served until the next one is taken:
             # its age is from then, not from when it was read).
-            agent.breakdown = devices
-            agent.breakdown_time = reply.time if reply.time is not None else stamp
-            agent.breakdown_step = reply.step
+            return replace(
+                agent,
+                breakdown=devices,
+                breakdown_time=reply.time if reply.time is not None else stamp,
+                breakdown_step=reply.step,
+            )
 
         self._keep_per_device(pid, reply.pending, reply.devices, when, keep)
 
@@ -463,8 +381,8 @@ class Store:
     ) -> None:
         """Keep the per-device summary of a `snapshot` reply (no file written)."""
 
-        def keep(agent: AgentState, devices: dict[int, dict[str, Any]], stamp: float) -> None:
-            agent.snapshot_summary, agent.snapshot_time = devices, stamp
+        def keep(agent: AgentView, devices: dict[int, dict[str, Any]], stamp: float) -> AgentView:
+            return replace(agent, snapshot_summary=devices, snapshot_time=stamp)
 
         self._keep_per_device(pid, reply.pending, reply.devices, when, keep)
 
@@ -474,7 +392,7 @@ class Store:
         pending: bool,
         devices: Mapping[int, Mapping[str, Any]],
         when: float | None,
-        keep: Callable[[AgentState, dict[int, dict[str, Any]], float], None],
+        keep: Callable[[AgentView, dict[int, dict[str, Any]], float], AgentView],
     ) -> None:
         """Keep a parsed per-device reply (breakdown, snapshot summary) with its stamp: a copy
         of each device's figures, unless the agent is still measuring (`pending`)."""
@@ -490,26 +408,28 @@ class Store:
         are newer than the newest kept: one reply gives a trend; stack recording off forgets
         the readings."""
 
-        def apply(agent: AgentState) -> None:
+        def apply(agent: AgentView) -> AgentView:
+            sites = self._rings[agent.pid].sites
             if not reply.enabled:
-                agent.sites.clear()
-                return
-            if reply.time is None or (agent.sites and agent.sites[-1].time == reply.time):
-                return
+                sites.clear()
+                return replace(agent, sites=())
+            if reply.time is None or (sites and sites[-1].time == reply.time):
+                return agent
             for past in reply.history:
-                newest = agent.sites[-1].time if agent.sites else None
+                newest = sites[-1].time if sites else None
                 if past.time is not None and (newest is None or newest < past.time < reply.time):
-                    keep_sites(agent.sites, past)
+                    keep_sites(sites, past)
             # Kept without its history: a reading is one round.
-            keep_sites(agent.sites, replace(reply, history=()) if reply.history else reply)
+            keep_sites(sites, replace(reply, history=()) if reply.history else reply)
+            return replace(agent, sites=tuple(sites))
 
         self._update_agent(pid, apply)
 
-    def _update_agent(self, pid: int, apply: Callable[[AgentState], None]) -> None:
+    def _update_agent(self, pid: int, apply: Callable[[AgentView], AgentView]) -> None:
         with self._lock:
             agent = self._agents.get(pid)
             if agent is not None:
-                apply(agent)
+                self._agents[pid] = apply(agent)
                 self._changed()
 
     def update_owners(self, owners: Mapping[int, PidFacts]) -> None:
@@ -532,11 +452,15 @@ class Store:
         it is an event.  One action known twice (this memtop did it, then read it back from the
         log: the same `seq`) is kept once, with the agent's time and step."""
         with self._lock:
-            self._keep_action(action, self._agents.get(action.pid))
+            agent = self._keep_action(action, self._agents.get(action.pid))
+            if agent is not None:
+                self._agents[action.pid] = agent
             self._changed()
 
-    def _keep_action(self, action: ActionRecord, agent: AgentState | None) -> None:
+    def _keep_action(self, action: ActionRecord, agent: AgentView | None) -> AgentView | None:
+        """Keep `action` (once); `agent`, with it counted, or as it was when known already."""
         kept = self._actions if action.ok else self._refusals
+        rings = self._rings.get(agent.pid) if agent is not None else None
         if action.seq is not None:
             for i, known in enumerate(kept):
                 if known.pid == action.pid and known.seq == action.seq:
@@ -545,31 +469,38 @@ class Store:
                         # who, and still ours.
                         agents = action if action.source == ACTION_FROM_AGENT else known
                         kept[i] = replace(agents, source=ACTION_BY_VIEWER)
-                    return
-            if agent is not None:
-                if action.seq <= agent.action_seq_seen:
-                    return  # read before and aged out here: a reconnection serves it again
+                    return agent
+            if rings is not None:
+                if action.seq <= rings.action_seq_seen:
+                    return agent  # read before and aged out here: a reconnection serves it again
                 if action.source == ACTION_FROM_AGENT:
-                    agent.action_seq_seen = action.seq
+                    rings.action_seq_seen = action.seq
         kept.append(action)
         if agent is not None:
+            counts = dict(agent.action_counts)
             key = (action.kind, action.result)
-            if key not in agent.action_counts and len(agent.action_counts) >= ACTION_COUNT_KEYS:
+            if key not in counts and len(counts) >= ACTION_COUNT_KEYS:
                 key = ("other", action.result)  # a hostile agent's made-up kinds: bounded
-            agent.action_counts[key] = agent.action_counts.get(key, 0) + 1
+            counts[key] = counts.get(key, 0) + 1
+            agent = replace(agent, action_counts=counts)
         by = action.by_words()
         said = f"{action.kind} in pid {action.pid}" + (f" {by}" if by else "")
         if not action.ok:
             said += f" refused: {action.why}" if action.why else " refused"
         self.events.append((action.time, said))
+        return agent
 
     def reset_peak(self, pid: int) -> None:
         """memtop's own peak restarts from the current value (the `r` key)."""
         with self._lock:
             agent = self._agents.get(pid)
             if agent is not None:
-                for device in agent.devices.values():
-                    device.sampled_peak_bytes = device.latest.allocated
+                self._agents[pid] = replace(
+                    agent,
+                    devices=tuple(
+                        replace(d, sampled_peak_bytes=d.latest.allocated) for d in agent.devices
+                    ),
+                )
                 self._changed()
 
     def set_problems(self, problems: list[str]) -> None:
@@ -606,15 +537,22 @@ class Store:
                         uuid: (ring.window("time"), ring.window("used"))
                         for uuid, ring in self._device_used.items()
                     },
-                    agents=tuple(
-                        self._view_of(agent, windows=True)
-                        for agent in sorted(self._agents.values(), key=_pid)
-                    ),
+                    agents=tuple(self._agents[pid] for pid in sorted(self._agents)),
                     processes=dict(self._processes),
                     problems=tuple(self._problems),
                     events=tuple(self.events),
                     owners=dict(self._owners),
                     actions=tuple(sorted((*self._actions, *self._refusals), key=lambda a: a.time)),
+                    device_windows={
+                        (pid, index): (_windows(history), _windows(marks, VIEW_MARKS))
+                        for pid, rings in self._rings.items()
+                        for index, (history, marks) in rings.devices.items()
+                    },
+                    host_windows={
+                        pid: (_windows(rings.host_history), _windows(rings.host_marks, VIEW_MARKS))
+                        for pid, rings in self._rings.items()
+                        if rings.host_history is not None or rings.host_marks is not None
+                    },
                 )
             return view
 
@@ -637,13 +575,13 @@ class Store:
         return list(zip(*self.device_used_window(uuid, last), strict=True))
 
     def agents(self) -> list[AgentView]:
+        """Each agent's record as kept (no windows: `view()` has them), by pid."""
         with self._lock:
-            return [self._view_of(agent) for agent in sorted(self._agents.values(), key=_pid)]
+            return [self._agents[pid] for pid in sorted(self._agents)]
 
     def agent(self, pid: int) -> AgentView | None:
         with self._lock:
-            agent = self._agents.get(pid)
-            return self._view_of(agent) if agent is not None else None
+            return self._agents.get(pid)
 
     def processes(self) -> dict[int, ProcessInfo]:
         with self._lock:
@@ -660,10 +598,10 @@ class Store:
         """HISTORY_COLUMNS of one agent device, oldest first: all rows, the newest `last`, or
         those sampled at or after `since` (whichever is fewer), and only `columns` if given."""
         with self._lock:
-            device = self._device_state(pid, index)
-            if device is None:
+            rings = self._device_rings(pid, index)
+            if rings is None:
                 return {}
-            ring = device.history
+            ring = rings[0]
             if since is not None:
                 recent = ring.count_since("time", since)
                 last = recent if last is None else min(last, recent)
@@ -679,56 +617,15 @@ class Store:
         """Columns step/time/allocated (or only `columns`) of the per-step baselines, oldest
         first."""
         with self._lock:
-            device = self._device_state(pid, index)
-            if device is None:
+            rings = self._device_rings(pid, index)
+            if rings is None:
                 return {}
-            return {
-                name: device.marks.column(name, last) for name in (columns or device.marks.names)
-            }
+            marks = rings[1]
+            return {name: marks.column(name, last) for name in (columns or marks.names)}
 
-    def _device_state(self, pid: int, index: int) -> AgentDeviceState | None:
-        agent = self._agents.get(pid)
-        return agent.devices.get(index) if agent is not None else None
-
-    @staticmethod
-    def _view_of(agent: AgentState, windows: bool = False) -> AgentView:
-        """A copy of one agent; `windows`: with each device's history and step marks."""
-        return AgentView(
-            pid=agent.pid,
-            state=agent.state,
-            hello=agent.hello,
-            error=agent.error,
-            step=agent.step,
-            last_sample_time=agent.last_sample_time,
-            devices=tuple(
-                AgentDeviceView(
-                    d.index,
-                    d.uuid,
-                    d.name,
-                    d.latest,
-                    d.sampled_peak_bytes,
-                    {name: d.history.window(name) for name in d.history.names} if windows else {},
-                    {name: d.marks.window(name, VIEW_MARKS) for name in d.marks.names}
-                    if windows
-                    else {},
-                )
-                for d in sorted(agent.devices.values(), key=lambda d: d.index)
-            ),
-            breakdown=None if agent.breakdown is None else dict(agent.breakdown),
-            breakdown_time=agent.breakdown_time,
-            breakdown_step=agent.breakdown_step,
-            snapshot_summary=(
-                None if agent.snapshot_summary is None else dict(agent.snapshot_summary)
-            ),
-            snapshot_time=agent.snapshot_time,
-            last_oom=agent.last_oom,
-            sites=tuple(agent.sites),
-            allocator_settings=agent.allocator_settings,
-            host_memory=agent.host_memory,
-            host_history=_windows(agent.host_history) if windows else {},
-            host_marks=_windows(agent.host_marks, VIEW_MARKS) if windows else {},
-            action_counts=dict(agent.action_counts),
-        )
+    def _device_rings(self, pid: int, index: int) -> tuple[Ring, Ring] | None:
+        rings = self._rings.get(pid)
+        return rings.devices.get(index) if rings is not None else None
 
 
 def _windows(ring: Ring | None, last: int | None = None) -> dict[str, array[float]]:
@@ -769,7 +666,3 @@ def _agent_name(pid: int) -> str:
     """ "agent 4102", or "agent 4102 on node-b" for another machine's (the fleet view)."""
     host = host_of(pid)
     return f"agent {pid} on {host}" if host else f"agent {pid}"
-
-
-def _pid(agent: AgentState) -> int:
-    return agent.pid

@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memtop.engine.store import AgentDeviceView, AgentView, Store
+from memtop.engine.store import Store
 from memtop.figures.units import MiB, format_bytes
+from memtop.model import AgentDeviceView, AgentView, Windows
 
 MEMORY_FLOOR = 16 * MiB
 RELATIVE_FLOOR = 0.01  # of a memory figure
@@ -128,17 +129,19 @@ def run_of(store: Store, label: str, pid: int | None = None, device: int | None 
     if not devices:
         raise CompareError(f"{label}: pid {agent.pid} has no GPU {device}")
     # The device the process used most, unless one was named.
-    chosen = max(devices, key=lambda d: _max(d.history.get("reserved")) or 0.0)
-    return _run(label, agent, chosen)
+    chosen = max(
+        devices, key=lambda d: _max(view.windows(agent.pid, d.index)[0].get("reserved")) or 0.0
+    )
+    return _run(label, agent, chosen, view.windows(agent.pid, chosen.index))
 
 
-def _run(label: str, agent: AgentView, device: AgentDeviceView) -> Run:
-    h = device.history
+def _run(label: str, agent: AgentView, device: AgentDeviceView, windows: Windows) -> Run:
+    h, marks = windows
     times = list(h.get("time", ()))
     duration = times[-1] - times[0] if len(times) > 1 else 0.0
-    marks_s = list(device.marks.get("step", ()))
-    marks_t = list(device.marks.get("time", ()))
-    marks_a = list(device.marks.get("allocated", ()))
+    marks_s = list(marks.get("step", ()))
+    marks_t = list(marks.get("time", ()))
+    marks_a = list(marks.get("allocated", ()))
     step_times = tuple(
         (t1 - t0) / (s1 - s0)
         for s0, s1, t0, t1 in zip(marks_s, marks_s[1:], marks_t, marks_t[1:], strict=False)

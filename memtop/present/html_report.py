@@ -22,8 +22,9 @@ from typing import Any
 
 from memtop.engine.observation import Observer
 from memtop.engine.playback import Player
-from memtop.engine.store import AgentDeviceView, Store
+from memtop.engine.store import Store
 from memtop.figures.units import format_bytes as fmt_bytes
+from memtop.model import Windows
 from memtop.present import report
 from memtop.sources.replay import Recording
 
@@ -92,8 +93,9 @@ def build(recording: Recording, title: str) -> str:
         for device in agent.devices:
             figures = next((d for d in reported["devices"] if d["index"] == device.index), None)
             if figures is not None:
+                windows = view.windows(agent.pid, device.index)
                 parts.append(
-                    _process_section(reported, figures, device, start, recording.duration, moments)
+                    _process_section(reported, figures, windows, start, recording.duration, moments)
                 )
     parts.append(_moments(moments))
     parts.append(
@@ -235,24 +237,24 @@ def _gpu_section(
 def _process_section(
     agent: dict[str, Any],
     figures: dict[str, Any],
-    device: AgentDeviceView,
+    windows: Windows,
     start: float,
     duration: float,
     moments: Sequence[Moment],
 ) -> str:
-    h = device.history
+    h, marks = windows
     times = list(h.get("time", array("d")))
     series = [
         Series("allocated", times, list(h.get("allocated", array("d"))), band=True),
         Series("reserved", times, list(h.get("reserved", array("d"))), band=False),
         Series("peak", times, list(h.get("torch_peak", array("d"))), band=False, dashed=True),
     ]
-    marks_t = list(device.marks.get("time", array("d")))
-    marks_a = list(device.marks.get("allocated", array("d")))
+    marks_t = list(marks.get("time", array("d")))
+    marks_a = list(marks.get("allocated", array("d")))
     if marks_t:
         series.append(Series("baseline", marks_t, marks_a, band=False, dots=True))
     leak = figures.get("leak") or {}
-    trend = _trend(leak, list(device.marks.get("step", array("d"))), marks_t, marks_a)
+    trend = _trend(leak, list(marks.get("step", array("d"))), marks_t, marks_a)
     if trend is not None:
         series.append(trend)
     ooms = _oom_times(times, list(h.get("num_ooms", array("d"))))

@@ -7,30 +7,32 @@ them needs no Textual, so tests can check the joins and the wording without a te
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
-from memtop.diagnosis import DeviceDiagnosis, HostDiagnosis, Suggestion
+from memtop.diagnosis import DeviceDiagnosis, Suggestion
 from memtop.diagnosis.effects import BASIS_AGENT, EFFECT_WINDOW_S, ActionEffect
 from memtop.diagnosis.facts import DeviceHistory
-from memtop.diagnosis.leak import LeakBasis
+from memtop.diagnosis.leak import LeakBasis, leak_label
 from memtop.diagnosis.suggestions import EffectKind, RuleId
 from memtop.engine.job_groups import JobGroup, job_groups
+
+# A process's row is the observation's (one record from the join to the table); its words and
+# the row's names are named here too, where the screens have always imported them.
 from memtop.engine.observation import (
     AgentObservation,
     GpuObservation,
     Observation,
-    ProcessEntry,
+    ProcessRow,
+    process_key,
 )
+from memtop.engine.observation import ProcessState as ProcessState
 from memtop.figures.units import format_bytes, format_duration, short_host
 from memtop.model import (
     SOURCE_AGENT,
     SOURCE_SIM,
     AgentStatus,
     Choice,
-    ProcessInfo,
     Severity,
     host_of,
 )
@@ -167,56 +169,6 @@ class GpuRow:
 
 
 @dataclass(frozen=True, slots=True)
-class ProcessRow:
-    key: str  # stable across refreshes: the table's row key
-    pid: int
-    user: str
-    command: str
-    gpu: int | None  # the GPU as the driver numbers it
-    device: int | None  # the agent's own device index (for actions and the detail screen)
-    used: int | None  # what the driver charges to the process
-    allocated: int | None
-    reserved: int | None
-    peak: int | None  # torch's allocated_bytes.all.peak
-    step: int | None
-    state: ProcessState
-    trend: str  # "+8.0 MiB/step" for a leak, "" otherwise
-    own: bool
-    full_command: str = ""  # the whole command line (the table shows `command`: basename + args)
-    rank: int | None = None  # RANK / LOCAL_RANK / WORLD_SIZE from the agent's hello
-    local_rank: int | None = None
-    world_size: int | None = None
-    launcher: int | None = None  # the parent pid of a rank (torchrun): the group it sits in
-    cpu_percent: float | None = None  # host CPU of the process
-    rss: int | None = None  # host resident memory
-    started: float | None = None  # unix time the process started
-    run_seconds: float | None = None  # how long it has run, at the observation's time
-    rocm: str | None = None  # the HIP version when its torch is a ROCm build (AMD GPUs)
-    host: str = ""  # the machine it runs on, short, when not this one (the fleet view)
-    job: str = ""  # its scheduler job or rendezvous, compact (memtop.base.jobs): "slurm 4242"
-    # An agent that uses no CUDA device (a CPU trainer): judged by its host memory, and the
-    # keys that act on CUDA's caching allocator (cleanup, snapshot, stacks) have nothing to do.
-    cpu_only: bool = False
-    mig_instance: int | None = None  # the GPU instance id of the MIG instance it runs on
-
-    @property
-    def gpu_label(self) -> str:
-        """ "0", "0:1" on GPU 0's MIG instance 1 (as `--only` takes it), "—" without a GPU."""
-        if self.gpu is None:
-            return "—"
-        return f"{self.gpu}:{self.mig_instance}" if self.mig_instance is not None else str(self.gpu)
-
-    @property
-    def last_known(self) -> bool:
-        """Its memory figures are the last ones seen, not live (the process has exited)."""
-        return self.state == ProcessState.EXITED
-
-    @property
-    def has_agent(self) -> bool:
-        return self.state == ProcessState.AGENT
-
-
-@dataclass(frozen=True, slots=True)
 class JobHeader:
     """One job's ranks across hosts in the fleet view (issue 25.3): the header line the process
     table draws above them, with memtop.engine.job_groups' own figures (never recomputed here)."""
@@ -282,17 +234,10 @@ def build(
     flagged = {(s.pid, s.device) for s in obs.suggestions if s.rule == RuleId.EXPANDABLE_SEGMENTS}
     gpus = tuple(_gpu_row(gpu, flagged) for gpu in obs.gpus)
     users = users if users is not None else {}
-    # A process on a MIG instance shows its GPU as "0:1" (GPU 0, GPU instance 1).
-    instances = {g.uuid: g.mig.gpu_instance_id for g in obs.gpus if g.mig is not None}
-    processes = tuple(
-        _process_row(
-            entry, my_uid, users, obs.time, instances.get(entry.uuid or ""), obs.diagnosis.hosts
-        )
-        for entry in obs.entries
-    )
+    processes = tuple(_viewer_row(row, my_uid, users) for row in obs.entries)
     # Only the pids on screen: a viewer that watches trainers come and go for days would keep
     # every owner it ever saw (the store drops an exited row after its grace; so does this).
-    shown = {entry.pid for entry in obs.entries}
+    shown = {row.pid for row in obs.entries}
     for pid in [pid for pid in users if pid not in shown]:
         del users[pid]
     if not sampled:
@@ -481,189 +426,24 @@ def _trend(gpu: GpuObservation) -> Trend:
     )
 
 
-def leak_label(
-    per_step: float | None, per_second: float | None, to_full: float | None, short: bool = False
-) -> str:
-    size = short_bytes if short else format_bytes
-    if per_step is not None:
-        rate = f"+{size(int(per_step))}/step"
-    elif per_second is not None:
-        rate = f"+{size(int(per_second))}/s"
-    else:
-        rate = "growing"
-    if to_full is None:
-        return rate
-    if short:
-        return f"{rate} {format_duration(to_full)}"
-    return f"{rate} · full in {format_duration(to_full)}"
+# ------------------------------------------------------------------------------ processes
 
 
 # ------------------------------------------------------------------------------ processes
 
 
-class ProcessState(Choice):
-    """A process row's state, in the words the table shows: its agent's status (AgentStatus),
-    or that it has none."""
-
-    AGENT = "agent"  # an agent answers: its numbers are live
-    EXITED = "exited"  # gone; its last numbers stay a while, dimmed
-    NO_AGENT = "no agent"  # the driver lists it; no memtop agent runs in it
-    UNREACHABLE = "unreachable"
-    HUNG = "hung"
-    INCONSISTENT = "inconsistent"
-    REFUSED = "refused"
-
-
-STATE_LABELS = {
-    AgentStatus.CONNECTED: ProcessState.AGENT,
-    AgentStatus.EXITED: ProcessState.EXITED,
-    AgentStatus.UNREACHABLE: ProcessState.UNREACHABLE,
-    AgentStatus.HUNG: ProcessState.HUNG,
-    AgentStatus.INCONSISTENT: ProcessState.INCONSISTENT,
-    AgentStatus.REFUSED: ProcessState.REFUSED,
-}
-
-
-def short_command(argv: Sequence[str]) -> str:
-    """`train_gpt.py --mode leak …`: the program's basename and its arguments (the arguments
-    tell runs apart; the directory rarely does).  An interpreter in front of a script goes."""
-    args = list(argv)
-    if not args:
-        return "?"
-    program = os.path.basename(args[0])
-    if program.startswith("python") and len(args) > 1 and not args[1].startswith("-"):
-        args = args[1:]
-        program = os.path.basename(args[0])
-    return " ".join([program, *args[1:]])
-
-
-def _process_row(
-    entry: ProcessEntry,
-    my_uid: int,
-    users: MutableMapping[int, str],
-    now: float,
-    mig_instance: int | None = None,
-    hosts: Mapping[int, HostDiagnosis] | None = None,
-) -> ProcessRow:
-    info = entry.info
-    own = info is not None and info.uid == my_uid
+def _viewer_row(row: ProcessRow, my_uid: int, users: MutableMapping[int, str]) -> ProcessRow:
+    """The observation's row as this viewer shows it: the owner it remembers of a process the
+    host no longer names (an exited one), and `own` for a viewer of another uid than the
+    observation's.  Most rounds, the row itself."""
+    info = row.info
     if info is not None and info.user:
-        users[entry.pid] = info.user
-    user = users.get(entry.pid, "?")
-    host = _host_usage(info, now)
-    remote = host_of(entry.pid)
-    where = short_host(remote) if remote else ""
-    process = process_key(entry.pid)
-    agent, dev = entry.agent, entry.device
-    if agent is None:
-        argv = info.cmdline if info and info.visible and info.cmdline else ()
-        return ProcessRow(
-            key=f"{process}:{entry.uuid}",
-            pid=entry.pid,
-            host=where,
-            user=user,
-            command=_labelled(
-                entry,
-                short_command(argv) if argv else (info.name if info and info.visible else "?"),
-            ),
-            full_command=info.command if info and info.visible else "?",
-            **host,
-            gpu=entry.gpu,
-            mig_instance=mig_instance,
-            device=None,
-            used=entry.used_bytes,
-            allocated=None,
-            reserved=None,
-            peak=None,
-            step=None,
-            state=ProcessState.NO_AGENT,
-            trend="",
-            own=own,
-        )
-    argv = agent.argv or (info.cmdline if info else ())
-    command = _labelled(entry, short_command(argv) if argv else "?")
-    full = " ".join(argv) if argv else "?"
-    extra = agent.hello.extra if agent.hello is not None else {}
-    ranks = {
-        "rank": _int_or_none(extra.get("rank")),
-        "local_rank": _int_or_none(extra.get("local_rank")),
-        "world_size": _int_or_none(extra.get("world_size")),
-        "launcher": getattr(info, "ppid", None) if extra.get("rank") is not None else None,
-    }
-    job = agent.job
-    state = STATE_LABELS[agent.status]
-    trend = ""
-    if dev is not None and dev.diagnosis.leak.detected and state == ProcessState.AGENT:
-        leak = dev.diagnosis.leak
-        trend = leak_label(leak.bytes_per_step, leak.bytes_per_second, None, short=True)
-    elif dev is not None and dev.diagnosis.leak.detected and state == ProcessState.EXITED:
-        # The verdict stays with the row of a trainer that exited, marked as the last seen.
-        leak = dev.diagnosis.leak
-        trend = "was " + leak_label(leak.bytes_per_step, leak.bytes_per_second, None, short=True)
-    own_host = (hosts or {}).get(agent.pid)
-    if (
-        dev is None
-        and own_host is not None
-        and own_host.leak.detected
-        and state == ProcessState.AGENT
-    ):
-        # A CPU trainer: its verdict is on its host memory (RSS after each step).
-        leak = own_host.leak
-        trend = "host " + leak_label(leak.bytes_per_step, leak.bytes_per_second, None, short=True)
-    # Without a device (an agent that has not sampled yet, or cannot be reached) the row keeps
-    # its process and agent columns and leaves the GPU's blank.
-    return ProcessRow(
-        key=f"{process}:{dev.uuid or dev.index}" if dev else f"{process}:-",
-        pid=agent.pid,
-        host=where,
-        user=user,
-        command=command,
-        full_command=full,
-        **ranks,
-        **host,
-        job=job.label if job is not None else "",
-        gpu=dev.gpu if dev else None,
-        mig_instance=mig_instance if dev else None,
-        device=dev.index if dev else None,
-        used=entry.used_bytes if dev else None,
-        allocated=dev.allocated_bytes if dev else None,
-        reserved=dev.reserved_bytes if dev else None,
-        peak=dev.peak_bytes if dev else None,
-        step=agent.step,
-        state=state,
-        trend=trend,
-        own=own,
-        rocm=agent.hip,
-        cpu_only=agent.cpu_only,
-    )
-
-
-def _labelled(entry: ProcessEntry, command: str) -> str:
-    """A server's command with what it is and what it reserved on purpose in front ("vLLM ·
-    0.92 of GPU  vllm serve …"): its usage is then read against its own request."""
-    label = entry.workload.label if entry.workload is not None else ""
-    return f"{label}  {command}" if label else command
-
-
-def process_key(pid: int | None) -> str:
-    """A pid as a widget key: with its host in the fleet view, where two hosts share pids."""
-    remote = host_of(pid)
-    return f"{remote}/{pid}" if remote else str(pid)
-
-
-def _int_or_none(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _host_usage(info: ProcessInfo | None, now: float) -> dict[str, Any]:
-    """Host CPU %, RSS, start and run time, where the process directory measured them."""
-    started = info.create_time if info is not None else None
-    return {
-        "cpu_percent": getattr(info, "cpu_percent", None),
-        "rss": getattr(info, "rss", None),
-        "started": started,
-        "run_seconds": max(0.0, now - started) if started is not None else None,
-    }
+        users[row.pid] = info.user
+    user = users.get(row.pid, "?")
+    own = info is not None and info.uid == my_uid
+    if user == row.user and own == row.own:
+        return row
+    return replace(row, user=user, own=own)
 
 
 # ---------------------------------------------------------------------------- suggestions
