@@ -147,6 +147,24 @@ def by_pid(data: dict) -> dict[int, dict]:  # type: ignore[type-arg]
     return {a["pid"]: a for a in data["agents"]}
 
 
+# (Before the arena's tests: a module's fixture lives until the module ends, and its eight
+# trainers would step through this one.)
+def test_demo_with_an_unsafe_socket_dir_says_one_line(tmp_path: Path) -> None:
+    unsafe = tmp_path / "open"
+    unsafe.mkdir()
+    unsafe.chmod(0o777)
+    result = subprocess.run(
+        [sys.executable, "-m", "memtop.cli", "demo", "--no-ui"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, MEMTOP_SOCKET_DIR=str(unsafe)),
+        timeout=30,
+    )
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "world-writable" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_once_json_lists_every_trainer_and_marks_every_hostile_agent(arena: Arena) -> None:
     control = control_once_s()
     first, wall = memtop(arena, "--once", "--json")
@@ -343,19 +361,3 @@ def test_dashboard_keeps_real_trainers_stepping(arena: Arena) -> None:
     finally:
         sampler.stop()
     assert protocol.pid_alive(arena.victim)
-
-
-def test_demo_with_an_unsafe_socket_dir_says_one_line(tmp_path: Path) -> None:
-    unsafe = tmp_path / "open"
-    unsafe.mkdir()
-    unsafe.chmod(0o777)
-    result = subprocess.run(
-        [sys.executable, "-m", "memtop.cli", "demo", "--no-ui"],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, MEMTOP_SOCKET_DIR=str(unsafe)),
-        timeout=30,
-    )
-    assert result.returncode == 1
-    assert result.stderr.count("\n") == 1 and "world-writable" in result.stderr
-    assert "Traceback" not in result.stderr
