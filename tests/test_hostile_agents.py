@@ -84,7 +84,10 @@ def arena() -> Iterator[Arena]:
     directory = Path(tempfile.mkdtemp(prefix="mth-", dir="/tmp"))
     directory.chmod(0o700)
     elsewhere = Path(tempfile.mkdtemp(prefix="mthc-", dir="/tmp"))
-    demo = Demo(gpus=TRAINERS, scenario="healthy", step_time=0.1, socket_dir=directory)
+    # 4 steps a second: the tests ask that steps move between two reports and every second on
+    # the dashboard, not how fast; each step costs a simulated trainer ~4 ms of CPU, and eight
+    # of them at 0.1 s steps were most of this module's ~55 CPU-s.
+    demo = Demo(gpus=TRAINERS, scenario="healthy", step_time=0.25, socket_dir=directory)
     processes: list[subprocess.Popen[str]] = []
     try:
         demo.start()
