@@ -84,7 +84,10 @@ def arena() -> Iterator[Arena]:
     directory = Path(tempfile.mkdtemp(prefix="mth-", dir="/tmp"))
     directory.chmod(0o700)
     elsewhere = Path(tempfile.mkdtemp(prefix="mthc-", dir="/tmp"))
-    demo = Demo(gpus=TRAINERS, scenario="healthy", step_time=0.1, socket_dir=directory)
+    # 4 steps a second: the tests ask that steps move between two reports and every second on
+    # the dashboard, not how fast; each step costs a simulated trainer ~4 ms of CPU, and eight
+    # of them at 0.1 s steps were most of this module's ~55 CPU-s.
+    demo = Demo(gpus=TRAINERS, scenario="healthy", step_time=0.25, socket_dir=directory)
     processes: list[subprocess.Popen[str]] = []
     try:
         demo.start()
@@ -145,6 +148,24 @@ def rows(store: Store, pid: int) -> int:
 
 def by_pid(data: dict) -> dict[int, dict]:  # type: ignore[type-arg]
     return {a["pid"]: a for a in data["agents"]}
+
+
+# (Before the arena's tests: a module's fixture lives until the module ends, and its eight
+# trainers would step through this one.)
+def test_demo_with_an_unsafe_socket_dir_says_one_line(tmp_path: Path) -> None:
+    unsafe = tmp_path / "open"
+    unsafe.mkdir()
+    unsafe.chmod(0o777)
+    result = subprocess.run(
+        [sys.executable, "-m", "memtop.cli", "demo", "--no-ui"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, MEMTOP_SOCKET_DIR=str(unsafe)),
+        timeout=30,
+    )
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "world-writable" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_once_json_lists_every_trainer_and_marks_every_hostile_agent(arena: Arena) -> None:
@@ -343,19 +364,3 @@ def test_dashboard_keeps_real_trainers_stepping(arena: Arena) -> None:
     finally:
         sampler.stop()
     assert protocol.pid_alive(arena.victim)
-
-
-def test_demo_with_an_unsafe_socket_dir_says_one_line(tmp_path: Path) -> None:
-    unsafe = tmp_path / "open"
-    unsafe.mkdir()
-    unsafe.chmod(0o777)
-    result = subprocess.run(
-        [sys.executable, "-m", "memtop.cli", "demo", "--no-ui"],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, MEMTOP_SOCKET_DIR=str(unsafe)),
-        timeout=30,
-    )
-    assert result.returncode == 1
-    assert result.stderr.count("\n") == 1 and "world-writable" in result.stderr
-    assert "Traceback" not in result.stderr

@@ -194,6 +194,60 @@ def _by_pid(result: list[dict]) -> dict[int, list[dict]]:
     return out
 
 
+# (These two before the fleet's tests: a module's fixture lives until the module ends, and the
+# fleet's trainers, exporters and Prometheus would run through them.)
+def test_fleet_errors_are_one_line():
+    port = _free_port()  # nothing listens there
+    out = subprocess.run(
+        [sys.executable, "-m", "memtop.cli", "--prometheus", f"http://127.0.0.1:{port}",
+         "--once", "--json"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert out.returncode == 1 and out.stderr.count("\n") == 1
+    assert "cannot reach Prometheus" in out.stderr
+    bad = subprocess.run(
+        [sys.executable, "-m", "memtop.cli", "--prometheus", "ftp://x", "--once"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert bad.returncode == 1 and "http(s)://HOST:PORT" in bad.stderr
+
+
+@pytest.mark.slow
+def test_two_hosts_with_the_same_pids_stay_apart_in_the_fleet():
+    from memtop.engine.fleet import FleetSampler
+    from memtop.model import host_of
+    from memtop.sources.prometheus import PrometheusSource
+
+    with contextlib.ExitStack() as stack:
+        a = stack.enter_context(_host("node-a", "leak", STEP_A, stack))
+        url, _ = _prometheus([a.port, _twin(a.port, "node-a", "node-c", stack)], stack)
+        fleet = Fleet(a, a, url, _)
+        fleet.wait_for('count(count by (hostname) (memtop_agent_info{state="connected"})) == 2')
+        (pid,) = a.pids
+        out = subprocess.run(
+            [sys.executable, "-m", "memtop.cli", "--prometheus", url, "--once", "--json"],
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        report = json.loads(out.stdout)
+        assert [h["host"] for h in report["hosts"]] == ["node-a", "node-c"]
+        assert [(x["host"], x["pid"]) for x in report["agents"]] == [
+            ("node-a", pid),
+            ("node-c", pid),
+        ]
+        # The dashboard's one store: each host's GPU with its own trainer, nothing hidden.
+        sampler = FleetSampler(PrometheusSource(url), interval=1.0)
+        sampler.sample_once()
+        obs = sampler.observer().latest()
+        assert not any("same pid" in problem for problem in obs.problems), obs.problems
+        assert [g.host for g in obs.gpus] == ["node-a", "node-c"]
+        for gpu in obs.gpus:
+            assert [(host_of(d.pid), int(d.pid)) for d in gpu.agents] == [(gpu.host, pid)]
+        assert [(host_of(e.pid), int(e.pid)) for e in obs.entries] == [
+            ("node-a", pid),
+            ("node-c", pid),
+        ]
+
+
 def test_prometheus_holds_the_leaking_trainers_allocator_numbers(fleet: Fleet):
     (leaker,) = fleet.a.pids
     result = fleet.wait_for(f'memtop_allocated_bytes{{hostname="node-a",pid="{leaker}"}}')
@@ -318,22 +372,6 @@ def test_fleet_once_json_shows_both_hosts_with_their_local_numbers(fleet: Fleet)
         assert rules(theirs) == rules(local) or rules(theirs) == rules(local_after)
 
 
-def test_fleet_errors_are_one_line():
-    port = _free_port()  # nothing listens there
-    out = subprocess.run(
-        [sys.executable, "-m", "memtop.cli", "--prometheus", f"http://127.0.0.1:{port}",
-         "--once", "--json"],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
-    assert out.returncode == 1 and out.stderr.count("\n") == 1
-    assert "cannot reach Prometheus" in out.stderr
-    bad = subprocess.run(
-        [sys.executable, "-m", "memtop.cli", "--prometheus", "ftp://x", "--once"],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
-    assert bad.returncode == 1 and "http(s)://HOST:PORT" in bad.stderr
-
-
 @pytest.mark.slow
 def test_fleet_dashboard_groups_hosts_and_keeps_actions_local(fleet: Fleet):
     import asyncio
@@ -419,42 +457,6 @@ def _twin(port: int, host: str, twin: str, stack: contextlib.ExitStack) -> int:
     stack.callback(server.server_close)
     stack.callback(server.shutdown)
     return int(server.server_address[1])
-
-
-@pytest.mark.slow
-def test_two_hosts_with_the_same_pids_stay_apart_in_the_fleet():
-    from memtop.engine.fleet import FleetSampler
-    from memtop.model import host_of
-    from memtop.sources.prometheus import PrometheusSource
-
-    with contextlib.ExitStack() as stack:
-        a = stack.enter_context(_host("node-a", "leak", STEP_A, stack))
-        url, _ = _prometheus([a.port, _twin(a.port, "node-a", "node-c", stack)], stack)
-        fleet = Fleet(a, a, url, _)
-        fleet.wait_for('count(count by (hostname) (memtop_agent_info{state="connected"})) == 2')
-        (pid,) = a.pids
-        out = subprocess.run(
-            [sys.executable, "-m", "memtop.cli", "--prometheus", url, "--once", "--json"],
-            capture_output=True, text=True, timeout=60, check=True,
-        )  # fmt: skip
-        report = json.loads(out.stdout)
-        assert [h["host"] for h in report["hosts"]] == ["node-a", "node-c"]
-        assert [(x["host"], x["pid"]) for x in report["agents"]] == [
-            ("node-a", pid),
-            ("node-c", pid),
-        ]
-        # The dashboard's one store: each host's GPU with its own trainer, nothing hidden.
-        sampler = FleetSampler(PrometheusSource(url), interval=1.0)
-        sampler.sample_once()
-        obs = sampler.observer().latest()
-        assert not any("same pid" in problem for problem in obs.problems), obs.problems
-        assert [g.host for g in obs.gpus] == ["node-a", "node-c"]
-        for gpu in obs.gpus:
-            assert [(host_of(d.pid), int(d.pid)) for d in gpu.agents] == [(gpu.host, pid)]
-        assert [(host_of(e.pid), int(e.pid)) for e in obs.entries] == [
-            ("node-a", pid),
-            ("node-c", pid),
-        ]
 
 
 GRAFANA = Path(__file__).parent.parent / "contrib" / "grafana" / "memtop.json"

@@ -30,6 +30,17 @@ def memtop(*args: str, socket_dir: Path, timeout: float = 60) -> subprocess.Comp
     )
 
 
+def stop_demo(demo: subprocess.Popen[str]) -> None:
+    if demo.poll() is not None:
+        return
+    demo.send_signal(signal.SIGTERM)
+    try:
+        demo.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        demo.kill()
+        demo.wait()
+
+
 @pytest.fixture(scope="module")
 def recorded() -> Iterator[dict]:
     """The issue's run: `memtop record` for 20 s of `memtop demo --no-ui --scenario mixed`, a live
@@ -77,6 +88,9 @@ def recorded() -> Iterator[dict]:
         _, rest = recorder.communicate(timeout=30)
         err = said + rest
         assert recorder.returncode == 0, err
+        # The tests read the recordings and the live report only: the demo's four trainers
+        # need not step through them (a module's fixture lives until the module ends).
+        stop_demo(demo)
         yield {
             "socket_dir": socket_dir,
             "pids": sorted(pids),
@@ -87,12 +101,7 @@ def recorded() -> Iterator[dict]:
             "stderr": err,
         }
     finally:
-        demo.send_signal(signal.SIGTERM)
-        try:
-            demo.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            demo.kill()
-            demo.wait()
+        stop_demo(demo)
         shutil.rmtree(work, ignore_errors=True)
 
 

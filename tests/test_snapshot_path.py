@@ -81,6 +81,33 @@ def refused(result: subprocess.CompletedProcess[str], says: str) -> None:
     assert says in result.stderr, result.stderr
 
 
+# (Before the tests of the shared trainer: a module's fixture lives until the module ends, and
+# the trainer would step through this test's own.)
+@pytest.mark.slow
+def test_an_empty_snapshot_is_said_to_be_empty(tmp_path: Path, socket_dir: Path) -> None:
+    pytest.importorskip("torch")  # examples/train_cpu.py is a torch trainer
+    # A CPU-only trainer under memtop run: its snapshot has no segment.
+    env = dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir))
+    env.pop("MEMTOP_AGENT", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "memtop", "run", "examples/train_cpu.py", "--step-time", "0.02",
+         "--device", "cpu"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        proc.stdout.readline()  # "step 100 …": torch imported, the optimizer stepping
+        out = tmp_path / "cpu.pickle"
+        result = memtop("snapshot", str(proc.pid), "-o", str(out), socket_dir=socket_dir)
+        assert result.returncode == 0, result.stderr
+        assert "an empty snapshot, 0 segments" in result.stdout
+        assert "no CUDA memory" in result.stdout and "memory_viz" not in result.stdout
+        assert out.is_file()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.mark.parametrize("force", [False, True])
 def test_a_symlink_is_never_written_through(trainer, tmp_path: Path, force: bool) -> None:
     pid, socket_dir = trainer
@@ -131,31 +158,6 @@ def test_a_relative_path_is_joined_to_the_current_directory_not_resolved(
         result.stdout
     )
     assert (real / "snap.pickle").is_file()
-
-
-@pytest.mark.slow
-def test_an_empty_snapshot_is_said_to_be_empty(tmp_path: Path, socket_dir: Path) -> None:
-    pytest.importorskip("torch")  # examples/train_cpu.py is a torch trainer
-    # A CPU-only trainer under memtop run: its snapshot has no segment.
-    env = dict(os.environ, MEMTOP_SOCKET_DIR=str(socket_dir))
-    env.pop("MEMTOP_AGENT", None)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "memtop", "run", "examples/train_cpu.py", "--step-time", "0.02",
-         "--device", "cpu"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
-    try:
-        assert proc.stdout is not None
-        proc.stdout.readline()  # "step 100 …": torch imported, the optimizer stepping
-        out = tmp_path / "cpu.pickle"
-        result = memtop("snapshot", str(proc.pid), "-o", str(out), socket_dir=socket_dir)
-        assert result.returncode == 0, result.stderr
-        assert "an empty snapshot, 0 segments" in result.stdout
-        assert "no CUDA memory" in result.stdout and "memory_viz" not in result.stdout
-        assert out.is_file()
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_the_s_key_never_follows_a_link_at_its_file_name(trainer, tmp_path: Path) -> None:

@@ -90,6 +90,46 @@ def run(coro_factory, socket_dir: Path, snapshot_dir: Path | None = None) -> Mem
     return app
 
 
+# (Before the tests of the shared mixed demo: a module's fixture lives until the module ends,
+# and its four trainers would step through this test's own demo.)
+def test_terminate_asks_then_signals_and_marks_exited(socket_dir: Path, tmp_path: Path) -> None:
+    demo = Demo(gpus=1, scenario="healthy", step_time=0.05, socket_dir=socket_dir)
+    demo.start()
+    try:
+        assert demo.wait_ready()
+        victim = demo.processes[0]
+
+        async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
+            await select(app, victim.pid)
+            await pilot.press("k")
+            assert isinstance(app.screen, ConfirmScreen)
+            await pilot.press("q")  # q cancels the dialog (it does not quit, nor do nothing)
+            await pilot.pause(0.3)
+            assert not isinstance(app.screen, ConfirmScreen)
+            assert victim.poll() is None and app.is_running
+            await pilot.press("k")
+            await pilot.press("n")  # so does n
+            await pilot.pause(0.3)
+            assert victim.poll() is None
+            await pilot.press("k")
+            await pilot.press("9")  # the dialog offers TERM (t), INT (i) and KILL (9)
+            await wait_for(pilot, lambda: any("SIGKILL" in n for n in notifications(app)))
+            await wait_for(pilot, lambda: victim.poll() is not None)
+            table = app.query_one(ProcessTable)
+            await wait_for(
+                pilot,
+                lambda: any(
+                    r.pid == victim.pid and r.state == "exited" for r in table.rows_by_key.values()
+                ),
+            )
+            await pilot.press("c")
+            assert f"pid {victim.pid} has exited" in " ".join(notifications(app))
+
+        run(body, socket_dir, tmp_path)
+    finally:
+        demo.stop()
+
+
 def test_every_panel_shows_live_numbers(mixed_demo: Demo, module_socket_dir: Path) -> None:
     async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
         await wait_for(pilot, lambda: len(agent_rows(app)) == 4)
@@ -177,44 +217,6 @@ def test_pause_detail_help_and_quit(mixed_demo: Demo, module_socket_dir: Path) -
 
     app = run(body, module_socket_dir)
     assert app.return_code == 0
-
-
-def test_terminate_asks_then_signals_and_marks_exited(socket_dir: Path, tmp_path: Path) -> None:
-    demo = Demo(gpus=1, scenario="healthy", step_time=0.05, socket_dir=socket_dir)
-    demo.start()
-    try:
-        assert demo.wait_ready()
-        victim = demo.processes[0]
-
-        async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
-            await select(app, victim.pid)
-            await pilot.press("k")
-            assert isinstance(app.screen, ConfirmScreen)
-            await pilot.press("q")  # q cancels the dialog (it does not quit, nor do nothing)
-            await pilot.pause(0.3)
-            assert not isinstance(app.screen, ConfirmScreen)
-            assert victim.poll() is None and app.is_running
-            await pilot.press("k")
-            await pilot.press("n")  # so does n
-            await pilot.pause(0.3)
-            assert victim.poll() is None
-            await pilot.press("k")
-            await pilot.press("9")  # the dialog offers TERM (t), INT (i) and KILL (9)
-            await wait_for(pilot, lambda: any("SIGKILL" in n for n in notifications(app)))
-            await wait_for(pilot, lambda: victim.poll() is not None)
-            table = app.query_one(ProcessTable)
-            await wait_for(
-                pilot,
-                lambda: any(
-                    r.pid == victim.pid and r.state == "exited" for r in table.rows_by_key.values()
-                ),
-            )
-            await pilot.press("c")
-            assert f"pid {victim.pid} has exited" in " ".join(notifications(app))
-
-        run(body, socket_dir, tmp_path)
-    finally:
-        demo.stop()
 
 
 def test_each_round_is_drawn_when_it_lands(mixed_demo: Demo, module_socket_dir: Path) -> None:
