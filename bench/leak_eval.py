@@ -163,8 +163,8 @@ def time_series(rng: random.Random, leak: bool) -> Series:
 # likelihood line for a floor with noise above it): `--floor-null 2000` gives 7.7 at the 90th
 # percentile, 20.7 at the 99th, 36.6 at the 99.9th.  A dashboard asks every round, and a real
 # sawtooth's phases alias (a period near a multiple of the sampling interval), so healthy series
-# reach far more at some round: 25 to 160 on this set's seeds 1-3, by the same estimator with the
-# sawtooth's true height.
+# reach far more at some round: 72 to 163 on each of this set's seeds 1-3 (the hull's line
+# between the quarter points, with the sawtooth's true height).
 FLOOR_LIMIT = 30
 
 
