@@ -22,6 +22,10 @@ within a factor of 2 of the truth; steps to detect count from the first leaking 
 first detection.  A series without a leak is a false alarm when any checkpoint says "leak",
 except while a warm-up ramp is still indistinguishable from a leak: its checkpoints are graded
 from twice the ramp's end.
+A leak without steps is also measured in floor resolutions (its rise over the series divided by
+the sawtooth's height over its samples: how near the lowest sample comes to the floor): the
+output says how many rose less than `FLOOR_LIMIT` of them, beyond any test of the floor, and
+lists the missed ones' rises (`--floor-null N` measures that limit on N healthy sawtooths).
 The series without steps are judged again for each `--holdout` seed (2 and 3 unless told), seeds
 the time basis was not tuned on; their figures are printed beside the others (`holdout`).
 The last line of output is one JSON object.
@@ -81,6 +85,9 @@ class Series:
     grade_from: float = 30  # first step (or second) at which a false alarm counts
     leak_from: float = 0  # first step (or second) at which the leak runs
     time_only: bool = False
+    # Without steps: how near the lowest sample comes to a sawtooth's floor, on average (its
+    # height over the samples, `floor_resolution`); 0 where that is not defined (servers).
+    floor_step: float = 0.0
 
 
 def _round(v: float) -> float:
@@ -143,9 +150,44 @@ def time_series(rng: random.Random, leak: bool) -> Series:
         sawtooth = activations * (phase if phase < 0.6 else (1 - phase) / 0.4 * 0.6)
         s.times.append(t)
         s.values.append(_round(base + rate * (t - t0) + sawtooth))
+    s.floor_step = floor_resolution(0.6 * activations, len(s.times))
     s.grade_from = t0 + 60
     s.leak_from = t0
     return s
+
+
+# The floor alone cannot tell a leak whose floor rose less than this many `floor_resolution`s
+# over the series from a healthy sawtooth: the 99.9th percentile of that rise, one verdict, on a
+# healthy sawtooth whose samples fall at independent phases, measured by the best estimator of
+# the floor's line there is (the lower hull under all the samples, at the middle: the maximum
+# likelihood line for a floor with noise above it): `--floor-null 2000` gives 7.7 at the 90th
+# percentile, 20.7 at the 99th, 36.6 at the 99.9th.  A dashboard asks every round, and a real
+# sawtooth's phases alias (a period near a multiple of the sampling interval), so healthy series
+# reach far more at some round: 72 to 163 on each of this set's seeds 1-3 (the hull's line
+# between the quarter points, with the sawtooth's true height).
+FLOOR_LIMIT = 30
+
+
+def floor_resolution(height: float, samples: int) -> float:
+    """How near the lowest of `samples` samples falls, on average, to the floor of a noise
+    spread evenly over `height` above it: the finest step at which any test can see the floor
+    (a leak's rise is judged in these steps, `FLOOR_LIMIT`)."""
+    return height / max(1, samples)
+
+
+def floor_null(series: int, samples: int = 1620, seed: int = 1) -> list[float]:
+    """The rise of the lower hull's middle edge, in floor resolutions, over healthy sawtooths
+    sampled at independent phases (noise even over [0, 1) above a flat floor), sorted."""
+    from memtop.diagnosis.leak import _hull_slope
+
+    rng = random.Random(seed)
+    rises = []
+    for _ in range(series):
+        times = [i + rng.uniform(-0.1, 0.1) for i in range(samples)]
+        values = [rng.random() for _ in range(samples)]
+        slope = _hull_slope(times, values) or 0.0
+        rises.append(slope * (times[-1] - times[0]) / floor_resolution(1.0, samples))
+    return sorted(rises)
 
 
 def server_series(rng: random.Random, kind: str) -> Series:
@@ -417,6 +459,9 @@ def score(seed: int, series: int, with_steps: bool) -> dict[str, Any]:
     totals: Counter[str] = Counter()
     alarms: Counter[str] = Counter()
     to_detect: list[float] = []
+    # Without steps: each leak's rise over its series in floor resolutions (missed ones apart).
+    floor_rises: list[float] = []
+    missed_rises: list[float] = []
     seconds_to_detect: list[float] = []
     rate_errors: list[float] = []
     for i in range(series):
@@ -426,6 +471,11 @@ def score(seed: int, series: int, with_steps: bool) -> dict[str, Any]:
             continue
         ok, first, rate = evaluate(s)
         totals[s.kind] += 1
+        if s.floor_step:
+            rise = s.rate * (s.times[-1] - s.times[0]) / s.floor_step
+            floor_rises.append(rise)
+            if not ok:
+                missed_rises.append(rise)
         if ok:
             hits[s.kind] += 1
             if first is not None:
@@ -485,7 +535,19 @@ def score(seed: int, series: int, with_steps: bool) -> dict[str, Any]:
         "median_seconds_to_detect": (
             round(statistics.median(seconds_to_detect)) if seconds_to_detect else None
         ),
+        # What the floor can tell: leaks whose floor rose less than FLOOR_LIMIT resolutions are
+        # beyond any test of the floor; the missed ones' rises, in resolutions.
+        "below_floor_limit": sum(1 for rise in floor_rises if rise < FLOOR_LIMIT),
+        "missed_rises_in_floor_resolutions": sorted(round(rise) for rise in missed_rises),
     }
+    if floor_rises:
+        below = result["without_steps"]["below_floor_limit"]
+        print(
+            f"without steps: {below} of {len(floor_rises)} leaks rose less than {FLOOR_LIMIT}"
+            " floor resolutions (the sawtooth's height over its samples), beyond any test of the"
+            " floor; the missed ones rose"
+            f" {result['without_steps']['missed_rises_in_floor_resolutions']}"
+        )
     # Servers without steps that must not alarm (request bursts, a KV cache filling to its
     # budget and staying, model reloads), judged as the without-steps series are.
     result["server_shaped"] = {
@@ -516,7 +578,21 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100, help="--scenarios: steps per seed")
     parser.add_argument("--traces", help="--scenarios: a folder of recordings (*.jsonl.gz)")
     parser.add_argument("--compare", metavar="REV", help="--scenarios: also the detector at REV")
+    parser.add_argument(
+        "--floor-null",
+        type=int,
+        metavar="N",
+        help="only: the floor line's rise on N healthy sawtooths, in resolutions (FLOOR_LIMIT)",
+    )
     args = parser.parse_args()
+    if args.floor_null:
+        rises = floor_null(args.floor_null)
+        quantiles = {
+            str(q): round(rises[min(len(rises) - 1, int(q * len(rises)))], 1)
+            for q in (0.5, 0.9, 0.99, 0.999)
+        }
+        print(json.dumps({"series": args.floor_null, "rise_quantiles": quantiles}))
+        return
     if args.scenarios:
         scenarios_main(args)
         return

@@ -71,6 +71,18 @@ TIME_BINS = 40
 # The time basis's test (detect_from_history): the lowest sample of each of this many windows of
 # the regime.  Fewer, longer windows each come nearer a sawtooth's floor (a window's minimum
 # misses it by about the activations over its samples); more give the test more points.
+#
+# Why not a test of the floor's line under all the samples (the lower hull, which finds the floor
+# to about the sawtooth's height over n samples, where a window's minimum finds it to its height
+# over the window's samples): measured on bench/leak_eval.py's series without steps (issue 31.3),
+# its rise over the spread of the windows' minima above it, the one scale-free form of it that
+# also holds for servers, reaches 3.6-5.3 on healthy series and servers at some round, and is
+# below 2.2 on 5 of 80 leaks of each seed; taking it beside Mann-Kendall gains 0-2 of 80 leaks.
+# Even with the sawtooth's true height, the hull's rise on each seed's healthy series reaches
+# 72-163 of those steps at some round (periods that alias with the sampling), above the
+# 30-minute rise of 14-20 of the seed's 80 leaks, and 3-6 of them rose under 30, beyond one
+# look at independent phases: the floor alone does not hold the evidence for them (the bench's
+# `FLOOR_LIMIT`).
 FLOOR_WINDOWS = 24
 FLOOR_WINDOW_SAMPLES = 10  # at least this many samples a window
 # A regime this long at least: the path is for slow leaks (fast ones are as clear after two
