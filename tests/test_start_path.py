@@ -117,3 +117,44 @@ def test_no_early_rows_where_the_view_would_differ() -> None:
     mig = replace(reading.devices[0], mig=MigInfo(0, 1, 0, "3g.40gb"))
     assert splash.driver_lines(replace(reading, devices=(mig,)), 120) == []
     assert splash.driver_lines(reading, 120, Scope(instances=frozenset({(0, 1)}))) == []
+
+
+def test_the_live_dashboard_leaves_out_the_estimator_and_asyncios_tls() -> None:
+    # What the dashboard's start imports (memtop.commands.watch): the diagnosis took the
+    # estimator's tables with calibrate.BatchModel (~1 MB), and Textual's asyncio took OpenSSL
+    # (~4 MB of RSS) for TLS transports its event loop never opens.
+    modules = imported_by(
+        "from memtop.ui.start import import_asyncio_without_tls\n"
+        "assert import_asyncio_without_tls()\n"
+        "import memtop.commands.watch, memtop.engine.sampler, memtop.sources.devices\n"
+        "import memtop.engine.observation, memtop.ui.app, memtop.ui.splash\n"
+        "import asyncio\n"
+        "loop = asyncio.new_event_loop(); loop.run_until_complete(asyncio.sleep(0)); loop.close()"
+    )
+    assert "ssl" not in modules and "_ssl" not in modules
+    assert "memtop.estimate.architecture" not in modules
+    assert "memtop.estimate.calibrate" in modules  # the one part the diagnosis uses
+    # ssl itself is still there for whoever asks (urllib's https, the exporter's TLS).
+    modules = imported_by(
+        "from memtop.ui.start import import_asyncio_without_tls\n"
+        "assert import_asyncio_without_tls()\n"
+        "import ssl; ssl.create_default_context()"
+    )
+    assert "ssl" in modules
+
+
+def test_the_dashboards_start_asks_for_one_malloc_arena() -> None:
+    # glibc's default, up to 8 arenas per core, left a part-empty arena behind each thread
+    # (the sampler, the device reader, the agents' workers, Textual's input): ~3 MB.
+    import platform
+
+    from memtop.ui import start
+
+    if platform.libc_ver()[0] != "glibc":
+        assert not start.one_malloc_arena()
+        return
+    assert start.one_malloc_arena()
+    source = Path(start.__file__).with_name("..").resolve() / "commands" / "watch.py"
+    text = source.read_text()
+    # ... before the sampler (and its threads) exist.
+    assert text.index("one_malloc_arena()") < text.index("common.make_sampler(args, simulated")

@@ -128,6 +128,9 @@ def _dashboard(args: argparse.Namespace, simulated_only: bool, painted: bool = F
     try:
         if not painted:
             paint_header(settings)
+        from memtop.ui.start import import_asyncio_without_tls, one_malloc_arena
+
+        one_malloc_arena()  # before any thread of ours: ~3 MB of part-empty arenas
         sampler = common.make_sampler(args, simulated_only)
         try:
             # The start-up budget (DESIGN §9): the first round starts before anything else is
@@ -172,6 +175,7 @@ def _dashboard(args: argparse.Namespace, simulated_only: bool, painted: bool = F
                 paint_first_round(observer.latest())
             # The GPUs' rows first: Textual's import would take most of the CPU from the read.
             driver_shown.wait(max(0.0, wait_until - time.monotonic()))
+            import_asyncio_without_tls()  # before Textual: 4 MB of OpenSSL it never uses
             from memtop.ui.app import MemtopApp
 
             app = MemtopApp(
