@@ -9,10 +9,11 @@ nothing imported. Textual then takes the same alternate screen over and repaints
 `restore()` undoes it when Textual never got as far as starting (an error or Ctrl-C while
 importing); once Textual ran it has left the alternate screen itself, and restore is a no-op.
 
-The first sampling round runs meanwhile (memtop.cli starts the sampler before importing
-Textual), and when its observation lands before Textual is ready, `paint_figures` writes every
-GPU's and process's figures under the header (the view-model's rows, plainly: the same values
-Textual draws next).  `hand_over()`, called just before Textual starts, ends that: no write of
+The first sampling round runs meanwhile (memtop.commands.watch starts the sampler before
+importing the observer and Textual).  Its driver reading comes first, before any agent answers:
+`driver_lines` makes the GPUs' rows of it, painted at once.  When the round's observation lands
+before Textual is ready, `paint_figures` writes every GPU's and process's figures under the
+header (the view-model's rows, plainly: the same values Textual draws next).  `hand_over()`, called just before Textual starts, ends that: no write of
 ours can land inside Textual's frames (Textual's first frame, on a fresh alternate screen,
 covers every cell).
 """
