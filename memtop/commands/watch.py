@@ -151,6 +151,9 @@ def _dashboard(args: argparse.Namespace, simulated_only: bool, painted: bool = F
             sampler.on_reading = on_first_reading
             sampler.start()
             wait_until = time.monotonic() + _first_round_wait_s()
+            # The GPUs' rows first: an import meanwhile (the observer's, Textual's) would hold the
+            # interpreter between each of the read's system calls.
+            driver_shown.wait(max(0.0, wait_until - time.monotonic()))
             from memtop.engine.observation import Observer
 
             observer = Observer(sampler.store)
@@ -173,8 +176,6 @@ def _dashboard(args: argparse.Namespace, simulated_only: bool, painted: bool = F
             sampler.on_round = on_round
             if sampler.rounds:  # the round landed before its hook was set
                 paint_first_round(observer.latest())
-            # The GPUs' rows first: Textual's import would take most of the CPU from the read.
-            driver_shown.wait(max(0.0, wait_until - time.monotonic()))
             import_asyncio_without_tls()  # before Textual: 4 MB of OpenSSL it never uses
             from memtop.ui.app import MemtopApp
 
