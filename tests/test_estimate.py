@@ -11,9 +11,14 @@ from pathlib import Path
 import pytest
 
 from memtop.cli import main
-from memtop.estimate import PRESETS, Architecture, Setup, assumed_shape, estimate, max_batch
-from memtop.estimate.architecture import from_hf_config, load_hf_config
-from memtop.estimate.memory import usable_bytes
+from memtop.estimate.architecture import (
+    PRESETS,
+    Architecture,
+    assumed_shape,
+    from_hf_config,
+    load_hf_config,
+)
+from memtop.estimate.memory import Setup, estimate, max_batch, usable_bytes
 from memtop.estimate.reference import deepspeed_zero2_gpu_bytes, deepspeed_zero3_gpu_bytes
 from memtop.figures.units import GiB
 

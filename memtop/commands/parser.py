@@ -7,7 +7,9 @@ drop one.  The subcommands that grew their own module add their parsers there.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from memtop._version import __version__
 from memtop.sim.scenario_names import DEMO_SCENARIOS
@@ -152,11 +154,16 @@ def build_parser() -> argparse.ArgumentParser:
     report_command.add_parser(sub)
     compare_command.add_parser(sub)
 
-    from memtop.estimate.command import add_arguments as add_estimate_arguments
-
-    add_estimate_arguments(
-        sub.add_parser("estimate", help="will a training run fit: memory per GPU, before the run")
+    # Its arguments come from the estimator's tables (architectures, GPUs, dtypes): ~30 ms of
+    # imports and a megabyte the dashboard's start never needs.  They are added when `memtop
+    # estimate` parses or prints its help.
+    sub._parser_class = _ArgumentsWhenUsed
+    estimate = sub.add_parser(
+        "estimate", help="will a training run fit: memory per GPU, before the run"
     )
+    sub._parser_class = argparse.ArgumentParser
+    assert isinstance(estimate, _ArgumentsWhenUsed)
+    estimate.add_arguments = _estimate_arguments
 
     oom = sub.add_parser("oom", help="the OOM reports trainers left here, each explained")
     oom.add_argument("file", nargs="?", type=Path, help="explain this report")
@@ -185,6 +192,37 @@ def build_parser() -> argparse.ArgumentParser:
     _add_filters(export, default=argparse.SUPPRESS)
     _add_alerts(export, default=argparse.SUPPRESS)
     return parser
+
+
+class _ArgumentsWhenUsed(argparse.ArgumentParser):
+    """A subcommand's parser whose arguments `add_arguments` adds the first time it parses or
+    formats its help or usage (each of argparse's ways in), so that what they import is
+    imported only when that subcommand runs."""
+
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+
+    def _add_now(self) -> None:
+        add, self.add_arguments = self.add_arguments, None
+        if add is not None:
+            add(self)
+
+    def parse_known_args(self, *args: Any, **kwargs: Any) -> Any:
+        self._add_now()
+        return super().parse_known_args(*args, **kwargs)
+
+    def format_help(self) -> str:
+        self._add_now()
+        return super().format_help()
+
+    def format_usage(self) -> str:
+        self._add_now()
+        return super().format_usage()
+
+
+def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
+    from memtop.estimate.command import add_arguments
+
+    add_arguments(parser)
 
 
 def _add_alerts(parser: argparse.ArgumentParser, default: object = None) -> None:

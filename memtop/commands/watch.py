@@ -18,6 +18,7 @@ from memtop.commands.common import TERMINAL_FD
 if TYPE_CHECKING:
     from memtop.engine.observation import Observation
     from memtop.engine.scope import Scope
+    from memtop.model import DriverReading
     from memtop.ui.config import UiConfig
 
 ONCE_EXTRA_ROUNDS = 6
@@ -27,8 +28,10 @@ ONCE_ROUND_GAP_S = 0.05
 # request a loaded box started late is waited for until that request's own deadline.
 ONCE_BUDGET_S = 1.5
 ONCE_EXTRA_ROUND_S = 0.15
-# How long Textual's import waits for the first sampling round (whose figures are painted
-# first); a round that takes longer (a hung agent) is drawn by Textual when it lands.
+# How long the dashboard's start waits, in all, for the first round: for the driver's reading
+# before Textual is imported, then for the agents' answers before Textual starts (each is
+# painted as it lands); a round that takes longer (a hung agent) is drawn by Textual when it
+# lands.
 FIRST_ROUND_WAIT_S = 0.3
 
 
@@ -121,35 +124,59 @@ def _dashboard(args: argparse.Namespace, simulated_only: bool, painted: bool = F
     from memtop.ui import config, splash
 
     settings = config.load()
+    alerts = None
     try:
         if not painted:
             paint_header(settings)
-        from memtop.engine.observation import Observer
+        from memtop.ui.start import import_asyncio_without_tls, one_malloc_arena
 
+        one_malloc_arena()  # before any thread of ours: ~3 MB of part-empty arenas
         sampler = common.make_sampler(args, simulated_only)
         try:
-            # The first sampling round runs while Textual is imported (~0.4 s of CPU, most of
-            # the start-up budget of DESIGN §9), its observation built on the sampler's thread.
-            # Its figures go on screen under the header as soon as they are known (splash), and
-            # Textual's first frame draws the same observation (the app takes `on_round` over).
+            # The start-up budget (DESIGN §9): the first round starts before anything else is
+            # imported.  The driver's reading comes first (the GPUs' rows go on screen under the
+            # header at once, splash.driver_lines); the agents answer while the observer and
+            # then Textual (~0.4 s of CPU) are imported; that round's figures are painted when
+            # it lands, and Textual's first frame draws the same observation (the app takes
+            # `on_round` over).
+            scope = common.scope(args)
+            size = _terminal_size()
+            driver_shown = threading.Event()
+
+            def on_first_reading(reading: DriverReading) -> None:
+                sampler.on_reading = None
+                splash.paint_figures(TERMINAL_FD, splash.driver_lines(reading, size[0], scope))
+                driver_shown.set()
+
+            sampler.on_reading = on_first_reading
+            sampler.start()
+            wait_until = time.monotonic() + _first_round_wait_s()
+            # The GPUs' rows first: an import meanwhile (the observer's, Textual's) would hold the
+            # interpreter between each of the read's system calls.
+            driver_shown.wait(max(0.0, wait_until - time.monotonic()))
+            from memtop.engine.observation import Observer
+
             observer = Observer(sampler.store)
             # Each run's line goes where the dashboard shows events (stderr is Textual's).
             alerts = common.alerts(args, observer, sampler.store.note)
-            scope = common.scope(args)
             first_round = threading.Event()
-            size = _terminal_size()
+            paint_once = threading.Lock()
 
-            def on_first_round() -> None:
-                observation = observer.publish()
-                if not first_round.is_set():
+            def paint_first_round(observation: Observation) -> None:
+                with paint_once:
+                    if first_round.is_set():
+                        return
                     first_round.set()
-                    lines = splash.figure_lines(observation, *size, scope)
-                    splash.paint_figures(TERMINAL_FD, lines)
+                lines = splash.figure_lines(observation, *size, scope)
+                splash.paint_figures(TERMINAL_FD, lines)
 
-            sampler.on_round = on_first_round
-            sampler.start()
-            # The figures first: Textual's import would take most of the CPU from the round.
-            first_round.wait(_first_round_wait_s())
+            def on_round() -> None:
+                paint_first_round(observer.publish())
+
+            sampler.on_round = on_round
+            if sampler.rounds:  # the round landed before its hook was set
+                paint_first_round(observer.latest())
+            import_asyncio_without_tls()  # before Textual: 4 MB of OpenSSL it never uses
             from memtop.ui.app import MemtopApp
 
             app = MemtopApp(
@@ -161,6 +188,9 @@ def _dashboard(args: argparse.Namespace, simulated_only: bool, painted: bool = F
                 readonly=getattr(args, "readonly", False) or settings.readonly,
                 observer=observer,
             )
+            # The first round's figures under the header before Textual takes the screen, when
+            # they are that close (a hung agent is drawn by Textual when its round lands).
+            first_round.wait(max(0.0, wait_until - time.monotonic()))
             splash.hand_over()
             app.run()
         finally:

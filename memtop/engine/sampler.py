@@ -16,6 +16,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -159,6 +160,9 @@ class Sampler(FeedLoop):
             max_workers=2, thread_name_prefix="memtop-action"
         )
         self.tap: SamplerTap | None = None
+        # Told of each driver reading as soon as it is read, before the agents are asked (the
+        # dashboard's start paints the GPUs with the first one: memtop.ui.splash).
+        self.on_reading: Callable[[DriverReading], None] | None = None
         self._tapped_processes: dict[int, ProcessInfo] | None = None
         self._tapped_states: dict[int, str] = {}
 
@@ -174,6 +178,8 @@ class Sampler(FeedLoop):
         budget = self.round_budget() if budget is None else budget
         now = time.time()
         reading = self.devices.read(wait=min(budget, 0.5) if self.rounds else budget)
+        if self.on_reading is not None:
+            self.on_reading(reading)
         known = None
         if reading.available and reading.source != SOURCE_AGENT:
             # By UUID without its prefix (torch gives it bare), and by PCI bus id for the agents

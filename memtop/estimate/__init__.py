@@ -12,20 +12,11 @@ anything that does I/O except `architecture.load_hf_config` (one local JSON file
 - reference.py      DeepSpeed's own ZeRO estimators, reported beside ours;
 - render.py         the table and the JSON object.
 
+The package imports none of its parts: each is imported by its own name
+(`memtop.estimate.memory.estimate`, `memtop.estimate.architecture.PRESETS`), so that the
+dashboard's diagnosis, which takes `calibrate.BatchModel` (the model of a step that `estimate
+--from` calibrates), does not load the estimator's tables with it (~1 MB and ~15 ms of its start).
+
 Outside the layers on purpose (one package on two levels; see pyproject's contract): its arithmetic
 imports no I/O, and only its command reads the local GPU.
 """
-
-from memtop.estimate.architecture import PRESETS, Architecture, assumed_shape, load_hf_config
-from memtop.estimate.memory import Estimate, Setup, estimate, max_batch
-
-__all__ = [
-    "PRESETS",
-    "Architecture",
-    "Estimate",
-    "Setup",
-    "assumed_shape",
-    "estimate",
-    "load_hf_config",
-    "max_batch",
-]

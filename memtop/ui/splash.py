@@ -9,12 +9,13 @@ nothing imported. Textual then takes the same alternate screen over and repaints
 `restore()` undoes it when Textual never got as far as starting (an error or Ctrl-C while
 importing); once Textual ran it has left the alternate screen itself, and restore is a no-op.
 
-The first sampling round runs meanwhile (memtop.cli starts the sampler before importing
-Textual), and when its observation lands before Textual is ready, `paint_figures` writes every
-GPU's and process's figures under the header (the view-model's rows, plainly: the same values
-Textual draws next).  `hand_over()`, called just before Textual starts, ends that: no write of
-ours can land inside Textual's frames (Textual's first frame, on a fresh alternate screen,
-covers every cell).
+The first sampling round runs meanwhile (memtop.commands.watch starts the sampler before
+importing the observer and Textual).  Its driver reading comes first, before any agent answers:
+`driver_lines` makes the GPUs' rows of it, painted at once.  When the round's observation lands
+before Textual is ready, `paint_figures` writes every GPU's and process's figures under the
+header (the view-model's rows, plainly: the same values Textual draws next).  `hand_over()`,
+called just before Textual starts, ends that: no write of ours can land inside Textual's frames
+(Textual's first frame, on a fresh alternate screen, covers every cell).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from memtop.engine.observation import Observation
     from memtop.engine.scope import Scope
+    from memtop.model import DriverReading
 
 ENTER = "\x1b[?1049h\x1b[?25l\x1b[H\x1b[2J"  # alternate screen, cursor hidden, cleared
 # Only leave and show the cursor: after Textual has left already, this changes nothing (no clear,
@@ -82,12 +84,7 @@ def figure_lines(
     source = f"{dash.source}  ·  {len(dash.gpus)} GPUs  ·  {dash.agents} agents"
     lines = [source]
     for gpu in dash.gpus:
-        share = f"{100 * gpu.used_share:5.1f} %" if gpu.used_share is not None else "    —"
-        where = f" {gpu.host}" if gpu.host else ""
-        lines.append(
-            f"GPU {gpu.index}{where}  {gpu.name[:26]:<26} "
-            f"{short_bytes(gpu.used):>6} / {short_bytes(gpu.total):<6} {share}"
-        )
+        lines.append(_gpu_line(gpu.index, gpu.host, gpu.name, gpu.used, gpu.total))
     lines.append("")
     lines.append(f"{'PID':>7} {'GPU':>3} {'USED':>6} {'ALLOC':>6} {'RSVD':>6} {'STEP':>7}  COMMAND")
     for row in dash.processes[: max(0, height - len(lines) - 3)]:
@@ -99,6 +96,37 @@ def figure_lines(
             f"{short_bytes(row.reserved):>6} {step:>7}  {command}"
         )
     return [line[:width] for line in lines]
+
+
+def driver_lines(reading: DriverReading, width: int, scope: Scope | None = None) -> list[str]:
+    """The GPUs' rows from the driver's reading alone, the moment it is read and before any
+    agent answers (the round's full figures replace them): the same rows `figure_lines` writes,
+    for the same GPUs.  None where this reading's rows would not be the view's (no driver, the
+    agents' own GPUs, MIG instances, another host's GPUs, a scope of MIG instances): nothing
+    is painted early then, rather than rows the view would then contradict."""
+    from memtop.model import SOURCE_AGENT
+
+    if not reading.available or reading.source == SOURCE_AGENT or not reading.devices:
+        return []
+    if scope is not None and scope.instances is not None:
+        return []
+    devices = [
+        d for d in reading.devices if scope is None or scope.gpus is None or d.index in scope.gpus
+    ]
+    if any(d.mig is not None or d.mig_mode or d.host for d in reading.devices):
+        return []
+    lines = [f"{len(devices)} GPUs  ·  asking the agents…"]
+    lines += [_gpu_line(d.index, "", d.name, d.used_bytes, d.total_bytes) for d in devices]
+    return [line[:width] for line in lines]
+
+
+def _gpu_line(index: int, host: str, name: str, used: int | None, total: int | None) -> str:
+    from memtop.figures.units import short_bytes
+
+    share = f"{100 * used / total:5.1f} %" if used is not None and total else "    —"
+    where = f" {host}" if host else ""
+    figures = f"{short_bytes(used):>6} / {short_bytes(total):<6} {share}"
+    return f"GPU {index}{where}  {name[:26]:<26} {figures}"
 
 
 def paint_figures(fd: int, lines: list[str]) -> bool:
