@@ -28,6 +28,13 @@ output says how many rose less than `FLOOR_LIMIT` of them, beyond any test of th
 lists the missed ones' rises (`--floor-null N` measures that limit on N healthy sawtooths).
 The series without steps are judged again for each `--holdout` seed (2 and 3 unless told), seeds
 the time basis was not tuned on; their figures are printed beside the others (`holdout`).
+Each series without steps (the servers too) is also judged with the agent's floor readings
+(memtop/agent/floor.py: the lowest of reads every 0.07-0.14 s between two samples, drawn from
+generators of their own, so that the series are the seed's either way): the column "with floor
+readings" and `without_steps_floor_readings` / `server_shaped_floor_readings`.  Measured at
+this commit (before: the same series on their samples alone): seed 1 detection 1.0 (0.875),
+false alarms 0.0125 (0.0125), servers 0.0 (0.0); held out, seed 2: 1.0 (0.8375), 0.0 (0.0),
+0.0 (0.025); seed 3: 0.975 (0.875), 0.0 (0.0), 0.0 (0.0125).
 The last line of output is one JSON object.
 
     .venv/bin/python bench/leak_eval.py --scenarios [--seeds 99] [--steps 100]

@@ -4,7 +4,9 @@ The signal is the per-step baseline: allocated bytes right after each optimizer 
 Within a step memory rises and falls (the sawtooth of activations); between steps a healthy
 trainer comes back to the same level, and a leaking one does not.  Without step marks (a server,
 a custom loop, an evaluation job) the baseline is the floor of the sampled allocated bytes: the
-lowest sample of each of `FLOOR_WINDOWS` windows, tested the same way (`detect_from_history`).
+lowest sample of each of `FLOOR_WINDOWS` windows, tested the same way (`detect_from_history`);
+where the agent sent floor readings (the lowest allocated it read at ~10 Hz between two
+samples, memtop/agent/floor.py) each sample counts at its floor reading (`floor_values`).
 
 The test has to be right more than clever, so it is built from robust, boring pieces:
 
