@@ -18,6 +18,9 @@ its own subprocess with a time limit so one hang cannot eat the lease:
   trainer;
 - `stacks`: stack recording on a real CUDA trainer: the step with recording off and on, the
   cost per allocation, and one grouping round (ms, blocks walked);
+- `floor reading`: `bench/floor_cost.py --device cuda`: one floor reading of the agent thread
+  (memtop/agent/floor.py: `memory_allocated`, which takes the allocator's mutex) in µs, and a
+  trainer's step time with readings at 10 Hz (as the agent takes them) and at 1 kHz;
 - `once`: a CUDA trainer under `memtop run`, then `memtop --once --json` with the real NVML:
   the agent joined to the driver's GPU, and the agent's reserved equal to torch's own reading.
 
@@ -355,6 +358,14 @@ def main() -> int:
         parse_json,
     )
     section("stacks", [py, "-c", STACKS_SCRIPT], 150, parse_json)
+    # The agent's floor readings (a process without steps, watched): one reading's µs, and a
+    # trainer's step with readings at 10 Hz and 1 kHz (the allocator's mutex, shared with it).
+    section(
+        "floor reading",
+        [py, str(BENCH / "floor_cost.py"), "--device", "cuda", "--reads", "3000", "--steps", "150"],
+        90,
+        parse_json,
+    )
     if "once" not in skip:
         started = time.monotonic()
         try:

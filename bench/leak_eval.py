@@ -28,6 +28,13 @@ output says how many rose less than `FLOOR_LIMIT` of them, beyond any test of th
 lists the missed ones' rises (`--floor-null N` measures that limit on N healthy sawtooths).
 The series without steps are judged again for each `--holdout` seed (2 and 3 unless told), seeds
 the time basis was not tuned on; their figures are printed beside the others (`holdout`).
+Each series without steps (the servers too) is also judged with the agent's floor readings
+(memtop/agent/floor.py: the lowest of reads every 0.07-0.14 s between two samples, drawn from
+generators of their own, so that the series are the seed's either way): the column "with floor
+readings" and `without_steps_floor_readings` / `server_shaped_floor_readings`.  Measured at
+this commit (before: the same series on their samples alone): seed 1 detection 1.0 (0.875),
+false alarms 0.0125 (0.0125), servers 0.0 (0.0); held out, seed 2: 1.0 (0.8375), 0.0 (0.0),
+0.0 (0.025); seed 3: 0.975 (0.875), 0.0 (0.0), 0.0 (0.0125).
 The last line of output is one JSON object.
 
     .venv/bin/python bench/leak_eval.py --scenarios [--seeds 99] [--steps 100]
@@ -88,6 +95,9 @@ class Series:
     # Without steps: how near the lowest sample comes to a sawtooth's floor, on average (its
     # height over the samples, `floor_resolution`); 0 where that is not defined (servers).
     floor_step: float = 0.0
+    # Without steps: the agent's floor reading at each sample (the lowest of its readings at
+    # ~10 Hz since the previous sample and the sample itself; `floor_readings`).
+    floors: list[float] = field(default_factory=list)
 
 
 def _round(v: float) -> float:
@@ -132,8 +142,29 @@ def step_series(rng: random.Random, kind: str) -> Series:
     return s
 
 
-def time_series(rng: random.Random, leak: bool) -> Series:
-    """No step marks: allocated sampled at ~1 Hz over a sawtooth of `step_time` periods."""
+# The agent's floor readings (memtop/agent/floor.py): allocated read every ~0.1 s between two
+# samples while a viewer watches a process without steps, jittered as a selector loop's wake-ups
+# on a busy box are.
+READING_INTERVAL_S = (0.07, 0.14)
+
+
+def floor_readings(
+    readings: random.Random, since: float, until: float, value_at: Callable[[float], float]
+) -> float:
+    """The lowest of the values read every ~0.1 s (jittered) after `since` and before `until`,
+    and at `until` itself (the sample's own read): what `allocated_floor_bytes` carries."""
+    lowest = value_at(until)
+    t = since + readings.uniform(*READING_INTERVAL_S)
+    while t < until:
+        lowest = min(lowest, value_at(t))
+        t += readings.uniform(*READING_INTERVAL_S)
+    return lowest
+
+
+def time_series(rng: random.Random, leak: bool, readings: random.Random | None = None) -> Series:
+    """No step marks: allocated sampled at ~1 Hz over a sawtooth of `step_time` periods.  With
+    `readings` (a generator of its own, so that the series are those of the seed either way),
+    also the agent's floor reading at each sample (`floor_readings`)."""
     step_time = rng.uniform(0.1, 3.0)
     rate_per_step = math.exp(rng.uniform(math.log(64 * KiB), math.log(64 * MiB))) if leak else 0
     rate = rate_per_step / step_time
@@ -142,14 +173,22 @@ def time_series(rng: random.Random, leak: bool) -> Series:
     s = Series("time_leak" if leak else "time_flat", leak, rate, time_only=True)
     t0 = 1_700_000_000.0
     t = t0
+
+    def value_at(when: float) -> float:
+        phase = ((when - t0) / step_time) % 1.0
+        sawtooth = activations * (phase if phase < 0.6 else (1 - phase) / 0.4 * 0.6)
+        return _round(base + rate * (when - t0) + sawtooth)
+
+    last_sample = t0
     while t - t0 < TIME_ONLY_SECONDS:
         t += rng.uniform(0.9, 1.1)
         if rng.random() < 0.1:
             continue  # a sample missed (agent busy)
-        phase = ((t - t0) / step_time) % 1.0
-        sawtooth = activations * (phase if phase < 0.6 else (1 - phase) / 0.4 * 0.6)
         s.times.append(t)
-        s.values.append(_round(base + rate * (t - t0) + sawtooth))
+        s.values.append(value_at(t))
+        if readings is not None:
+            s.floors.append(floor_readings(readings, last_sample, t, value_at))
+        last_sample = t
     s.floor_step = floor_resolution(0.6 * activations, len(s.times))
     s.grade_from = t0 + 60
     s.leak_from = t0
@@ -190,13 +229,15 @@ def floor_null(series: int, samples: int = 1620, seed: int = 1) -> list[float]:
     return sorted(rises)
 
 
-def server_series(rng: random.Random, kind: str) -> Series:
+def server_series(rng: random.Random, kind: str, readings: random.Random | None = None) -> Series:
     """No step marks, no leak: what an inference server's allocated bytes do, sampled at ~1 Hz
     for 30 min.  `bursts`: weights, then requests arriving at random, each holding its
     activations for a few seconds; `kv_fill`: a KV cache filling to its budget with the first
     requests (10-60 s) and staying there, under request bursts; `reload`: the model unloaded
     and loaded again every few minutes (tens of seconds near empty), sometimes a model of
-    another size."""
+    another size.  With `readings`, also the agent's floor reading at each sample: between two
+    samples the requests then in flight end one by one (new ones arrive at the samples), the
+    KV cache follows its fill, and a model being reloaded stays where the sample saw it."""
     base = rng.uniform(2, 40) * GiB
     per_request = rng.uniform(16 * MiB, 2 * GiB)
     arrivals = rng.uniform(0.05, 3.0)  # requests per second
@@ -209,6 +250,9 @@ def server_series(rng: random.Random, kind: str) -> Series:
     model = base
     reload_at = t0 + rng.uniform(120, 600)
     reload_until = 0.0
+    last_sample = t0
+    # The server's allocated from the last sample on (None: before the first sample).
+    between: Callable[[float], float] | None = None
     while t - t0 < TIME_ONLY_SECONDS:
         dt = rng.uniform(0.9, 1.1)
         t += dt
@@ -229,12 +273,54 @@ def server_series(rng: random.Random, kind: str) -> Series:
                     reload_at = t + rng.uniform(120, 600)
                     if rng.random() < 0.3:
                         model = base * rng.uniform(0.5, 1.5)  # another model
+        if readings is not None:
+            state = _server_between(kind, t0, t, model, budget, fill_s, live, value, reload_until)
         if rng.random() < 0.1:
+            if readings is not None and between is not None:
+                # Missed by the viewer, read by the agent all the same.
+                between = _chain(between, t, state)
             continue
         s.times.append(t)
         s.values.append(_round(value))
+        if readings is not None:
+            lowest = _round(value)
+            if between is not None:
+                lowest = min(lowest, floor_readings(readings, last_sample, t, between))
+            s.floors.append(lowest)
+            between = state
+        last_sample = t
     s.grade_from = t0 + 60
     return s
+
+
+def _server_between(
+    kind: str,
+    t0: float,
+    t: float,
+    model: float,
+    budget: float,
+    fill_s: float,
+    live: list[tuple[float, float]],
+    value: float,
+    reload_until: float,
+) -> Callable[[float], float]:
+    """A server's allocated after its sample at `t`, until the next: the requests in flight
+    end one by one, the KV cache fills on; while reloading, the level the sample saw."""
+    if reload_until and t < reload_until:
+        return lambda when: _round(value)
+    held = list(live)
+    return lambda when: _round(
+        model
+        + sum(size for until, size in held if until > when)
+        + (budget * min(1.0, (when - t0) / fill_s) if kind == "kv_fill" else 0.0)
+    )
+
+
+def _chain(
+    before: Callable[[float], float], at: float, after: Callable[[float], float]
+) -> Callable[[float], float]:
+    """`before` until `at`, then `after`."""
+    return lambda when: before(when) if when < at else after(when)
 
 
 def _poisson(rng: random.Random, mean: float) -> int:
@@ -248,8 +334,9 @@ def _poisson(rng: random.Random, mean: float) -> int:
 SERVER_KINDS = ("bursts", "kv_fill", "reload")
 
 
-def evaluate(s: Series) -> tuple[bool, float | None, float | None]:
-    """(alarm in the graded part / detected at the end, first detection point, final rate)."""
+def evaluate(s: Series, floors: bool = False) -> tuple[bool, float | None, float | None]:
+    """(alarm in the graded part / detected at the end, first detection point, final rate).
+    `floors`: a series without steps judged with its floor readings (`Series.floors`)."""
     first_detection = None
     alarm = False
     final = None
@@ -257,7 +344,8 @@ def evaluate(s: Series) -> tuple[bool, float | None, float | None]:
         checkpoints = [i for i in range(1, len(s.times)) if i % CHECK_EVERY == 0]
         checkpoints.append(len(s.times))
         for i in checkpoints:
-            est = detect([], [], [], s.times[:i], s.values[:i], 10 * GiB)
+            floor = s.floors[:i] if floors else None
+            est = detect([], [], [], s.times[:i], s.values[:i], 10 * GiB, history_floor=floor)
             final = est
             if est.detected:
                 first_detection = first_detection or s.times[i - 1]
@@ -453,6 +541,8 @@ def score(seed: int, series: int, with_steps: bool) -> dict[str, Any]:
     `with_steps` only the series without step marks are judged (the others are generated all
     the same, so that the random draws, and the series without steps, are those of `seed`)."""
     rng = random.Random(seed)
+    # The agent's floor readings draw from a generator of their own: the series stay the seed's.
+    readings = random.Random(seed + 2_000_003)
     positive_kinds = ["leak", "leak_after_warmup", "leak_with_jump", "leak_with_spikes", "time"]
     negative_kinds = ["flat", "warmup", "jump", "spikes", "time"]
     hits: Counter[str] = Counter()
@@ -464,9 +554,14 @@ def score(seed: int, series: int, with_steps: bool) -> dict[str, Any]:
     missed_rises: list[float] = []
     seconds_to_detect: list[float] = []
     rate_errors: list[float] = []
+    # The series without steps judged again with the agent's floor readings.
+    floor_hits: Counter[str] = Counter()
+    floor_alarms: Counter[str] = Counter()
+    floor_missed_rises: list[float] = []
+    floor_seconds_to_detect: list[float] = []
     for i in range(series):
         kind = positive_kinds[i % len(positive_kinds)]
-        s = time_series(rng, True) if kind == "time" else step_series(rng, kind)
+        s = time_series(rng, True, readings) if kind == "time" else step_series(rng, kind)
         if not (with_steps or s.time_only):
             continue
         ok, first, rate = evaluate(s)
@@ -476,6 +571,13 @@ def score(seed: int, series: int, with_steps: bool) -> dict[str, Any]:
             floor_rises.append(rise)
             if not ok:
                 missed_rises.append(rise)
+        if s.time_only:
+            found, first_found, _ = evaluate(s, floors=True)
+            floor_hits[s.kind] += found
+            if not found:
+                floor_missed_rises.append(rise)
+            elif first_found is not None:
+                floor_seconds_to_detect.append(first_found - s.leak_from)
         if ok:
             hits[s.kind] += 1
             if first is not None:
@@ -484,25 +586,34 @@ def score(seed: int, series: int, with_steps: bool) -> dict[str, Any]:
                 rate_errors.append(abs(rate / s.rate - 1))
     for i in range(series):
         kind = negative_kinds[i % len(negative_kinds)]
-        s = time_series(rng, False) if kind == "time" else step_series(rng, kind)
+        s = time_series(rng, False, readings) if kind == "time" else step_series(rng, kind)
         if not (with_steps or s.time_only):
             continue
         alarm, _, _ = evaluate(s)
         totals[s.kind] += 1
         alarms[s.kind] += alarm
+        if s.time_only:
+            floor_alarms[s.kind] += evaluate(s, floors=True)[0]
     # Server-shaped series (no leak, no steps) from a generator of their own, so the figures
     # above stay comparable with earlier runs.
     server_rng = random.Random(seed + 1_000_003)
+    server_readings = random.Random(seed + 3_000_003)
     for i in range(series // 5):
-        s = server_series(server_rng, SERVER_KINDS[i % len(SERVER_KINDS)])
+        s = server_series(server_rng, SERVER_KINDS[i % len(SERVER_KINDS)], server_readings)
         alarm, _, _ = evaluate(s)
         totals[s.kind] += 1
         alarms[s.kind] += alarm
+        floor_alarms[s.kind] += evaluate(s, floors=True)[0]
     print(f"seed {seed}" + ("" if with_steps else " (held out: the series without steps only)"))
-    print(f"{'kind':<20} {'series':>6} {'leak found / false alarm':>26}")
+    print(
+        f"{'kind':<20} {'series':>6} {'leak found / false alarm':>26} {'with floor readings':>20}"
+    )
     for kind in sorted(totals):
         count = hits[kind] if "leak" in kind else alarms[kind]
-        print(f"{kind:<20} {totals[kind]:>6} {count:>26}")
+        with_floor = ""
+        if kind.startswith(("time_", "server_")):
+            with_floor = str(floor_hits[kind] if "leak" in kind else floor_alarms[kind])
+        print(f"{kind:<20} {totals[kind]:>6} {count:>26} {with_floor:>20}")
 
     def rates(kinds: list[str]) -> tuple[float | None, float | None]:
         leaks = [k for k in kinds if "leak" in k]
@@ -556,6 +667,39 @@ def score(seed: int, series: int, with_steps: bool) -> dict[str, Any]:
             sum(alarms[k] for k in servers) / max(1, sum(totals[k] for k in servers)), 4
         ),
     }
+    # The same series judged with the agent's floor readings (the lowest of its reads at
+    # ~10 Hz between the samples, `allocated_floor_bytes`), as a dashboard judges a process
+    # without steps whose agent takes them.
+    time_kinds = [k for k in totals if k.startswith("time_")]
+    time_leaks = [k for k in time_kinds if "leak" in k]
+    time_others = [k for k in time_kinds if "leak" not in k]
+    result["without_steps_floor_readings"] = {
+        "series": sum(totals[k] for k in time_kinds),
+        "detection_rate": round(
+            sum(floor_hits[k] for k in time_leaks) / max(1, sum(totals[k] for k in time_leaks)), 4
+        ),
+        "false_alarm_rate": round(
+            sum(floor_alarms[k] for k in time_others) / max(1, sum(totals[k] for k in time_others)),
+            4,
+        ),
+        "median_seconds_to_detect": (
+            round(statistics.median(floor_seconds_to_detect)) if floor_seconds_to_detect else None
+        ),
+        "missed_rises_in_floor_resolutions": sorted(round(rise) for rise in floor_missed_rises),
+    }
+    result["server_shaped_floor_readings"] = {
+        "series": sum(totals[k] for k in servers),
+        "false_alarm_rate": round(
+            sum(floor_alarms[k] for k in servers) / max(1, sum(totals[k] for k in servers)), 4
+        ),
+    }
+    floor_result = result["without_steps_floor_readings"]
+    print(
+        f"without steps, with floor readings: detection {floor_result['detection_rate']},"
+        f" false alarms {floor_result['false_alarm_rate']}, servers"
+        f" {result['server_shaped_floor_readings']['false_alarm_rate']}; missed rises (1 Hz"
+        f" resolutions) {floor_result['missed_rises_in_floor_resolutions']}"
+    )
     return result
 
 
@@ -605,7 +749,13 @@ def main() -> None:
         # the per-step series generated (so the rest are the same as with --seed) but not run.
         held = score(seed, args.series, with_steps=False)
         result["holdout"][str(seed)] = {
-            key: held[key] for key in ("without_steps", "server_shaped")
+            key: held[key]
+            for key in (
+                "without_steps",
+                "server_shaped",
+                "without_steps_floor_readings",
+                "server_shaped_floor_readings",
+            )
         }
         print()
     result["seconds"] = round(time.perf_counter() - started, 1)

@@ -262,6 +262,11 @@ class AgentDeviceSample:
     stats: Mapping[str, int]
     free_bytes: int
     total_bytes: int
+    # The lowest allocated bytes the agent read since the viewer's previous sample (its floor
+    # readings, ~10 Hz while a process without steps is watched; memtop/agent/floor.py), and
+    # how many reads that is the lowest of; None where the sample carried none.
+    allocated_floor: int | None = None
+    floor_readings: int | None = None
 
     @property
     def allocated(self) -> int:

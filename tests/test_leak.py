@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import subprocess
 import sys
@@ -10,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from memtop.diagnosis.leak import MIN_MARKS, detect, detect_from_history, detect_from_steps
+from memtop.diagnosis.leak import (
+    MIN_MARKS,
+    detect,
+    detect_from_history,
+    detect_from_steps,
+    floor_values,
+)
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 T0 = 1_700_000_000.0
@@ -264,7 +271,16 @@ def test_the_evaluation_harness_runs_and_reports_its_figures():
     assert set(result) >= {"detection_rate", "false_alarm_rate", "median_steps_to_detect"}
     assert result["detection_rate"] >= 0.75 and result["false_alarm_rate"] <= 0.25
     # The series without steps again on a seed not tuned on, beside the others.
-    assert set(result["holdout"]["4"]) == {"without_steps", "server_shaped"}
+    assert set(result["holdout"]["4"]) == {
+        "without_steps",
+        "server_shaped",
+        # ... and judged again with the agent's floor readings (issue 31.3).
+        "without_steps_floor_readings",
+        "server_shaped_floor_readings",
+    }
+    with_floor = result["holdout"]["4"]["without_steps_floor_readings"]
+    assert 0 <= with_floor["detection_rate"] <= 1 and 0 <= with_floor["false_alarm_rate"] <= 1
+    assert "with floor readings" in out.stdout
     assert "seed 4 (held out" in out.stdout
     # What the floor can tell: the leaks without steps beyond any test of it, and the missed
     # ones' rises in floor resolutions (issue 31.3).
@@ -328,24 +344,28 @@ def _leak_eval():
     return leak_eval
 
 
-def _eval_server(seed: int, index: int):
-    """The evaluation's `index`-th server-shaped series of `--seed seed`."""
+def _eval_server(seed: int, index: int, floors: bool = False):
+    """The evaluation's `index`-th server-shaped series of `--seed seed` (`floors`: with the
+    agent's floor readings, as the evaluation draws them)."""
     bench = _leak_eval()
     rng = random.Random(seed + 1_000_003)
+    readings = random.Random(seed + 3_000_003) if floors else None
     for i in range(index + 1):
-        s = bench.server_series(rng, bench.SERVER_KINDS[i % len(bench.SERVER_KINDS)])
+        s = bench.server_series(rng, bench.SERVER_KINDS[i % len(bench.SERVER_KINDS)], readings)
     return s
 
 
-def _eval_time_leak(seed: int, index: int):
+def _eval_time_leak(seed: int, index: int, floors: bool = False):
     """The evaluation's `index`-th leak without steps of `--seed seed` (its generator's draws
-    replayed, the per-step series among them included)."""
+    replayed, the per-step series among them included; `floors`: with the agent's floor
+    readings, as the evaluation draws them)."""
     bench = _leak_eval()
     rng = random.Random(seed)
+    readings = random.Random(seed + 2_000_003) if floors else None
     found = -1
     for i in range(5 * (index + 1)):
         if i % 5 == 4:
-            s = bench.time_series(rng, True)
+            s = bench.time_series(rng, True, readings)
             found += 1
             if found == index:
                 return s
@@ -404,3 +424,47 @@ def test_the_evaluation_measures_a_leak_without_steps_in_floor_resolutions():
     height = max(s.values) - min(s.values) - rise
     assert s.floor_step == pytest.approx(height / len(s.times), rel=0.02)
     assert 3 < rise / s.floor_step < bench.FLOOR_LIMIT
+
+
+# ------------------------------------------------------------------ floor readings (issue 31.3)
+# While a viewer watches a process without steps, its agent reads allocated ~10 times between
+# two samples and sends the lowest (`allocated_floor_bytes`): the floor seen ten times finer.
+
+
+def test_a_leak_the_samples_miss_is_found_on_the_agents_floor_readings():
+    # Seed 2's 2nd leak without steps: 45 MiB in 30 min under a 19.4 GiB sawtooth, 6 floor
+    # resolutions of its 1 Hz samples: missed on them, found on the floor readings.
+    s = _eval_time_leak(2, 1, floors=True)
+    assert len(s.floors) == len(s.values)
+    assert not detect([], [], [], s.times, s.values, 8 * GiB).detected
+    estimate = detect([], [], [], s.times, s.values, 8 * GiB, history_floor=s.floors)
+    assert estimate.detected, estimate.reason
+    assert estimate.bytes_per_second == pytest.approx(s.rate, rel=0.25)
+
+
+def test_floor_readings_fall_back_to_allocated_where_a_sample_has_none():
+    # A viewer that began on an agent without them, or a connection's first sample: NaN there.
+    s = _eval_time_leak(2, 1, floors=True)
+    half = len(s.floors) // 2
+    patchy = [math.nan] * half + s.floors[half:]
+    assert floor_values(s.values, patchy) == s.values[:half] + s.floors[half:]
+    assert floor_values(s.values, None) == s.values
+    # A floor above the sample's own allocated (an agent that got it wrong) is not believed.
+    assert floor_values([10.0, 10.0], [5.0, 20.0]) == [5.0, 10.0]
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_a_server_with_floor_readings_is_not_a_leak_at_any_round(index):
+    # The evaluation's servers (bursts, a KV cache filling, reloads), judged every 10 samples on
+    # their floor readings: the requests that end between samples lower the floor, and must not
+    # read as a climb.
+    s = _eval_server(2, index, floors=True)
+    alarms = [
+        round(s.times[i - 1] - s.times[0])
+        for i in range(10, len(s.times) + 1, 10)
+        if s.times[i - 1] >= s.grade_from
+        and detect(
+            [], [], [], s.times[:i], s.values[:i], 40 * GiB, history_floor=s.floors[:i]
+        ).detected
+    ]
+    assert not alarms, f"{s.kind} called a leak at {alarms} s"

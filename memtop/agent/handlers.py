@@ -256,6 +256,7 @@ class Commands:
                 total = device.total_bytes
                 free = max(0, total - stats.get("reserved_bytes.all.current", 0))
                 when = None
+            floor = conn.floor.take(device.index, stats.get("allocated_bytes.all.current", 0))
             devices.append(
                 replies.sample_device(
                     index=device.index,
@@ -265,8 +266,12 @@ class Commands:
                     free_bytes=free,
                     total_bytes=total,
                     free_measured_at=when,
+                    floor=floor,
                 )
             )
+        # Floor readings (agent/floor.py) of these devices until this viewer's next sample.
+        conn.floor.restart(time.monotonic())
+        agent.floor.devices_sampled(d["index"] for d in devices)
         marks = self._marks_since(conn, len(devices), max_marks)
         # The actions performed in the trainer this viewer has not seen (all kept, at first).
         actions, conn.action_cursor = agent.actions.since(conn.action_cursor)
@@ -289,6 +294,8 @@ class Commands:
                 refused_requests=agent.refused_requests,
                 agent_cpu_s=round(time.thread_time(), 6) if agent.on_agent_thread() else None,
                 governed_s=round(agent.governed_s, 3),
+                floor_reads=agent.floor.reads,
+                floor_read_s=round(agent.floor.read_s, 6),
             ),
         )
 

@@ -35,6 +35,7 @@ from typing import Any
 from memtop.agent import identity, limits_for_tests
 from memtop.agent.action_log import ActionLog
 from memtop.agent.boundary import MARK_BUFFER, StepBoundary, TrainerJob
+from memtop.agent.floor import FloorReader, FloorState
 from memtop.agent.handlers import (
     CLEANUP_MIN_INTERVAL_S,
     HANDLERS,
@@ -149,6 +150,7 @@ class Connection:
         "action_cursor",
         "closed",
         "decoder",
+        "floor",
         "interest",
         "last_request",
         "mark_cursor",
@@ -174,6 +176,7 @@ class Connection:
         self.outbound = bytearray()
         self.mark_cursor = 0  # sequence number of the last step mark this viewer has seen
         self.action_cursor = 0  # ... and of the last entry of the action log
+        self.floor = FloorState()  # floor readings since its previous sample (agent/floor.py)
         self.last_request = now
         self.partial_since: float | None = None
         self.pending = 0  # deferred replies this viewer is waiting for
@@ -285,6 +288,8 @@ class Agent:
         # Live memory by the user's line that allocated it (`sites`; stack recording opt-in).
         self.sites = SiteTracker(probe, wanted=stacks_wanted(os.environ))
         self.boundary.sites_hook = self.sites.on_boundary
+        # The lowest allocated between samples while a viewer watches a process without steps.
+        self.floor = FloorReader(probe, self.boundary)
 
     # ---------------------------------------------------------------- trainer side
 
@@ -411,6 +416,12 @@ class Agent:
                         self._govern(now, early=True)
                 except Exception as exc:
                     self.errors.append(f"agent sweep: {exc!r}")
+                try:
+                    self.floor.read_if_due(self._floor_states(), now)
+                except Exception as exc:
+                    # A device that cannot be read: no floor readings until the next sample.
+                    self.floor.indices = ()
+                    self.errors.append(f"floor reading: {exc!r}")
         finally:
             for conn in list(self._connections.values()):
                 self._close(conn)
@@ -487,7 +498,13 @@ class Agent:
         for conn in self._connections.values():
             if conn.resume_at is not None:
                 timeout = min(timeout, max(0.0, conn.resume_at - now))
+        floor_due = self.floor.due_in(self._floor_states(), now)
+        if floor_due is not None:
+            timeout = min(timeout, floor_due)
         return timeout
+
+    def _floor_states(self) -> list[FloorState]:
+        return [conn.floor for conn in self._connections.values()]
 
     def _resume_reading(self, now: float) -> None:
         for conn in list(self._connections.values()):

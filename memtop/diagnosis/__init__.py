@@ -190,6 +190,7 @@ class Diagnoser:
                 _newest(history, "time"),
                 _newest(history, "allocated"),
                 headroom_bytes=latest.free_bytes + latest.cached,
+                history_floor=_newest(history, "allocated_floor"),
             )
             self._leaks[key] = (now, leak)
         reported = agent.last_oom is not None and agent.last_oom.get("device") == dev.index

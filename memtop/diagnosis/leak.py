@@ -4,7 +4,9 @@ The signal is the per-step baseline: allocated bytes right after each optimizer 
 Within a step memory rises and falls (the sawtooth of activations); between steps a healthy
 trainer comes back to the same level, and a leaking one does not.  Without step marks (a server,
 a custom loop, an evaluation job) the baseline is the floor of the sampled allocated bytes: the
-lowest sample of each of `FLOOR_WINDOWS` windows, tested the same way (`detect_from_history`).
+lowest sample of each of `FLOOR_WINDOWS` windows, tested the same way (`detect_from_history`);
+where the agent sent floor readings (the lowest allocated it read at ~10 Hz between two
+samples, memtop/agent/floor.py) each sample counts at its floor reading (`floor_values`).
 
 The test has to be right more than clever, so it is built from robust, boring pieces:
 
@@ -156,12 +158,19 @@ def detect(
     history_time: Sequence[float],
     history_allocated: Sequence[float],
     headroom_bytes: float | None,
+    history_floor: Sequence[float] | None = None,
 ) -> LeakEstimate:
-    """Per-step baselines when there are enough of them, else the rolling minimum over time."""
+    """Per-step baselines when there are enough of them, else the rolling minimum over time.
+
+    `history_floor`, beside `history_allocated`: the agent's floor readings (the lowest
+    allocated it read at ~10 Hz since the previous sample, `allocated_floor_bytes`; NaN where a
+    sample carried none).  The time basis judges the floor on them where present."""
     if len(marks_step) >= MIN_MARKS:
         return detect_from_steps(marks_step, marks_time, marks_allocated, headroom_bytes)
     if history_time and history_time[-1] - history_time[0] >= MIN_HISTORY_SECONDS:
-        estimate = detect_from_history(history_time, history_allocated, headroom_bytes)
+        estimate = detect_from_history(
+            history_time, floor_values(history_allocated, history_floor), headroom_bytes
+        )
         if marks_step:
             # Steps are coming, just not enough yet: the time verdict stands, but say so.
             return _replace_reason(
@@ -174,6 +183,22 @@ def detect(
     return not_enough(
         f"no steps seen; {span:.0f} of {MIN_HISTORY_SECONDS:.0f} s of history", len(history_time)
     )
+
+
+def floor_values(allocated: Sequence[float], floor: Sequence[float] | None) -> Sequence[float]:
+    """Each sample's lowest reading: the lower of its allocated and the agent's floor reading
+    where it sent one, else its allocated.
+
+    Why: sampled at 1 Hz, the lowest of n samples of a sawtooth lands its height / n above the
+    floor, and a slow leak's rise over 30 minutes can be less than healthy series' floors wander
+    (bench/leak_eval.py's `FLOOR_LIMIT`).  The agent reads allocated ~10 times between samples
+    while a viewer watches a process without steps: the floor is then seen ~10 times finer."""
+    if floor is None or len(floor) != len(allocated):
+        return allocated
+    return [
+        min(a, f) if f == f and f >= 0 else a  # NaN (no reading) fails f == f
+        for a, f in zip(allocated, floor, strict=True)
+    ]
 
 
 def detect_from_steps(

@@ -10,6 +10,7 @@ costs a few MB and never grows.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from array import array
@@ -67,6 +68,9 @@ HISTORY_COLUMNS = (
     "num_alloc_retries",
     "num_ooms",
     "split",  # inactive_split_bytes: an action's effect reads it (memtop.diagnosis.effects)
+    # The agent's floor reading (the lowest allocated between samples, a process without
+    # steps; NaN where the sample carried none): the leak test's time basis reads it.
+    "allocated_floor",
 )
 ACTIONS_KEPT = 64  # the actions performed in trainers, newest kept
 ACTION_COUNT_KEYS = 16  # (kind, result) pairs counted per agent; the rest count as "other"
@@ -333,6 +337,7 @@ class Store:
                 float(device.num_alloc_retries),
                 float(device.num_ooms),
                 float(device.inactive_split),
+                math.nan if device.allocated_floor is None else float(device.allocated_floor),
             )
         host_memory = agent.host_memory
         if sample.host_memory is not None:

@@ -126,6 +126,21 @@ def run_checks(pid: int, directory: Path) -> list[Check]:
                 missing = [k for k in protocol.SAMPLE_STAT_KEYS if k not in stats]
                 if missing:
                     problems.append(f"device {dev.index} lacks stats {missing[:4]}")
+            # Floor readings (optional; docs/protocol.md): both fields or neither, the lowest of
+            # the reads since the previous sample, this sample's own included.
+            for raw in reply["result"].get("devices") or []:
+                has = [k in raw for k in ("allocated_floor_bytes", "floor_readings")]
+                if any(has) and not all(has):
+                    problems.append(
+                        f"device {raw.get('index')}: allocated_floor_bytes and floor_readings"
+                        " come together"
+                    )
+            for dev in parsed.devices:
+                if dev.allocated_floor is not None and dev.allocated_floor > dev.allocated:
+                    problems.append(
+                        f"device {dev.index}: allocated_floor_bytes {dev.allocated_floor} above"
+                        f" allocated {dev.allocated}"
+                    )
             # Host memory (optional): the kernel's figures, which hold together at one read.
             host = parsed.host_memory
             if host is not None:

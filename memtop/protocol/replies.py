@@ -134,11 +134,15 @@ def sample_device(
     free_bytes: int,
     total_bytes: int,
     free_measured_at: float | None,
+    floor: tuple[int, int] | None = None,
 ) -> Result:
     """One device of a sample: the allocator's counters (at least SAMPLE_STAT_KEYS) and the
     device's free and total bytes, with when the trainer's thread measured them (None: not
-    measured there, an upper bound from this process alone)."""
-    return {
+    measured there, an upper bound from this process alone).  `floor`: (the lowest allocated
+    bytes read since the connection's previous sample, this sample's own read included; how
+    many reads that is the lowest of), sent as `allocated_floor_bytes` / `floor_readings`
+    (optional: only where the agent took floor readings, docs/protocol.md)."""
+    device: Result = {
         "index": index,
         "uuid": uuid,
         "name": name,
@@ -147,6 +151,9 @@ def sample_device(
         "total_bytes": total_bytes,
         "free_measured_at": free_measured_at,
     }
+    if floor is not None:
+        device["allocated_floor_bytes"], device["floor_readings"] = floor
+    return device
 
 
 def agent_costs(
@@ -156,6 +163,8 @@ def agent_costs(
     refused_requests: int,
     agent_cpu_s: float | None,
     governed_s: float,
+    floor_reads: int | None = None,
+    floor_read_s: float | None = None,
 ) -> Result:
     """A sample's `agent` object: what the agent costs its trainer (the step hook's and the
     boundary's counters), how many viewers it serves and refused, its thread's CPU, and how
@@ -166,6 +175,9 @@ def agent_costs(
         "refused_requests": refused_requests,
         "agent_cpu_s": agent_cpu_s,
         "governed_s": governed_s,
+        # Floor readings (agent/floor.py): device reads taken, and the agent thread's CPU spent.
+        **({} if floor_reads is None else {"floor_reads": floor_reads}),
+        **({} if floor_read_s is None else {"floor_read_s": floor_read_s}),
     }
 
 

@@ -206,6 +206,23 @@ def _host_memory(raw: object) -> HostMemory | None:
     )
 
 
+def _floor_reading(raw: dict[str, Any]) -> dict[str, int]:
+    """A sample device's optional floor reading (docs/protocol.md): `allocated_floor_bytes` and
+    `floor_readings`, both counts (readings ≥ 1), or neither: a pair that is not is left out,
+    as an agent without them is read."""
+    floor, reads = raw.get("allocated_floor_bytes"), raw.get("floor_readings")
+    if (
+        isinstance(floor, int)
+        and isinstance(reads, int)
+        and not isinstance(floor, bool)
+        and not isinstance(reads, bool)
+        and floor >= 0
+        and reads >= 1
+    ):
+        return {"allocated_floor": floor, "floor_readings": reads}
+    return {}
+
+
 def parse_sample(result: Mapping[str, Any]) -> AgentSample:
     """Validate a `sample` result against the wire schema and turn it into an AgentSample.
 
@@ -234,6 +251,7 @@ def parse_sample(result: Mapping[str, Any]) -> AgentSample:
                 },
                 free_bytes=_count(raw, "free_bytes", "sample device"),
                 total_bytes=_count(raw, "total_bytes", "sample device"),
+                **_floor_reading(raw),
             )
         )
     columns = result.get("step_mark_columns")
