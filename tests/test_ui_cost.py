@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 
 import pytest
+from rich.text import Text
 from textual.widget import Widget
 from ui_frozen import MY_UID, NOW, frozen_store
 from ui_helpers import screen_text
@@ -69,3 +70,23 @@ def test_a_suggestion_that_comes_or_goes_redraws_the_pane_not_the_screen(
     assert title[:40] not in one and title[:40] in every  # shown at once, both ways
     assert (fewer, more) == (0, 0), "the whole screen was laid out again for the pane's lines"
     assert scrollbar and overflow >= 1  # its scrollbar's place is the layout's
+
+
+def test_a_new_status_line_repaints_that_line_not_the_screen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The header's and the status line's height is their CSS's (one row): what they say
+    # changes no widget's size, so it needs no layout of the screen; it shows at once.
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW + 0.5, host="gpu-box", my_uid=MY_UID)
+
+    async def run() -> tuple[int, str]:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.2)
+            layouts = _count_layouts(monkeypatch, app.status_line)
+            app._set(app.status_line, Text("a status line that was not there"))
+            await pilot.pause(0.2)
+            return layouts[0], screen_text(app.export_screenshot())
+
+    layouts, screen = asyncio.run(run())
+    assert "a status line that was not there" in screen
+    assert layouts == 0, "the whole screen was laid out again for the status line"
