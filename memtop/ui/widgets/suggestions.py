@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 
 from rich.text import Text
-from textual.geometry import Region
 from textual.visual import VisualType
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
@@ -118,8 +117,6 @@ def suggestion_text(item: SuggestionItem, compact: bool, width: int | None = Non
 class SuggestionsPane(OptionList):
     """Rebuilt when the set of suggestions changes; the highlight follows its item by key."""
 
-    _lines_only = False  # inside _update_lines: a new line count is no new layout
-
     def __init__(self) -> None:
         super().__init__(id="suggestions")
         self.items: tuple[SuggestionItem, ...] = ()
@@ -221,40 +218,6 @@ class SuggestionsPane(OptionList):
         for key in [key for key in cache.keys() if key[0] is option]:  # noqa: SIM118
             cache.discard(key)
         self.refresh()
-
-    def _update_lines(self) -> None:
-        """The pane's height is its box's (1fr in memtop.tcss), never its text's: a new number
-        of lines changes only how far it scrolls.  Textual's OptionList asks for a layout of the
-        whole screen whenever its line count changes (its `virtual_size` is a layout reactive),
-        and in the `mixed` demo, where suggestions come and go, a third of the rounds re-laid
-        out and redrew every widget for it (issue 35).  Here the pane repaints itself alone;
-        the screen is laid out again only if its scrollbar appears or goes (its place is the
-        compositor's) or the pane's size depends on its content after all (height: auto)."""
-        if self.styles.auto_dimensions:
-            super()._update_lines()
-            return
-        scrollbars = (self.show_vertical_scrollbar, self.show_horizontal_scrollbar)
-        self._lines_only = True
-        try:
-            super()._update_lines()
-        finally:
-            self._lines_only = False
-        if (self.show_vertical_scrollbar, self.show_horizontal_scrollbar) != scrollbars:
-            self.refresh(layout=True)
-        elif self.scroll_y > self.max_scroll_y:  # fewer lines than the view scrolled past
-            self.scroll_to(y=self.max_scroll_y, animate=False, immediate=True)
-
-    def refresh(
-        self,
-        *regions: Region,
-        repaint: bool = True,
-        layout: bool = False,
-        recompose: bool = False,
-    ) -> SuggestionsPane:
-        # (Only while _update_lines runs: every other layout request goes through as asked.)
-        return super().refresh(
-            *regions, repaint=repaint, layout=layout and not self._lines_only, recompose=recompose
-        )
 
     def on_focus(self) -> None:
         # Tab here lands on the first suggestion, so y and enter act at once (nothing was
