@@ -468,3 +468,57 @@ def test_a_server_with_floor_readings_is_not_a_leak_at_any_round(index):
         ).detected
     ]
     assert not alarms, f"{s.kind} called a leak at {alarms} s"
+
+
+def test_the_break_search_centres_x_once_and_finds_the_same_breaks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The search for a regime change tries every candidate break; x's mean and spread are the
+    # same for all of them, so they are worked out once per search (this runs on the
+    # dashboard's thread for every agent, every round: issue 35 item 8), and the breaks found
+    # are the very same numbers as residualising each candidate from scratch.
+    from memtop.diagnosis import leak
+
+    def reference(xs: list[float], ys: list[float]) -> tuple[object, ...]:
+        n = len(xs)
+        ry = leak._residuals_on(xs, ys)
+        best = {"jump": (None, 0.0), "bend": (None, 0.0)}
+        for k in range(2, n - 2):
+            knee = xs[k]
+            for kind, regressor in (
+                ("jump", [0.0 if x < knee else 1.0 for x in xs]),
+                ("bend", [max(0.0, x - knee) for x in xs]),
+            ):
+                rd = leak._residuals_on(xs, regressor)
+                sdd = sum(d * d for d in rd)
+                if sdd <= 0:
+                    continue
+                sdy = sum(d * r for d, r in zip(rd, ry, strict=True))
+                gain = sdy * sdy / sdd
+                if gain > best[kind][1]:
+                    best[kind] = (k, gain)
+        return best["jump"] + best["bend"]
+
+    rng = random.Random(35)
+    for trial in range(40):
+        n = rng.randrange(8, 60)
+        xs = sorted(rng.uniform(0, 1000) for _ in range(n)) if trial % 2 else list(range(n))
+        ys = [rng.gauss(0, 1e6) + (2e4 * x if trial % 3 else 0.0) for x in xs]
+        if trial % 4 == 0:  # a jump
+            ys = [y + (5e6 if i > n // 2 else 0.0) for i, y in enumerate(ys)]
+        found = leak._find_breaks([float(x) for x in xs], ys)
+        assert (found.jump_at, found.jump_gain, found.bend_at, found.bend_gain) == reference(
+            [float(x) for x in xs], ys
+        ), trial
+
+    calls = [0]
+    residuals_on = leak._residuals_on
+
+    def counted(xs, ys):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        return residuals_on(xs, ys)
+
+    monkeypatch.setattr(leak, "_residuals_on", counted)
+    xs = [float(x) for x in range(40)]
+    leak._find_breaks(xs, [rng.gauss(0, 1e6) for _ in xs])
+    assert calls[0] == 1  # y's residuals; each candidate's reuse the centred x (was 73 here)

@@ -554,13 +554,18 @@ def _find_breaks(xs: list[float], ys: list[float]) -> _Breaks:
         # A line already explains it (a noiseless leak, a flat run).
         return _Breaks(sse_line, None, 0.0, None, 0.0)
     best: dict[str, tuple[int | None, float]] = {"jump": (None, 0.0), "bend": (None, 0.0)}
+    # x's mean and spread are the same for every candidate: worked out once here, not twice
+    # per candidate (the same operations in the same order as _residuals_on: the same bits).
+    mx = sum(xs) / n
+    xc = [x - mx for x in xs]
+    sxx = sum(c**2 for c in xc)
     for k in range(2, n - 2):
         knee = xs[k]
         for kind, regressor in (
             ("jump", [0.0 if x < knee else 1.0 for x in xs]),
             ("bend", [max(0.0, x - knee) for x in xs]),
         ):
-            rd = _residuals_on(xs, regressor)
+            rd = _residuals_centred(xc, sxx, regressor)
             sdd = sum(d * d for d in rd)
             if sdd <= 0:
                 continue
@@ -578,6 +583,13 @@ def _residuals_on(xs: Sequence[float], ys: Sequence[float]) -> list[float]:
     sxx = sum((x - mx) ** 2 for x in xs)
     b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
     return [y - my - b * (x - mx) for x, y in zip(xs, ys, strict=True)]
+
+
+def _residuals_centred(xc: Sequence[float], sxx: float, ys: Sequence[float]) -> list[float]:
+    """_residuals_on, given x already centred (xc = x - mean) and its sum of squares."""
+    my = sum(ys) / len(xc)
+    b = sum(c * (y - my) for c, y in zip(xc, ys, strict=True)) / sxx if sxx else 0.0
+    return [y - my - b * c for c, y in zip(xc, ys, strict=True)]
 
 
 def _robust_spread(xs: Sequence[float], ys: Sequence[float], slope: float) -> float:

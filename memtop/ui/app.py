@@ -386,7 +386,10 @@ class MemtopApp(App[None]):
         shown = (content.plain, content.spans)
         if self._shown.get(widget.id) != shown:
             self._shown[widget.id] = shown
-            widget.update(content)
+            # A line whose size is its CSS's (the header's and the status line's height: 1)
+            # is repainted alone: Static.update otherwise lays the whole screen out again and
+            # redraws every widget, each time the status line says or drops something.
+            widget.update(content, layout=widget.styles.auto_dimensions)
 
     def _header(self, dash: view.Dashboard) -> Text:
         """The host, what is read, the filter, and the badges (PAUSED; a replay's clock), all
