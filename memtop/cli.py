@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from memtop.base import start_gc
 from memtop.base.errors import MemtopError
 from memtop.commands import EXIT_ERROR, EXIT_OK, EXIT_USAGE, runner
 from memtop.commands.common import make_sampler, scope
@@ -25,6 +26,7 @@ __all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_USAGE", "CliError", "build_parser", "m
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    start_gc.hold()  # `python -m memtop` held it already, from its first line
     try:
         return _main(argv)
     except BrokenPipeError:
@@ -34,6 +36,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, sys.stdout.fileno())
         return EXIT_OK
+    finally:
+        start_gc.release()
 
 
 def _main(argv: Sequence[str] | None) -> int:
@@ -41,11 +45,14 @@ def _main(argv: Sequence[str] | None) -> int:
     if args_list and args_list[0] == "run":
         from memtop.commands import run
 
+        start_gc.release()
         return run.main(args_list[1:])
     parser = build_parser()
     args = parser.parse_args(args_list)
     if args.json and not args.once and args.command is None:
         parser.error("--json needs --once")
+    if args.command is not None or args.prometheus or args.once:
+        start_gc.release()  # held only for the dashboard's start (memtop.commands.watch)
     try:
         if args.command is not None:
             return runner(args.command)(args)

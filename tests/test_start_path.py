@@ -158,3 +158,93 @@ def test_the_dashboards_start_asks_for_one_malloc_arena() -> None:
     text = source.read_text()
     # ... before the sampler (and its threads) exist.
     assert text.index("one_malloc_arena()") < text.index("common.make_sampler(args, simulated")
+
+
+# Logs, from inside `python -m memtop`, each collection the cyclic collector starts and when it
+# is turned off and back on (a thread looks every 5 ms), with time.monotonic (one clock for the
+# whole machine).
+GC_WATCH = """
+import gc, runpy, sys, threading, time
+log = open(sys.argv[1], "w", buffering=1)
+def collecting(phase, _):
+    if phase == "start":
+        log.write(f"collect {time.monotonic()}\\n")
+gc.callbacks.append(collecting)
+def watch():
+    on = True
+    while True:
+        if gc.isenabled() != on:
+            on = not on
+            log.write(f"{'on' if on else 'off'} {time.monotonic()}\\n")
+        time.sleep(0.005)
+threading.Thread(target=watch, daemon=True).start()
+sys.argv[1:] = []
+runpy.run_module("memtop", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_the_collector_is_held_until_the_dashboards_first_frame(tmp_path: Path) -> None:
+    # ~100 collections ran while Textual and memtop were imported, 15-25 % of the CPU before the
+    # first frame, for under a thousand objects freed (memtop.base.start_gc).
+    import os
+
+    from memtop.base import children
+
+    log = tmp_path / "gc.log"
+    env = dict(os.environ, MEMTOP_SOCKET_DIR=str(tmp_path), TERM="xterm-256color")
+    command = [sys.executable, "-c", GC_WATCH, str(log)]
+    process, master = children.start_in_terminal(command, (120, 36), env)
+    try:
+        seen, header_at, frame_at = b"", None, None
+        deadline = time.monotonic() + 60
+        while frame_at is None and time.monotonic() < deadline:
+            try:
+                seen += os.read(master, 65536)
+            except OSError:
+                break
+            if header_at is None and b"starting" in seen:
+                header_at = time.monotonic()
+            # Textual's first frame: the process pane, or the empty state where no GPU is.
+            if b"Processes" in seen or b"memtop demo" in seen:
+                frame_at = time.monotonic()
+        assert header_at is not None and frame_at is not None, seen[-400:]
+        while time.monotonic() < frame_at + 10 and "on " not in log.read_text():
+            time.sleep(0.05)
+        os.write(master, b"q")
+        process.wait(30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        os.close(master)
+    events = [
+        (name, float(at))
+        for name, at in (line.split() for line in log.read_text().split("\n") if line)
+    ]
+    names = [name for name, _ in events]
+    # Off from the start (before memtop's header was painted), on again once the frame is out.
+    assert "off" in names and "on" in names, names
+    off_at = next(at for name, at in events if name == "off")
+    on_at = next(at for name, at in events if name == "on")
+    assert off_at < header_at < on_at < frame_at + 10
+    # Before Textual's frame reached us (a collection or two may land between the collector's
+    # return and our read): ~100 while it was on through the start.
+    during_start = [at for name, at in events if name == "collect" and off_at < at < frame_at]
+    assert len(during_start) < 10, events
+
+
+def test_commands_other_than_the_dashboard_run_with_the_collector(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import gc
+
+    from memtop import cli
+
+    seen: list[bool] = []
+
+    def run(args: object) -> int:
+        seen.append(gc.isenabled())
+        return 0
+
+    monkeypatch.setattr(cli, "runner", lambda command: run)
+    assert gc.isenabled()
+    assert cli.main(["oom"]) == 0
+    assert seen == [True] and gc.isenabled()

@@ -11,7 +11,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from memtop.base import children
+from memtop.base import children, start_gc
 from memtop.commands import EXIT_OK, common
 from memtop.commands.common import TERMINAL_FD
 
@@ -211,6 +211,7 @@ def _log_line(line: str) -> None:
 
 def _text_view(args: argparse.Namespace, simulated_only: bool) -> int:
     """A plain refreshing text report, for a pipe or a log file."""
+    start_gc.release()  # held for the dashboard's start only
     from memtop.engine.observation import Observer
     from memtop.present import report
 

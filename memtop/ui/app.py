@@ -30,7 +30,7 @@ from textual.notifications import SeverityLevel
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Input, OptionList, Static
 
-from memtop.base import alloc_conf
+from memtop.base import alloc_conf, start_gc
 from memtop.engine.feed import ActionReply, Feed, still_feed
 from memtop.engine.observation import Observation, Observer
 from memtop.engine.scope import Scope
@@ -247,6 +247,8 @@ class MemtopApp(App[None]):
         ]
 
     def on_mount(self) -> None:
+        # The collector was held for the start (memtop.base.start_gc): back once this frame is out.
+        self.call_after_refresh(start_gc.release)
         # The widgets a refresh touches, looked up once rather than every second.
         self.header_bar = self.query_one("#header", Static)
         self.status_line = self.query_one("#status", Static)
