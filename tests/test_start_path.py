@@ -248,3 +248,20 @@ def test_commands_other_than_the_dashboard_run_with_the_collector(monkeypatch) -
     assert gc.isenabled()
     assert cli.main(["oom"]) == 0
     assert seen == [True] and gc.isenabled()
+
+
+def test_what_only_an_opened_screen_shows_is_imported_when_it_opens() -> None:
+    # The GPU's chart (memtop.ui.stacked, 4 records: ~3 ms of the start), the help, detail,
+    # GPU and dialog screens: none is on the first frame.
+    start = (
+        "from memtop.ui.start import import_asyncio_without_tls\n"
+        "import_asyncio_without_tls()\n"
+        "import memtop.commands.watch, memtop.engine.sampler, memtop.sources.devices\n"
+        "import memtop.engine.observation, memtop.ui.app, memtop.ui.splash, memtop.ui.view\n"
+    )
+    modules = imported_by(start)
+    opened_later = {m for m in modules if m.startswith(("memtop.ui.screens", "memtop.ui.stacked"))}
+    assert not opened_later and "memtop.ui.widgets.gpu_chart" not in modules, opened_later
+    # ... and a GPU's screen still has its chart.
+    modules = imported_by(start + "import memtop.ui.screens.gpu")
+    assert "memtop.ui.stacked" in modules

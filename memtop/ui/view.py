@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from memtop.diagnosis import DeviceDiagnosis, Suggestion
 from memtop.diagnosis.effects import BASIS_AGENT, EFFECT_WINDOW_S, ActionEffect
@@ -37,7 +38,9 @@ from memtop.model import (
     host_of,
 )
 from memtop.ui.render import bin_reduce, short_bytes
-from memtop.ui.stacked import Band, ChartEvent, Timeline
+
+if TYPE_CHECKING:  # imported when a GPU's screen opens (not on the dashboard's start path)
+    from memtop.ui.stacked import Band, ChartEvent, Timeline
 
 TREND_POINTS = 120  # the sparkline's resolution before a widget fits it to its width
 TREND_MARKS = 1024  # per-step baselines the sparkline summarises
@@ -842,6 +845,8 @@ def _gpu_chart(
     process that was on it in that window (live or exited, while the store keeps it), each a
     band in a fixed order (by arrival: a band does not move when another grows), the largest
     GPU_CHART_PROCESSES each its own, the rest summed in one.  Then the events to mark."""
+    from memtop.ui.stacked import Band, Timeline  # the GPU's screen only: not at start
+
     times, used = gpu.used_history
     devices = [d for a in agents for d in a.devices if d.uuid == gpu.uuid and d.history.time]
     ends = [d.history.time[-1] for d in devices] + ([times[-1]] if times else [])
@@ -877,6 +882,8 @@ def gpu_events(
     (a process that started in the window, at its first sample here) and leaving (an exited
     agent, at its last).  One home: another source of events (an agent's own log of actions)
     adds its records here."""
+    from memtop.ui.stacked import ChartEvent  # the GPU's screen only: not at start
+
     events: list[ChartEvent] = []
     for agent in agents:
         for dev in agent.devices:
