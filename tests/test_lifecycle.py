@@ -242,6 +242,9 @@ def test_a_bench_stopped_by_a_signal_stops_what_it_started(sig: int) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,  # as under `timeout`: nothing but the bench gets the signal
+        # A suite started in the background inherits SIGINT ignored (sh's rule for `&`), and an
+        # ignored signal stays ignored across exec: give the bench Ctrl-C's default back.
+        preexec_fn=default_sigint,
     )
     try:
         deadline = time.monotonic() + 60
