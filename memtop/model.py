@@ -652,29 +652,17 @@ class Accounting:
 
 # ------------------------------------------------------------------ what the store keeps
 # memtop.engine.store keeps one `AgentView` per agent (frozen, replaced whole on each write:
-# the parsed sample held by reference, never copied) and hands a round of them out as one
-# `RoundView`; the diagnosis, the observation and the renderers read these.
-
-
-@dataclass(frozen=True)
-class AgentDeviceView:
-    """One agent device as the store keeps it: its newest sample (the parsed reply's record,
-    by reference), where the agent's hello says it is, and memtop's own peak.  Its windows
-    (history, step marks) are the round's: `RoundView.windows`."""
-
-    index: int
-    uuid: str
-    name: str
-    latest: AgentDeviceSample
-    # memtop's own maximum of what it sampled (misses a step's peak; torch's is the sample's)
-    sampled_peak_bytes: int
+# each device's parsed sample held by reference, never copied nor wrapped) and hands a round of
+# them out as one `RoundView`; the diagnosis, the observation and the renderers read these.
 
 
 @dataclass(frozen=True)
 class AgentView:
     """One agent as the store keeps it: who it is (its hello, its rank and job, the allocator
-    settings in force, its newest OOM), its state, and each of its devices.  The store replaces
-    it whole on each write, so a reader holds one consistent agent without a copy."""
+    settings in force, its newest OOM), its state, and each of its devices' newest sample (the
+    parsed reply's record itself; where the hello says the device is: `device_identity`).  The
+    store replaces it whole on each write, so a reader holds one consistent agent without a
+    copy.  A device's windows (history, step marks) are the round's: `RoundView.windows`."""
 
     pid: int
     state: str
@@ -682,7 +670,9 @@ class AgentView:
     error: str | None
     step: int | None
     last_sample_time: float | None
-    devices: tuple[AgentDeviceView, ...]  # by index
+    # Each device's newest sample, by index: the `AgentDeviceSample` parsed from the reply, as
+    # it is (a device a later sample does not list keeps its last one).
+    devices: tuple[AgentDeviceSample, ...]
     breakdown: dict[int, dict[str, int]] | None
     snapshot_summary: dict[int, dict[str, Any]] | None = None
     breakdown_time: float | None = None  # when the agent measured it (its clock: this host's)
@@ -694,6 +684,22 @@ class AgentView:
     # The allocator's option string in force, as the agent last said (None: it does not say;
     # the hello's environment string is all there is).  `memtop tune` changes it.
     allocator_settings: str | None = None
+    # memtop's own maximum of the allocated bytes it sampled, by device index (misses a step's
+    # peak between samples; torch's is the sample's `torch_peak`); the `r` key restarts it.
+    sampled_peaks: Mapping[int, int] = field(default_factory=dict)
+
+    def device_identity(self, index: int) -> tuple[str, str]:
+        """(UUID, name) of its device `index`, as its hello declares it; ("", "cuda:N") where
+        the hello does not say (no hello yet, or a device it did not list)."""
+        if self.hello is not None:
+            for declared in self.hello.devices:
+                if declared.index == index:
+                    return declared.uuid, declared.name
+        return "", f"cuda:{index}"
+
+    def sampled_peak(self, index: int) -> int:
+        """memtop's own peak of device `index` (0: never sampled)."""
+        return self.sampled_peaks.get(index, 0)
 
     @property
     def settings_in_force(self) -> str:

@@ -91,7 +91,10 @@ def test_the_reply_s_record_is_held_by_reference_from_the_store_to_the_row() -> 
         # The store keeps one record per agent and per device, holding the parsed sample.
         kept = store.agent(pid)
         assert isinstance(kept, AgentView) and kept is store.agent(pid)  # no copy per reader
-        assert kept.devices[0].latest is reply_record
+        # The device's record in it is the reply's record itself: no wrapper per device.
+        assert kept.devices[0] is reply_record
+        assert kept.device_identity(0) == (f"GPU-{pid}", "H100")
+        assert kept.sampled_peak(0) == reply_record.allocated
         # The round hands out the kept records themselves, its windows beside them.
         round_view = store.view()
         assert round_view.agents[list(samples).index(pid)] is kept

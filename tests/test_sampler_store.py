@@ -70,11 +70,11 @@ def test_store_tracks_peaks_marks_and_resets():
     store.update_agents([poll(7, 3, 150 * MiB, marks)])
     (agent,) = store.agents()
     assert agent.step == 3
-    assert agent.devices[0].sampled_peak_bytes == 300 * MiB  # a step baseline counts
+    assert agent.sampled_peak(0) == 300 * MiB  # a step baseline counts
     assert store.step_marks(7, 0)["allocated"] == [300 * MiB, 120 * MiB]
     assert store.history(7, 0)["allocated"] == [100 * MiB, 150 * MiB]
     store.reset_peak(7)
-    assert store.agent(7).devices[0].sampled_peak_bytes == 150 * MiB  # type: ignore[union-attr]
+    assert store.agent(7).sampled_peak(0) == 150 * MiB  # type: ignore[union-attr]
 
 
 def test_store_marks_exited_agents_then_forgets_them():
@@ -134,7 +134,7 @@ def test_sampler_joins_devices_and_agents_and_notices_exits(demo: Demo):
     assert {a.pid for a in agents} == {p.pid for p in demo.processes}
     assert all(a.state == CONNECTED for a in agents)
     uuids = {d.uuid for d in reading.devices}
-    assert {a.devices[0].uuid for a in agents} == uuids
+    assert {a.device_identity(a.devices[0].index)[0] for a in agents} == uuids
     assert all(a.breakdown and a.breakdown[a.devices[0].index]["parameters"] > 0 for a in agents)
 
     victim = demo.processes[0]

@@ -155,7 +155,7 @@ def test_cleanup_releases_cache_and_says_how_much(
         # The healthy trainer on GPU 0 keeps its activations' blocks cached between steps.
         healthy = mixed_demo.processes[0].pid
         await select(app, healthy)
-        await wait_for(pilot, lambda: app.store.agent(healthy).devices[0].latest.cached > 0)
+        await wait_for(pilot, lambda: app.store.agent(healthy).devices[0].cached > 0)
         await pilot.press("c")
         await wait_for(pilot, lambda: any("Cleanup in pid" in n for n in notifications(app)))
         said = next(n for n in notifications(app) if "Cleanup in pid" in n)
@@ -166,7 +166,7 @@ def test_cleanup_releases_cache_and_says_how_much(
         # What the notification says is what the trainer's allocator reports afterwards.
         await wait_for(
             pilot,
-            lambda: format_bytes(app.store.agent(healthy).devices[0].latest.reserved) != before,
+            lambda: format_bytes(app.store.agent(healthy).devices[0].reserved) != before,
         )
         assert after != before
 

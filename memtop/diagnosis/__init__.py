@@ -39,7 +39,7 @@ from memtop.diagnosis.ranks import JobPeers, job_peers
 from memtop.diagnosis.sites import site_trends
 from memtop.diagnosis.suggestions import Suggestion
 from memtop.diagnosis.workload import Workload, flat_high_share, of_agent
-from memtop.model import NO_WINDOWS, AgentDeviceView, AgentView, RoundView, Windows
+from memtop.model import NO_WINDOWS, AgentDeviceSample, AgentView, RoundView, Windows
 from memtop.oom.diagnose import growing_batch
 
 __all__ = [
@@ -129,7 +129,7 @@ class Diagnoser:
         self,
         view: RoundView,
         now: float,
-        place: Callable[[AgentView, AgentDeviceView], Placement] | None = None,
+        place: Callable[[AgentView, AgentDeviceSample], Placement] | None = None,
     ) -> dict[tuple[int, int], DeviceDiagnosis]:
         """Every agent device of one round's `view`, by (pid, device index): each one record,
         made once, with where it is (`place`: the observation's join; without it, the agent's
@@ -156,7 +156,7 @@ class Diagnoser:
     def _device(
         self,
         agent: AgentView,
-        dev: AgentDeviceView,
+        dev: AgentDeviceSample,
         now: float,
         launcher_argv: Sequence[str] = (),
         *,
@@ -164,9 +164,10 @@ class Diagnoser:
         peers: JobPeers | None = None,
         windows: Windows = NO_WINDOWS,
     ) -> DeviceDiagnosis:
-        """One agent device's record, made once: judged on its sample and its `windows` of the
-        round (history, step marks), where `place` says it is, with its job's `peers`."""
-        latest = dev.latest
+        """One agent device's record, made once: judged on its newest sample (`dev`, the
+        parsed reply's record, held by reference) and its `windows` of the round (history, step
+        marks), where `place` says it is, with its job's `peers`."""
+        latest = dev
         key = (agent.pid, dev.index)
         history, marks = windows
         # Only the rows each measure needs: the gauge's median and the pressure window, judged
@@ -206,7 +207,8 @@ class Diagnoser:
             oom_growth = _growth_from_marks(marks, recent)
         summaries = agent.snapshot_summary or {}
         snapshot_age = now - agent.snapshot_time if agent.snapshot_time is not None else None
-        uuid, gpu, charged = place if place is not None else (dev.uuid, dev.index, None)
+        declared_uuid, name = agent.device_identity(dev.index)
+        uuid, gpu, charged = place if place is not None else (declared_uuid, dev.index, None)
         return DeviceDiagnosis(
             pid=agent.pid,
             index=dev.index,
@@ -229,9 +231,9 @@ class Diagnoser:
             job=peers.job if peers is not None else None,
             peer_ranks=peers.peer_ranks if peers is not None else 0,
             peers_median_peak_bytes=peers.peers_median_peak_bytes if peers is not None else None,
-            name=dev.name,
+            name=name,
             gpu=gpu,
-            sampled_peak_bytes=dev.sampled_peak_bytes,
+            sampled_peak_bytes=agent.sampled_peak(dev.index),
             nvml_used_bytes=charged,
             history=_history(history, marks),
         )
@@ -259,7 +261,7 @@ def _history(
 
 def _workload(
     agent: AgentView,
-    dev: AgentDeviceView,
+    dev: AgentDeviceSample,
     launcher_argv: Sequence[str],
     history: Mapping[str, Sequence[float]],
     marks: Mapping[str, Sequence[float]],
@@ -269,7 +271,7 @@ def _workload(
     hello = agent.hello
     environ = hello.extra.get("engine_environment") if hello is not None else None
     stepped = bool(agent.step) or bool(marks.get("step", ()))
-    latest = dev.latest
+    latest = dev
     pattern = None
     if not stepped:
         pattern = flat_high_share(

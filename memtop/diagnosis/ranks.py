@@ -43,7 +43,7 @@ def job_peers(
         key = job.group_key if job is not None else None
         if job is None or key is None or not agent.devices:
             continue
-        peak = max(d.latest.torch_peak for d in agent.devices)
+        peak = max(d.torch_peak for d in agent.devices)
         groups.setdefault((owners.get(agent.pid), key), []).append(
             (agent.pid, agent.rank, job.label, peak)
         )

@@ -32,7 +32,6 @@ from memtop.engine.store import Store
 from memtop.figures.units import short_host
 from memtop.model import (
     AgentDeviceSample,
-    AgentDeviceView,
     AgentPoll,
     AgentSample,
     AgentStatus,
@@ -62,7 +61,7 @@ class RemoteDiagnoser(Diagnoser):
     def _device(
         self,
         agent: AgentView,
-        dev: AgentDeviceView,
+        dev: AgentDeviceSample,
         now: float,
         launcher_argv: Sequence[str] = (),
         **where: Any,

@@ -42,7 +42,7 @@ from memtop.model import (
     Accounting,
     AccountPart,
     ActionRecord,
-    AgentDeviceView,
+    AgentDeviceSample,
     AgentHello,
     AgentStatus,
     AgentView,
@@ -423,7 +423,7 @@ class Observer:
 
 def _driver_uuids(
     reading: DriverReading | None,
-) -> Callable[[AgentView, AgentDeviceView], str]:
+) -> Callable[[AgentView, AgentDeviceSample], str]:
     """The GPU an agent's device is, as the driver's UUID (DESIGN §13):
 
     - the driver's device whose UUID is the agent's, compared without the `GPU-`/`MIG-` prefix
@@ -444,23 +444,24 @@ def _driver_uuids(
         d.pci_bus_id: d.uuid for d in devices if d.pci_bus_id and d.mig is None and not d.mig_mode
     }
 
-    def resolve(agent: AgentView, dev: AgentDeviceView) -> str:
+    def resolve(agent: AgentView, dev: AgentDeviceSample) -> str:
         declared = (
             next((d for d in agent.hello.devices if d.index == dev.index), None)
             if agent.hello is not None
             else None
         )
-        found = by_uuid.get(bare_uuid(dev.uuid))
+        own_uuid = declared.uuid if declared is not None else ""
+        found = by_uuid.get(bare_uuid(own_uuid))
         if found is not None:
             if found.mig_mode:
-                size = declared.total_bytes if declared is not None else dev.latest.total_bytes
+                size = declared.total_bytes if declared is not None else dev.total_bytes
                 return _settled_instance(agent.pid, size, instances.get(found.index, [])) or (
                     found.uuid
                 )
             return found.uuid
         if not by_bus or declared is None or declared.pci_bus_id is None:
-            return dev.uuid
-        return by_bus.get(declared.pci_bus_id, dev.uuid)
+            return own_uuid
+        return by_bus.get(declared.pci_bus_id, own_uuid)
 
     return resolve
 
@@ -521,8 +522,8 @@ def _effects(
 def _placement(
     reading: DriverReading,
     driver: bool,
-    driver_uuid: Callable[[AgentView, AgentDeviceView], str],
-) -> Callable[[AgentView, AgentDeviceView], tuple[str, int, int | None]]:
+    driver_uuid: Callable[[AgentView, AgentDeviceSample], str],
+) -> Callable[[AgentView, AgentDeviceSample], tuple[str, int, int | None]]:
     """Where each agent device is, for the diagnoser to make its one record there: the driver's
     UUID of its GPU (`driver_uuid`), the driver's number of it (the agent's index without a
     driver view) and what the driver charges the process on it (None: not listed)."""
@@ -533,7 +534,7 @@ def _placement(
             for p in d.processes:
                 charged[(p.pid, d.uuid)] = p.used_bytes
 
-    def place(agent: AgentView, dev: AgentDeviceView) -> tuple[str, int, int | None]:
+    def place(agent: AgentView, dev: AgentDeviceSample) -> tuple[str, int, int | None]:
         uuid = driver_uuid(agent, dev)
         return uuid, gpu_number.get(uuid, dev.index), charged.get((agent.pid, uuid))
 

@@ -22,15 +22,14 @@ from typing import Any
 
 # Records only, from the model: the store (and the observation, the diagnosis and the UI above
 # it) loads no protocol, socket, selector or psutil (issue 35); its writers parse the replies.
-# AgentView, AgentDeviceView and RoundView are the model's (the records this store keeps and
-# hands out); they are named here too, for the readers that have always imported them here.
+# AgentView and RoundView are the model's (the records this store keeps and hands out); they
+# are named here too, for the readers that have always imported them here.
 from memtop.model import (
     ACTION_BY_VIEWER,
     ACTION_FROM_AGENT,
     MARK_WINDOW,
     ActionRecord,
     AgentBreakdown,
-    AgentDeviceView,
     AgentPoll,
     AgentSample,
     AgentSites,
@@ -312,22 +311,16 @@ class Store:
         last_oom = agent.last_oom
         if sample.oom is not None and isinstance(sample.oom.get("last"), Mapping):
             last_oom = sample.oom["last"]
-        uuids = {d.index: (d.uuid, d.name) for d in (agent.hello.devices if agent.hello else ())}
         devices = {d.index: d for d in agent.devices}
+        peaks = dict(agent.sampled_peaks)
         for device in sample.devices:
-            kept = devices.get(device.index)
-            if kept is None:
-                uuid, name = uuids.get(device.index, ("", f"cuda:{device.index}"))
+            if device.index not in devices:
                 rings.devices[device.index] = (
                     Ring(self._history, HISTORY_COLUMNS),
                     Ring(self._step_marks, ("step", "time", "allocated")),
                 )
-                peak = 0
-            else:
-                uuid, name, peak = kept.uuid, kept.name, kept.sampled_peak_bytes
-            devices[device.index] = AgentDeviceView(
-                device.index, uuid, name, device, max(peak, device.allocated)
-            )
+            devices[device.index] = device  # the parsed record itself
+            peaks[device.index] = max(peaks.get(device.index, 0), device.allocated)
             rings.devices[device.index][0].append(
                 sample.time,
                 float(device.allocated),
@@ -351,17 +344,16 @@ class Store:
                     rings.host_marks = Ring(self._step_marks, ("step", "time", "rss"))
                 rings.host_marks.append(float(mark.step), mark.time, float(mark.host_rss))
             for index, allocated in mark.allocated.items():
-                kept = devices.get(index)
-                if kept is not None:
+                if index in devices:
                     rings.devices[index][1].append(float(mark.step), mark.time, float(allocated))
-                    if allocated > kept.sampled_peak_bytes:
-                        devices[index] = replace(kept, sampled_peak_bytes=allocated)
+                    peaks[index] = max(peaks[index], allocated)
         return replace(
             agent,
             step=sample.step,
             last_oom=last_oom,
             last_sample_time=sample.time,
             devices=tuple(devices[index] for index in sorted(devices)),
+            sampled_peaks=peaks,
             host_memory=host_memory,
         )
 
@@ -501,10 +493,7 @@ class Store:
             agent = self._agents.get(pid)
             if agent is not None:
                 self._agents[pid] = replace(
-                    agent,
-                    devices=tuple(
-                        replace(d, sampled_peak_bytes=d.latest.allocated) for d in agent.devices
-                    ),
+                    agent, sampled_peaks={d.index: d.allocated for d in agent.devices}
                 )
                 self._changed()
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from memtop.engine.store import Store
 from memtop.figures.units import MiB, format_bytes
-from memtop.model import AgentDeviceView, AgentView, Windows
+from memtop.model import AgentDeviceSample, AgentView, Windows
 
 MEMORY_FLOOR = 16 * MiB
 RELATIVE_FLOOR = 0.01  # of a memory figure
@@ -135,7 +135,7 @@ def run_of(store: Store, label: str, pid: int | None = None, device: int | None 
     return _run(label, agent, chosen, view.windows(agent.pid, chosen.index))
 
 
-def _run(label: str, agent: AgentView, device: AgentDeviceView, windows: Windows) -> Run:
+def _run(label: str, agent: AgentView, device: AgentDeviceSample, windows: Windows) -> Run:
     h, marks = windows
     times = list(h.get("time", ()))
     duration = times[-1] - times[0] if len(times) > 1 else 0.0
