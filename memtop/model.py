@@ -702,6 +702,29 @@ class AgentView:
         return self.sampled_peaks.get(index, 0)
 
     @property
+    def status(self) -> AgentStatus:
+        return AgentStatus(self.state)
+
+    @property
+    def live(self) -> bool:
+        return self.state == AgentStatus.CONNECTED
+
+    @property
+    def cpu_only(self) -> bool:
+        """Sampled, and no CUDA device in use: cleanup, snapshots and stacks have nothing to
+        act on (they are CUDA's caching allocator's)."""
+        return self.live and not self.devices and self.host_memory is not None
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        return self.hello.argv if self.hello is not None else ()
+
+    @property
+    def allocator_conf(self) -> str:
+        """The environment's allocator options, as the trainer started."""
+        return self.hello.allocator_conf if self.hello is not None else ""
+
+    @property
     def settings_in_force(self) -> str:
         """The allocator options the trainer runs with: what its agent last said is in force,
         else its environment's (an agent that does not say)."""

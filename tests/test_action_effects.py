@@ -104,7 +104,7 @@ def test_a_tune_in_a_live_trainer_is_measured_before_and_after(socket_dir: Path)
         sampler.stop()
         demo.stop()
     (agent,) = obs.agents
-    (found,) = agent.actions
+    (found,) = obs.effects_of(agent.pid)
     assert found.action.kind == "tune" and found.action.pid == pid and found.device == 0
     before, after = found.before, found.after
     assert before is not None and after is not None

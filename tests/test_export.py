@@ -75,7 +75,7 @@ def test_names_units_and_labels_follow_the_conventions(scrape: str):
 def test_values_are_the_observations(observation, scrape: str):
     samples = _samples(scrape)
     for agent in observation.agents:
-        for dev in agent.devices:
+        for dev in observation.devices_of(agent):
             key = {
                 "hostname": "gpu-box",
                 "UUID": dev.uuid,

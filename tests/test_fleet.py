@@ -143,7 +143,7 @@ def test_the_fleet_keys_every_process_by_host_and_pid():
     assert obs.agent(HostPid(pids[2], "node-a")).live  # type: ignore[union-attr]
     # Each host's verdicts stay with its own devices.
     for agent in obs.live_agents:
-        for dev in agent.devices:
+        for dev in obs.devices_of(agent):
             assert dev.diagnosis.leak.reason.endswith(f"on {host_of(agent.pid)}")
     rows = view.build(obs)
     assert len({r.key for r in rows.processes}) == len(rows.processes)

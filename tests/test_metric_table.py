@@ -429,7 +429,7 @@ def test_a_figure_added_to_the_table_reaches_the_report_the_exporter_and_the_fle
 
 def test_every_row_reads_a_real_device_and_follows_the_naming_conventions():
     observation = frozen_observation()
-    dev = observation.agents[0].devices[0]
+    dev = observation.devices_of(observation.agents[0])[0]
     keys, jsons, names = set(), set(), set()
     for row in metric_table.DEVICE_METRICS:
         row.read(dev)  # every getter names attributes the observation has

@@ -117,7 +117,7 @@ def rounds_in(obs: Observation) -> set[int]:
     agent = obs.agent(PID)
     assert agent is not None and agent.step is not None
     seen.add(agent.step)
-    (dev,) = agent.devices
+    (dev,) = obs.devices_of(agent)
     seen.add(dev.allocated_bytes // MiB)
     assert dev.nvml_used_bytes is not None
     seen.add(dev.nvml_used_bytes // MiB)

@@ -99,9 +99,12 @@ def test_the_reply_s_record_is_held_by_reference_from_the_store_to_the_row() -> 
         round_view = store.view()
         assert round_view.agents[list(samples).index(pid)] is kept
         assert list(round_view.windows(pid, 0)[0]["allocated"]) == [reply_record.allocated]
+        # The observation's agent is the store's record itself (no observation's copy of it).
+        assert obs.agent(pid) is kept
+        assert obs.agents[list(samples).index(pid)] is kept
         # The device's one record above the store: the diagnosis, the agent's and the GPU's.
         device = obs.diagnosis.devices[(pid, 0)]
-        assert obs.device(pid, 0) is device
+        assert obs.device(pid, 0) is device and obs.devices_of(kept) == (device,)
         assert any(d is device for g in obs.gpus for d in g.agents)
         assert device.sample is reply_record
         # Placed by the join as it was made: the driver's UUID, number and charge.
@@ -111,6 +114,7 @@ def test_the_reply_s_record_is_held_by_reference_from_the_store_to_the_row() -> 
         assert next(r for r in dash.processes if r.pid == pid) is row
         assert isinstance(row, ProcessRow) and view.ProcessRow is ProcessRow
         assert row.agent_device is device and row.allocated == reply_record.allocated
+        assert row.agent is kept
 
 
 def test_rank_and_job_are_the_agent_s_and_the_peers_are_written_as_the_device_is_made() -> None:

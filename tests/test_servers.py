@@ -189,7 +189,7 @@ def test_the_same_server_past_its_share_with_retries_is_critical(socket_dir: Pat
 
         def past(o) -> bool:  # type: ignore[no-untyped-def]
             usage = _usage(o)
-            devices = [d for a in o.agents for d in a.devices]
+            devices = [d for a in o.agents for d in o.devices_of(a)]
             return (
                 usage is not None
                 and bool(devices)

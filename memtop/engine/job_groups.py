@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from memtop.base.jobs import JobIdentity
+from memtop.diagnosis import DeviceDiagnosis
 from memtop.diagnosis.suggestions import RANK_DRIFT_MIN_BYTES, RANK_DRIFT_SHARE
-from memtop.engine.observation import AgentObservation, Observation
-from memtop.model import host_of
+from memtop.engine.observation import Observation
+from memtop.model import AgentView, host_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +123,7 @@ class JobGroup:
         }
 
 
-def _rank_of(agent: AgentObservation, job: JobIdentity) -> int | None:
+def _rank_of(agent: AgentView, job: JobIdentity) -> int | None:
     extra = agent.hello.extra if agent.hello is not None else {}
     rank = extra.get("rank")
     if isinstance(rank, int) and not isinstance(rank, bool):
@@ -130,11 +131,13 @@ def _rank_of(agent: AgentObservation, job: JobIdentity) -> int | None:
     return job.slurm_proc_id
 
 
-def _rank_view(host: str, agent: AgentObservation, job: JobIdentity) -> RankView:
-    peaks = [d.peak_bytes for d in agent.devices]
+def _rank_view(
+    host: str, agent: AgentView, devices: Sequence[DeviceDiagnosis], job: JobIdentity
+) -> RankView:
+    peaks = [d.peak_bytes for d in devices]
     leaks = [
         d.diagnosis.leak.bytes_per_step
-        for d in agent.devices
+        for d in devices
         if d.diagnosis.leak.detected and d.diagnosis.leak.bytes_per_step
     ]
     return RankView(
@@ -163,11 +166,11 @@ def job_groups(observations: Iterable[Observation]) -> list[JobGroup]:
             if job is None or key is None:
                 continue
             # Per owner: another user's trainers claiming the same job id are not its ranks.
-            info = agent.info
+            info = observation.info(agent.pid)
             owner = info.uid if info is not None else None
             user = info.user if info is not None else None
             _, _, ranks = found.setdefault((owner, key), (_group_label(key, job), user or None, {}))
-            ranks[(host, agent.pid)] = _rank_view(host, agent, job)
+            ranks[(host, agent.pid)] = _rank_view(host, agent, observation.devices_of(agent), job)
     labels = [label for label, _, _ in found.values()]
     groups = []
     for (owner, key), (label, user, ranks) in found.items():

@@ -8,7 +8,10 @@ HIP_VISIBLE_DEVICES renumber, and on ROCm torch's UUID is not amdsmi's), every a
 its devices' metrics, the history windows the screens draw, the diagnosis and the suggestions.
 The dashboard, the detail screen, `--once` (text and JSON) and any exporter only render it.
 The observation holds the round's readings by reference (a GPU's `DeviceReading`, an agent
-device's `AgentDeviceSample`) and reads their figures through properties; it copies none.
+device's `AgentDeviceSample`) and reads their figures through properties; it copies none.  Its
+agents are the store's records themselves (`AgentView`); what it adds to an agent is keyed by
+pid or (pid, device index) beside them: each device's one record (`devices_of`, the
+diagnosis's), its actions' effects, its host memory's windows, the host's view of its process.
 
 This module is the only place that joins NVML devices, NVML processes and agents; one `Diagnoser`
 lives in each `Observer`, and a running memtop has one `Observer`.
@@ -23,7 +26,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from memtop.base.jobs import JobIdentity
 from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuObservation, HostDiagnosis
 from memtop.diagnosis.effects import ActionEffect, effect
 from memtop.diagnosis.facts import HISTORY_ROWS, MARK_ROWS, DeviceHistory
@@ -43,14 +45,12 @@ from memtop.model import (
     AccountPart,
     ActionRecord,
     AgentDeviceSample,
-    AgentHello,
     AgentStatus,
     AgentView,
     Choice,
     DeviceReading,
     DriverReading,
     GpuProcess,
-    HostMemory,
     ProcessInfo,
     RoundView,
     Windows,
@@ -59,94 +59,7 @@ from memtop.model import (
 )
 
 EVENTS = 20  # the newest event messages kept
-
-
-@dataclass(frozen=True, slots=True)
-class AgentObservation:
-    """One agent above the store: its record as the store keeps it (`process`: who it is, its
-    state, its allocator settings in force, its host memory; held by reference and read through
-    the properties below, never copied), its devices' records, the host's view of it, and what
-    the actions performed in it did."""
-
-    process: AgentView
-    devices: tuple[DeviceDiagnosis, ...]
-    info: ProcessInfo | None  # owner and command line, when visible
-    # What each action performed in it did (by this memtop, or anyone: the agent's log), per
-    # device: the windows before and after.
-    actions: tuple[ActionEffect, ...] = ()
-    # The windows the detail screen draws of its own host memory (a CPU trainer's only memory
-    # figure): RSS per sample; RSS right after each step.
-    host_history: DeviceHistory = field(default_factory=DeviceHistory)
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    @property
-    def status(self) -> AgentStatus:
-        return AgentStatus(self.process.state)
-
-    @property
-    def error(self) -> str | None:
-        return self.process.error
-
-    @property
-    def hello(self) -> AgentHello | None:
-        return self.process.hello
-
-    @property
-    def step(self) -> int | None:
-        return self.process.step
-
-    @property
-    def allocator_settings(self) -> str | None:
-        """The allocator's option string in force, where the agent says (`memtop tune`)."""
-        return self.process.allocator_settings
-
-    @property
-    def action_counts(self) -> Mapping[tuple[str, str], int]:
-        """Actions performed in it by (kind, result), each counted once as it became known."""
-        return self.process.action_counts
-
-    @property
-    def host_memory(self) -> HostMemory | None:
-        """Its own host memory's newest reading (None: the agent does not report it)."""
-        return self.process.host_memory
-
-    @property
-    def cpu_only(self) -> bool:
-        """Sampled, and no CUDA device in use: cleanup, snapshots and stacks have nothing to
-        act on (they are CUDA's caching allocator's)."""
-        return self.live and not self.devices and self.host_memory is not None
-
-    @property
-    def live(self) -> bool:
-        return self.status == AgentStatus.CONNECTED
-
-    @property
-    def argv(self) -> tuple[str, ...]:
-        return self.hello.argv if self.hello is not None else ()
-
-    @property
-    def allocator_conf(self) -> str:
-        """The environment's allocator options, as the trainer started."""
-        return self.hello.allocator_conf if self.hello is not None else ""
-
-    @property
-    def settings_in_force(self) -> str:
-        """The allocator options the trainer runs with now (the environment's where its agent
-        does not say)."""
-        return self.process.settings_in_force
-
-    @property
-    def hip(self) -> str | None:
-        """torch.version.hip of its trainer (a ROCm build); None on CUDA, or not said."""
-        return self.process.hip
-
-    @property
-    def job(self) -> JobIdentity | None:
-        """Its scheduler job and rendezvous, as its hello said (memtop.base.jobs)."""
-        return self.process.job
+_NO_HISTORY = DeviceHistory()  # an agent without host memory windows
 
 
 class ProcessState(Choice):
@@ -217,7 +130,8 @@ class ProcessRow:
     # judged it; a process without an agent's from its command line and environment, when they
     # say (None otherwise).  Shown through `command`'s label.
     workload: Workload | None = field(default=None, compare=False)
-    agent: AgentObservation | None = field(default=None, compare=False, repr=False)
+    # Its agent's record as the store keeps it (the observation's agent: `Observation.agents`).
+    agent: AgentView | None = field(default=None, compare=False, repr=False)
     agent_device: DeviceDiagnosis | None = field(default=None, compare=False, repr=False)
     info: ProcessInfo | None = field(default=None, compare=False, repr=False)  # when visible
 
@@ -254,29 +168,54 @@ class Observation:
     nvml_error: str | None
     driver_version: str | None
     gpus: tuple[GpuObservation, ...]
-    agents: tuple[AgentObservation, ...]  # every agent in view, in any state, by pid
+    # Every agent in view, in any state, by pid: the store's records themselves (who it is,
+    # its state, its settings in force, its host memory); each of its devices' one record
+    # above the store is the diagnosis's (`devices_of`).
+    agents: tuple[AgentView, ...]
     entries: tuple[ProcessRow, ...]  # the process table, by GPU then pid
     diagnosis: Diagnosis
     problems: tuple[str, ...] = ()
     events: tuple[str, ...] = ()  # newest last
     processes: Mapping[int, ProcessInfo] = field(default_factory=dict)
+    # What each action performed in an agent did (by this memtop, or anyone: the agent's log),
+    # per device, by pid: the windows before and after.
+    effects: Mapping[int, tuple[ActionEffect, ...]] = field(default_factory=dict)
+    # By pid, the windows the detail screen draws of an agent's own host memory (a CPU
+    # trainer's only memory figure): RSS per sample; RSS right after each step.
+    host_histories: Mapping[int, DeviceHistory] = field(default_factory=dict)
 
     @property
     def suggestions(self) -> tuple:  # type: ignore[type-arg]
         return self.diagnosis.suggestions
 
     @property
-    def live_agents(self) -> tuple[AgentObservation, ...]:
+    def live_agents(self) -> tuple[AgentView, ...]:
         return tuple(a for a in self.agents if a.live)
 
-    def agent(self, pid: int) -> AgentObservation | None:
+    def agent(self, pid: int) -> AgentView | None:
         return next((a for a in self.agents if a.pid == pid), None)
+
+    def devices_of(self, agent: AgentView) -> tuple[DeviceDiagnosis, ...]:
+        """Each device of `agent` (as this observation shows it: a scope keeps some), as the
+        diagnosis's one record of it, by index."""
+        found = self.diagnosis.devices
+        return tuple(found[(agent.pid, d.index)] for d in agent.devices)
 
     def device(self, pid: int, index: int) -> DeviceDiagnosis | None:
         agent = self.agent(pid)
-        if agent is None:
+        if agent is None or not any(d.index == index for d in agent.devices):
             return None
-        return next((d for d in agent.devices if d.index == index), None)
+        return self.diagnosis.devices.get((pid, index))
+
+    def info(self, pid: int) -> ProcessInfo | None:
+        """Owner and command line of `pid`, when visible."""
+        return self.processes.get(pid)
+
+    def effects_of(self, pid: int) -> tuple[ActionEffect, ...]:
+        return self.effects.get(pid, ())
+
+    def host_history(self, pid: int) -> DeviceHistory:
+        return self.host_histories.get(pid) or _NO_HISTORY
 
     def gpu(self, uuid: str) -> GpuObservation | None:
         return next((g for g in self.gpus if g.uuid == uuid), None)
@@ -357,20 +296,15 @@ class Observer:
             view, now, _placement(reading, driver, _driver_uuids(reading if driver else None))
         )
 
-        agents = []
-        for agent in views:
-            devices = [diagnosed[(agent.pid, dev.index)] for dev in agent.devices]
-            agents.append(
-                AgentObservation(
-                    process=agent,
-                    devices=tuple(devices),
-                    info=infos.get(agent.pid),
-                    actions=_effects(agent, [a for a in view.actions if a.pid == agent.pid], view),
-                    host_history=_host_history(view.host_window(agent.pid)),
-                )
-            )
+        effects = {
+            agent.pid: _effects(agent, [a for a in view.actions if a.pid == agent.pid], view)
+            for agent in views
+        }
+        host_histories = {pid: _host_history(windows) for pid, windows in view.host_windows.items()}
 
-        gpus = _gpus(view, reading, [d for a in agents if a.live for d in a.devices])
+        gpus = _gpus(
+            view, reading, [diagnosed[(a.pid, d.index)] for a in views if a.live for d in a.devices]
+        )
         gpus = tuple(
             replace(
                 g,
@@ -383,7 +317,7 @@ class Observer:
         suggestions = (*self.stabilizer.suggest(gpus, now), *host_leak_suggestions(hosts.values()))
         diagnosis = Diagnosis(
             time=now,
-            devices={(d.pid, d.index): d for a in agents for d in a.devices},
+            devices=diagnosed,
             gpus=gpus,
             suggestions=tuple(
                 most_severe_first(
@@ -391,8 +325,8 @@ class Observer:
                         *suggestions,
                         # An exited trainer's leak, kept (marked) while its row is.
                         *last_seen_leaks(
-                            d.diagnosis
-                            for a in agents
+                            diagnosed[(a.pid, d.index)].diagnosis
+                            for a in views
                             if a.status == AgentStatus.EXITED
                             for d in a.devices
                         ),
@@ -412,12 +346,14 @@ class Observer:
             nvml_error=reading.error,
             driver_version=reading.driver_version,
             gpus=gpus,
-            agents=tuple(agents),
-            entries=_entries(reading, agents, infos, gpus, hosts, self.uid, now),
+            agents=views,
+            entries=_entries(reading, views, diagnosed, infos, gpus, hosts, self.uid, now),
             diagnosis=diagnosis,
             problems=view.problems,
             events=tuple(message for _, message in view.events[-EVENTS:]),
             processes=infos,
+            effects=effects,
+            host_histories=host_histories,
         )
 
 
@@ -731,7 +667,8 @@ def _workloads(gpu: GpuObservation, infos: Mapping[int, ProcessInfo]) -> dict[in
 
 def _entries(
     reading: DriverReading,
-    agents: Sequence[AgentObservation],
+    agents: Sequence[AgentView],
+    diagnosed: Mapping[tuple[int, int], DeviceDiagnosis],
     infos: Mapping[int, ProcessInfo],
     gpus: Sequence[GpuObservation] = (),
     hosts: Mapping[int, HostDiagnosis] | None = None,
@@ -746,11 +683,13 @@ def _entries(
     rows: list[ProcessRow] = []
     seen: set[tuple[int, str]] = set()
     for agent in agents:
-        for dev in agent.devices:
+        info = infos.get(agent.pid)
+        for sampled in agent.devices:
+            dev = diagnosed[(agent.pid, sampled.index)]
             seen.add((agent.pid, dev.uuid))
-            rows.append(_agent_row(agent, dev, my_uid, now, instances.get(dev.uuid), hosts))
+            rows.append(_agent_row(agent, info, dev, my_uid, now, instances.get(dev.uuid), hosts))
         if not agent.devices:  # not sampled yet, or unreachable
-            rows.append(_agent_row(agent, None, my_uid, now, None, hosts))
+            rows.append(_agent_row(agent, info, None, my_uid, now, None, hosts))
     if reading.available:
         for d in reading.devices:
             for p in d.processes:
@@ -813,7 +752,8 @@ def _stranger_row(
 
 
 def _agent_row(
-    agent: AgentObservation,
+    agent: AgentView,
+    info: ProcessInfo | None,
     dev: DeviceDiagnosis | None,
     my_uid: int,
     now: float,
@@ -822,7 +762,6 @@ def _agent_row(
 ) -> ProcessRow:
     """An agent's device (or, `dev` None, an agent without one yet: the row keeps its process
     and agent columns and leaves the GPU's blank)."""
-    info = agent.info
     workload = dev.workload if dev is not None else None
     argv = agent.argv or (info.cmdline if info else ())
     extra = agent.hello.extra if agent.hello is not None else {}

@@ -11,12 +11,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from memtop.engine.observation import (
-    AgentObservation,
     GpuObservation,
     Observation,
     ProcessRow,
 )
-from memtop.model import Accounting
+from memtop.model import Accounting, AgentView
 
 
 @dataclass(frozen=True)
@@ -143,17 +142,25 @@ class Scope:
                 )
                 for g in gpus
             )
-        agents: list[AgentObservation] = []
+        agents: list[AgentView] = []
         for agent in obs.agents:
             if not self._owner_ok(agent.pid, obs):
                 continue
             if self.instances is not None:
-                devices = tuple(d for d in agent.devices if d.uuid in uuids)
+                devices = tuple(
+                    d
+                    for d, found in zip(agent.devices, obs.devices_of(agent), strict=True)
+                    if found.uuid in uuids
+                )
                 if not devices:
                     continue
                 agent = replace(agent, devices=devices)
             elif self.gpus is not None:
-                devices = tuple(d for d in agent.devices if d.gpu in self.gpus)
+                devices = tuple(
+                    d
+                    for d, found in zip(agent.devices, obs.devices_of(agent), strict=True)
+                    if found.gpu in self.gpus
+                )
                 if not devices:
                     continue  # nothing of it on the GPUs shown (a CPU-only agent included)
                 agent = replace(agent, devices=devices)
@@ -192,7 +199,7 @@ class Scope:
         if self._memo and self._memo[0] is made and self._memo[1] == shown:
             return self._memo[2]  # type: ignore[no-any-return]
         chosen = numbers_shown if self.instances is not None else self.gpus
-        numbers = {(d.pid, d.index): d.gpu for a in obs.agents for d in a.devices}
+        numbers = {(d.pid, d.index): d.gpu for a in obs.agents for d in obs.devices_of(a)}
         kept = tuple(
             s
             for s in obs.diagnosis.suggestions

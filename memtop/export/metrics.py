@@ -29,10 +29,10 @@ from prometheus_client.registry import Collector
 
 from memtop.base.jobs import DCGM_LABELS, INFO_JOB_LABELS, dcgm_labels, info_labels
 from memtop.diagnosis.sites import leaking_site
-from memtop.engine.observation import AgentObservation, Observation
+from memtop.engine.observation import Observation
 from memtop.export.text import exposition
 from memtop.figures import metric_table
-from memtop.model import ACTION_KINDS, AgentStatus
+from memtop.model import ACTION_KINDS, AgentStatus, AgentView
 
 GPU_LABELS = ("hostname", "UUID", "gpu", "modelName")
 AMD_GPU_LABELS = ("gpu_id", "gpu_uuid", "card_model")
@@ -88,7 +88,7 @@ def job_name(argv: Iterable[str]) -> str:
     return first
 
 
-def rank_of(agent: AgentObservation) -> str:
+def rank_of(agent: AgentView) -> str:
     extra = agent.hello.extra if agent.hello is not None else {}
     for key in ("rank", "local_rank"):
         value = extra.get(key)
@@ -312,7 +312,9 @@ def render(
         for (kind, result), n in sorted(counted.items()):
             actions_total.add_metric([*agent_labels, kind, result], n)
         newest = {}
-        for effect in agent.actions:  # oldest first: the newest of each kind and device wins
+        for effect in obs.effects_of(
+            agent.pid
+        ):  # oldest first: the newest of each kind and device wins
             if effect.action.ok:
                 newest[(action_label(effect.action.kind), effect.device)] = effect
         for kind in sorted({kind for kind, _ in newest}):
@@ -320,7 +322,7 @@ def render(
             action_time.add_metric([*agent_labels, kind], when)
         if agent.status != AgentStatus.CONNECTED:
             continue  # an exited or hung agent's last numbers are not the present
-        for dev in agent.devices:
+        for dev in obs.devices_of(agent):
             labels = [
                 *gpu_labels(dev.uuid, dev.gpu, dev.name),
                 str(agent.pid),

@@ -14,10 +14,10 @@ from typing import Any
 
 from memtop._version import __version__
 from memtop.diagnosis.workload import ENGINE_NAMES
-from memtop.engine.observation import AgentObservation, GpuObservation, Observation
+from memtop.engine.observation import GpuObservation, Observation
 from memtop.figures import metric_table
 from memtop.figures.units import format_bytes
-from memtop.model import Accounting
+from memtop.model import Accounting, AgentView
 
 BREAKDOWN_KEYS = ("parameters", "gradients", "optimizer_state", "other", "fp32_parameter_bytes")
 
@@ -41,7 +41,7 @@ def build(observation: Observation) -> dict[str, Any]:
         "problems": list(obs.problems),
         "events": list(obs.events),
         # Each action memtop performed, per device, with the windows before and after it.
-        "actions": [e.as_json() for agent in obs.agents for e in agent.actions],
+        "actions": [e.as_json() for agent in obs.agents for e in obs.effects_of(agent.pid)],
     }
 
 
@@ -119,11 +119,12 @@ def _accounting(accounting: Accounting | None) -> dict[str, Any] | None:
     }
 
 
-def _agent(agent: AgentObservation, obs: Observation) -> dict[str, Any]:
+def _agent(agent: AgentView, obs: Observation) -> dict[str, Any]:
     hello = agent.hello
     now = obs.time
+    diagnosed = obs.devices_of(agent)
     devices = []
-    for dev in agent.devices:
+    for dev in diagnosed:
         found = dev.diagnosis
         breakdown = found.breakdown
         devices.append(
@@ -159,7 +160,7 @@ def _agent(agent: AgentObservation, obs: Observation) -> dict[str, Any]:
                 ),
             }
         )
-    workload = next((d.diagnosis.workload for d in agent.devices if d.diagnosis.workload), None)
+    workload = next((d.diagnosis.workload for d in diagnosed if d.diagnosis.workload), None)
     return {
         "pid": agent.pid,
         "state": agent.status.value,
@@ -184,13 +185,13 @@ def _agent(agent: AgentObservation, obs: Observation) -> dict[str, Any]:
         # Live memory by the user's line, per device (stack recording on; DESIGN §12).
         "sites": [
             {"device": dev.index, **trend.as_dict()}
-            for dev in agent.devices
+            for dev in diagnosed
             for trend in dev.diagnosis.sites
         ],
     }
 
 
-def _host(agent: AgentObservation, obs: Observation) -> dict[str, Any] | None:
+def _host(agent: AgentView, obs: Observation) -> dict[str, Any] | None:
     memory = agent.host_memory
     if memory is None:
         return None

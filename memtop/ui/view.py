@@ -21,7 +21,6 @@ from memtop.engine.job_groups import JobGroup, job_groups
 # A process's row is the observation's (one record from the join to the table); its words and
 # the row's names are named here too, where the screens have always imported them.
 from memtop.engine.observation import (
-    AgentObservation,
     GpuObservation,
     Observation,
     ProcessRow,
@@ -322,7 +321,7 @@ def _no_gpus(obs: Observation, nvml_error: str | None) -> str:
 def nothing_to_suggest(obs: Observation) -> str:
     """What an empty suggestions pane means: healthy only once there is evidence to judge."""
     live = obs.live_agents
-    devices = [d for a in live for d in a.devices]
+    devices = [d for a in live for d in obs.devices_of(a)]
     if live and not devices:
         # CPU only when the agents say they see no CUDA device; else their first samples are
         # still on the way.
@@ -454,7 +453,7 @@ def _viewer_row(row: ProcessRow, my_uid: int, users: MutableMapping[int, str]) -
 
 def _gpu_numbers(obs: Observation) -> dict[tuple[int, int], int]:
     """(pid, the agent's device index) → the GPU as the driver numbers it."""
-    return {(d.pid, d.index): d.gpu for a in obs.agents for d in a.devices}
+    return {(d.pid, d.index): d.gpu for a in obs.agents for d in obs.devices_of(a)}
 
 
 _GpuNumbers = dict[tuple[int, int], int]
@@ -630,13 +629,13 @@ def build_detail(obs: Observation, row: ProcessRow, gpu_uuid: str | None) -> Det
                 trend_line = _trend_line(history, dev.diagnosis, newest, times[0])
         agent = obs.agent(row.pid)
         conf = agent.settings_in_force if agent is not None else ""
-        done = [e for e in agent.actions if e.device == row.device] if agent else []
+        done = [e for e in obs.effects_of(agent.pid) if e.device == row.device] if agent else []
         actions = tuple(
             line for e in reversed(done[-ACTIONS_SHOWN:]) for line in effect_lines(e, obs.time)
         )
-    elif (agent := obs.agent(row.pid)) is not None and agent.host_history.time:
+    elif (agent := obs.agent(row.pid)) is not None and obs.host_history(agent.pid).time:
         # No CUDA device (a CPU trainer): its host memory is its history.
-        history = agent.host_history
+        history = obs.host_history(agent.pid)
         times = history.time[-DETAIL_SAMPLES:]
         newest = times[-1]
         skip = len(history.time) - len(times)
@@ -804,7 +803,7 @@ def build_gpu_detail(obs: Observation, uuid: str) -> GpuDetail | None:
     if gpu is None:
         return None
     title = f"{gpu.label}  {gpu.name}"
-    chart = _gpu_chart(gpu, obs.agents)
+    chart = _gpu_chart(gpu, obs)
     accounting = gpu.accounting
     if accounting is None:
         missing = gpu.error or "used memory not read"
@@ -839,7 +838,7 @@ MORE_COLOUR = "#8c8cdc"
 
 
 def _gpu_chart(
-    gpu: GpuObservation, agents: Sequence[AgentObservation]
+    gpu: GpuObservation, obs: Observation
 ) -> tuple[Timeline | None, tuple[Band, ...], tuple[ChartEvent, ...], float | None, float | None]:
     """The GPU's chart: its used bytes over the window held, and the reserved of every agent's
     process that was on it in that window (live or exited, while the store keeps it), each a
@@ -848,7 +847,10 @@ def _gpu_chart(
     from memtop.ui.stacked import Band, Timeline  # the GPU's screen only: not at start
 
     times, used = gpu.used_history
-    devices = [d for a in agents for d in a.devices if d.uuid == gpu.uuid and d.history.time]
+    agents = obs.agents
+    devices = [
+        d for a in agents for d in obs.devices_of(a) if d.uuid == gpu.uuid and d.history.time
+    ]
     ends = [d.history.time[-1] for d in devices] + ([times[-1]] if times else [])
     if not ends:
         return None, (), (), None, None
@@ -869,13 +871,11 @@ def _gpu_chart(
         more = f"{len(rest)} more pid{'s' if len(rest) > 1 else ''}"
         bands.append(Band(more, MORE_COLOUR, tuple(timeline(d) for d in rest)))
     used_timeline = Timeline("GPU used", times, used) if times else None
-    events = gpu_events(gpu.uuid, agents, start)
+    events = gpu_events(gpu.uuid, obs, start)
     return used_timeline, tuple(bands), events, start, newest
 
 
-def gpu_events(
-    uuid: str, agents: Sequence[AgentObservation], since: float
-) -> tuple[ChartEvent, ...]:
+def gpu_events(uuid: str, obs: Observation, since: float) -> tuple[ChartEvent, ...]:
     """What happened on GPU `uuid` since `since`, oldest first: its agents' OOMs (a rise of
     torch's counter between two samples; at the flight recorder's own time for the newest),
     the actions memtop performed in them on it (memtop.diagnosis.effects), and their arriving
@@ -885,8 +885,9 @@ def gpu_events(
     from memtop.ui.stacked import ChartEvent  # the GPU's screen only: not at start
 
     events: list[ChartEvent] = []
-    for agent in agents:
-        for dev in agent.devices:
+    for agent in obs.agents:
+        info = obs.info(agent.pid)
+        for dev in obs.devices_of(agent):
             if dev.uuid != uuid or not dev.history.time:
                 continue
             history = dev.history
@@ -904,11 +905,11 @@ def gpu_events(
             events += [ChartEvent(t, "oom", agent.pid) for t in oom_times]
             events += [
                 ChartEvent(e.action.time, e.action.kind, agent.pid)
-                for e in agent.actions
+                for e in obs.effects_of(agent.pid)
                 # A refused action (the agent's log keeps those too) changed nothing: no mark.
                 if e.device == dev.index and e.action.time >= since and e.action.ok
             ]
-            created = agent.info.create_time if agent.info is not None else None
+            created = info.create_time if info is not None else None
             if created is not None and created >= since:
                 events.append(ChartEvent(history.time[0], "arrived", agent.pid))
             if agent.status == AgentStatus.EXITED:
