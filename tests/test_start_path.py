@@ -265,3 +265,26 @@ def test_what_only_an_opened_screen_shows_is_imported_when_it_opens() -> None:
     # ... and a GPU's screen still has its chart.
     modules = imported_by(start + "import memtop.ui.screens.gpu")
     assert "memtop.ui.stacked" in modules
+
+
+def test_the_gpus_are_read_before_the_diagnosis_is_imported() -> None:
+    # The dashboard's start paints the GPUs' rows from the sampler's first driver reading; the
+    # sampler's feed imported the observer, and with it the whole diagnosis (leak, workload,
+    # fragmentation, suggestions: ~40 ms and 2 MB), before that reading could be taken.  The
+    # observer is imported after the rows are on screen (memtop.commands.watch).
+    modules = imported_by(
+        "from memtop.commands import common\n"
+        "from memtop.commands.parser import build_parser\n"
+        "sampler = common.make_sampler(build_parser().parse_args([]))\n"
+        "sampler.stop()"
+    )
+    assert "memtop.engine.sampler" in modules
+    early = {m for m in modules if m.startswith(("memtop.diagnosis", "memtop.engine.observation"))}
+    assert not early, early
+    # ... and a feed still makes its observer (the dashboard's and the replay's).
+    modules = imported_by(
+        "from memtop.engine.feed import FeedLoop\n"
+        "from memtop.engine.store import Store\n"
+        "assert FeedLoop(Store()).observer(host='h', uid=0).host == 'h'"
+    )
+    assert "memtop.engine.observation" in modules

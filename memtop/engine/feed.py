@@ -22,11 +22,16 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from memtop.engine.observation import Observer
 from memtop.engine.store import Store
 from memtop.model import ProcessInfo
+
+if TYPE_CHECKING:
+    # Imported when an observer is made, not with the feed: the sampler imports this module,
+    # and the dashboard's start reads the GPUs before the diagnosis is loaded (~40 ms of
+    # imports: memtop.commands.watch, issue 35).
+    from memtop.engine.observation import Observer
 
 T = TypeVar("T")
 
@@ -166,6 +171,8 @@ class FeedLoop:
     def observer(
         self, *, clock: Callable[[], float] = time.time, host: str | None, uid: int | None
     ) -> Observer:
+        from memtop.engine.observation import Observer
+
         return Observer(self.store, clock=clock, host=host, uid=uid)
 
     def start(self) -> None:
