@@ -49,3 +49,21 @@ def test_the_dashboard_cost_benchmark_runs_and_reports_its_figures():
             "rss_mb",
         }
         assert set(result["goals_met"]) == {"first_data", "full_frame", "rss", "cpu", "tty_bytes"}
+
+
+def test_the_benchmark_starts_memtop_from_bytecode(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # A checkout run with PYTHONDONTWRITEBYTECODE compiled every module at each start (~0.15 s
+    # of CPU): the bench measured that, where an installed memtop (and nvitop) loads bytecode.
+    import importlib
+
+    monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    tui_cost = importlib.import_module("tui_cost")
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "mod.py").write_text("X = 1\n")
+    tui_cost.compile_bytecode(package)
+    for source in (package / "__init__.py", package / "sub" / "mod.py"):
+        assert Path(importlib.util.cache_from_source(str(source))).is_file(), source
