@@ -269,13 +269,16 @@ def test_what_only_an_opened_screen_shows_is_imported_when_it_opens() -> None:
 
 def test_the_gpus_are_read_before_the_diagnosis_is_imported() -> None:
     # The dashboard's start paints the GPUs' rows from the sampler's first driver reading; the
-    # sampler's feed imported the observer, and with it the whole diagnosis (leak, workload,
-    # fragmentation, suggestions: ~40 ms and 2 MB), before that reading could be taken.  The
-    # observer is imported after the rows are on screen (memtop.commands.watch).
+    # sampler's feed and the scope (--only, --user, --pid) imported the observer, and with it
+    # the whole diagnosis (leak, workload, fragmentation, suggestions: ~40 ms of CPU), before
+    # that reading could be taken.  The observer is imported after the rows are on screen
+    # (memtop.commands.watch).
     modules = imported_by(
         "from memtop.commands import common\n"
         "from memtop.commands.parser import build_parser\n"
-        "sampler = common.make_sampler(build_parser().parse_args([]))\n"
+        "args = build_parser().parse_args(['--only', '0', '--user', 'root'])\n"
+        "sampler = common.make_sampler(args)\n"
+        "scope = common.scope(args)\n"
         "sampler.stop()"
     )
     assert "memtop.engine.sampler" in modules

@@ -8,14 +8,18 @@ suggestions, the report and the metrics.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from memtop.engine.observation import (
-    GpuObservation,
-    Observation,
-    ProcessRow,
-)
 from memtop.model import Accounting, AgentView
+
+if TYPE_CHECKING:
+    # Names for the annotations only: the dashboard's start makes its scope before the GPUs are
+    # read, and the observation module brings the whole diagnosis (memtop.commands.watch).
+    from memtop.engine.observation import (
+        GpuObservation,
+        Observation,
+        ProcessRow,
+    )
 
 
 @dataclass(frozen=True)
