@@ -291,3 +291,21 @@ def test_the_gpus_are_read_before_the_diagnosis_is_imported() -> None:
         "assert FeedLoop(Store()).observer(host='h', uid=0).host == 'h'"
     )
     assert "memtop.engine.observation" in modules
+
+
+def test_the_toml_parser_is_imported_only_for_a_config_file(tmp_path: Path) -> None:
+    # Most starts have no ~/.config/memtop/config.toml: tomllib (~0.7 MB) waited for nothing.
+    missing, present = tmp_path / "none.toml", tmp_path / "config.toml"
+    present.write_text('theme = "monochrome"\n')
+    load = "from pathlib import Path\nfrom memtop.ui import config\nc = config.load(Path({!r}))\n"
+    defaults = "assert c.theme == 'memtop' and not c.problems"
+    modules = imported_by(load.format(str(missing)) + defaults)
+    assert "memtop.ui.config" in modules and "tomllib" not in modules
+    modules = imported_by(load.format(str(present)) + "assert c.theme == 'monochrome', c")
+    assert "tomllib" in modules
+    # ... and a file that is not TOML is still one line, not a traceback.
+    present.write_text("theme = \n")
+    modules = imported_by(
+        load.format(str(present)) + "assert 'is not valid TOML' in c.problems[0], c.problems"
+    )
+    assert "tomllib" in modules

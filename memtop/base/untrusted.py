@@ -30,8 +30,6 @@ import stat
 from pathlib import Path
 from typing import IO, Any
 
-import tomllib
-
 MAX_DEPTH = 64  # no file memtop reads nests deeper than a dozen levels
 MAX_NUMBER = 1 << 64  # a u64 counter is the largest number any of them holds
 
@@ -213,6 +211,10 @@ def loads_toml(data: bytes, *, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
         _check_brackets(_NOT_BRACKETS.sub(b"", structure), max_depth)
         if any(run.count(b".") > max_depth for run in _KEY_RUNS.split(structure)):
             raise UntrustedInput(f"has a key of more than {max_depth} parts")
+    # Imported here: the dashboard reads a TOML file only where the user wrote a config (~0.7 MB
+    # and a few ms of its start otherwise).
+    import tomllib
+
     try:
         return tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError:
