@@ -26,7 +26,7 @@ __all__ = ["EXIT_ERROR", "EXIT_OK", "EXIT_USAGE", "CliError", "build_parser", "m
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    start_gc.hold()  # `python -m memtop` held it already, from its first line
+    start_gc.hold()  # `python -m memtop` and `memtop` held it already (memtop/__main__.py)
     try:
         return _main(argv)
     except BrokenPipeError:

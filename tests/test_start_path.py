@@ -309,3 +309,42 @@ def test_the_toml_parser_is_imported_only_for_a_config_file(tmp_path: Path) -> N
         load.format(str(present)) + "assert 'is not valid TOML' in c.problems[0], c.problems"
     )
     assert "tomllib" in modules
+
+
+ENTRY_POINT_GC = """
+import gc
+import memtop  # the package's own start (the trainer's import too) is not the command's
+collections = []
+gc.callbacks.append(lambda phase, info: phase == "start" and collections.append(info))
+from {module} import {function} as entry
+import memtop.cli
+assert entry is memtop.cli.main
+print(len(collections), gc.isenabled())
+try:
+    entry(["--version"])
+except SystemExit:
+    pass
+print(gc.isenabled())
+"""
+
+
+def test_the_memtop_command_holds_the_collector_before_its_imports() -> None:
+    # The console script pip writes does `from MODULE import FUNCTION`, then calls it: with
+    # memtop.cli as MODULE, its imports (the records, the protocol, the parser) ran with the
+    # collector on, ~17 collections before main() could hold it (memtop.base.start_gc).
+    import tomllib
+
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    entry = tomllib.loads(pyproject.read_text())["project"]["scripts"]["memtop"]
+    module, function = entry.split(":")
+    result = subprocess.run(
+        [sys.executable, "-c", ENTRY_POINT_GC.format(module=module, function=function)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    # None while memtop.cli was imported (one may land while start_gc itself is imported), the
+    # collector still held; main() gives it back.
+    lines = result.stdout.splitlines()  # (--version prints its line between)
+    count, enabled = lines[0].split()
+    assert int(count) <= 2 and enabled == "False" and lines[-1] == "True", result

@@ -4,8 +4,9 @@ frame ≤ 0.4 s after Enter).
 Importing Textual and memtop makes some hundred thousand objects (classes, functions, their
 dicts) that all live for the whole run; each 700 allocations the collector woke up and walked
 the young ones, ~100 collections before the first frame: 15-25 % of the start's CPU, to free
-under a thousand objects.  So `python -m memtop` (and `memtop.cli.main`, for the console script)
-holds the collector from its first line; the dashboard gives it back once its first frame is
+under a thousand objects.  So `python -m memtop` and the `memtop` command (both through
+memtop/__main__.py, the console script's entry point) hold the collector from their first line,
+and `memtop.cli.main` for its other callers; the dashboard gives it back once its first frame is
 out (memtop.ui.app, which then freezes what start-up left), and every other command as soon as
 its arguments are parsed.  Only a collector turned off here is turned back on: a caller that
 had it off (a test, an embedding program) keeps it off.
