@@ -3,7 +3,7 @@ and 35; the goals: memtop's CPU and bytes to the terminal ≤ 1.0× nvitop's, fi
 full frame ≤ 0.4 s, RSS ≤ 45 MB).
 
     .venv/bin/python bench/tui_cost.py [--seconds 30] [--pairs 3] [--gpus 8] [--size 120x36]
-        [--scenarios healthy,mixed] [--quick]
+        [--scenarios healthy,mixed] [--quick] [--record DIR]
     (needs `pip install nvitop` for the comparison; --tools memtop measures memtop alone)
 
 The stand-in GPUs, once per scenario:
@@ -35,6 +35,8 @@ nvitop 2 s), stdin/stdout/stderr on the pty slave; a reader thread drains the ma
 - memtop's modules are compiled to bytecode first, as an installed memtop's are (pip compiles
   them; nvitop's are): a checkout never run, or run with PYTHONDONTWRITEBYTECODE (this box's
   shells set it), compiled ~100 modules at every start, ~0.15 s of CPU counted as the start's.
+- --record DIR: each run's terminal output kept as DIR/SCENARIO-TOOL-N.tty (the measured window
+  marked); bench/tty_where.py says where the bytes went, row by row and column by column.
 
 The last line of output is one JSON object.
 """
@@ -49,6 +51,7 @@ import os
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -113,6 +116,7 @@ class PtyReader(threading.Thread):
         self.seen: dict[str, float] = {}
         self.last: dict[str, bytes] = {}  # the latest text each marker matched
         self.chunks: list[tuple[float, int]] = []
+        self.recording: list[tuple[float, bytes]] | None = None  # (time, data) with --record
         self.tail = bytearray()
         self.total = 0
         self.lock = threading.Lock()
@@ -136,6 +140,8 @@ class PtyReader(threading.Thread):
                         self.seen.setdefault(name, now)
                         self.last[name] = found[-1]
                 self.chunks.append((now, len(data)))
+                if self.recording is not None:
+                    self.recording.append((now, data))
                 self.total += len(data)
                 self.tail += data
                 del self.tail[:-TAIL_BYTES]
@@ -302,10 +308,14 @@ def quit_dashboard(process: subprocess.Popen[bytes], master: int) -> int | None:
 
 
 def measure(
-    tool: str, args: argparse.Namespace, env: dict[str, str], last_gpu: int
+    tool: str,
+    args: argparse.Namespace,
+    env: dict[str, str],
+    last_gpu: int,
+    record: Path | None = None,
 ) -> dict[str, object]:
     """One run of one tool in a pty: first frame, then CPU, terminal bytes and RSS over the
-    window."""
+    window; with `record`, everything it wrote, to that file (save_recording)."""
     if tool == "memtop":
         command = children.python_command("memtop")
         if args.memtop_interval is not None:
@@ -322,6 +332,8 @@ def measure(
     spawned = time.monotonic()
     process, master = children.start_in_terminal(command, args.size, env)
     reader = PtyReader(master, markers)
+    if record is not None:
+        reader.recording = []
     reader.start()
     try:
         proc = psutil.Process(process.pid)
@@ -341,6 +353,9 @@ def measure(
         t1 = time.monotonic()
         rss = proc.memory_info().rss
         window_bytes, bursts = reader.bytes_between(t0, t1)
+        if record is not None:
+            with reader.lock:
+                save_recording(record, args.size, t0, t1, list(reader.recording or ()))
         exit_code = quit_dashboard(process, master)
         reader.join(5)
     finally:
@@ -362,6 +377,23 @@ def measure(
         "load_1min": load,
         "exit_code": exit_code,
     }
+
+
+RECORD_MAGIC = b"memtop-tty-1\n"
+
+
+def save_recording(
+    path: Path, size: tuple[int, int], start: float, end: float, chunks: list[tuple[float, bytes]]
+) -> None:
+    """What a tool wrote to its terminal, chunk by chunk, for bench/tty_where.py: a header
+    line (JSON: the size and the measured window, in seconds from the first chunk), then each
+    chunk as its time (float64) and length (uint32), then its bytes."""
+    origin = chunks[0][0] if chunks else start
+    header = {"columns": size[0], "rows": size[1], "start": start - origin, "end": end - origin}
+    with path.open("wb") as out:
+        out.write(RECORD_MAGIC + json.dumps(header).encode() + b"\n")
+        for at, data in chunks:
+            out.write(struct.pack("<dI", at - origin, len(data)) + data)
 
 
 def median(values: list[float]) -> float:
@@ -404,7 +436,10 @@ def run(args: argparse.Namespace, scenario: str) -> dict[str, object]:
         for pair in range(args.pairs):
             order = list(args.tools) if pair % 2 == 0 else list(reversed(args.tools))
             for tool in order:
-                result = measure(tool, args, nvitop_env if tool == "nvitop" else env, args.gpus - 1)
+                record = args.record / f"{scenario}-{tool}-{pair + 1}.tty" if args.record else None
+                result = measure(
+                    tool, args, nvitop_env if tool == "nvitop" else env, args.gpus - 1, record
+                )
                 runs[tool].append(result)
                 print(
                     f"  run {pair + 1} {tool:<6}: first frame {result['first_frame_s']:.3f} s "
@@ -534,6 +569,13 @@ def main() -> int:
         help="comma-separated demo scenarios, each measured in turn (default healthy,mixed)",
     )
     parser.add_argument(
+        "--record",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="save each run's terminal output to DIR/SCENARIO-TOOL-N.tty (see bench/tty_where.py)",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="1 pair of 10 s windows, 2 s warm-up (iterating)"
     )
     args = parser.parse_args()
@@ -542,6 +584,8 @@ def main() -> int:
     args.tools = [t.strip() for t in args.tools.split(",") if t.strip()]
     if not set(args.tools) <= {"memtop", "nvitop"} or not args.tools:
         parser.error("--tools takes memtop and/or nvitop")
+    if args.record is not None:
+        args.record.mkdir(parents=True, exist_ok=True)
     args.scenarios = [s.strip() for s in args.scenarios.split(",") if s.strip()]
     if not set(args.scenarios) <= set(DEMO_SCENARIOS) or not args.scenarios:
         parser.error(f"--scenarios takes some of {', '.join(DEMO_SCENARIOS)}")
