@@ -287,6 +287,8 @@ def _parse_sgr(params: str) -> tuple[frozenset[int], str, str] | None:
             fg, bg = ("", bg) if n == 39 else (fg, "")
         elif n in _SGR_ATTRIBUTES:
             attributes.add(n)
+        elif n in _SGR_ENDS:
+            attributes.difference_update(_SGR_ENDS[n])
         else:
             break
         i += 1
@@ -307,22 +309,57 @@ def _merged(style: str, params: str) -> str:
     return ";".join([*map(str, sorted(attributes)), *filter(None, (fg, bg))])
 
 
+# The SGR parameter that turns an attribute off, and the attributes it turns off with it (22
+# ends bold and faint, 24 single and double underline, …).
+_SGR_OFF = {
+    1: (22, (1, 2)),
+    2: (22, (1, 2)),
+    3: (23, (3,)),
+    4: (24, (4, 21)),
+    21: (24, (4, 21)),
+    5: (25, (5, 6)),
+    6: (25, (5, 6)),
+    7: (27, (7,)),
+    8: (28, (8,)),
+    9: (29, (9,)),
+    51: (54, (51, 52)),
+    52: (54, (51, 52)),
+    53: (55, (53,)),
+}
+
+_SGR_ENDS = {code: ends for code, ends in _SGR_OFF.values()}  # 22 → (1, 2), …
+
+
 def _sgr_change(old: str, new: str) -> str:
-    """The SGR that turns the terminal's style `old` into `new`: only what differs (a colour)
-    where `new` keeps every attribute of `old`, else a reset and the whole style.  Most style
-    changes between two changed cells are a colour: "38;5;240" rather than a reset and
-    "1;38;5;240;48;5;233"."""
+    """The SGR that turns the terminal's style `old` into `new`, in the fewest bytes: only
+    what differs (a colour; an attribute turned off: bold's 22) where that is shorter than a
+    reset and the whole style.  Most style changes between two changed cells are a colour or
+    bold: "38;5;240" rather than a reset and "1;38;5;240;48;5;233".  From no style (`old`
+    empty: the terminal's default, as each feed starts) the new style alone, without a reset
+    before it."""
+    if not old:
+        return f"\x1b[{new}m" if new else ""
     whole = "\x1b[0m" + (f"\x1b[{new}m" if new else "")
-    if not old or not new:
+    if not new:
         return whole
     before, after = _parse_sgr(old), _parse_sgr(new)
-    if before is None or after is None or not before[0] <= after[0]:
+    if before is None or after is None:
         return whole
-    parts = [str(n) for n in sorted(after[0] - before[0])]
+    off: list[int] = []
+    back: set[int] = set()  # attributes an off code ended that `new` keeps: set again
+    for attribute in sorted(before[0] - after[0]):
+        code, ends = _SGR_OFF[attribute]
+        if code not in off:
+            off.append(code)
+            back |= {a for a in ends if a in after[0]}
+    parts = [str(n) for n in off]
+    parts += [str(n) for n in sorted((after[0] - before[0]) | back)]
     if after[1] != before[1]:
         parts.append(after[1] or "39")
     if after[2] != before[2]:
         parts.append(after[2] or "49")
+    if not parts:  # the same style written another way: nothing to change
+        return ""
     delta = f"\x1b[{';'.join(parts)}m"
     return delta if len(delta) < len(whole) else whole
 
