@@ -325,7 +325,7 @@ def test_a_hung_device_read_does_not_stop_agent_sampling(arena: Arena) -> None:
 
 def test_dashboard_keeps_real_trainers_stepping(arena: Arena) -> None:
     from memtop.ui.app import MemtopApp
-    from memtop.ui.widgets.process_table import ProcessTable
+    from memtop.ui.widgets.process_table import STEP_S, ProcessTable
 
     store = Store()
     sampler = Sampler(
@@ -347,7 +347,8 @@ def test_dashboard_keeps_real_trainers_stepping(arena: Arena) -> None:
             await wait_for(pilot, lambda: len([s for s in steps().values() if s]) == TRAINERS)
             seen = [steps()]
             for _ in range(3):
-                await pilot.pause(1.0)  # STEP moves every second (it is not a slow column)
+                # STEP moves every STEP_S (it is not a slow column): a round in the next period
+                await pilot.pause(STEP_S + 1.0)
                 seen.append(steps())
             for before, after in itertools.pairwise(seen):
                 for pid in watched:

@@ -134,6 +134,7 @@ def test_a_step_that_moved_repaints_its_cells_not_the_rows():
                     for row in table.source
                 ),
                 False,
+                True,  # a round that shows every figure anew (the steps move every STEP_S)
             )
             await pilot.pause(0.2)
             table.refresh = refresh  # type: ignore[method-assign]

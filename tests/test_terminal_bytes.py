@@ -7,7 +7,78 @@ style began with a reset the terminal did not need."""
 
 from __future__ import annotations
 
+import asyncio
+import re
+from dataclasses import replace
+
+import pytest
+from ui_frozen import MY_UID, NOW, frozen_store
+from ui_helpers import full_frame, play_into_terminal
+
 from memtop.ui.cell_diff import CellDiff
+from memtop.ui.renewal import NOTHING
+
+SGR = re.compile(r"\x1b\[[0-9;]*m")  # a style (select graphic rendition)
+
+
+def test_a_step_that_moved_within_its_period_writes_nothing_then_moves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every row's step moves every round; it is shown anew every STEP_S (2 s, nvitop's
+    # refresh), so a round inside the period writes nothing for it, and the next period's
+    # first round writes the new steps: a cursor move and a digit or two per row.
+    from memtop.ui.app import MemtopApp
+    from memtop.ui.widgets import process_table
+
+    period = [7]
+    monkeypatch.setattr(process_table, "slow_tick", lambda period_s=0.0: period[0])
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW, host="gpu-box", my_uid=MY_UID)
+    terminal = play_into_terminal(app)
+    sent: list[str] = []
+
+    async def run() -> tuple[list[str], list[str], tuple[int | None, ...], CellDiff]:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.3)
+            table = app.table
+            feed = terminal.feed
+
+            def keep(data: str) -> None:
+                sent.append(data)
+                feed(data)
+
+            terminal.feed = keep  # type: ignore[method-assign]
+            for _ in range(20):  # settled first (the footer's bindings can still be drawing)
+                sent.clear()
+                await pilot.pause(0.2)
+                if not sent:
+                    break
+            shown = tuple(row.step for row in table.rows)
+            stepped = tuple(
+                replace(row, step=row.step + 1) if row.step is not None else row
+                for row in table.source
+            )
+            sent.clear()
+            table.show(stepped, False, NOTHING)  # the same STEP_S period
+            await pilot.pause(0.2)
+            within = list(sent)
+            held = tuple(row.step for row in table.rows)
+            sent.clear()
+            period[0] += 1  # the next period
+            table.show(stepped, False, NOTHING)
+            await pilot.pause(0.2)
+            terminal.feed = feed  # type: ignore[method-assign]
+            assert held == shown, (held, shown)
+            return within, list(sent), tuple(row.step for row in table.rows), full_frame(app)
+
+    within, after, steps, whole = asyncio.run(run())
+    assert not "".join(within), within  # old: each row's new step, every round
+    moved = [step for step in steps if step is not None]
+    assert len(moved) >= 3
+    # What Textual sent for them: a cursor move and the digit per row (styles apart: their
+    # length is the colour depth's), not the rows.
+    written = "".join(after)
+    assert written and len(SGR.sub("", written)) <= 14 * len(moved), written
+    assert terminal.cells == whole.cells  # and the terminal shows what a full frame shows
 
 
 def test_a_frames_first_style_needs_no_reset_and_bold_ends_with_22() -> None:

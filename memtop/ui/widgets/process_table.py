@@ -122,10 +122,17 @@ SORTABLE = tuple(c.key for c in COLUMNS)
 GAP = 1  # between columns, as htop: every column's width already pads its figures
 # Slow columns: figures that move every second without news (a sawtooth's allocated bytes,
 # host CPU and RSS) are shown anew once per slow period (render.slow_tick); the rest at once.
-# Each repaint of a row is bytes over SSH.  STEP is not one of them: it is how a user sees, at a
-# glance, that a trainer is alive (and that a hostile agent has not frozen the view), and a
-# 7-cell field per row is cheap.
+# Each repaint of a row is bytes over SSH.
 SLOW_FIELDS = ("allocated", "cpu_percent", "rss")
+# STEP is how a user sees, at a glance, that a trainer is alive (and that a hostile agent has
+# not frozen the view), so it is not a slow column; but it moves on every row every round, and
+# at 1 s it was a third of the bytes the dashboard sent in the `mixed` demo (11 agents;
+# bench/tty_where.py, issue 35 item 8).  It is shown anew every STEP_S, nvitop's own refresh
+# (half a slow period: every other time in the slow period's frame): a counter that moves by
+# ten every two seconds says "alive" as well as one that moves by five every second.  A state
+# that changes (exited, stalled) shows at once: `_hold` keeps nothing across one.
+STEP_FIELDS = ("step",)
+STEP_S = 2.0
 
 # Where the command would get fewer than COMMAND_ROOM cells, these go first (in this order).
 DROPPABLE = ("time", "rss", "cpu", "user")
@@ -240,6 +247,7 @@ class ProcessTable(Widget, can_focus=True):
         self._column_spans: list[tuple[str, int, int]] = []  # (column key, x0, x1) for clicks
         self._layout_key: tuple[object, ...] = ()
         self._slow_tick = -1
+        self._step_tick = -1
         self._base_style: Style | None = None
 
     def on_mount(self) -> None:
@@ -261,16 +269,23 @@ class ProcessTable(Widget, can_focus=True):
         tick = slow_tick()
         if renew is None:
             renew = tick != self._slow_tick
+        shown = {row.key: row for row in self.source}
         if isinstance(renew, Renewal) and not renew.everything:
-            shown = {row.key: row for row in self.source}
             rows = tuple(
                 row if renew.process(row) else _hold(row, shown.get(row.key)) for row in rows
             )
         elif not renew:
-            shown = {row.key: row for row in self.source}
             rows = tuple(_hold(row, shown.get(row.key)) for row in rows)
         else:
             self._slow_tick = tick
+        # Every figure anew (a slow period's frame, or an exact one: a paused or ended feed),
+        # or a new STEP_S period: the steps too; otherwise the steps as shown.
+        step_tick = slow_tick(STEP_S)
+        everything = renew.everything if isinstance(renew, Renewal) else renew
+        if step_tick != self._step_tick or everything:
+            self._step_tick = step_tick
+        else:
+            rows = tuple(_hold(row, shown.get(row.key), STEP_FIELDS) for row in rows)
         self.source = rows
         self.jobs = jobs
         self._compact = compact
@@ -615,11 +630,15 @@ def _runs(indexes: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
-def _hold(row: ProcessRow, shown: ProcessRow | None) -> ProcessRow:
-    """`row` with the slow figures it showed last (a new or exited row shows its own)."""
+def _hold(
+    row: ProcessRow, shown: ProcessRow | None, fields: tuple[str, ...] = SLOW_FIELDS
+) -> ProcessRow:
+    """`row` with the `fields` it showed last (a new or exited row shows its own)."""
     if shown is None or row.state != shown.state:
         return row
-    return replace(row, **{name: getattr(shown, name) for name in SLOW_FIELDS})
+    if all(getattr(row, name) == getattr(shown, name) for name in fields):
+        return row
+    return replace(row, **{name: getattr(shown, name) for name in fields})
 
 
 def _fit(text: str, width: int, right: bool) -> str:
