@@ -1,6 +1,8 @@
-"""The held figures are renewed GPU by GPU (memtop.ui.renewal; issue 35, item 8): a round in
-which only GPU 0's figures moved shows GPU 0's card, rows and suggestions anew, and leaves
-GPU 1's held figures (a sawtooth's allocated bytes) and their cells on the terminal alone."""
+"""The held figures are renewed where news moved (memtop.ui.renewal; issue 35, item 8): a round
+in which only GPU 0's figures moved shows GPU 0's card, rows and suggestions anew where the
+card prints sums of its rows, only the leaking row, its card and the suggestions that quote
+them where it prints none, and leaves GPU 1's held figures (a sawtooth's allocated bytes) and
+their cells on the terminal alone."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from ui_helpers import play_into_terminal
 
 from memtop.figures.units import format_bytes
 from memtop.ui.app import MemtopApp
+from memtop.ui.renewal import RenewalClock
 from memtop.ui.widgets.process_table import ProcessTable
 
 LATER = SECONDS + 10  # (the leak reserves 16 MiB a second: 0.16 GiB by then)
@@ -109,3 +112,43 @@ def test_a_figure_that_moved_below_what_is_printed_is_no_news(one_slow_period, m
     before, after = asyncio.run(run())
     assert before == fragment.at(SECONDS)[0]
     assert after == before, "a change below the printed figure renewed GPU 1's held figures"
+
+
+def test_where_cards_print_no_sums_a_leak_renews_its_own_row_not_its_neighbours(one_slow_period):
+    # The `mixed` demo's screen: eight GPUs, each card one line (a bar, no "alloc 22.7G").
+    # The leak on GPU 0 moves its own figures and GPU 0's card every second or two; the
+    # healthy trainer beside it has no news of its own, and no suggestion naming it words
+    # anything anew, so its sawtooth's allocated bytes stay held (renewing every row of a GPU
+    # with news rewrote a rank's ALLOC and its job's "alloc spread" every second: a fifth of
+    # the bytes the dashboard sent).  With two-line cards the card prints the sum of its rows'
+    # allocated bytes: there the card and all its rows still renew together.
+    store = frozen_store()
+    clock = [NOW + 0.5]
+    app = MemtopApp(store, None, clock=lambda: clock[0], host="gpu-box", my_uid=MY_UID)
+    healthy, leak, fragment = TRAINERS
+
+    async def run():  # type: ignore[no-untyped-def]
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause()
+            before = app.dashboard
+            _round(store, LATER)
+            clock[0] += LATER - SECONDS
+            app.refresh_view()
+            await pilot.pause()
+            return before, app.dashboard
+
+    before, after = asyncio.run(run())
+    assert before is not None and after is not None and before is not after
+    rows = {row.pid: row for row in after.processes}
+    card = {row.index: row for row in after.gpus}
+    for sums in (False, True):
+        clock_ = RenewalClock()
+        assert clock_.due(before, False, sums=sums).everything  # the first round: all of it
+        renew = clock_.due(after, False, sums=sums)
+        assert not renew.everything
+        assert renew.process(rows[leak.pid]) and renew.gpu(card[0])  # its own news
+        assert not renew.process(rows[fragment.pid]) and not renew.gpu(card[1])  # GPU 1: none
+        leak_words = next(s for s in after.suggestions if s.pid == leak.pid and s.device == 0)
+        assert renew.suggestion(leak_words)
+        # The healthy trainer: held where nothing sums it, renewed with its card's sum.
+        assert renew.process(rows[healthy.pid]) == sums, sums

@@ -310,10 +310,11 @@ class MemtopApp(App[None]):
         (the feed is still) or the caller asks for `exact`, every figure is the round's own:
         a paused or ended feed must not keep a figure from an earlier round on screen.
 
-        Whether the held figures are renewed is decided here, once, for every widget, GPU by
-        GPU (memtop.ui.renewal): a GPU's card, its processes' rows and the suggestions about
-        them then always show one round's figures (a suggestion's "cached 31.2 GiB" beside a
-        card's figures of another round was two values for one thing on one screen)."""
+        Whether the held figures are renewed is decided here, once, for every widget, card by
+        card and row by row (memtop.ui.renewal): a suggestion worded anew and what it names, a
+        card and the rows it sums, then always show one round's figures (a suggestion's
+        "cached 31.2 GiB" beside a card's figures of another round was two values for one
+        thing on one screen)."""
         if not self.screen_stack:
             return  # the app is closing: a timer tick that lands after the last screen left
         exact = exact or self.feed_still()
@@ -349,7 +350,8 @@ class MemtopApp(App[None]):
         if empty:
             self._set(self.empty_state, _empty_text(dash))
         else:
-            renew = self.renewals.due(dash, compact)  # (told every round, exact or not)
+            # (told every round, exact or not; a dense card prints no sums of its rows)
+            renew = self.renewals.due(dash, compact, sums=not dense)
             if exact:
                 renew = EVERYTHING
             self.gpu_panel.show(dash.gpus, dense, renew, no_gpus=dash.no_gpus)
