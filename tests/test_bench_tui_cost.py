@@ -21,7 +21,7 @@ def test_the_dashboard_cost_benchmark_runs_and_reports_its_figures():
         [
             sys.executable,
             str(BENCH),
-            *("--seconds", "2", "--gpus", "1", "--warmup", "1", "--pairs", "1"),
+            *("--seconds", "2", "--gpus", "1", "--warmup", "1", "--pairs", "1", "--settle", "2"),
             *("--tools", tools, "--scenarios", "healthy"),
         ],
         capture_output=True,
