@@ -103,3 +103,28 @@ def test_a_frames_first_style_needs_no_reset_and_bold_ends_with_22() -> None:
     assert terminal.cells == writer.cells
     assert terminal.cells[(1, 1)] == ("G", "1;38;5;253;48;5;233")
     assert terminal.cells[(1, 7)] == ("3", "38;5;253;48;5;233")
+
+
+def test_a_frame_is_written_nearest_first_not_style_by_style_back_and_forth() -> None:
+    # A slow period's frame in the `mixed` demo: on every row of the table the ALLOC figure
+    # (in the row's colours) and the STEP figure (here in another style, as the cursor row's
+    # or a dimmed one) moved.  Textual writes row by row: style A, B, A, B, … and a move
+    # across the row each time; nearest first, one column goes down the rows in one style,
+    # then the other: two styles written, not one per cell.
+    a, b = "38;5;253;48;5;233", "38;5;16;48;5;214"
+    rows = range(10, 20)
+
+    def frame(alloc: str, step: str) -> str:  # whole rows, as Textual writes a region
+        return "".join(
+            f"\x1b[{row};30H\x1b[{a}m{alloc}{' ' * 40}\x1b[0m\x1b[{b}m{step}\x1b[0m\x1b[{a}m  "
+            "\x1b[0m"
+            for row in rows
+        )
+
+    writer, terminal = CellDiff(), CellDiff()
+    terminal.feed(writer.feed(frame("14.0G", "601")))
+    out = writer.feed(frame("15.1G", "602"))
+    terminal.feed(out)
+    assert terminal.cells == writer.cells  # the screen Textual drew
+    assert len(SGR.findall(out)) <= 3, repr(out)  # A once, B once, the reset (was 20)
+    assert len(out) <= 20 * len(rows), (len(out), repr(out))  # moves of a few bytes
