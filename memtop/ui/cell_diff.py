@@ -197,21 +197,32 @@ class CellDiff:
         return result
 
     def _flush(self, runs: list[tuple[int, int, str, str, int]], out: list[str]) -> None:
-        """Write `runs` (and empty it) in Textual's order or nearest first, whichever is
-        fewer bytes: a frame's changes are a figure in the same column of many rows, a few
-        cells of a card, the cursor row in a style of its own; in Textual's order the style
-        went back and forth and the cursor across the screen (in the `mixed` demo 10-14 % of
-        the bytes; bench/tty_where.py)."""
+        """Write `runs` (and empty it) in Textual's order or nearest first, whichever costs
+        fewer bytes (as estimated: the search must cost little beside the diff).  A frame's
+        changes are a figure in the same column of many rows, a few cells of a card, the
+        cursor row in a style of its own; in Textual's order the style went back and forth
+        and the cursor across the screen (in the `mixed` demo 10-14 % of the bytes;
+        bench/tty_where.py)."""
         if not runs:
             return
-        written, at, style = self._written(runs)
+        order = runs
         if 1 < len(runs) <= self.REORDER_RUNS:
-            nearest = self._written(self._nearest_first(list(runs)))
-            if len(nearest[0].encode()) < len(written.encode()):
-                written, at, style = nearest
+            nearest = list(self._nearest_first(list(runs)))
+            if self._cost(nearest) < self._cost(runs):
+                order = nearest
+        written, self._at, self._out_style = self._written(order)
         runs.clear()
         out.append(written)
-        self._at, self._out_style = at, style
+
+    def _cost(self, runs: list[tuple[int, int, str, str, int]]) -> int:
+        """About the bytes of moves and styles that writing `runs` in this order takes."""
+        at, style = self._at, self._out_style
+        total = 0
+        for row, col, now, _, cells in runs:
+            total += 8 if at is None else _move_cost(row - at[0], col - at[1])
+            total += _style_cost(style, now) if now != style else 0
+            at, style = (row, col + cells), now
+        return total
 
     def _written(
         self, runs: Iterable[tuple[int, int, str, str, int]]
@@ -234,12 +245,16 @@ class CellDiff:
         at, style = self._at, self._out_style
         while runs:
             best, best_cost = 0, -1
-            for index, (row, col, now, _, _) in enumerate(runs if at is not None else ()):
-                cost = len(self._move(at, row, col, style).encode()) + len(_sgr_change(style, now))
-                if best_cost < 0 or cost < best_cost:
-                    best, best_cost = index, cost
-                    if cost <= 1:
-                        break  # adjacent, or a backspace away: none is cheaper
+            if at is not None:
+                r0, c0 = at
+                for index, (row, col, now, _, _) in enumerate(runs):
+                    cost = _move_cost(row - r0, col - c0) + (
+                        _style_cost(style, now) if now != style else 0
+                    )
+                    if best_cost < 0 or cost < best_cost:
+                        best, best_cost = index, cost
+                        if cost <= 1:
+                            break  # adjacent, or a backspace away: none is cheaper
             run = runs.pop(best)
             yield run
             at, style = (run[0], run[1] + run[4]), run[2]
@@ -396,7 +411,20 @@ _SGR_OFF = {
 _SGR_ENDS = {code: ends for code, ends in _SGR_OFF.values()}  # 22 → (1, 2), …
 
 
+_sgr_changes: dict[tuple[str, str], str] = {}
+
+
 def _sgr_change(old: str, new: str) -> str:
+    """_sgr_delta, remembered (a screen has a few dozen styles; a frame changes between a few)."""
+    change = _sgr_changes.get((old, new))
+    if change is None:
+        if len(_sgr_changes) >= _SGR_CACHE:
+            _sgr_changes.clear()
+        change = _sgr_changes[(old, new)] = _sgr_delta(old, new)
+    return change
+
+
+def _sgr_delta(old: str, new: str) -> str:
     """The SGR that turns the terminal's style `old` into `new`, in the fewest bytes: only
     what differs (a colour; an attribute turned off: bold's 22) where that is shorter than a
     reset and the whole style.  Most style changes between two changed cells are a colour or
@@ -428,6 +456,22 @@ def _sgr_change(old: str, new: str) -> str:
         return ""
     delta = f"\x1b[{';'.join(parts)}m"
     return delta if len(delta) < len(whole) else whole
+
+
+def _move_cost(dr: int, dc: int) -> int:
+    """About the bytes of CellDiff._move's relative move by `dr` rows and `dc` columns (the
+    order of a frame's runs is chosen on this, then each move is made exactly): a search
+    that made every candidate move cost four times the frame's diffing."""
+    vertical = 0 if not dr else 3 if -1 <= dr <= 1 else 4 + (dr >= 10 or dr <= -10)
+    if not dc:
+        return vertical
+    if -4 <= dc < 0:
+        return vertical - dc
+    return vertical + (3 if dc == 1 else 4 + (dc >= 10 or dc <= -10) + (dc >= 100 or dc <= -100))
+
+
+def _style_cost(old: str, new: str) -> int:
+    return len(_sgr_change(old, new))
 
 
 def _clusters(text: str) -> list[tuple[str, int]]:
