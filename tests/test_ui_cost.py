@@ -50,3 +50,71 @@ def test_a_new_status_line_repaints_that_line_not_the_screen(
     before, layouts, after = asyncio.run(run())
     assert "agent 4201 attached" in before and "agent 4201 attached" not in after
     assert layouts == 0, "the whole screen was laid out again for the status line"
+
+
+def test_a_reworded_suggestion_is_drawn_without_the_content_pipeline_and_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each slow period the suggestions whose figures moved are drawn again, and all of them
+    # after one comes or goes; Textual's content pipeline cost ~3 ms an option (issue 35
+    # item 8).  The pane draws its prompts (laid out to its width, never wrapped) through Rich:
+    # the same characters, colours and text-selection offsets as Textual's strips, cell by cell.
+    from rich.console import Console
+    from textual.visual import Visual
+    from textual.widgets import OptionList
+
+    from memtop.ui.widgets.suggestions import SuggestionsPane
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW, host="gpu-box", my_uid=MY_UID)
+    console = Console(color_system="truecolor", force_terminal=True)
+
+    def cells(strips):  # type: ignore[no-untyped-def]
+        return [
+            (
+                [(ch, seg.style.meta if seg.style else None) for seg in strip for ch in seg.text],
+                strip.render(console),
+            )
+            for strip in strips
+        ]
+
+    async def run() -> tuple[int, int, str]:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.2)
+            pane = app.query_one(SuggestionsPane)
+            assert len(pane.options) >= 3
+            compared = 0
+            for highlighted in (False, True):
+                parts = ("option-list--option-highlighted",) if highlighted else ()
+                style = pane.get_visual_style("option-list--option", *parts)
+                for option in pane.options:
+                    pane._option_render_cache.clear()
+                    textual_strips = OptionList._get_option_render(pane, option, style)
+                    pane._option_render_cache.clear()
+                    assert cells(pane._get_option_render(option, style)) == cells(textual_strips)
+                    compared += 1
+            pane._option_render_cache.clear()
+            pane.refresh()
+            await pilot.pause(0.2)
+            drawn = [0]
+            to_strips = Visual.to_strips.__func__  # type: ignore[attr-defined]
+
+            def counted(cls, widget, *args, **kwargs):  # type: ignore[no-untyped-def]
+                if widget is pane:
+                    drawn[0] += 1
+                return to_strips(cls, widget, *args, **kwargs)
+
+            monkeypatch.setattr(Visual, "to_strips", classmethod(counted))
+            # A figure moved: the leak's prompt worded again, drawn again.
+            item = pane.items[0]
+            prompt = pane._prompts[0].copy()
+            prompt.plain = prompt.plain.replace("49 min", "48 min")
+            pane._prompts[0] = prompt
+            pane.replace_option_prompt_at_index(0, prompt)
+            await pilot.pause(0.3)
+            assert item is pane.items[0]
+            return compared, drawn[0], screen_text(app.export_screenshot())
+
+    compared, drawn, text = asyncio.run(run())
+    assert compared >= 6
+    assert "full in ~48 min" in text
+    assert drawn == 0, "the reworded suggestion went through Textual's content pipeline"

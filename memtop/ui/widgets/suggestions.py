@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import re
 
+from rich.segment import Segment
+from rich.style import Style as RichStyle
 from rich.text import Text
+from textual.strip import Strip
+from textual.style import Style as VisualStyle
 from textual.visual import VisualType
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
@@ -15,7 +19,7 @@ from memtop.ui.fixes import fix_lines
 from memtop.ui.render import FREE, SEVERITY_STYLES, slow_tick
 from memtop.ui.renewal import Renewal
 from memtop.ui.view import SuggestionItem
-from memtop.ui.widgets.lines import looks_alike
+from memtop.ui.widgets.lines import cells, looks_alike, text_strip
 
 BADGES = {
     Severity.EMERGENCY: "EMERG",
@@ -112,6 +116,22 @@ def suggestion_text(item: SuggestionItem, compact: bool, width: int | None = Non
 # re-ranked suggestions show at once; changed figures once per slow period, in the same frame
 # as the GPU cards' and the table's slow figures (render.slow_tick): a figure the pane and a
 # card both show ("allocated", "cached") is then of one round in both.
+
+
+def _with_offsets(strip: Strip, length: int, y: int) -> Strip:
+    """The strip with each character's place in its line in its style's meta, as Textual's
+    content pipeline marks it (its text selection reads it); the padding after the text
+    (from `length` on) has none."""
+    segments = []
+    x = 0
+    for segment in strip:
+        if x < length:
+            style = (segment.style or RichStyle()) + RichStyle.from_meta({"offset": (x, y)})
+            segments.append(Segment(segment.text, style))
+            x += len(segment.text)
+        else:
+            segments.append(segment)
+    return Strip(segments, strip.cell_length)
 
 
 class SuggestionsPane(OptionList):
@@ -218,6 +238,43 @@ class SuggestionsPane(OptionList):
         for key in [key for key in cache.keys() if key[0] is option]:  # noqa: SIM118
             cache.discard(key)
         self.refresh()
+
+    def _get_option_render(self, option: Option, style: VisualStyle) -> list[Strip]:
+        """An option's lines through Rich only (memtop.ui.widgets.lines), as the GPU cards'
+        and the table's are: Textual's content pipeline (visualise, wrap, style, strips) cost
+        ~3 ms an option, and every option whose figures moved is drawn again each slow period,
+        every option after a suggestion comes or goes (issue 35 item 8).  Our prompts are laid
+        out here, each line cut to the pane's width (suggestion_text), so nothing wraps and
+        the strips are those Textual makes; anything else (a prompt that would wrap, a tab, a
+        selection, padding, a divider) goes through Textual's own."""
+        prompt = option.prompt
+        padding = self.get_component_styles("option-list--option").padding
+        width = self.scrollable_content_region.width - self._get_left_gutter_width()
+        if (
+            not isinstance(prompt, Text)
+            or padding
+            or option._divider
+            or self.text_selection is not None
+            or "\t" in prompt.plain
+            or width <= 0
+        ):
+            return super()._get_option_render(option, style)
+        cache_key = (option, style, padding)
+        if (strips := self._option_render_cache.get(cache_key)) is None:
+            lines = prompt.split("\n", allow_blank=True)
+            if any(cells(line.plain) > width for line in lines):
+                return super()._get_option_render(option, style)
+            base = style.rich_style
+            meta = {"option": self._option_to_index[option]}
+            console = self.app.console
+            strips = [
+                _with_offsets(
+                    text_strip(console, line, width, base), len(line.plain), y
+                ).apply_meta(meta)
+                for y, line in enumerate(lines)
+            ]
+            self._option_render_cache[cache_key] = strips
+        return strips
 
     def on_focus(self) -> None:
         # Tab here lands on the first suggestion, so y and enter act at once (nothing was
