@@ -118,3 +118,55 @@ def test_a_reworded_suggestion_is_drawn_without_the_content_pipeline_and_the_sam
     assert compared >= 6
     assert "full in ~48 min" in text
     assert drawn == 0, "the reworded suggestion went through Textual's content pipeline"
+
+
+def test_a_new_set_of_suggestions_is_measured_and_drawn_without_the_content_pipeline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A suggestion that comes or goes rebuilds the pane's options, and Textual measured each
+    # one (its height) through its content pipeline, ~3 ms an option, every few seconds in the
+    # `mixed` demo (issue 35 item 8).  The pane's prompts are one row per line: their height is
+    # their number of lines, the very height Textual measures, and the pane shows the new set.
+    from textual.content import Content
+    from textual.widgets import _option_list
+
+    from memtop.ui.widgets.suggestions import LaidOutPrompt, SuggestionsPane
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW, host="gpu-box", my_uid=MY_UID)
+
+    async def run() -> tuple[list[tuple[int, int]], int, str, str]:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.2)
+            pane = app.query_one(SuggestionsPane)
+            width = pane.scrollable_content_region.width - pane._get_left_gutter_width()
+            heights = []
+            for option in pane.options:
+                assert isinstance(option._visual, LaidOutPrompt)
+                textual_visual = Content.from_rich_text(option.prompt, console=app.console)
+                for w in (width, width - 20, 30):
+                    heights.append(
+                        (
+                            option._visual.get_height(pane.styles, w),
+                            textual_visual.get_height(pane.styles, w),
+                        )
+                    )
+            made = [0]
+            visualize = _option_list.visualize
+
+            def counted(widget, *args, **kwargs):  # type: ignore[no-untyped-def]
+                if widget is pane:
+                    made[0] += 1
+                return visualize(widget, *args, **kwargs)
+
+            monkeypatch.setattr(_option_list, "visualize", counted)
+            before = screen_text(app.export_screenshot())
+            gone = pane.items[0]
+            pane.show(pane.items[1:], False)  # the leak's suggestion went
+            await pilot.pause(0.3)
+            assert gone not in pane.items
+            return heights, made[0], before, screen_text(app.export_screenshot())
+
+    heights, made, before, after = asyncio.run(run())
+    assert heights and all(ours == textual for ours, textual in heights), heights
+    assert "Leak: +8.0 MiB per step" in before and "Leak: +8.0 MiB per step" not in after
+    assert made == 0, "the new set of suggestions went through Textual's content pipeline"

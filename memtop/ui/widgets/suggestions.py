@@ -7,9 +7,11 @@ import re
 from rich.segment import Segment
 from rich.style import Style as RichStyle
 from rich.text import Text
+from textual.css.styles import RulesMap
 from textual.strip import Strip
 from textual.style import Style as VisualStyle
-from textual.visual import VisualType
+from textual.visual import RenderOptions, Visual, VisualType, visualize
+from textual.widget import Widget
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
@@ -134,6 +136,42 @@ def _with_offsets(strip: Strip, length: int, y: int) -> Strip:
     return Strip(segments, strip.cell_length)
 
 
+class LaidOutPrompt(Visual):
+    """A suggestion's prompt as the pane lays it out (suggestion_text: one row per line, each
+    cut to the pane's width): its height is its number of lines wherever none is wider than
+    the width asked about, without Textual's content pipeline, which a new set of suggestions
+    ran over every option to measure it (~3 ms an option, issue 35 item 8); anything else
+    (a width, a prompt, a rendering it cannot answer that way) is Textual's own visual of it."""
+
+    def __init__(self, widget: Widget, prompt: Text) -> None:
+        self._widget = widget
+        self._prompt = prompt
+        plain = prompt.plain
+        self._rows = plain.count("\n") + 1
+        # No tab (Textual expands it) and something to draw; else the widest is never "fits".
+        fits = bool(plain) and "\t" not in plain
+        self._widest = max(cells(line) for line in plain.split("\n")) if fits else None
+        self._textual: Visual | None = None
+
+    def _content(self) -> Visual:
+        if self._textual is None:
+            self._textual = visualize(self._widget, self._prompt, markup=False)
+        return self._textual
+
+    def render_strips(
+        self, width: int, height: int | None, style: VisualStyle, options: RenderOptions
+    ) -> list[Strip]:
+        return self._content().render_strips(width, height, style, options)
+
+    def get_optimal_width(self, rules: RulesMap, container_width: int) -> int:
+        return self._content().get_optimal_width(rules, container_width)
+
+    def get_height(self, rules: RulesMap, width: int) -> int:
+        if self._widest is not None and self._widest <= width:
+            return self._rows
+        return self._content().get_height(rules, width)
+
+
 class SuggestionsPane(OptionList):
     """Rebuilt when the set of suggestions changes; the highlight follows its item by key."""
 
@@ -206,7 +244,7 @@ class SuggestionsPane(OptionList):
             self.border_subtitle = ""
             return
         self.set_options(
-            [Option(text, id=item.key) for text, item in zip(self._prompts, items, strict=True)]
+            [self._option(text, item.key) for text, item in zip(self._prompts, items, strict=True)]
         )
         counts = [
             f"{sum(i.severity == s for i in items)} {s}"
@@ -218,6 +256,11 @@ class SuggestionsPane(OptionList):
             keys = [item.key for item in items]
             if selected.key in keys:
                 self.highlighted = keys.index(selected.key)
+
+    def _option(self, prompt: Text, key: str) -> Option:
+        option = Option(prompt, id=key)
+        option._visual = LaidOutPrompt(self, prompt)  # what OptionList would visualise lazily
+        return option
 
     def _replace_option_prompt(self, index: int, prompt: VisualType) -> None:
         """Textual's drops every option's rendering when one prompt is replaced, and the repaint
@@ -231,8 +274,11 @@ class SuggestionsPane(OptionList):
             "\n"
         ) != prompt.plain.count("\n"):
             super()._replace_option_prompt(index, prompt)
+            if isinstance(prompt, Text):
+                option._visual = LaidOutPrompt(self, prompt)
             return
         option._set_prompt(prompt)
+        option._visual = LaidOutPrompt(self, prompt)
         cache = self._option_render_cache
         # An LRUCache has keys() but cannot be iterated itself.
         for key in [key for key in cache.keys() if key[0] is option]:  # noqa: SIM118
