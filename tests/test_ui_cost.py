@@ -4,6 +4,7 @@ does is the work its news needs, not a re-layout or redraw of everything."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 from textual.widget import Widget
@@ -12,6 +13,8 @@ from ui_helpers import screen_text, wait_for
 
 from memtop.ui import app as app_module
 from memtop.ui.app import MemtopApp
+from memtop.ui.lean_screen import LeanScreen
+from memtop.ui.widgets.suggestions import SuggestionsPane
 
 
 def _count_layouts(monkeypatch: pytest.MonkeyPatch, widget: Widget) -> list[int]:
@@ -171,3 +174,43 @@ def test_a_new_set_of_suggestions_is_measured_and_drawn_without_the_content_pipe
     assert heights and all(ours == textual for ours, textual in heights), heights
     assert "Leak: +8.0 MiB per step" in before and "Leak: +8.0 MiB per step" not in after
     assert made == 0, "the new set of suggestions went through Textual's content pipeline"
+
+
+def test_a_suggestion_that_comes_or_goes_redraws_the_pane_not_the_screen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A new suggestion (and one gone) changes the pane's number of lines, not its size (its
+    # height is its box's): the screen keeps its layout, and the pane shows the change at once.
+    # A list that outgrows the pane needs its scrollbar placed: that one is laid out.
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW + 0.5, host="gpu-box", my_uid=MY_UID)
+
+    async def run() -> tuple[int, int, int, str, str, bool]:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.2)
+            assert isinstance(app.screen, LeanScreen)
+            pane = app.query_one(SuggestionsPane)
+            items = app.dashboard.suggestions  # type: ignore[union-attr]
+            assert len(items) >= 2, items
+            layouts = _count_layouts(monkeypatch, pane)
+            pane.show(items[:1], False, True)
+            await pilot.pause(0.2)
+            one = screen_text(app.export_screenshot())
+            after_fewer = layouts[0]
+            pane.show(items, False, True)
+            await pilot.pause(0.2)
+            after_more = layouts[0]
+            every = screen_text(app.export_screenshot())
+            many = tuple(
+                dataclasses.replace(item, key=f"{item.key}#{copy}")
+                for copy in range(6)
+                for item in items
+            )
+            pane.show(many, False, True)
+            await pilot.pause(0.2)
+            return after_fewer, after_more, layouts[0], one, every, pane.show_vertical_scrollbar
+
+    fewer, more, overflow, one, every, scrollbar = asyncio.run(run())
+    title = app.dashboard.suggestions[1].title  # type: ignore[union-attr]
+    assert title[:40] not in one and title[:40] in every  # shown at once, both ways
+    assert (fewer, more) == (0, 0), "the whole screen was laid out again for the pane's lines"
+    assert scrollbar and overflow >= 1  # its scrollbar's place is the layout's

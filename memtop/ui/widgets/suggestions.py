@@ -8,6 +8,7 @@ from rich.segment import Segment
 from rich.style import Style as RichStyle
 from rich.text import Text
 from textual.css.styles import RulesMap
+from textual.geometry import Region
 from textual.strip import Strip
 from textual.style import Style as VisualStyle
 from textual.visual import RenderOptions, Visual, VisualType, visualize
@@ -175,6 +176,8 @@ class LaidOutPrompt(Visual):
 class SuggestionsPane(OptionList):
     """Rebuilt when the set of suggestions changes; the highlight follows its item by key."""
 
+    _lines_only = False  # inside _update_lines: a new line count is no new layout
+
     def __init__(self) -> None:
         super().__init__(id="suggestions")
         self.items: tuple[SuggestionItem, ...] = ()
@@ -256,6 +259,42 @@ class SuggestionsPane(OptionList):
             keys = [item.key for item in items]
             if selected.key in keys:
                 self.highlighted = keys.index(selected.key)
+
+    def _update_lines(self) -> None:
+        """The pane's height is its box's (1fr in memtop.tcss), never its text's: a new number
+        of lines changes only how far it scrolls.  Textual's OptionList asks for a layout of the
+        whole screen whenever its line count changes (its `virtual_size` is a layout reactive):
+        each suggestion that came or went laid every widget out and redrew the screen, ~10 times
+        a minute in the `mixed` demo (15 ms each, most of a new set's cost now that options
+        are drawn through Rich; issue 35 item 8).  Here the pane repaints itself alone; the
+        screen is laid out again only if its scrollbar appears or goes (its place is the
+        compositor's) or the pane's size depends on its content after all (height: auto).
+        (c9d3596 did this and was undone when the options' drawing hid what it saves.)"""
+        if self.styles.auto_dimensions:
+            super()._update_lines()
+            return
+        scrollbars = (self.show_vertical_scrollbar, self.show_horizontal_scrollbar)
+        self._lines_only = True
+        try:
+            super()._update_lines()
+        finally:
+            self._lines_only = False
+        if (self.show_vertical_scrollbar, self.show_horizontal_scrollbar) != scrollbars:
+            self.refresh(layout=True)
+        elif self.scroll_y > self.max_scroll_y:  # fewer lines than the view scrolled past
+            self.scroll_to(y=self.max_scroll_y, animate=False, immediate=True)
+
+    def refresh(
+        self,
+        *regions: Region,
+        repaint: bool = True,
+        layout: bool = False,
+        recompose: bool = False,
+    ) -> SuggestionsPane:
+        # (Only while _update_lines runs: every other layout request goes through as asked.)
+        return super().refresh(
+            *regions, repaint=repaint, layout=layout and not self._lines_only, recompose=recompose
+        )
 
     def _option(self, prompt: Text, key: str) -> Option:
         option = Option(prompt, id=key)
