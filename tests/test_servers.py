@@ -87,6 +87,57 @@ def test_a_trainer_mentioning_an_engine_in_its_arguments_is_not_a_server():
     assert recognise(["python", "train.py"], {"PATH": "/usr/bin"}) is None
 
 
+def test_what_a_command_line_is_is_worked_out_once_and_answered_alike(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The observation asks about every agent and every process on a GPU each round, about the
+    # same command lines round after round (issue 35 item 8: the dashboard's own CPU): the
+    # answer is worked out once per command line, launcher and environment, and it is the same
+    # answer, whichever sequence type the command line comes in.
+    from memtop.diagnosis import workload
+
+    worked_out: list[tuple[object, ...]] = []
+    real = workload._recognise
+
+    def counted(argv, environ, launcher_argv):  # type: ignore[no-untyped-def]
+        worked_out.append((tuple(argv), dict(environ or {}), tuple(launcher_argv)))
+        return real(argv, environ, launcher_argv)
+
+    monkeypatch.setattr(workload, "_recognise", counted)
+    monkeypatch.setattr(workload, "_recognised", {})
+    argv = [
+        "python3",
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--gpu-memory-utilization",
+        "0.8",
+    ]
+    first = recognise(argv, {}, ())
+    for _ in range(5):
+        assert recognise(tuple(argv), None, []) == first
+    assert first is not None and first.budget_share == 0.8
+    assert len(worked_out) == 1
+    # What it reads changes the answer: another environment, another launcher, asked afresh.
+    tgi = ["text-generation-server", "serve", "m"]
+    assert recognise(tgi, {"CUDA_MEMORY_FRACTION": "0.4"}).budget_share == 0.4  # type: ignore[union-attr]
+    assert recognise(tgi, {"CUDA_MEMORY_FRACTION": "0.6"}).budget_share == 0.6  # type: ignore[union-attr]
+    assert (
+        recognise(
+            ["VLLM::EngineCore"], {}, ["vllm", "serve", "--gpu-memory-utilization", "0.9"]
+        ).budget_share
+        == 0.9
+    )  # type: ignore[union-attr]
+    assert len(worked_out) == 4
+    # A value that cannot be a key (a hello's environment is the agent's JSON) is read afresh.
+    assert recognise(["python", "train.py"], {"PATH": ["/usr/bin"]}) is None  # type: ignore[dict-item]
+    assert len(worked_out) == 5
+    # The table is capped, not grown without bound by command lines that come and go.
+    monkeypatch.setattr(workload, "RECOGNISED_ENTRIES", 3)
+    for i in range(10):
+        recognise(["python", f"job{i}.py"])
+    assert len(workload._recognised) <= 3
+
+
 # ------------------------------------------------------------------ real simulated servers
 
 

@@ -4,6 +4,7 @@ does is the work its news needs, not a re-layout or redraw of everything."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 from textual.widget import Widget
@@ -12,6 +13,8 @@ from ui_helpers import screen_text, wait_for
 
 from memtop.ui import app as app_module
 from memtop.ui.app import MemtopApp
+from memtop.ui.lean_screen import LeanScreen
+from memtop.ui.widgets.suggestions import SuggestionsPane
 
 
 def _count_layouts(monkeypatch: pytest.MonkeyPatch, widget: Widget) -> list[int]:
@@ -50,3 +53,164 @@ def test_a_new_status_line_repaints_that_line_not_the_screen(
     before, layouts, after = asyncio.run(run())
     assert "agent 4201 attached" in before and "agent 4201 attached" not in after
     assert layouts == 0, "the whole screen was laid out again for the status line"
+
+
+def test_a_reworded_suggestion_is_drawn_without_the_content_pipeline_and_the_same(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each slow period the suggestions whose figures moved are drawn again, and all of them
+    # after one comes or goes; Textual's content pipeline cost 0.44 ms an option, 0.17 ms
+    # through Rich (issue 35 item 8).  The pane draws its prompts (laid out to its width, never
+    # wrapped) through Rich: the same characters, colours and text-selection offsets as
+    # Textual's strips, cell by cell.
+    from rich.console import Console
+    from textual.visual import Visual
+    from textual.widgets import OptionList
+
+    from memtop.ui.widgets.suggestions import SuggestionsPane
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW, host="gpu-box", my_uid=MY_UID)
+    console = Console(color_system="truecolor", force_terminal=True)
+
+    def cells(strips):  # type: ignore[no-untyped-def]
+        return [
+            (
+                [(ch, seg.style.meta if seg.style else None) for seg in strip for ch in seg.text],
+                strip.render(console),
+            )
+            for strip in strips
+        ]
+
+    async def run() -> tuple[int, int, str]:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.2)
+            pane = app.query_one(SuggestionsPane)
+            assert len(pane.options) >= 3
+            compared = 0
+            for highlighted in (False, True):
+                parts = ("option-list--option-highlighted",) if highlighted else ()
+                style = pane.get_visual_style("option-list--option", *parts)
+                for option in pane.options:
+                    pane._option_render_cache.clear()
+                    textual_strips = OptionList._get_option_render(pane, option, style)
+                    pane._option_render_cache.clear()
+                    assert cells(pane._get_option_render(option, style)) == cells(textual_strips)
+                    compared += 1
+            pane._option_render_cache.clear()
+            pane.refresh()
+            await pilot.pause(0.2)
+            drawn = [0]
+            to_strips = Visual.to_strips.__func__  # type: ignore[attr-defined]
+
+            def counted(cls, widget, *args, **kwargs):  # type: ignore[no-untyped-def]
+                if widget is pane:
+                    drawn[0] += 1
+                return to_strips(cls, widget, *args, **kwargs)
+
+            monkeypatch.setattr(Visual, "to_strips", classmethod(counted))
+            # A figure moved: the leak's prompt worded again, drawn again.
+            item = pane.items[0]
+            prompt = pane._prompts[0].copy()
+            prompt.plain = prompt.plain.replace("49 min", "48 min")
+            pane._prompts[0] = prompt
+            pane.replace_option_prompt_at_index(0, prompt)
+            await pilot.pause(0.3)
+            assert item is pane.items[0]
+            return compared, drawn[0], screen_text(app.export_screenshot())
+
+    compared, drawn, text = asyncio.run(run())
+    assert compared >= 6
+    assert "full in ~48 min" in text
+    assert drawn == 0, "the reworded suggestion went through Textual's content pipeline"
+
+
+def test_a_new_set_of_suggestions_is_measured_and_drawn_without_the_content_pipeline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A suggestion that comes or goes rebuilds the pane's options, and Textual measured each
+    # one (its height) through its content pipeline, 0.2 ms an option, every few seconds in the
+    # `mixed` demo (issue 35 item 8).  The pane's prompts are one row per line: their height is
+    # their number of lines, the very height Textual measures, and the pane shows the new set.
+    from textual.content import Content
+    from textual.widgets import _option_list
+
+    from memtop.ui.widgets.suggestions import LaidOutPrompt, SuggestionsPane
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW, host="gpu-box", my_uid=MY_UID)
+
+    async def run() -> tuple[list[tuple[int, int]], int, str, str]:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.2)
+            pane = app.query_one(SuggestionsPane)
+            width = pane.scrollable_content_region.width - pane._get_left_gutter_width()
+            heights = []
+            for option in pane.options:
+                assert isinstance(option._visual, LaidOutPrompt)
+                textual_visual = Content.from_rich_text(option.prompt, console=app.console)
+                for w in (width, width - 20, 30):
+                    heights.append(
+                        (
+                            option._visual.get_height(pane.styles, w),
+                            textual_visual.get_height(pane.styles, w),
+                        )
+                    )
+            made = [0]
+            visualize = _option_list.visualize
+
+            def counted(widget, *args, **kwargs):  # type: ignore[no-untyped-def]
+                if widget is pane:
+                    made[0] += 1
+                return visualize(widget, *args, **kwargs)
+
+            monkeypatch.setattr(_option_list, "visualize", counted)
+            before = screen_text(app.export_screenshot())
+            gone = pane.items[0]
+            pane.show(pane.items[1:], False)  # the leak's suggestion went
+            await pilot.pause(0.3)
+            assert gone not in pane.items
+            return heights, made[0], before, screen_text(app.export_screenshot())
+
+    heights, made, before, after = asyncio.run(run())
+    assert heights and all(ours == textual for ours, textual in heights), heights
+    assert "Leak: +8.0 MiB per step" in before and "Leak: +8.0 MiB per step" not in after
+    assert made == 0, "the new set of suggestions went through Textual's content pipeline"
+
+
+def test_a_suggestion_that_comes_or_goes_redraws_the_pane_not_the_screen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A new suggestion (and one gone) changes the pane's number of lines, not its size (its
+    # height is its box's): the screen keeps its layout, and the pane shows the change at once.
+    # A list that outgrows the pane needs its scrollbar placed: that one is laid out.
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW + 0.5, host="gpu-box", my_uid=MY_UID)
+
+    async def run() -> tuple[int, int, int, str, str, bool]:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.2)
+            assert isinstance(app.screen, LeanScreen)
+            pane = app.query_one(SuggestionsPane)
+            items = app.dashboard.suggestions  # type: ignore[union-attr]
+            assert len(items) >= 2, items
+            layouts = _count_layouts(monkeypatch, pane)
+            pane.show(items[:1], False, True)
+            await pilot.pause(0.2)
+            one = screen_text(app.export_screenshot())
+            after_fewer = layouts[0]
+            pane.show(items, False, True)
+            await pilot.pause(0.2)
+            after_more = layouts[0]
+            every = screen_text(app.export_screenshot())
+            many = tuple(
+                dataclasses.replace(item, key=f"{item.key}#{copy}")
+                for copy in range(6)
+                for item in items
+            )
+            pane.show(many, False, True)
+            await pilot.pause(0.2)
+            return after_fewer, after_more, layouts[0], one, every, pane.show_vertical_scrollbar
+
+    fewer, more, overflow, one, every, scrollbar = asyncio.run(run())
+    title = app.dashboard.suggestions[1].title  # type: ignore[union-attr]
+    assert title[:40] not in one and title[:40] in every  # shown at once, both ways
+    assert (fewer, more) == (0, 0), "the whole screen was laid out again for the pane's lines"
+    assert scrollbar and overflow >= 1  # its scrollbar's place is the layout's

@@ -36,6 +36,7 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import mul
 from statistics import median
 from typing import Any
 
@@ -563,13 +564,16 @@ def _find_breaks(xs: list[float], ys: list[float]) -> _Breaks:
         knee = xs[k]
         for kind, regressor in (
             ("jump", [0.0 if x < knee else 1.0 for x in xs]),
-            ("bend", [max(0.0, x - knee) for x in xs]),
+            ("bend", [d if (d := x - knee) > 0.0 else 0.0 for x in xs]),  # max(0.0, x - knee)
         ):
             rd = _residuals_centred(xc, sxx, regressor)
-            sdd = sum(d * d for d in rd)
+            # map(mul, …) rather than generators: the same products summed in the same order
+            # (the same bits), without a generator frame per term; this loop is O(n²) and runs
+            # on the dashboard's thread for every agent device every LEAK_REFRESH_S.
+            sdd = sum(map(mul, rd, rd))
             if sdd <= 0:
                 continue
-            sdy = sum(d * r for d, r in zip(rd, ry, strict=True))
+            sdy = sum(map(mul, rd, ry))
             gain = sdy * sdy / sdd
             if gain > best[kind][1]:
                 best[kind] = (k, gain)
@@ -588,7 +592,7 @@ def _residuals_on(xs: Sequence[float], ys: Sequence[float]) -> list[float]:
 def _residuals_centred(xc: Sequence[float], sxx: float, ys: Sequence[float]) -> list[float]:
     """_residuals_on, given x already centred (xc = x - mean) and its sum of squares."""
     my = sum(ys) / len(xc)
-    b = sum(c * (y - my) for c, y in zip(xc, ys, strict=True)) / sxx if sxx else 0.0
+    b = sum(map(mul, xc, [y - my for y in ys])) / sxx if sxx else 0.0  # c * (y - my), summed
     return [y - my - b * c for c, y in zip(xc, ys, strict=True)]
 
 

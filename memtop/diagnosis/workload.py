@@ -175,6 +175,14 @@ def _flag(argv: Sequence[str], flags: Sequence[str]) -> tuple[str, float | None]
     return found
 
 
+# recognise() is asked about every agent device and every process on a GPU each round (the
+# dashboard's observation, once a second), about the same command lines round after round: its
+# answers are kept, keyed by what it reads (its answer is a function of those alone).  A cap,
+# not an LRU: command lines come and go slowly, and a full table is simply started again.
+RECOGNISED_ENTRIES = 1024
+_recognised: dict[tuple[object, ...], Workload | None] = {}
+
+
 def recognise(
     argv: Sequence[str],
     environ: Mapping[str, str] | None = None,
@@ -182,6 +190,27 @@ def recognise(
 ) -> Workload | None:
     """The inference engine or preallocator a process is, with its share; None when neither its
     command line, its launcher's nor its environment says."""
+    try:
+        key = (tuple(argv), tuple(launcher_argv), tuple(sorted((environ or {}).items())))
+        found = _recognised.get(key, _UNKNOWN)
+    except TypeError:  # something in them that cannot be a key (not a string): read it afresh
+        return _recognise(argv, environ, launcher_argv)
+    if found is _UNKNOWN:
+        found = _recognise(argv, environ, launcher_argv)
+        if len(_recognised) >= RECOGNISED_ENTRIES:
+            _recognised.clear()
+        _recognised[key] = found
+    return found  # type: ignore[return-value]
+
+
+_UNKNOWN = object()
+
+
+def _recognise(
+    argv: Sequence[str],
+    environ: Mapping[str, str] | None,
+    launcher_argv: Sequence[str],
+) -> Workload | None:
     environ = environ or {}
     for source, args in (("argv", argv), ("launcher", launcher_argv)):
         program = _program(args)

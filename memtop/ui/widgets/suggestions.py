@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import re
 
+from rich.segment import Segment
+from rich.style import Style as RichStyle
 from rich.text import Text
-from textual.visual import VisualType
+from textual.css.styles import RulesMap
+from textual.geometry import Region
+from textual.strip import Strip
+from textual.style import Style as VisualStyle
+from textual.visual import RenderOptions, Visual, VisualType, visualize
+from textual.widget import Widget
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
@@ -15,7 +22,7 @@ from memtop.ui.fixes import fix_lines
 from memtop.ui.render import FREE, SEVERITY_STYLES, slow_tick
 from memtop.ui.renewal import Renewal
 from memtop.ui.view import SuggestionItem
-from memtop.ui.widgets.lines import looks_alike
+from memtop.ui.widgets.lines import cells, looks_alike, text_strip
 
 BADGES = {
     Severity.EMERGENCY: "EMERG",
@@ -114,8 +121,62 @@ def suggestion_text(item: SuggestionItem, compact: bool, width: int | None = Non
 # card both show ("allocated", "cached") is then of one round in both.
 
 
+def _option_strip(strip: Strip, length: int, y: int, option: int) -> Strip:
+    """The strip with the meta Textual's OptionList gives its options' cells: the option's
+    index on every cell, and on the text's (up to `length`) each one's place in its line, as
+    Textual's content pipeline marks it (its text selection reads it); one style per segment
+    made once, rather than the offsets and then the index (Strip.apply_meta) each a pass."""
+    segments = []
+    x = 0
+    index = {"option": option}
+    for segment in strip:
+        meta = {"offset": (x, y), **index} if x < length else index
+        style = (segment.style or RichStyle()) + RichStyle.from_meta(meta)
+        segments.append(Segment(segment.text, style))
+        x += len(segment.text)
+    return Strip(segments, strip.cell_length)
+
+
+class LaidOutPrompt(Visual):
+    """A suggestion's prompt as the pane lays it out (suggestion_text: one row per line, each
+    cut to the pane's width): its height is its number of lines wherever none is wider than
+    the width asked about, without Textual's content pipeline, which a new set of suggestions
+    ran over every option to measure it (0.2 ms an option, 6 µs here; issue 35 item 8);
+    anything else (another width, a rendering) is Textual's own visual of it."""
+
+    def __init__(self, widget: Widget, prompt: Text) -> None:
+        self._widget = widget
+        self._prompt = prompt
+        plain = prompt.plain
+        self._rows = plain.count("\n") + 1
+        # No tab (Textual expands it) and something to draw; else the widest is never "fits".
+        fits = bool(plain) and "\t" not in plain
+        self._widest = max(cells(line) for line in plain.split("\n")) if fits else None
+        self._textual: Visual | None = None
+
+    def _content(self) -> Visual:
+        if self._textual is None:
+            self._textual = visualize(self._widget, self._prompt, markup=False)
+        return self._textual
+
+    def render_strips(
+        self, width: int, height: int | None, style: VisualStyle, options: RenderOptions
+    ) -> list[Strip]:
+        return self._content().render_strips(width, height, style, options)
+
+    def get_optimal_width(self, rules: RulesMap, container_width: int) -> int:
+        return self._content().get_optimal_width(rules, container_width)
+
+    def get_height(self, rules: RulesMap, width: int) -> int:
+        if self._widest is not None and self._widest <= width:
+            return self._rows
+        return self._content().get_height(rules, width)
+
+
 class SuggestionsPane(OptionList):
     """Rebuilt when the set of suggestions changes; the highlight follows its item by key."""
+
+    _lines_only = False  # inside _update_lines: a new line count is no new layout
 
     def __init__(self) -> None:
         super().__init__(id="suggestions")
@@ -186,7 +247,7 @@ class SuggestionsPane(OptionList):
             self.border_subtitle = ""
             return
         self.set_options(
-            [Option(text, id=item.key) for text, item in zip(self._prompts, items, strict=True)]
+            [self._option(text, item.key) for text, item in zip(self._prompts, items, strict=True)]
         )
         counts = [
             f"{sum(i.severity == s for i in items)} {s}"
@@ -198,6 +259,47 @@ class SuggestionsPane(OptionList):
             keys = [item.key for item in items]
             if selected.key in keys:
                 self.highlighted = keys.index(selected.key)
+
+    def _update_lines(self) -> None:
+        """The pane's height is its box's (1fr in memtop.tcss), never its text's: a new number
+        of lines changes only how far it scrolls.  Textual's OptionList asks for a layout of the
+        whole screen whenever its line count changes (its `virtual_size` is a layout reactive):
+        each suggestion that came or went laid every widget out and redrew the screen, ~10 times
+        a minute in the `mixed` demo (15 ms each, most of a new set's cost now that options
+        are drawn through Rich; issue 35 item 8).  Here the pane repaints itself alone; the
+        screen is laid out again only if its scrollbar appears or goes (its place is the
+        compositor's) or the pane's size depends on its content after all (height: auto).
+        (c9d3596 did this and was undone when the options' drawing hid what it saves.)"""
+        if self.styles.auto_dimensions:
+            super()._update_lines()
+            return
+        scrollbars = (self.show_vertical_scrollbar, self.show_horizontal_scrollbar)
+        self._lines_only = True
+        try:
+            super()._update_lines()
+        finally:
+            self._lines_only = False
+        if (self.show_vertical_scrollbar, self.show_horizontal_scrollbar) != scrollbars:
+            self.refresh(layout=True)
+        elif self.scroll_y > self.max_scroll_y:  # fewer lines than the view scrolled past
+            self.scroll_to(y=self.max_scroll_y, animate=False, immediate=True)
+
+    def refresh(
+        self,
+        *regions: Region,
+        repaint: bool = True,
+        layout: bool = False,
+        recompose: bool = False,
+    ) -> SuggestionsPane:
+        # (Only while _update_lines runs: every other layout request goes through as asked.)
+        return super().refresh(
+            *regions, repaint=repaint, layout=layout and not self._lines_only, recompose=recompose
+        )
+
+    def _option(self, prompt: Text, key: str) -> Option:
+        option = Option(prompt, id=key)
+        option._visual = LaidOutPrompt(self, prompt)  # what OptionList would visualise lazily
+        return option
 
     def _replace_option_prompt(self, index: int, prompt: VisualType) -> None:
         """Textual's drops every option's rendering when one prompt is replaced, and the repaint
@@ -211,13 +313,52 @@ class SuggestionsPane(OptionList):
             "\n"
         ) != prompt.plain.count("\n"):
             super()._replace_option_prompt(index, prompt)
+            if isinstance(prompt, Text):
+                option._visual = LaidOutPrompt(self, prompt)
             return
         option._set_prompt(prompt)
+        option._visual = LaidOutPrompt(self, prompt)
         cache = self._option_render_cache
         # An LRUCache has keys() but cannot be iterated itself.
         for key in [key for key in cache.keys() if key[0] is option]:  # noqa: SIM118
             cache.discard(key)
         self.refresh()
+
+    def _get_option_render(self, option: Option, style: VisualStyle) -> list[Strip]:
+        """An option's lines through Rich only (memtop.ui.widgets.lines), as the GPU cards'
+        and the table's are.  Textual's content pipeline (visualise, wrap, style, strips) cost
+        0.44 ms an option (0.17 ms here, on the frozen dashboard), and every option whose
+        figures moved is drawn again each slow period, every one after a suggestion comes or
+        goes (issue 35 item 8).  The prompts are laid out here, each line cut to the pane's
+        width (suggestion_text), so nothing wraps and the strips are those Textual makes;
+        anything else (a line that would wrap, a tab, a selection, padding, a divider) goes
+        through Textual's own."""
+        prompt = option.prompt
+        padding = self.get_component_styles("option-list--option").padding
+        width = self.scrollable_content_region.width - self._get_left_gutter_width()
+        if (
+            not isinstance(prompt, Text)
+            or padding
+            or option._divider
+            or self.text_selection is not None
+            or "\t" in prompt.plain
+            or width <= 0
+        ):
+            return super()._get_option_render(option, style)
+        cache_key = (option, style, padding)
+        if (strips := self._option_render_cache.get(cache_key)) is None:
+            lines = prompt.split("\n", allow_blank=True)
+            if any(cells(line.plain) > width for line in lines):
+                return super()._get_option_render(option, style)
+            base = style.rich_style
+            index = self._option_to_index[option]
+            console = self.app.console
+            strips = [
+                _option_strip(text_strip(console, line, width, base), len(line.plain), y, index)
+                for y, line in enumerate(lines)
+            ]
+            self._option_render_cache[cache_key] = strips
+        return strips
 
     def on_focus(self) -> None:
         # Tab here lands on the first suggestion, so y and enter act at once (nothing was
