@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memtop.ui.render import bin_reduce, gauge, memory_bar, short_bytes, sparkline
+from memtop.ui.render import BarEdges, bin_reduce, gauge, memory_bar, short_bytes, sparkline
 
 GiB = 1 << 30
 
@@ -48,3 +48,23 @@ def test_bin_reduce_and_small_helpers() -> None:
     assert short_bytes(30.2 * GiB) == "30.2G"
     assert short_bytes(263 * (1 << 20)) == "263M"
     assert gauge(0.5, 4) == "██  "
+
+
+def test_a_figure_wavering_across_a_cells_middle_does_not_flip_that_cell() -> None:
+    """A sawtooth's allocated bytes at 4.45 and 4.55 cells of 40 flipped the fifth cell between
+    allocated and cached every frame; a bar that remembers its edges holds it, and still moves
+    when the figure really moves (a whole cell)."""
+    total, width = 40 * GiB, 40
+
+    def draw(allocated: float, edges: BarEdges | None) -> str:
+        bar = memory_bar(width, total, int(allocated * GiB), 20 * GiB, 0, None, None, edges)
+        return "".join(f"{span.style}:{span.end - span.start} " for span in bar.spans)
+
+    wobble = [4.45, 4.55, 4.45, 4.55]
+    assert len({draw(a, None) for a in wobble}) == 2  # without edges: the cell flips
+    edges = BarEdges()
+    assert len({draw(a, edges) for a in wobble}) == 1  # held
+    assert draw(5.9, edges) != draw(4.45, BarEdges())  # a real move still moves the edge
+    assert draw(5.9, edges) == draw(5.9, None)
+    # A bar at another width or total starts afresh (the card was resized).
+    assert memory_bar(20, total, int(4.55 * GiB), 0, 0, None, None, edges).plain.count("█") == 2

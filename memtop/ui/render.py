@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from rich.text import Text
 
@@ -30,6 +31,24 @@ SEVERITY_STYLES = {
 }
 
 
+# How far past a cell's middle a figure must go before a bar drawn before moves its edge: a
+# sawtooth's allocated bytes wavering across the middle of a cell flipped that cell's colour
+# every second (9-14 bytes a second to the terminal for one leaking GPU's card, and a flicker
+# the eye follows); held, the edge is never more than 0.5 + this of a cell from the figure.
+BAR_HOLD_CELLS = 0.3
+
+
+@dataclass
+class BarEdges:
+    """Where one bar's edges were drawn last (in cells), kept by the widget that draws it."""
+
+    width: int = 0
+    total: int = 0
+    allocated: int = -1
+    reserved: int = -1
+    other: int = -1
+
+
 def memory_bar(
     width: int,
     total: int | None,
@@ -38,10 +57,13 @@ def memory_bar(
     other: int | None,
     peak: int | None,
     used: int | None = None,
+    edges: BarEdges | None = None,
 ) -> Text:
     """`width` cells: allocated, then the cache PyTorch holds unallocated, then memory outside
     PyTorch's caches, then free; the peak of allocated as a bright mark.  Without agents, the
-    driver's used memory fills the bar as `other`."""
+    driver's used memory fills the bar as `other`.  With `edges` (what this bar showed last,
+    updated here), an edge moves only when its figure is `BAR_HOLD_CELLS` past the middle of
+    the cell it would leave."""
     text = Text()
     if width <= 0:
         return text
@@ -49,13 +71,23 @@ def memory_bar(
         return Text("·" * width, style=FREE)
     if other is None and not reserved:
         other = used or 0
+    held = edges is not None and edges.width == width and edges.total == total
 
-    def cells(n: int | float) -> int:
-        return max(0, min(width, round(width * n / total)))
+    def cells(n: int | float, last: int = -1) -> int:
+        exact = width * n / total
+        if held and last >= 0 and abs(exact - last) < 0.5 + BAR_HOLD_CELLS:
+            return last
+        return max(0, min(width, round(exact)))
 
-    a = cells(allocated)
-    c = max(0, cells(reserved) - a)
-    o = max(0, min(width - a - c, cells(other or 0)))
+    a_end = cells(allocated, edges.allocated if edges else -1)
+    r_end = cells(reserved, edges.reserved if edges else -1)
+    o_cells = cells(other or 0, edges.other if edges else -1)
+    if edges is not None:
+        edges.width, edges.total = width, total
+        edges.allocated, edges.reserved, edges.other = a_end, r_end, o_cells
+    a = a_end
+    c = max(0, r_end - a)
+    o = max(0, min(width - a - c, o_cells))
     f = width - a - c - o
     glyphs = ["█"] * (a + c + o) + ["·"] * f
     styles = [ALLOCATED] * a + [CACHED] * c + [OTHER] * o + [FREE] * f

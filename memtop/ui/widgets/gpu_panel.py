@@ -23,6 +23,7 @@ from memtop.ui.render import (
     FREE,
     OTHER,
     PEAK,
+    BarEdges,
     fragmentation_style,
     memory_bar,
     short_bytes,
@@ -104,6 +105,7 @@ class GpuCard(Widget, can_focus=True):
         self._lines_width = -1
         self._lines_row = row
         self._blank = Strip.blank(0)
+        self._bar_edges = BarEdges()  # where the bar's edges were drawn: held across a wobble
 
     def show(self, row: GpuRow, renew: bool | None = None) -> None:
         """Repaint when something a user must see at once changed (used memory, an error, a
@@ -206,7 +208,14 @@ class GpuCard(Widget, can_focus=True):
             tail += Text(" ") + self._trend(28, short=True, spark=not row.trend.leak)
         bar_width = max(8, width - len(head) - len(tail) - 2)
         bar = memory_bar(
-            bar_width, row.total, row.allocated, row.reserved, row.other, row.peak, row.used
+            bar_width,
+            row.total,
+            row.allocated,
+            row.reserved,
+            row.other,
+            row.peak,
+            row.used,
+            self._bar_edges,
         )
         line = head + Text("▕", FREE) + bar + Text("▏", FREE) + tail
         if row.error:
