@@ -276,21 +276,17 @@ def detect_from_history(
         width = max(MIN_WINDOW_SECONDS, (xs[-1] - xs[0]) / TIME_BINS) if xs else 1.0
         return _rolling_minimum(xs, ys, width)
 
-    first, _ = _analyse(times, allocated, reduce, 2)
-    since = " since the level changed" if first else ""
-    for _ in range(MAX_BREAKS):
-        # The level-change test looks for one break in a line; what a server's floor does at
-        # its start (a cache filling, then full) or at a reload (everything given back, then
-        # loaded again) is not such a break, and is cut here.
-        cut = _floor_restart(*reduce(times[first:], allocated[first:]))
-        if cut is None:
-            break
-        boundary, what = cut
-        first = max(first, _first_index_at_or_after(times, boundary))
-        since = f" since {what}"
-        if times[-1] < boundary:  # the floor has not come back up yet
-            first = len(times) - 1
-            break
+    # The level-change test looks for one break in a line; what a server's floor does at its
+    # start (a cache filling, then full) or at a reload (everything given back, then loaded
+    # again) is not such a break, and is cut before it (whose cut would keep the fill's end)
+    # and after it.
+    first, since = _after_restarts(times, allocated, reduce, 0, "")
+    if len(times) - first >= 2:
+        change, _ = _analyse(times[first:], allocated[first:], reduce, 2)
+        if change:
+            first += change
+            since = " since the level changed"
+        first, since = _after_restarts(times, allocated, reduce, first, since)
     regime_t, regime_y = times[first:], allocated[first:]
     regime_span = regime_t[-1] - regime_t[0]
     windows = min(FLOOR_WINDOWS, len(regime_t) // FLOOR_WINDOW_SAMPLES)
@@ -345,11 +341,39 @@ def detect_from_history(
     )
 
 
+def _after_restarts(
+    times: Sequence[float],
+    allocated: Sequence[float],
+    reduce: Callable[[Sequence[float], Sequence[float]], tuple[list[float], list[float]]],
+    first: int,
+    since: str,
+) -> tuple[int, str]:
+    """The regime's first index after each `_floor_restart` from `first` on, and what it
+    follows ("" if nothing since the history began)."""
+    for _ in range(MAX_BREAKS):
+        if len(times) - first < 2:
+            break
+        cut = _floor_restart(*reduce(times[first:], allocated[first:]))
+        if cut is None:
+            break
+        boundary, what = cut
+        since = f" since {what}"
+        if times[-1] < boundary:  # the floor has not settled since
+            return len(times) - 1, since
+        first = max(first, _first_index_at_or_after(times, boundary))
+    return first, since
+
+
 def _floor_restart(xs: list[float], ys: list[float]) -> tuple[float, str] | None:
     """Where the floor's regime starts again, with what happened there, or None: after the
     floor fell well below everywhere it stood before (memory given back: a model unloaded for
     a reload), or after a rise that stopped in the regime's first half (a cache filling to its
     budget).  `xs`, `ys`: the rolling minima of the regime so far.
+
+    The regime starts after the bin where the floor came back up or levelled off: a bin's
+    minimum is its earliest low, and the rise may go on within it (a cut at that bin's start
+    kept a fill's last 2 GiB, set the first window below all the others, and seed 4's server
+    #1 alarmed).
 
     Why: a leak never gives its memory back, and keeps rising.  Neither shape is a line with
     one break: a reload's dip (the floor near nothing for tens of seconds) outweighs the level
@@ -372,12 +396,16 @@ def _floor_restart(xs: list[float], ys: list[float]) -> tuple[float, str] | None
         end = low
         while end + 1 < n and ys[end + 1] <= ys[low] + margin:
             end += 1  # still down
-        boundary = xs[end] + width / 2 if end + 1 == n else (xs[end] + xs[end + 1]) / 2
-        return boundary, "memory was given back"
+        return _after_bin(xs, end + 1, width), "memory was given back"
     knee = _fill_end(xs, ys)
     if knee is not None:
-        return (xs[knee - 1] + xs[knee]) / 2, "the floor levelled off"
+        return _after_bin(xs, knee, width), "the floor levelled off"
     return None
+
+
+def _after_bin(xs: list[float], k: int, width: float) -> float:
+    """Where bin `k` (centred at xs[k]) ends: past the last bin, the newest time it can be."""
+    return xs[-1] + width / 2 if k + 1 >= len(xs) else (xs[k] + xs[k + 1]) / 2
 
 
 def _fill_end(xs: list[float], ys: list[float]) -> int | None:
