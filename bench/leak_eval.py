@@ -1,6 +1,6 @@
 """How well the leak detector separates leaks from everything else a baseline does.
 
-    .venv/bin/python bench/leak_eval.py [--series 400] [--seed 1]
+    .venv/bin/python bench/leak_eval.py [--series 400] [--seed 1] [--wrong]
 
 A labelled set of synthetic series is generated; the detector is run on each the way the
 dashboard runs it: at checkpoints every 10 steps (every 10 s for series without steps) on all
@@ -35,6 +35,8 @@ readings" and `without_steps_floor_readings` / `server_shaped_floor_readings`.  
 this commit (before: the same series on their samples alone): seed 1 detection 1.0 (0.875),
 false alarms 0.0125 (0.0125), servers 0.0 (0.0); held out, seed 2: 1.0 (0.8375), 0.0 (0.0),
 0.0 (0.025); seed 3: 0.975 (0.875), 0.0 (0.0), 0.0 (0.0125).
+`--wrong` also lists each series without steps judged wrong (a missed leak, a false alarm) by
+its kind and index, on its 1 Hz samples or its floor readings, to be looked at.
 The last line of output is one JSON object.
 
     .venv/bin/python bench/leak_eval.py --scenarios [--seeds 99] [--steps 100]

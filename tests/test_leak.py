@@ -503,6 +503,24 @@ def test_a_fill_or_a_reload_seen_on_floor_readings_does_not_start_a_climb(
     assert not alarms, f"{s.kind} called a leak at {alarms} s"
 
 
+def test_a_fill_whose_floor_rose_on_with_its_requests_waits_for_three_minutes():
+    # Seed 6's server #55: a KV cache filled in under a minute, and the floor went on rising
+    # with the requests in flight until 125 s; at 147 s its first 2.5 minutes read as a leak of
+    # 2.5 GiB per minute (issue 31.3).  Nothing the floor showed then told it from one: a
+    # regime is judged after three minutes, a fill's minute and two of its plateau.
+    s = _eval_server(6, 55, floors=True)
+    assert s.kind == "server_kv_fill"
+    alarms = [
+        round(s.times[i - 1] - s.times[0])
+        for i in range(10, len(s.times) + 1, 10)
+        if s.times[i - 1] >= s.grade_from
+        and detect(
+            [], [], [], s.times[:i], s.values[:i], 40 * GiB, history_floor=s.floors[:i]
+        ).detected
+    ]
+    assert not alarms, f"called a leak at {alarms} s"
+
+
 def test_a_leak_after_a_cache_fill_is_found_from_where_the_fill_stopped():
     # The regime restarts where the fill stopped, so a leak beneath it still counts (and a
     # rate is measured on the climb alone, not the fill).
