@@ -1,6 +1,6 @@
 """How well the leak detector separates leaks from everything else a baseline does.
 
-    .venv/bin/python bench/leak_eval.py [--series 400] [--seed 1]
+    .venv/bin/python bench/leak_eval.py [--series 400] [--seed 1] [--wrong]
 
 A labelled set of synthetic series is generated; the detector is run on each the way the
 dashboard runs it: at checkpoints every 10 steps (every 10 s for series without steps) on all
@@ -35,6 +35,8 @@ readings" and `without_steps_floor_readings` / `server_shaped_floor_readings`.  
 this commit (before: the same series on their samples alone): seed 1 detection 1.0 (0.875),
 false alarms 0.0125 (0.0125), servers 0.0 (0.0); held out, seed 2: 1.0 (0.8375), 0.0 (0.0),
 0.0 (0.025); seed 3: 0.975 (0.875), 0.0 (0.0), 0.0 (0.0125).
+`--wrong` also lists each series without steps judged wrong (a missed leak, a false alarm) by
+its kind and index, on its 1 Hz samples or its floor readings, to be looked at.
 The last line of output is one JSON object.
 
     .venv/bin/python bench/leak_eval.py --scenarios [--seeds 99] [--steps 100]
@@ -536,10 +538,13 @@ def scenarios_main(args: argparse.Namespace) -> None:
     print(json.dumps(result))
 
 
-def score(seed: int, series: int, with_steps: bool) -> dict[str, Any]:
+def score(seed: int, series: int, with_steps: bool, wrong: bool = False) -> dict[str, Any]:
     """The labelled set of `seed`, judged; its table printed, its figures returned.  Without
     `with_steps` only the series without step marks are judged (the others are generated all
-    the same, so that the random draws, and the series without steps, are those of `seed`)."""
+    the same, so that the random draws, and the series without steps, are those of `seed`).
+    `wrong`: also print each series without steps judged wrong (a missed leak, a false alarm),
+    by its kind and its index among that kind's series of the seed, so that it can be looked
+    at (tests/test_leak.py rebuilds them: `_eval_server`, `_eval_time_leak`)."""
     rng = random.Random(seed)
     # The agent's floor readings draw from a generator of their own: the series stay the seed's.
     readings = random.Random(seed + 2_000_003)
@@ -559,6 +564,8 @@ def score(seed: int, series: int, with_steps: bool) -> dict[str, Any]:
     floor_alarms: Counter[str] = Counter()
     floor_missed_rises: list[float] = []
     floor_seconds_to_detect: list[float] = []
+    # Without steps, what was judged wrong: (kind, index among the kind's series, floors).
+    judged_wrong: list[tuple[str, int, bool]] = []
     for i in range(series):
         kind = positive_kinds[i % len(positive_kinds)]
         s = time_series(rng, True, readings) if kind == "time" else step_series(rng, kind)
@@ -573,6 +580,11 @@ def score(seed: int, series: int, with_steps: bool) -> dict[str, Any]:
                 missed_rises.append(rise)
         if s.time_only:
             found, first_found, _ = evaluate(s, floors=True)
+            judged_wrong += [
+                (s.kind, totals[s.kind] - 1, floors)
+                for floors in (False, True)
+                if not (ok, found)[floors]
+            ]
             floor_hits[s.kind] += found
             if not found:
                 floor_missed_rises.append(rise)
@@ -593,7 +605,13 @@ def score(seed: int, series: int, with_steps: bool) -> dict[str, Any]:
         totals[s.kind] += 1
         alarms[s.kind] += alarm
         if s.time_only:
-            floor_alarms[s.kind] += evaluate(s, floors=True)[0]
+            floor_alarm = evaluate(s, floors=True)[0]
+            floor_alarms[s.kind] += floor_alarm
+            judged_wrong += [
+                (s.kind, totals[s.kind] - 1, floors)
+                for floors in (False, True)
+                if (alarm, floor_alarm)[floors]
+            ]
     # Server-shaped series (no leak, no steps) from a generator of their own, so the figures
     # above stay comparable with earlier runs.
     server_rng = random.Random(seed + 1_000_003)
@@ -603,7 +621,12 @@ def score(seed: int, series: int, with_steps: bool) -> dict[str, Any]:
         alarm, _, _ = evaluate(s)
         totals[s.kind] += 1
         alarms[s.kind] += alarm
-        floor_alarms[s.kind] += evaluate(s, floors=True)[0]
+        floor_alarm = evaluate(s, floors=True)[0]
+        floor_alarms[s.kind] += floor_alarm
+        # The server's index among all the seed's servers (`_eval_server` takes that).
+        judged_wrong += [
+            (s.kind, i, floors) for floors in (False, True) if (alarm, floor_alarm)[floors]
+        ]
     print(f"seed {seed}" + ("" if with_steps else " (held out: the series without steps only)"))
     print(
         f"{'kind':<20} {'series':>6} {'leak found / false alarm':>26} {'with floor readings':>20}"
@@ -700,6 +723,11 @@ def score(seed: int, series: int, with_steps: bool) -> dict[str, Any]:
         f" {result['server_shaped_floor_readings']['false_alarm_rate']}; missed rises (1 Hz"
         f" resolutions) {floor_result['missed_rises_in_floor_resolutions']}"
     )
+    if wrong:
+        for kind, index, floors in judged_wrong:
+            what = "missed" if "leak" in kind else "false alarm"
+            basis = "floor readings" if floors else "1 Hz samples"
+            print(f"judged wrong: {kind} #{index} ({what}, on its {basis})")
     return result
 
 
@@ -707,6 +735,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--series", type=int, default=400, help="series per label")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--wrong",
+        action="store_true",
+        help="also list the series without steps judged wrong (kind and index, to look at)",
+    )
     parser.add_argument(
         "--holdout",
         type=int,
@@ -741,13 +774,13 @@ def main() -> None:
         scenarios_main(args)
         return
     started = time.perf_counter()
-    result = score(args.seed, args.series, with_steps=True)
+    result = score(args.seed, args.series, with_steps=True, wrong=args.wrong)
     print()
     result["holdout"] = {}
     for seed in args.holdout:
         # Seeds the time basis was not tuned on (issue 31.3 tuned on seed 1): its sets again,
         # the per-step series generated (so the rest are the same as with --seed) but not run.
-        held = score(seed, args.series, with_steps=False)
+        held = score(seed, args.series, with_steps=False, wrong=args.wrong)
         result["holdout"][str(seed)] = {
             key: held[key]
             for key in (

@@ -88,14 +88,20 @@ TIME_BINS = 40
 # `FLOOR_LIMIT`).
 FLOOR_WINDOWS = 24
 FLOOR_WINDOW_SAMPLES = 10  # at least this many samples a window
-# A regime this long at least: the path is for slow leaks (fast ones are as clear after two
+# A regime this long at least: the path is for slow leaks (fast ones are as clear after three
 # minutes), and a server's first minutes (a KV cache filling with its first requests) are not a
-# trend yet.
-FLOOR_MIN_SECONDS = 120.0
+# trend yet: a fill of up to a minute needs two minutes of its plateau beside it.  At 120 s, a
+# fill under request bursts whose floor went on rising with the requests until 125 s read as a
+# leak at 147 s (bench/leak_eval.py seed 6, server #55), and nothing the floor showed then told
+# it from one.
+FLOOR_MIN_SECONDS = 180.0
 # Mann–Kendall on those minima: one-sided p ≤ 0.0001, as for a climb that must persist: a
 # dashboard asks every round, and at 3.09 a healthy sawtooth whose sampling aliased its floor
 # into a slow wander, and servers' request bursts, passed at some round in 4 of 160 series.
 Z_FLOOR_TREND = 3.72
+# A rise that stops in a regime's first half (a cache filling) starts the regime anew where
+# it stopped, when a line up to a knee, flat after, beats one line by this F ratio.
+F_FILL = 10.0
 # Sen's interval at this z (95 %, two-sided) must hold the hull's slope for it to give the rate.
 Z_SEN_INTERVAL = 1.96
 
@@ -274,14 +280,22 @@ def detect_from_history(
         width = max(MIN_WINDOW_SECONDS, (xs[-1] - xs[0]) / TIME_BINS) if xs else 1.0
         return _rolling_minimum(xs, ys, width)
 
-    first, _ = _analyse(times, allocated, reduce, 2)
+    # The level-change test looks for one break in a line; what a server's floor does at its
+    # start (a cache filling, then full) or at a reload (everything given back, then loaded
+    # again) is not such a break, and is cut before it (whose cut would keep the fill's end)
+    # and after it.
+    first, since = _after_restarts(times, allocated, reduce, 0, "")
+    if len(times) - first >= 2:
+        change, _ = _analyse(times[first:], allocated[first:], reduce, 2)
+        if change:
+            first += change
+            since = " since the level changed"
+        first, since = _after_restarts(times, allocated, reduce, first, since)
     regime_t, regime_y = times[first:], allocated[first:]
     regime_span = regime_t[-1] - regime_t[0]
     windows = min(FLOOR_WINDOWS, len(regime_t) // FLOOR_WINDOW_SAMPLES)
     if regime_span < FLOOR_MIN_SECONDS or windows < MIN_BINS:
-        reason = f"watching the floor: {regime_span:.0f} of {FLOOR_MIN_SECONDS:.0f} s" + (
-            " since the level changed" if first else ""
-        )
+        reason = f"watching the floor: {regime_span:.0f} of {FLOOR_MIN_SECONDS:.0f} s{since}"
         return LeakEstimate(
             False, None, None, None, None, 0.0, LeakBasis.TIME, n, times[first], reason
         )
@@ -329,6 +343,100 @@ def detect_from_history(
         times[first],
         reason,
     )
+
+
+def _after_restarts(
+    times: Sequence[float],
+    allocated: Sequence[float],
+    reduce: Callable[[Sequence[float], Sequence[float]], tuple[list[float], list[float]]],
+    first: int,
+    since: str,
+) -> tuple[int, str]:
+    """The regime's first index after each `_floor_restart` from `first` on, and what it
+    follows ("" if nothing since the history began)."""
+    for _ in range(MAX_BREAKS):
+        if len(times) - first < 2:
+            break
+        cut = _floor_restart(*reduce(times[first:], allocated[first:]))
+        if cut is None:
+            break
+        boundary, what = cut
+        since = f" since {what}"
+        if times[-1] < boundary:  # the floor has not settled since
+            return len(times) - 1, since
+        first = max(first, _first_index_at_or_after(times, boundary))
+    return first, since
+
+
+def _floor_restart(xs: list[float], ys: list[float]) -> tuple[float, str] | None:
+    """Where the floor's regime starts again, with what happened there, or None: after the
+    floor fell well below everywhere it stood before (memory given back: a model unloaded for
+    a reload), or after a rise that stopped in the regime's first half (a cache filling to its
+    budget).  `xs`, `ys`: the rolling minima of the regime so far.
+
+    The regime starts after the bin where the floor came back up or levelled off: a bin's
+    minimum is its earliest low, and the rise may go on within it (a cut at that bin's start
+    kept a fill's last 2 GiB, set the first window below all the others, and seed 4's server
+    #1 alarmed).
+
+    Why: a leak never gives its memory back, and keeps rising.  Neither shape is a line with
+    one break: a reload's dip (the floor near nothing for tens of seconds) outweighs the level
+    change around it, and a fill over the regime's first bin or two is too short for a break
+    (one is looked for from the third bin on) or, under request bursts, too noisy for
+    `F_BREAK`.  Left in, the fill's rise or the dip sets the Mann–Kendall test's first windows
+    below all the others: on bench/leak_eval.py's servers that alarmed 5 of 480 (4 fills, 1
+    reload)."""
+    n = len(xs)
+    if n < MIN_BINS:
+        return None
+    width = (xs[-1] - xs[0]) / (n - 1)
+    spread = _robust_spread(xs, ys, _theil_sen(xs, ys))
+    margin = max(NOISE_MULTIPLE * spread, MIN_GROWTH_BYTES)
+    low = min(range(n), key=ys.__getitem__)
+    start = low
+    while start > 0 and ys[start - 1] <= ys[low] + margin:
+        start -= 1  # already down
+    if start > 0 and ys[low] < min(ys[:start]) - margin:
+        end = low
+        while end + 1 < n and ys[end + 1] <= ys[low] + margin:
+            end += 1  # still down
+        return _after_bin(xs, end + 1, width), "memory was given back"
+    knee = _fill_end(xs, ys)
+    if knee is not None:
+        return _after_bin(xs, knee, width), "the floor levelled off"
+    return None
+
+
+def _after_bin(xs: list[float], k: int, width: float) -> float:
+    """Where bin `k` (centred at xs[k]) ends: past the last bin, the newest time it can be."""
+    return xs[-1] + width / 2 if k + 1 >= len(xs) else (xs[k] + xs[k + 1]) / 2
+
+
+def _fill_end(xs: list[float], ys: list[float]) -> int | None:
+    """The first bin after a rise that stopped in the first half (a line up to a knee, flat
+    after it), where that fits clearly better than one line: by `F_FILL` as for a break."""
+    n = len(xs)
+    sse_line = sum(r * r for r in _residuals_on(xs, ys))
+    best, best_gain, best_sse = None, 0.0, 0.0
+    for k in range(1, n // 2 + 1):
+        rising = [min(x, xs[k]) for x in xs]
+        if _line_slope(rising, ys) <= 0:
+            continue
+        sse = sum(r * r for r in _residuals_on(rising, ys))
+        if sse_line - sse > best_gain:
+            best, best_gain, best_sse = k, sse_line - sse, sse
+    if best is None or best_gain < n * MIN_BREAK_SHIFT_BYTES**2:
+        return None
+    scale = max(abs(y) for y in ys) or 1.0
+    residual = max(best_sse, 1e-12 * scale * scale) / (n - 3)
+    return best if best_gain / residual >= F_FILL else None
+
+
+def _line_slope(xs: Sequence[float], ys: Sequence[float]) -> float:
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
 
 
 def _window_minima(
