@@ -204,7 +204,9 @@ def test_a_cleanup_from_another_shell_shows_in_a_separate_viewer_and_its_recordi
 ) -> None:
     from memtop.sim.demo import Demo
 
-    demo = Demo(gpus=1, scenario="fragment", step_time=0.02, socket_dir=socket_dir)
+    # At the demo's 0.1 s a step: the cleanup is asked for, not a pace (at 0.02 s its ~10 s of
+    # steps were most of the test's CPU).
+    demo = Demo(gpus=1, scenario="fragment", step_time=0.1, socket_dir=socket_dir)
     demo.start()
     recording = tmp_path / "run.rec.gz"
     recorder = subprocess.Popen(

@@ -737,9 +737,10 @@ class RocmTrainers:
 def rocm_trainers(rocm: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RocmTrainers]:
     """Three simulated trainers on ROCm under a shuffled HIP_VISIBLE_DEVICES, their GPUs in the
     stand-in's state.  Started once for the tests that only read them (three trainers cost
-    ~2 CPU-s to start and ~0.2 CPU-s each second they live).  A module's fixture ends with the
-    module, not with its last user: the tests that use it are the module's last ones, so the
-    trainers live only while those run."""
+    ~2 CPU-s to start and, at 0.05 s a step, ~0.2 CPU-s each second they live: they step at
+    0.5 s, for their readers ask what they hold, not how fast they step).  A module's fixture
+    ends with the module, not with its last user: the tests that use it are the module's last
+    ones, so the trainers live only while those run."""
     from memtop.sim.demo import Demo
 
     shuffled = [2, 0, 1]  # trainer k's cuda:k is physical GPU shuffled[k]
@@ -749,7 +750,7 @@ def rocm_trainers(rocm: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
     demo = Demo(
         3,
         "healthy",
-        0.05,
+        0.5,
         socket_dir=socket_dir,
         extra_env={"HIP_VISIBLE_DEVICES": ",".join(map(str, shuffled))},
         vendor="amd",

@@ -73,7 +73,9 @@ def _box(uid: int, gid: int) -> Iterator[Box]:
     # The attacker's default socket directory (/tmp/memtop-<uid>, no XDG_RUNTIME_DIR), which
     # root's discovery reads: fixed by design, for a uid useradd just handed out.
     attacker_dir = protocol.socket_dir({}, uid)
-    demo = Demo(gpus=1, scenario="healthy", step_time=0.1, socket_dir=root_dir)
+    # A step every 0.5 s: the attacks are on its socket and its actions (answered at its next
+    # step), not on its pace; it lives through the module.
+    demo = Demo(gpus=1, scenario="healthy", step_time=0.5, socket_dir=root_dir)
     processes: list[subprocess.Popen[bytes]] = []
     try:
         demo.start()

@@ -267,7 +267,8 @@ def test_the_first_figures_are_on_screen_before_textuals_first_frame(socket_dir:
     from memtop.sim.demo import Demo
     from memtop.ui import splash
 
-    demo = Demo(gpus=2, scenario="healthy", step_time=0.05, socket_dir=socket_dir)
+    # A step every 0.5 s: what is painted, and when, is asked of them, not their pace.
+    demo = Demo(gpus=2, scenario="healthy", step_time=0.5, socket_dir=socket_dir)
     process = master = None
     try:
         pids = demo.start()

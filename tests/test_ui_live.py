@@ -42,7 +42,10 @@ def module_socket_dir() -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def mixed_demo(module_socket_dir: Path) -> Iterator[Demo]:
-    demo = Demo(gpus=2, scenario="mixed", step_time=0.05, socket_dir=module_socket_dir)
+    # 0.1 s a step (the demo's own pace): the tests ask what the trainers hold and what the keys
+    # do to them, and the leak's trend needs steps, not a rate; four trainers stepping at 0.05 s
+    # were most of this module's CPU (~23 of ~31 CPU-s).
+    demo = Demo(gpus=2, scenario="mixed", step_time=0.1, socket_dir=module_socket_dir)
     demo.start()
     try:
         assert demo.wait_ready(), f"trainers failed: {demo.failed()}"
@@ -93,7 +96,8 @@ def run(coro_factory, socket_dir: Path, snapshot_dir: Path | None = None) -> Mem
 # (Before the tests of the shared mixed demo: a module's fixture lives until the module ends,
 # and its four trainers would step through this test's own demo.)
 def test_terminate_asks_then_signals_and_marks_exited(socket_dir: Path, tmp_path: Path) -> None:
-    demo = Demo(gpus=1, scenario="healthy", step_time=0.05, socket_dir=socket_dir)
+    # It is asked for nothing but to be there and to be signalled: a step every 0.5 s.
+    demo = Demo(gpus=1, scenario="healthy", step_time=0.5, socket_dir=socket_dir)
     demo.start()
     try:
         assert demo.wait_ready()
