@@ -453,20 +453,32 @@ def test_floor_readings_fall_back_to_allocated_where_a_sample_has_none():
     assert floor_values([10.0, 10.0], [5.0, 20.0]) == [5.0, 10.0]
 
 
+def _judged_every_ten_samples(s):  # type: ignore[no-untyped-def]
+    """A series without steps judged on its floor readings as the dashboard judges it, every
+    10 samples: (seconds since its start, whether that round is graded, the estimate)."""
+    for i in range(10, len(s.times) + 1, 10):
+        estimate = detect(
+            [], [], [], s.times[:i], s.values[:i], 40 * GiB, history_floor=s.floors[:i]
+        )
+        yield s.times[i - 1] - s.times[0], s.times[i - 1] >= s.grade_from, estimate
+
+
+def _floor_alarms(s) -> list[int]:  # type: ignore[no-untyped-def]
+    """The graded rounds (seconds since the start) at which `s` was called a leak."""
+    return [
+        round(at)
+        for at, graded, estimate in _judged_every_ten_samples(s)
+        if graded and estimate.detected
+    ]
+
+
 @pytest.mark.parametrize("index", range(3))
 def test_a_server_with_floor_readings_is_not_a_leak_at_any_round(index):
     # The evaluation's servers (bursts, a KV cache filling, reloads), judged every 10 samples on
     # their floor readings: the requests that end between samples lower the floor, and must not
     # read as a climb.
     s = _eval_server(2, index, floors=True)
-    alarms = [
-        round(s.times[i - 1] - s.times[0])
-        for i in range(10, len(s.times) + 1, 10)
-        if s.times[i - 1] >= s.grade_from
-        and detect(
-            [], [], [], s.times[:i], s.values[:i], 40 * GiB, history_floor=s.floors[:i]
-        ).detected
-    ]
+    alarms = _floor_alarms(s)
     assert not alarms, f"{s.kind} called a leak at {alarms} s"
 
 
@@ -491,13 +503,10 @@ def test_a_fill_or_a_reload_seen_on_floor_readings_does_not_start_a_climb(
     s = _eval_server(seed, index, floors=True)
     assert s.kind == kind
     alarms = []
-    for i in range(10, len(s.times) + 1, 10):
-        estimate = detect(
-            [], [], [], s.times[:i], s.values[:i], 40 * GiB, history_floor=s.floors[:i]
-        )
-        if s.times[i - 1] >= s.grade_from and estimate.detected:
-            alarms.append(round(s.times[i - 1] - s.times[0]))
-        if abs(s.times[i - 1] - s.times[0] - alarmed_at) < 5:
+    for at, graded, estimate in _judged_every_ten_samples(s):
+        if graded and estimate.detected:
+            alarms.append(round(at))
+        if abs(at - alarmed_at) < 5:
             # Where it alarmed: the regime now starts after the fill, or after the reload.
             assert estimate.since is not None and estimate.since > s.times[0], estimate.reason
     assert not alarms, f"{s.kind} called a leak at {alarms} s"
@@ -510,14 +519,7 @@ def test_a_fill_whose_floor_rose_on_with_its_requests_waits_for_three_minutes():
     # regime is judged after three minutes, a fill's minute and two of its plateau.
     s = _eval_server(6, 55, floors=True)
     assert s.kind == "server_kv_fill"
-    alarms = [
-        round(s.times[i - 1] - s.times[0])
-        for i in range(10, len(s.times) + 1, 10)
-        if s.times[i - 1] >= s.grade_from
-        and detect(
-            [], [], [], s.times[:i], s.values[:i], 40 * GiB, history_floor=s.floors[:i]
-        ).detected
-    ]
+    alarms = _floor_alarms(s)
     assert not alarms, f"called a leak at {alarms} s"
 
 

@@ -181,6 +181,7 @@ def _flag(argv: Sequence[str], flags: Sequence[str]) -> tuple[str, float | None]
 # not an LRU: command lines come and go slowly, and a full table is simply started again.
 RECOGNISED_ENTRIES = 1024
 _recognised: dict[tuple[object, ...], Workload | None] = {}
+_UNKNOWN = object()  # not asked yet (None is an answer: nothing recognised)
 
 
 def recognise(
@@ -201,9 +202,6 @@ def recognise(
             _recognised.clear()
         _recognised[key] = found
     return found  # type: ignore[return-value]
-
-
-_UNKNOWN = object()
 
 
 def _recognise(

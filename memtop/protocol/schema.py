@@ -211,14 +211,7 @@ def _floor_reading(raw: dict[str, Any]) -> dict[str, int]:
     `floor_readings`, both counts (readings ≥ 1), or neither: a pair that is not is left out,
     as an agent without them is read."""
     floor, reads = raw.get("allocated_floor_bytes"), raw.get("floor_readings")
-    if (
-        isinstance(floor, int)
-        and isinstance(reads, int)
-        and not isinstance(floor, bool)
-        and not isinstance(reads, bool)
-        and floor >= 0
-        and reads >= 1
-    ):
+    if _whole(floor) and _whole(reads) and reads >= 1:
         return {"allocated_floor": floor, "floor_readings": reads}
     return {}
 
