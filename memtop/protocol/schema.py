@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from memtop.model import (
     ACTION_FROM_AGENT,
@@ -363,7 +363,7 @@ def _action_figures(raw: object) -> dict[int, dict[str, int]]:
     return figures
 
 
-def _whole(value: object) -> bool:
+def _whole(value: object) -> TypeGuard[int]:
     """An int >= 0 (not a bool)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
