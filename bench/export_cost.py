@@ -33,13 +33,14 @@ from memtop.model import (
     AgentDeviceSample,
     AgentHello,
     AgentSample,
+    AgentView,
     DeviceReading,
     DriverReading,
     GpuProcess,
     StepMark,
 )
 from memtop.protocol.schema import parse_breakdown
-from memtop.sources.agents import CONNECTED, AgentPoll
+from memtop.sources.agents import CONNECTED
 
 MiB, GiB = 1 << 20, 1 << 30
 TOTAL = 80 * GiB
@@ -51,7 +52,7 @@ def filled_store(gpus: int, agents: int, seconds: int) -> Store:
     uuids = [f"GPU-{i:08x}-bench" for i in range(gpus)]
     pids = [5000 + i for i in range(agents)]
     for t in range(seconds):
-        polls: list[AgentPoll] = []
+        polls: list[AgentView] = []
         processes: dict[str, list[GpuProcess]] = {u: [] for u in uuids}
         for n, pid in enumerate(pids):
             gpu = n % gpus
@@ -79,7 +80,7 @@ def filled_store(gpus: int, agents: int, seconds: int) -> Store:
             sample = AgentSample(
                 T0 + t, 2 * t + 1, (AgentDeviceSample(0, stats, 20 * GiB, TOTAL),), marks
             )
-            polls.append(AgentPoll(pid, CONNECTED, hello, sample))
+            polls.append(AgentView(pid, CONNECTED, hello, sample))
             processes[uuids[gpu]].append(GpuProcess(pid, reserved + 500 * MiB))
         devices = tuple(
             DeviceReading(i, u, "NVIDIA H100 80GB HBM3", TOTAL, _used(processes[u]),

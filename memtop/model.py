@@ -520,24 +520,6 @@ class AgentSites:
 
 
 @dataclass(frozen=True, slots=True)
-class AgentPoll:
-    """The outcome of polling one agent once (memtop.sources.agents polls; a recording and the
-    fleet reader make them too)."""
-
-    pid: int
-    state: AgentStatus
-    hello: AgentHello | None = None
-    sample: AgentSample | None = None
-    error: str | None = None
-    # Replies to the low-rate commands that arrived this round, parsed by the protocol.
-    breakdown: AgentBreakdown | None = None
-    snapshot: AgentSnapshot | None = None
-    sites: AgentSites | None = None  # live memory by the user's line (DESIGN §12)
-    # The uid owning the socket directory (who runs the agent).
-    owner: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
 class ProcessInfo:
     """A process as the host shows it (memtop.sources.processes reads it with psutil)."""
 
@@ -650,30 +632,48 @@ class Accounting:
         return next((p for p in self.parts if p.name == name), None)
 
 
-# ------------------------------------------------------------------ what the store keeps
-# memtop.engine.store keeps one `AgentView` per agent (frozen, replaced whole on each write:
-# each device's parsed sample held by reference, never copied nor wrapped) and hands a round of
-# them out as one `RoundView`; the diagnosis, the observation and the renderers read these.
+# ------------------------------------------------------------------ one agent, polled and kept
+# One record per agent and round: the agents' pool (memtop.sources.agents; a recording, the fleet
+# reader and a scrape make them too) fills in what it read this round, and the store
+# (memtop.engine.store) completes that same record with what it keeps across rounds, once,
+# before it publishes the round; from then on nobody writes it.  The store hands a round of them
+# out as one `RoundView`; the diagnosis, the observation and the renderers read these.
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AgentView:
-    """One agent as the store keeps it: who it is (its hello, its rank and job, the allocator
-    settings in force, its newest OOM), its state, and each of its devices' newest sample (the
-    parsed reply's record itself; where the hello says the device is: `device_identity`).  The
-    store replaces it whole on each write, so a reader holds one consistent agent without a
-    copy.  A device's windows (history, step marks) are the round's: `RoundView.windows`."""
+    """One agent: what its poll read this round, and what the store keeps of it across rounds
+    (each device's newest sample, the parsed reply's record itself; where the hello says the
+    device is: `device_identity`).  A device's windows (history, step marks) are the round's:
+    `RoundView.windows`.
 
+    The pool's part (pid to owner) is the round's reading.  The store's part (from `step` on)
+    is written by `Store.update_agents` into the pool's record itself, the one time a store
+    keeps it (`kept`), before any reader sees it; a record a store kept already is copied,
+    never written again.  So the store holds the pool's record as it is: no second record of
+    the agent per round."""
+
+    # ---- the round's reading (the pool's)
     pid: int
-    state: str
-    hello: AgentHello | None
-    error: str | None
-    step: int | None
-    last_sample_time: float | None
+    state: AgentStatus
+    # Who it is, as it said on connecting (the store keeps the last one through a poll without).
+    hello: AgentHello | None = None
+    sample: AgentSample | None = None  # this round's `sample` reply (None: none this round)
+    error: str | None = None
+    # Replies to the low-rate commands that arrived this round, parsed by the protocol (the
+    # store keeps their figures below).
+    breakdown_reply: AgentBreakdown | None = None
+    snapshot_reply: AgentSnapshot | None = None
+    sites_reply: AgentSites | None = None  # live memory by the user's line (DESIGN §12)
+    # The uid owning the socket directory (who runs the agent).
+    owner: int | None = None
+    # ---- what the store keeps across rounds (written by the store, once)
+    step: int | None = None
+    last_sample_time: float | None = None
     # Each device's newest sample, by index: the `AgentDeviceSample` parsed from the reply, as
     # it is (a device a later sample does not list keeps its last one).
-    devices: tuple[AgentDeviceSample, ...]
-    breakdown: dict[int, dict[str, int]] | None
+    devices: tuple[AgentDeviceSample, ...] = ()
+    breakdown: dict[int, dict[str, int]] | None = None
     snapshot_summary: dict[int, dict[str, Any]] | None = None
     breakdown_time: float | None = None  # when the agent measured it (its clock: this host's)
     breakdown_step: int | None = None  # the step after which the agent measured it
@@ -687,6 +687,13 @@ class AgentView:
     # memtop's own maximum of the allocated bytes it sampled, by device index (misses a step's
     # peak between samples; torch's is the sample's `torch_peak`); the `r` key restarts it.
     sampled_peaks: Mapping[int, int] = field(default_factory=dict)
+    # Host memory's newest reading (its windows are the round's: `RoundView.host_windows`).
+    host_memory: HostMemory | None = None
+    # Actions performed in it by (kind, result), each counted once (the exporter's counter).
+    action_counts: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    # Whether a store has kept this record (written its part and published it): it is then
+    # never written again (`dataclasses.replace` makes a record that is not kept yet).
+    kept: bool = field(default=False, init=False, repr=False, compare=False)
 
     def device_identity(self, index: int) -> tuple[str, str]:
         """(UUID, name) of its device `index`, as its hello declares it; ("", "cuda:N") where
@@ -752,11 +759,6 @@ class AgentView:
             return rank
         job = self.job
         return job.slurm_proc_id if job is not None else None
-
-    # Host memory's newest reading (its windows are the round's: `RoundView.host_windows`).
-    host_memory: HostMemory | None = None
-    # Actions performed in it by (kind, result), each counted once (the exporter's counter).
-    action_counts: Mapping[tuple[str, str], int] = field(default_factory=dict)
 
 
 # A window of history: (rows, step marks), each columns by name, oldest first, as arrays

@@ -17,7 +17,7 @@ import pytest
 
 from memtop import protocol
 from memtop.engine.store import Store
-from memtop.model import ActionRecord, AgentPoll, AgentSample, AgentStatus
+from memtop.model import ActionRecord, AgentSample, AgentStatus, AgentView
 
 MiB = 1 << 20
 
@@ -192,7 +192,7 @@ def test_a_replay_that_seeks_back_before_an_action_forgets_it() -> None:
 
 def _sample(store: Store, pid: int, sample: AgentSample) -> None:
     """A connected agent's sample, kept as the sampler keeps one (its first makes the agent)."""
-    store.update_agents([AgentPoll(pid, AgentStatus.CONNECTED, sample=sample)], when=sample.time)
+    store.update_agents([AgentView(pid, AgentStatus.CONNECTED, sample=sample)], when=sample.time)
 
 
 # ---------------------------------------------------------------- a real trainer

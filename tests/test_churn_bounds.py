@@ -15,7 +15,7 @@ from ui_frozen import CONTEXT, MY_UID, T0, TOTAL, UUIDS, Trainer, poll_at
 from memtop.engine.sampler import Sampler
 from memtop.engine.store import Store
 from memtop.model import DeviceReading, DriverReading, GpuProcess
-from memtop.sources.agents import CONNECTED, EXITED, AgentPoll, AgentPool
+from memtop.sources.agents import CONNECTED, EXITED, AgentPool, AgentView
 from memtop.sources.processes import ProcessInfo
 from memtop.ui.app import MemtopApp
 from memtop.ui.widgets.process_table import ProcessTable
@@ -38,7 +38,7 @@ def _round(store: Store, t: int, live: list[Trainer], leaving: list[Trainer]) ->
         )  # fmt: skip
     store.update_driver(DriverReading(available=True, devices=tuple(devices)), T0 + t)
     polls = [poll_at(tr, t, TOTAL // 2) for tr in live]
-    polls += [AgentPoll(tr.pid, EXITED, tr.hello(), error="process exited") for tr in leaving]
+    polls += [AgentView(tr.pid, EXITED, tr.hello(), error="process exited") for tr in leaving]
     store.update_agents(polls, T0 + t + 0.01)
     store.update_processes(
         {
@@ -147,8 +147,8 @@ def test_a_recording_sampler_keeps_the_states_of_the_agents_of_this_round_only(t
     tap = sampler.tap = _Tap()
     reading = DriverReading(available=False, devices=())
     for pid in range(1000, 1000 + 500):
-        sampler._tap_round(0.0, 0.0, reading, {}, [AgentPoll(pid, CONNECTED)])
-        sampler._tap_round(0.0, 0.0, reading, {}, [AgentPoll(pid, EXITED)])
+        sampler._tap_round(0.0, 0.0, reading, {}, [AgentView(pid, CONNECTED)])
+        sampler._tap_round(0.0, 0.0, reading, {}, [AgentView(pid, EXITED)])
     sampler._tap_round(0.0, 0.0, reading, {}, [])
     assert len(tap.states) == 500  # each exit said once
     assert sampler._tapped_states == {}

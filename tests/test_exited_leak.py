@@ -9,7 +9,7 @@ from ui_frozen import MY_UID, NOW, frozen_store
 
 from memtop.engine.observation import Observer
 from memtop.model import Severity
-from memtop.sources.agents import EXITED, AgentPoll
+from memtop.sources.agents import EXITED, AgentView
 from memtop.ui import view
 
 LEAKER = 4102  # the frozen store's leaking trainer
@@ -24,7 +24,7 @@ def test_an_exited_leakers_verdict_stays_marked_as_last_seen() -> None:
     assert "last seen" not in leak.title
 
     hello = store.agent(LEAKER).hello  # type: ignore[union-attr]
-    store.update_agents([AgentPoll(LEAKER, EXITED, hello, error="gone")], NOW + 1)
+    store.update_agents([AgentView(LEAKER, EXITED, hello, error="gone")], NOW + 1)
     clock[0] = NOW + 1
     gone = observer.latest()
     (agent,) = [a for a in gone.agents if a.pid == LEAKER]

@@ -28,7 +28,7 @@ from memtop.model import (
     GpuProcess,
     ProcessInfo,
 )
-from memtop.sources.agents import CONNECTED, EXITED, AgentPoll
+from memtop.sources.agents import CONNECTED, EXITED, AgentView
 from memtop.ui import view
 from memtop.ui.stacked import Band, ChartEvent, Timeline, grid
 from memtop.ui.widgets.gpu_chart import REST_COLOUR, Y_LABEL_W, event_legend, gpu_chart, legend
@@ -228,11 +228,11 @@ def test_a_gpus_events_are_read_from_its_agents_ooms_actions_arrivals_and_depart
             sample = AgentSample(
                 sample.time, 1, sample.devices, oom={"last": {"time": T0 + 49.6, "device": 0}}
             )
-        polls = [AgentPoll(4242, CONNECTED, _hello(4242), sample)]
+        polls = [AgentView(4242, CONNECTED, _hello(4242), sample)]
         if 40 <= s < 90:
-            polls.append(AgentPoll(4243, CONNECTED, _hello(4243), _sample(t + 0.7, 3 * GiB, 0)))
+            polls.append(AgentView(4243, CONNECTED, _hello(4243), _sample(t + 0.7, 3 * GiB, 0)))
         elif s == 90:
-            polls.append(AgentPoll(4243, EXITED, _hello(4243), error="socket gone"))
+            polls.append(AgentView(4243, EXITED, _hello(4243), error="socket gone"))
         store.update_agents(polls, t + 0.8)
         if s == 60:
             store.record_action(ActionRecord("cleanup", T0 + 60.2, 4242))

@@ -31,7 +31,7 @@ from memtop.model import (
     GpuProcess,
     StepMark,
 )
-from memtop.sources.agents import CONNECTED, AgentPoll
+from memtop.sources.agents import CONNECTED, AgentView
 
 MiB = 1 << 20
 TOTAL = 80 * 1024 * MiB
@@ -76,7 +76,7 @@ class RoundAgents:
             1, PID, ("train.py",), "3.11", "2.13", "", (AgentDevice(0, UUID, "Round GPU", TOTAL),)
         )
 
-    def poll(self, known: Any, budget: float = 1.0) -> list[AgentPoll]:
+    def poll(self, known: Any, budget: float = 1.0) -> list[AgentView]:
         n = self.counter.round
         stats = {
             "allocated_bytes.all.current": n * MiB,
@@ -90,7 +90,7 @@ class RoundAgents:
             devices=(AgentDeviceSample(0, stats, TOTAL - 2 * n * MiB, TOTAL),),
             step_marks=(StepMark(n, now, {0: n * MiB}),),
         )
-        return [AgentPoll(PID, CONNECTED, self.hello, sample)]
+        return [AgentView(PID, CONNECTED, self.hello, sample)]
 
     def close(self) -> None:
         pass

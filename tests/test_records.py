@@ -11,15 +11,20 @@ the dashboard draws to the reply's record, by identity, so a copy made on the wa
 from __future__ import annotations
 
 import dataclasses
+import os
+import time
+from pathlib import Path
+
+import pytest
 
 from memtop.engine import observation as observation_module
 from memtop.engine.observation import Observer, ProcessRow
 from memtop.engine.store import Store
 from memtop.model import (
+    AgentBreakdown,
     AgentDevice,
     AgentDeviceSample,
     AgentHello,
-    AgentPoll,
     AgentSample,
     AgentStatus,
     AgentView,
@@ -28,6 +33,8 @@ from memtop.model import (
     GpuProcess,
     ProcessInfo,
 )
+from memtop.sim.demo import Demo
+from memtop.sources.agents import AgentPool
 from memtop.ui import view
 
 GiB = 1 << 30
@@ -56,7 +63,7 @@ def _sample(peak: int) -> AgentSample:
     return AgentSample(10.0, 5, (AgentDeviceSample(0, stats, 70 * GiB, 80 * GiB),))
 
 
-def _round() -> tuple[Store, Observer, dict[int, AgentSample]]:
+def _round() -> tuple[Store, Observer, dict[int, AgentSample], dict[int, AgentView]]:
     store = Store()
     samples = {101: _sample(40 * GiB), 102: _sample(20 * GiB)}
     devices = tuple(
@@ -72,25 +79,25 @@ def _round() -> tuple[Store, Observer, dict[int, AgentSample]]:
         store.update_processes(
             {pid: ProcessInfo(pid, UID, "ann", ("python", "train.py"), "python") for pid in samples}
         )
-        store.update_agents(
-            [
-                AgentPoll(pid, AgentStatus.CONNECTED, _hello(pid, rank), samples[pid])
-                for rank, pid in enumerate(samples)
-            ],
-            when=10.0,
-        )
-    return store, Observer(store, clock=lambda: 10.0, host="box", uid=UID), samples
+        polls = {
+            pid: AgentView(pid, AgentStatus.CONNECTED, _hello(pid, rank), samples[pid])
+            for rank, pid in enumerate(samples)
+        }
+        store.update_agents(polls.values(), when=10.0)
+    return store, Observer(store, clock=lambda: 10.0, host="box", uid=UID), samples, polls
 
 
 def test_the_reply_s_record_is_held_by_reference_from_the_store_to_the_row() -> None:
-    store, observer, samples = _round()
+    store, observer, samples, polls = _round()
     obs = observer.latest()
     dash = view.build(obs)
     for pid, sample in samples.items():
         reply_record = sample.devices[0]
-        # The store keeps one record per agent and per device, holding the parsed sample.
+        # The store keeps one record per agent: the poll's record itself (no store's record
+        # beside the pool's), holding the parsed sample; no copy per reader.
         kept = store.agent(pid)
-        assert isinstance(kept, AgentView) and kept is store.agent(pid)  # no copy per reader
+        assert kept is polls[pid] and kept is store.agent(pid)
+        assert kept.sample is sample and kept.kept
         # The device's record in it is the reply's record itself: no wrapper per device.
         assert kept.devices[0] is reply_record
         assert kept.device_identity(0) == (f"GPU-{pid}", "H100")
@@ -118,7 +125,7 @@ def test_the_reply_s_record_is_held_by_reference_from_the_store_to_the_row() -> 
 
 
 def test_rank_and_job_are_the_agent_s_and_the_peers_are_written_as_the_device_is_made() -> None:
-    store, observer, _ = _round()
+    store, observer, _, _ = _round()
     obs = observer.latest()
     agent = store.agent(101)
     assert agent is not None and agent.rank == 0 and agent.job is not None
@@ -135,7 +142,7 @@ def test_rank_and_job_are_the_agent_s_and_the_peers_are_written_as_the_device_is
 
 
 def test_the_dashboard_copies_a_row_only_for_what_its_viewer_remembers() -> None:
-    _, observer, _ = _round()
+    _, observer, _, _ = _round()
     obs = observer.latest()
     users: dict[int, str] = {}
     dash = view.build(obs, users=users)
@@ -145,3 +152,68 @@ def test_the_dashboard_copies_a_row_only_for_what_its_viewer_remembers() -> None
     other = view.build(obs, my_uid=UID + 1)
     assert [r.own for r in other.processes] == [False, False]
     assert [r.own for r in dash.processes] == [True, True]
+
+
+def test_what_the_store_keeps_across_rounds_is_written_into_the_next_round_s_poll() -> None:
+    store, _, samples, first = _round()
+    # A round that brought no sample (the agent hung) but a breakdown it had measured: the
+    # store's record is that round's poll itself, holding what the store keeps across rounds
+    # (the hello, the last sample's device record, memtop's peak, the step) and the breakdown.
+    reply = AgentBreakdown(11.0, 6, False, {0: {"parameters": GiB}})
+    hung = AgentView(101, AgentStatus.HUNG, error="hung since 10:00:00", breakdown_reply=reply)
+    with store.round():
+        store.update_agents([hung], when=11.0)
+    kept = store.agent(101)
+    assert kept is hung and kept.kept
+    assert kept.hello is first[101].hello and kept.rank == 0
+    assert kept.sample is None and kept.devices[0] is samples[101].devices[0]
+    assert (kept.step, kept.last_sample_time, kept.sampled_peak(0)) == (5, 10.0, 20 * GiB)
+    assert (kept.breakdown, kept.breakdown_time, kept.breakdown_step) == (
+        {0: {"parameters": GiB}},
+        11.0,
+        6,
+    )
+    assert store.view().agents[0] is hung
+    # The first round's record, which a reader of that round may still hold, is as it was.
+    assert first[101].state == AgentStatus.CONNECTED and first[101].breakdown is None
+    # A record a store kept is never written again: handed to another store (a recording's or
+    # a scrape's record fed twice), the other store keeps a copy of it with its own figures.
+    other = Store()
+    other.update_agents([hung], when=12.0)
+    copy = other.agent(101)
+    assert copy is not None and copy is not hung and copy.kept
+    assert copy.devices == () and copy.sampled_peaks == {} and copy.breakdown is not None
+    assert hung.devices[0] is samples[101].devices[0] and hung.sampled_peak(0) == 20 * GiB
+
+
+@pytest.mark.slow
+def test_a_real_agent_s_poll_is_the_record_the_row_is_drawn_from(tmp_path: Path) -> None:
+    tmp_path.chmod(0o700)
+    demo = Demo(gpus=1, scenario="healthy", step_time=0.05, socket_dir=tmp_path)
+    demo.start()
+    try:
+        assert demo.wait_ready(30)
+        pool = AgentPool(tmp_path)
+        polls: list[AgentView] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            polls = pool.poll()
+            if polls and all(p.sample is not None and p.sample.devices for p in polls):
+                break
+            time.sleep(0.1)
+        assert polls and all(p.sample is not None for p in polls)
+        store = Store()
+        with store.round():
+            store.update_agents(polls)
+        obs = Observer(store, uid=os.getuid()).latest()
+        for poll in polls:
+            assert poll.sample is not None
+            # The pool's record is the store's, the round's and the observation's agent.
+            assert store.agent(poll.pid) is poll and obs.agent(poll.pid) is poll
+            assert all(a is b for a, b in zip(poll.devices, poll.sample.devices, strict=True))
+            row = next(r for r in obs.entries if r.pid == poll.pid)
+            assert row.agent is poll and row.agent_device is not None
+            assert row.agent_device.sample is poll.sample.devices[0]
+        pool.close()
+    finally:
+        demo.stop()

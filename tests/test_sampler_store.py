@@ -23,7 +23,7 @@ from memtop.model import (
     StepMark,
 )
 from memtop.sim.demo import Demo
-from memtop.sources.agents import CONNECTED, EXITED, AgentClient, AgentPoll, AgentPool
+from memtop.sources.agents import CONNECTED, EXITED, AgentClient, AgentPool, AgentView
 from memtop.sources.devices import DefaultDeviceSource
 
 MiB = 1 << 20
@@ -51,7 +51,7 @@ def test_a_window_is_a_copy_of_the_column_wrapped_or_not():
     assert list(window) == [20, 30, 40, 50]  # a copy: later rows do not show through
 
 
-def poll(pid: int, step: int, allocated: int, marks: tuple[StepMark, ...] = ()) -> AgentPoll:
+def poll(pid: int, step: int, allocated: int, marks: tuple[StepMark, ...] = ()) -> AgentView:
     stats = {"allocated_bytes.all.current": allocated, "reserved_bytes.all.current": 2 * allocated}
     hello = AgentHello(1, pid, ("train.py",), "3.11", None, "", ())
     sample = AgentSample(
@@ -60,7 +60,7 @@ def poll(pid: int, step: int, allocated: int, marks: tuple[StepMark, ...] = ()) 
         devices=(AgentDeviceSample(0, stats, 1000, 2000),),
         step_marks=marks,
     )
-    return AgentPoll(pid, CONNECTED, hello, sample)
+    return AgentView(pid, CONNECTED, hello, sample)
 
 
 def test_store_tracks_peaks_marks_and_resets():
@@ -80,7 +80,7 @@ def test_store_tracks_peaks_marks_and_resets():
 def test_store_marks_exited_agents_then_forgets_them():
     store = Store(keep_exited_s=0.0)
     store.update_agents([poll(7, 1, MiB)])
-    store.update_agents([AgentPoll(7, EXITED, None, error="process exited")], when=time.time() + 1)
+    store.update_agents([AgentView(7, EXITED, None, error="process exited")], when=time.time() + 1)
     assert store.agents() == []
     assert any("agent 7 exited" in message for _, message in store.events)
 

@@ -669,14 +669,14 @@ def test_an_agent_about_to_record_stacks_is_asked_again_at_the_usual_pace(agent:
         agent.sites.wanted = True  # no boundary yet: not enabled
         asked_at = time.monotonic()
         polls = [pool.poll() for _ in range(3)]
-        (sites,) = [p.sites for p in polls[0] if p.sites is not None]
+        (sites,) = [p.sites_reply for p in polls[0] if p.sites_reply is not None]
         assert not sites.enabled and sites.wanted
         due = pool._due[(agent.pid, "sites")] - asked_at
         assert due < 1.0, due
         agent.sites.wanted = False
         pool.ask_soon(agent.pid, "sites")
         asked_at = time.monotonic()
-        (off,) = [p.sites for p in pool.poll() if p.sites is not None]
+        (off,) = [p.sites_reply for p in pool.poll() if p.sites_reply is not None]
         assert not off.enabled and not off.wanted
         assert pool._due[(agent.pid, "sites")] - asked_at >= pool.SITES_OFF_RETRY_S - 1
     finally:

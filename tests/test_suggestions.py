@@ -11,7 +11,14 @@ from memtop.diagnosis import suggestions as rules
 from memtop.diagnosis.facts import DeviceDiagnosis, GpuObservation, parse_allocator_conf
 from memtop.diagnosis.fragmentation import Fragmentation, Pressure
 from memtop.diagnosis.leak import LeakEstimate, not_enough
-from memtop.model import AgentDeviceSample, AgentHello, AgentView, DeviceReading, GpuProcess
+from memtop.model import (
+    AgentDeviceSample,
+    AgentHello,
+    AgentStatus,
+    AgentView,
+    DeviceReading,
+    GpuProcess,
+)
 
 MiB, GiB = 1 << 20, 1 << 30
 TOTAL = 80 * GiB
@@ -63,7 +70,7 @@ def process(
     """The agent's record a device reads who it is through: its allocator settings (the
     environment's), its ROCm build, its newest OOM report."""
     hello = AgentHello(1, pid, (), "3.12", "2.5", conf, (), extra={"hip": hip} if hip else {})
-    return AgentView(pid, "connected", hello, None, None, None, (), None, last_oom=last_oom)
+    return AgentView(pid, AgentStatus.CONNECTED, hello, last_oom=last_oom)
 
 
 def told(dev: DeviceDiagnosis, hip: str | None = None, last_oom: Any = None) -> DeviceDiagnosis:

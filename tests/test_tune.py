@@ -335,14 +335,14 @@ def test_a_real_torch_trainer_is_tuned_and_reads_its_settings_back(
 
 def test_the_settings_event_is_one_line_per_change() -> None:
     from memtop.engine.store import Store
-    from memtop.model import AgentHello, AgentPoll, AgentSample, AgentStatus
+    from memtop.model import AgentHello, AgentSample, AgentStatus, AgentView
 
     store = Store()
     hello = AgentHello(1, 4242, ("t.py",), "3.11", "2.13", "", (), allocator_settings="")
 
-    def poll(settings: str) -> AgentPoll:
+    def poll(settings: str) -> AgentView:
         sample = AgentSample(time.time(), 1, (), allocator_settings=settings)
-        return AgentPoll(4242, AgentStatus.CONNECTED, hello, sample)
+        return AgentView(4242, AgentStatus.CONNECTED, hello, sample)
 
     store.update_agents([poll("")], time.time())
     store.update_agents([poll("expandable_segments:True")], time.time())

@@ -13,7 +13,7 @@ from test_ui_frozen import frozen_app
 from ui_frozen import LAUNCHER, MY_UID, NOW, frozen_store
 from ui_helpers import notifications, screen_text, wait_for
 
-from memtop.sources.agents import EXITED, AgentPoll
+from memtop.sources.agents import EXITED, AgentView
 from memtop.ui import app as app_module
 from memtop.ui import config
 from memtop.ui.app import MemtopApp
@@ -323,7 +323,7 @@ def test_exited_row_is_dim_marked_last_known_and_keeps_its_user() -> None:
     async def body(app: MemtopApp, pilot) -> None:  # type: ignore[no-untyped-def]
         # The process goes: its agent reports exited and /proc no longer has it.
         trainer_hello = store.agent(4102).hello  # type: ignore[union-attr]
-        store.update_agents([AgentPoll(4102, EXITED, trainer_hello, error="gone")], NOW + 1)
+        store.update_agents([AgentView(4102, EXITED, trainer_hello, error="gone")], NOW + 1)
         store.update_processes({p: i for p, i in store.processes().items() if p != 4102})
         await wait_for(
             pilot,

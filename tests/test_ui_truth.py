@@ -29,7 +29,7 @@ from memtop.engine.observation import Observer
 from memtop.engine.scope import Scope
 from memtop.engine.store import Store
 from memtop.model import AgentHello, AgentSample, DriverReading
-from memtop.sources.agents import CONNECTED, AgentPoll
+from memtop.sources.agents import CONNECTED, AgentView
 from memtop.sources.processes import ProcessInfo
 from memtop.ui import config, view
 from memtop.ui.app import MemtopApp
@@ -82,7 +82,7 @@ def cpu_only_store(steps: int = 689) -> Store:
     for t in range(5):
         store.update_driver(DriverReading(available=False, error=NO_DRIVER), T0 + t)
         sample = AgentSample(time=T0 + t, step=steps - 4 + t, devices=())
-        store.update_agents([AgentPoll(5150, CONNECTED, hello, sample)], T0 + t + 0.01)
+        store.update_agents([AgentView(5150, CONNECTED, hello, sample)], T0 + t + 0.01)
     store.update_processes(
         {5150: ProcessInfo(5150, MY_UID, "ada", ("python", "train_cpu.py"), "python")}
     )
@@ -154,7 +154,7 @@ def test_suggestions_say_collecting_until_there_is_evidence() -> None:
     # An agent whose hello lists a GPU but whose first sample has not come: not "CPU only".
     early = Store()
     early.update_driver(nvml_at(0), T0)
-    early.update_agents([AgentPoll(trainer.pid, CONNECTED, trainer.hello(), None)], T0)
+    early.update_agents([AgentView(trainer.pid, CONNECTED, trainer.hello(), None)], T0)
     dash = view.build(Observer(early, clock=lambda: T0, uid=MY_UID).latest())
     assert dash.quiet.startswith("Collecting"), dash.quiet
     healthy = view.build(Observer(frozen_store(), clock=lambda: NOW, uid=MY_UID).latest())

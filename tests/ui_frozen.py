@@ -19,7 +19,7 @@ from memtop.model import (
     StepMark,
 )
 from memtop.protocol.schema import parse_breakdown
-from memtop.sources.agents import CONNECTED, EXITED, AgentPoll
+from memtop.sources.agents import CONNECTED, EXITED, AgentView
 from memtop.sources.processes import ProcessInfo
 
 MiB = 1 << 20
@@ -120,7 +120,7 @@ def nvml_at(t: int, gpu_error: str | None = None) -> DriverReading:
     return DriverReading(available=True, devices=tuple(devices), driver_version="550.54.15")
 
 
-def poll_at(trainer: Trainer, t: int, free: int) -> AgentPoll:
+def poll_at(trainer: Trainer, t: int, free: int) -> AgentView:
     allocated, reserved, peak, split = trainer.at(t)
     marks = tuple(
         StepMark(step, T0 + step / 2, {0: trainer.baseline(step)}) for step in (2 * t, 2 * t + 1)
@@ -131,7 +131,7 @@ def poll_at(trainer: Trainer, t: int, free: int) -> AgentPoll:
         devices=(AgentDeviceSample(0, _stats(allocated, reserved, peak, split), free, TOTAL),),
         step_marks=marks,
     )
-    return AgentPoll(trainer.pid, CONNECTED, trainer.hello(), sample)
+    return AgentView(trainer.pid, CONNECTED, trainer.hello(), sample)
 
 
 def frozen_store(
@@ -151,7 +151,7 @@ def frozen_store(
         polls = []
         for trainer in trainers:
             if trainer.pid == exited and t == SECONDS:
-                polls.append(AgentPoll(trainer.pid, EXITED, trainer.hello(), error="socket gone"))
+                polls.append(AgentView(trainer.pid, EXITED, trainer.hello(), error="socket gone"))
                 continue
             device = reading.devices[trainer.gpu]
             free = device.free_bytes if device.free_bytes is not None else TOTAL // 2

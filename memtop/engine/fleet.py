@@ -32,7 +32,6 @@ from memtop.engine.store import Store
 from memtop.figures.units import short_host
 from memtop.model import (
     AgentDeviceSample,
-    AgentPoll,
     AgentSample,
     AgentStatus,
     AgentView,
@@ -181,7 +180,7 @@ def in_fleet(reading: HostReading) -> HostReading:
     )
 
 
-def _feed(store: Store, reading: HostReading, polls: Sequence[AgentPoll], driver: DriverReading,
+def _feed(store: Store, reading: HostReading, polls: Sequence[AgentView], driver: DriverReading,
           owner: str) -> None:  # fmt: skip
     with store.round():  # one host's read is one round
         store.update_processes(_process_infos(reading, owner))
@@ -278,7 +277,7 @@ class FleetSampler(FeedLoop):
         # Agents that left Prometheus's view are gone from the fleet.
         gone = [view.pid for view in self.store.agents() if view.pid not in in_view]
         if gone:
-            self.store.update_agents([AgentPoll(pid, AgentStatus.EXITED) for pid in gone])
+            self.store.update_agents([AgentView(pid, AgentStatus.EXITED) for pid in gone])
         self.diagnoser.verdicts = verdicts
         self.store.set_problems(problems)
 
@@ -290,7 +289,7 @@ class FleetSampler(FeedLoop):
         except Exception:
             return
         hellos = {p.pid: p.hello for h in map(in_fleet, fleet.hosts) for p in h.polls}
-        rows: dict[float, list[AgentPoll]] = {}
+        rows: dict[float, list[AgentView]] = {}
         for host, columns in history.items():
             for (number, index), series in columns.items():
                 pid = HostPid(number, host)
@@ -308,7 +307,7 @@ class FleetSampler(FeedLoop):
                     }
                     sample = AgentSample(stamp, None, (AgentDeviceSample(index, stats, 0, 0),))
                     rows.setdefault(stamp, []).append(
-                        AgentPoll(pid, AgentStatus.CONNECTED, hello, sample)
+                        AgentView(pid, AgentStatus.CONNECTED, hello, sample)
                     )
         for stamp in sorted(rows):
             self.store.update_agents(rows[stamp], stamp)

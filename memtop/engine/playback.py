@@ -20,8 +20,8 @@ from typing import Any
 
 from memtop.engine.feed import ActionReply, FeedLoop, refused
 from memtop.engine.store import Store
-from memtop.model import AgentHello, AgentStatus, DriverReading
-from memtop.sources.agents import CONNECTED, AgentPoll, sanity_problem
+from memtop.model import AgentHello, AgentStatus, AgentView, DriverReading
+from memtop.sources.agents import CONNECTED, sanity_problem
 from memtop.sources.replay import Recording, ReplayEvent
 
 NO_DEVICES = "this recording holds no driver readings (agent wire recordings)"
@@ -122,15 +122,15 @@ class Player(FeedLoop):
             return
         elif event.kind == "hello":
             self._hellos[pid] = event.value
-            store.update_agents([AgentPoll(pid, CONNECTED, event.value)], event.t)
+            store.update_agents([AgentView(pid, CONNECTED, event.value)], event.t)
         elif event.kind == "sample":
             hello = self._hellos.get(pid)
             counters = self._counters.setdefault(pid, {})
             problem = sanity_problem(hello, event.value, None, counters)
             if problem is not None:  # the live viewer kept none of these numbers either
-                poll = AgentPoll(pid, AgentStatus.INCONSISTENT, hello, error=problem)
+                poll = AgentView(pid, AgentStatus.INCONSISTENT, hello, error=problem)
             else:
-                poll = AgentPoll(pid, CONNECTED, hello, sample=event.value)
+                poll = AgentView(pid, CONNECTED, hello, sample=event.value)
             store.update_agents([poll], event.t)
         elif event.kind == "breakdown":
             store.update_breakdown(pid, event.value, event.t)
@@ -141,7 +141,7 @@ class Player(FeedLoop):
         elif event.kind == "state":
             state, error = event.value
             store.update_agents(
-                [AgentPoll(pid, state, self._hellos.get(pid), error=error)], event.t
+                [AgentView(pid, state, self._hellos.get(pid), error=error)], event.t
             )
 
     # ------------------------------------------------------------------ as a Sampler

@@ -24,9 +24,16 @@ from typing import Any, Protocol
 from memtop import protocol
 from memtop.engine.feed import ActionReply, FeedLoop
 from memtop.engine.store import Store
-from memtop.model import SOURCE_AGENT, ActionRecord, AgentStatus, DriverReading, bare_uuid
+from memtop.model import (
+    SOURCE_AGENT,
+    ActionRecord,
+    AgentStatus,
+    AgentView,
+    DriverReading,
+    bare_uuid,
+)
 from memtop.protocol import commands
-from memtop.sources.agents import AgentClient, AgentError, AgentPoll, AgentPool, AgentUnreachable
+from memtop.sources.agents import AgentClient, AgentError, AgentPool, AgentUnreachable
 from memtop.sources.owners import GpuOwners
 from memtop.sources.processes import ProcessDirectory, ProcessInfo, TerminateRefused, terminate
 
@@ -219,13 +226,6 @@ class Sampler(FeedLoop):
             if self.processes.problem is not None:
                 problems = [*problems, self.processes.problem]
             self.store.set_problems(problems)
-            for poll in polls:
-                if poll.breakdown is not None:
-                    self.store.update_breakdown(poll.pid, poll.breakdown)
-                if poll.snapshot is not None:
-                    self.store.update_snapshot_summary(poll.pid, poll.snapshot)
-                if poll.sites is not None:
-                    self.store.update_sites(poll.pid, poll.sites)
         self.rounds += 1
         self.last_round_s = time.monotonic() - started
 
@@ -235,7 +235,7 @@ class Sampler(FeedLoop):
         polled: float,
         reading: DriverReading,
         infos: dict[int, ProcessInfo],
-        polls: list[AgentPoll],
+        polls: list[AgentView],
     ) -> None:
         assert self.tap is not None
         if infos != self._tapped_processes:  # as the store: only when it changed

@@ -30,7 +30,6 @@ from memtop.model import (
     MARK_WINDOW,
     ActionRecord,
     AgentBreakdown,
-    AgentPoll,
     AgentSample,
     AgentSites,
     AgentSnapshot,
@@ -250,7 +249,10 @@ class Store:
                 ring.append(when, float(device.used_bytes))
             self._changed()
 
-    def update_agents(self, polls: Iterable[AgentPoll], when: float | None = None) -> None:
+    def update_agents(self, polls: Iterable[AgentView], when: float | None = None) -> None:
+        """Keep each agent's record of this round: the pool's record itself, completed with what
+        the store keeps across rounds (the previous record's figures, this round's sample and
+        low-rate replies applied to them)."""
         when = when if when is not None else time.time()
         with self._lock:
             for poll in polls:
@@ -261,58 +263,75 @@ class Store:
                     del self._agents[pid], self._rings[pid]
             self._changed()
 
-    def _apply_poll(self, poll: AgentPoll, when: float) -> None:
-        agent = self._agents.get(poll.pid)
-        if agent is None:
-            agent = AgentView(poll.pid, poll.state, poll.hello, None, None, None, (), None)
-            self._rings[poll.pid] = _Rings()
+    def _apply_poll(self, poll: AgentView, when: float) -> None:
+        pid = poll.pid
+        previous = self._agents.get(pid)
+        if previous is None:
+            self._rings[pid] = _Rings()
             if poll.state == AgentStatus.CONNECTED:
-                self.events.append((when, f"{_agent_name(poll.pid)} attached"))
+                self.events.append((when, f"{_agent_name(pid)} attached"))
             else:  # found hung, refused, …: said once, with why
-                message = f"{_agent_name(poll.pid)} {poll.state}"
+                message = f"{_agent_name(pid)} {poll.state}"
                 self.events.append((when, f"{message}: {poll.error}" if poll.error else message))
-        elif agent.state != poll.state:
-            message = f"{_agent_name(poll.pid)} {poll.state}"
+        elif previous.state != poll.state:
+            message = f"{_agent_name(pid)} {poll.state}"
             self.events.append((when, f"{message}: {poll.error}" if poll.error else message))
-        if agent.state != poll.state or agent.error != poll.error:
-            agent = replace(agent, state=poll.state, error=poll.error)
-        if poll.hello is not None:
-            if poll.hello is not agent.hello or agent.allocator_settings is None:
-                # A fresh hello only: the pool hands the one it read on connecting every round,
-                # and after a change its settings are older than the samples'.
-                agent = self._settings(agent, poll.hello.allocator_settings, when)
-            if poll.hello is not agent.hello:
-                agent = replace(agent, hello=poll.hello)
+        kept = _kept_figures(previous)
+        if poll.hello is None:
+            kept["hello"] = previous.hello if previous is not None else None
+        settings = kept["allocator_settings"]
+        if poll.hello is not None and (
+            previous is None or poll.hello is not previous.hello or settings is None
+        ):
+            # A fresh hello only: the pool hands the one it read on connecting every round,
+            # and after a change its settings are older than the samples'.
+            settings = self._settings(pid, settings, poll.hello.allocator_settings, when)
         if poll.sample is not None:
-            agent = self._settings(agent, poll.sample.allocator_settings, when)
-            agent = self._apply_sample(agent, poll.sample)
-        self._agents[poll.pid] = agent
+            settings = self._settings(pid, settings, poll.sample.allocator_settings, when)
+            self._apply_sample(pid, poll.sample, kept)
+        kept["allocator_settings"] = settings
+        # The low-rate replies that came with this round (stamped with its time).
+        if poll.breakdown_reply is not None:
+            kept.update(_breakdown_kept(poll.breakdown_reply, when) or {})
+        if poll.snapshot_reply is not None:
+            kept.update(_snapshot_kept(poll.snapshot_reply, when) or {})
+        if poll.sites_reply is not None:
+            kept["sites"] = self._sites_kept(pid, poll.sites_reply, kept["sites"])
+        self._publish(_written(poll, kept))
 
-    def _settings(self, agent: AgentView, settings: str | None, when: float) -> AgentView:
+    def _publish(self, agent: AgentView) -> None:
+        """`agent` is the store's record of its pid from now on: never written again."""
+        object.__setattr__(agent, "kept", True)
+        self._agents[agent.pid] = agent
+
+    def _settings(
+        self, pid: int, current: str | None, settings: str | None, when: float
+    ) -> str | None:
         """The allocator's settings in force, as the agent says; a change is an event."""
-        if settings is None or settings == agent.allocator_settings:
-            return agent
-        if agent.allocator_settings is not None:
+        if settings is None or settings == current:
+            return current
+        if current is not None:
             self.events.append(
                 (
                     when,
-                    f"{_agent_name(agent.pid)} allocator settings: "
-                    f"{agent.allocator_settings or '(default)'} → {settings or '(default)'}",
+                    f"{_agent_name(pid)} allocator settings: "
+                    f"{current or '(default)'} → {settings or '(default)'}",
                 )
             )
-        return replace(agent, allocator_settings=settings)
+        return settings
 
-    def _apply_sample(self, agent: AgentView, sample: AgentSample) -> AgentView:
-        """`agent` with `sample` kept: its devices' newest samples (the parsed records, by
-        reference) and peaks, their rows appended to the rings."""
-        rings = self._rings[agent.pid]
+    def _apply_sample(self, pid: int, sample: AgentSample, kept: dict[str, Any]) -> None:
+        """`kept` (an agent's figures) with `sample` kept: its devices' newest samples (the
+        parsed records, by reference) and peaks, their rows appended to the rings."""
+        rings = self._rings[pid]
+        counts = kept["action_counts"]
         for action in sample.actions:  # the agent's action log: the pid as this viewer knows it
-            agent = self._keep_action(replace(action, pid=agent.pid), agent) or agent
-        last_oom = agent.last_oom
+            counts = self._keep_action(replace(action, pid=pid), counts)
+        last_oom = kept["last_oom"]
         if sample.oom is not None and isinstance(sample.oom.get("last"), Mapping):
             last_oom = sample.oom["last"]
-        devices = {d.index: d for d in agent.devices}
-        peaks = dict(agent.sampled_peaks)
+        devices = {d.index: d for d in kept["devices"]}
+        peaks = dict(kept["sampled_peaks"])
         for device in sample.devices:
             if device.index not in devices:
                 rings.devices[device.index] = (
@@ -332,7 +351,7 @@ class Store:
                 float(device.inactive_split),
                 math.nan if device.allocated_floor is None else float(device.allocated_floor),
             )
-        host_memory = agent.host_memory
+        host_memory = kept["host_memory"]
         if sample.host_memory is not None:
             host_memory = sample.host_memory
             if rings.host_history is None:
@@ -347,86 +366,68 @@ class Store:
                 if index in devices:
                     rings.devices[index][1].append(float(mark.step), mark.time, float(allocated))
                     peaks[index] = max(peaks[index], allocated)
-        return replace(
-            agent,
+        kept.update(
             step=sample.step,
             last_oom=last_oom,
             last_sample_time=sample.time,
             devices=tuple(devices[index] for index in sorted(devices)),
             sampled_peaks=peaks,
             host_memory=host_memory,
+            action_counts=counts,
         )
 
     def update_breakdown(self, pid: int, reply: AgentBreakdown, when: float | None = None) -> None:
-        """Keep a `breakdown` reply: bytes by role per device.  A raw reply (a recording, a
-        scrape) is parsed by its reader (memtop.protocol.schema), as the live one was."""
-
-        def keep(agent: AgentView, devices: dict[int, dict[str, Any]], stamp: float) -> AgentView:
-            # Measured at the agent's time (a breakdown is served until the next one is taken:
-            # its age is from then, not from when it was read).
-            return replace(
-                agent,
-                breakdown=devices,
-                breakdown_time=reply.time if reply.time is not None else stamp,
-                breakdown_step=reply.step,
-            )
-
-        self._keep_per_device(pid, reply.pending, reply.devices, when, keep)
+        """Keep a `breakdown` reply outside an agent's poll (a recording, a scrape): bytes by
+        role per device.  A raw reply is parsed by its reader (memtop.protocol.schema), as the
+        live one was."""
+        figures = _breakdown_kept(reply, when if when is not None else time.time())
+        if figures is not None:
+            self._update_agent(pid, lambda agent: replace(agent, **figures))
 
     def update_snapshot_summary(
         self, pid: int, reply: AgentSnapshot, when: float | None = None
     ) -> None:
-        """Keep the per-device summary of a `snapshot` reply (no file written)."""
-
-        def keep(agent: AgentView, devices: dict[int, dict[str, Any]], stamp: float) -> AgentView:
-            return replace(agent, snapshot_summary=devices, snapshot_time=stamp)
-
-        self._keep_per_device(pid, reply.pending, reply.devices, when, keep)
-
-    def _keep_per_device(
-        self,
-        pid: int,
-        pending: bool,
-        devices: Mapping[int, Mapping[str, Any]],
-        when: float | None,
-        keep: Callable[[AgentView, dict[int, dict[str, Any]], float], AgentView],
-    ) -> None:
-        """Keep a parsed per-device reply (breakdown, snapshot summary) with its stamp: a copy
-        of each device's figures, unless the agent is still measuring (`pending`)."""
-        if pending:
-            return
-        copied = {index: dict(figures) for index, figures in devices.items()}
-        stamp = when if when is not None else time.time()
-        self._update_agent(pid, lambda agent: keep(agent, copied, stamp))
+        """Keep the per-device summary of a `snapshot` reply (no file written) outside an
+        agent's poll (a recording)."""
+        figures = _snapshot_kept(reply, when if when is not None else time.time())
+        if figures is not None:
+            self._update_agent(pid, lambda agent: replace(agent, **figures))
 
     def update_sites(self, pid: int, reply: AgentSites) -> None:
-        """Keep a `sites` reply (a new grouping only: the same one read twice is kept once),
-        after the agent's past rounds it carries (a connection's first reply, DESIGN §13) that
-        are newer than the newest kept: one reply gives a trend; stack recording off forgets
-        the readings."""
+        """Keep a `sites` reply outside an agent's poll (a recording)."""
 
         def apply(agent: AgentView) -> AgentView:
-            sites = self._rings[agent.pid].sites
-            if not reply.enabled:
-                sites.clear()
-                return replace(agent, sites=())
-            if reply.time is None or (sites and sites[-1].time == reply.time):
-                return agent
-            for past in reply.history:
-                newest = sites[-1].time if sites else None
-                if past.time is not None and (newest is None or newest < past.time < reply.time):
-                    keep_sites(sites, past)
-            # Kept without its history: a reading is one round.
-            keep_sites(sites, replace(reply, history=()) if reply.history else reply)
-            return replace(agent, sites=tuple(sites))
+            sites = self._sites_kept(pid, reply, agent.sites)
+            return agent if sites is agent.sites else replace(agent, sites=sites)
 
         self._update_agent(pid, apply)
+
+    def _sites_kept(
+        self, pid: int, reply: AgentSites, current: tuple[AgentSites, ...]
+    ) -> tuple[AgentSites, ...]:
+        """An agent's `sites` readings with `reply` kept (a new grouping only: the same one
+        read twice is kept once), after the agent's past rounds it carries (a connection's
+        first reply, DESIGN §13) that are newer than the newest kept: one reply gives a trend;
+        stack recording off forgets the readings.  `current` as it was when nothing is new."""
+        sites = self._rings[pid].sites
+        if not reply.enabled:
+            sites.clear()
+            return ()
+        if reply.time is None or (sites and sites[-1].time == reply.time):
+            return current
+        for past in reply.history:
+            newest = sites[-1].time if sites else None
+            if past.time is not None and (newest is None or newest < past.time < reply.time):
+                keep_sites(sites, past)
+        # Kept without its history: a reading is one round.
+        keep_sites(sites, replace(reply, history=()) if reply.history else reply)
+        return tuple(sites)
 
     def _update_agent(self, pid: int, apply: Callable[[AgentView], AgentView]) -> None:
         with self._lock:
             agent = self._agents.get(pid)
             if agent is not None:
-                self._agents[pid] = apply(agent)
+                self._publish(apply(agent))
                 self._changed()
 
     def update_owners(self, owners: Mapping[int, PidFacts]) -> None:
@@ -449,15 +450,19 @@ class Store:
         it is an event.  One action known twice (this memtop did it, then read it back from the
         log: the same `seq`) is kept once, with the agent's time and step."""
         with self._lock:
-            agent = self._keep_action(action, self._agents.get(action.pid))
-            if agent is not None:
-                self._agents[action.pid] = agent
+            agent = self._agents.get(action.pid)
+            counts = self._keep_action(action, agent.action_counts if agent is not None else None)
+            if agent is not None and counts is not None and counts is not agent.action_counts:
+                self._publish(replace(agent, action_counts=counts))
             self._changed()
 
-    def _keep_action(self, action: ActionRecord, agent: AgentView | None) -> AgentView | None:
-        """Keep `action` (once); `agent`, with it counted, or as it was when known already."""
+    def _keep_action(
+        self, action: ActionRecord, counts: Mapping[tuple[str, str], int] | None
+    ) -> Mapping[tuple[str, str], int] | None:
+        """Keep `action` (once); its agent's action `counts` with it counted, or as they were
+        when it was known already (None: an agent the store does not keep)."""
         kept = self._actions if action.ok else self._refusals
-        rings = self._rings.get(agent.pid) if agent is not None else None
+        rings = self._rings.get(action.pid) if counts is not None else None
         if action.seq is not None:
             for i, known in enumerate(kept):
                 if known.pid == action.pid and known.seq == action.seq:
@@ -466,34 +471,34 @@ class Store:
                         # who, and still ours.
                         agents = action if action.source == ACTION_FROM_AGENT else known
                         kept[i] = replace(agents, source=ACTION_BY_VIEWER)
-                    return agent
+                    return counts
             if rings is not None:
                 if action.seq <= rings.action_seq_seen:
-                    return agent  # read before and aged out here: a reconnection serves it again
+                    return counts  # read before and aged out here: a reconnection serves it again
                 if action.source == ACTION_FROM_AGENT:
                     rings.action_seq_seen = action.seq
         kept.append(action)
-        if agent is not None:
-            counts = dict(agent.action_counts)
+        if counts is not None:
+            counted = dict(counts)
             key = (action.kind, action.result)
-            if key not in counts and len(counts) >= ACTION_COUNT_KEYS:
+            if key not in counted and len(counted) >= ACTION_COUNT_KEYS:
                 key = ("other", action.result)  # a hostile agent's made-up kinds: bounded
-            counts[key] = counts.get(key, 0) + 1
-            agent = replace(agent, action_counts=counts)
+            counted[key] = counted.get(key, 0) + 1
+            counts = counted
         by = action.by_words()
         said = f"{action.kind} in pid {action.pid}" + (f" {by}" if by else "")
         if not action.ok:
             said += f" refused: {action.why}" if action.why else " refused"
         self.events.append((action.time, said))
-        return agent
+        return counts
 
     def reset_peak(self, pid: int) -> None:
         """memtop's own peak restarts from the current value (the `r` key)."""
         with self._lock:
             agent = self._agents.get(pid)
             if agent is not None:
-                self._agents[pid] = replace(
-                    agent, sampled_peaks={d.index: d.allocated for d in agent.devices}
+                self._publish(
+                    replace(agent, sampled_peaks={d.index: d.allocated for d in agent.devices})
                 )
                 self._changed()
 
@@ -620,6 +625,70 @@ class Store:
     def _device_rings(self, pid: int, index: int) -> tuple[Ring, Ring] | None:
         rings = self._rings.get(pid)
         return rings.devices.get(index) if rings is not None else None
+
+
+# The store's part of an agent's record (model.AgentView, from `step` on): carried from one
+# round's record to the next, and written into the next round's pool record.
+_KEPT = (
+    "step",
+    "last_sample_time",
+    "devices",
+    "breakdown",
+    "snapshot_summary",
+    "breakdown_time",
+    "breakdown_step",
+    "snapshot_time",
+    "last_oom",
+    "sites",
+    "allocator_settings",
+    "sampled_peaks",
+    "host_memory",
+    "action_counts",
+)
+
+
+def _kept_figures(agent: AgentView | None) -> dict[str, Any]:
+    """What the store keeps of `agent` (a new agent: nothing yet), by field name."""
+    return {name: getattr(agent if agent is not None else _NOTHING_KEPT, name) for name in _KEPT}
+
+
+_NOTHING_KEPT = AgentView(0, AgentStatus.CONNECTED)  # a record's defaults (never published)
+
+
+def _written(poll: AgentView, figures: Mapping[str, Any]) -> AgentView:
+    """The pool's `poll` with the store's `figures` written into it: the record itself, the one
+    time a store keeps it (no reader has seen it: the pool made it this round), a copy of it
+    when a store kept it already (a recording's or a scrape's record handed again: a record a
+    reader may hold is never written)."""
+    if poll.kept:
+        return replace(poll, **figures)
+    for name, value in figures.items():
+        object.__setattr__(poll, name, value)
+    return poll
+
+
+def _breakdown_kept(reply: AgentBreakdown, stamp: float) -> dict[str, Any] | None:
+    """The figures a `breakdown` reply gives its agent's record: a copy of each device's bytes
+    by role, measured at the agent's time (a breakdown is served until the next one is taken:
+    its age is from then, not from when it was read); None while the agent is measuring."""
+    if reply.pending:
+        return None
+    return {
+        "breakdown": {index: dict(figures) for index, figures in reply.devices.items()},
+        "breakdown_time": reply.time if reply.time is not None else stamp,
+        "breakdown_step": reply.step,
+    }
+
+
+def _snapshot_kept(reply: AgentSnapshot, stamp: float) -> dict[str, Any] | None:
+    """The figures a `snapshot` reply gives its agent's record: its per-device summary, stamped
+    when read; None while the agent is measuring."""
+    if reply.pending:
+        return None
+    return {
+        "snapshot_summary": {index: dict(figures) for index, figures in reply.devices.items()},
+        "snapshot_time": stamp,
+    }
 
 
 def _windows(ring: Ring | None, last: int | None = None) -> dict[str, array[float]]:

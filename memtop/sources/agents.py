@@ -38,15 +38,15 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from memtop import protocol
-from memtop.model import (  # AgentPoll: a record of the model, named here for its importers
+from memtop.model import (  # AgentView: the record a poll makes, named here for its importers
     MARK_WINDOW,
     AgentBreakdown,
     AgentHello,
-    AgentPoll,
     AgentSample,
     AgentSites,
     AgentSnapshot,
     AgentStatus,
+    AgentView,
 )
 from memtop.protocol import namespaces
 from memtop.sources.agent_client import (
@@ -81,11 +81,11 @@ __all__ = [
     "UNREACHABLE",
     "AgentClient",
     "AgentError",
-    "AgentPoll",
     "AgentPool",
     "AgentRefused",
     "AgentTimeout",
     "AgentUnreachable",
+    "AgentView",
     "PendingReply",
     "parse_sample",
     "sanity_problem",
@@ -494,14 +494,14 @@ class AgentPool:
 
     def poll(
         self, known_devices: Mapping[str, int] | None = None, budget: float | None = None
-    ) -> list[AgentPoll]:
+    ) -> list[AgentView]:
         """One round.  `known_devices`: GPU UUID (and PCI bus id) -> total bytes as the driver
         reports them (None: no driver view).  `budget`: the most this call waits for answers
         (default: the request timeout)."""
         started = time.monotonic()
         budget = self.timeout if budget is None else budget
         found, refused, _, names = self._scan()
-        results: dict[int, AgentPoll] = {}
+        results: dict[int, AgentView] = {}
         for pid in list(self._agents):
             if pid not in found:
                 results[pid] = self._gone(self._agents.pop(pid))
@@ -545,7 +545,7 @@ class AgentPool:
             if poll is not None:
                 results[pid] = poll
         for pid, (why, owner) in refused.items():
-            results[pid] = AgentPoll(pid, REFUSED, error=why, owner=owner)
+            results[pid] = AgentView(pid, REFUSED, error=why, owner=owner)
         self._refused_gone = set(refused)
         return [results[pid] for pid in sorted(results)]
 
@@ -668,7 +668,7 @@ class AgentPool:
 
         return job
 
-    def _harvest(self, agent: _Agent, known_devices: Mapping[str, int] | None) -> AgentPoll | None:
+    def _harvest(self, agent: _Agent, known_devices: Mapping[str, int] | None) -> AgentView | None:
         """Apply what the agent's job delivered; the row for this round (None: nothing known
         yet about an agent still answering its first request)."""
         received = agent.inbox[:]
@@ -729,15 +729,15 @@ class AgentPool:
                 agent.state, agent.error = CONNECTED, None
         if agent.state is None:
             return None
-        return AgentPoll(
+        return AgentView(
             agent.pid,
             agent.state,
             agent.hello,
             sample=sample,
             error=agent.error,
-            breakdown=breakdown,
-            snapshot=snapshot,
-            sites=sites,
+            breakdown_reply=breakdown,
+            snapshot_reply=snapshot,
+            sites_reply=sites,
             owner=agent.owner,
         )
 
@@ -763,7 +763,7 @@ class AgentPool:
                 agent.error = f"agent of pid {agent.pid}: {type(exc).__name__}: {exc}"[:300]
             agent.retry_at = now + self.RETRY_S
 
-    def _gone(self, agent: _Agent) -> AgentPoll:
+    def _gone(self, agent: _Agent) -> AgentView:
         self._drop_client(agent)
         self._due = {k: v for k, v in self._due.items() if k[0] != agent.pid}
         alive = protocol.pid_alive(agent.pid)
@@ -771,7 +771,7 @@ class AgentPool:
             # Nothing left to signal; kept, it would be one entry per trainer ever seen.
             self._verified.pop(agent.pid, None)
         why = "agent stopped (its socket was removed)" if alive else "process exited"
-        return AgentPoll(agent.pid, EXITED, agent.hello, error=why, owner=agent.owner)
+        return AgentView(agent.pid, EXITED, agent.hello, error=why, owner=agent.owner)
 
     def _drop_client(self, agent: _Agent) -> None:
         client = agent.client

@@ -4,7 +4,7 @@ the PromQL HTTP API (`/api/v1/query`, `/api/v1/query_range`).
 One instant query fetches every `memtop_*` series (or, given one `memtop export`'s URL instead
 of Prometheus's, one scrape of its /metrics); they are grouped by their `hostname` label into
 one `HostReading` per host holding the same kinds of readings the local sampler writes into a
-store: an `DriverReading` of the host's GPUs, one `AgentPoll` per agent (hello and sample rebuilt
+store: an `DriverReading` of the host's GPUs, one `AgentView` per agent (hello and sample rebuilt
 from the series), the breakdowns, and the host's own verdicts (leak, smoothed fragmentation,
 snapshot figures), which the fleet view shows as judged there rather than judging again from
 coarser data.  The metric names are those of `memtop.export.metrics`; the per-device ones, and
@@ -49,12 +49,12 @@ from memtop.model import (
     AgentHello,
     AgentSample,
     AgentStatus,
+    AgentView,
     DeviceReading,
     DriverReading,
     GpuProcess,
 )
 from memtop.protocol.text import clean_text, decimal
-from memtop.sources.agents import AgentPoll
 
 ALL_SERIES = '{__name__=~"memtop_.+"}'
 # Targets that exported memtop series in the last hour and failed their newest scrape.
@@ -97,7 +97,7 @@ class HostReading:
     host: str
     time: float  # the host's newest observation (unix seconds)
     driver: DriverReading
-    polls: tuple[AgentPoll, ...]
+    polls: tuple[AgentView, ...]
     breakdowns: Mapping[int, dict[str, Any]]  # pid -> a `breakdown` reply
     verdicts: Mapping[tuple[int, int], dict[str, float]]  # (pid, cuda index) -> judged there
     jobs: Mapping[int, str]  # pid -> job label
@@ -685,7 +685,7 @@ def _host(host: str, rows: list[tuple[dict[str, str], float]]) -> HostReading:
             parts = {str(d.index): dict(d.breakdown) for d in mine if d.breakdown}
             if parts:
                 breakdowns[pid] = {"devices": parts}
-        polls.append(AgentPoll(pid, state, hello, sample))
+        polls.append(AgentView(pid, state, hello, sample))
     return HostReading(
         host=host,
         time=stamp,
