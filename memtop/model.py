@@ -771,7 +771,7 @@ NO_WINDOWS: Windows = ({}, {})
 class RoundView:
     """Everything the store holds of one generation, taken under one lock: what the
     observation joins and the diagnosis judges.  Nothing in it changes afterwards: the agents'
-    records are the store's own (frozen, replaced whole on a write), and the windows of history
+    records are the store's own (frozen, never written once kept), and the windows of history
     beside them were copied out of its rings in the same lock take (so they are of one round).
     """
 
