@@ -657,9 +657,10 @@ _NOTHING_KEPT = AgentView(0, AgentStatus.CONNECTED)  # a record's defaults (neve
 
 def _written(poll: AgentView, figures: Mapping[str, Any]) -> AgentView:
     """The pool's `poll` with the store's `figures` written into it: the record itself, the one
-    time a store keeps it (no reader has seen it: the pool made it this round), a copy of it
-    when a store kept it already (a recording's or a scrape's record handed again: a record a
-    reader may hold is never written)."""
+    time a store keeps it (no reader has seen it: the thread that made it this round hands it
+    to the store it writes, under that store's lock), a copy of it when a store kept it already
+    (a recording's or a scrape's record handed again: a record a reader may hold is never
+    written)."""
     if poll.kept:
         return replace(poll, **figures)
     for name, value in figures.items():
