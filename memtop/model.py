@@ -633,6 +633,10 @@ class Accounting:
 
 
 # ------------------------------------------------------------------ one agent, polled and kept
+# The mark of an `AgentView` field the store writes (its part of the record, kept across rounds):
+# the store reads the names from the record's own fields (`store_kept_fields`), no list of them.
+STORE_KEPT: Mapping[str, bool] = {"store_kept": True}
+
 # One record per agent and round: the agents' pool (memtop.sources.agents; a recording, the fleet
 # reader and a scrape make them too) fills in what it read this round, and the store
 # (memtop.engine.store) completes that same record with what it keeps across rounds, once,
@@ -667,30 +671,33 @@ class AgentView:
     sites_reply: AgentSites | None = None  # live memory by the user's line (DESIGN §12)
     # The uid owning the socket directory (who runs the agent).
     owner: int | None = None
-    # ---- what the store keeps across rounds (written by the store, once)
-    step: int | None = None
-    last_sample_time: float | None = None
+    # ---- what the store keeps across rounds (written by the store, once; marked STORE_KEPT)
+    step: int | None = field(default=None, metadata=STORE_KEPT)
+    last_sample_time: float | None = field(default=None, metadata=STORE_KEPT)
     # Each device's newest sample, by index: the `AgentDeviceSample` parsed from the reply, as
     # it is (a device a later sample does not list keeps its last one).
-    devices: tuple[AgentDeviceSample, ...] = ()
-    breakdown: dict[int, dict[str, int]] | None = None
-    snapshot_summary: dict[int, dict[str, Any]] | None = None
-    breakdown_time: float | None = None  # when the agent measured it (its clock: this host's)
-    breakdown_step: int | None = None  # the step after which the agent measured it
-    snapshot_time: float | None = None
+    devices: tuple[AgentDeviceSample, ...] = field(default=(), metadata=STORE_KEPT)
+    breakdown: dict[int, dict[str, int]] | None = field(default=None, metadata=STORE_KEPT)
+    snapshot_summary: dict[int, dict[str, Any]] | None = field(default=None, metadata=STORE_KEPT)
+    # when the agent measured it (its clock: this host's)
+    breakdown_time: float | None = field(default=None, metadata=STORE_KEPT)
+    # the step after which the agent measured it
+    breakdown_step: int | None = field(default=None, metadata=STORE_KEPT)
+    snapshot_time: float | None = field(default=None, metadata=STORE_KEPT)
     # The newest OOM report's headline, as the agent's sample says (None: no OOM yet).
-    last_oom: Mapping[str, Any] | None = None
-    sites: tuple[AgentSites, ...] = ()  # its `sites` readings, oldest first
+    last_oom: Mapping[str, Any] | None = field(default=None, metadata=STORE_KEPT)
+    # its `sites` readings, oldest first
+    sites: tuple[AgentSites, ...] = field(default=(), metadata=STORE_KEPT)
     # The allocator's option string in force, as the agent last said (None: it does not say;
     # the hello's environment string is all there is).  `memtop tune` changes it.
-    allocator_settings: str | None = None
+    allocator_settings: str | None = field(default=None, metadata=STORE_KEPT)
     # memtop's own maximum of the allocated bytes it sampled, by device index (misses a step's
     # peak between samples; torch's is the sample's `torch_peak`); the `r` key restarts it.
-    sampled_peaks: Mapping[int, int] = field(default_factory=dict)
+    sampled_peaks: Mapping[int, int] = field(default_factory=dict, metadata=STORE_KEPT)
     # Host memory's newest reading (its windows are the round's: `RoundView.host_windows`).
-    host_memory: HostMemory | None = None
+    host_memory: HostMemory | None = field(default=None, metadata=STORE_KEPT)
     # Actions performed in it by (kind, result), each counted once (the exporter's counter).
-    action_counts: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    action_counts: Mapping[tuple[str, str], int] = field(default_factory=dict, metadata=STORE_KEPT)
     # Whether a store has kept this record (written its part and published it): it is then
     # never written again (`dataclasses.replace` makes a record that is not kept yet).
     kept: bool = field(default=False, init=False, repr=False, compare=False)

@@ -186,6 +186,23 @@ def test_what_the_store_keeps_across_rounds_is_written_into_the_next_round_s_pol
     assert hung.devices[0] is samples[101].devices[0] and hung.sampled_peak(0) == 20 * GiB
 
 
+def test_every_field_marked_store_kept_is_carried_through_a_round_without_news() -> None:
+    # The store's part of an agent's record is read from the record's own fields (those marked
+    # STORE_KEPT), not from a list of names beside it: each marked field, whatever it holds, is
+    # the next round's too when that round brings nothing for it (a hung agent's poll).
+    store, _, _, _ = _round()
+    marked = [f.name for f in dataclasses.fields(AgentView) if f.metadata.get("store_kept")]
+    assert {"devices", "sampled_peaks", "host_memory", "action_counts", "sites"} <= set(marked)
+    values = {name: object() for name in marked}
+    # (the kept record with every marked figure set to something only this test holds)
+    store._agents[101] = dataclasses.replace(store.agent(101), **values)  # type: ignore[arg-type]
+    with store.round():
+        store.update_agents([AgentView(101, AgentStatus.HUNG)], when=11.0)
+    after = store.agent(101)
+    assert after is not None
+    assert [name for name in marked if getattr(after, name) is not values[name]] == []
+
+
 @pytest.mark.slow
 def test_a_real_agent_s_poll_is_the_record_the_row_is_drawn_from(tmp_path: Path) -> None:
     tmp_path.chmod(0o700)

@@ -17,7 +17,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 # Records only, from the model: the store (and the observation, the diagnosis and the UI above
@@ -627,24 +627,10 @@ class Store:
         return rings.devices.get(index) if rings is not None else None
 
 
-# The store's part of an agent's record (model.AgentView, from `step` on): carried from one
-# round's record to the next, and written into the next round's pool record.
-_KEPT = (
-    "step",
-    "last_sample_time",
-    "devices",
-    "breakdown",
-    "snapshot_summary",
-    "breakdown_time",
-    "breakdown_step",
-    "snapshot_time",
-    "last_oom",
-    "sites",
-    "allocator_settings",
-    "sampled_peaks",
-    "host_memory",
-    "action_counts",
-)
+# The store's part of an agent's record: the fields of model.AgentView marked STORE_KEPT, carried
+# from one round's record to the next and written into the next round's pool record.  Read from
+# the record's own fields: a field added there with the mark is kept, with no list here to drift.
+_KEPT = tuple(f.name for f in fields(AgentView) if f.metadata.get("store_kept"))
 
 
 def _kept_figures(agent: AgentView | None) -> dict[str, Any]:
