@@ -160,11 +160,54 @@ def test_mark_columns_carry_the_same_marks_as_rows():
     assert protocol.parse_sample({**base, **empty}).step_marks == ()
 
 
+def _kept_bytes(make):  # type: ignore[no-untyped-def]
+    """What `make()`'s result holds in memory (tracemalloc), with the result."""
+    import gc
+    import tracemalloc
+
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        result = make()
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0] - before, result
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_first_samples_thousand_marks_are_kept_compact():
+    # A first sample carries up to 1024 marks per agent, which the store keeps for minutes: a
+    # mapping and numbers of its own for each was ~300 bytes a mark (3.3 MB for 11 agents),
+    # though a trainer's baseline and RSS seldom move from one step to the next.
+    rows = [
+        {
+            "step": n,
+            "time": 1000.0 + n / 8,
+            "allocated_bytes": {"0": 15_478_137_856 + (2**20 if n >= 1000 else 0)},
+            "host_rss_bytes": 30_273_536,
+            "host_heap_free_bytes": 612_336 if n % 8 == 0 else None,
+        }
+        for n in range(1024)
+    ]
+    wire = json.dumps({"step_mark_columns": protocol.mark_columns(rows)})
+    base = {"time": 2000.0, "step": 1024, "devices": [], "step_marks": []}
+    protocol.parse_sample({**base, **json.loads(wire)})  # (what a first parse imports)
+    kept, sample = _kept_bytes(lambda: protocol.parse_sample({**base, **json.loads(wire)}))
+    marks = sample.step_marks
+    assert marks == protocol.parse_sample({**base, "step_marks": rows}).step_marks
+    assert marks[0].allocated is marks[999].allocated and marks[1000].allocated[0] == 15479186432
+    assert kept < 180 * 1024, kept  # 412 KB with a mapping and numbers for each
+
+
 @pytest.mark.parametrize(
     "columns",
     [
         [],
         {"step": [1, 2], "time": [1.0], "allocated_bytes": {}},  # lengths differ
+        {"step": [1], "time": [True], "allocated_bytes": {}},
+        {"step": [1], "time": [1.0], "allocated_bytes": {}, "host_rss_bytes": [-1]},
+        {"step": [1], "time": [1.0], "allocated_bytes": {}, "host_heap_free_bytes": [True]},
         {"step": [1], "time": [1.0], "allocated_bytes": {"0": [1, 2]}},
         {"step": [1], "time": [float("nan")], "allocated_bytes": {}},
         {"step": [True], "time": [1.0], "allocated_bytes": {}},
