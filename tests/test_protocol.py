@@ -431,3 +431,29 @@ def test_the_agent_loads_no_viewer_side_of_the_protocol():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["[]", "True"]
+
+
+@pytest.mark.parametrize(
+    "body, inert",
+    [
+        (b'{"id": 3, "result": {"name": "H100", "argv": ["train.py", "--lr=1e-3"]}}', True),
+        (b'{"a": "\\u001b[2J"}', False),  # an escape may spell any character
+        (b'{"a": "x\\"y"}', False),  # (even a harmless one: no guessing)
+        ('{"a": "café"}'.encode(), False),  # not ASCII
+        (b'{"a": "del\x7f"}', False),  # a raw control byte
+        (b'{"a": "' + b"x" * 5000 + b'"}', False),  # a string past MAX_TEXT is cut
+    ],
+)
+def test_a_frame_that_needs_no_cleaning_is_known_by_its_bytes(body, inert):
+    from memtop.protocol.text import clean_value, inert_json
+
+    assert inert_json(body) is inert
+    if inert:
+        message = json.loads(body)
+        assert clean_value(message) is message
+    # The decoder tells it frame by frame, as each is yielded.
+    decoder = protocol.FrameDecoder()
+    plain = b'{"id": 1}'
+    frames = b"".join(len(b).to_bytes(4, "big") + b for b in (plain, body, plain))
+    seen = [(message, decoder.last_inert) for message in decoder.feed(frames)]
+    assert [flag for _, flag in seen] == [True, inert, True]
