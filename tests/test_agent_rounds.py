@@ -355,3 +355,45 @@ def test_once_reports_an_agent_whose_first_request_is_still_out_when_the_rounds_
         listener.close()
     (mine,) = [a for a in json.loads(capsys.readouterr().out)["agents"] if a["pid"] == os.getpid()]
     assert mine["state"] == "hung" and "no reply to 'hello'" in mine["error"]
+
+
+def test_a_reply_of_printable_ascii_is_not_walked_to_clean_it(
+    socket_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every reply's strings went through protocol.clean_value, a walk of the whole reply in
+    # Python (~20 µs a steady sample, every agent every second) that changed nothing in a frame
+    # of printable ASCII without escapes (protocol.text.inert_json).  A frame with anything else
+    # is still walked, and cleaned.
+    import sys
+
+    from memtop import protocol
+
+    walks: list[object] = []
+    real_clean_value = protocol.clean_value
+
+    def counting(value: object) -> object:
+        walks.append(value)
+        return real_clean_value(value)
+
+    monkeypatch.setattr(protocol, "clean_value", counting)
+    plain = sys.modules[__name__].sample
+
+    def with_escape(step: int, devices: int) -> dict[str, object]:
+        result = plain(step, devices)
+        if step >= 4:
+            stats = result["devices"][0]["stats"]  # type: ignore[index]
+            stats["\x1b[2Jnum_ooms"] = 0
+        return result
+
+    monkeypatch.setattr(sys.modules[__name__], "sample", with_escape)
+    agent = Agent(socket_dir, lambda n: (1, 0.0, 1), lambda: 1)
+    pool = AgentPool(socket_dir, timeout=1.0)
+    try:
+        seen = rounds(pool, 5, budget=0.5, period=0.1)
+    finally:
+        pool.close()
+        agent.close()
+    samples = [row.sample for _, row in seen if row is not None and row.sample is not None]
+    assert [s.step for s in samples] == [1, 2, 3, 4, 5]
+    assert len(walks) == 2, walks  # the samples with the escape (json.dumps wrote \u001b)
+    assert "?[2Jnum_ooms" in samples[-1].devices[0].stats

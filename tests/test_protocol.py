@@ -160,11 +160,54 @@ def test_mark_columns_carry_the_same_marks_as_rows():
     assert protocol.parse_sample({**base, **empty}).step_marks == ()
 
 
+def _kept_bytes(make):  # type: ignore[no-untyped-def]
+    """What `make()`'s result holds in memory (tracemalloc), with the result."""
+    import gc
+    import tracemalloc
+
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        result = make()
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0] - before, result
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_first_samples_thousand_marks_are_kept_compact():
+    # A first sample carries up to 1024 marks per agent, which the store keeps for minutes: a
+    # mapping and numbers of its own for each was ~300 bytes a mark (3.3 MB for 11 agents),
+    # though a trainer's baseline and RSS seldom move from one step to the next.
+    rows = [
+        {
+            "step": n,
+            "time": 1000.0 + n / 8,
+            "allocated_bytes": {"0": 15_478_137_856 + (2**20 if n >= 1000 else 0)},
+            "host_rss_bytes": 30_273_536,
+            "host_heap_free_bytes": 612_336 if n % 8 == 0 else None,
+        }
+        for n in range(1024)
+    ]
+    wire = json.dumps({"step_mark_columns": protocol.mark_columns(rows)})
+    base = {"time": 2000.0, "step": 1024, "devices": [], "step_marks": []}
+    protocol.parse_sample({**base, **json.loads(wire)})  # (what a first parse imports)
+    kept, sample = _kept_bytes(lambda: protocol.parse_sample({**base, **json.loads(wire)}))
+    marks = sample.step_marks
+    assert marks == protocol.parse_sample({**base, "step_marks": rows}).step_marks
+    assert marks[0].allocated is marks[999].allocated and marks[1000].allocated[0] == 15479186432
+    assert kept < 180 * 1024, kept  # 412 KB with a mapping and numbers for each
+
+
 @pytest.mark.parametrize(
     "columns",
     [
         [],
         {"step": [1, 2], "time": [1.0], "allocated_bytes": {}},  # lengths differ
+        {"step": [1], "time": [True], "allocated_bytes": {}},
+        {"step": [1], "time": [1.0], "allocated_bytes": {}, "host_rss_bytes": [-1]},
+        {"step": [1], "time": [1.0], "allocated_bytes": {}, "host_heap_free_bytes": [True]},
         {"step": [1], "time": [1.0], "allocated_bytes": {"0": [1, 2]}},
         {"step": [1], "time": [float("nan")], "allocated_bytes": {}},
         {"step": [True], "time": [1.0], "allocated_bytes": {}},
@@ -388,3 +431,29 @@ def test_the_agent_loads_no_viewer_side_of_the_protocol():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["[]", "True"]
+
+
+@pytest.mark.parametrize(
+    "body, inert",
+    [
+        (b'{"id": 3, "result": {"name": "H100", "argv": ["train.py", "--lr=1e-3"]}}', True),
+        (b'{"a": "\\u001b[2J"}', False),  # an escape may spell any character
+        (b'{"a": "x\\"y"}', False),  # (even a harmless one: no guessing)
+        ('{"a": "café"}'.encode(), False),  # not ASCII
+        (b'{"a": "del\x7f"}', False),  # a raw control byte
+        (b'{"a": "' + b"x" * 5000 + b'"}', False),  # a string past MAX_TEXT is cut
+    ],
+)
+def test_a_frame_that_needs_no_cleaning_is_known_by_its_bytes(body, inert):
+    from memtop.protocol.text import clean_value, inert_json
+
+    assert inert_json(body) is inert
+    if inert:
+        message = json.loads(body)
+        assert clean_value(message) is message
+    # The decoder tells it frame by frame, as each is yielded.
+    decoder = protocol.FrameDecoder()
+    plain = b'{"id": 1}'
+    frames = b"".join(len(b).to_bytes(4, "big") + b for b in (plain, body, plain))
+    seen = [(message, decoder.last_inert) for message in decoder.feed(frames)]
+    assert [flag for _, flag in seen] == [True, inert, True]

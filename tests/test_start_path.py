@@ -8,6 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from memtop.engine.observation import Observer
 from memtop.engine.sampler import Sampler
 from memtop.engine.store import Store
@@ -183,16 +185,17 @@ runpy.run_module("memtop", run_name="__main__", alter_sys=True)
 """
 
 
-def test_the_collector_is_held_until_the_dashboards_first_frame(tmp_path: Path) -> None:
-    # ~100 collections ran while Textual and memtop were imported, 15-25 % of the CPU before the
-    # first frame, for under a thousand objects freed (memtop.base.start_gc).
+def _dashboard_with(watch: str, tmp_path: Path, linger: float = 0.0) -> tuple[Path, float, float]:
+    """Runs the dashboard in a terminal under `watch` (a script given its log file), until its
+    first frame, ten seconds more at most for the collector to be back on, and `linger` s more;
+    the log, when the header was seen and when the frame was."""
     import os
 
     from memtop.base import children
 
     log = tmp_path / "gc.log"
     env = dict(os.environ, MEMTOP_SOCKET_DIR=str(tmp_path), TERM="xterm-256color")
-    command = [sys.executable, "-c", GC_WATCH, str(log)]
+    command = [sys.executable, "-c", watch, str(log)]
     process, master = children.start_in_terminal(command, (120, 36), env)
     try:
         seen, header_at, frame_at = b"", None, None
@@ -210,6 +213,7 @@ def test_the_collector_is_held_until_the_dashboards_first_frame(tmp_path: Path) 
         assert header_at is not None and frame_at is not None, seen[-400:]
         while time.monotonic() < frame_at + 10 and "on " not in log.read_text():
             time.sleep(0.05)
+        time.sleep(linger)
         os.write(master, b"q")
         process.wait(30)
     finally:
@@ -217,6 +221,13 @@ def test_the_collector_is_held_until_the_dashboards_first_frame(tmp_path: Path) 
             process.kill()
             process.wait()
         os.close(master)
+    return log, header_at, frame_at
+
+
+def test_the_collector_is_held_until_the_dashboards_first_frame(tmp_path: Path) -> None:
+    # ~100 collections ran while Textual and memtop were imported, 15-25 % of the CPU before the
+    # first frame, for under a thousand objects freed (memtop.base.start_gc).
+    log, header_at, frame_at = _dashboard_with(GC_WATCH, tmp_path)
     events = [
         (name, float(at))
         for name, at in (line.split() for line in log.read_text().split("\n") if line)
@@ -231,6 +242,41 @@ def test_the_collector_is_held_until_the_dashboards_first_frame(tmp_path: Path) 
     # return and our read): ~100 while it was on through the start.
     during_start = [at for name, at in events if name == "collect" and off_at < at < frame_at]
     assert len(during_start) < 10, events
+
+
+# Logs each collection the cyclic collector starts with the objects it walks (those of its
+# generation and the younger ones), and when the collector is turned back on.
+GC_WALKS = """
+import gc, runpy, sys, threading, time
+log = open(sys.argv[1], "w", buffering=1)
+def collecting(phase, info):
+    if phase == "start":
+        young = range(info["generation"] + 1)
+        log.write(f"collect {info['generation']} {sum(len(gc.get_objects(g)) for g in young)}\\n")
+gc.callbacks.append(collecting)
+def watch():
+    while gc.isenabled():
+        time.sleep(0.005)
+    while not gc.isenabled():
+        time.sleep(0.005)
+    log.write("on 0 0\\n")
+threading.Thread(target=watch, daemon=True).start()
+sys.argv[1:] = []
+runpy.run_module("memtop", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_the_starts_objects_are_not_walked_when_the_collector_is_back(tmp_path: Path) -> None:
+    # Held through the start, the collector left every object of it in its youngest generation:
+    # the first collections once it was back walked them all (~200 000 objects, three times:
+    # young, middle, old), tens of milliseconds in the dashboard's first second.  They are
+    # frozen when it comes back (memtop.base.start_gc.release).
+    log, _, _ = _dashboard_with(GC_WALKS, tmp_path, linger=1.0)
+    lines = log.read_text().splitlines()
+    assert "on 0 0" in lines, lines
+    after = [line.split() for line in lines[lines.index("on 0 0") :] if line.startswith("collect")]
+    walked = [int(objects) for _, _, objects in after]
+    assert walked and max(walked) < 20_000, after
 
 
 def test_commands_other_than_the_dashboard_run_with_the_collector(monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -348,3 +394,67 @@ def test_the_memtop_command_holds_the_collector_before_its_imports() -> None:
     lines = result.stdout.splitlines()  # (--version prints its line between)
     count, enabled = lines[0].split()
     assert int(count) <= 2 and enabled == "False" and lines[-1] == "True", result
+
+
+NVML_READ = """
+import sys
+from memtop.sources.nvml import NvmlSource
+reading = NvmlSource().read()
+assert not reading.available
+print(reading.error)
+print("pynvml" in sys.modules)
+"""
+
+
+def _read_nvml(env: dict[str, str]) -> tuple[str, bool]:
+    """What a fresh interpreter's NvmlSource says, and whether it imported pynvml."""
+    result = subprocess.run(
+        [sys.executable, "-c", NVML_READ], capture_output=True, text=True, check=True, env=env
+    )
+    error, imported = result.stdout.splitlines()
+    return error, imported == "True"
+
+
+def test_no_nvml_bindings_are_imported_where_no_nvml_can_be(tmp_path: Path) -> None:
+    # pynvml (~20 ms of the first reading, before the GPUs' rows; ~3 MB) was imported on a box
+    # without NVIDIA only for nvmlInit to say that its library is missing.
+    import ctypes.util
+    import os
+
+    from memtop.sources.driver_libraries import DEV_DIR_ENV
+
+    if ctypes.util.find_library("nvidia-ml") is not None:
+        pytest.skip("this box has an NVML library")
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    env[DEV_DIR_ENV] = str(tmp_path)  # no /dev/nvidia* in it
+    error, imported = _read_nvml(env)
+    assert not imported
+    # ... with the very line the bindings give there: with a GPU's node present they are
+    # imported, and their nvmlInit finds no library.
+    (tmp_path / "nvidia0").touch()
+    assert _read_nvml(env) == (error, True)
+    assert (
+        error
+        == "NVML not available: libnvidia-ml.so.1 not found (no NVIDIA driver on this machine)"
+    )
+
+
+def test_an_nvml_library_anywhere_the_linker_looks_is_looked_for(tmp_path: Path) -> None:
+    from memtop.sources.driver_libraries import DEV_DIR_ENV, NVML_NAME, nvml_absent
+
+    dev, libs = tmp_path / "dev", tmp_path / "libs"
+    dev.mkdir()
+    hwcaps = libs / "glibc-hwcaps" / "x86-64-v3"
+    hwcaps.mkdir(parents=True)
+    env = {DEV_DIR_ENV: str(dev), "LD_LIBRARY_PATH": f"/nonexistent:{libs}"}
+    if not nvml_absent({DEV_DIR_ENV: str(dev)}):
+        pytest.skip("this box has an NVML library")
+    assert nvml_absent(env)
+    (hwcaps / NVML_NAME).touch()  # only a name: nothing is loaded
+    assert not nvml_absent(env)
+    (hwcaps / NVML_NAME).unlink()
+    (libs / NVML_NAME).symlink_to("/nonexistent/libnvidia-ml.so.1")
+    assert nvml_absent(env)  # a dangling link loads nothing
+    (libs / NVML_NAME).unlink()
+    (libs / NVML_NAME).touch()
+    assert not nvml_absent(env)

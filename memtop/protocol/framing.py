@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memtop.protocol import nesting
+from memtop.protocol.text import inert_json
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 1 << 20
@@ -101,6 +102,9 @@ class FrameDecoder:
     def __init__(self, max_frame: int = MAX_FRAME_BYTES) -> None:
         self._buffer = bytearray()
         self._max_frame = max_frame
+        # Whether the frame `feed` just yielded holds only clean strings (text.inert_json): its
+        # reader may skip text.clean_value.  Read it at the yield: the next frame replaces it.
+        self.last_inert = False
 
     def feed(self, data: bytes) -> Iterator[dict[str, Any]]:
         """Yield each complete message; raise ProtocolError on an oversize or malformed frame."""
@@ -115,7 +119,9 @@ class FrameDecoder:
                 return
             body = bytes(self._buffer[_HEADER.size : _HEADER.size + length])
             del self._buffer[: _HEADER.size + length]
-            yield decode_body(body)
+            message = decode_body(body)
+            self.last_inert = inert_json(body)
+            yield message
 
     @property
     def pending_bytes(self) -> int:

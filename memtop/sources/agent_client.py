@@ -77,6 +77,7 @@ class PendingReply:
         self._limit = limit  # the request's timeout, for the message if it runs out
         self._stray = 0
         self._reply: dict[str, Any] | None = None
+        self._inert = False  # its frame holds only clean strings (FrameDecoder.last_inert)
 
     def fileno(self) -> int:
         sock = self.client._sock
@@ -118,10 +119,12 @@ class PendingReply:
                     _wait_for(sock, select.POLLIN, self.deadline)
                     continue
                 self._take(data, at_end=not data)
-        return self.client._result(self.cmd, self._reply)
+        return self.client._result(self.cmd, self._reply, self._inert)
 
     def _result(self) -> dict[str, Any] | None:
-        return self.client._result(self.cmd, self._reply) if self._reply is not None else None
+        if self._reply is None:
+            return None
+        return self.client._result(self.cmd, self._reply, self._inert)
 
     def _take(self, data: bytes, at_end: bool = False) -> None:
         """Look for the reply among the frames `data` completes (b"": among those already
@@ -132,6 +135,7 @@ class PendingReply:
             reply_id = message.get("id")
             if reply_id == self.request_id or (reply_id is None and "error" in message):
                 self._reply = message
+                self._inert = self.client._decoder.last_inert
                 return  # bytes after it stay in the decoder, for the next request to read
             self._stray += 1
             if self._stray >= MAX_STRAY_FRAMES:
@@ -355,8 +359,10 @@ class AgentClient:
                 f"agent of pid {self.pid} sent an unreadable reply ({type(exc).__name__})"
             ) from None
 
-    def _result(self, cmd: str, reply: dict[str, Any]) -> dict[str, Any]:
-        """The result of a reply (every string in it cleaned), or its error as AgentError."""
+    def _result(self, cmd: str, reply: dict[str, Any], inert: bool = False) -> dict[str, Any]:
+        """The result of a reply (every string in it cleaned), or its error as AgentError.
+        `inert`: its frame holds only clean strings (text.inert_json), so the walk that cleans
+        them would change nothing (a steady sample: ~70 strings, ~20 µs a reply)."""
         error = reply.get("error")
         if error is not None:
             if not isinstance(error, dict):
@@ -368,7 +374,7 @@ class AgentClient:
         result = reply.get("result")
         if not isinstance(result, dict):
             raise AgentError("bad_reply", f"reply to {cmd!r} carries no result object")
-        cleaned: dict[str, Any] = protocol.clean_value(result)
+        cleaned: dict[str, Any] = result if inert else protocol.clean_value(result)
         if self.tap is not None:
             self.tap(self.pid, cmd, cleaned)
         return cleaned

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -69,6 +70,69 @@ def checked_nvml(environ: Mapping[str, str] | None = None) -> str | None:
             "there is no GPU to read"
         )
     return _load(path, "NVML")
+
+
+# The dynamic linker's cache of the libraries in ld.so.conf's folders (ldconfig).
+LD_SO_CACHE = Path("/etc/ld.so.cache")
+
+
+def nvml_absent(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether NVML surely cannot be read here: no NVIDIA device node (/dev/nvidia*), and no
+    libnvidia-ml.so.1 where the dynamic linker would find one (its cache, LD_LIBRARY_PATH, the
+    system's folders, each with its glibc-hwcaps subfolders; this Python's lib folders, which
+    an RPATH of the interpreter may name; loaded in this process already).  Then the NVML
+    bindings need not be imported: on a box without NVIDIA (a demo's), importing pynvml only to
+    hear that the library is missing cost ~20 ms of the first reading, before the GPUs' rows,
+    and ~3 MB of the dashboard's memory.
+
+    Only names are looked for (stat, a directory listing, the cache's bytes): nothing is loaded,
+    resolved or run, as root or not.  Any doubt (a device node, a file found, a cache that
+    cannot be read) says False, and the bindings are imported and look for themselves, as they
+    always did."""
+    environ = os.environ if environ is None else environ
+    if glob.glob(str(_dev_dir(environ) / "nvidia*")) or _in_linker_cache(NVML_NAME):
+        return False
+    folders = [d for d in environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    folders += _SYSTEM_DIRS
+    folders += sorted({os.path.join(p, "lib") for p in (sys.prefix, sys.base_prefix)})
+    for folder in dict.fromkeys(folders):
+        if any(os.path.exists(os.path.join(f, NVML_NAME)) for f in _searched_in(folder)):
+            return False
+    return not _mapped_here(NVML_NAME)
+
+
+def _searched_in(folder: str) -> list[str]:
+    """`folder` and the hardware-capability subfolders the linker searches in it."""
+    hwcaps = os.path.join(folder, "glibc-hwcaps")
+    try:
+        return [folder, *(os.path.join(hwcaps, name) for name in sorted(os.listdir(hwcaps))[:64])]
+    except OSError:
+        return [folder]
+
+
+def _in_linker_cache(name: str) -> bool:
+    """Whether the linker's cache (ldconfig's, of ld.so.conf's folders) lists a library of that
+    name; True when the cache cannot be read (doubt: let the bindings look)."""
+    try:
+        data = LD_SO_CACHE.read_bytes()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    # Its entries' names end in NUL: on their own, or as the end of their path (ldconfig's
+    # newer cache shares one string for both).
+    entry = name.encode() + b"\0"
+    return b"\0" + entry in data or b"/" + entry in data
+
+
+def _mapped_here(name: str) -> bool:
+    """Whether a library of that file name is loaded in this process (the linker then hands it
+    out whatever the folders hold)."""
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            return any(line.rstrip().endswith(b"/" + name.encode()) for line in maps)
+    except OSError:
+        return False
 
 
 def checked_amdsmi(environ: Mapping[str, str] | None = None) -> str | None:

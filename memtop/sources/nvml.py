@@ -6,7 +6,8 @@ unusable (no driver, driver not loaded, no permission) or a `DeviceReading.error
 fields that could not be read set to None (GPU fallen off the bus, a query not supported, …).
 
 The NVML bindings are reached only through the module-like `lib` object given to `NvmlSource`
-(`pynvml` from nvidia-ml-py by default, imported lazily on the first read). Tests pass a fake and
+(`pynvml` from nvidia-ml-py by default, imported lazily on the first read, and not at all where no
+NVML can be: driver_libraries.nvml_absent). Tests pass a fake and
 `memtop demo` passes a simulated NVML with the same function names. Errors are classified by the
 class name (`NVMLError_GpuIsLost`, …) or, failing that, by the NVML return code in the `value`
 attribute that pynvml's errors carry, so a lib may bring its own error classes.
@@ -14,6 +15,7 @@ attribute that pynvml's errors carry, so a lib may bring its own error classes.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import re
 import sys
@@ -30,7 +32,7 @@ from memtop.sources.device_source import (
     DriverLibrarySource,
     joined_errors,
 )
-from memtop.sources.driver_libraries import DriverLibraryRefused, checked_nvml
+from memtop.sources.driver_libraries import DriverLibraryRefused, checked_nvml, nvml_absent
 from memtop.sources.driver_text import DriverDown
 from memtop.sources.driver_text import driver_text as _text
 from memtop.sources.driver_text import one_line as _one_line
@@ -132,8 +134,15 @@ _PROCESS_QUERIES = (
 )
 
 
+class _LibraryAbsent(Exception):
+    """No NVML on this box (driver_libraries.nvml_absent), told without importing the bindings:
+    the failure their nvmlInit reports there (NVMLError_LibraryNotFound), and its line."""
+
+
 def _error_code(exc: BaseException) -> int | None:
     """The NVML return code behind `exc`, or None when it is not an NVML error."""
+    if isinstance(exc, _LibraryAbsent):
+        return _LIBRARY_NOT_FOUND
     for cls in type(exc).__mro__:
         code = _CODE_BY_CLASS_NAME.get(cls.__name__)
         if code is not None:
@@ -233,9 +242,9 @@ class NvmlSource(DriverLibrarySource[_Device]):
 
     @property
     def library_found(self) -> bool:
-        """Whether pynvml was imported.  It comes with memtop, so its presence says nothing of
-        the box: listed first, NVML's error is the one shown unless a rarer vendor's library is
-        here (memtop.sources.devices)."""
+        """Whether pynvml was imported (it is not where no NVML can be: nvml_absent).  It comes
+        with memtop, so its presence says little of the box: listed first, NVML's error is the
+        one shown unless a rarer vendor's library is here (memtop.sources.devices)."""
         return self._lib is not None
 
     def error_line(self, exc: BaseException) -> str:
@@ -259,6 +268,9 @@ class NvmlSource(DriverLibrarySource[_Device]):
             # after a failed load.
             checked_nvml()
             if self._lib is None:
+                # (Without the package, its ImportError is the line, as it always was.)
+                if nvml_absent() and importlib.util.find_spec("pynvml") is not None:
+                    raise _LibraryAbsent
                 import pynvml
 
                 self._lib = pynvml

@@ -247,8 +247,9 @@ class MemtopApp(App[None]):
         ]
 
     def on_mount(self) -> None:
-        # The collector was held for the start (memtop.base.start_gc): back once this frame is out.
-        self.call_after_refresh(start_gc.release)
+        # The collector was held for the start (memtop.base.start_gc): back once this frame is
+        # out, the start's objects frozen (they live as long as the app).
+        self.call_after_refresh(start_gc.release, freeze=True)
         # The widgets a refresh touches, looked up once rather than every second.
         self.header_bar = self.query_one("#header", Static)
         self.status_line = self.query_one("#status", Static)
