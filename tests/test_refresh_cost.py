@@ -1,0 +1,56 @@
+"""The dashboard's per-round refresh does not make again what did not change (issue 35 item 8:
+memtop's CPU beside nvitop's).  Each test counts the work a second round does; what it shows is
+pinned elsewhere (test_ui_frozen, the suggestion and observation tests, `--once --json`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from memtop.diagnosis.suggestions import Suggestion
+from memtop.model import Severity
+from memtop.ui import view
+
+GIB = 1 << 30
+
+
+def _suggestions() -> list[Suggestion]:
+    return [
+        Suggestion("usage", Severity.WARNING, 7, 0, "GPU 0 at 86 %", "d", "70.0 GiB of 80.0 GiB"),
+        Suggestion("leak", Severity.CRITICAL, 8, 1, "Leak", "culprits", "confidence 99.1 %"),
+        Suggestion("8bit_optimizer", Severity.INFO, 9, 0, "t", "d", "e", "fix", 6 * GIB),
+        Suggestion("bf16_parameters", Severity.INFO, 9, 0, "t", "d", "e", "fix", 2 * GIB),
+        Suggestion("cleanup", Severity.WARNING, 10, 0, "pid 10 caches", "d", "e", "c", GIB),
+    ]
+
+
+def test_a_suggestion_worded_as_the_round_before_is_not_made_into_an_item_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The rules reword a few suggestions each round (a usage's bytes, a leak's confidence);
+    # in the `mixed` demo 82 % are the round before's word for word and the whole list never
+    # is, so a memo of the whole list made every item again every round.
+    made: list[Suggestion] = []
+    item = view._item
+
+    def counted(s: Suggestion) -> view.SuggestionItem:
+        made.append(s)
+        return item(s)
+
+    monkeypatch.setattr(view, "_item", counted)
+    numbers = {(8, 1): 3}  # pid 8's cuda:1 is the driver's GPU 3
+    first = _suggestions()
+    before = view.suggestion_items(first, True, numbers)
+    assert len(made) == 3  # three unfolded (the two tips fold into one roll-up)
+    made.clear()
+    second = list(first)
+    second[0] = dataclasses.replace(first[0], evidence="70.1 GiB of 80.0 GiB")
+    after = view.suggestion_items(second, True, numbers)
+    assert [s.evidence for s in made] == ["70.1 GiB of 80.0 GiB"]  # only the reworded one
+    # ... and the items are what a first round makes of the same suggestions.
+    monkeypatch.setattr(view, "_items_made", {})
+    monkeypatch.setattr(view, "_last_items", [])
+    assert after == view.suggestion_items(second, True, numbers)
+    assert [i.key for i in after if i not in before] == ["usage:7:0"]
+    assert {i.pid: i.device for i in after}[8] == 3  # named by the driver's number
