@@ -493,7 +493,8 @@ def _suggestion_items(
     """Warnings and worse one by one; the info-level tips of one process folded into one item
     (a healthy 8-rank job would otherwise fill the pane with the same two tips).  A process's
     suggestion names its GPU as the driver numbers it, not by the trainer's own cuda index."""
-    last, made = _items_made, {}
+    last = _items_made
+    made: dict[object, SuggestionItem] = {}
 
     def item_of(key: _ItemKey) -> SuggestionItem:
         found = made.get(key) or last.get(key)
