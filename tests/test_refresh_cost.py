@@ -54,3 +54,48 @@ def test_a_suggestion_worded_as_the_round_before_is_not_made_into_an_item_again(
     assert after == view.suggestion_items(second, True, numbers)
     assert [i.key for i in after if i not in before] == ["usage:7:0"]
     assert {i.pid: i.device for i in after}[8] == 3  # named by the driver's number
+
+
+def test_host_memory_windows_are_made_when_a_screen_reads_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each agent's host memory windows (RSS per sample and per step) are drawn only by a CPU
+    # trainer's detail screen; every round made one record per agent that nothing read.
+    from memtop.engine import observation
+    from memtop.engine.store import Store
+    from memtop.model import AgentPoll, AgentSample, AgentStatus, HostMemory
+
+    store = Store()
+    for second in range(5):
+        polls = [
+            AgentPoll(
+                pid,
+                AgentStatus.CONNECTED,
+                sample=AgentSample(
+                    time=100.0 + second,
+                    step=None,
+                    devices=(),
+                    host_memory=HostMemory((pid + second) * GIB, 9 * GIB, 64 * GIB),
+                ),
+            )
+            for pid in (11, 12)
+        ]
+        store.update_agents(polls, when=100.0 + second)
+    made: list[object] = []
+    host_history = observation._host_history
+
+    def counted(windows: object) -> object:
+        made.append(windows)
+        return host_history(windows)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(observation, "_host_history", counted)
+    obs = observation.Observer(store, clock=lambda: 105.0).latest()
+    assert made == []
+    history = obs.host_history(12)
+    assert list(history.allocated) == [float((12 + s) * GIB) for s in range(5)]
+    assert obs.host_history(12) is history and len(made) == 1  # made once
+    assert set(obs.host_histories) == {11, 12} and len(made) == 1
+    # ... the same records a whole round's making gave.
+    assert dict(obs.host_histories) == {
+        pid: host_history(windows) for pid, windows in store.view().host_windows.items()
+    }
