@@ -15,7 +15,7 @@ from memtop.diagnosis import DeviceDiagnosis, Suggestion
 from memtop.diagnosis.effects import BASIS_AGENT, EFFECT_WINDOW_S, ActionEffect
 from memtop.diagnosis.facts import DeviceHistory
 from memtop.diagnosis.leak import LeakBasis, leak_label
-from memtop.diagnosis.suggestions import EffectKind, RuleId
+from memtop.diagnosis.suggestions import SEVERITY_RANK, EffectKind, RuleId
 from memtop.engine.job_groups import JobGroup, job_groups
 
 # A process's row is the observation's (one record from the join to the table); its words and
@@ -541,7 +541,7 @@ def _suggestion_items(
                 effect=None,
             )
         )
-    items.sort(key=lambda i: -Severity(i.severity).rank)
+    items.sort(key=lambda i: -SEVERITY_RANK[i.severity])
     return tuple(items)
 
 
