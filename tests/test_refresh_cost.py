@@ -99,3 +99,61 @@ def test_host_memory_windows_are_made_when_a_screen_reads_them(
     assert dict(obs.host_histories) == {
         pid: host_history(windows) for pid, windows in store.view().host_windows.items()
     }
+
+
+def test_a_row_that_holds_its_slow_figures_and_its_step_is_copied_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Within one slow period and one step period a row shows its allocated bytes (a
+    # sawtooth's) and its step as shown: they were held in two passes, two copies of a
+    # 35-field record per row (~10 us each), every row most rounds.
+    import asyncio
+    import sys
+
+    from ui_frozen import MY_UID, NOW, SECONDS, TRAINERS, frozen_store, nvml_at, poll_at
+
+    from memtop.ui.app import MemtopApp
+    from memtop.ui.widgets import process_table
+    from memtop.ui.widgets.process_table import ProcessTable
+
+    # Every round of the test in one slow period and one step period (as test_renewal's).
+    widgets = (
+        f"memtop.ui.widgets.{name}" for name in ("gpu_panel", "process_table", "suggestions")
+    )
+    for name in ("memtop.ui.render", "memtop.ui.renewal", "memtop.ui.app", *widgets):
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "slow_tick"):
+            monkeypatch.setattr(module, "slow_tick", lambda period=0: 7)
+    copies: list[str] = []
+    replace = process_table.replace
+
+    def counted(row, **changes):  # type: ignore[no-untyped-def]
+        copies.append(row.key)
+        return replace(row, **changes)
+
+    monkeypatch.setattr(process_table, "replace", counted)
+    store = frozen_store()
+    clock = [NOW + 0.5]
+    app = MemtopApp(store, None, clock=lambda: clock[0], host="gpu-box", my_uid=MY_UID)
+    fragment = TRAINERS[2]
+    later = SECONDS + 1  # the sawtooth's allocated bytes and every step moved; no news
+
+    async def run() -> tuple[object, object]:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause()
+            table = app.query_one(ProcessTable)
+            before = {row.pid: row for row in table.rows}[fragment.pid]
+            reading = nvml_at(later)
+            store.update_driver(reading, NOW - SECONDS + later)
+            polls = [poll_at(tr, later, reading.devices[tr.gpu].free_bytes or 0) for tr in TRAINERS]
+            store.update_agents(polls, NOW - SECONDS + later + 0.01)
+            clock[0] += later - SECONDS
+            copies.clear()
+            app.refresh_view()
+            await pilot.pause()
+            return before, {row.pid: row for row in table.rows}[fragment.pid]
+
+    before, after = asyncio.run(run())
+    assert fragment.at(later)[0] != fragment.at(SECONDS)[0]  # its allocated bytes moved
+    assert (after.allocated, after.step) == (before.allocated, before.step)  # ... held, both
+    assert copies.count(after.key) == 1, copies
