@@ -29,8 +29,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from memtop.diagnosis.facts import DeviceDiagnosis, GpuObservation
-from memtop.diagnosis.suggestions import RULES, VETOES, Key, Rule, Suggestion, suggest
-from memtop.model import Severity
+from memtop.diagnosis.suggestions import (
+    RULES,
+    SEVERITY_RANK,
+    VETOES,
+    Key,
+    Rule,
+    Suggestion,
+    suggest,
+)
 
 MIN_DWELL_S = 60.0
 GRACE_S = 30.0
@@ -78,7 +85,7 @@ class Stabilizer:
             if old is None:
                 shown[key] = _Shown(new, now, now, now)
                 continue
-            rank_new, rank_old = Severity(new.severity).rank, Severity(old.suggestion.severity).rank
+            rank_new, rank_old = SEVERITY_RANK[new.severity], SEVERITY_RANK[old.suggestion.severity]
             if rank_new >= rank_old:
                 raised = now if rank_new > rank_old else old.severity_since
                 shown[key] = _Shown(new, old.since, now, raised)
@@ -116,7 +123,7 @@ class Stabilizer:
         return tuple(
             sorted(
                 ordered,
-                key=lambda s: (-Severity(s.severity).rank, s.pid or 0, s.device or 0, since[s.key]),
+                key=lambda s: (-SEVERITY_RANK[s.severity], s.pid or 0, s.device or 0, since[s.key]),
             )
         )
 

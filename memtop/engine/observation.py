@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -300,7 +300,7 @@ class Observer:
             agent.pid: _effects(agent, [a for a in view.actions if a.pid == agent.pid], view)
             for agent in views
         }
-        host_histories = {pid: _host_history(windows) for pid, windows in view.host_windows.items()}
+        host_histories = _HostHistories(view.host_windows)
 
         gpus = _gpus(
             view, reading, [diagnosed[(a.pid, d.index)] for a in views if a.live for d in a.devices]
@@ -400,6 +400,31 @@ def _driver_uuids(
         return by_bus.get(declared.pci_bus_id, own_uuid)
 
     return resolve
+
+
+class _HostHistories(Mapping[int, DeviceHistory]):
+    """Each agent's host memory windows (`_host_history`), made when first read: only the
+    detail screen of a CPU trainer draws them, and every round made one per agent (eleven in
+    the `mixed` demo) that no screen read."""
+
+    def __init__(self, windows: Mapping[int, Windows]) -> None:
+        self._windows = windows
+        self._made: dict[int, DeviceHistory] = {}
+
+    def __getitem__(self, pid: int) -> DeviceHistory:
+        made = self._made.get(pid)
+        if made is None:
+            made = self._made[pid] = _host_history(self._windows[pid])
+        return made
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._windows)
+
+    def __len__(self) -> int:
+        return len(self._windows)
+
+    def __repr__(self) -> str:
+        return repr(dict(self))
 
 
 def _host_history(windows: Windows) -> DeviceHistory:

@@ -276,6 +276,10 @@ class MemtopApp(App[None]):
             # The first frame goes out before the first sampling round; look again as soon as
             # that round lands rather than a whole interval later.
             self._early = self.set_interval(0.05, self._refresh_when_sampled)
+        else:
+            # The usual start: the first round landed (and was painted) before Textual was
+            # imported (memtop.commands.watch), so this first frame has its data.
+            self._settle_gc_after_this_frame()
 
     def _post_sampled(self) -> None:
         self.post_message(Sampled())  # thread-safe
@@ -287,8 +291,13 @@ class MemtopApp(App[None]):
         if self.feed.rounds > 0:
             self._early.stop()
             self.refresh_view()
-            if not self.is_headless:  # the process is the dashboard's (not a test's)
-                self.call_after_refresh(_settle_gc)
+            self._settle_gc_after_this_frame()
+
+    def _settle_gc_after_this_frame(self) -> None:
+        """Start-up is over once the first frame with data is out: freeze what it made and give
+        gen 0 its long-lived budget (_settle_gc)."""
+        if not self.is_headless:  # the process is the dashboard's (not a test's)
+            self.call_after_refresh(_settle_gc)
 
     def on_resize(self) -> None:
         if self.cell_diff is not None:

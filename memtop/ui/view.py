@@ -15,7 +15,7 @@ from memtop.diagnosis import DeviceDiagnosis, Suggestion
 from memtop.diagnosis.effects import BASIS_AGENT, EFFECT_WINDOW_S, ActionEffect
 from memtop.diagnosis.facts import DeviceHistory
 from memtop.diagnosis.leak import LeakBasis, leak_label
-from memtop.diagnosis.suggestions import EffectKind, RuleId
+from memtop.diagnosis.suggestions import SEVERITY_RANK, EffectKind, RuleId
 from memtop.engine.job_groups import JobGroup, job_groups
 
 # A process's row is the observation's (one record from the join to the table); its words and
@@ -477,6 +477,14 @@ def suggestion_items(
     return items
 
 
+# Each item made last round, by the suggestion (and the GPU number it is shown with) it was
+# made from; a folded roll-up by its tips.  The rules reword a few suggestions each round (a
+# usage's bytes, a leak's confidence): in the `mixed` demo 82 % of them are the round before's
+# word for word, and the list as a whole never is.  Only the last round's are kept.
+_ItemKey = tuple[Suggestion, int | None]
+_items_made: dict[object, SuggestionItem] = {}
+
+
 def _suggestion_items(
     suggestions: Sequence[Suggestion],
     have_agents: bool,
@@ -485,46 +493,40 @@ def _suggestion_items(
     """Warnings and worse one by one; the info-level tips of one process folded into one item
     (a healthy 8-rank job would otherwise fill the pane with the same two tips).  A process's
     suggestion names its GPU as the driver numbers it, not by the trainer's own cuda index."""
-    suggestions = [
-        replace(s, device=numbers.get((s.pid, s.device), s.device))
-        if s.pid is not None and s.device is not None
-        else s
-        for s in suggestions
-    ]
+    last = _items_made
+    made: dict[object, SuggestionItem] = {}
+
+    def item_of(key: _ItemKey) -> SuggestionItem:
+        found = made.get(key) or last.get(key)
+        if found is None:
+            found = _item(_numbered(key))
+        made[key] = found
+        return found
+
     items: list[SuggestionItem] = []
-    tips: dict[int | None, list[Suggestion]] = {}
+    tips: dict[int | None, list[_ItemKey]] = {}
     for s in suggestions:
-        if s.severity == Severity.INFO:
-            tips.setdefault(s.pid, []).append(s)
-            continue
-        items.append(_item(s))
-    for pid, group in tips.items():
-        if len(group) == 1:
-            items.append(_item(group[0]))
-            continue
-        # Savings add up (each is memory the process would stop using); a bigger batch's
-        # headroom is memory it does not use yet: never summed with them.
-        saving = sum(s.effect_bytes or 0 for s in group if s.effect_kind == EffectKind.SAVING)
-        room = sum(s.effect_bytes or 0 for s in group if s.effect_kind == EffectKind.ROOM)
-        names = ", ".join(s.short_title for s in group)
-        effect = f"saves up to {format_bytes(saving)}" if saving else None
-        unused = f"{format_bytes(room)} unused" if room else None
-        items.append(
-            SuggestionItem(
-                key=f"tips:{process_key(pid)}",
-                severity=Severity.INFO,
-                pid=pid,
-                device=None,
-                title=f"{len(group)} tips: {names}",
-                evidence="; ".join(s.evidence for s in group if s.evidence),
-                fix=None,
-                effect=effect or unused,
-                detail=" ".join(s.detail for s in group if s.detail),
-                effect_kind=EffectKind.SAVING if saving else EffectKind.ROOM,
-                rule="tips",
-                room=unused if effect else None,
-            )
+        key = (
+            (s, numbers.get((s.pid, s.device), s.device))
+            if s.pid is not None and s.device is not None
+            else (s, s.device)
         )
+        if s.severity == Severity.INFO:
+            tips.setdefault(s.pid, []).append(key)
+            continue
+        items.append(item_of(key))
+    for pid, keys in tips.items():
+        if len(keys) == 1:
+            items.append(item_of(keys[0]))
+            continue
+        folded = (pid, *keys)
+        found = made.get(folded) or last.get(folded)
+        if found is None:
+            found = _tips_item(pid, [_numbered(key) for key in keys])
+        made[folded] = found
+        items.append(found)
+    _items_made.clear()
+    _items_made.update(made)
     if not have_agents:
         items.append(
             SuggestionItem(
@@ -539,8 +541,39 @@ def _suggestion_items(
                 effect=None,
             )
         )
-    items.sort(key=lambda i: -Severity(i.severity).rank)
+    items.sort(key=lambda i: -SEVERITY_RANK[i.severity])
     return tuple(items)
+
+
+def _numbered(key: _ItemKey) -> Suggestion:
+    """The suggestion with the GPU it names as the driver numbers it."""
+    s, device = key
+    return s if device == s.device else replace(s, device=device)
+
+
+def _tips_item(pid: int | None, group: list[Suggestion]) -> SuggestionItem:
+    """One process's info-level tips, folded into one item."""
+    # Savings add up (each is memory the process would stop using); a bigger batch's
+    # headroom is memory it does not use yet: never summed with them.
+    saving = sum(s.effect_bytes or 0 for s in group if s.effect_kind == EffectKind.SAVING)
+    room = sum(s.effect_bytes or 0 for s in group if s.effect_kind == EffectKind.ROOM)
+    names = ", ".join(s.short_title for s in group)
+    effect = f"saves up to {format_bytes(saving)}" if saving else None
+    unused = f"{format_bytes(room)} unused" if room else None
+    return SuggestionItem(
+        key=f"tips:{process_key(pid)}",
+        severity=Severity.INFO,
+        pid=pid,
+        device=None,
+        title=f"{len(group)} tips: {names}",
+        evidence="; ".join(s.evidence for s in group if s.evidence),
+        fix=None,
+        effect=effect or unused,
+        detail=" ".join(s.detail for s in group if s.detail),
+        effect_kind=EffectKind.SAVING if saving else EffectKind.ROOM,
+        rule="tips",
+        room=unused if effect else None,
+    )
 
 
 def _item(s: Suggestion) -> SuggestionItem:
