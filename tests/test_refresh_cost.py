@@ -63,12 +63,12 @@ def test_host_memory_windows_are_made_when_a_screen_reads_them(
     # trainer's detail screen; every round made one record per agent that nothing read.
     from memtop.engine import observation
     from memtop.engine.store import Store
-    from memtop.model import AgentPoll, AgentSample, AgentStatus, HostMemory
+    from memtop.model import AgentSample, AgentStatus, AgentView, HostMemory
 
     store = Store()
     for second in range(5):
         polls = [
-            AgentPoll(
+            AgentView(
                 pid,
                 AgentStatus.CONNECTED,
                 sample=AgentSample(
