@@ -125,3 +125,24 @@ def test_another_users_nvml_on_ld_library_path_is_refused(planted: Planted) -> N
 def test_the_linker_path_starts_with_ld_library_path() -> None:
     dirs = linker_dirs({"LD_LIBRARY_PATH": "/a::/b"})
     assert dirs[:2] == ["/a", "/b"] and "/usr/lib" in dirs
+
+
+def test_another_users_nvml_in_a_hwcaps_folder_of_ld_library_path_is_never_loaded(
+    planted: Planted, tmp_path: Path
+) -> None:
+    # The dynamic linker looks in each LD_LIBRARY_PATH folder's glibc-hwcaps/<level>/ before the
+    # folder itself.  Root's check looked in the folders only: finding nothing there, it let
+    # pynvml's nvmlInit look by name, and the linker loaded the user's file from the subfolder.
+    # As root, memtop now loads NVML only from a file it checked, and lets nothing else look.
+    user = planted.user
+    libs = tmp_path / "hwlibs"
+    level = libs / "glibc-hwcaps" / "x86-64-v2"
+    level.mkdir(parents=True)
+    shutil.copy(planted.libs / "libnvidia-ml.so.1", level / "libnvidia-ml.so.1")
+    tmp_path.chmod(0o755)
+    for path in (libs, libs / "glibc-hwcaps", level, level / "libnvidia-ml.so.1"):
+        os.chown(path, user.uid, user.gid)
+    env = {"LD_LIBRARY_PATH": str(libs), "ROCM_PATH": "/nonexistent-rocm"}
+    said = once(planted, **env, **{DEV_DIR_ENV: str(planted.dev)})
+    assert planted.lines() == []
+    assert "NVML not loaded: " in said and "could run another user's code as root" in said, said

@@ -54,14 +54,19 @@ def as_root() -> bool:
 
 def checked_nvml(environ: Mapping[str, str] | None = None) -> str | None:
     """As root: NVML's library as the linker would find it, checked and loaded (its path), or
-    None when there is none (the bindings then say the driver is missing).  Raises
-    DriverLibraryRefused.  Not root: None, and nothing is checked."""
+    None when there is none where the linker looks (the caller must then not let the bindings
+    look for it by name: they would load what the linker finds, unchecked, e.g. through an
+    RPATH; it says the library is missing).  Raises DriverLibraryRefused.  Not root: None, and
+    nothing is checked."""
     if not as_root():
         return None
     environ = os.environ if environ is None else environ
-    path = next((p for p in _in_dirs(NVML_NAME, linker_dirs(environ)) if os.path.isfile(p)), None)
+    # Each folder's glibc-hwcaps subfolders first, as the linker looks: a user's file in one of
+    # them was loaded by name, unchecked, where the folders themselves held none.
+    folders = [f for d in linker_dirs(environ) for f in (*_searched_in(d)[1:], d)]
+    path = next((p for p in _in_dirs(NVML_NAME, folders) if os.path.isfile(p)), None)
     if path is None:
-        return None
+        return None  # (the caller then lets nothing look for it by name: NvmlSource)
     nodes = sorted(glob.glob(str(_dev_dir(environ) / "nvidia*")))
     if not nodes:
         raise DriverLibraryRefused(

@@ -32,7 +32,12 @@ from memtop.sources.device_source import (
     DriverLibrarySource,
     joined_errors,
 )
-from memtop.sources.driver_libraries import DriverLibraryRefused, checked_nvml, nvml_absent
+from memtop.sources.driver_libraries import (
+    DriverLibraryRefused,
+    as_root,
+    checked_nvml,
+    nvml_absent,
+)
 from memtop.sources.driver_text import DriverDown
 from memtop.sources.driver_text import driver_text as _text
 from memtop.sources.driver_text import one_line as _one_line
@@ -266,15 +271,20 @@ class NvmlSource(DriverLibrarySource[_Device]):
             # As root, NVML's library only from root's folders, where there is an NVIDIA GPU
             # (memtop.sources.driver_libraries); before every nvmlInit, which loads it again
             # after a failed load.
-            checked_nvml()
+            # Where root's check found no file, the bindings' nvmlInit must not look by name:
+            # the linker would load whatever it finds (a user's file in a glibc-hwcaps folder of
+            # LD_LIBRARY_PATH, or on an RPATH), unchecked, as root.
+            unchecked = checked_nvml() is None and as_root()
             if self._lib is None:
                 # (Without the package, its ImportError is the line, as it always was.)
-                if nvml_absent() and importlib.util.find_spec("pynvml") is not None:
+                if (unchecked or nvml_absent()) and importlib.util.find_spec("pynvml") is not None:
                     raise _LibraryAbsent
                 import pynvml
 
                 self._lib = pynvml
                 self._lib_is_pynvml = True
+            elif unchecked:
+                raise _LibraryAbsent
         self._lib.nvmlInit()
         self._initialised = True
         self._driver_version = None
