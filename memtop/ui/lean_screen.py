@@ -13,7 +13,11 @@ widget inside the box around all dirty regions: a STEP cell in the table and a f
 card made the box most of the screen, and each of its widgets' lines was cropped into a new strip
 (Strip.crop and Strip.__init__ were a fifth of the dashboard's CPU; bench/tui_cost.py, issue 35).
 The lines it does not render are blank placeholders: the update writes only dirty cells, and a
-line without one is never written.
+line without one is never written.  Nor does it render a widget's line whose dirty cells all lie
+under widgets in front of it (Textual keeps, of each run of cells between widgets' edges, the
+front widget's strip): a container's lines under its children that changed, and the screen's
+under everything, were most of the lines a frame rendered (1,050 of 1,400 in 29 s of the mixed
+demo; issue 35 item 8).
 
 Its updates (`SpanUpdate`) also write only the cells of each dirty span.  Textual's write the
 span's line from the start of the widget that covers it: a table row whose STEP changed went out
@@ -138,18 +142,34 @@ class LeanCompositor(Compositor):
             return
         overlaps = crop.overlaps
         intersection = Region.intersection
+        # The dirty cells no widget drawn so far covers, by line.  Widgets come front to back,
+        # and `_render_chops` keeps, of each chop (a run of cells between widgets' edges), the
+        # first strip it is given: a widget's line whose dirty cells all lie under widgets
+        # already drawn would be cut up and thrown away.  A container's line under its
+        # children, the screen's under everything (a third of the lines drawn, issue 35).
+        uncovered = {y: list(spans) for y, spans in rows.items()}
         for widget, (region, clip) in self.visible_widgets.items():
+            if not uncovered:
+                break  # every dirty cell has its widget: the rest lie underneath
             shown = intersection(region, clip)
             if not shown.area or not overlaps(shown):
                 continue  # paints no cell of the update
             left, right = shown.x, shown.right
-            lines = [
-                y
-                for y in shown.line_range
-                if any(x1 < right and x2 > left for x1, x2 in rows.get(y, ()))
-            ]
+            lines = []
+            for y in shown.line_range:
+                spans = uncovered.get(y)
+                if spans is None or not any(x1 < right and x2 > left for x1, x2 in spans):
+                    continue  # no dirty cell here, or each one under a widget above
+                lines.append(y)
+                # Its cells are this widget's now: what is left of the spans either side.
+                rest = [(x1, min(x2, left)) for x1, x2 in spans if x1 < left]
+                rest += [(max(x1, right), x2) for x1, x2 in spans if x2 > right]
+                if rest:
+                    uncovered[y] = rest
+                else:
+                    del uncovered[y]
             if not lines:
-                continue  # the box around the update overlaps it, but no dirty cell does
+                continue  # the box around the update overlaps it, but no uncovered dirty cell
             blank = Strip.blank(shown.width)
             strips = [blank] * shown.height
             # Each run of consecutive dirty lines in one call, in the widget's own coordinates.
