@@ -288,3 +288,37 @@ def test_a_reworded_suggestion_repaints_its_own_lines_not_the_pane() -> None:
         drawn_lines = sorted(y for crop in lines for y in range(crop.y, crop.bottom))
         assert drawn_lines == list(range(first, first + height)), lines  # its lines, no others
         assert same  # the terminal shows what a full frame does
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 36)])
+def test_a_table_row_is_laid_out_to_the_tables_width_and_drawn_without_a_cut(
+    monkeypatch: pytest.MonkeyPatch, size: tuple[int, int]
+) -> None:
+    # STEP moves on every row every 2 s: each row drawn was one cell wider than the table (the
+    # gap after its last column) and cut to the width, a Strip.crop that was most of the
+    # table's drawing (issue 35 item 8).
+    from textual.strip import Strip
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW, host="gpu-box", my_uid=MY_UID)
+
+    async def run() -> tuple[list[int], int, int]:
+        async with app.run_test(size=size) as pilot:
+            await pilot.pause(0.2)
+            table = app.table
+            width = table.content_region.width
+            crops = [0]
+            crop = Strip.crop
+
+            def counted(self: Strip, start: int, end: int | None = None) -> Strip:
+                crops[0] += 1
+                return crop(self, start, end)
+
+            monkeypatch.setattr(Strip, "crop", counted)
+            rows = len(table.lines)
+            widths = [table.render_line(y).cell_length for y in range(1, rows + 1)]
+            monkeypatch.undo()
+            return widths, width, crops[0]
+
+    widths, width, crops = asyncio.run(run())
+    assert len(widths) >= 3 and set(widths) == {width}
+    assert crops == 0, f"{crops} rows cut to the table's width"
