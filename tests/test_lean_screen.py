@@ -370,3 +370,103 @@ def test_each_partial_update_of_the_dashboard_writes_what_textuals_rendering_wou
     assert len(updates) >= 8, len(updates)
     for lean, textual in updates:
         assert lean == textual
+
+
+def test_a_span_is_written_as_a_cut_strip_would_write_it():
+    """render_cells writes what Strip.crop then Strip.render write, at every cut of strips
+    with styled, unstyled, empty and linked segments."""
+    from rich.console import Console
+    from rich.segment import Segment
+    from rich.style import Style
+    from textual.strip import Strip
+
+    from memtop.ui.lean_screen import render_cells
+
+    console = Console(color_system="truecolor", force_terminal=True)
+    link = Style(color="cyan", link="https://example.com/x")
+    strips = [
+        Strip(
+            [
+                Segment(" 4102 ", Style(bold=True)),
+                Segment("", Style(color="red")),
+                Segment("alice", None),
+                Segment("  38.7G ", Style(color="#ff8800", bgcolor="black")),
+                Segment("", None),
+                Segment("step 1234", link),
+                Segment(" ", Style()),
+            ]
+        ),
+        Strip([Segment("x", Style(italic=True))]),
+        Strip([Segment("ab", None), Segment("cd", None)]),
+    ]
+    compared = 0
+    for strip in strips:
+        width = strip.cell_length
+        for start in range(width):
+            for stop in range(start + 1, width + 1):
+                assert render_cells(strip, start, stop, console) == strip.crop(start, stop).render(
+                    console
+                ), (start, stop)
+                compared += 1
+    assert compared > 400
+
+
+def test_a_span_inside_a_line_is_written_without_cutting_a_strip(monkeypatch):
+    """A STEP cell of a table row: the update writes those cells of the row's strip without
+    a Strip.crop (which measured and copied the row, a twentieth of the dashboard's samples),
+    and the terminal shows what a full frame shows."""
+    from textual.strip import Strip
+
+    from memtop.ui.lean_screen import SpanUpdate
+
+    class Page(App[None]):
+        CSS = "Static { height: 3; }"
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.terminal = play_into_terminal(self)
+
+        def get_default_screen(self) -> Screen[None]:
+            return LeanScreen(id="_default")
+
+        def compose(self) -> ComposeResult:
+            yield Static("GPU 0  38.7 GiB  step 1\nGPU 1  12.0 GiB  step 2\n漢字 step 3", id="rows")
+
+    crops = [0]
+    writing = [False]
+    crop, render_segments = Strip.crop, SpanUpdate.render_segments
+
+    def counted_crop(self, start, end=None):  # type: ignore[no-untyped-def]
+        crops[0] += writing[0]
+        return crop(self, start, end)
+
+    def counted_render(self, console):  # type: ignore[no-untyped-def]
+        writing[0] = True
+        try:
+            return render_segments(self, console)
+        finally:
+            writing[0] = False
+
+    monkeypatch.setattr(Strip, "crop", counted_crop)
+    monkeypatch.setattr(SpanUpdate, "render_segments", counted_render)
+    app = Page()
+
+    async def run() -> tuple[int, int, object]:
+        async with app.run_test(size=(30, 5)) as pilot:
+            await pilot.pause()
+            rows = app.query_one("#rows", Static)
+            rows.update("GPU 0  38.7 GiB  step 7\nGPU 1  12.0 GiB  step 8\n漢字 step 9")
+            await pilot.pause(0.05)  # (the whole widget: nothing to cut)
+            crops[0] = 0
+            rows.refresh(Region(21, 0, 2, 2))  # two ASCII rows' STEP cells
+            await pilot.pause(0.05)
+            ascii_crops = crops[0]
+            crops[0] = 0
+            rows.refresh(Region(8, 2, 2, 1))  # a row with wide characters: cut as Textual cuts
+            await pilot.pause(0.05)
+            return ascii_crops, crops[0], full_frame(app)
+
+    ascii_crops, wide_crops, whole = asyncio.run(run())
+    assert ascii_crops == 0
+    assert wide_crops >= 1  # from the chop's start, cut as Textual cuts it
+    assert app.terminal.cells == whole.cells  # type: ignore[attr-defined]

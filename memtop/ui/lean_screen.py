@@ -43,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from rich.color import ColorSystem
 from rich.console import Console
 from rich.segment import Segment
 from textual._compositor import ChopsUpdate, Compositor
@@ -78,6 +79,26 @@ def trim_text_caches(limit: int = TEXT_CACHE_ENTRIES, caches: Iterable[Any] = TE
             cache.cache_clear()
 
 
+def render_cells(strip: Strip, start: int, stop: int, console: Console) -> str:
+    """What `strip.crop(start, stop).render(console)` writes, for a strip whose every character
+    is one cell (printable ASCII): sliced by characters, without the new Strip a crop makes
+    and measures (Strip.crop was a twentieth of the dashboard's samples, most of it cutting a
+    table row down to the STEP cells that changed; issue 35 item 8)."""
+    color_system = console._color_system or ColorSystem.TRUECOLOR
+    render = strip.render_style
+    pieces = []
+    at = 0
+    for text, style, _ in strip:
+        after = at + len(text)
+        if after > start and at < stop:
+            piece = text[max(0, start - at) : stop - at]
+            pieces.append(piece if style is None else render(style, piece, color_system))
+        elif at >= stop:
+            break
+        at = after
+    return "".join(pieces)
+
+
 class SpanUpdate(ChopsUpdate):
     """A partial update that writes each dirty span's cells and no others."""
 
@@ -91,14 +112,22 @@ class SpanUpdate(ChopsUpdate):
                 if strip is None:
                     continue
                 start, stop = max(x, x1), min(end, x2)
-                if start != x and strip.cell_length != len(strip.text):
-                    start = x  # a wide character may straddle x1: from the chop, as Textual does
+                one_cell_each = False
+                if start != x or stop != end:
+                    text = strip.text
+                    if strip.cell_length != len(text):
+                        start = x  # a wide character may straddle x1: from the chop, as Textual
+                    else:
+                        one_cell_each = text.isascii()  # (a wide one and a mark would sum alike)
                 if stop <= start:
                     continue
-                if start != x or stop != end:
-                    strip = strip.crop(start - x, stop - x)
                 append(f"\x1b[{y + 1};{start + 1}H")  # Control.move_to's sequence
-                append(strip.render(console))
+                if start == x and stop == end:
+                    append(strip.render(console))
+                elif one_cell_each:  # cells are characters: the span's, cut from the segments
+                    append(render_cells(strip, start - x, stop - x, console))
+                else:
+                    append(strip.crop(start - x, stop - x).render(console))
             if y != last_y:
                 append("\n")  # as Textual writes it
         return "".join(sequences)
