@@ -380,7 +380,7 @@ def test_a_span_is_written_as_a_cut_strip_would_write_it():
     from rich.style import Style
     from textual.strip import Strip
 
-    from memtop.ui.lean_screen import render_cells
+    from memtop.ui.lean_screen import _one_cell_each, render_cells
 
     console = Console(color_system="truecolor", force_terminal=True)
     link = Style(color="cyan", link="https://example.com/x")
@@ -398,6 +398,14 @@ def test_a_span_is_written_as_a_cut_strip_would_write_it():
         ),
         Strip([Segment("x", Style(italic=True))]),
         Strip([Segment("ab", None), Segment("cd", None)]),
+        Strip(
+            [
+                Segment(" python train.py --conf… ", None),
+                Segment("│", Style(dim=True)),
+                Segment(" ██▌   ", Style(color="green")),
+                Segment("⠁⠃⠇ · → ▾", Style(bold=True)),
+            ]
+        ),
     ]
     compared = 0
     for strip in strips:
@@ -408,7 +416,10 @@ def test_a_span_is_written_as_a_cut_strip_would_write_it():
                     console
                 ), (start, stop)
                 compared += 1
-    assert compared > 400
+    assert compared > 1000
+    assert all(_one_cell_each(strip.text) for strip in strips)
+    for wide in ("漢", "e\u0301", "a\u200db", "\U0001f1e6\U0001f1e7", "x\x1by"):
+        assert not _one_cell_each(wide), wide  # cut as Textual cuts it
 
 
 def test_a_span_inside_a_line_is_written_without_cutting_a_strip(monkeypatch):
@@ -430,7 +441,7 @@ def test_a_span_inside_a_line_is_written_without_cutting_a_strip(monkeypatch):
             return LeanScreen(id="_default")
 
         def compose(self) -> ComposeResult:
-            yield Static("GPU 0  38.7 GiB  step 1\nGPU 1  12.0 GiB  step 2\n漢字 step 3", id="rows")
+            yield Static("GPU 0  38.7 GiB  step 1\nGPU 1  12.0 GiB… step 2\n漢字 step 3", id="rows")
 
     crops = [0]
     writing = [False]
@@ -455,10 +466,10 @@ def test_a_span_inside_a_line_is_written_without_cutting_a_strip(monkeypatch):
         async with app.run_test(size=(30, 5)) as pilot:
             await pilot.pause()
             rows = app.query_one("#rows", Static)
-            rows.update("GPU 0  38.7 GiB  step 7\nGPU 1  12.0 GiB  step 8\n漢字 step 9")
+            rows.update("GPU 0  38.7 GiB  step 7\nGPU 1  12.0 GiB… step 8\n漢字 step 9")
             await pilot.pause(0.05)  # (the whole widget: nothing to cut)
             crops[0] = 0
-            rows.refresh(Region(21, 0, 2, 2))  # two ASCII rows' STEP cells
+            rows.refresh(Region(21, 0, 2, 2))  # two rows' STEP cells, one cell a character
             await pilot.pause(0.05)
             ascii_crops = crops[0]
             crops[0] = 0

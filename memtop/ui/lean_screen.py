@@ -40,9 +40,11 @@ should a later Textual change what this relies on, the screen falls back to Text
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
+from rich.cells import get_character_cell_size
 from rich.color import ColorSystem
 from rich.console import Console
 from rich.segment import Segment
@@ -79,11 +81,26 @@ def trim_text_caches(limit: int = TEXT_CACHE_ENTRIES, caches: Iterable[Any] = TE
             cache.cache_clear()
 
 
+# Anything but printable ASCII: a character whose width is looked up.
+_SPECIAL = re.compile(r"[^\x20-\x7e]")
+
+
+def _one_cell_each(text: str) -> bool:
+    """Whether each character of `text` is one cell on its own: printable ASCII, or in the
+    Basic Multilingual Plane and one cell wide ("…", "│", "█", a braille dot).  None then
+    joins its neighbours into a cluster (those are marks, joiners and selectors, of no width,
+    or pairs of regional indicators, outside the plane)."""
+    return all(
+        special <= "\uffff" and get_character_cell_size(special) == 1
+        for special in set(_SPECIAL.findall(text))
+    )
+
+
 def render_cells(strip: Strip, start: int, stop: int, console: Console) -> str:
     """What `strip.crop(start, stop).render(console)` writes, for a strip whose every character
-    is one cell (printable ASCII): sliced by characters, without the new Strip a crop makes
+    is one cell (`_one_cell_each`): sliced by characters, without the new Strip a crop makes
     and measures (Strip.crop was a twentieth of the dashboard's samples, most of it cutting a
-    table row down to the STEP cells that changed; issue 35 item 8)."""
+    table row or a card's line down to the cells that changed; issue 35 item 8)."""
     color_system = console._color_system or ColorSystem.TRUECOLOR
     render = strip.render_style
     pieces = []
@@ -118,7 +135,7 @@ class SpanUpdate(ChopsUpdate):
                     if strip.cell_length != len(text):
                         start = x  # a wide character may straddle x1: from the chop, as Textual
                     else:
-                        one_cell_each = text.isascii()  # (a wide one and a mark would sum alike)
+                        one_cell_each = _one_cell_each(text)
                 if stop <= start:
                     continue
                 append(f"\x1b[{y + 1};{start + 1}H")  # Control.move_to's sequence
