@@ -249,3 +249,235 @@ def test_the_lean_screen_keeps_rich_and_textual_line_caches_bounded():
     asyncio.run(frames())
     assert split_cells.cache_info().currsize <= bound
     assert render_ansi.cache_info().currsize <= bound
+
+
+class CountedBox(Vertical):
+    def render_lines(self, crop):  # type: ignore[no-untyped-def]
+        RENDERS[str(self.id)] += crop.height  # lines, not calls
+        return super().render_lines(crop)
+
+
+class CountedScreen(LeanScreen):
+    def render_lines(self, crop):  # type: ignore[no-untyped-def]
+        RENDERS["screen"] += crop.height
+        return super().render_lines(crop)
+
+
+class Boxed(App[None]):
+    """The dashboard's nesting: a container with a border round widgets that change."""
+
+    CSS = "#box { height: 5; border: round white; } Static { height: 1; }"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.terminal = play_into_terminal(self)
+
+    def get_default_screen(self) -> Screen[None]:
+        return CountedScreen(id="_default")
+
+    def compose(self) -> ComposeResult:
+        yield Static("memtop  host  8 GPUs", id="head")
+        with CountedBox(id="box"):
+            yield Static("GPU 0  38.7 GiB", id="a")
+            yield Static("step 0", id="step")
+            yield Static("GPU 1  12.0 GiB", id="b")
+        yield Static("q Quit", id="foot")
+
+
+def test_a_container_under_its_changed_children_draws_none_of_their_lines():
+    """A partial update draws a container's lines only where a dirty cell is its own (its
+    border): under a child that changed, the container's line was drawn and then covered, as
+    was the screen's (a third of the dashboard's lines drawn in the mixed demo, issue 35)."""
+    app = Boxed()
+
+    async def run() -> tuple[Counter[str], Counter[str], object]:
+        async with app.run_test(size=(40, 10)) as pilot:
+            await pilot.pause()
+            RENDERS.clear()
+            for step in range(1, 4):
+                app.query_one("#step", Static).update(f"step {step}")
+                app.query_one("#head", Static).update(f"memtop  host  {step} GPUs")
+                await pilot.pause(0.05)
+            under = Counter(RENDERS)
+            RENDERS.clear()
+            app.query_one("#box").border_title = "GPUs"  # the box's own cells this time
+            await pilot.pause(0.05)
+            own = Counter(RENDERS)
+            return under, own, full_frame(app)
+
+    under, own, whole = asyncio.run(run())
+    assert under["box"] == under["screen"] == 0, under
+    assert own["box"] >= 1, own
+    assert app.terminal.cells == whole.cells  # type: ignore[attr-defined]
+    assert any(char == "3" for char, _ in app.terminal.cells.values())
+    assert any(char == "U" for char, _ in app.terminal.cells.values())  # the title: "GPUs"
+
+
+def test_each_partial_update_of_the_dashboard_writes_what_textuals_rendering_would(monkeypatch):
+    """Byte for byte: every partial update the dashboard makes (a STEP moved, a figure, the
+    cursor, focus and highlight) writes what rendering every widget in the update's box, as
+    Textual's compositor does, and writing the same dirty spans would."""
+    from dataclasses import replace
+
+    from ui_frozen import MY_UID, NOW, frozen_store
+
+    from memtop.ui import lean_screen
+    from memtop.ui.app import MemtopApp
+    from memtop.ui.lean_screen import SpanUpdate
+
+    updates: list[tuple[str, str]] = []
+
+    class Checked(LeanCompositor):
+        def render_partial_update(self):  # type: ignore[no-untyped-def]
+            regions = set(self._dirty_regions)
+            update = super().render_partial_update()
+            if update is None or not regions:
+                return update
+            console = app.console  # the app's, made below
+            crop = Region.from_union(list(regions)).intersection(self.size.region)
+            spans = list(self._regions_to_spans(regions))
+            rows = {y for y, _, _ in spans}
+            # Outside an update: _get_renders is Textual's own, every widget in the box.
+            chops = self._render_chops(crop, rows.__contains__)
+            chop_ends = [cut_set[1:] for cut_set in self.cuts]
+            textual = SpanUpdate(chops, spans, chop_ends).render_segments(console)
+            updates.append((update.render_segments(console), textual))
+            return update
+
+    monkeypatch.setattr(lean_screen, "LeanCompositor", Checked)
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW, host="gpu-box", my_uid=MY_UID)
+
+    async def run() -> None:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.3)
+            assert isinstance(app.screen._compositor, Checked)
+            table = app.table
+            for _ in range(3):
+                table.show(
+                    tuple(
+                        replace(row, step=row.step + 1) if row.step is not None else row
+                        for row in table.source
+                    ),
+                    False,
+                    True,
+                )
+                await pilot.pause(0.1)
+            for key in ("down", "down", "up", "tab", "down", "tab", "tab"):
+                await pilot.press(key)
+                await pilot.pause(0.1)
+
+    asyncio.run(run())
+    assert len(updates) >= 8, len(updates)
+    for lean, textual in updates:
+        assert lean == textual
+
+
+def test_a_span_is_written_as_a_cut_strip_would_write_it():
+    """render_cells writes what Strip.crop then Strip.render write, at every cut of strips
+    with styled, unstyled, empty and linked segments."""
+    from rich.console import Console
+    from rich.segment import Segment
+    from rich.style import Style
+    from textual.strip import Strip
+
+    from memtop.ui.lean_screen import _one_cell_each, render_cells
+
+    console = Console(color_system="truecolor", force_terminal=True)
+    link = Style(color="cyan", link="https://example.com/x")
+    strips = [
+        Strip(
+            [
+                Segment(" 4102 ", Style(bold=True)),
+                Segment("", Style(color="red")),
+                Segment("alice", None),
+                Segment("  38.7G ", Style(color="#ff8800", bgcolor="black")),
+                Segment("", None),
+                Segment("step 1234", link),
+                Segment(" ", Style()),
+            ]
+        ),
+        Strip([Segment("x", Style(italic=True))]),
+        Strip([Segment("ab", None), Segment("cd", None)]),
+        Strip(
+            [
+                Segment(" python train.py --conf… ", None),
+                Segment("│", Style(dim=True)),
+                Segment(" ██▌   ", Style(color="green")),
+                Segment("⠁⠃⠇ · → ▾", Style(bold=True)),
+            ]
+        ),
+    ]
+    compared = 0
+    for strip in strips:
+        width = strip.cell_length
+        for start in range(width):
+            for stop in range(start + 1, width + 1):
+                assert render_cells(strip, start, stop, console) == strip.crop(start, stop).render(
+                    console
+                ), (start, stop)
+                compared += 1
+    assert compared > 1000
+    assert all(_one_cell_each(strip.text) for strip in strips)
+    for wide in ("漢", "e\u0301", "a\u200db", "\U0001f1e6\U0001f1e7", "x\x1by"):
+        assert not _one_cell_each(wide), wide  # cut as Textual cuts it
+
+
+def test_a_span_inside_a_line_is_written_without_cutting_a_strip(monkeypatch):
+    """A STEP cell of a table row: the update writes those cells of the row's strip without
+    a Strip.crop (which measured and copied the row, a twentieth of the dashboard's samples),
+    and the terminal shows what a full frame shows."""
+    from textual.strip import Strip
+
+    from memtop.ui.lean_screen import SpanUpdate
+
+    class Page(App[None]):
+        CSS = "Static { height: 3; }"
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.terminal = play_into_terminal(self)
+
+        def get_default_screen(self) -> Screen[None]:
+            return LeanScreen(id="_default")
+
+        def compose(self) -> ComposeResult:
+            yield Static("GPU 0  38.7 GiB  step 1\nGPU 1  12.0 GiB… step 2\n漢字 step 3", id="rows")
+
+    crops = [0]
+    writing = [False]
+    crop, render_segments = Strip.crop, SpanUpdate.render_segments
+
+    def counted_crop(self, start, end=None):  # type: ignore[no-untyped-def]
+        crops[0] += writing[0]
+        return crop(self, start, end)
+
+    def counted_render(self, console):  # type: ignore[no-untyped-def]
+        writing[0] = True
+        try:
+            return render_segments(self, console)
+        finally:
+            writing[0] = False
+
+    monkeypatch.setattr(Strip, "crop", counted_crop)
+    monkeypatch.setattr(SpanUpdate, "render_segments", counted_render)
+    app = Page()
+
+    async def run() -> tuple[int, int, object]:
+        async with app.run_test(size=(30, 5)) as pilot:
+            await pilot.pause()
+            rows = app.query_one("#rows", Static)
+            rows.update("GPU 0  38.7 GiB  step 7\nGPU 1  12.0 GiB… step 8\n漢字 step 9")
+            await pilot.pause(0.05)  # (the whole widget: nothing to cut)
+            crops[0] = 0
+            rows.refresh(Region(21, 0, 2, 2))  # two rows' STEP cells, one cell a character
+            await pilot.pause(0.05)
+            ascii_crops = crops[0]
+            crops[0] = 0
+            rows.refresh(Region(8, 2, 2, 1))  # a row with wide characters: cut as Textual cuts
+            await pilot.pause(0.05)
+            return ascii_crops, crops[0], full_frame(app)
+
+    ascii_crops, wide_crops, whole = asyncio.run(run())
+    assert ascii_crops == 0
+    assert wide_crops >= 1  # from the chop's start, cut as Textual cuts it
+    assert app.terminal.cells == whole.cells  # type: ignore[attr-defined]

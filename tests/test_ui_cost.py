@@ -214,3 +214,111 @@ def test_a_suggestion_that_comes_or_goes_redraws_the_pane_not_the_screen(
     assert title[:40] not in one and title[:40] in every  # shown at once, both ways
     assert (fewer, more) == (0, 0), "the whole screen was laid out again for the pane's lines"
     assert scrollbar and overflow >= 1  # its scrollbar's place is the layout's
+
+
+def test_a_reworded_suggestion_repaints_its_own_lines_not_the_pane() -> None:
+    # Each slow period a suggestion whose figures moved is worded again: the pane repainted
+    # all of itself for it (its every option, its border, its scrollbar: 59 repaints in 29 s of
+    # the mixed demo, issue 35 item 8), where that option's lines are what changed.  Scrolled
+    # or not, the terminal then shows what a full frame of the screen shows.
+    from textual.geometry import Region
+    from ui_helpers import full_frame, play_into_terminal
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW + 0.5, host="gpu-box", my_uid=MY_UID)
+    terminal = play_into_terminal(app)
+    regions: list[list[Region]] = []
+    drawn: list[Region] = []
+
+    class Watched(SuggestionsPane):
+        def refresh(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            regions.append(list(args))
+            return super().refresh(*args, **kwargs)
+
+        def render_lines(self, crop):  # type: ignore[no-untyped-def]
+            drawn.append(crop)
+            return super().render_lines(crop)
+
+    def reword(pane: SuggestionsPane, index: int, old: str, new: str) -> tuple[int, int]:
+        prompt = pane._prompts[index].copy()
+        assert old in prompt.plain, prompt.plain
+        prompt.plain = prompt.plain.replace(old, new)
+        pane._prompts[index] = prompt
+        regions.clear()
+        drawn.clear()
+        pane.replace_option_prompt_at_index(index, prompt)
+        # Its first line in the pane's own coordinates (under its border), and how many.
+        first = pane.content_offset.y + pane._index_to_line[index] - pane.scroll_offset.y
+        return first, pane._heights[index]
+
+    async def run() -> list[tuple[int, int, list[list[Region]], list[Region], bool]]:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.2)
+            pane = app.query_one(SuggestionsPane)
+            pane.__class__ = Watched  # the same pane, its repaints recorded
+            seen = []
+            items = pane.items
+            assert len(items) >= 2, items
+            word = items[1].title.split()[0]
+            first, height = reword(pane, 1, word, word.upper())
+            await pilot.pause(0.2)
+            seen.append(
+                (first, height, regions[:], drawn[:], terminal.cells == full_frame(app).cells)
+            )
+            # Scrolled: a longer list, three lines down, its fourth option reworded.
+            many = tuple(
+                dataclasses.replace(item, key=f"{item.key}#{copy}")
+                for copy in range(6)
+                for item in items
+            )
+            pane.show(many, False, True)
+            await pilot.pause(0.2)
+            pane.scroll_to(y=3, animate=False, immediate=True)
+            await pilot.pause(0.2)
+            assert pane.scroll_offset.y == 3
+            word = many[3].title.split()[0]
+            first, height = reword(pane, 3, word, word.lower())
+            await pilot.pause(0.2)
+            seen.append(
+                (first, height, regions[:], drawn[:], terminal.cells == full_frame(app).cells)
+            )
+            return seen
+
+    for first, height, refreshed, lines, same in asyncio.run(run()):
+        assert refreshed and all(len(args) == 1 for args in refreshed), refreshed  # a region
+        drawn_lines = sorted(y for crop in lines for y in range(crop.y, crop.bottom))
+        assert drawn_lines == list(range(first, first + height)), lines  # its lines, no others
+        assert same  # the terminal shows what a full frame does
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 36)])
+def test_a_table_row_is_laid_out_to_the_tables_width_and_drawn_without_a_cut(
+    monkeypatch: pytest.MonkeyPatch, size: tuple[int, int]
+) -> None:
+    # STEP moves on every row every 2 s: each row drawn was one cell wider than the table (the
+    # gap after its last column) and cut to the width, a Strip.crop that was most of the
+    # table's drawing (issue 35 item 8).
+    from textual.strip import Strip
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW, host="gpu-box", my_uid=MY_UID)
+
+    async def run() -> tuple[list[int], int, int]:
+        async with app.run_test(size=size) as pilot:
+            await pilot.pause(0.2)
+            table = app.table
+            width = table.content_region.width
+            crops = [0]
+            crop = Strip.crop
+
+            def counted(self: Strip, start: int, end: int | None = None) -> Strip:
+                crops[0] += 1
+                return crop(self, start, end)
+
+            monkeypatch.setattr(Strip, "crop", counted)
+            rows = len(table.lines)
+            widths = [table.render_line(y).cell_length for y in range(1, rows + 1)]
+            monkeypatch.undo()
+            return widths, width, crops[0]
+
+    widths, width, crops = asyncio.run(run())
+    assert len(widths) >= 3 and set(widths) == {width}
+    assert crops == 0, f"{crops} rows cut to the table's width"

@@ -13,7 +13,11 @@ widget inside the box around all dirty regions: a STEP cell in the table and a f
 card made the box most of the screen, and each of its widgets' lines was cropped into a new strip
 (Strip.crop and Strip.__init__ were a fifth of the dashboard's CPU; bench/tui_cost.py, issue 35).
 The lines it does not render are blank placeholders: the update writes only dirty cells, and a
-line without one is never written.
+line without one is never written.  Nor does it render a widget's line whose dirty cells all lie
+under widgets in front of it (Textual keeps, of each run of cells between widgets' edges, the
+front widget's strip): a container's lines under its children that changed, and the screen's
+under everything, were most of the lines a frame rendered (1,050 of 1,400 in 29 s of the mixed
+demo; issue 35 item 8).
 
 Its updates (`SpanUpdate`) also write only the cells of each dirty span.  Textual's write the
 span's line from the start of the widget that covers it: a table row whose STEP changed went out
@@ -36,9 +40,12 @@ should a later Textual change what this relies on, the screen falls back to Text
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
+from rich.cells import get_character_cell_size
+from rich.color import ColorSystem
 from rich.console import Console
 from rich.segment import Segment
 from textual._compositor import ChopsUpdate, Compositor
@@ -74,6 +81,41 @@ def trim_text_caches(limit: int = TEXT_CACHE_ENTRIES, caches: Iterable[Any] = TE
             cache.cache_clear()
 
 
+# Anything but printable ASCII: a character whose width is looked up.
+_SPECIAL = re.compile(r"[^\x20-\x7e]")
+
+
+def _one_cell_each(text: str) -> bool:
+    """Whether each character of `text` is one cell on its own: printable ASCII, or in the
+    Basic Multilingual Plane and one cell wide ("…", "│", "█", a braille dot).  None then
+    joins its neighbours into a cluster (those are marks, joiners and selectors, of no width,
+    or pairs of regional indicators, outside the plane)."""
+    return all(
+        special <= "\uffff" and get_character_cell_size(special) == 1
+        for special in set(_SPECIAL.findall(text))
+    )
+
+
+def render_cells(strip: Strip, start: int, stop: int, console: Console) -> str:
+    """What `strip.crop(start, stop).render(console)` writes, for a strip whose every character
+    is one cell (`_one_cell_each`): sliced by characters, without the new Strip a crop makes
+    and measures (Strip.crop was a twentieth of the dashboard's samples, most of it cutting a
+    table row or a card's line down to the cells that changed; issue 35 item 8)."""
+    color_system = console._color_system or ColorSystem.TRUECOLOR
+    render = strip.render_style
+    pieces = []
+    at = 0
+    for text, style, _ in strip:
+        after = at + len(text)
+        if after > start and at < stop:
+            piece = text[max(0, start - at) : stop - at]
+            pieces.append(piece if style is None else render(style, piece, color_system))
+        elif at >= stop:
+            break
+        at = after
+    return "".join(pieces)
+
+
 class SpanUpdate(ChopsUpdate):
     """A partial update that writes each dirty span's cells and no others."""
 
@@ -87,14 +129,22 @@ class SpanUpdate(ChopsUpdate):
                 if strip is None:
                     continue
                 start, stop = max(x, x1), min(end, x2)
-                if start != x and strip.cell_length != len(strip.text):
-                    start = x  # a wide character may straddle x1: from the chop, as Textual does
+                one_cell_each = False
+                if start != x or stop != end:
+                    text = strip.text
+                    if strip.cell_length != len(text):
+                        start = x  # a wide character may straddle x1: from the chop, as Textual
+                    else:
+                        one_cell_each = _one_cell_each(text)
                 if stop <= start:
                     continue
-                if start != x or stop != end:
-                    strip = strip.crop(start - x, stop - x)
                 append(f"\x1b[{y + 1};{start + 1}H")  # Control.move_to's sequence
-                append(strip.render(console))
+                if start == x and stop == end:
+                    append(strip.render(console))
+                elif one_cell_each:  # cells are characters: the span's, cut from the segments
+                    append(render_cells(strip, start - x, stop - x, console))
+                else:
+                    append(strip.crop(start - x, stop - x).render(console))
             if y != last_y:
                 append("\n")  # as Textual writes it
         return "".join(sequences)
@@ -138,18 +188,34 @@ class LeanCompositor(Compositor):
             return
         overlaps = crop.overlaps
         intersection = Region.intersection
+        # The dirty cells no widget drawn so far covers, by line.  Widgets come front to back,
+        # and `_render_chops` keeps, of each chop (a run of cells between widgets' edges), the
+        # first strip it is given: a widget's line whose dirty cells all lie under widgets
+        # already drawn would be cut up and thrown away.  A container's line under its
+        # children, the screen's under everything (a third of the lines drawn, issue 35).
+        uncovered = {y: list(spans) for y, spans in rows.items()}
         for widget, (region, clip) in self.visible_widgets.items():
+            if not uncovered:
+                break  # every dirty cell has its widget: the rest lie underneath
             shown = intersection(region, clip)
             if not shown.area or not overlaps(shown):
                 continue  # paints no cell of the update
             left, right = shown.x, shown.right
-            lines = [
-                y
-                for y in shown.line_range
-                if any(x1 < right and x2 > left for x1, x2 in rows.get(y, ()))
-            ]
+            lines = []
+            for y in shown.line_range:
+                spans = uncovered.get(y)
+                if spans is None or not any(x1 < right and x2 > left for x1, x2 in spans):
+                    continue  # no dirty cell here, or each one under a widget above
+                lines.append(y)
+                # Its cells are this widget's now: what is left of the spans either side.
+                rest = [(x1, min(x2, left)) for x1, x2 in spans if x1 < left]
+                rest += [(max(x1, right), x2) for x1, x2 in spans if x2 > right]
+                if rest:
+                    uncovered[y] = rest
+                else:
+                    del uncovered[y]
             if not lines:
-                continue  # the box around the update overlaps it, but no dirty cell does
+                continue  # the box around the update overlaps it, but no uncovered dirty cell
             blank = Strip.blank(shown.width)
             strips = [blank] * shown.height
             # Each run of consecutive dirty lines in one call, in the widget's own coordinates.

@@ -488,6 +488,10 @@ class ProcessTable(Widget, can_focus=True):
                 spans.append(Span(at, at + len(cell), "yellow"))
             cells += (cell, padding)
             at += len(cell) + gap
+        # No gap after the last column: the row is then the table's width (its last column
+        # takes the room left), and drawing it cuts nothing (cutting the gap off every row
+        # drawn was most of the table's drawing, Strip.crop; issue 35 item 8).
+        cells.pop()
         # An exited process is drawn dim: its figures are the last ones seen (marked ~).
         return Text("".join(cells), style=FREE if row.last_known else "", spans=spans)
 
