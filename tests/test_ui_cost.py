@@ -63,23 +63,26 @@ def test_a_reworded_suggestion_is_drawn_without_the_content_pipeline_and_the_sam
     # through Rich (issue 35 item 8).  The pane draws its prompts (laid out to its width, never
     # wrapped) through Rich: the same characters, colours and text-selection offsets as
     # Textual's strips, cell by cell.
-    from rich.console import Console
     from textual.visual import Visual
     from textual.widgets import OptionList
 
     from memtop.ui.widgets.suggestions import SuggestionsPane
 
     app = MemtopApp(frozen_store(), None, clock=lambda: NOW, host="gpu-box", my_uid=MY_UID)
-    console = Console(color_system="truecolor", force_terminal=True)
+
+    def drawn_as(style):  # type: ignore[no-untyped-def]
+        # A cell's colours (as RGB: "red" and "color(1)" are one colour) and attributes, not the
+        # strip's ANSI: Rich keeps a Style's escape codes in the Style itself, for the colour
+        # system it was first drawn in, and the pane's styles are Rich's cached combinations,
+        # which a test before this one may have drawn for a 16-colour terminal ("97;40").
+        if style is None:
+            return None
+        rgb = [c.get_truecolor() if c is not None else None for c in (style.color, style.bgcolor)]
+        attributes = (style.bold, style.dim, style.italic, style.underline, style.reverse)
+        return (*rgb, attributes, style.meta)
 
     def cells(strips):  # type: ignore[no-untyped-def]
-        return [
-            (
-                [(ch, seg.style.meta if seg.style else None) for seg in strip for ch in seg.text],
-                strip.render(console),
-            )
-            for strip in strips
-        ]
+        return [[(ch, drawn_as(seg.style)) for seg in strip for ch in seg.text] for strip in strips]
 
     async def run() -> tuple[int, int, str]:
         async with app.run_test(size=(120, 36)) as pilot:
