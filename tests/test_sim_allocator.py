@@ -833,3 +833,37 @@ def test_torch_memory_viz_reads_the_snapshot(tmp_path: Path) -> None:
     )
     assert diff.count("only_after;") >= 1
     assert "only_before;" not in diff
+
+
+@pytest.mark.parametrize("scenario", ["fragment", "oom", "server-overrun"])
+def test_active_figures_are_the_allocated_ones_through_ooms_resets_and_settings(
+    scenario: str,
+) -> None:
+    # The allocator keeps one set of counters for allocation/active and allocated_bytes/
+    # active_bytes (no simulated block waits on a second stream's events): every figure of
+    # both names stays equal, pool by pool, through retries, OOMs, empty_cache and resets.
+    from memtop.sim.scenarios import ServerWorkload, Workload, model_for
+
+    for conf in ("", "expandable_segments:True", "max_split_size_mb:20"):
+        total = 12 * GiB
+        alloc = SimulatedCachingAllocator(LocalDeviceMemory(total, overhead_bytes=0), 0, conf)
+        workload: Workload | ServerWorkload
+        if scenario.startswith("server"):
+            workload = ServerWorkload(scenario, alloc, total, 0.9, 0, seed=1, grow_after=3)
+        else:
+            workload = Workload(scenario, alloc, model_for(scenario, total), seed=1)
+        for step in range(24):
+            workload.step()
+            if step == 8:
+                alloc.empty_cache()
+            if step == 12:
+                alloc.reset_peak_memory_stats()
+            if step == 16:
+                alloc.reset_accumulated_memory_stats()
+            stats = alloc.memory_stats()
+            for key, value in stats.items():
+                if key.startswith("active."):
+                    assert value == stats[key.replace("active.", "allocation.")], (conf, key)
+                elif key.startswith("active_bytes."):
+                    assert value == stats[key.replace("active_", "allocated_")], (conf, key)
+        assert stats["num_alloc_retries"] + workload.ooms > 0 or scenario == "fragment"

@@ -278,14 +278,38 @@ class SharedDeviceMemory:
         self.overhead_bytes = _check_nbytes(overhead_bytes)
         self._reserved = 0
         self._closed = False
-        self._lock = threading.Lock()
+        # Reentrant: the reserves and releases made inside batch() take it again.
+        self._lock = threading.RLock()
+        self._batch_ledger: dict[str, int] | None = None  # the ledger batch() holds
         with self._lock, self._ledger(exclusive=True) as ledger:
             self._publish(ledger)
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """The reserves and releases made inside, on this thread, published as one write.
+
+        A trainer's model and its optimizer state are a few hundred segments reserved in a
+        row, and each publish (a lock, a read, a temporary file and a rename: ~0.3 ms of CPU)
+        made ~0.13 CPU-s of every simulated trainer's start.  The exclusive lock is held
+        throughout: another process reserves after the batch, never against a ledger that
+        lacks it (other threads of this one wait on the object's lock)."""
+        with self._lock, self._ledger(exclusive=True) as ledger:
+            self._batch_ledger = ledger
+            try:
+                yield
+            finally:
+                self._batch_ledger = None
+                self._publish(ledger)
 
     # -- ledger plumbing ---------------------------------------------------------------------
 
     @contextlib.contextmanager
     def _ledger(self, exclusive: bool) -> Iterator[dict[str, int]]:
+        if self._batch_ledger is not None:
+            # Inside batch(), on its thread (the lock is held): the ledger it read under the
+            # exclusive lock is the ledger, since no other process can write it meanwhile.
+            yield self._batch_ledger
+            return
         with _flocked(self.ledger_path, exclusive):
             yield _read_ledger_file(self.ledger_path)
 
@@ -295,7 +319,9 @@ class SharedDeviceMemory:
     def _publish(self, ledger: dict[str, int]) -> None:
         """Rewrite the ledger with this process's current entry and without dead pids.
 
-        Called with the exclusive lock held."""
+        Called with the exclusive lock held; inside batch(), once at its end."""
+        if self._batch_ledger is not None:
+            return
         out = self._others(ledger)
         if not self._closed:
             out[self._key] = self._mine()

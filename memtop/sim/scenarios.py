@@ -133,7 +133,14 @@ class Workload:
 
     def _build_model(self) -> None:
         self._param_sizes = self._tensor_sizes()
-        self.params = [self.alloc.malloc(size) for size in self._param_sizes]
+        with self._one_publish():
+            self.params = [self.alloc.malloc(size) for size in self._param_sizes]
+
+    def _one_publish(self) -> contextlib.AbstractContextManager[None]:
+        # A shared simulated GPU publishes each segment reserved; a model's hundreds of
+        # segments in a row are published once (SharedDeviceMemory.batch).
+        batch = getattr(self.alloc.device, "batch", None)
+        return batch() if batch is not None else contextlib.nullcontext()
 
     # ------------------------------------------------------------------ one step
 
@@ -232,9 +239,10 @@ class Workload:
         # optimizer step: Adam's two moments appear on the first step and stay
         self.current_pass = "optimizer"
         if not self.optimizer_state:
-            for size in self._param_sizes:
-                self.optimizer_state.append(self.alloc.malloc(size))
-                self.optimizer_state.append(self.alloc.malloc(size))
+            with self._one_publish():
+                for size in self._param_sizes:
+                    self.optimizer_state.append(self.alloc.malloc(size))
+                    self.optimizer_state.append(self.alloc.malloc(size))
         for size in self._param_sizes[:: max(1, len(self._param_sizes) // 8)]:
             self._f(self._m(size))  # foreach temporaries, a few at a time
         if self.scenario == "leak":
