@@ -241,6 +241,7 @@ def lean_compositor_fits() -> bool:
         and hasattr(Compositor(), "_dirty_regions")
         and isinstance(getattr(Compositor, "visible_widgets", None), property)
         and callable(getattr(ChopsUpdate, "render_segments", None))
+        and callable(getattr(Strip, "render_style", None))  # render_cells' writer
     )
 
 
