@@ -12,6 +12,9 @@ device's `AgentDeviceSample`) and reads their figures through properties; it cop
 agents are the store's records themselves (`AgentView`); what it adds to an agent is keyed by
 pid or (pid, device index) beside them: each device's one record (`devices_of`, the
 diagnosis's), its actions' effects, its host memory's windows, the host's view of its process.
+A GPU's accounting (who holds its used bytes) is joined from the same round when first read
+(`GpuObservation.accounted`): the GPU screen, the JSON and the exporter read it, not the
+dashboard's main screen.
 
 This module is the only place that joins NVML devices, NVML processes and agents; one `Diagnoser`
 lives in each `Observer`, and a running memtop has one `Observer`.
