@@ -157,3 +157,52 @@ def test_a_row_that_holds_its_slow_figures_and_its_step_is_copied_once(
     assert fragment.at(later)[0] != fragment.at(SECONDS)[0]  # its allocated bytes moved
     assert (after.allocated, after.step) == (before.allocated, before.step)  # ... held, both
     assert copies.count(after.key) == 1, copies
+
+
+def test_a_gpus_accounting_is_worked_out_when_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Who holds each GPU's used bytes is read by the GPU screen, the JSON and the exporter
+    # only; a dashboard built it for every GPU every second (~7 % of the observation's build).
+    from memtop.engine import observation
+    from memtop.engine.store import Store
+    from memtop.model import DeviceReading, DriverReading, GpuProcess, ProcessInfo
+    from memtop.present import report
+    from memtop.sources.owners import GONE, HERE, PidFacts
+
+    store = Store()
+    processes = (GpuProcess(4101, 3 * GIB), GpuProcess(4102, 6 * GIB))
+    readings = tuple(
+        DeviceReading(i, f"GPU-{i}", "H100", 80 * GIB, 12 * GIB, processes=processes)
+        for i in range(2)
+    )
+    store.update_driver(DriverReading(True, readings, driver_version="580"), 100.0)
+    store.update_processes({4101: ProcessInfo(4101, 0, "root", ("python", "serve.py"), "python")})
+    store.update_owners(
+        {
+            4101: PidFacts(4101, HERE, attachable=True, why="memtop attach 4101"),
+            4102: PidFacts(4102, GONE, why="exited"),
+        }
+    )
+    calls: list[int] = []
+    made = observation._accounting
+
+    def counted(gpu, *args):  # type: ignore[no-untyped-def]
+        calls.append(gpu.index)
+        return made(gpu, *args)
+
+    monkeypatch.setattr(observation, "_accounting", counted)
+    obs = observation.Observer(store, clock=lambda: 101.0, uid=0).latest()
+    view.build(obs, sampled=True, my_uid=0, host="h", users={})  # the dashboard's round
+    assert calls == []
+    first = obs.gpus[1].accounting
+    assert calls == [1]
+    assert obs.gpus[1].accounting is first  # worked out once
+    assert calls == [1]
+    # ... and it is what the round's own join says: 3 GiB no agent, 6 GiB gone, 3 unattributed.
+    assert first is not None and first.used_bytes == 12 * GIB
+    parts = {p.name: (p.bytes, p.pids) for p in first.parts}
+    assert parts["no_agent"] == (3 * GIB, (4101,))
+    assert parts["gone"] == (6 * GIB, (4102,))
+    assert parts["unattributed"] == (3 * GIB, ())
+    data = report.build(obs)  # the JSON reads every GPU's
+    assert calls == [1, 0]
+    assert [g["accounting"]["used_bytes"] for g in data["devices"]] == [12 * GIB, 12 * GIB]

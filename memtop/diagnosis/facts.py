@@ -8,7 +8,7 @@ the screens, the report and the exporter read that same record.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -218,10 +218,29 @@ class GpuObservation:
     processes: tuple[GpuProcess, ...]  # as the driver lists them (agents' pids without one)
     agents: tuple[DeviceDiagnosis, ...]  # the live agents' devices on it
     used_history: tuple[Sequence[float], Sequence[float]] = ((), ())  # times, used bytes
-    accounting: Accounting | None = None  # None: the used bytes are not known
+    # Who holds the used bytes (`accounting`, DESIGN §13), worked out when first read: only the
+    # GPU screen, the JSON and the exporter read it, and a dashboard built it for every GPU
+    # every second (~7 % of the observation's build).  None: the used bytes are not known.
+    accounted: Callable[[], Accounting | None] | None = field(
+        default=None, repr=False, compare=False
+    )
     # What each process without an agent is, where its command line or environment says
     # (memtop.diagnosis.workload), by pid: a vLLM without an agent still asked for its share.
     workloads: Mapping[int, Workload] = field(default_factory=dict)
+    # `accounted`'s answer once asked (a list: the record is frozen); two threads asking at
+    # once both work out the same answer from the same round.
+    _accounting: list[Accounting | None] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
+
+    @property
+    def accounting(self) -> Accounting | None:
+        """Who holds the used bytes; None: the used bytes are not known."""
+        if self.accounted is None:
+            return None
+        if not self._accounting:
+            self._accounting.append(self.accounted())
+        return self._accounting[0]
 
     @property
     def index(self) -> int:

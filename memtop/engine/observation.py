@@ -12,6 +12,9 @@ device's `AgentDeviceSample`) and reads their figures through properties; it cop
 agents are the store's records themselves (`AgentView`); what it adds to an agent is keyed by
 pid or (pid, device index) beside them: each device's one record (`devices_of`, the
 diagnosis's), its actions' effects, its host memory's windows, the host's view of its process.
+A GPU's accounting (who holds its used bytes) is joined from the same round when first read
+(`GpuObservation.accounted`): the GPU screen, the JSON and the exporter read it, not the
+dashboard's main screen.
 
 This module is the only place that joins NVML devices, NVML processes and agents; one `Diagnoser`
 lives in each `Observer`, and a running memtop has one `Observer`.
@@ -24,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuObservation, HostDiagnosis
@@ -51,6 +55,7 @@ from memtop.model import (
     DeviceReading,
     DriverReading,
     GpuProcess,
+    PidFacts,
     ProcessInfo,
     RoundView,
     Windows,
@@ -308,7 +313,7 @@ class Observer:
         gpus = tuple(
             replace(
                 g,
-                accounting=_accounting(g, gpus, view, self.uid),
+                accounted=partial(_accounting, g, gpus, view.owners, view.processes, self.uid),
                 workloads=_workloads(g, infos),
             )
             for g in gpus
@@ -544,7 +549,11 @@ def _gpus(
 
 
 def _accounting(
-    gpu: GpuObservation, gpus: Sequence[GpuObservation], view: RoundView, my_uid: int
+    gpu: GpuObservation,
+    gpus: Sequence[GpuObservation],
+    owners: Mapping[int, PidFacts],
+    infos: Mapping[int, ProcessInfo],
+    my_uid: int,
 ) -> Accounting | None:
     """Who holds the used bytes of `gpu` (DESIGN §13): the agents' reserved, their processes'
     bytes outside PyTorch, then every other listed process by what memtop can say of it (no
@@ -588,7 +597,7 @@ def _accounting(
         for process in gpu.processes:
             if process.pid in agent_pids:
                 continue
-            name, entry = _accounted(process, view, my_uid)
+            name, entry = _accounted(process, owners, infos, my_uid)
             groups[name].append(entry)
     for name, entries in groups.items():
         parts.append(
@@ -645,10 +654,15 @@ def _accounting(
     return Accounting(used, tuple(parts))
 
 
-def _accounted(process: GpuProcess, view: RoundView, my_uid: int) -> tuple[str, AccountedProcess]:
+def _accounted(
+    process: GpuProcess,
+    owners: Mapping[int, PidFacts],
+    infos: Mapping[int, ProcessInfo],
+    my_uid: int,
+) -> tuple[str, AccountedProcess]:
     """The part a listed process without an agent belongs to, and what is said of it."""
-    facts = view.owners.get(process.pid)
-    info = view.processes.get(process.pid)
+    facts = owners.get(process.pid)
+    info = infos.get(process.pid)
     user = info.user if info is not None and info.visible else None
     base = AccountedProcess(process.pid, process.used_bytes, user=user)
     if facts is None:  # not surveyed (a recording, the fleet): what the process table knows

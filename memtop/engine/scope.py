@@ -8,6 +8,7 @@ suggestions, the report and the metrics.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from memtop.model import Accounting, AgentView
@@ -142,7 +143,7 @@ class Scope:
                 replace(
                     g,
                     processes=tuple(p for p in g.processes if self._owner_ok(p.pid, obs)),
-                    accounting=self._accounting(g.accounting, obs),
+                    accounted=partial(self._accounting, g, obs),
                 )
                 for g in gpus
             )
@@ -181,9 +182,11 @@ class Scope:
             diagnosis=replace(obs.diagnosis, suggestions=suggestions),
         )
 
-    def _accounting(self, accounting: Accounting | None, obs: Observation) -> Accounting | None:
+    def _accounting(self, gpu: GpuObservation, obs: Observation) -> Accounting | None:
         """The GPU's accounting with its bytes whole (they are the GPU's figures) but naming
-        only the chosen processes: a hidden process's pid is not shown through it."""
+        only the chosen processes: a hidden process's pid is not shown through it (worked out
+        when read, as the whole GPU's is)."""
+        accounting = gpu.accounting
         if accounting is None:
             return None
         parts = tuple(
