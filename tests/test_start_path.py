@@ -519,3 +519,77 @@ def test_an_nvml_library_anywhere_the_linker_looks_is_looked_for(tmp_path: Path)
     (libs / NVML_NAME).unlink()
     (libs / NVML_NAME).touch()
     assert not nvml_absent(env)
+
+
+# Runs `python -m memtop` with the agents' first answer a second late, logging when the first
+# round's observation is made and when Textual composes the app.
+SLOW_FIRST_ROUND = """
+import runpy, sys, time
+from memtop.engine.observation import Observer
+from memtop.sources.agents import AgentPool
+from memtop.ui import app
+log = open(sys.argv[1], "w", buffering=1)
+poll = AgentPool.poll
+def slow_first_poll(self, *args, **kwargs):
+    if not getattr(AgentPool, "polled", False):
+        AgentPool.polled = True
+        time.sleep(1.0)
+    return poll(self, *args, **kwargs)
+AgentPool.poll = slow_first_poll
+publish = Observer.publish
+def logged_publish(self, *args, **kwargs):
+    observation = publish(self, *args, **kwargs)
+    log.write(f"published {time.monotonic()}\\n")
+    return observation
+Observer.publish = logged_publish
+compose = app.MemtopApp.compose
+def logged_compose(self):
+    log.write(f"compose {time.monotonic()}\\n")
+    return compose(self)
+app.MemtopApp.compose = logged_compose
+sys.argv[1:] = []
+runpy.run_module("memtop", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_textual_starts_while_the_first_round_is_awaited(tmp_path: Path) -> None:
+    # The dashboard's first frame draws the first round when it lands within the start's wait
+    # (MEMTOP_FIRST_ROUND_WAIT_S here).  The wait was before Textual's start, so in a start whose
+    # agents answered late (11 agents' first samples, ~1000 buffered step marks each) Textual's
+    # own start (driver, CSS, mount: ~0.1 s) came after it; it runs meanwhile now, and only the
+    # first frame waits for the round.
+    import os
+
+    from memtop.base import children
+
+    log = tmp_path / "start.log"
+    env = dict(
+        os.environ,
+        MEMTOP_SOCKET_DIR=str(tmp_path),
+        TERM="xterm-256color",
+        MEMTOP_FIRST_ROUND_WAIT_S="10",
+    )
+    command = [sys.executable, "-c", SLOW_FIRST_ROUND, str(log)]
+    process, master = children.start_in_terminal(command, (120, 36), env)
+    try:
+        seen, frame_at = b"", None
+        deadline = time.monotonic() + 60
+        while frame_at is None and time.monotonic() < deadline:
+            try:
+                seen += os.read(master, 65536)
+            except OSError:
+                break
+            if b"Processes" in seen or b"memtop demo" in seen:
+                frame_at = time.monotonic()
+        assert frame_at is not None, seen[-400:]
+        os.write(master, b"q")
+        process.wait(30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        os.close(master)
+    events = dict(line.split() for line in log.read_text().splitlines() if line)
+    published, composed = float(events["published"]), float(events["compose"])
+    assert composed < published, events  # Textual started while the agents answered
+    assert frame_at > published, (frame_at, events)  # and its first frame drew their round

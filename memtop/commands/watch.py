@@ -29,9 +29,9 @@ ONCE_ROUND_GAP_S = 0.05
 ONCE_BUDGET_S = 1.5
 ONCE_EXTRA_ROUND_S = 0.15
 # How long the dashboard's start waits, in all, for the first round: for the driver's reading
-# before Textual is imported, then for the agents' answers before Textual starts (each is
-# painted as it lands); a round that takes longer (a hung agent) is drawn by Textual when it
-# lands.
+# before Textual is imported, then for the agents' answers before Textual's first frame (each is
+# painted as it lands; Textual imports and starts meanwhile); a round that takes longer (a hung
+# agent) is drawn by Textual when it lands.
 FIRST_ROUND_WAIT_S = 0.3
 
 
@@ -176,6 +176,15 @@ def _dashboard(args: argparse.Namespace, simulated_only: bool, painted: bool = F
             sampler.on_round = on_round
             if sampler.rounds:  # the round landed before its hook was set
                 paint_first_round(observer.latest())
+
+            def before_first_frame() -> None:
+                # Run by the app where its first frame is drawn (on_mount), so that Textual
+                # starts (driver, CSS, mount) while the agents answer: the first round's figures
+                # stay the splash's to paint until then, and the first frame draws them when
+                # they are that close (a hung agent is drawn by Textual when its round lands).
+                first_round.wait(max(0.0, wait_until - time.monotonic()))
+                splash.hand_over()
+
             import_asyncio_without_tls()  # before Textual: 4 MB of OpenSSL it never uses
             from memtop.ui.app import MemtopApp
 
@@ -187,11 +196,8 @@ def _dashboard(args: argparse.Namespace, simulated_only: bool, painted: bool = F
                 config=settings,
                 readonly=getattr(args, "readonly", False) or settings.readonly,
                 observer=observer,
+                before_first_frame=before_first_frame,
             )
-            # The first round's figures under the header before Textual takes the screen, when
-            # they are that close (a hung agent is drawn by Textual when its round lands).
-            first_round.wait(max(0.0, wait_until - time.monotonic()))
-            splash.hand_over()
             app.run()
         finally:
             sampler.stop()

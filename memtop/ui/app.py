@@ -105,6 +105,7 @@ class MemtopApp(App[None]):
         config: UiConfig | None = None,
         scope: Scope | None = None,
         readonly: bool = False,
+        before_first_frame: Callable[[], object] | None = None,
     ) -> None:
         super().__init__()
         # The store the feed writes (the app reads it only through the feed and its observer;
@@ -141,6 +142,12 @@ class MemtopApp(App[None]):
         self._users: dict[int, str] = {}  # pid → owner, remembered past the process's exit
         self._event: tuple[str | None, float] = (None, 0.0)  # status message, when first seen
         self.cell_diff: Any = None  # memtop.ui.cell_diff.CellDiff once the driver runs
+        # The dashboard's start (memtop.commands.watch): its wait for the first round, which
+        # returns once the round landed or the start's budget is spent, then the splash's
+        # hand-over.  Run in on_mount, where the first frame is drawn (Textual draws nothing
+        # before: the mount is in its batch update), so Textual's own start (its driver, the
+        # CSS, the widgets' mount: ~0.1 s) runs while the agents answer rather than after.
+        self.before_first_frame = before_first_frame
 
     # ------------------------------------------------------------------ layout
 
@@ -265,6 +272,9 @@ class MemtopApp(App[None]):
         for problem in self._config_problems:
             self.notify(problem, severity="warning", timeout=10)
         self._mounted = True
+        if self.before_first_frame is not None:
+            self.before_first_frame()
+            self.before_first_frame = None
         self.refresh_view()
         # Each round is drawn as soon as it lands (a message from the sampler thread), so the
         # frame never runs beside the next round; the timer only lets a status line expire

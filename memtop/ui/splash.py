@@ -14,8 +14,9 @@ importing the observer and Textual).  Its driver reading comes first, before any
 `driver_lines` makes the GPUs' rows of it, painted at once.  When the round's observation lands
 before Textual is ready, `paint_figures` writes every GPU's and process's figures under the
 header (the view-model's rows, plainly: the same values Textual draws next).  `hand_over()`,
-called just before Textual starts, ends that: no write of ours can land inside Textual's frames
-(Textual's first frame, on a fresh alternate screen, covers every cell).
+called just before Textual's first frame (the app's on_mount: Textual's driver has started, and
+its few mode-setting writes are whole writes of their own), ends that: no write of ours can land
+inside Textual's frames (Textual's first frame, on the alternate screen, covers every cell).
 """
 
 from __future__ import annotations
