@@ -30,18 +30,25 @@ class Counted(Static):
         return super().render_lines(crop)
 
 
-class Board(App[None]):
+class Played(App[None]):
+    """An app drawn on a LeanScreen (`lean`; else Textual's Screen), every update it writes
+    played into a terminal (`terminal`: what a terminal fed every update shows)."""
+
+    screen_class: type[Screen[None]] = LeanScreen
+
+    def __init__(self, lean: bool = True) -> None:
+        super().__init__()
+        self.lean = lean
+        self.terminal = play_into_terminal(self)
+
+    def get_default_screen(self) -> Screen[None]:
+        return self.screen_class(id="_default") if self.lean else Screen(id="_default")
+
+
+class Board(Played):
     """A header, a box of three lines of which one changes, a footer: the dashboard's shape."""
 
     CSS = "#box { height: 5; border: round white; } Counted { height: 1; }"
-
-    def __init__(self, lean: bool) -> None:
-        super().__init__()
-        self.lean = lean
-        self.terminal = play_into_terminal(self)  # what a terminal fed every update shows
-
-    def get_default_screen(self) -> Screen[None]:
-        return LeanScreen(id="_default") if self.lean else Screen(id="_default")
 
     def compose(self) -> ComposeResult:
         yield Counted("memtop  host  8 GPUs", id="head")
@@ -190,15 +197,8 @@ def test_a_tall_widget_renders_only_its_dirty_lines():
             crops.append(crop)
             return super().render_lines(crop)
 
-    class Page(App[None]):
+    class Page(Played):
         CSS = "Tall { height: 10; }"
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.terminal = play_into_terminal(self)
-
-        def get_default_screen(self) -> Screen[None]:
-            return LeanScreen(id="_default")
 
         def compose(self) -> ComposeResult:
             yield Static("head", id="head")
@@ -263,17 +263,11 @@ class CountedScreen(LeanScreen):
         return super().render_lines(crop)
 
 
-class Boxed(App[None]):
+class Boxed(Played):
     """The dashboard's nesting: a container with a border round widgets that change."""
 
     CSS = "#box { height: 5; border: round white; } Static { height: 1; }"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.terminal = play_into_terminal(self)
-
-    def get_default_screen(self) -> Screen[None]:
-        return CountedScreen(id="_default")
+    screen_class = CountedScreen
 
     def compose(self) -> ComposeResult:
         yield Static("memtop  host  8 GPUs", id="head")
@@ -430,15 +424,8 @@ def test_a_span_inside_a_line_is_written_without_cutting_a_strip(monkeypatch):
 
     from memtop.ui.lean_screen import SpanUpdate
 
-    class Page(App[None]):
+    class Page(Played):
         CSS = "Static { height: 3; }"
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.terminal = play_into_terminal(self)
-
-        def get_default_screen(self) -> Screen[None]:
-            return LeanScreen(id="_default")
 
         def compose(self) -> ComposeResult:
             yield Static("GPU 0  38.7 GiB  step 1\nGPU 1  12.0 GiB… step 2\n漢字 step 3", id="rows")

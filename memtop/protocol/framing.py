@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from memtop.protocol import nesting
-from memtop.protocol.text import inert_json
 
 PROTOCOL_VERSION = 1
 MAX_FRAME_BYTES = 1 << 20
@@ -102,9 +101,10 @@ class FrameDecoder:
     def __init__(self, max_frame: int = MAX_FRAME_BYTES) -> None:
         self._buffer = bytearray()
         self._max_frame = max_frame
-        # Whether the frame `feed` just yielded holds only clean strings (text.inert_json): its
-        # reader may skip text.clean_value.  Read it at the yield: the next frame replaces it.
-        self.last_inert = False
+        # The bytes of the frame `feed` just yielded (read it at the yield: the next frame
+        # replaces it), for a reader that asks whether they need cleaning (text.inert_json;
+        # the viewer asks of its replies, the agent never does).
+        self.last_body = b""
 
     def feed(self, data: bytes) -> Iterator[dict[str, Any]]:
         """Yield each complete message; raise ProtocolError on an oversize or malformed frame."""
@@ -120,7 +120,7 @@ class FrameDecoder:
             body = bytes(self._buffer[_HEADER.size : _HEADER.size + length])
             del self._buffer[: _HEADER.size + length]
             message = decode_body(body)
-            self.last_inert = inert_json(body)
+            self.last_body = body
             yield message
 
     @property

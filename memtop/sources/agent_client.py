@@ -23,6 +23,7 @@ from typing import Any
 from memtop import protocol
 from memtop.model import AgentHello, AgentSample
 from memtop.protocol import namespaces
+from memtop.protocol.text import inert_json
 
 
 class AgentError(Exception):
@@ -77,7 +78,7 @@ class PendingReply:
         self._limit = limit  # the request's timeout, for the message if it runs out
         self._stray = 0
         self._reply: dict[str, Any] | None = None
-        self._inert = False  # its frame holds only clean strings (FrameDecoder.last_inert)
+        self._inert = False  # its frame holds only clean strings (protocol.text.inert_json)
 
     def fileno(self) -> int:
         sock = self.client._sock
@@ -135,7 +136,8 @@ class PendingReply:
             reply_id = message.get("id")
             if reply_id == self.request_id or (reply_id is None and "error" in message):
                 self._reply = message
-                self._inert = self.client._decoder.last_inert
+                # (asked of the reply's frame only: strays are dropped unread)
+                self._inert = inert_json(self.client._decoder.last_body)
                 return  # bytes after it stay in the decoder, for the next request to read
             self._stray += 1
             if self._stray >= MAX_STRAY_FRAMES:
