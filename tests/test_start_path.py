@@ -185,16 +185,23 @@ runpy.run_module("memtop", run_name="__main__", alter_sys=True)
 """
 
 
-def _dashboard_with(watch: str, tmp_path: Path, linger: float = 0.0) -> tuple[Path, float, float]:
+def _dashboard_with(
+    watch: str,
+    tmp_path: Path,
+    linger: float = 0.0,
+    until: str | None = "on ",
+    **env_extra: str,
+) -> tuple[Path, float, float]:
     """Runs the dashboard in a terminal under `watch` (a script given its log file), until its
-    first frame, ten seconds more at most for the collector to be back on, and `linger` s more;
-    the log, when the header was seen and when the frame was."""
+    first frame, ten seconds more at most for `until` to be in the log (by default: the
+    collector back on; None: no wait), and `linger` s more; the log, when the header was seen
+    and when the frame was.  `env_extra`: more of the dashboard's environment."""
     import os
 
     from memtop.base import children
 
     log = tmp_path / "gc.log"
-    env = dict(os.environ, MEMTOP_SOCKET_DIR=str(tmp_path), TERM="xterm-256color")
+    env = dict(os.environ, MEMTOP_SOCKET_DIR=str(tmp_path), TERM="xterm-256color", **env_extra)
     command = [sys.executable, "-c", watch, str(log)]
     process, master = children.start_in_terminal(command, (120, 36), env)
     try:
@@ -211,7 +218,9 @@ def _dashboard_with(watch: str, tmp_path: Path, linger: float = 0.0) -> tuple[Pa
             if b"Processes" in seen or b"memtop demo" in seen:
                 frame_at = time.monotonic()
         assert header_at is not None and frame_at is not None, seen[-400:]
-        while time.monotonic() < frame_at + 10 and "on " not in log.read_text():
+        while until is not None and time.monotonic() < frame_at + 10:
+            if until in log.read_text():
+                break
             time.sleep(0.05)
         time.sleep(linger)
         os.write(master, b"q")
@@ -305,36 +314,9 @@ def test_the_dashboard_settles_the_collector_after_its_first_frame(tmp_path: Pat
     # start paints that round before Textual is even imported (memtop.commands.watch), so a
     # real dashboard never settled it: a full collection of Textual's start-up objects every
     # few seconds, ~10 % of its CPU under the mixed demo.
-    import os
-
-    from memtop.base import children
     from memtop.ui.app import GC_GEN0_THRESHOLD
 
-    log = tmp_path / "gc.log"
-    env = dict(os.environ, MEMTOP_SOCKET_DIR=str(tmp_path), TERM="xterm-256color")
-    command = [sys.executable, "-c", GC_SETTLE_WATCH, str(log)]
-    process, master = children.start_in_terminal(command, (120, 36), env)
-    try:
-        seen, frame_at = b"", None
-        deadline = time.monotonic() + 60
-        while frame_at is None and time.monotonic() < deadline:
-            try:
-                seen += os.read(master, 65536)
-            except OSError:
-                break
-            if b"Processes" in seen or b"memtop demo" in seen:
-                frame_at = time.monotonic()
-        assert frame_at is not None, seen[-400:]
-        settled = f" {GC_GEN0_THRESHOLD}\n"
-        while time.monotonic() < frame_at + 10 and settled not in log.read_text():
-            time.sleep(0.05)
-        os.write(master, b"q")
-        process.wait(30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        os.close(master)
+    log, _, _ = _dashboard_with(GC_SETTLE_WATCH, tmp_path, until=f" {GC_GEN0_THRESHOLD}\n")
     states = [tuple(map(int, line.split())) for line in log.read_text().split("\n") if line]
     assert any(frozen > 0 and budget == GC_GEN0_THRESHOLD for frozen, budget in states), states
 
@@ -558,37 +540,9 @@ def test_textual_starts_while_the_first_round_is_awaited(tmp_path: Path) -> None
     # agents answered late (11 agents' first samples, ~1000 buffered step marks each) Textual's
     # own start (driver, CSS, mount: ~0.1 s) came after it; it runs meanwhile now, and only the
     # first frame waits for the round.
-    import os
-
-    from memtop.base import children
-
-    log = tmp_path / "start.log"
-    env = dict(
-        os.environ,
-        MEMTOP_SOCKET_DIR=str(tmp_path),
-        TERM="xterm-256color",
-        MEMTOP_FIRST_ROUND_WAIT_S="10",
+    log, _, frame_at = _dashboard_with(
+        SLOW_FIRST_ROUND, tmp_path, until=None, MEMTOP_FIRST_ROUND_WAIT_S="10"
     )
-    command = [sys.executable, "-c", SLOW_FIRST_ROUND, str(log)]
-    process, master = children.start_in_terminal(command, (120, 36), env)
-    try:
-        seen, frame_at = b"", None
-        deadline = time.monotonic() + 60
-        while frame_at is None and time.monotonic() < deadline:
-            try:
-                seen += os.read(master, 65536)
-            except OSError:
-                break
-            if b"Processes" in seen or b"memtop demo" in seen:
-                frame_at = time.monotonic()
-        assert frame_at is not None, seen[-400:]
-        os.write(master, b"q")
-        process.wait(30)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        os.close(master)
     events = dict(line.split() for line in log.read_text().splitlines() if line)
     published, composed = float(events["published"]), float(events["compose"])
     assert composed < published, events  # Textual started while the agents answered
