@@ -203,11 +203,7 @@ def test_a_suggestion_that_comes_or_goes_redraws_the_pane_not_the_screen(
             await pilot.pause(0.2)
             after_more = layouts[0]
             every = screen_text(app.export_screenshot())
-            many = tuple(
-                dataclasses.replace(item, key=f"{item.key}#{copy}")
-                for copy in range(6)
-                for item in items
-            )
+            many = _more_than_fit(items)
             pane.show(many, False, True)
             await pilot.pause(0.2)
             return after_fewer, after_more, layouts[0], one, every, pane.show_vertical_scrollbar
@@ -217,6 +213,13 @@ def test_a_suggestion_that_comes_or_goes_redraws_the_pane_not_the_screen(
     assert title[:40] not in one and title[:40] in every  # shown at once, both ways
     assert (fewer, more) == (0, 0), "the whole screen was laid out again for the pane's lines"
     assert scrollbar and overflow >= 1  # its scrollbar's place is the layout's
+
+
+def _more_than_fit(items):  # type: ignore[no-untyped-def]
+    """Six copies of each suggestion item, each its own key: more lines than the pane holds."""
+    return tuple(
+        dataclasses.replace(item, key=f"{item.key}#{copy}") for copy in range(6) for item in items
+    )
 
 
 def test_a_reworded_suggestion_repaints_its_own_lines_not_the_pane() -> None:
@@ -268,11 +271,7 @@ def test_a_reworded_suggestion_repaints_its_own_lines_not_the_pane() -> None:
                 (first, height, regions[:], drawn[:], terminal.cells == full_frame(app).cells)
             )
             # Scrolled: a longer list, three lines down, its fourth option reworded.
-            many = tuple(
-                dataclasses.replace(item, key=f"{item.key}#{copy}")
-                for copy in range(6)
-                for item in items
-            )
+            many = _more_than_fit(items)
             pane.show(many, False, True)
             await pilot.pause(0.2)
             pane.scroll_to(y=3, animate=False, immediate=True)
