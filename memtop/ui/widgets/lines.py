@@ -4,7 +4,8 @@ cards).
 A widget's `render()` result goes through Textual's content pipeline (visualise, wrap, style,
 strips) on every repaint: ~1 ms for a two-line GPU card.  These widgets lay out their own lines
 (fixed widths, cut with …, never wrapped), so each line is cut into segments here, at its
-spans' edges, and padded to the width.
+spans' edges, and padded to the width.  The process table's rows are no Rich Text at all: the
+table keeps each row's characters and style names and hands its pieces to `pieces_strip`.
 
 Why not `Text.render`: the table repaints a row every second (its STEP moves), and on a busy
 box every line is drawn with cold caches, where Rich's general path (a style stack, a style
