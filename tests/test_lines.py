@@ -13,7 +13,7 @@ from textual.geometry import Region
 from textual.strip import Strip
 from ui_helpers import full_frame, play_into_terminal
 
-from memtop.ui.widgets.lines import cells, changed_cells, text_strip
+from memtop.ui.widgets.lines import cells, changed_cells, moved_cells, text_strip
 
 CONSOLE = Console()
 BASE = Style(color="white", bgcolor="blue")
@@ -182,6 +182,19 @@ def test_changed_cells_is_where_characters_moved_in_place_or_the_whole_line():
     assert changed_cells(row, Text(moved.plain[:-1], spans=moved.spans)) is None  # length
     wide = Text(" 4101  GPU 状态  1299"), Text(" 4101  GPU 状态  1300")
     assert changed_cells(*wide) is None  # characters are not cells here
+
+
+def test_moved_cells_spans_every_character_that_differs_and_nothing_else():
+    # (The process table compares its rows' characters with it each round: no Rich Text.)
+    rng = random.Random(5)
+    for _ in range(20_000):
+        old = "".join(rng.choice("ab1…") for _ in range(rng.randint(0, 40)))
+        new = "".join(rng.choice("ab1…") if rng.random() < 0.1 else char for char in old)
+        moved = [i for i, (x, y) in enumerate(zip(old, new, strict=True)) if x != y]
+        expected = (moved[0], moved[-1] + 1) if moved else None
+        assert moved_cells(old, new) == expected, (old, new)
+    assert moved_cells("ab", "abc") is None  # not in place
+    assert moved_cells(" 状态 1299", " 状态 1300") is None  # characters are not cells here
 
 
 def test_a_new_set_of_suggestions_with_as_many_lines_lays_nothing_out_again():

@@ -124,6 +124,58 @@ def test_the_reply_s_record_is_held_by_reference_from_the_store_to_the_row() -> 
         assert row.agent is kept
 
 
+def test_the_table_draws_the_row_itself_with_no_rich_text_between(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The last hop: the process table's line is the observation's row itself, drawn straight
+    into Textual's segments (no Rich `Text` made for it, a round or a draw)."""
+    import asyncio
+
+    from rich.text import Text
+    from textual.app import App, ComposeResult
+
+    from memtop.figures.units import short_bytes
+    from memtop.ui.widgets.process_table import ProcessTable
+
+    _, observer, samples, _ = _round()
+    obs = observer.latest()
+    dash = view.build(obs)
+
+    class One(App[None]):
+        def compose(self) -> ComposeResult:
+            yield ProcessTable()
+
+    made: list[Text] = []
+    init = Text.__init__
+
+    def counted(self: Text, *args: object, **kwargs: object) -> None:
+        made.append(self)
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    async def run() -> list[str]:
+        app = One()
+        async with app.run_test(size=(120, 8)) as pilot:
+            table = app.query_one(ProcessTable)
+            await pilot.pause()
+            monkeypatch.setattr(Text, "__init__", counted)
+            table.show(dash.processes, compact=False, renew=True)
+            drawn = ["".join(s.text for s in table.render_line(y + 1)) for y in range(2)]
+            monkeypatch.undo()
+            for pid, sample in samples.items():
+                row = next(r for r in obs.entries if r.pid == pid)
+                line = next(line for line in table.lines if line.pid == pid)  # type: ignore[union-attr]
+                assert line is row and row.agent_device is not None
+                assert row.agent_device.sample is sample.devices[0]
+            return drawn
+
+    drawn = asyncio.run(run())
+    for sample in samples.values():
+        assert any(short_bytes(sample.devices[0].allocated) in line for line in drawn), drawn
+    # (The header's and the border's words are Texts, made once; a row's line is none.)
+    rows = [t.plain for t in made if any(str(pid) in t.plain for pid in samples)]
+    assert rows == []
+
+
 def test_rank_and_job_are_the_agent_s_and_the_peers_are_written_as_the_device_is_made() -> None:
     store, observer, _, _ = _round()
     obs = observer.latest()

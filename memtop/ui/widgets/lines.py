@@ -4,7 +4,8 @@ cards).
 A widget's `render()` result goes through Textual's content pipeline (visualise, wrap, style,
 strips) on every repaint: ~1 ms for a two-line GPU card.  These widgets lay out their own lines
 (fixed widths, cut with …, never wrapped), so each line is cut into segments here, at its
-spans' edges, and padded to the width.
+spans' edges, and padded to the width.  The process table's rows are no Rich Text at all: the
+table keeps each row's characters and style names and hands its pieces to `pieces_strip`.
 
 Why not `Text.render`: the table repaints a row every second (its STEP moves), and on a busy
 box every line is drawn with cold caches, where Rich's general path (a style stack, a style
@@ -17,6 +18,7 @@ short list of one-cell characters, and "…" (every cut command) is not.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from itertools import pairwise
 
 from rich.cells import cell_len
@@ -26,9 +28,13 @@ from rich.style import Style, StyleType
 from rich.text import Text
 from textual.strip import Strip
 
-# Everything but printable ASCII (one cell each): control characters take none, East Asian
-# characters two, combining marks none.
-_SPECIAL = re.compile(r"[^\x20-\x7e]")
+# The characters beyond ASCII that memtop's lines draw most and that take one cell each, as Rich
+# counts them (checked here): every cut command ends in "…", a figure not known is "—".  A line
+# of these and printable ASCII is measured by its length, with no look-up per character.
+_ONE_CELL = "".join(char for char in "…—·▾▼▲−█▁▂▃▄▅▆▇┃▕▏" if cell_len(char) == 1)
+# Everything else: control characters take none, East Asian characters two, combining marks
+# none.
+_SPECIAL = re.compile(f"[^\\x20-\\x7e{re.escape(_ONE_CELL)}]")
 # Characters whose width depends on their neighbours (joiners, variation selectors): a string
 # holding one is measured whole, by Rich.
 _JOINERS = re.compile("[\u200d\ufe0f]")
@@ -67,23 +73,35 @@ def _style(console: Console, base: Style, layers: tuple[StyleType, ...]) -> Styl
     return style
 
 
+# A line as its pieces: each piece's characters and its style layers, outermost first (the
+# text's own style, then its spans'), the widget's style under them all.
+Pieces = Sequence[tuple[str, tuple[StyleType, ...]]]
+
+
 def text_strip(console: Console, text: Text, width: int, style: Style) -> Strip:
     """One line of `text` under `style`, cut or padded to `width` cells.  The text's own style
     applies with or without spans (Rich's `Text.render` drops it from a text with none)."""
     plain = text.plain
     spans = text.spans
-    segments: list[Segment] = []
     if not spans:
-        if plain:
-            segments.append(Segment(plain, _style(console, style, (text.style,))))
-    else:
-        end = len(plain)
-        edges = sorted(
-            {0, end, *(min(s.start, end) for s in spans), *(min(s.end, end) for s in spans)}
+        return pieces_strip(console, plain, ((plain, (text.style,)),), width, style)
+    end = len(plain)
+    edges = sorted({0, end, *(min(s.start, end) for s in spans), *(min(s.end, end) for s in spans)})
+    pieces = [
+        (
+            plain[start:stop],
+            (text.style, *(s.style for s in spans if s.start <= start and s.end >= stop)),
         )
-        for start, stop in pairwise(edges):  # distinct and sorted: never empty
-            layers = (text.style, *(s.style for s in spans if s.start <= start and s.end >= stop))
-            segments.append(Segment(plain[start:stop], _style(console, style, layers)))
+        for start, stop in pairwise(edges)  # distinct and sorted: never empty
+    ]
+    return pieces_strip(console, plain, pieces, width, style)
+
+
+def pieces_strip(console: Console, plain: str, pieces: Pieces, width: int, style: Style) -> Strip:
+    """One line under `style`, cut or padded to `width` cells: `plain` (its characters) in
+    `pieces` (the same characters, each run under its own layers).  A widget that lays out its
+    own lines (the process table's rows) draws them here with no Rich `Text` made for each."""
+    segments = [Segment(piece, _style(console, style, layers)) for piece, layers in pieces if piece]
     used = cells(plain)
     if used < width:
         segments.append(Segment(" " * (width - used), style))
@@ -95,12 +113,34 @@ def changed_cells(old: Text, new: Text) -> tuple[int, int] | None:
     """The cells [x0, x1) in which `new` draws differently from `old`, when only characters
     changed in place (same style, same spans, same length, every character one cell): a STEP
     that moved.  None: anything else, so the whole line."""
-    a, b = old.plain, new.plain
-    if len(a) != len(b) or old.style != new.style or old.spans != new.spans:
+    if old.style != new.style or old.spans != new.spans:
         return None
-    if cells(a) != len(a) or cells(b) != len(b):
+    return moved_cells(old.plain, new.plain)
+
+
+def moved_cells(old: str, new: str) -> tuple[int, int] | None:
+    """The cells [x0, x1) in which the characters of `new` differ from those of `old` drawn in
+    the same styles, when they changed in place (same length, every character one cell).  None:
+    anything else (or nothing moved), so the whole line."""
+    if len(old) != len(new):
+        return None
+    if cells(old) != len(old) or cells(new) != len(new):
         return None  # a wide character or a mark: positions are not cells
-    moved = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
-    if not moved:
+    if old == new:
         return None  # the same characters: something else differs, so draw it all
-    return moved[0], moved[-1] + 1
+    # Where they first and last differ, halving the string compared each time (a slice's
+    # compare is one C call; a loop over the row's ~120 characters was ~15 us a row, and every
+    # row's STEP moves every STEP_S).
+    return _first_difference(old, new), len(old) - _first_difference(old[::-1], new[::-1])
+
+
+def _first_difference(a: str, b: str) -> int:
+    """The first index at which two different strings of one length differ."""
+    same, differs = 0, len(a)  # a[:same] == b[:same]; a[:differs] != b[:differs]
+    while differs - same > 1:
+        middle = (same + differs) // 2
+        if a[same:middle] == b[same:middle]:
+            same = middle
+        else:
+            differs = middle
+    return same

@@ -1,10 +1,11 @@
 """The process table: NVML's processes joined with the agents, one row per process and GPU.
 
 A line-API widget rather than a DataTable: a DataTable repaints itself whole (and drops its
-row caches) on every cell update, and this table changes every second.  Here each line is one
-Rich Text, rebuilt from its ProcessRow; only the lines whose text changed are repainted, so
-the border and header never go back over the wire.  Columns have fixed widths (a value that
-grows never shifts its neighbours).
+row caches) on every cell update, and this table changes every second.  Here each row's line is
+its characters and the names of its styles, laid out from its ProcessRow each round and drawn
+straight into Textual's segments (no Rich Text per row); only the lines that changed are
+repainted, so the border and header never go back over the wire.  Columns have fixed widths
+(a value that grows never shifts its neighbours).
 
 What htop and nvitop users expect: sort by any column (`<` `>` move the sort column, `I`
 inverts, a click on a header sorts by it), a filter (`/`), and the ranks of a torchrun job
@@ -18,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from rich.style import Style
-from rich.text import Span, Text
+from rich.text import Text
 from textual import events
 from textual.geometry import Region, Size
 from textual.message import Message
@@ -29,7 +30,13 @@ from memtop.ui import actions
 from memtop.ui.render import FREE, short_bytes, slow_tick
 from memtop.ui.renewal import Renewal
 from memtop.ui.view import JobHeader, ProcessRow, process_key
-from memtop.ui.widgets.lines import changed_cells, looks_alike, text_strip
+from memtop.ui.widgets.lines import (
+    changed_cells,
+    looks_alike,
+    moved_cells,
+    pieces_strip,
+    text_strip,
+)
 
 
 @dataclass(frozen=True)
@@ -204,6 +211,15 @@ class JobLine:
 
 Line = ProcessRow | Group | JobLine
 
+# A row's look: the names of its styles (the row's own, under its STEP cell, under its TREND
+# cell; "" for none), what its line is drawn in besides its characters.
+RowLook = tuple[str, str, str]
+# A line as drawn: a row's characters and look (laid out by the table itself: no Rich Text made
+# for it each round), a group's header as Rich Text (a few a screen, in styled words).
+Drawn = tuple[str, RowLook] | Text
+# The row's cells whose look is their own (the row's `RowLook` after its own style).
+STYLED = ("step", "trend")
+
 
 class ProcessTable(Widget, can_focus=True):
     """Rows keyed by (pid, GPU): the cursor stays on its process across refreshes."""
@@ -242,13 +258,16 @@ class ProcessTable(Widget, can_focus=True):
         self._top = 0  # first line shown (the table scrolls to keep the cursor in view)
         self._borders: tuple[str, str] | None = None  # the title and subtitle set, as words
         self._compact = False
-        self._texts: list[Text] = []
+        self._drawn: list[Drawn] = []
+        # The STYLED columns shown: (x0, x1, where in a RowLook its style is), left to right.
+        self._styled_at: tuple[tuple[int, int, int], ...] = ()
         self._header = Text()
         self._column_spans: list[tuple[str, int, int]] = []  # (column key, x0, x1) for clicks
         self._layout_key: tuple[object, ...] = ()
         self._slow_tick = -1
         self._step_tick = -1
         self._base_style: Style | None = None
+        self._drawing_width: int | None = None  # while render_lines draws
 
     def on_mount(self) -> None:
         self.border_title = "Processes"
@@ -420,25 +439,42 @@ class ProcessTable(Widget, can_focus=True):
             self.sort_key,
             self.sort_reverse,  # the header's ▲/▼
         )
-        texts = [
+        drawn = [
             line.text()
             if isinstance(line, Group | JobLine)
-            else self._row_text(line, columns, widths, gap)
+            else self._row_line(line, columns, widths, gap)
             for line in self.lines
         ]
         if layout_key != self._layout_key:
             self._layout_key = layout_key
             self._header, self._column_spans = self._header_text(columns, widths, gap)
-            self._texts = texts
+            self._styled_at = tuple(
+                (x0, x1, 1 + STYLED.index(key))
+                for key, x0, x1 in self._column_spans
+                if key in STYLED
+            )
+            self._drawn = drawn
             self.refresh(layout=True)
             return
         changed = []
         cells: dict[int, tuple[int, int] | None] = {}
-        for index, text in enumerate(texts):
-            if not looks_alike(text, self._texts[index]):
-                cells[index] = changed_cells(self._texts[index], text)
-                self._texts[index] = text
-                changed.append(index)
+        for index, line in enumerate(drawn):
+            shown = self._drawn[index]
+            if isinstance(line, Text) or isinstance(shown, Text):
+                if isinstance(line, Text) and isinstance(shown, Text):
+                    if looks_alike(line, shown):
+                        continue
+                    cells[index] = changed_cells(shown, line)
+                else:  # a row where a group's header was, or the other way round
+                    cells[index] = None
+            elif line == shown:
+                continue
+            else:
+                # The same look: the characters that moved; another (a trend that turned red,
+                # an exited row dimmed): the whole line.
+                cells[index] = moved_cells(shown[0], line[0]) if line[1] == shown[1] else None
+            self._drawn[index] = line
+            changed.append(index)
         # One repaint per run of adjacent changed lines (STEP moves on every row each second:
         # one region, not a refresh per line), as wide as the cells that changed in it: the
         # frame then carries a few cells per row, not whole rows, to the terminal.
@@ -471,29 +507,42 @@ class ProcessTable(Widget, can_focus=True):
             header.append(" " * gap)
         return header, spans
 
-    def _row_text(
+    def _row_line(
         self, row: ProcessRow, columns: list[Column], widths: list[int], gap: int
-    ) -> Text:
-        # Built as one string and its few styled spans (every row, every second: a Text.append
-        # per cell cost more than the rest of the row's work).
-        cells = [" "]
-        spans = []
-        at = 1
-        padding = " " * gap
-        for column, width in zip(columns, widths, strict=True):
-            cell = _fit(column.cell(row, self._compact), width, column.right)
-            if column.key == "trend" and row.trend:
-                spans.append(Span(at, at + len(cell), "bold red"))
-            elif column.key == "step" and row.state == "exited":
-                spans.append(Span(at, at + len(cell), "yellow"))
-            cells += (cell, padding)
-            at += len(cell) + gap
+    ) -> tuple[str, RowLook]:
+        """The row's characters as drawn (one string: every cell fit to its column's width, the
+        columns `gap` apart) and its look.  Every row, every second: built as one string,
+        styled by name, no Rich Text (its spans, its copy when drawn) made for it."""
+        compact = self._compact
         # No gap after the last column: the row is then the table's width (its last column
         # takes the room left), and drawing it cuts nothing (cutting the gap off every row
         # drawn was most of the table's drawing, Strip.crop; issue 35 item 8).
-        cells.pop()
+        plain = " " + (" " * gap).join(
+            _fit(column.cell(row, compact), width, column.right)
+            for column, width in zip(columns, widths, strict=True)
+        )
         # An exited process is drawn dim: its figures are the last ones seen (marked ~).
-        return Text("".join(cells), style=FREE if row.last_known else "", spans=spans)
+        look = (
+            FREE if row.last_known else "",
+            "yellow" if row.state == "exited" else "",
+            "bold red" if row.trend else "",
+        )
+        return plain, look
+
+    def _row_strip(self, plain: str, look: RowLook, width: int, base: Style) -> Strip:
+        """A row's line as Textual's segments: its characters in runs between its STYLED cells,
+        each run under the row's style and its cell's (as a Rich Text with those spans draws)."""
+        own = look[0]
+        if not look[1] and not look[2]:
+            return pieces_strip(self.app.console, plain, ((plain, (own,)),), width, base)
+        pieces: list[tuple[str, tuple[str, ...]]] = []
+        at = 0
+        for x0, x1, which in self._styled_at:
+            if look[which]:
+                pieces += ((plain[at:x0], (own,)), (plain[x0:x1], (own, look[which])))
+                at = x1
+        pieces.append((plain[at:], (own,)))
+        return pieces_strip(self.app.console, plain, pieces, width, base)
 
     # ------------------------------------------------------------------ rendering
 
@@ -504,8 +553,19 @@ class ProcessTable(Widget, can_focus=True):
         self._base_style = None  # the CSS changed (theme, focus, a class): look it up again
         super().notify_style_update()
 
+    def render_lines(self, crop: Region) -> list[Strip]:
+        # The content's width looked up once for the lines drawn, not once a line: it is a
+        # search of the screen's map and the CSS gutter, about half of drawing a row.
+        self._drawing_width = self.content_region.width
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._drawing_width = None
+
     def render_line(self, y: int) -> Strip:
-        width = self.content_region.width
+        width = self._drawing_width
+        if width is None:  # (a line asked for on its own)
+            width = self.content_region.width
         # Textual's rich_style walks every ancestor's colours on each call; the table paints
         # up to a line per row every second.
         base = self._base_style
@@ -515,14 +575,17 @@ class ProcessTable(Widget, can_focus=True):
             style = self.get_component_rich_style("process-table--header")
             return text_strip(self.app.console, self._header, width, base + style)
         index = self._top + y - 1
-        if index >= len(self._texts):
+        if index >= len(self._drawn):
             return Strip.blank(width, base)
         line = self.lines[index]
         if isinstance(line, ProcessRow) and self._is_cursor(line):
             # Under the row's own styles, so a red trend keeps its colour on the cursor.
             name = "process-table--cursor" if self.has_focus else "process-table--cursor-blurred"
             base = base + self.get_component_rich_style(name)
-        return text_strip(self.app.console, self._texts[index], width, base)
+        drawn = self._drawn[index]
+        if isinstance(drawn, Text):
+            return text_strip(self.app.console, drawn, width, base)
+        return self._row_strip(*drawn, width, base)
 
     def _is_cursor(self, row: ProcessRow) -> bool:
         # By identity: `lines` holds the very objects of `rows`.  (Searching `rows` for the line
