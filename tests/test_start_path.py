@@ -547,3 +547,117 @@ def test_textual_starts_while_the_first_round_is_awaited(tmp_path: Path) -> None
     published, composed = float(events["published"]), float(events["compose"])
     assert composed < published, events  # Textual started while the agents answered
     assert frame_at > published, (frame_at, events)  # and its first frame drew their round
+
+
+# Logs, from inside `python -m memtop`, each Resize the app handles: its size, whether the app
+# was mounted, and how many times it built the view for it.
+RESIZE_WATCH = """
+import runpy, sys
+from memtop.ui import app
+log = open(sys.argv[1], "w", buffering=1)
+on_resize = app.MemtopApp.on_resize
+def logged(self, event):
+    before = self.refreshes
+    on_resize(self, event) if on_resize.__code__.co_argcount > 1 else on_resize(self)
+    size = f"{event.size.width}x{event.size.height}"
+    log.write(f"resize {size} mounted={self._mounted} built={self.refreshes - before}\\n")
+app.MemtopApp.on_resize = logged
+sys.argv[1:] = []
+runpy.run_module("memtop", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_the_drivers_resize_of_the_same_size_does_not_build_the_first_frame_again(
+    tmp_path: Path,
+) -> None:
+    # Textual gives the app a Resize before its mount, and the terminal's driver another one of
+    # the same size just after it, before the first frame: that one rebuilt every widget's
+    # figures (the whole view, ~2 ms) for the frame they had just been built for.
+    log, _, _ = _dashboard_with(RESIZE_WATCH, tmp_path, until=None, linger=0.5)
+    resizes = [line.split() for line in log.read_text().splitlines()]
+    after_mount = [r for r in resizes if r[2] == "mounted=True"]
+    assert after_mount, resizes  # the driver's own Resize came
+    assert all(size == "120x36" and built == "built=0" for _, size, _, built in after_mount)
+
+
+def test_a_new_terminal_size_still_builds_the_view_anew() -> None:
+    import asyncio
+
+    from textual import events
+    from textual.geometry import Size
+    from ui_frozen import MY_UID, NOW, frozen_store
+
+    from memtop.ui.app import MemtopApp
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW + 0.5, host="gpu-box", my_uid=MY_UID)
+
+    async def run() -> tuple[int, int, int]:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause()
+            mounted = app.refreshes
+            app.post_message(events.Resize(Size(120, 36), Size(120, 36)))
+            await pilot.pause()
+            same = app.refreshes
+            await pilot.resize_terminal(100, 30)
+            await pilot.pause()
+            return mounted, same, app.refreshes
+
+    mounted, same, resized = asyncio.run(run())
+    assert (same, resized) == (mounted, mounted + 1)
+
+
+# `python -m memtop --interval 5` over two simulated GPUs almost full (the driver's reading alone:
+# two suggestions about them, one about the missing agents), logging every 20 ms the pane's
+# first suggestion as worded, from the first frame on.
+SUGGESTIONS_WATCH = """
+import runpy, sys, threading, time
+from memtop.model import SOURCE_SIM, DeviceReading, DriverReading
+from memtop.sources.devices import DefaultDeviceSource
+from memtop.ui import app
+log = open(sys.argv[1], "w", buffering=1)
+GIB = 2**30
+READING = DriverReading(
+    available=True,
+    devices=(
+        DeviceReading(0, "GPU-a", "NVIDIA H100 80GB HBM3", 80 * GIB, 76 * GIB),
+        DeviceReading(1, "GPU-b", "NVIDIA H100 80GB HBM3", 80 * GIB, 79 * GIB),
+    ),
+    source=SOURCE_SIM,
+)
+DefaultDeviceSource.read = lambda self, *args, **kwargs: READING
+apps = []
+init = app.MemtopApp.__init__
+def kept(self, *args, **kwargs):
+    init(self, *args, **kwargs)
+    apps.append(self)
+app.MemtopApp.__init__ = kept
+def watch():
+    seen = None
+    while True:
+        time.sleep(0.02)
+        pane = apps[0].suggestions if apps and apps[0]._mounted else None
+        if pane is not None and pane.option_count:
+            first = pane.get_option_at_index(0).prompt
+            text = getattr(first, "plain", str(first)).split("\\n")[0]
+            if text != seen:
+                seen = text
+                log.write(f"{time.monotonic()} {text!r}\\n")
+threading.Thread(target=watch, daemon=True).start()
+sys.argv[1:] = ["--interval", "5"]
+runpy.run_module("memtop", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_the_first_screens_suggestions_are_worded_once_the_pane_has_its_width(
+    tmp_path: Path,
+) -> None:
+    # The view's first build runs in on_mount, before Textual has laid anything out: the
+    # suggestions were worded for a pane of no width, each line one "…", and stayed so until the
+    # next round (a second by default) made the pane word them again at its width.  They are
+    # worded again once the first frame has laid the pane out (MemtopApp.on_ready).
+    log, _, frame_at = _dashboard_with(SUGGESTIONS_WATCH, tmp_path, until=None, linger=1.5)
+    worded = [line.split(" ", 1) for line in log.read_text().splitlines()]
+    assert worded, "no suggestion on screen"
+    at, last = float(worded[-1][0]), worded[-1][1]
+    assert "memory at" in last, worded
+    assert at < frame_at + 1.0, worded  # long before the next round, 5 s on

@@ -49,6 +49,7 @@ LINUX_DRIVER = "textual.drivers.linux_driver.LinuxDriver"  # by name: not import
 
 if TYPE_CHECKING:
     from textual.driver import Driver
+    from textual.geometry import Size
 
     from memtop.ui.screens.detail import DetailScreen
     from memtop.ui.screens.gpu import GpuScreen
@@ -130,6 +131,7 @@ class MemtopApp(App[None]):
         self._layout: tuple[bool, bool] | None = None
         self._shown: dict[str | None, tuple[object, ...]] = {}  # what each Static shows now
         self._mounted = False  # the first Resize arrives before on_mount
+        self._view_size: Size | None = None  # the terminal's size the view was last built at
         self.refreshes = 0
         # What the user asked to see (--only 0,2, --user NAME, --pid PID): every panel renders
         # the observation through it (memtop.engine.scope).
@@ -272,6 +274,7 @@ class MemtopApp(App[None]):
         for problem in self._config_problems:
             self.notify(problem, severity="warning", timeout=10)
         self._mounted = True
+        self._view_size = self.size
         if self.before_first_frame is not None:
             self.before_first_frame()
             self.before_first_frame = None
@@ -291,6 +294,12 @@ class MemtopApp(App[None]):
             # imported (memtop.commands.watch), so this first frame has its data.
             self._settle_gc_after_this_frame()
 
+    def on_ready(self) -> None:
+        # Textual's first frame is out, its widgets laid out.  The view's first build (on_mount)
+        # came before any layout: the suggestions, worded for a pane of no width, were each
+        # a column of "…" until the next round worded them again at the pane's width.
+        self._refilter_suggestions()
+
     def _post_sampled(self) -> None:
         self.post_message(Sampled())  # thread-safe
 
@@ -309,10 +318,14 @@ class MemtopApp(App[None]):
         if not self.is_headless:  # the process is the dashboard's (not a test's)
             self.call_after_refresh(_settle_gc)
 
-    def on_resize(self) -> None:
+    def on_resize(self, event: events.Resize) -> None:
         if self.cell_diff is not None:
             self.cell_diff.forget()  # a resized terminal may have reflowed or cleared its screen
-        if self._mounted:
+        # Built anew only at a new size: the driver's first Resize, just after the mount and
+        # before the first frame, is of the size Textual gave before the mount, and rebuilt
+        # every widget's figures for the frame they were just made for.
+        if self._mounted and event.size != self._view_size:
+            self._view_size = event.size
             self._generation = -1
             self.refresh_view()
 
