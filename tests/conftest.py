@@ -14,6 +14,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,37 @@ sys.path.insert(0, os.path.dirname(__file__))
 # one thread.  Four workers share the CI box's 2 cores; every torch process the suite starts
 # (and the workers' own) inherits this unless the caller set it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadfile`, with the modules handed out longest first (tests/helpers/
+    module_seconds.py says why and how long each is): a worker that finishes its module takes
+    the longest left, so the suite does not end on one long module that started last."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from helpers import module_seconds
+    from xdist.scheduler import LoadFileScheduling
+
+    seconds = module_seconds.load()
+
+    class LongestFirst(LoadFileScheduling):
+        ordered = False
+
+        def _assign_work_unit(self, node: Any) -> None:
+            # The queue is whole by the first assignment (xdist's schedule() fills it, then
+            # hands each worker its first module from it).
+            if not self.ordered:
+                self.ordered = True
+                queue = sorted(
+                    self.workqueue.items(),
+                    key=lambda item: -module_seconds.weight(item[0], len(item[1]), seconds),
+                )
+                self.workqueue.clear()
+                self.workqueue.update(queue)
+            super()._assign_work_unit(node)
+
+    return LongestFirst(config, log)
 
 
 @pytest.fixture

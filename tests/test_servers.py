@@ -160,7 +160,24 @@ class Watch:
 
 
 def _usage(observation):  # type: ignore[no-untyped-def]
-    return next((s for s in observation.suggestions if s.rule == "usage"), None)
+    """The GPU's usage verdict judged this round.  One its rule no longer fires is kept a while
+    (memtop.diagnosis.stability's dwell) and says "no longer so": after a round where the
+    server's agent missed its deadline (hung, under load), the GPU's verdict without it
+    ("GPU 0 memory at 99.9 %") stays beside the server's own, under another key."""
+    current = [
+        s
+        for s in observation.suggestions
+        if s.rule == "usage" and not s.evidence.endswith("no longer so")
+    ]
+    assert len(current) <= 1, [s.title for s in current]
+    return current[0] if current else None
+
+
+def _answered(observation) -> bool:  # type: ignore[no-untyped-def]
+    """Every agent answered this round: a hung agent's last devices are still listed, but the
+    GPU is judged without it (its numbers are not this round's)."""
+    agents = observation.agents
+    return bool(agents) and all(a.live and a.devices for a in agents)
 
 
 def _server(socket_dir: Path, scenario: str) -> Demo:
@@ -174,9 +191,7 @@ def test_a_vllm_like_server_flat_at_its_share_is_info_naming_its_flag(socket_dir
     demo = _server(socket_dir, "server")
     watch = Watch(socket_dir)
     try:
-        observation = watch.until(
-            30, lambda o: _usage(o) is not None and o.agents and o.agents[0].devices
-        )
+        observation = watch.until(30, lambda o: _usage(o) is not None and _answered(o))
         usage = _usage(observation)
         assert usage is not None, [s.title for s in observation.suggestions]
         assert usage.severity == Severity.INFO, (usage.title, usage.detail)
@@ -239,16 +254,20 @@ def test_the_same_server_past_its_share_with_retries_is_critical(socket_dir: Pat
     try:
 
         def past(o) -> bool:  # type: ignore[no-untyped-def]
+            # A round its server answered: under load its agent can miss a round's deadline,
+            # and the GPU is then judged without it ("GPU 0 memory at 99.9 %", the flake CI
+            # saw) while its last devices, retries and all, are still listed.
             usage = _usage(o)
             devices = [d for a in o.agents for d in o.devices_of(a)]
             return (
                 usage is not None
-                and bool(devices)
+                and _answered(o)
                 and devices[0].sample.num_alloc_retries > 0
                 and Severity(usage.severity).rank >= Severity.CRITICAL.rank
             )
 
         observation = watch.until(60, past)
+        assert past(observation), [(a.pid, a.state, a.error) for a in observation.agents]
         usage = _usage(observation)
         assert usage is not None
         assert Severity(usage.severity).rank >= Severity.CRITICAL.rank, (usage.title, usage.detail)

@@ -6,6 +6,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).parent
 # A string that is nothing but a path under /tmp, /var/tmp or /dev/shm ("/tmp/x"): a test
 # that writes there fails when the path exists, and two runs collide.  Random names made by
@@ -21,3 +23,18 @@ def test_no_test_names_a_fixed_path_outside_its_tmp_path() -> None:
             if isinstance(text, str) and FIXED_PATH.match(text):
                 found.append(f"{source.name}:{node.lineno}: {text}")
     assert not found, "fixed paths outside tmp_path:\n" + "\n".join(found)
+
+
+def test_the_order_the_workers_take_the_modules_in_is_longest_first() -> None:
+    # tests/conftest.py's scheduler: the table names modules that exist (a renamed module falls
+    # back to its number of tests), and the longest is taken first.
+    from helpers import module_seconds
+
+    seconds = module_seconds.load()
+    assert seconds, f"{module_seconds.TABLE} is missing or empty"
+    stale = sorted(name for name in seconds if not (TESTS / name).is_file())
+    assert not stale, f"modules in {module_seconds.TABLE.name} that no longer exist: {stale}"
+    queue = {"tests/test_soak.py": 2, "tests/test_estimate.py": 72, "tests/test_unlisted.py": 10}
+    order = sorted(queue, key=lambda m: -module_seconds.weight(m, queue[m], seconds))
+    assert order == ["tests/test_soak.py", "tests/test_estimate.py", "tests/test_unlisted.py"]
+    assert module_seconds.weight("tests/test_unlisted.py", 10, seconds) == pytest.approx(3.0)
