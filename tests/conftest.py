@@ -38,6 +38,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from helpers import module_seconds
     from xdist.scheduler import LoadFileScheduling
 
+    if not hasattr(LoadFileScheduling, "_assign_work_unit"):
+        return None  # an xdist whose scheduler is built otherwise: its own order, no worse
     seconds = module_seconds.load()
 
     class LongestFirst(LoadFileScheduling):
@@ -46,7 +48,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _assign_work_unit(self, node: Any) -> None:
             # The queue is whole by the first assignment (xdist's schedule() fills it, then
             # hands each worker its first module from it).
-            if not self.ordered:
+            if not self.ordered and isinstance(getattr(self, "workqueue", None), dict):
                 self.ordered = True
                 queue = sorted(
                     self.workqueue.items(),
