@@ -255,6 +255,47 @@ def test_bf16_parameters_do_not():
     assert fired(rules.bf16_parameters, gpu(device(breakdown=bf16))) == []
 
 
+def test_the_breakdown_tips_are_worded_once_while_their_figures_stay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The 8-bit optimizer and bf16 tips read a trainer's breakdown and its true peak only; in
+    # the `mixed` demo they were 20 of 31 suggestions, every word of them the same every
+    # round, worded anew (sizes printed, a finding made) for every trainer each second.
+    worded: list[float] = []
+    printed = rules.format_bytes
+
+    def counted(n: float | None) -> str:
+        worded.append(n or 0)
+        return printed(n)
+
+    monkeypatch.setattr(rules, "format_bytes", counted)
+    for name in ("_eight_bit_finding", "_bf16_finding"):  # judged by the tests before
+        if hasattr(rules, name):
+            getattr(rules, name).cache_clear()  # as a new memtop
+    tips = (rules.eight_bit_optimizer, rules.bf16_parameters)
+    first = [s for rule in tips for s in fired(rule, gpu(device(breakdown=BREAKDOWN)))]
+    assert len(first) == 2 and worded
+    # The next round: the sawtooth moved (allocated, reserved), the breakdown and peak did not.
+    worded.clear()
+    moved = device(allocated=22 * GiB, reserved=25 * GiB, breakdown=dict(BREAKDOWN))
+    again = [s for rule in tips for s in fired(rule, gpu(moved))]
+    assert again == first
+    assert worded == []  # nothing worded again
+    # A new peak words them anew (the share of the peak moved), as a first judgment does.
+    higher = [
+        s for rule in tips for s in fired(rule, gpu(device(peak=40 * GiB, breakdown=BREAKDOWN)))
+    ]
+    assert worded and higher != first
+    assert "30.0 % of the peak" in higher[0].title  # 12 GiB of optimizer state of 40
+    # ... and a byte count given as a float is its own judgment (its effect says 6.0, not 6).
+    floats = dict(BREAKDOWN, optimizer_state=8.0)
+    small = device(peak=8, breakdown=floats)
+    assert fired(rules.eight_bit_optimizer, gpu(small)) == []  # below BIG_ENOUGH either way
+    assert rules._eight_bit_finding(8 * GiB, 16 * GiB, False).effect_bytes == 6 * GiB  # type: ignore[union-attr]
+    as_float = rules._eight_bit_finding(float(8 * GiB), 16 * GiB, False)
+    assert repr(as_float.effect_bytes) == repr(float(6 * GiB))  # type: ignore[union-attr]
+
+
 def test_activations_dominating_a_tight_peak_suggest_checkpointing():
     breakdown = dict(BREAKDOWN, parameters=4 * GiB, optimizer_state=8 * GiB)
     facts = gpu(device(peak=70 * GiB, breakdown=breakdown), used=int(0.9 * TOTAL))
