@@ -224,6 +224,36 @@ def test_no_leak_no_leak_suggestion():
     assert fired(rules.leak, gpu(device(leak=not_a_leak))) == []
 
 
+def test_rules_that_cannot_fire_ask_nothing_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Judged for every GPU and trainer every round: a GPU under every usage level's exit limit
+    # (held or not) did not need its heaviest process and its preallocators worked out, nor a
+    # trainer without split segments or retries its allocator's options parsed for the veto.
+    asked: list[str] = []
+    heaviest, vetoed = rules._heaviest, rules.expandable_segments_vetoed
+
+    def heaviest_asked(gpu: GpuObservation) -> Any:
+        asked.append("heaviest")
+        return heaviest(gpu)
+
+    def veto_asked(agent: DeviceDiagnosis) -> Any:
+        asked.append("veto")
+        return vetoed(agent)
+
+    monkeypatch.setattr(rules, "_heaviest", heaviest_asked)
+    monkeypatch.setattr(rules, "expandable_segments_vetoed", veto_asked)
+    calm = gpu(device(), used=int(0.81 * TOTAL))  # under 0.85 - 0.03
+    everything = [(rule.id, 100, 0) for rule in rules.RULES]
+    for held in ((), everything):
+        assert fired(rules.usage, calm) == [] and list(rules.usage(calm, held=held)) == []
+        assert list(rules.expandable_segments(calm, held=held)) == []
+    assert asked == []
+    # At the exit limit a held warning stays (asked, and fires); a new one waits for 0.85.
+    edge = gpu(device(), used=int(0.83 * TOTAL))
+    assert fired(rules.usage, edge) == []
+    (kept,) = rules.usage(edge, held={(rules.RuleId.USAGE, 100, 0)})
+    assert kept.severity == "warning" and "heaviest" in asked
+
+
 # ------------------------------------------------------------------------------ breakdown rules
 
 BREAKDOWN = {

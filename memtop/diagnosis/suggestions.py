@@ -62,6 +62,9 @@ SAFETY_SHARE = 0.05  # of the device kept free when sizing a bigger batch
 # time on screen is memtop.diagnosis.stability's.
 HOLD_SHARE = 0.03
 HOLD_FACTOR = 0.15
+# The lowest share at which the usage rule can fire: its lowest level's exit limit, worked out
+# as `_at_least` works it out for a held suggestion (the same float).
+_USAGE_EXIT = min(limit for limit, _ in USAGE_LEVELS) - HOLD_SHARE
 
 Key = tuple[str, int | None, int | None]  # (rule, pid, device): a suggestion's identity
 NOTHING_HELD: frozenset[Key] = frozenset()
@@ -263,6 +266,8 @@ def _usage(gpu: GpuObservation, held: Held) -> Iterator[tuple[int | None, int | 
     share = gpu.used_share
     if share is None or gpu.used_bytes is None:
         return
+    if share < _USAGE_EXIT:
+        return  # under every level's limit, held or not: who would be named is not asked
     heaviest = _heaviest(gpu)
     asking = _preallocators(gpu)
     pid: int | None
@@ -549,13 +554,13 @@ def alloc_conf_variable(agent: DeviceDiagnosis) -> str:
 
 def _expandable_segments(agent: DeviceDiagnosis, gpu: GpuObservation, was: bool) -> Finding | None:
     """Split segments or allocator retries → expandable_segments:True (not if already set)."""
-    if expandable_segments_vetoed(agent):
-        return None
     frag = agent.fragmentation
     p = agent.pressure
     retries = p.retries_recent if p.retries_recent is not None else p.retries
     fragmented = _fragmented(agent, was)
     if not fragmented and retries <= 0:
+        return None  # nothing to fix: the veto (the allocator's options parsed twice) unasked
+    if expandable_segments_vetoed(agent):
         return None
     conf = agent.allocator_conf
     evidence = [
