@@ -240,9 +240,13 @@ def test_a_devices_drawn_windows_are_cut_when_a_screen_reads_them(
         if hasattr(module, "DeviceHistory"):
             monkeypatch.setattr(module, "DeviceHistory", made_one)
     obs = observation.Observer(store, clock=lambda: 105.0).latest()
-    assert made == []  # the round built, nothing cut
+    dash = view.build(obs, sampled=True, my_uid=0, host="h", users={})  # the dashboard's round
+    assert made == []  # the round built and shown, nothing cut (the card's trend: one column)
     (dev,) = obs.devices_of(obs.agents[0])
     drawn = dev.history
+    (card,) = dash.gpus
+    baselines = drawn.mark_allocated if len(drawn.mark_allocated) >= 2 else drawn.allocated
+    assert card.trend.values == tuple(baselines) and len(baselines) >= 2
     assert len(made) == 1
     assert list(drawn.allocated) == [float((10 + s) * GIB) for s in range(5)]
     assert dev.history is drawn and len(made) == 1  # cut once

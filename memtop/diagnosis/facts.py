@@ -175,6 +175,13 @@ class DeviceDiagnosis(ReadsSample):
             self._history.append(device_history(*self.windows))
         return self._history[0]
 
+    def newest(self, column: str, last: int, marks: bool = False) -> Sequence[float]:
+        """The newest `last` values of one column of the round's windows (of the step marks,
+        with `marks`), oldest first, without cutting the whole `history`: a GPU card's trend
+        reads one column of one device every round."""
+        rows, step_marks = self.windows
+        return (step_marks if marks else rows).get(column, ())[-last:]
+
     @property
     def allocator_conf(self) -> str:
         """The allocator options its process runs with: in force (`memtop tune` changes them),
