@@ -206,3 +206,94 @@ def test_a_gpus_accounting_is_worked_out_when_read(monkeypatch: pytest.MonkeyPat
     data = report.build(obs)  # the JSON reads every GPU's
     assert calls == [1, 0]
     assert [g["accounting"]["used_bytes"] for g in data["devices"]] == [12 * GIB, 12 * GIB]
+
+
+def test_a_devices_drawn_windows_are_cut_when_a_screen_reads_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each agent device's history (the newest rows and step marks the screens draw) was cut
+    # from the round's windows for every device every round: eight slices per device, while
+    # the main screen reads one device's per GPU (its card's trend), once a slow period.
+    from memtop.diagnosis import facts
+    from memtop.engine import observation
+    from memtop.engine.store import Store
+    from memtop.model import AgentDeviceSample, AgentSample, AgentStatus, AgentView
+
+    store = Store()
+    for second in range(5):
+        stats = {"allocated_bytes.all.current": (10 + second) * GIB}
+        sample = AgentDeviceSample(0, stats, 40 * GIB, 80 * GIB)
+        poll = AgentView(
+            21, AgentStatus.CONNECTED, sample=AgentSample(100.0 + second, second, (sample,))
+        )
+        store.update_agents([poll], when=100.0 + second)
+    made: list[object] = []
+    device_history = facts.DeviceHistory
+
+    def made_one(*args: object, **kwargs: object) -> object:
+        made.append(kwargs)
+        return device_history(*args, **kwargs)  # type: ignore[arg-type]
+
+    from memtop import diagnosis
+
+    for module in (facts, diagnosis):  # wherever one is made
+        if hasattr(module, "DeviceHistory"):
+            monkeypatch.setattr(module, "DeviceHistory", made_one)
+    obs = observation.Observer(store, clock=lambda: 105.0).latest()
+    dash = view.build(obs, sampled=True, my_uid=0, host="h", users={})  # the dashboard's round
+    assert made == []  # the round built and shown, nothing cut (the card's trend: one column)
+    (dev,) = obs.devices_of(obs.agents[0])
+    drawn = dev.history
+    (card,) = dash.gpus
+    baselines = drawn.mark_allocated if len(drawn.mark_allocated) >= 2 else drawn.allocated
+    assert card.trend.values == tuple(baselines) and len(baselines) >= 2
+    assert len(made) == 1
+    assert list(drawn.allocated) == [float((10 + s) * GIB) for s in range(5)]
+    assert dev.history is drawn and len(made) == 1  # cut once
+    # ... what a whole round's cutting gave: the newest rows of the round's own windows.
+    rows, marks = store.view().windows(21, 0)
+    assert list(drawn.time) == list(rows["time"]) and list(drawn.mark_step) == list(marks["step"])
+
+
+def test_a_gpu_card_lays_its_line_out_without_copying_it_piece_by_piece(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The cards are laid out again together each slow period; `head + bar + tail` copied the
+    # line so far (its text cleaned of control codes again, its spans copied) for each piece.
+    from rich.text import Text
+
+    from memtop.ui.view import GpuRow, Trend, TrendLine
+    from memtop.ui.widgets.gpu_panel import GpuCard
+
+    row = GpuRow(
+        index=0,
+        uuid="GPU-0",
+        name="H100",
+        total=80 * GIB,
+        used=40 * GIB,
+        allocated=30 * GIB,
+        reserved=38 * GIB,
+        peak=35 * GIB,
+        other=2 * GIB,
+        agents=1,
+        processes=1,
+        fragmentation=0.05,
+        trend=Trend(TrendLine(tuple(40.0 * GIB + i for i in range(200)), 80 * GIB), "steady", 1),
+        error=None,
+    )
+    card = GpuCard(row)
+    card.set_class(True, "-dense")
+    copies: list[str] = []
+    copy = Text.copy
+
+    def counted(text: Text) -> Text:
+        copies.append(text.plain)
+        return copy(text)
+
+    monkeypatch.setattr(Text, "copy", counted)
+    line = card._first_line(120, compact=False)
+    assert copies == []
+    assert line.plain.startswith("GPU 0  H100 ▕") and line.plain.endswith(" steady")
+    # The spans a sum made: the bold head is the line's own style, every piece after it a span.
+    assert line.style == "bold"
+    assert [(s.start, s.end) for s in line.spans][:2] == [(12, 13), (13, 28)]  # "▕", allocated

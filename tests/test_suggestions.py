@@ -224,6 +224,36 @@ def test_no_leak_no_leak_suggestion():
     assert fired(rules.leak, gpu(device(leak=not_a_leak))) == []
 
 
+def test_rules_that_cannot_fire_ask_nothing_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Judged for every GPU and trainer every round: a GPU under every usage level's exit limit
+    # (held or not) did not need its heaviest process and its preallocators worked out, nor a
+    # trainer without split segments or retries its allocator's options parsed for the veto.
+    asked: list[str] = []
+    heaviest, vetoed = rules._heaviest, rules.expandable_segments_vetoed
+
+    def heaviest_asked(gpu: GpuObservation) -> Any:
+        asked.append("heaviest")
+        return heaviest(gpu)
+
+    def veto_asked(agent: DeviceDiagnosis) -> Any:
+        asked.append("veto")
+        return vetoed(agent)
+
+    monkeypatch.setattr(rules, "_heaviest", heaviest_asked)
+    monkeypatch.setattr(rules, "expandable_segments_vetoed", veto_asked)
+    calm = gpu(device(), used=int(0.81 * TOTAL))  # under 0.85 - 0.03
+    everything = [(rule.id, 100, 0) for rule in rules.RULES]
+    for held in ((), everything):
+        assert fired(rules.usage, calm) == [] and list(rules.usage(calm, held=held)) == []
+        assert list(rules.expandable_segments(calm, held=held)) == []
+    assert asked == []
+    # At the exit limit a held warning stays (asked, and fires); a new one waits for 0.85.
+    edge = gpu(device(), used=int(0.83 * TOTAL))
+    assert fired(rules.usage, edge) == []
+    (kept,) = rules.usage(edge, held={(rules.RuleId.USAGE, 100, 0)})
+    assert kept.severity == "warning" and "heaviest" in asked
+
+
 # ------------------------------------------------------------------------------ breakdown rules
 
 BREAKDOWN = {
@@ -253,6 +283,47 @@ def test_fp32_parameters_suggest_bf16_with_the_saving():
 def test_bf16_parameters_do_not():
     bf16 = dict(BREAKDOWN, fp32_parameter_bytes=0)
     assert fired(rules.bf16_parameters, gpu(device(breakdown=bf16))) == []
+
+
+def test_the_breakdown_tips_are_worded_once_while_their_figures_stay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The 8-bit optimizer and bf16 tips read a trainer's breakdown and its true peak only; in
+    # the `mixed` demo they were 20 of 31 suggestions, every word of them the same every
+    # round, worded anew (sizes printed, a finding made) for every trainer each second.
+    worded: list[float] = []
+    printed = rules.format_bytes
+
+    def counted(n: float | None) -> str:
+        worded.append(n or 0)
+        return printed(n)
+
+    monkeypatch.setattr(rules, "format_bytes", counted)
+    for name in ("_eight_bit_finding", "_bf16_finding"):  # judged by the tests before
+        if hasattr(rules, name):
+            getattr(rules, name).cache_clear()  # as a new memtop
+    tips = (rules.eight_bit_optimizer, rules.bf16_parameters)
+    first = [s for rule in tips for s in fired(rule, gpu(device(breakdown=BREAKDOWN)))]
+    assert len(first) == 2 and worded
+    # The next round: the sawtooth moved (allocated, reserved), the breakdown and peak did not.
+    worded.clear()
+    moved = device(allocated=22 * GiB, reserved=25 * GiB, breakdown=dict(BREAKDOWN))
+    again = [s for rule in tips for s in fired(rule, gpu(moved))]
+    assert again == first
+    assert worded == []  # nothing worded again
+    # A new peak words them anew (the share of the peak moved), as a first judgment does.
+    higher = [
+        s for rule in tips for s in fired(rule, gpu(device(peak=40 * GiB, breakdown=BREAKDOWN)))
+    ]
+    assert worded and higher != first
+    assert "30.0 % of the peak" in higher[0].title  # 12 GiB of optimizer state of 40
+    # ... and a byte count given as a float is its own judgment (its effect says 6.0, not 6).
+    floats = dict(BREAKDOWN, optimizer_state=8.0)
+    small = device(peak=8, breakdown=floats)
+    assert fired(rules.eight_bit_optimizer, gpu(small)) == []  # below BIG_ENOUGH either way
+    assert rules._eight_bit_finding(8 * GiB, 16 * GiB, False).effect_bytes == 6 * GiB  # type: ignore[union-attr]
+    as_float = rules._eight_bit_finding(float(8 * GiB), 16 * GiB, False)
+    assert repr(as_float.effect_bytes) == repr(float(6 * GiB))  # type: ignore[union-attr]
 
 
 def test_activations_dominating_a_tight_peak_suggest_checkpointing():

@@ -21,10 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memtop.diagnosis.facts import (
-    HISTORY_ROWS,
-    MARK_ROWS,
     DeviceDiagnosis,
-    DeviceHistory,
     GpuObservation,
     HostDiagnosis,
 )
@@ -235,28 +232,11 @@ class Diagnoser:
             gpu=gpu,
             sampled_peak_bytes=agent.sampled_peak(dev.index),
             nvml_used_bytes=charged,
-            history=_history(history, marks),
+            windows=windows,  # its `history` is cut from them when a screen reads it
         )
 
 
 _PRESSURE_COLUMNS = ("time", "num_alloc_retries", "num_ooms")
-
-
-def _history(
-    rows: Mapping[str, Sequence[float]], marks: Mapping[str, Sequence[float]]
-) -> DeviceHistory:
-    """The windows the screens draw: the newest HISTORY_ROWS sampled rows and MARK_ROWS step
-    marks of the round's view (slices of its arrays: a memcpy, no float object per row)."""
-    return DeviceHistory(
-        time=rows.get("time", ())[-HISTORY_ROWS:],
-        allocated=rows.get("allocated", ())[-HISTORY_ROWS:],
-        reserved=rows.get("reserved", ())[-HISTORY_ROWS:],
-        torch_peak=rows.get("torch_peak", ())[-HISTORY_ROWS:],
-        num_ooms=rows.get("num_ooms", ())[-HISTORY_ROWS:],
-        mark_step=marks.get("step", ())[-MARK_ROWS:],
-        mark_time=marks.get("time", ())[-MARK_ROWS:],
-        mark_allocated=marks.get("allocated", ())[-MARK_ROWS:],
-    )
 
 
 def _workload(

@@ -19,12 +19,14 @@ from memtop.diagnosis.sites import SiteTrend
 from memtop.diagnosis.workload import Workload, WorkloadKind
 from memtop.model import (
     MARK_WINDOW,
+    NO_WINDOWS,
     Accounting,
     AgentDeviceSample,
     AgentView,
     DeviceReading,
     GpuProcess,
     MigInfo,
+    Windows,
 )
 
 # The history windows the screens draw (the store keeps an hour).
@@ -85,6 +87,23 @@ class DeviceHistory:
     mark_allocated: Sequence[float] = ()
 
 
+def device_history(
+    rows: Mapping[str, Sequence[float]], marks: Mapping[str, Sequence[float]]
+) -> DeviceHistory:
+    """The windows the screens draw: the newest HISTORY_ROWS sampled rows and MARK_ROWS step
+    marks of the round's view (slices of its arrays: a memcpy, no float object per row)."""
+    return DeviceHistory(
+        time=rows.get("time", ())[-HISTORY_ROWS:],
+        allocated=rows.get("allocated", ())[-HISTORY_ROWS:],
+        reserved=rows.get("reserved", ())[-HISTORY_ROWS:],
+        torch_peak=rows.get("torch_peak", ())[-HISTORY_ROWS:],
+        num_ooms=rows.get("num_ooms", ())[-HISTORY_ROWS:],
+        mark_step=marks.get("step", ())[-MARK_ROWS:],
+        mark_time=marks.get("time", ())[-MARK_ROWS:],
+        mark_allocated=marks.get("allocated", ())[-MARK_ROWS:],
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceDiagnosis(ReadsSample):
     """One CUDA device of one agent, as everything above the store sees it: where it is (the
@@ -136,7 +155,32 @@ class DeviceDiagnosis(ReadsSample):
     gpu: int = -1  # the GPU as the driver numbers it (the agent's index without a driver view)
     sampled_peak_bytes: int = 0  # memtop's own maximum of what it sampled (misses step peaks)
     nvml_used_bytes: int | None = None  # what the driver charges this process on this GPU
-    history: DeviceHistory = field(default_factory=DeviceHistory)
+    # The round's windows of this device (its sampled rows and step marks: the view's arrays,
+    # which nobody changes).  `history`, the newest of them that the screens draw, is cut from
+    # them when first read: most rounds only one device per GPU card's trend reads it, and
+    # cutting eight columns for every device every round was a tenth of the diagnosis's own
+    # work in the `mixed` demo.
+    windows: Windows = field(default=NO_WINDOWS, compare=False, repr=False)
+    # `history` once read (a list: the record is frozen); two threads reading it at once both
+    # cut the same windows.
+    _history: list[DeviceHistory] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
+
+    @property
+    def history(self) -> DeviceHistory:
+        """The windows the screens draw: the newest HISTORY_ROWS sampled rows and MARK_ROWS
+        step marks of the round."""
+        if not self._history:
+            self._history.append(device_history(*self.windows))
+        return self._history[0]
+
+    def newest(self, column: str, last: int, marks: bool = False) -> Sequence[float]:
+        """The newest `last` values of one column of the round's windows (of the step marks,
+        with `marks`), oldest first, without cutting the whole `history`: a GPU card's trend
+        reads one column of one device every round."""
+        rows, step_marks = self.windows
+        return (step_marks if marks else rows).get(column, ())[-last:]
 
     @property
     def allocator_conf(self) -> str:

@@ -9,6 +9,7 @@ agent.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, replace
@@ -61,6 +62,9 @@ SAFETY_SHARE = 0.05  # of the device kept free when sizing a bigger batch
 # time on screen is memtop.diagnosis.stability's.
 HOLD_SHARE = 0.03
 HOLD_FACTOR = 0.15
+# The lowest share at which the usage rule can fire: its lowest level's exit limit, worked out
+# as `_at_least` works it out for a held suggestion (the same float).
+_USAGE_EXIT = min(limit for limit, _ in USAGE_LEVELS) - HOLD_SHARE
 
 Key = tuple[str, int | None, int | None]  # (rule, pid, device): a suggestion's identity
 NOTHING_HELD: frozenset[Key] = frozenset()
@@ -262,6 +266,8 @@ def _usage(gpu: GpuObservation, held: Held) -> Iterator[tuple[int | None, int | 
     share = gpu.used_share
     if share is None or gpu.used_bytes is None:
         return
+    if share < _USAGE_EXIT:
+        return  # under every level's limit, held or not: who would be named is not asked
     heaviest = _heaviest(gpu)
     asking = _preallocators(gpu)
     pid: int | None
@@ -548,13 +554,13 @@ def alloc_conf_variable(agent: DeviceDiagnosis) -> str:
 
 def _expandable_segments(agent: DeviceDiagnosis, gpu: GpuObservation, was: bool) -> Finding | None:
     """Split segments or allocator retries → expandable_segments:True (not if already set)."""
-    if expandable_segments_vetoed(agent):
-        return None
     frag = agent.fragmentation
     p = agent.pressure
     retries = p.retries_recent if p.retries_recent is not None else p.retries
     fragmented = _fragmented(agent, was)
     if not fragmented and retries <= 0:
+        return None  # nothing to fix: the veto (the allocator's options parsed twice) unasked
+    if expandable_segments_vetoed(agent):
         return None
     conf = agent.allocator_conf
     evidence = [
@@ -672,17 +678,31 @@ def _leak(agent: DeviceDiagnosis, gpu: GpuObservation, held: bool) -> Finding | 
     )
 
 
+# The tips judged on a trainer's breakdown and its true peak (8-bit optimizer, bf16 weights) are
+# judged on those figures alone, passed in: each is a pure function of its arguments, worked
+# out once per distinct set of them.  A breakdown is measured once in a while and torch's
+# peak moves only when a step goes higher, so these tips (20 of the 31 suggestions in the
+# `mixed` demo) were worded anew, to the same words, every round.  `typed`: an int and a
+# float of one value word their bytes alike but not their effect (5 against 5.0 in the JSON).
+_judged_once = functools.lru_cache(maxsize=256, typed=True)
+
+
 def _eight_bit_optimizer(agent: DeviceDiagnosis, gpu: GpuObservation, was: bool) -> Finding | None:
     if not agent.trains:
         return None  # a server or a loop without steps has no optimizer state to shrink
-    state = (agent.breakdown or {}).get("optimizer_state", 0)
-    peak = agent.peak_bytes
+    return _eight_bit_finding(
+        (agent.breakdown or {}).get("optimizer_state", 0), agent.peak_bytes, was
+    )
+
+
+@_judged_once
+def _eight_bit_finding(state: int, peak: int, was: bool) -> Finding | None:
     if peak <= 0 or not _at_least(state, max(BIG_ENOUGH, OPTIMIZER_SHARE * peak), was):
         return None
     saving = state * 3 // 4  # fp32 moments (4 bytes) → 8-bit (1 byte)
     return Finding(
         severity=INFO,
-        title=f"Optimizer state is {_pct(state / agent.peak_bytes)} of the peak",
+        title=f"Optimizer state is {_pct(state / peak)} of the peak",
         detail=(
             f"An 8-bit optimizer keeps its moments in one byte instead of four: about "
             f"{format_bytes(saving)} less, if the state is fp32 (Adam's usually is)."
@@ -695,12 +715,24 @@ def _eight_bit_optimizer(agent: DeviceDiagnosis, gpu: GpuObservation, was: bool)
 
 def _bf16_parameters(agent: DeviceDiagnosis, gpu: GpuObservation, was: bool) -> Finding | None:
     breakdown = agent.breakdown or {}
-    fp32 = breakdown.get("fp32_parameter_bytes", 0)
-    limit = max(BIG_ENOUGH, FP32_SHARE * agent.peak_bytes)
-    if agent.peak_bytes <= 0 or not _at_least(fp32, limit, was):
+    return _bf16_finding(
+        breakdown.get("fp32_parameter_bytes", 0),
+        breakdown.get("gradients", 0),
+        breakdown.get("parameters", 0),
+        agent.peak_bytes,
+        was,
+    )
+
+
+@_judged_once
+def _bf16_finding(
+    fp32: int, gradients: int, parameters: int, peak: int, was: bool
+) -> Finding | None:
+    limit = max(BIG_ENOUGH, FP32_SHARE * peak)
+    if peak <= 0 or not _at_least(fp32, limit, was):
         return None
     # Weights halve; their gradients, when they exist at the peak, halve with them.
-    saving = fp32 // 2 + min(breakdown.get("gradients", 0), fp32) // 2
+    saving = fp32 // 2 + min(gradients, fp32) // 2
     return Finding(
         severity=INFO,
         title=f"{format_bytes(fp32)} of parameters are fp32",
@@ -708,10 +740,7 @@ def _bf16_parameters(agent: DeviceDiagnosis, gpu: GpuObservation, was: bool) -> 
             f"bf16 weights (and gradients) take half: about {format_bytes(saving)} less. "
             "Keep fp32 master weights in the optimizer if the model needs them."
         ),
-        evidence=(
-            f"fp32 parameters {format_bytes(fp32)} of "
-            f"{format_bytes(breakdown.get('parameters', 0))}"
-        ),
+        evidence=(f"fp32 parameters {format_bytes(fp32)} of {format_bytes(parameters)}"),
         fix="model.to(torch.bfloat16)",
         effect_bytes=saving,
     )

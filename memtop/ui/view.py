@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from memtop.diagnosis import DeviceDiagnosis, Suggestion
 from memtop.diagnosis.effects import BASIS_AGENT, EFFECT_WINDOW_S, ActionEffect
-from memtop.diagnosis.facts import DeviceHistory
+from memtop.diagnosis.facts import HISTORY_ROWS, MARK_ROWS, DeviceHistory
 from memtop.diagnosis.leak import LeakBasis, leak_label
 from memtop.diagnosis.suggestions import SEVERITY_RANK, EffectKind, RuleId
 from memtop.engine.job_groups import JobGroup, job_groups
@@ -408,9 +408,10 @@ def _trend(gpu: GpuObservation) -> Trend:
     if focus is None:
         used = gpu.used_history[1][-TREND_SAMPLES:]
         return Trend(TrendLine(used), TrendStatus.NO_AGENT, None)
-    history = focus.history
-    marks = history.mark_allocated[-TREND_MARKS:]
-    raw = history.allocated[-TREND_SAMPLES:] if len(marks) < 2 else marks
+    # One column of the round's windows, not the device's whole drawn `history` cut for it:
+    # the newest of what `history` holds, as it held them.
+    marks = focus.newest("allocated", min(TREND_MARKS, MARK_ROWS), marks=True)
+    raw = focus.newest("allocated", min(TREND_SAMPLES, HISTORY_ROWS)) if len(marks) < 2 else marks
     leak = focus.diagnosis.leak
     if leak.detected:
         status = TrendStatus.LEAK

@@ -191,21 +191,25 @@ class GpuCard(Widget, can_focus=True):
             )
         if compact and row.host:  # the fleet: the card without its name still names its host
             label = f"GPU{row.index} {row.host} "
+        # Each piece is appended in place to a Text made here, never `a + b`: that copies `a`
+        # whole (its text cleaned of control codes again, its spans copied) for each piece,
+        # and the cards are laid out again together each slow period.  The same text and
+        # spans as the sums (each sum's left operand was a Text no one else holds).
         head = Text(label, style="bold")
         if row.error and row.used is None:
-            return head + Text(row.error, style="bold red")
+            return head.append(Text(row.error, style="bold red"))
         share = row.used_share
         if compact:
             numbers = f" {short_bytes(row.used)}/{short_bytes(row.total)}"
         else:
             numbers = f" {format_bytes(row.used)} / {format_bytes(row.total)}"
         pct = Text(f" {100 * share:5.1f} %" if share is not None else "    — ", usage_style(share))
-        tail = Text(numbers) + pct
+        tail = Text(numbers).append(pct)
         if (compact or dense) and row.agents:
-            tail += self._fragmentation(" ")
+            tail.append(self._fragmentation(" "))
         if dense:
             # One line: a leak's pid and time to full, not its sparkline, must fit 80 columns.
-            tail += Text(" ") + self._trend(28, short=True, spark=not row.trend.leak)
+            tail.append(Text(" ").append(self._trend(28, short=True, spark=not row.trend.leak)))
         bar_width = max(8, width - len(head) - len(tail) - 2)
         bar = memory_bar(
             bar_width,
@@ -217,7 +221,7 @@ class GpuCard(Widget, can_focus=True):
             row.used,
             self._bar_edges,
         )
-        line = head + Text("▕", FREE) + bar + Text("▏", FREE) + tail
+        line = head.append(Text("▕", FREE)).append(bar).append(Text("▏", FREE)).append(tail)
         if row.error:
             line.append(f"  {row.error}", style="red")
         line.truncate(width)
@@ -240,8 +244,7 @@ class GpuCard(Widget, can_focus=True):
             line = Text.assemble(line, " ", device)
         room = width - len(line) - 2
         if room >= 10:
-            line.append("  ")
-            line += self._trend(room, short=room < trend_min)
+            line.append("  ").append(self._trend(room, short=room < trend_min))
         line.truncate(width)
         return line
 
@@ -259,7 +262,7 @@ class GpuCard(Widget, can_focus=True):
             line.append(name, style=FREE)
             line.append(fmt(value) + gap)
         if with_fragmentation:
-            line += self._fragmentation("")
+            line.append(self._fragmentation(""))
         return line
 
     def _fragmentation(self, lead: str) -> Text:
