@@ -18,9 +18,9 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
-from statistics import median
 from typing import Any
 
+from memtop.figures.median import median
 from memtop.model import ACTION_BY_VIEWER, ActionRecord
 
 EFFECT_WINDOW_S = 60.0

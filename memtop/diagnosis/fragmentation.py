@@ -19,9 +19,9 @@ import bisect
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from statistics import median
 from typing import Any
 
+from memtop.figures.median import median
 from memtop.model import AgentDeviceSample
 
 GAUGE_SAMPLES = 10  # the gauge judged is the median of this many recent samples

@@ -37,9 +37,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from operator import mul
-from statistics import median
 from typing import Any
 
+from memtop.figures.median import median
 from memtop.figures.units import MiB, format_bytes, format_duration, short_bytes
 from memtop.model import MARK_WINDOW, Choice
 

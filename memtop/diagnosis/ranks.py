@@ -11,10 +11,10 @@ one record as it makes it (no copy afterwards).
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+from memtop.figures.median import median
 from memtop.model import AgentView
 
 
@@ -53,5 +53,5 @@ def job_peers(
             continue
         for pid, rank, label, _ in members:
             others = [peak for other, _, _, peak in members if other != pid]
-            found[pid] = JobPeers(rank, label, len(others), int(statistics.median(others)))
+            found[pid] = JobPeers(rank, label, len(others), int(median(others)))
     return found

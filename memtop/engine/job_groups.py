@@ -10,7 +10,6 @@ apart is judged from these groups (memtop.diagnosis rule `rank_drift`, fed by `r
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +18,7 @@ from memtop.base.jobs import JobIdentity
 from memtop.diagnosis import DeviceDiagnosis
 from memtop.diagnosis.suggestions import RANK_DRIFT_MIN_BYTES, RANK_DRIFT_SHARE
 from memtop.engine.observation import Observation
+from memtop.figures.median import median
 from memtop.model import AgentView, host_of
 
 
@@ -57,7 +57,7 @@ class JobGroup:
     @property
     def median_peak_bytes(self) -> int | None:
         peaks = self.peaks
-        return int(statistics.median(peaks)) if peaks else None
+        return int(median(peaks)) if peaks else None
 
     @property
     def drifting(self) -> tuple[RankView, float] | None:
@@ -69,9 +69,9 @@ class JobGroup:
             others = [r.peak_bytes for r in self.ranks if r is not rank and r.peak_bytes]
             if rank.peak_bytes is None or not others:
                 continue
-            median = statistics.median(others)
-            excess = rank.peak_bytes - median
-            share = excess / median if median > 0 else 0.0
+            middle = median(others)
+            excess = rank.peak_bytes - middle
+            share = excess / middle if middle > 0 else 0.0
             if (
                 share > RANK_DRIFT_SHARE
                 and excess > RANK_DRIFT_MIN_BYTES

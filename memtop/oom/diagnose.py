@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import statistics
 from typing import Any
 
 from memtop.base import alloc_conf
 from memtop.base.user_frame import site_name
+from memtop.figures.median import median
 from memtop.figures.units import MiB, format_bytes
 
 CONTEXT_BYTES = 512 * MiB  # the process's own CUDA context, outside torch's counters
@@ -131,7 +131,7 @@ def growth(runs: list[list[tuple[int, float]]]) -> tuple[float, int, int] | None
     rising = [r for r in ratios if r >= MIN_GROWTH]
     if len(rising) < 0.8 * len(ratios) or not last_rises:
         return None
-    return statistics.median(ratios), len(rising), runs[0][0][0]
+    return median(ratios), len(rising), runs[0][0][0]
 
 
 def growing_batch(
@@ -176,7 +176,7 @@ def _theil_sen(points: list[tuple[float, float]]) -> float:
         for x2, y2 in points[i + 1 :]
         if x2 != x1
     ]
-    return statistics.median(slopes) if slopes else 0.0
+    return median(slopes) if slopes else 0.0
 
 
 def leak_rate(recent: list[dict[str, Any]]) -> tuple[float, int] | None:

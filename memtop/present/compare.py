@@ -17,12 +17,12 @@ Noise, per figure:
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from memtop.engine.store import Store
+from memtop.figures.median import median
 from memtop.figures.units import MiB, format_bytes
 from memtop.model import AgentDeviceSample, AgentView, Windows
 
@@ -166,7 +166,7 @@ def _run(label: str, agent: AgentView, device: AgentDeviceSample, windows: Windo
         reserved_max_bytes=_max(h.get("reserved")),
         breakdown={k: int(v) for k, v in breakdown.items()},
         sites=tuple(sorted(sites, key=lambda s: -s[1])[:5]),
-        fragmentation=statistics.median(fragmentation) if fragmentation else None,
+        fragmentation=median(fragmentation) if fragmentation else None,
         retries=_last(h.get("num_alloc_retries")),
         ooms=_last(h.get("num_ooms")),
         step_times=step_times,
@@ -222,8 +222,8 @@ def _judged(d: Difference, noise: float) -> Difference:
 
 
 def _spread(values: Sequence[float]) -> float:
-    median = statistics.median(values)
-    return 1.4826 * statistics.median(abs(v - median) for v in values)
+    middle = median(values)
+    return 1.4826 * median(abs(v - middle) for v in values)
 
 
 def _detrended_mad(steps: Sequence[float], values: Sequence[float]) -> float:

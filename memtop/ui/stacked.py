@@ -26,10 +26,11 @@ import time as _time
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
-from statistics import median
 
 from rich.style import Style
 from rich.text import Text
+
+from memtop.figures.median import median
 
 HOLD_INTERVALS = 3.0  # a sample stays in force this many of its series' intervals after it
 HOLD_MIN_S = 1.0

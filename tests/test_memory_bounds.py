@@ -1,0 +1,80 @@
+"""A dashboard left open holds a bounded amount of memory (issue 35 item 8: RSS).
+
+Its history is rings of fixed capacity (memtop.engine.store: HISTORY_SAMPLES rows, STEP_MARKS
+step marks per agent device) and each round's view is rebuilt from them, so once the rings are
+full what memtop keeps must stop growing, however many rounds come.  Measured here with small
+rings (full after a few dozen rounds) and eleven trainers (healthy, leaking, fragmenting) under
+the real app: the memory still allocated after each round, with Rich's and Textual's own
+memoised caches emptied first (they keep every distinct line and segment drawn, up to their
+maxsize: ~0.6 MB after 600 rounds here, bounded by those libraries, not by memtop)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import gc
+import sys
+import tracemalloc
+
+from test_churn_bounds import _round
+from ui_frozen import MY_UID, T0, Trainer
+
+from memtop.engine.store import Store
+from memtop.ui.app import MemtopApp
+
+HISTORY_ROWS = 40  # the store's rings: full after 40 rounds (two step marks a round: 80)
+STEP_MARKS = 80
+SETTLED = 100  # rounds before the first measure: the rings are full, the screen drawn
+MEASURED = 300  # rounds between the two measures
+# A retained object of ~80 bytes a round (one float in a list, a dict entry) is 24 KiB here;
+# what the app's memory wanders by between two rounds is ~6 KiB.
+SLACK_BYTES = 20 * 1024
+
+
+def _empty_library_caches() -> None:
+    """functools' caches of Rich's and Textual's modules and classes (cell widths, split
+    segments, styles): bounded by them, they fill with every distinct string drawn."""
+    for name, module in list(sys.modules.items()):
+        if module is None or not name.startswith(("rich", "textual")):
+            continue
+        for value in list(vars(module).values()):
+            members = vars(value).values() if isinstance(value, type) else (value,)
+            for member in members:
+                member = getattr(member, "__func__", member)  # classmethod, staticmethod
+                if isinstance(member, functools._lru_cache_wrapper):
+                    member.cache_clear()
+
+
+def _retained() -> int:
+    _empty_library_caches()
+    gc.collect()
+    return tracemalloc.get_traced_memory()[0]
+
+
+async def _rounds(app: MemtopApp, store: Store, clock: list[float]) -> tuple[int, int]:
+    kinds = ("healthy",) * 8 + ("leak", "fragment", "leak")
+    trainers = [Trainer(5000 + i, i % 2, kind) for i, kind in enumerate(kinds)]
+    measures = []
+    async with app.run_test(size=(120, 36)) as pilot:
+        for t in range(1, SETTLED + MEASURED + 1):
+            clock[0] = T0 + t + 0.5
+            _round(store, t, trainers, [])
+            app.refresh_view()
+            await pilot.pause()
+            if t in (SETTLED, SETTLED + MEASURED):
+                measures.append(_retained())
+    return measures[0], measures[1]
+
+
+def test_once_the_rings_are_full_a_live_dashboard_keeps_no_more_memory() -> None:
+    clock = [T0]
+    store = Store(history=HISTORY_ROWS, step_marks=STEP_MARKS)
+    app = MemtopApp(store, None, clock=lambda: clock[0], my_uid=MY_UID)
+    tracemalloc.start(1)
+    try:
+        settled, later = asyncio.run(_rounds(app, store, clock))
+    finally:
+        tracemalloc.stop()
+    assert later - settled < SLACK_BYTES, (
+        f"{(later - settled) / 1024:.1f} KiB more after {MEASURED} rounds with full rings"
+    )
