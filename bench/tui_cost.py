@@ -25,7 +25,7 @@ nvitop 2 s), stdin/stdout/stderr on the pty slave; a reader thread drains the ma
   imported, and the first sampling round's figures as soon as they are known (memtop.ui.splash),
   so it also reports first_data_s (until "GPU 7" is on screen, usually before Textual's frame)
   and full_frame_s, until the first frame of the whole dashboard laid out right: the process
-  table's header with its USER column ("PID USER GPU"), which only the table laid out for its
+  table's header with its USER column ("USER" on screen), which only the table laid out for its
   width draws (full_frame_marker).  Textual's first frame came before it and was not that
   frame: the view was built before the widgets were laid out, the table's rows for no width (no
   USER, CPU%, RSS or TIME column) and the suggestions worded for none (a column of "…"), laid
@@ -201,9 +201,11 @@ def full_frame_marker(size: tuple[int, int]) -> re.Pattern[bytes]:
     process table's header with its USER column.  Every layout that is not compact shows USER
     (the last column a narrow table drops, below 94 cells of content); a table laid out for a
     width it does not have (0, before Textual's first layout) has none.  A compact layout never
-    shows USER: there, the table's border title ("Processes"), which any frame of it shows."""
+    shows USER: there, the table's border title ("Processes"), which any frame of it shows.
+    The word alone, not the header's run of labels: a frame after the first goes out as the cells
+    that changed (memtop.ui.cell_diff), and a header laid out again keeps its "PID" cells."""
     if size[0] >= COMPACT_SIZE[0] and size[1] >= COMPACT_SIZE[1]:
-        return re.compile(rb"PID +USER +GPU")
+        return re.compile(rb"\bUSER\b")
     return re.compile(rb"Processes")
 
 

@@ -656,7 +656,8 @@ def test_the_first_screens_suggestions_are_worded_once_the_pane_has_its_width(
     # The view's first build runs in on_mount, before Textual has laid anything out: the
     # suggestions were worded for a pane of no width, each line one "…", and stayed so until the
     # next round (a second by default) made the pane word them again at its width.  They are
-    # worded again once the first frame has laid the pane out (MemtopApp.on_ready).
+    # worded again at the pane's width in the frame that first draws it
+    # (SuggestionsPane._word_at_width; test_textuals_first_frame_is_the_whole_dashboard_...).
     log, _, frame_at = _dashboard_with(SUGGESTIONS_WATCH, tmp_path, until=None, linger=1.5)
     worded = [line.split(" ", 1) for line in log.read_text().splitlines()]
     assert worded, "no suggestion on screen"
