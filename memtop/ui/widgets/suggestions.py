@@ -269,8 +269,8 @@ class SuggestionsPane(OptionList):
         drawn (and before Textual's OptionList measures their lines there).  The dashboard's
         first build runs before Textual's first layout, when the pane has no width: its
         suggestions were worded for none, each line a single "…", in the first frame and the
-        next ones until the first round after it (w10-frame's on_ready worded them again once
-        that frame was out, ~40 ms later in a terminal).  A resized terminal's build likewise
+        next ones until the first round after it (MemtopApp.on_ready then worded them again
+        once that frame was out, ~40 ms later in a terminal).  A resized terminal's build likewise
         words them for the pane's size before the resize.  Here, at the pane's first drawing
         at a new width, each is worded again in place (its option, its highlight and the
         scroll stay): the frame that shows the pane shows them worded for it, and no other
