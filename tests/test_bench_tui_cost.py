@@ -67,3 +67,27 @@ def test_the_benchmark_starts_memtop_from_bytecode(tmp_path: Path, monkeypatch) 
     tui_cost.compile_bytecode(package)
     for source in (package / "__init__.py", package / "sub" / "mod.py"):
         assert Path(importlib.util.cache_from_source(str(source))).is_file(), source
+
+
+def test_the_full_frame_marker_is_only_on_the_table_laid_out_for_its_width(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # "Processes" (the table's border title), the marker the bench counted the full frame by,
+    # was on Textual's first frame too, whose table was laid out for no width (no USER, CPU%,
+    # RSS or TIME column): the full frame it reported was that wrong one.
+    import importlib
+
+    from memtop.ui.widgets.process_table import GAP, ProcessTable
+
+    monkeypatch.syspath_prepend(str(BENCH.parent))
+    tui_cost = importlib.import_module("tui_cost")
+    table = ProcessTable()
+
+    def header(content_width: int) -> bytes:
+        _, columns, widths = table._lay_out(content_width)
+        return table._header_text(columns, widths, GAP)[0].plain.encode()
+
+    marker = tui_cost.full_frame_marker((120, 36))
+    for columns in (120, 100, 200):  # the table's content: the terminal's less border and padding
+        assert marker.search(header(columns - 4)), (columns, header(columns - 4))
+        assert tui_cost.full_frame_marker((columns, 36)).pattern == marker.pattern
+    assert not marker.search(header(0))  # laid out before Textual's first layout
+    assert tui_cost.full_frame_marker((80, 24)).pattern == rb"Processes"  # compact: no USER

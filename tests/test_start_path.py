@@ -3,6 +3,8 @@ first figures, and what the first round waits for before the GPUs are on screen.
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 import time
@@ -654,10 +656,145 @@ def test_the_first_screens_suggestions_are_worded_once_the_pane_has_its_width(
     # The view's first build runs in on_mount, before Textual has laid anything out: the
     # suggestions were worded for a pane of no width, each line one "…", and stayed so until the
     # next round (a second by default) made the pane word them again at its width.  They are
-    # worded again once the first frame has laid the pane out (MemtopApp.on_ready).
+    # worded again at the pane's width in the frame that first draws it
+    # (SuggestionsPane._word_at_width; test_textuals_first_frame_is_the_whole_dashboard_...).
     log, _, frame_at = _dashboard_with(SUGGESTIONS_WATCH, tmp_path, until=None, linger=1.5)
     worded = [line.split(" ", 1) for line in log.read_text().splitlines()]
     assert worded, "no suggestion on screen"
     at, last = float(worded[-1][0]), worded[-1][1]
     assert "memory at" in last, worded
     assert at < frame_at + 1.0, worded  # long before the next round, 5 s on
+
+
+# `python -m memtop --interval 5` over two simulated GPUs almost full, one of them running a real
+# process (a child that sleeps): logs every frame Textual writes to the terminal (what its
+# driver is given in one App._display, as JSON), and each time, after the first frame, that the
+# process table asks for a new layout or the suggestions pane is given new options.
+FRAMES_WATCH = """
+import json, runpy, subprocess, sys, time
+from memtop.model import SOURCE_SIM, DeviceReading, DriverReading, GpuProcess
+from memtop.sources.devices import DefaultDeviceSource
+from memtop.ui import app
+from memtop.ui.widgets.process_table import ProcessTable
+from memtop.ui.widgets.suggestions import SuggestionsPane
+log = open(sys.argv[1], "w", buffering=1)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+GIB = 2**30
+READING = DriverReading(
+    available=True,
+    devices=(
+        DeviceReading(0, "GPU-a", "NVIDIA H100 80GB HBM3", 80 * GIB, 76 * GIB,
+                      processes=(GpuProcess(child.pid, 70 * GIB),)),
+        DeviceReading(1, "GPU-b", "NVIDIA H100 80GB HBM3", 80 * GIB, 79 * GIB),
+    ),
+    source=SOURCE_SIM,
+)
+DefaultDeviceSource.read = lambda self, *args, **kwargs: READING
+frames = 0
+display = app.MemtopApp._display
+def logged_display(self, screen, renderable):
+    global frames
+    driver = self._driver
+    if driver is None or renderable is None:
+        return display(self, screen, renderable)
+    written = []
+    write = driver.write
+    driver.write = lambda data: (written.append(data), write(data))[1]
+    try:
+        display(self, screen, renderable)
+    finally:
+        driver.write = write
+    if written:
+        frames += 1
+        log.write(json.dumps(["frame", "".join(written)]) + "\\n")
+app.MemtopApp._display = logged_display
+refresh = ProcessTable.refresh
+def logged_refresh(self, *regions, layout=False, **kwargs):
+    if layout and frames:
+        log.write(json.dumps(["table layout", ""]) + "\\n")
+    return refresh(self, *regions, layout=layout, **kwargs)
+ProcessTable.refresh = logged_refresh
+set_options = SuggestionsPane.set_options
+def logged_set_options(self, options):
+    if frames:
+        log.write(json.dumps(["suggestions set", ""]) + "\\n")
+    return set_options(self, options)
+SuggestionsPane.set_options = logged_set_options
+sys.argv[1:] = ["--interval", "5"]
+try:
+    runpy.run_module("memtop", run_name="__main__", alter_sys=True)
+finally:
+    child.kill()
+"""
+
+_SEQUENCE = re.compile(r"\x1b\[([0-9;?]*)([A-Za-z])|\x1b[()][0-9A-B]|\x1b[=>78]")
+
+
+def _painted(frame: str, size: tuple[int, int]) -> list[str]:
+    """The screen a frame paints on a blank terminal of `size` (columns, rows): its cursor moves
+    and characters, styles left out (each character one cell, as memtop's are)."""
+    columns, rows = size
+    screen = [[" "] * columns for _ in range(rows)]
+    y = x = 0
+
+    def put(text: str) -> None:
+        nonlocal x
+        for char in text:
+            if 0 <= y < rows and 0 <= x < columns:
+                screen[y][x] = char
+            x += 1
+
+    at = 0
+    for sequence in _SEQUENCE.finditer(frame):
+        put(frame[at : sequence.start()])
+        at = sequence.end()
+        if sequence.group(2) == "H":  # cursor position, 1-based "row;column"
+            row, _, column = (sequence.group(1) or "1;1").partition(";")
+            y, x = int(row or 1) - 1, int(column or 1) - 1
+    put(frame[at:])
+    return ["".join(line) for line in screen]
+
+
+def _frames_and_events(tmp_path: Path) -> list[tuple[str, str]]:
+    log, _, _ = _dashboard_with(FRAMES_WATCH, tmp_path, until=None, linger=1.5)
+    return [tuple(json.loads(line)) for line in log.read_text().splitlines()]  # type: ignore[misc]
+
+
+def test_textuals_first_frame_is_the_whole_dashboard_laid_out_for_its_width(
+    tmp_path: Path,
+) -> None:
+    # The view's first build runs in on_mount, before Textual lays anything out: the table's
+    # rows were laid out for a table of no width (no USER, CPU%, RSS or TIME column, the command
+    # cut to "python …") and each suggestion worded for a pane of none (a column of "…").
+    # Textual's first frame showed them so; the table laid itself out again on its own Resize
+    # and the suggestions were worded again once the frame was out (on_ready), ~40-75 ms later.
+    # Each is now laid out for the width it is drawn at, in the frame that first draws it.
+    events = _frames_and_events(tmp_path)
+    frames = [text for kind, text in events if kind == "frame"]
+    assert frames, events
+    screen = _painted(frames[0], (120, 36))
+    shown = "\n".join(screen)
+    header = next((line for line in screen if " PID " in line), "")
+    wrong = [
+        f"no {label} column"
+        for label in ("USER", "GPU", "USED", "CPU%", "RSS", "TIME", "STEP", "COMMAND")
+        if f" {label} " not in header
+    ]
+    # The child's row: its command as long as the table's room lets it be.
+    if "python -c import time" not in shown:
+        wrong.append("the command cut short")
+    # The suggestions worded for the pane: each title whole, no line of it a lone "…".
+    if "GPU 0 memory at 95.0 %" not in shown or "GPU 1 memory at 98.8 %" not in shown:
+        wrong.append("no suggestion worded")
+    if [line for line in screen if line.strip("│ ") == "…"]:
+        wrong.append("suggestion lines of one '…'")
+    assert not wrong, f"{wrong}\n{shown}"
+
+
+def test_nothing_is_laid_out_again_after_the_first_frame_for_its_width(tmp_path: Path) -> None:
+    # Without a round after it (--interval 5), the first frame stands: the table asks for no
+    # new layout (its own Resize laid its rows out again and asked for one, and a frame), and
+    # the suggestions are not set anew (on_ready worded them again, and repainted the pane).
+    events = _frames_and_events(tmp_path)
+    after_first = [kind for kind, _ in events if kind != "frame"]
+    assert after_first == [], [kind for kind, _ in events]

@@ -294,12 +294,6 @@ class MemtopApp(App[None]):
             # imported (memtop.commands.watch), so this first frame has its data.
             self._settle_gc_after_this_frame()
 
-    def on_ready(self) -> None:
-        # Textual's first frame is out, its widgets laid out.  The view's first build (on_mount)
-        # came before any layout: the suggestions, worded for a pane of no width, were each
-        # a column of "…" until the next round worded them again at the pane's width.
-        self._refilter_suggestions()
-
     def _post_sampled(self) -> None:
         self.post_message(Sampled())  # thread-safe
 

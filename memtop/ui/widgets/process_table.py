@@ -264,6 +264,7 @@ class ProcessTable(Widget, can_focus=True):
         self._header = Text()
         self._column_spans: list[tuple[str, int, int]] = []  # (column key, x0, x1) for clicks
         self._layout_key: tuple[object, ...] = ()
+        self._laid_out_width: int | None = None  # the content width the lines were laid out at
         self._slow_tick = -1
         self._step_tick = -1
         self._base_style: Style | None = None
@@ -412,24 +413,27 @@ class ProcessTable(Widget, can_focus=True):
         # showed ▼ beside USED▼ descending.
         return "▼" if self.sort_descending() else "▲"
 
-    def columns(self) -> list[Column]:
+    def columns(self, width: int | None = None) -> list[Column]:
+        """The columns shown at a content `width` (by default the table's own now)."""
+        if width is None:
+            width = self.content_region.width
         slot = 1 if self._compact else 0
         gap = GAP
         columns = [c for c in COLUMNS if c.width[slot] or c.key == "command"]
         for key in DROPPABLE:
             used = sum(c.width[slot] + gap for c in columns)
-            if self.content_region.width - used >= COMMAND_ROOM:
+            if width - used >= COMMAND_ROOM:
                 break
             columns = [c for c in columns if c.key != key]
         return columns
 
-    def _render_rows(self) -> None:
-        """Rebuild each line's text; repaint only the lines that differ from what is shown."""
-        columns = self.columns()
+    def _lay_out(self, width: int) -> tuple[tuple[object, ...], list[Column], list[int]]:
+        """The columns and their widths at a content `width`, and the key of that layout (a
+        new one is a new header and a repaint of every line)."""
+        columns = self.columns(width)
         slot = 1 if self._compact else 0
-        gap = GAP
         widths = [c.width[slot] for c in columns]
-        room = self.content_region.width - sum(widths[:-1]) - gap * (len(columns) - 1) - 1
+        room = width - sum(widths[:-1]) - GAP * (len(columns) - 1) - 1
         widths[-1] = max(8, room)
         layout_key = (
             tuple(widths),
@@ -439,21 +443,40 @@ class ProcessTable(Widget, can_focus=True):
             self.sort_key,
             self.sort_reverse,  # the header's ▲/▼
         )
-        drawn = [
+        return layout_key, columns, widths
+
+    def _drawn_lines(self, columns: list[Column], widths: list[int]) -> list[Drawn]:
+        return [
             line.text()
             if isinstance(line, Group | JobLine)
-            else self._row_line(line, columns, widths, gap)
+            else self._row_line(line, columns, widths, GAP)
             for line in self.lines
         ]
+
+    def _take_layout(
+        self,
+        layout_key: tuple[object, ...],
+        columns: list[Column],
+        widths: list[int],
+        drawn: list[Drawn],
+        width: int,
+    ) -> None:
+        """Draw from now on in this layout: its header, its lines, the width it was made for."""
+        self._layout_key = layout_key
+        self._laid_out_width = width
+        self._header, self._column_spans = self._header_text(columns, widths, GAP)
+        self._styled_at = tuple(
+            (x0, x1, 1 + STYLED.index(key)) for key, x0, x1 in self._column_spans if key in STYLED
+        )
+        self._drawn = drawn
+
+    def _render_rows(self) -> None:
+        """Rebuild each line's text; repaint only the lines that differ from what is shown."""
+        width = self.content_region.width
+        layout_key, columns, widths = self._lay_out(width)
+        drawn = self._drawn_lines(columns, widths)
         if layout_key != self._layout_key:
-            self._layout_key = layout_key
-            self._header, self._column_spans = self._header_text(columns, widths, gap)
-            self._styled_at = tuple(
-                (x0, x1, 1 + STYLED.index(key))
-                for key, x0, x1 in self._column_spans
-                if key in STYLED
-            )
-            self._drawn = drawn
+            self._take_layout(layout_key, columns, widths, drawn, width)
             self.refresh(layout=True)
             return
         changed = []
@@ -556,7 +579,20 @@ class ProcessTable(Widget, can_focus=True):
     def render_lines(self, crop: Region) -> list[Strip]:
         # The content's width looked up once for the lines drawn, not once a line: it is a
         # search of the screen's map and the CSS gutter, about half of drawing a row.
-        self._drawing_width = self.content_region.width
+        width = self._drawing_width = self.content_region.width
+        if width != self._laid_out_width:
+            # The rows were laid out for another width: the dashboard's first build runs
+            # before Textual's first layout (for a table of no width: no USER, CPU%, RSS or
+            # TIME, the command cut to 8 cells), and a resized terminal's build before the
+            # table has its new size.  Laid out again here for the width they are drawn at,
+            # before any line is drawn: the frame is right, and there is no second one (the
+            # table's own Resize, once the frame is out, finds them laid out already).  No
+            # refresh: the whole table is being drawn (a new width is a new size, or new
+            # CSS: all of it is repainted), and its height is its line count, not its width.
+            layout_key, columns, widths = self._lay_out(width)
+            self._take_layout(
+                layout_key, columns, widths, self._drawn_lines(columns, widths), width
+            )
         try:
             return super().render_lines(crop)
         finally:

@@ -260,6 +260,38 @@ class SuggestionsPane(OptionList):
             if selected.key in keys:
                 self.highlighted = keys.index(selected.key)
 
+    def render_lines(self, crop: Region) -> list[Strip]:
+        self._word_at_width()
+        return super().render_lines(crop)
+
+    def _word_at_width(self) -> None:
+        """The suggestions worded for the width the pane is drawn at, before any line of it is
+        drawn (and before Textual's OptionList measures their lines there).  The dashboard's
+        first build runs before Textual's first layout, when the pane has no width: its
+        suggestions were worded for none, each line a single "…", in the first frame and the
+        next ones until the first round after it (MemtopApp.on_ready then worded them again
+        once that frame was out, ~40 ms later in a terminal).  A resized terminal's build likewise
+        words them for the pane's size before the resize.  Here, at the pane's first drawing
+        at a new width, each is worded again in place (its option, its highlight and the
+        scroll stay): the frame that shows the pane shows them worded for it, and no other
+        frame follows (the whole pane is being drawn: a new width is a new size)."""
+        width = self.scrollable_content_region.width - 1
+        if width == self._width:
+            return
+        self._width = width
+        if not self.items or self._compact is None:
+            return  # (the quiet line is the same at any width)
+        for index, item in enumerate(self.items):
+            text = suggestion_text(item, self._compact, width)
+            self._prompts[index] = text
+            option = self.get_option_at_index(index)
+            option._set_prompt(text)
+            option._visual = LaidOutPrompt(self, text)
+        # Each option's lines and its height were those of the old wording (none yet, in the
+        # first frame: OptionList measures them in its render_lines, next).
+        self._option_render_cache.clear()
+        self._line_cache.clear()
+
     def _update_lines(self) -> None:
         """The pane's height is its box's (1fr in memtop.tcss), never its text's: a new number
         of lines changes only how far it scrolls.  Textual's OptionList asks for a layout of the
