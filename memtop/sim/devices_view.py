@@ -41,7 +41,7 @@ class SimulatedDeviceSource:
 
     def read(self) -> DriverReading:
         # The simulator is imported here, the first time no driver answers (a demo's GPUs are
-        # looked for): a box whose driver answers never loads it (~13 ms of the start).
+        # looked for): a box whose driver answers never loads it.
         from memtop.sim.demo import live_registries
         from memtop.sim.device import SimGpuRegistry
 
