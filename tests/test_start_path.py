@@ -798,3 +798,129 @@ def test_nothing_is_laid_out_again_after_the_first_frame_for_its_width(tmp_path:
     events = _frames_and_events(tmp_path)
     after_first = [kind for kind, _ in events if kind != "frame"]
     assert after_first == [], [kind for kind, _ in events]
+
+
+# Logs, from inside `python -m memtop`, the memtop modules imported once the collector is back on
+# (after the dashboard's first frame: memtop.base.start_gc).
+MODULES_WATCH = """
+import gc, runpy, sys, threading, time
+log = open(sys.argv[1], "w", buffering=1)
+def watch():
+    while gc.isenabled():
+        time.sleep(0.005)
+    while not gc.isenabled():
+        time.sleep(0.005)
+    names = sorted(m for m in list(sys.modules) if "memtop" in m or m == "pynvml")
+    log.write("modules " + " ".join(names) + "\\n")
+threading.Thread(target=watch, daemon=True).start()
+sys.argv[1:] = []
+runpy.run_module("memtop", run_name="__main__", alter_sys=True)
+"""
+
+# What the dashboard's start on a GPU box has no use for: the simulator (the demo's stand-in for
+# a driver), the agent (it runs inside trainers) and the subcommands' modules (argparse needs
+# only their names and help): 8 modules, ~2.5 ms of their own import time on a GPU box.
+NOT_FOR_THE_DASHBOARD = {
+    "memtop.sim.device",
+    "memtop.sim.demo",
+    "memtop.agent",
+    "memtop.commands.attach",
+    "memtop.commands.compare",
+    "memtop.commands.record",
+    "memtop.commands.replay",
+    "memtop.commands.report",
+}
+
+
+def _standin_driver(tmp_path: Path) -> dict[str, str]:
+    """The environment of a memtop whose NVML (the real nvidia-ml-py over the tests' stand-in
+    driver) answers with one GPU."""
+    import os
+
+    from nvml_standin import Gpu, State, build, env
+
+    state = State(gpus=[Gpu()], processes=[(0, os.getpid(), GIB)]).write(tmp_path / "state")
+    return env(build(tmp_path / "lib"), state)
+
+
+def test_a_gpu_boxs_dashboard_starts_without_the_simulator_the_agent_or_other_commands(
+    tmp_path: Path,
+) -> None:
+    import os
+
+    standin = _standin_driver(tmp_path)
+    log, _, _ = _dashboard_with(
+        MODULES_WATCH,
+        tmp_path,
+        until="modules ",
+        **{k: v for k, v in standin.items() if os.environ.get(k) != v},
+    )
+    modules = set(log.read_text().split("modules ", 1)[1].split())
+    assert "pynvml" in modules and "memtop.ui.app" in modules, modules  # its driver answered
+    assert not modules & NOT_FOR_THE_DASHBOARD, modules & NOT_FOR_THE_DASHBOARD
+
+
+def test_memtop_once_imports_only_what_it_prints(tmp_path: Path) -> None:
+    sockets = tmp_path / "sockets"
+    sockets.mkdir(mode=0o700)
+    code = (
+        "import runpy, sys\n"
+        f"sys.argv[1:] = ['--socket-dir', {str(sockets)!r}, '--once', '--json']\n"
+        "try:\n"
+        "    runpy.run_module('memtop', run_name='__main__', alter_sys=True)\n"
+        "except SystemExit as done:\n"
+        "    assert not done.code, done.code\n"
+        "print('MODULES', ' '.join(sorted(m for m in sys.modules if 'memtop' in m)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=_standin_driver(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 0, done.stderr
+    report, modules_line = done.stdout.rsplit("MODULES", 1)
+    assert json.loads(report)["nvml"]["source"] == "nvml"
+    modules = set(modules_line.split())
+    assert not modules & NOT_FOR_THE_DASHBOARD, modules & NOT_FOR_THE_DASHBOARD
+
+
+def test_the_subcommands_still_have_their_arguments_and_help() -> None:
+    # Their modules are imported when they parse (or print their help), each its own.
+    for argv, module, check in (
+        (["record", "-o", "x.memtop", "--seconds", "3"], "record", "args.seconds == 3.0"),
+        (["replay", "x.memtop", "--once", "--at", "2"], "replay", "args.at == 2.0"),
+        (["report", "x.memtop", "-o", "r.html"], "report", "str(args.output) == 'r.html'"),
+        (["compare", "a", "b", "--a-pid", "7"], "compare", "args.a_pid == 7"),
+        (["attach", "42"], "attach", "args.pid == 42"),
+    ):
+        modules = imported_by(
+            "from memtop.commands.parser import build_parser\n"
+            f"args = build_parser().parse_args({argv!r})\n"
+            f"assert args.command == {argv[0]!r} and {check}, args"
+        )
+        assert f"memtop.commands.{module}" in modules
+        others = {"record", "replay", "report", "compare", "attach"} - {module}
+        assert not {f"memtop.commands.{other}" for other in others} & modules
+
+
+def test_importing_memtop_leaves_the_agent_until_it_is_used() -> None:
+    # Every viewer module imports the package first: `memtop/__init__` imported the agent
+    # for the trainer's `memtop.start_agent()`, and with it the agent's modules.
+    modules = imported_by("import memtop")
+    assert "memtop.agent" not in modules
+    modules = imported_by(
+        "import memtop, memtop.agent\n"
+        "from memtop import phase, start_agent, step, sync_step\n"
+        "assert memtop.start_agent is start_agent is memtop.agent.start_agent\n"
+        "assert memtop.step is step and memtop.phase is phase and memtop.sync_step is sync_step\n"
+        "assert {'start_agent', 'step', 'agent'} <= set(dir(memtop))\n"
+        "try:\n"
+        "    memtop.no_such_name\n"
+        "except AttributeError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise AssertionError('no AttributeError')"
+    )
+    assert "memtop.agent" in modules

@@ -8,10 +8,8 @@ import sys
 from memtop.base.errors import MemtopError
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    attach = sub.add_parser(
-        "attach", help="start the agent inside a running Python process (gdb or sys.remote_exec)"
-    )
+def add_arguments(attach: argparse.ArgumentParser) -> None:
+    """`memtop attach`'s arguments (its name and help are in memtop.commands.parser)."""
     attach.add_argument("pid", type=int)
     attach.add_argument(
         "--wait",

@@ -15,14 +15,8 @@ from memtop.base.errors import MemtopError
 from memtop.commands import EXIT_OK, common
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    compare = sub.add_parser(
-        "compare",
-        help="two runs side by side: memory, breakdown, sites, retries, step time, and noise",
-        description="Compare two runs (recordings or live pids): peak, reserved, the breakdown, "
-        "the top lines, fragmentation, retries and step time, each difference judged against "
-        "the runs' own noise.",
-    )
+def add_arguments(compare: argparse.ArgumentParser) -> None:
+    """`memtop compare`'s arguments (its name and help are in memtop.commands.parser)."""
     compare.add_argument("a", help="a recording (file or folder) or a live pid")
     compare.add_argument("b", help="a recording (file or folder) or a live pid")
     compare.add_argument("--a-pid", type=int, help="the process in A, when it holds several")

@@ -1,12 +1,14 @@
 """The command line's parser: every subcommand, flag and help text (DESIGN §7).
 
 They are a contract (tests/data/cli-help.txt pins each `--help`): extend them, never rename or
-drop one.  The subcommands that grew their own module add their parsers there.
+drop one.  The subcommands that grew their own module add their arguments there
+(`add_arguments`), imported only when that subcommand parses or prints its help.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -142,28 +144,54 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("run", help="run a Python program with the agent: run [--] script.py args")
 
-    from memtop.commands import attach as attach_command
-    from memtop.commands import compare as compare_command
-    from memtop.commands import record as record_command
-    from memtop.commands import replay as replay_command
-    from memtop.commands import report as report_command
-
-    attach_command.add_parser(sub)
-    record_command.add_parser(sub)
-    replay_command.add_parser(sub)
-    report_command.add_parser(sub)
-    compare_command.add_parser(sub)
-
-    # Its arguments come from the estimator's tables (architectures, GPUs, dtypes): ~30 ms of
-    # imports and a megabyte the dashboard's start never needs.  They are added when `memtop
-    # estimate` parses or prints its help.
-    sub._parser_class = _ArgumentsWhenUsed
-    estimate = sub.add_parser(
-        "estimate", help="will a training run fit: memory per GPU, before the run"
+    # These subcommands' arguments are in their own modules, imported only when the subcommand
+    # parses or prints its help (memtop.commands.<name>.add_arguments): the dashboard's start
+    # never needs them.  `memtop estimate`'s come from the estimator's tables (architectures,
+    # GPUs, dtypes): ~30 ms of imports and a megabyte.  Their names and help are here, for the
+    # command list of `memtop --help`.
+    _add_when_used(
+        sub,
+        "attach",
+        "memtop.commands.attach",
+        help="start the agent inside a running Python process (gdb or sys.remote_exec)",
     )
-    sub._parser_class = argparse.ArgumentParser
-    assert isinstance(estimate, _ArgumentsWhenUsed)
-    estimate.add_arguments = _estimate_arguments
+    _add_when_used(
+        sub,
+        "record",
+        "memtop.commands.record",
+        help="record what memtop reads (devices, processes, agents) to a file",
+    )
+    _add_when_used(
+        sub,
+        "replay",
+        "memtop.commands.replay",
+        help="play a recording (memtop record file, agent wire recordings, or a folder of them)",
+    )
+    _add_when_used(
+        sub,
+        "report",
+        "memtop.commands.report",
+        help="write one self-contained HTML page from a recording, to hand on",
+        description="One HTML file (inline CSS and SVG; nothing is fetched when it opens): "
+        "timelines per GPU and per process, the leak's fit, the breakdown, the sites, the "
+        "suggestions with their fixes, OOMs marked, and the figures at five marked moments "
+        "as `memtop replay FILE --once --json --at T` gives them.",
+    )
+    _add_when_used(
+        sub,
+        "compare",
+        "memtop.commands.compare",
+        help="two runs side by side: memory, breakdown, sites, retries, step time, and noise",
+        description="Compare two runs (recordings or live pids): peak, reserved, the breakdown, "
+        "the top lines, fragmentation, retries and step time, each difference judged against "
+        "the runs' own noise.",
+    )
+    _add_when_used(
+        sub,
+        "estimate",
+        "memtop.estimate.command",
+        help="will a training run fit: memory per GPU, before the run",
+    )
 
     oom = sub.add_parser("oom", help="the OOM reports trainers left here, each explained")
     oom.add_argument("file", nargs="?", type=Path, help="explain this report")
@@ -219,10 +247,25 @@ class _ArgumentsWhenUsed(argparse.ArgumentParser):
         return super().format_usage()
 
 
-def _estimate_arguments(parser: argparse.ArgumentParser) -> None:
-    from memtop.estimate.command import add_arguments
+def _add_when_used(
+    sub: argparse._SubParsersAction,  # type: ignore[type-arg]
+    name: str,
+    module: str,
+    **kwargs: Any,
+) -> None:
+    """`memtop NAME`'s parser, its arguments added by `module`'s `add_arguments` when it is
+    used (_ArgumentsWhenUsed)."""
+    sub._parser_class = _ArgumentsWhenUsed
+    try:
+        parser = sub.add_parser(name, **kwargs)
+    finally:
+        sub._parser_class = argparse.ArgumentParser
+    assert isinstance(parser, _ArgumentsWhenUsed)
 
-    add_arguments(parser)
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        importlib.import_module(module).add_arguments(parser)
+
+    parser.add_arguments = add_arguments
 
 
 def _add_alerts(parser: argparse.ArgumentParser, default: object = None) -> None:

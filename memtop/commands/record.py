@@ -19,10 +19,8 @@ from memtop.base import children
 from memtop.base.errors import MemtopError
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    record = sub.add_parser(
-        "record", help="record what memtop reads (devices, processes, agents) to a file"
-    )
+def add_arguments(record: argparse.ArgumentParser) -> None:
+    """`memtop record`'s arguments (its name and help are in memtop.commands.parser)."""
     record.add_argument("-o", "--output", required=True, type=Path, metavar="FILE")
     record.add_argument(
         "--seconds", type=float, default=None, help="stop after this long (default: Ctrl-C)"

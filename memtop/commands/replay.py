@@ -25,11 +25,8 @@ class ReplayError(MemtopError):
     """One line for the user, exit code 1."""
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    replay = sub.add_parser(
-        "replay",
-        help="play a recording (memtop record file, agent wire recordings, or a folder of them)",
-    )
+def add_arguments(replay: argparse.ArgumentParser) -> None:
+    """`memtop replay`'s arguments (its name and help are in memtop.commands.parser)."""
     replay.add_argument("path", type=Path, metavar="FILE|DIR")
     replay.add_argument("--once", action="store_true", help="print one report and exit")
     replay.add_argument("--json", action="store_true", help="with --once: print JSON")

@@ -16,15 +16,8 @@ from memtop.base.errors import MemtopError
 from memtop.commands import EXIT_OK
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    report = sub.add_parser(
-        "report",
-        help="write one self-contained HTML page from a recording, to hand on",
-        description="One HTML file (inline CSS and SVG; nothing is fetched when it opens): "
-        "timelines per GPU and per process, the leak's fit, the breakdown, the sites, the "
-        "suggestions with their fixes, OOMs marked, and the figures at five marked moments "
-        "as `memtop replay FILE --once --json --at T` gives them.",
-    )
+def add_arguments(report: argparse.ArgumentParser) -> None:
+    """`memtop report`'s arguments (its name and help are in memtop.commands.parser)."""
     report.add_argument("path", type=Path, help="a recording (.memtop, .jsonl.gz) or a folder")
     report.add_argument(
         "-o", "--output", type=Path, default=Path("memtop-report.html"), help="the page to write"

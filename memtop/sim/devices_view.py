@@ -6,10 +6,12 @@ import math
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from memtop.model import SOURCE_SIM, DeviceReading, DriverReading, GpuProcess
-from memtop.sim.demo import live_registries
-from memtop.sim.device import SimGpuRegistry, SimGpuSpec
+
+if TYPE_CHECKING:
+    from memtop.sim.device import SimGpuRegistry, SimGpuSpec
 
 
 class SimulatedDeviceSource:
@@ -38,6 +40,11 @@ class SimulatedDeviceSource:
         return known[1]
 
     def read(self) -> DriverReading:
+        # The simulator is imported here, the first time no driver answers (a demo's GPUs are
+        # looked for): a box whose driver answers never loads it.
+        from memtop.sim.demo import live_registries
+        from memtop.sim.device import SimGpuRegistry
+
         devices = []
         roots = live_registries(self.socket_dir)
         self._specs = {root: known for root, known in self._specs.items() if root in roots}
