@@ -27,6 +27,13 @@ sys.path.insert(0, os.path.dirname(__file__))
 # (and the workers' own) inherits this unless the caller set it.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# pytest's capture plugin imports readline in the controller, and readline, with no terminal,
+# sets COLUMNS=80 and LINES=24, which the -n workers inherit: a dashboard started on a 120x36
+# pty with this environment is laid out at 80x24 (Textual and Rich let them override the
+# terminal's own size).  A test that needs a width sets it itself (test_cli_help).
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
+
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
