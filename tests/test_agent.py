@@ -402,3 +402,33 @@ def test_first_sample_with_many_devices_and_full_mark_buffer_fits_a_frame(socket
             assert [m.step for m in client.sample().step_marks] == [5001]
     finally:
         server.stop()
+
+
+def test_the_socket_is_named_for_the_pid_only_once_it_listens(
+    socket_dir: Path, allocator: SimulatedCachingAllocator, monkeypatch: pytest.MonkeyPatch
+):
+    # Bound under its own name, the socket refused every viewer that found it before listen()
+    # ("nothing listens on the agent socket of pid N"): a CI run lost a module's shared demo
+    # to that window.  What a viewer could find, at the moment the agent starts listening:
+    path = protocol.socket_path(os.getpid(), socket_dir)
+    seen: list[tuple[bool, list[int]]] = []
+    listen = socket.socket.listen
+
+    def listening(self: socket.socket, *args: int) -> None:
+        if self.family == socket.AF_UNIX:
+            seen.append((path.exists(), protocol.list_agent_sockets(socket_dir)))
+        listen(self, *args)
+
+    monkeypatch.setattr(socket.socket, "listen", listening)
+    probe = SimulatedProbe([SimulatedGpu(ProbeDevice(0, "GPU-x", "g", 1), allocator)])
+    server = Agent(probe, socket_dir)
+    try:
+        assert server.start() == path
+        assert seen == [(False, [])]  # nothing named for the pid, nothing discovered
+        assert os.stat(path).st_mode & 0o077 == 0
+        assert sorted(os.listdir(socket_dir)) == [path.name]  # the binding name is gone
+        with client_for(server) as client:
+            assert client.sample().devices
+    finally:
+        server.stop()
+    assert not path.exists()

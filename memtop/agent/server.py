@@ -320,14 +320,23 @@ class Agent:
         directory = places.ensure_socket_dir(self.directory)
         path = places.socket_path(self.pid, directory)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # Bound under a name no viewer looks for (a leading dot: namespaces.parse_socket_name
+        # takes only `<pid>.sock` and `<pid>.ns<inode>.sock`; one character longer, as AF_UNIX's
+        # 108 bytes go), listening, then renamed into place: a socket file named for the pid
+        # before listen() refused every viewer that found it meanwhile ("nothing listens on
+        # the agent socket"), a window a loaded box stretched to milliseconds.  The rename (same
+        # directory, same inode, its 0600 mode kept) replaces a stale socket of an earlier
+        # process with our pid.
+        binding = path.with_name(f".{path.name}")
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)  # a stale socket of an earlier process with our pid
+            os.unlink(binding)  # left by an earlier process with our pid, killed right here
         old_umask = os.umask(0o177)
         try:
-            listener.bind(str(path))
+            listener.bind(str(binding))
         finally:
             os.umask(old_umask)
         listener.listen(2 * MAX_CONNECTIONS)  # viewers may knock all at once
+        os.replace(binding, path)
         listener.setblocking(False)
         self._listener = listener
         self.path = path
