@@ -39,21 +39,13 @@ def clean_text(value: object, limit: int = MAX_TEXT) -> str:
     process's command line passes through here, once, where it enters."""
     text = value if isinstance(value, str) else str(value)
     if len(text) <= limit and text.isprintable():
-        # Already clean (see _clean_str): the C check spares the two regexes, which ran on each
-        # of a sample's ~16 stat names, every agent every second.
+        # Already clean: every character _CONTROL or _SURROGATE matches is one str.isprintable()
+        # refuses (Cc, Cf, Zl, Zp, Cs), so the C check spares the two regexes and the copy for
+        # nearly every string an agent sends (key names, GPU names), every agent every second.
         return text
     if len(text) > limit:
         text = text[: limit - 1] + "…"
     return _SURROGATE.sub(_escape_surrogate, _CONTROL.sub("?", text))
-
-
-def _clean_str(text: str) -> str:
-    # Every character _CONTROL or _SURROGATE matches is one str.isprintable() refuses (Cc, Cf,
-    # Zl, Zp, Cs), so a printable string within the limit is already clean: the C check spares
-    # the regex and the copy for nearly every string an agent sends (key names, GPU names).
-    if len(text) <= MAX_TEXT and text.isprintable():
-        return text
-    return clean_text(text)
 
 
 # A PCI address: [domain:]bus:device[.function], hexadecimal.
@@ -104,12 +96,12 @@ def clean_value(value: Any, depth: int = 0) -> Any:
     if type(value) in _SCALARS:
         return value  # the bulk of a reply: numbers, checked first
     if isinstance(value, str):
-        return _clean_str(str(value))
+        return clean_text(str(value))
     if isinstance(value, dict):
         changed = False
         pairs = []
         for key, item in value.items():
-            clean_key = _clean_str(key) if type(key) is str else clean_text(key)
+            clean_key = clean_text(key)
             clean_item = item if type(item) in _SCALARS else clean_value(item, depth + 1)
             changed = changed or clean_key is not key or clean_item is not item
             pairs.append((clean_key, clean_item))
