@@ -14,7 +14,7 @@ from textual.containers import Vertical
 from textual.geometry import Region
 from textual.screen import Screen
 from textual.widgets import Static
-from ui_helpers import full_frame, play_into_terminal
+from ui_helpers import full_frame, play_into_terminal, steps_moved
 
 from memtop.ui.cell_diff import CellDiff
 from memtop.ui.lean_screen import LeanCompositor, LeanScreen
@@ -97,7 +97,6 @@ def test_a_step_that_moved_repaints_its_cells_not_the_rows():
     """STEP moves on every row each second: the frame carries those cells (the table's dirty
     region is the STEP column, and only its cells are written), and the terminal still shows
     what a full frame shows."""
-    from dataclasses import replace
 
     from ui_frozen import MY_UID, NOW, frozen_store
 
@@ -136,10 +135,7 @@ def test_a_step_that_moved_repaints_its_cells_not_the_rows():
                     break
             regions.clear()
             table.show(
-                tuple(
-                    replace(row, step=row.step + 1) if row.step is not None else row
-                    for row in table.source
-                ),
+                steps_moved(table),
                 False,
                 True,  # a round that shows every figure anew (the steps move every STEP_S)
             )
@@ -311,7 +307,6 @@ def test_each_partial_update_of_the_dashboard_writes_what_textuals_rendering_wou
     """Byte for byte: every partial update the dashboard makes (a STEP moved, a figure, the
     cursor, focus and highlight) writes what rendering every widget in the update's box, as
     Textual's compositor does, and writing the same dirty spans would."""
-    from dataclasses import replace
 
     from ui_frozen import MY_UID, NOW, frozen_store
 
@@ -348,10 +343,7 @@ def test_each_partial_update_of_the_dashboard_writes_what_textuals_rendering_wou
             table = app.table
             for _ in range(3):
                 table.show(
-                    tuple(
-                        replace(row, step=row.step + 1) if row.step is not None else row
-                        for row in table.source
-                    ),
+                    steps_moved(table),
                     False,
                     True,
                 )

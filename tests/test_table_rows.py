@@ -11,6 +11,7 @@ import pytest
 from rich.segment import Segment
 from rich.text import Span, Text
 from ui_frozen import MY_UID, NOW, frozen_store
+from ui_helpers import steps_moved
 
 from memtop.engine.observation import ProcessState
 from memtop.ui.app import MemtopApp
@@ -75,10 +76,7 @@ def test_the_table_draws_its_rows_without_a_rich_text_per_row(
             monkeypatch.setattr(Text, "__init__", counted)
             for _ in range(ROUNDS):  # rounds whose steps moved, each row drawn anew
                 table.show(
-                    tuple(
-                        replace(row, step=row.step + 1) if row.step is not None else row
-                        for row in table.source
-                    ),
+                    steps_moved(table),
                     False,
                     True,
                 )

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import re
-from dataclasses import replace
 
 import pytest
 from ui_frozen import MY_UID, NOW, frozen_store
-from ui_helpers import full_frame, play_into_terminal
+from ui_helpers import full_frame, play_into_terminal, steps_moved
 
 from memtop.ui.cell_diff import CellDiff
 from memtop.ui.renewal import NOTHING
@@ -53,10 +52,7 @@ def test_a_step_that_moved_within_its_period_writes_nothing_then_moves(
                 if not sent:
                     break
             shown = tuple(row.step for row in table.rows)
-            stepped = tuple(
-                replace(row, step=row.step + 1) if row.step is not None else row
-                for row in table.source
-            )
+            stepped = steps_moved(table)
             sent.clear()
             table.show(stepped, False, NOTHING)  # the same STEP_S period
             await pilot.pause(0.2)

@@ -6,6 +6,7 @@ import html
 import re
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from textual._compositor import CompositorUpdate
 from textual.app import App
@@ -13,6 +14,8 @@ from textual.pilot import Pilot
 
 from memtop.ui.app import MemtopApp
 from memtop.ui.cell_diff import CellDiff
+from memtop.ui.view import ProcessRow
+from memtop.ui.widgets.process_table import ProcessTable
 
 # Rich's SVG export places each run of text at x = column × 0.61 × its 20 px font.
 CHAR_WIDTH = 12.2
@@ -68,3 +71,10 @@ def full_frame(app: App[object]) -> CellDiff:
     assert isinstance(update, CompositorUpdate)
     terminal.feed(update.render_segments(app.console))
     return terminal
+
+
+def steps_moved(table: ProcessTable) -> tuple[ProcessRow, ...]:
+    """The table's rows as a round one step later shows them: every STEP that has one, + 1."""
+    return tuple(
+        replace(row, step=row.step + 1) if row.step is not None else row for row in table.source
+    )
