@@ -64,27 +64,12 @@ def test_a_gpu_card_repaints_only_when_what_it_prints_changes():
     from dataclasses import replace
 
     from textual.app import App, ComposeResult
+    from ui_helpers import a_gpu_row
 
-    from memtop.ui.view import GpuRow, Trend, TrendLine
     from memtop.ui.widgets import gpu_panel
 
     gib = 1 << 30
-    row = GpuRow(
-        index=0,
-        uuid="GPU-0",
-        name="H100",
-        total=80 * gib,
-        used=40 * gib,
-        allocated=30 * gib,
-        reserved=38 * gib,
-        peak=35 * gib,
-        other=2 * gib,
-        agents=1,
-        processes=1,
-        fragmentation=0.05,
-        trend=Trend(TrendLine((40.0 * gib,) * 10), "steady", 1),
-        error=None,
-    )
+    row = a_gpu_row()
 
     class One(App[None]):
         def compose(self) -> ComposeResult:

@@ -261,26 +261,12 @@ def test_a_gpu_card_lays_its_line_out_without_copying_it_piece_by_piece(
     # The cards are laid out again together each slow period; `head + bar + tail` copied the
     # line so far (its text cleaned of control codes again, its spans copied) for each piece.
     from rich.text import Text
+    from ui_helpers import a_gpu_row
 
-    from memtop.ui.view import GpuRow, Trend, TrendLine
+    from memtop.ui.view import TrendLine
     from memtop.ui.widgets.gpu_panel import GpuCard
 
-    row = GpuRow(
-        index=0,
-        uuid="GPU-0",
-        name="H100",
-        total=80 * GIB,
-        used=40 * GIB,
-        allocated=30 * GIB,
-        reserved=38 * GIB,
-        peak=35 * GIB,
-        other=2 * GIB,
-        agents=1,
-        processes=1,
-        fragmentation=0.05,
-        trend=Trend(TrendLine(tuple(40.0 * GIB + i for i in range(200)), 80 * GIB), "steady", 1),
-        error=None,
-    )
+    row = a_gpu_row(TrendLine(tuple(40.0 * GIB + i for i in range(200)), 80 * GIB))
     card = GpuCard(row)
     card.set_class(True, "-dense")
     copies: list[str] = []

@@ -14,7 +14,7 @@ from textual.pilot import Pilot
 
 from memtop.ui.app import MemtopApp
 from memtop.ui.cell_diff import CellDiff
-from memtop.ui.view import ProcessRow
+from memtop.ui.view import GpuRow, ProcessRow, Trend, TrendLine
 from memtop.ui.widgets.process_table import ProcessTable
 
 # Rich's SVG export places each run of text at x = column × 0.61 × its 20 px font.
@@ -77,4 +77,26 @@ def steps_moved(table: ProcessTable) -> tuple[ProcessRow, ...]:
     """The table's rows as a round one step later shows them: every STEP that has one, + 1."""
     return tuple(
         replace(row, step=row.step + 1) if row.step is not None else row for row in table.source
+    )
+
+
+def a_gpu_row(trend: TrendLine | None = None) -> GpuRow:
+    """An H100 half used by one trainer, steady: a GPU card's row for the tests that draw one
+    (`trend`: its trend line, by default ten flat points)."""
+    gib = 1 << 30
+    return GpuRow(
+        index=0,
+        uuid="GPU-0",
+        name="H100",
+        total=80 * gib,
+        used=40 * gib,
+        allocated=30 * gib,
+        reserved=38 * gib,
+        peak=35 * gib,
+        other=2 * gib,
+        agents=1,
+        processes=1,
+        fragmentation=0.05,
+        trend=Trend(trend or TrendLine((40.0 * gib,) * 10), "steady", 1),
+        error=None,
     )
