@@ -917,3 +917,113 @@ def test_the_subcommands_still_have_their_arguments_and_help() -> None:
         assert f"memtop.commands.{module}" in modules
         others = {"record", "replay", "report", "compare", "attach"} - {module}
         assert not {f"memtop.commands.{other}" for other in others} & modules
+
+
+def test_the_filter_line_is_never_focused_on_the_way_to_the_first_frame() -> None:
+    # Textual focuses a screen's first focusable widget as it composes it: that was the filter
+    # line (hidden until `/`), and on_mount then moved the focus to the table.  The line's focus
+    # and blur restyled it and ran its validation before the first frame (~20 ms of the start).
+    import asyncio
+
+    from textual.screen import Screen
+    from ui_frozen import MY_UID, NOW, frozen_store
+
+    from memtop.ui.app import MemtopApp
+    from memtop.ui.widgets.process_table import ProcessTable
+
+    focused: list[str] = []
+    set_focus = Screen.set_focus
+
+    def logged(self, widget, *args, **kwargs):  # type: ignore[no-untyped-def]
+        focused.append(type(widget).__name__ if widget is not None else "None")
+        return set_focus(self, widget, *args, **kwargs)
+
+    async def run() -> None:
+        app = MemtopApp(frozen_store(), None, clock=lambda: NOW, my_uid=MY_UID)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.1)
+            assert isinstance(app.focused, ProcessTable)
+            started = list(focused)
+            await pilot.press("slash")
+            assert app.focused is app.filter_input  # `/` still focuses it at once
+        assert started and set(started) == {"ProcessTable"}, started
+
+    Screen.set_focus = logged  # type: ignore[method-assign]
+    try:
+        asyncio.run(run())
+    finally:
+        Screen.set_focus = set_focus  # type: ignore[method-assign]
+
+
+def test_the_first_build_words_no_suggestion_for_a_pane_without_a_width(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # The dashboard's first build runs before Textual's first layout: the suggestions worded for
+    # no width (each line fitted and clipped to a "…") were worded again for the pane's width
+    # before any line was drawn (~10 ms of the start's CPU in the `mixed` demo, for nothing).
+    import asyncio
+
+    from ui_frozen import MY_UID, NOW, frozen_store
+
+    from memtop.ui.app import MemtopApp
+    from memtop.ui.widgets import suggestions
+
+    widths: list[int | None] = []
+    word = suggestions.suggestion_text
+
+    def logged(item, compact, width=None):  # type: ignore[no-untyped-def]
+        widths.append(width)
+        return word(item, compact, width)
+
+    monkeypatch.setattr(suggestions, "suggestion_text", logged)
+
+    async def run() -> None:
+        app = MemtopApp(frozen_store(), None, clock=lambda: NOW, my_uid=MY_UID)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.1)
+            pane = app.query_one(suggestions.SuggestionsPane)
+            assert pane.items and len(pane._prompts) == len(pane.items)
+            # Each drawn at the pane's width (the frozen screen's words: tests/test_ui_frozen.py).
+            assert all(p.plain and p.plain.strip() != "…" for p in pane._prompts), pane._prompts
+        assert widths and all(w is not None and w > 0 for w in widths), widths
+
+    asyncio.run(run())
+
+
+def test_the_first_gpu_cards_are_styled_once_dense_or_not(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # A new card was made, given its `-dense` class (a restyle of it, alone) and then mounted
+    # (styled again): the mixed demo's eight cards, dense at 36 rows, twice each before the
+    # dashboard's first frame.  Now a new card is made with its class.
+    import asyncio
+    from dataclasses import replace
+
+    from textual.app import App, ComposeResult
+    from ui_helpers import a_gpu_row
+
+    from memtop.ui.widgets import gpu_panel
+
+    restyled: list[object] = []
+    update = gpu_panel.GpuCard.update_node_styles
+
+    def counted(self, animate=True):  # type: ignore[no-untyped-def]
+        restyled.append(self)
+        return update(self, animate)
+
+    monkeypatch.setattr(gpu_panel.GpuCard, "update_node_styles", counted)
+    rows = tuple(replace(a_gpu_row(), index=i, uuid=f"GPU-{i}") for i in range(8))
+
+    class Panel(App[None]):
+        def compose(self) -> ComposeResult:
+            yield gpu_panel.GpuPanel(id="gpus")
+
+    async def run() -> None:
+        app = Panel()
+        async with app.run_test(size=(120, 36)) as pilot:
+            panel = app.query_one(gpu_panel.GpuPanel)
+            panel.show(rows, dense=True)
+            await pilot.pause()
+            cards = list(app.query(gpu_panel.GpuCard))
+            assert len(cards) == 8 and all(c.has_class("-dense") for c in cards)
+            assert restyled == [], len(restyled)
+            panel.show(rows, dense=False)  # a card that stays: its class changes in place
+            assert not any(c.has_class("-dense") for c in cards) and len(restyled) == 8
+
+    asyncio.run(run())

@@ -93,8 +93,10 @@ class GpuCard(Widget, can_focus=True):
     def on_click(self) -> None:
         self.post_message(self.Chosen(self.row.uuid))
 
-    def __init__(self, row: GpuRow) -> None:
-        super().__init__()
+    def __init__(self, row: GpuRow, dense: bool = False) -> None:
+        # `dense` as a class from the start: added once made, it styled the card before its
+        # mount styled it again (each of the dashboard's first cards twice before its first frame).
+        super().__init__(classes="-dense" if dense else None)
         self.row = row
         self._slow_tick = -1
         self._strips: list[Strip] | None = None  # the lines as drawn, until the row changes
@@ -354,10 +356,10 @@ class GpuPanel(VerticalScroll):
         for row in gpus:
             card = self._cards.get(row.uuid)
             if card is None:
-                card = self._cards[row.uuid] = GpuCard(row)
+                card = self._cards[row.uuid] = GpuCard(row, dense)
                 new.append(card)
-            else:
-                card.show(row, renew.gpu(row) if isinstance(renew, Renewal) else renew)
+                continue
+            card.show(row, renew.gpu(row) if isinstance(renew, Renewal) else renew)
             card.set_class(dense, "-dense")
         if new:
             self.mount_all(new)

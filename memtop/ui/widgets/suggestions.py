@@ -236,7 +236,14 @@ class SuggestionsPane(OptionList):
         self._compact = compact
         self._width = width
         self._quiet = quiet
-        self._prompts = [suggestion_text(item, compact, width) for item in items]
+        if width > 0:
+            self._prompts = [suggestion_text(item, compact, width) for item in items]
+        else:
+            # No width yet: the dashboard's first build runs before Textual's first layout.
+            # Worded for none, each line was a "…" (fitting and clipping every line to nothing:
+            # ~10 ms of the start's CPU in the `mixed` demo) that `_word_at_width` words again
+            # for the width the pane is drawn at, before any line of it is drawn.
+            self._prompts = [Text() for _ in items]
         # set_options, not clear_options then add_options: the cleared list's height (0 lines)
         # was a change of the pane's virtual size, and the full one another: each rebuild
         # re-laid the whole screen out and drew it all (a fifth of the dashboard's CPU in the
