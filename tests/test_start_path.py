@@ -958,7 +958,7 @@ def test_the_filter_line_is_never_focused_on_the_way_to_the_first_frame() -> Non
 def test_the_first_build_words_no_suggestion_for_a_pane_without_a_width(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # The dashboard's first build runs before Textual's first layout: the suggestions worded for
     # no width (each line fitted and clipped to a "…") were worded again for the pane's width
-    # before any line was drawn (~10 ms of the start's CPU in the `mixed` demo, for nothing).
+    # before any line was drawn (CPU the first frame waited for, for nothing).
     import asyncio
 
     from ui_frozen import MY_UID, NOW, frozen_store

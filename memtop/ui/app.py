@@ -74,8 +74,8 @@ class DashboardScreen(LeanScreen):
     """The dashboard's screen, its process table focused from the start.  Textual focuses a
     screen's first focusable widget as it composes it (AUTO_FOCUS "*"): that was the filter
     line, hidden until `/` but focusable, and `on_mount` then moved the focus to the table.
-    The line's focus and blur (its restyles, its validation) and the table's focus, each before
-    the first frame, were ~20 ms of the start's CPU (issue 35 item 8)."""
+    The line's focus and blur (its restyles, its validation) ran before the first frame, which
+    waited for them (issue 35 item 8: docs/architecture.md, the dashboard's start)."""
 
     AUTO_FOCUS = "#processes"
 

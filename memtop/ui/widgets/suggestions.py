@@ -240,9 +240,9 @@ class SuggestionsPane(OptionList):
             self._prompts = [suggestion_text(item, compact, width) for item in items]
         else:
             # No width yet: the dashboard's first build runs before Textual's first layout.
-            # Worded for none, each line was a "…" (fitting and clipping every line to nothing:
-            # ~10 ms of the start's CPU in the `mixed` demo) that `_word_at_width` words again
-            # for the width the pane is drawn at, before any line of it is drawn.
+            # Worded for none, each line was a "…" (every line fitted and clipped to nothing,
+            # CPU the first frame waited for) that `_word_at_width` words again for the width
+            # the pane is drawn at, before any line of it is drawn.
             self._prompts = [Text() for _ in items]
         # set_options, not clear_options then add_options: the cleared list's height (0 lines)
         # was a change of the pane's virtual size, and the full one another: each rebuild
