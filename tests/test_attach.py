@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -28,6 +30,16 @@ def memtop(*args: str, socket_dir: Path, timeout: float = 60) -> subprocess.Comp
     return subprocess.run(
         [*MEMTOP, *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT
     )
+
+
+def once_json(socket_dir: Path) -> dict:
+    """`memtop --once --json` run here, not in a new interpreter: what the agent shows after
+    `memtop attach` (the attach itself runs as the user runs it).  Each polled report in a
+    process of its own cost ~0.35 CPU-s of Python and memtop starting."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["--once", "--json", "--socket-dir", str(socket_dir)]) == 0
+    return json.loads(out.getvalue())  # type: ignore[no-any-return]
 
 
 def spawn(args: list[str], socket_dir: Path, **env: str) -> subprocess.Popen[str]:
@@ -70,7 +82,7 @@ def sleeper(socket_dir: Path) -> Iterator[subprocess.Popen[str]]:
 
 
 def agent_step(socket_dir: Path, pid: int) -> int | None:
-    data = json.loads(memtop("--once", "--json", socket_dir=socket_dir).stdout)
+    data = once_json(socket_dir)
     steps = [a["step"] for a in data["agents"] if a["pid"] == pid and a["state"] == "connected"]
     return steps[0] if steps else None
 
@@ -97,7 +109,7 @@ def test_attach_to_a_plain_trainer_shows_moving_steps(trainer, socket_dir: Path)
     time.sleep(1.0)
     second = agent_step(socket_dir, trainer.pid)
     assert second is not None and second > first
-    data = json.loads(memtop("--once", "--json", socket_dir=socket_dir).stdout)
+    data = once_json(socket_dir)
     (agent,) = data["agents"]
     assert agent["argv"][0] == "examples/train_cpu.py"  # the trainer's own argv
     assert agent["torch"]  # torch was already imported: the probe took it at once
@@ -123,7 +135,7 @@ def test_attach_without_memtop_in_the_target_adds_this_one(socket_dir: Path):
         assert not target.has_memtop and target.version == sys.version_info[:2]
         result = memtop("attach", str(proc.pid), socket_dir=socket_dir)
         assert result.returncode == 0, result.stderr
-        data = json.loads(memtop("--once", "--json", socket_dir=socket_dir).stdout)
+        data = once_json(socket_dir)
         (agent,) = [a for a in data["agents"] if a["pid"] == proc.pid]
         assert agent["torch"] is None  # a program without torch: none was imported for it
     finally:
@@ -438,7 +450,7 @@ def test_attach_stacks_switches_them_on_in_a_trainer_that_can(socket_dir: Path):
     with Demo(gpus=1, scenario="leak", step_time=0.02, socket_dir=socket_dir) as demo:
         assert demo.wait_ready(30)
         pid = demo.processes[0].pid
-        before = json.loads(memtop("--once", "--json", socket_dir=socket_dir).stdout)
+        before = once_json(socket_dir)
         assert [a["sites"] for a in before["agents"] if a["pid"] == pid] == [[]]
         result = memtop("attach", "--stacks", "--yes", str(pid), socket_dir=socket_dir)
         assert result.returncode == 0, result.stderr
@@ -447,7 +459,7 @@ def test_attach_stacks_switches_them_on_in_a_trainer_that_can(socket_dir: Path):
         sites: list = []
         deadline = time.monotonic() + 30
         while not sites and time.monotonic() < deadline:
-            time.sleep(1.0)
-            data = json.loads(memtop("--once", "--json", socket_dir=socket_dir).stdout)
+            time.sleep(0.3)  # a report here costs ~0.1 CPU-s, not a new interpreter's 0.35
+            data = once_json(socket_dir)
             sites = [s for a in data["agents"] if a["pid"] == pid for s in a["sites"]]
         assert any("leak_bytes_per_step" in s["site"]["text"] for s in sites), sites

@@ -210,6 +210,40 @@ def run_replay(path: Path, script) -> None:  # type: ignore[no-untyped-def]
         player.stop()
 
 
+@pytest.mark.parametrize("at", ["50", None])
+def test_the_report_at_a_moment_parses_each_line_once(monkeypatch, capsys, tmp_path, at):
+    # `memtop replay FILE --once --at T` (each check above asks it): the first event was read
+    # for "holds nothing to replay" (every file's reorder window: all of a small recording),
+    # then again by the player, and the skipped lines counted by a third reading to the end.
+    import gzip
+
+    import memtop.sources.replay as replay
+
+    # The leak recording with a line it skips at its end, after the moment asked for.
+    path = tmp_path / "leak.jsonl.gz"
+    path.write_bytes(
+        gzip.compress(gzip.decompress((TRACES / path.name).read_bytes()) + b'{"cmd": "sample"}\n')
+    )
+    parsed = [0]
+    agent_event = replay._agent_event
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        parsed[0] += 1
+        return agent_event(*args, **kwargs)
+
+    monkeypatch.setattr(replay, "_agent_event", counted)
+    recording = load(path)
+    lines = len(recording.events)  # one whole reading: a parse a line that can be an event
+    once = parsed[0]
+    assert once >= lines > 100 and recording.skipped_count == 1
+    parsed[0] = 0
+    assert main(["replay", str(path), "--once", "--json", *(["--at", at] if at else [])]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["replay"]["skipped_lines"] == 1  # the whole recording's, read once
+    # One reading, and the first line again for the check (its one file's hello).
+    assert parsed[0] == once + 1, f"{parsed[0]} parses for {once} lines"
+
+
 @pytest.mark.slow
 def test_every_figure_after_seeks_speed_changes_pauses_and_at_the_end():
     path = TRACES  # all six trainers on one GPU

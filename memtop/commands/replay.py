@@ -46,7 +46,7 @@ def open_recording(path: Path) -> Recording:
     from memtop.sources.replay import load
 
     recording = load(path)  # a RecordError is said in one line
-    if next(recording.stream(), None) is None:  # the first event read, not all of them
+    if not recording.holds_events():  # read up to the first event, not all of them
         raise ReplayError(f"{path}: the recording holds nothing to replay")
     return recording
 
@@ -89,6 +89,7 @@ def _once(args: argparse.Namespace, recording: Recording, store: Store, player: 
     player.seek(moment(recording, args.at, default_end=True))
     observer = Observer(store, clock=player.clock, host=_host(recording))
     data = report.build(observer.latest())
+    player.read_to_end()  # the skipped lines below, from this reading (not a second one)
     data["replay"] = {
         "files": [protocol.clean_text(str(f)) for f in recording.files],  # names from a listing
         "kind": recording.kind,

@@ -107,6 +107,16 @@ class Player(FeedLoop):
                 DriverReading(available=False, error=NO_DEVICES), self.recording.start
             )
 
+    def read_to_end(self) -> None:
+        """Read the rest of the recording without applying it, and stop there: a one-shot
+        report (`memtop replay --once --at T`) then knows the whole recording's skipped lines
+        (Recording.skipped_count) from this one reading instead of a second one from the start.
+        The cursor stays where it is; nothing later can be shown."""
+        with self._lock:
+            for _ in self._events:
+                pass
+            self._next = None
+
     def _apply_until(self, when: float) -> None:
         while self._next is not None and self._next.t <= when:
             self._apply(self._next)

@@ -228,26 +228,20 @@ def from_recording(path: Path, pid: int | None = None) -> Measured:
     peaks: dict[tuple[int, int], dict[str, Any]] = {}
     # Per (pid, device), step -> (time, allocated): marks repeat across samples, kept once.
     marks_of: dict[tuple[int, int], dict[int, tuple[float, int]]] = {}
-    trainers = _trainers(recording.events)
-    if pid is not None and pid not in trainers:
-        listed = ", ".join(str(p) for p in sorted(trainers)) or "none"
-        raise ChooseTrainer(
-            f"--pid {pid}: no trainer of that pid in {path} (its trainers: {listed})"
-        )
-    if pid is None and len(trainers) > 1:
-        raise ChooseTrainer(
-            f"{path} holds {len(trainers)} trainers (pids "
-            f"{', '.join(str(p) for p in sorted(trainers))}): choose one with --pid"
-        )
+    # The pids that sent samples: the trainers a recording holds.  Every pid's figures are
+    # gathered in the one reading, and the trainer chosen after it (reading the recording once
+    # for its trainers and again for one of them parsed it twice, and held it all in a list).
+    trainers: set[int] = set()
     breakdowns: dict[tuple[int, int], dict[str, int]] = {}
     # Per pid, its newest host memory reading (its peak only grows) and the resident set after
     # each step: what a CPU trainer is measured by.
     hosts: dict[int, HostMemory] = {}
     host_marks: dict[int, HostMarks] = {}
     for event in recording.stream():
-        if event.pid is None or (pid is not None and event.pid != pid):
+        if event.pid is None:
             continue
         if event.kind == "sample" and isinstance(event.value, AgentSample):
+            trainers.add(event.pid)
             if event.value.host_memory is not None:
                 hosts[event.pid] = event.value.host_memory
                 host_marks.setdefault(event.pid, HostMarks()).add(event.value.step_marks)
@@ -274,6 +268,19 @@ def from_recording(path: Path, pid: int | None = None) -> Measured:
             for index, parts in event.value.devices.items():
                 if parts.get("optimizer_state", 0) > 0:
                     breakdowns[(event.pid, index)] = dict(parts)
+    if pid is not None and pid not in trainers:
+        listed = ", ".join(str(p) for p in sorted(trainers)) or "none"
+        raise ChooseTrainer(
+            f"--pid {pid}: no trainer of that pid in {path} (its trainers: {listed})"
+        )
+    if pid is None and len(trainers) > 1:
+        raise ChooseTrainer(
+            f"{path} holds {len(trainers)} trainers (pids "
+            f"{', '.join(str(p) for p in sorted(trainers))}): choose one with --pid"
+        )
+    if pid is not None:  # the chosen trainer's figures alone
+        peaks = {key: seen for key, seen in peaks.items() if key[0] == pid}
+        hosts = {key: host for key, host in hosts.items() if key == pid}
     if not peaks or max(p["peak"] for p in peaks.values()) <= 0:
         if hosts:
             pid, host = max(hosts.items(), key=lambda item: item[1].peak_rss_bytes)
@@ -300,12 +307,3 @@ def from_recording(path: Path, pid: int | None = None) -> Measured:
         baseline_bytes=seen["baseline"],
         steps=len(by_step),
     )
-
-
-def _trainers(events: Iterable[Any]) -> set[int]:
-    """The pids that sent samples: the trainers a recording holds."""
-    return {
-        event.pid
-        for event in events
-        if event.pid is not None and event.kind == "sample" and isinstance(event.value, AgentSample)
-    }

@@ -112,6 +112,14 @@ class Recording:
         yield from heapq.merge(*per_file, key=_when)
         self._passed_over = tally
 
+    def holds_events(self) -> bool:
+        """Whether any line is an event, read only up to the first one: the first event of
+        `stream()` is known only once every file's reorder window is read and parsed, which is
+        all of a recording under REORDER_WINDOW events a file (`memtop replay --once` parsed it
+        once more for the answer)."""
+        tally = LineTally()
+        return any(next(iter(_file_events(scan, tally)), None) for scan in self._scans)
+
     @property
     def events(self) -> list[ReplayEvent]:
         return list(self.stream())
