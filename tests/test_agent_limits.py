@@ -142,8 +142,11 @@ def test_a_thousand_deep_request_gets_an_error_frame(agent: Agent):
 
 def test_a_hammering_viewer_is_slowed_not_refused_and_others_keep_their_pace(agent: Agent):
     hammer = _connect(agent)
-    n = 200
+    # More frames than one read of the agent's holds (RECV_BYTES), and 6 s of backpressure
+    # past the burst (200 frames waited 8 s for the same checks).
+    n = 160
     frames = b"".join(protocol.encode_frame({"id": i, "cmd": "hello"}) for i in range(n))
+    assert len(frames) > agent_server.RECV_BYTES
     started = time.monotonic()
     hammer.sendall(frames)
     # Meanwhile another viewer's samples come back at once.
