@@ -340,7 +340,11 @@ def _soak(
         if time.monotonic() > deadline or any(p.poll() is not None for p in agents):
             break
         time.sleep(0.05)
-    time.sleep(1.0)  # the agents' threads are up
+    # The window starts once every trainer steps: under `memtop run` the agent listens before
+    # the program has imported torch (seconds; tens of them on a loaded box), and viewers
+    # started then spent their window on a trainer that had not begun (two suites at once saw
+    # no breakdown in 12 s), its descriptors counted in the middle of torch's import.
+    _wait_stepping(agents, sockets, deadline)
     before = {pid: _proc_counts(pid) for pid in pids}
     agent_tids = {pid: _agent_thread_id(pid, sockets) for pid in pids}
     # That connection is closed; the agent closes its end when it reads the EOF, which a loaded
@@ -396,6 +400,23 @@ def _soak(
     report["hostile"] = args.hostile
     report["hostile_counts"] = dict(hostile_counts)
     return report
+
+
+def _wait_stepping(agents: list[subprocess.Popen[str]], sockets: Path, deadline: float) -> None:
+    """Until each agent's sample names a step (its trainer's first optimizer step is done), its
+    trainer has exited, or `deadline` (monotonic) has passed."""
+    from memtop.sources.agents import AgentClient
+
+    for process in agents:
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                with AgentClient(process.pid, directory=sockets, timeout=5) as client:
+                    client.connect()
+                    while client.sample().step is None and time.monotonic() < deadline:
+                        time.sleep(0.1)
+                    break
+            except Exception:  # not listening yet, or gone: looked at again
+                time.sleep(0.1)
 
 
 def _spawn(command: list[str], env: dict[str, str], cwd: Path) -> subprocess.Popen[str]:

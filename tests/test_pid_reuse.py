@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,18 +32,40 @@ pytestmark = [
 SCENARIO = Path(__file__).with_name("pid_reuse.py")
 
 
-def scenario(*args: str) -> dict[str, object]:
-    result = subprocess.run(
+def start(*args: str) -> subprocess.Popen[str]:
+    """The scenario, in a pid namespace (and a /proc) of its own, started."""
+    return subprocess.Popen(
         ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(SCENARIO), *args],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=120,
         cwd=str(SCENARIO.parent),
     )
-    if "unshare failed" in result.stderr:
-        pytest.skip(f"no pid namespace here: {result.stderr.strip()}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def scenarios() -> Iterator[dict[str, subprocess.Popen[str]]]:
+    """Both scenarios, started at once: most of each is waiting (twice 2.5 s for the start-time
+    check's slack), and each has its own pid namespace, so neither sees the other's pids."""
+    started: dict[str, subprocess.Popen[str]] = {}
+    try:
+        if _kernel_has_peer_pidfd():
+            started["pidfd"] = start()
+        started["no-pidfd"] = start("--no-pidfd")
+        yield started
+    finally:
+        for process in started.values():
+            if process.poll() is None:
+                process.kill()
+            process.communicate()
+
+
+def scenario(process: subprocess.Popen[str]) -> dict[str, object]:
+    stdout, stderr = process.communicate(timeout=120)
+    if "unshare failed" in stderr:
+        pytest.skip(f"no pid namespace here: {stderr.strip()}")
+    assert process.returncode == 0, stderr[-3000:]
+    out = json.loads(stdout.strip().splitlines()[-1])
     if "skip" in out:
         pytest.skip(str(out["skip"]))
     return out
@@ -57,8 +80,10 @@ def _kernel_has_peer_pidfd() -> bool:
 
 
 @pytest.mark.skipif(not _kernel_has_peer_pidfd(), reason="SO_PEERPIDFD needs Linux >= 6.5")
-def test_a_reused_pid_is_refused_and_never_signalled() -> None:
-    out = scenario()
+def test_a_reused_pid_is_refused_and_never_signalled(
+    scenarios: dict[str, subprocess.Popen[str]],
+) -> None:
+    out = scenario(scenarios["pidfd"])
     # --once: not the sleep shown as a trainer, but a refusal that says why.
     (row,) = out["once"]  # type: ignore[misc]
     assert row["state"] == "refused", row
@@ -72,8 +97,10 @@ def test_a_reused_pid_is_refused_and_never_signalled() -> None:
     assert out["sleeper_c_alive_after_kill"] is True
 
 
-def test_without_peer_pidfds_the_start_times_refuse_it() -> None:
-    out = scenario("--no-pidfd")
+def test_without_peer_pidfds_the_start_times_refuse_it(
+    scenarios: dict[str, subprocess.Popen[str]],
+) -> None:
+    out = scenario(scenarios["no-pidfd"])
     kill = out["kill_reused"]
     assert kill["error"] and not kill["message"], kill  # type: ignore[index]
     assert "failed authentication" in kill["error"]  # type: ignore[index,operator]

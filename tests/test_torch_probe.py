@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -298,21 +300,45 @@ NO_CUDA_INIT_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
-def test_no_probe_or_agent_call_initialises_cuda_in_a_fresh_process(socket_dir: Path):
+NO_CUDA_INIT_TEST = "test_no_probe_or_agent_call_initialises_cuda_in_a_fresh_process"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_cuda_init_run(request: pytest.FixtureRequest) -> Iterator[subprocess.Popen[str] | None]:
+    """The fresh process of the no-CUDA test, started with the module when that test is to run:
+    it imports torch (seconds of CPU, longer on a loaded box) while the tests before it run."""
+    if not any(item.name == NO_CUDA_INIT_TEST for item in request.session.items):
+        yield None
+        return
+    directory = Path(tempfile.mkdtemp(prefix="mtnc-", dir="/tmp"))
+    directory.chmod(0o700)
     # A fresh process, so that this holds on a GPU machine too, where CUDA is available but
     # the trainer (here: a CPU model) never touched it.
     env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
-    done = subprocess.run(
-        [sys.executable, "-c", NO_CUDA_INIT_SCRIPT, str(socket_dir)],
-        capture_output=True,
+    process = subprocess.Popen(
+        [sys.executable, "-c", NO_CUDA_INIT_SCRIPT, str(directory)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=60,
         env=env,
         cwd=ROOT,
     )
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_no_probe_or_agent_call_initialises_cuda_in_a_fresh_process(
+    no_cuda_init_run: subprocess.Popen[str],
+):
+    stdout, stderr = no_cuda_init_run.communicate(timeout=60)
+    assert no_cuda_init_run.returncode == 0, stderr
+    report = json.loads(stdout.strip().splitlines()[-1])
     assert report["initialised"], report
     assert not any(report["initialised"].values()), report["initialised"]
     assert report["devices"] == []
