@@ -7,6 +7,7 @@ thread without copying or locking them.  Sizes are integer bytes throughout.
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -773,6 +774,15 @@ class AgentView:
 # memcpy of the rows cut, no float object per row until one is read).
 Windows = tuple[Mapping[str, Sequence[float]], Mapping[str, Sequence[float]]]
 NO_WINDOWS: Windows = ({}, {})
+
+
+def search_column(column: Sequence[float], value: float, right: bool = False) -> int:
+    """Where `value` goes in an ascending column of a window: `bisect_left` (`bisect_right`
+    with `right`), at C speed on a store's window too (its own `search`, in place)."""
+    search = getattr(column, "search", None)
+    if search is not None:
+        return int(search(value, right))
+    return (bisect_right if right else bisect_left)(column, value)
 
 
 @dataclass(frozen=True)

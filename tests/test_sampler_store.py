@@ -8,7 +8,7 @@ import tempfile
 import threading
 import time
 import tracemalloc
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +25,7 @@ from memtop.model import (
     DeviceReading,
     DriverReading,
     StepMark,
+    search_column,
 )
 from memtop.sim.demo import Demo
 from memtop.sources.agents import CONNECTED, EXITED, AgentClient, AgentPool, AgentView
@@ -111,6 +112,10 @@ def test_a_reader_of_an_old_generation_never_sees_a_newer_row():
             assert list(rows["time"][-3:]) == _newest(n, 3)
             assert rows["time"][-1] == n and rows["time"][0] == _newest(n, 8)[0]
             assert bisect_left(rows["time"], n) == len(rows["time"]) - 1
+            for value in (0.0, n - 2.5, n - 1.0, n + 1.0):
+                for right in (False, True):
+                    searched = (bisect_right if right else bisect_left)(list(rows["time"]), value)
+                    assert search_column(rows["time"], value, right) == searched
             assert view.host_window(pid) == ({}, {})
 
 
