@@ -10,6 +10,7 @@ import time
 import tracemalloc
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ import pytest
 from memtop.engine.sampler import Sampler
 from memtop.engine.store import Ring, Store
 from memtop.model import (
+    MARK_WINDOW,
     AgentCleanup,
     AgentDeviceSample,
     AgentHello,
@@ -24,6 +26,7 @@ from memtop.model import (
     AgentSample,
     DeviceReading,
     DriverReading,
+    HostMemory,
     StepMark,
     search_column,
 )
@@ -183,6 +186,29 @@ def test_a_round_s_view_copies_no_rows_of_history():
     assert grown < 24_000, f"the view took {grown} bytes"
     rows, marks = view.windows(3, 0)
     assert len(rows["time"]) == 600 and list(marks["step"][-2:]) == [599.0, 600.0]
+
+
+def test_a_store_keeps_the_step_marks_its_readers_read_and_no_more():
+    """Every reader reads the newest MARK_WINDOW step marks (the leak test, the screens, a
+    report); the store kept 4096 per device and per host memory, which a trainer stepping a
+    few times a second filled in minutes: the dashboard grew by ~1.6 MB as the demo aged."""
+    store = Store()
+    memory = HostMemory(rss_bytes=1, peak_rss_bytes=1, total_bytes=1 << 30)
+    for n in range(1, 3001):
+        marks = (StepMark(n, float(n), {0: n}, host_rss=n),)
+        sampled = poll(7, n, n, marks, when=float(n))
+        sampled = replace(sampled, sample=replace(sampled.sample, host_memory=memory))
+        store.update_agents([sampled], when=float(n))
+    newest = [float(n) for n in range(3001 - MARK_WINDOW, 3001)]
+    assert store.step_marks(7, 0)["step"] == newest
+    view = store.view()
+    assert list(view.windows(7, 0)[1]["allocated"]) == newest  # what the readers read, as before
+    assert list(view.host_window(7)[1]["rss"]) == newest
+    rings = store._rings[7]
+    for marks_ring in (rings.devices[0][1], rings.host_marks):
+        assert marks_ring is not None
+        held = sum(column.buffer_info()[1] * column.itemsize for column in marks_ring._columns)
+        assert held <= 1.2 * MARK_WINDOW * 3 * 8, f"{held} bytes held for {MARK_WINDOW} marks"
 
 
 def test_store_tracks_peaks_marks_and_resets():

@@ -47,7 +47,11 @@ from memtop.model import (
 )
 
 HISTORY_SAMPLES = 3600  # one hour at the default 1 s interval
-STEP_MARKS = 4096
+# The step marks kept per agent device and per agent's host memory: as many as anything reads
+# (the leak test, the screens, a report: the view's VIEW_MARKS).  It kept 4096, of which no
+# reader saw more than the newest 1024: a trainer stepping a few times a second filled them
+# in minutes, ~1.6 MB more in the `mixed` demo (22 rings) that the dashboard grew by as it aged.
+STEP_MARKS = MARK_WINDOW
 SITES_READINGS = 32  # `sites` readings kept per agent (minutes at the sampler's rate)
 # An agent serves its top 20 sites per device (memtop.agent.sites.TOP_SITES); one that mints new
 # sites in every reply (1,000 each, the most a reply may hold) cost the exporter ~50 MB and
@@ -56,7 +60,7 @@ SITES_READINGS = 32  # `sites` readings kept per agent (minutes at the sampler's
 # readings go first (a churning agent gets a shorter trend, never a wrong newest reading).
 SITES_PER_DEVICE = 32
 SITES_KEPT = 256
-# The step marks a view copies per device: as many as the leak test and the screens look at.
+# The step marks a view publishes per device: as many as the leak test and the screens look at.
 VIEW_MARKS = MARK_WINDOW
 # One agent device's sampled history; the pressure counters are kept so that their deltas over a
 # window can be read back.
