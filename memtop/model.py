@@ -7,7 +7,8 @@ thread without copying or locking them.  Sizes are integer bytes throughout.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Mapping
+from bisect import bisect_left, bisect_right
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -768,10 +769,20 @@ class AgentView:
         return job.slurm_proc_id if job is not None else None
 
 
-# A window of history: (rows, step marks), each columns by name, oldest first, as arrays
-# (Ring.window: a memcpy, no float object per row until one is read).
-Windows = tuple[Mapping[str, "array[float]"], Mapping[str, "array[float]"]]
+# A window of history: (rows, step marks), each columns by name, oldest first: sequences of
+# floats read where the store's ring keeps them (store.RingWindow), whose slices are arrays (a
+# memcpy of the rows cut, no float object per row until one is read).
+Windows = tuple[Mapping[str, Sequence[float]], Mapping[str, Sequence[float]]]
 NO_WINDOWS: Windows = ({}, {})
+
+
+def search_column(column: Sequence[float], value: float, right: bool = False) -> int:
+    """Where `value` goes in an ascending column of a window: `bisect_left` (`bisect_right`
+    with `right`), at C speed on a store's window too (its own `search`, in place)."""
+    search = getattr(column, "search", None)
+    if search is not None:
+        return int(search(value, right))
+    return (bisect_right if right else bisect_left)(column, value)
 
 
 @dataclass(frozen=True)
@@ -779,13 +790,15 @@ class RoundView:
     """Everything the store holds of one generation, taken under one lock: what the
     observation joins and the diagnosis judges.  Nothing in it changes afterwards: the agents'
     records are the store's own (frozen, never written once kept), and the windows of history
-    beside them were copied out of its rings in the same lock take (so they are of one round).
+    beside them are the rows its rings held in the same lock take (so they are of one round),
+    read where they lie: a ring never writes a row again, so a later round's rows never show
+    through, and a reader copies only what it cuts (memtop.engine.store.RingWindow).
     """
 
     generation: int
     driver: DriverReading | None
     # (times, used bytes) of each GPU the driver reported, by UUID, oldest first
-    device_used: Mapping[str, tuple[array[float], array[float]]]
+    device_used: Mapping[str, tuple[Sequence[float], Sequence[float]]]
     agents: tuple[AgentView, ...]  # by pid, each device with its windows
     processes: Mapping[int, ProcessInfo]
     problems: tuple[str, ...]
@@ -801,7 +814,7 @@ class RoundView:
     # "rss") per step mark; none without readings.
     host_windows: Mapping[int, Windows] = field(default_factory=dict)
 
-    def used_window(self, uuid: str) -> tuple[array[float], array[float]]:
+    def used_window(self, uuid: str) -> tuple[Sequence[float], Sequence[float]]:
         return self.device_used.get(uuid) or (array("d"), array("d"))
 
     def windows(self, pid: int, index: int) -> Windows:

@@ -5,8 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import tempfile
+import threading
 import time
+import tracemalloc
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,13 +18,17 @@ import pytest
 from memtop.engine.sampler import Sampler
 from memtop.engine.store import Ring, Store
 from memtop.model import (
+    MARK_WINDOW,
     AgentCleanup,
     AgentDeviceSample,
     AgentHello,
     AgentResetPeak,
     AgentSample,
+    DeviceReading,
     DriverReading,
+    HostMemory,
     StepMark,
+    search_column,
 )
 from memtop.sim.demo import Demo
 from memtop.sources.agents import CONNECTED, EXITED, AgentClient, AgentPool, AgentView
@@ -51,16 +59,156 @@ def test_a_window_is_a_copy_of_the_column_wrapped_or_not():
     assert list(window) == [20, 30, 40, 50]  # a copy: later rows do not show through
 
 
-def poll(pid: int, step: int, allocated: int, marks: tuple[StepMark, ...] = ()) -> AgentView:
+def poll(
+    pid: int,
+    step: int,
+    allocated: int,
+    marks: tuple[StepMark, ...] = (),
+    when: float | None = None,
+) -> AgentView:
     stats = {"allocated_bytes.all.current": allocated, "reserved_bytes.all.current": 2 * allocated}
     hello = AgentHello(1, pid, ("train.py",), "3.11", None, "", ())
     sample = AgentSample(
-        time=time.time(),
+        time=time.time() if when is None else when,
         step=step,
         devices=(AgentDeviceSample(0, stats, 1000, 2000),),
         step_marks=marks,
     )
     return AgentView(pid, CONNECTED, hello, sample)
+
+
+def _gpu(used: int) -> DriverReading:
+    return DriverReading(True, (DeviceReading(0, "GPU-0", "sim", 1 << 40, used),))
+
+
+def _written_round(store: Store, n: int) -> None:
+    """Round `n`: a GPU's used bytes, two agents' samples (time n) and one step mark each."""
+    with store.round():
+        store.update_driver(_gpu(n), when=float(n))
+        store.update_agents(
+            [poll(pid, n, n, (StepMark(n, float(n), {0: n}),), when=float(n)) for pid in (7, 8)],
+            when=float(n),
+        )
+
+
+def _newest(n: int, kept: int) -> list[float]:
+    """The rows 1..n a ring of `kept` rows holds after round n."""
+    return [float(i) for i in range(max(1, n - kept + 1), n + 1)]
+
+
+def test_a_reader_of_an_old_generation_never_sees_a_newer_row():
+    # Rings of 8 rows, written for 60 rounds: full, then compacted several times over while
+    # every generation's view is held.
+    store = Store(history=8, step_marks=8)
+    views = []
+    for n in range(1, 61):
+        _written_round(store, n)
+        views.append((n, store.view()))
+    for n, view in views:
+        times, used = view.used_window("GPU-0")
+        assert list(times) == list(used) == _newest(n, 8)
+        for pid in (7, 8):
+            rows, marks = view.windows(pid, 0)
+            assert list(rows["time"]) == list(rows["allocated"]) == _newest(n, 8)
+            assert list(marks["step"]) == list(marks["allocated"]) == _newest(n, 8)
+            # Cut, indexed, searched: the same rows whichever way they are read.
+            assert list(rows["time"][-3:]) == _newest(n, 3)
+            assert rows["time"][-1] == n and rows["time"][0] == _newest(n, 8)[0]
+            assert bisect_left(rows["time"], n) == len(rows["time"]) - 1
+            for value in (0.0, n - 2.5, n - 1.0, n + 1.0):
+                for right in (False, True):
+                    searched = (bisect_right if right else bisect_left)(list(rows["time"]), value)
+                    assert search_column(rows["time"], value, right) == searched
+            assert view.host_window(pid) == ({}, {})
+
+
+def test_a_view_read_while_the_sampler_writes_holds_its_own_round():
+    """The sampler writes rounds on its thread while a reader holds and reads the views it
+    took (the dashboard's threads): each view reads as its round, then and later."""
+    store = Store(history=16, step_marks=16)
+    _written_round(store, 1)
+    stop = threading.Event()
+    written = [1]
+
+    def sampler() -> None:
+        n = 1
+        while not stop.is_set() and n < 20_000:
+            n += 1
+            _written_round(store, n)
+            written[0] = n
+
+    thread = threading.Thread(target=sampler)
+    thread.start()
+    held = []
+    try:
+        while thread.is_alive() and len(held) < 300:
+            view = store.view()
+            times = view.windows(7, 0)[0]["time"]
+            newest = int(times[-1])
+            assert list(times) == _newest(newest, 16)  # read at once
+            held.append((newest, view))
+            time.sleep(0.001)
+    finally:
+        stop.set()
+        thread.join()
+    assert written[0] > 100 and len({newest for newest, _ in held}) > 10
+    for newest, view in held:  # read again, rounds (and compactions) later
+        rows, marks = view.windows(8, 0)
+        assert list(rows["allocated"]) == list(marks["step"]) == _newest(newest, 16)
+        assert list(view.used_window("GPU-0")[1]) == _newest(newest, 16)
+
+
+def test_a_round_s_view_copies_no_rows_of_history():
+    """The view of a round holds where its windows' rows lie, not copies of them: a reader
+    cuts what it reads (the diagnosis ~900 rows of a few columns, a screen its marks).  It
+    copied every column of every window every round: ~1 MB at 3 minutes of the mixed demo."""
+    store = Store(history=600)
+    for n in range(1, 601):
+        with store.round():
+            store.update_driver(_gpu(n), when=float(n))
+            store.update_agents(
+                [
+                    poll(pid, n, n, (StepMark(n, float(n), {0: n}),), when=float(n))
+                    for pid in range(8)
+                ],
+                when=float(n),
+            )
+    tracemalloc.start()
+    try:
+        before = tracemalloc.take_snapshot()
+        view = store.view()
+        grown = sum(
+            stat.size_diff for stat in tracemalloc.take_snapshot().compare_to(before, "filename")
+        )
+    finally:
+        tracemalloc.stop()
+    # 8 devices × 9 columns × 600 rows of doubles were 345 kB, and the marks 115 kB more.
+    assert grown < 24_000, f"the view took {grown} bytes"
+    rows, marks = view.windows(3, 0)
+    assert len(rows["time"]) == 600 and list(marks["step"][-2:]) == [599.0, 600.0]
+
+
+def test_a_store_keeps_the_step_marks_its_readers_read_and_no_more():
+    """Every reader reads the newest MARK_WINDOW step marks (the leak test, the screens, a
+    report); the store kept 4096 per device and per host memory, which a trainer stepping a
+    few times a second filled in minutes: the dashboard grew by ~1.6 MB as the demo aged."""
+    store = Store()
+    memory = HostMemory(rss_bytes=1, peak_rss_bytes=1, total_bytes=1 << 30)
+    for n in range(1, 3001):
+        marks = (StepMark(n, float(n), {0: n}, host_rss=n),)
+        sampled = poll(7, n, n, marks, when=float(n))
+        sampled = replace(sampled, sample=replace(sampled.sample, host_memory=memory))
+        store.update_agents([sampled], when=float(n))
+    newest = [float(n) for n in range(3001 - MARK_WINDOW, 3001)]
+    assert store.step_marks(7, 0)["step"] == newest
+    view = store.view()
+    assert list(view.windows(7, 0)[1]["allocated"]) == newest  # what the readers read, as before
+    assert list(view.host_window(7)[1]["rss"]) == newest
+    rings = store._rings[7]
+    for marks_ring in (rings.devices[0][1], rings.host_marks):
+        assert marks_ring is not None
+        held = sum(column.buffer_info()[1] * column.itemsize for column in marks_ring._columns)
+        assert held <= 1.2 * MARK_WINDOW * 3 * 8, f"{held} bytes held for {MARK_WINDOW} marks"
 
 
 def test_store_tracks_peaks_marks_and_resets():

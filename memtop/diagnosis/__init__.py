@@ -15,7 +15,6 @@ no I/O (contracts). Imported by the observation and above.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +35,14 @@ from memtop.diagnosis.ranks import JobPeers, job_peers
 from memtop.diagnosis.sites import site_trends
 from memtop.diagnosis.suggestions import Suggestion
 from memtop.diagnosis.workload import Workload, flat_high_share, of_agent
-from memtop.model import NO_WINDOWS, AgentDeviceSample, AgentView, RoundView, Windows
+from memtop.model import (
+    NO_WINDOWS,
+    AgentDeviceSample,
+    AgentView,
+    RoundView,
+    Windows,
+    search_column,
+)
 from memtop.oom.diagnose import growing_batch
 
 __all__ = [
@@ -172,7 +178,7 @@ class Diagnoser:
         # dashboard diagnoses every second, and an hour of history is 3600 rows per device).
         newest_sample = agent.last_sample_time if agent.last_sample_time is not None else now
         times = history.get("time", ())
-        first = bisect_left(times, newest_sample - PRESSURE_WINDOW_S)
+        first = search_column(times, newest_sample - PRESSURE_WINDOW_S)
         recent = {name: history.get(name, ())[first:] for name in _PRESSURE_COLUMNS}
         gauge = history.get("fragmentation", ())[-GAUGE_SAMPLES:]
         # The baseline is the newest step mark.

@@ -15,13 +15,12 @@ Pure: arrays in, a record out.
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from memtop.figures.median import median
-from memtop.model import ACTION_BY_VIEWER, ActionRecord
+from memtop.model import ACTION_BY_VIEWER, ActionRecord, search_column
 
 EFFECT_WINDOW_S = 60.0
 BASIS_SAMPLES = "samples"
@@ -116,7 +115,7 @@ def window(
     end: float,
 ) -> Window | None:
     """The figures of the samples with start < time <= end (None without one)."""
-    first, last = bisect_right(times, start), bisect_right(times, end)
+    first, last = search_column(times, start, True), search_column(times, end, True)
     if last <= first:
         return None
     span = times[last - 1] - times[first]
@@ -141,7 +140,7 @@ def _step_time(
 ) -> tuple[float | None, float | None]:
     """The median duration of a step between consecutive marks in (start, end], and the
     standard error of that median."""
-    first, last = bisect_right(times, start), bisect_right(times, end)
+    first, last = search_column(times, start, True), search_column(times, end, True)
     durations = [
         (times[i] - times[i - 1]) / (steps[i] - steps[i - 1])
         for i in range(max(first, 1), last)

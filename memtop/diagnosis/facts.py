@@ -73,8 +73,8 @@ class ReadsSample:
 class DeviceHistory:
     """The newest sampled rows and step marks of one agent device, oldest first.
 
-    Each column is a sequence of floats that nobody changes: slices of the round's view
-    (`array('d')`, Store.view), which cost a memcpy rather than a float object per row; most
+    Each column is a sequence of floats that nobody changes: slices of the round's windows
+    (`array('d')`, store.RingWindow), which cost a memcpy rather than a float object per row; most
     rounds nobody reads them (the detail screen and the trend, once in a while)."""
 
     time: Sequence[float] = ()

@@ -2,10 +2,12 @@
 
 The sampler thread is the only writer, and it writes a round at a time (`Store.round()`): the
 round's writes become visible together, as one generation.  Readers take `Store.view()`: one
-immutable `RoundView` per generation, copied under one lock take, that the observation and the
+immutable `RoundView` per generation, taken under one lock take, that the observation and the
 diagnosis read and never query the store again.
-History lives in fixed-size columns of doubles (`Ring`), so an hour of 8 GPUs × 8 agents at 1 Hz
-costs a few MB and never grows.
+History lives in bounded columns of doubles (`Ring`), so an hour of 8 GPUs × 8 agents at 1 Hz
+costs a few MB and never grows.  A ring only appends (and compacts into new arrays), so the
+round's view holds where each window's rows lie (`RingWindow`), not a copy of them: a reader
+copies the rows it reads, when it reads them.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ import math
 import threading
 import time
 from array import array
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, overload
 
 # Records only, from the model: the store (and the observation, the diagnosis and the UI above
 # it) loads no protocol, socket, selector or psutil (issue 35); its writers parse the replies.
@@ -44,7 +47,11 @@ from memtop.model import (
 )
 
 HISTORY_SAMPLES = 3600  # one hour at the default 1 s interval
-STEP_MARKS = 4096
+# The step marks kept per agent device and per agent's host memory: as many as anything reads
+# (the leak test, the screens, a report: the view's VIEW_MARKS).  It kept 4096, of which no
+# reader saw more than the newest 1024: a trainer stepping a few times a second filled them
+# in minutes, ~1.6 MB more in the `mixed` demo (22 rings) that the dashboard grew by as it aged.
+STEP_MARKS = MARK_WINDOW
 SITES_READINGS = 32  # `sites` readings kept per agent (minutes at the sampler's rate)
 # An agent serves its top 20 sites per device (memtop.agent.sites.TOP_SITES); one that mints new
 # sites in every reply (1,000 each, the most a reply may hold) cost the exporter ~50 MB and
@@ -53,7 +60,7 @@ SITES_READINGS = 32  # `sites` readings kept per agent (minutes at the sampler's
 # readings go first (a churning agent gets a shorter trend, never a wrong newest reading).
 SITES_PER_DEVICE = 32
 SITES_KEPT = 256
-# The step marks a view copies per device: as many as the leak test and the screens look at.
+# The step marks a view publishes per device: as many as the leak test and the screens look at.
 VIEW_MARKS = MARK_WINDOW
 # One agent device's sampled history; the pressure counters are kept so that their deltas over a
 # window can be read back.
@@ -76,34 +83,42 @@ REFUSALS_KEPT = 16  # ... and the refused ones apart (a flood of refusals evicts
 
 
 class Ring:
-    """A fixed-capacity table of float columns; the oldest row is overwritten when full.
+    """A table of float columns that keeps its newest `capacity` rows, append-only: a row, once
+    written, is never written again, so the rows a round published (`Ring.published`, a
+    `RingWindow` of where they lie) stay those rows, whatever the sampler writes after.
+
+    The oldest rows go by compaction: once `capacity` + `slack` rows lie in the columns, they
+    are replaced by new arrays of the newest rows (the old arrays stay as they were, for
+    whoever holds a window of them).  Each compaction copies `capacity` rows once per `slack`
+    appends (~16 values a row); the columns hold at most `slack` rows more than `capacity` (1/16:
+    what an array's own growth reserves after a compaction, so it grows once a cycle).
 
     The columns grow with the rows until the capacity is reached: a trainer that lived four
     seconds holds four rows, not an hour's worth (~330 KiB an agent device, held through the
     exited row's minute: ~20 MB on a dashboard with a trainer arriving every second)."""
 
-    __slots__ = ("_columns", "_count", "_start", "capacity", "names")
+    __slots__ = ("_columns", "_first", "_slack", "capacity", "names")
 
     def __init__(self, capacity: int, names: Sequence[str]) -> None:
         self.capacity = capacity
         self.names = tuple(names)
         self._columns = [array("d") for _ in names]
-        self._start = 0
-        self._count = 0
+        self._first = 0  # the oldest kept row's place in the columns
+        self._slack = max(1, capacity // 16)
 
     def append(self, *values: float) -> None:
-        if self._count < self.capacity:  # not full: the rows are 0.._count-1, _start is 0
-            self._count += 1
-            for column, value in zip(self._columns, values, strict=True):
-                column.append(value)
-            return
-        slot = self._start
-        self._start = (self._start + 1) % self.capacity
-        for column, value in zip(self._columns, values, strict=True):
-            column[slot] = value
+        columns = self._columns
+        if len(columns[0]) - self._first >= self.capacity:  # full: the oldest row goes
+            self._first += 1
+            if self._first >= self._slack:
+                # New arrays, never the published ones written over (RingWindow).
+                columns = self._columns = [column[self._first :] for column in columns]
+                self._first = 0
+        for column, value in zip(columns, values, strict=True):
+            column.append(value)
 
     def __len__(self) -> int:
-        return self._count
+        return len(self._columns[0]) - self._first
 
     def column(self, name: str, last: int | None = None) -> list[float]:
         """Oldest first; `last` keeps only the newest rows."""
@@ -111,34 +126,120 @@ class Ring:
 
     def window(self, name: str, last: int | None = None) -> array[float]:
         """`column` as a fresh array rather than a list: a copy of the bytes (memcpy), no float
-        object per row until one is read.  The observation takes its history windows this way
-        every round (8 devices × 7 columns × ~1000 rows)."""
+        object per row until one is read."""
         data = self._columns[self.names.index(name)]
-        count = self._count if last is None else max(0, min(last, self._count))
-        first = (self._start + self._count - count) % self.capacity
-        end = first + count
-        if end <= self.capacity:  # one slice (C speed), or two where the ring wraps
-            return data[first:end]
-        return data[first:] + data[: end - self.capacity]
+        return data[self._start(last) :]
+
+    def published(self, last: int | None = None) -> RingWindow:
+        """The newest rows (`last` of them, or all) where they lie, copying none: the round's
+        view holds this, and a reader cuts from it what it reads (RingWindow)."""
+        return RingWindow(
+            self.names, tuple(self._columns), self._start(last), len(self._columns[0])
+        )
+
+    def _start(self, last: int | None) -> int:
+        """Where the newest `last` rows (all: None) start in the columns."""
+        end = len(self._columns[0])
+        return self._first if last is None else max(self._first, end - max(0, last))
 
     def count_since(self, name: str, since: float) -> int:
         """How many of the newest rows have `name` >= since (the column must be ascending)."""
         data = self._columns[self.names.index(name)]
-        low, high = 0, self._count  # rows [low, high) in age order; find the first >= since
-        while low < high:
-            middle = (low + high) // 2
-            if data[(self._start + middle) % self.capacity] < since:
-                low = middle + 1
-            else:
-                high = middle
-        return self._count - low
+        return len(data) - bisect_left(data, since, self._first)
 
     def last(self, name: str) -> float | None:
-        if not self._count:
+        if not len(self):
             return None
-        return self._columns[self.names.index(name)][
-            (self._start + self._count - 1) % self.capacity
-        ]
+        return self._columns[self.names.index(name)][-1]
+
+
+class RingWindow(Mapping[str, "RingColumn"]):
+    """Rows [start, stop) of a ring's columns as one round published them, by column name: what
+    the round's view holds of each ring, nothing copied.  A reader cuts what it reads (a slice:
+    a memcpy of those rows only).  Those rows are never written again (the ring only appends
+    after them, and compacts into new arrays), so a reader of generation N never sees a row of
+    N+1, and reads without the store's lock: under the GIL a reader's slice and the sampler's
+    append to the same array are each one C call, never interleaved (an append that moves the
+    array's memory moves the rows with it)."""
+
+    __slots__ = ("_columns", "_names", "_start", "_stop")
+
+    def __init__(
+        self, names: tuple[str, ...], columns: tuple[array[float], ...], start: int, stop: int
+    ) -> None:
+        self._names = names
+        self._columns = columns
+        self._start = start
+        self._stop = stop
+
+    def __getitem__(self, name: str) -> RingColumn:
+        try:
+            data = self._columns[self._names.index(name)]
+        except ValueError:
+            raise KeyError(name) from None
+        return RingColumn(data, self._start, self._stop)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __repr__(self) -> str:
+        return f"RingWindow({self._stop - self._start} rows of {', '.join(self._names)})"
+
+
+class RingColumn(Sequence[float]):
+    """One column of a `RingWindow`: a sequence of its rows, oldest first, read in place.  A
+    slice is a fresh array of those rows (as a slice of an array is), an index one float."""
+
+    __slots__ = ("_data", "_start", "_stop")
+
+    def __init__(self, data: array[float], start: int, stop: int) -> None:
+        self._data = data
+        self._start = start
+        self._stop = stop
+
+    def __len__(self) -> int:
+        return self._stop - self._start
+
+    @overload
+    def __getitem__(self, key: int) -> float: ...
+
+    @overload
+    def __getitem__(self, key: slice) -> array[float]: ...
+
+    def __getitem__(self, key: int | slice) -> float | array[float]:
+        count = self._stop - self._start
+        if isinstance(key, slice):
+            first, end, step = key.indices(count)
+            if step == 1:
+                return self._data[self._start + first : self._start + max(first, end)]
+            return self._data[self._start : self._stop][key]
+        if key < 0:
+            key += count
+        if not 0 <= key < count:
+            raise IndexError("RingColumn index out of range")
+        return self._data[self._start + key]
+
+    def __iter__(self) -> Iterator[float]:
+        return iter(self._data[self._start : self._stop])
+
+    def __reversed__(self) -> Iterator[float]:
+        return reversed(self._data[self._start : self._stop])
+
+    def tolist(self) -> list[float]:
+        return self._data[self._start : self._stop].tolist()
+
+    def search(self, value: float, right: bool = False) -> int:
+        """`bisect_left` (`bisect_right` with `right`) of an ascending column, searched in its
+        array at C speed: the bisect module would call `__getitem__` here once per probe
+        (model.search_column)."""
+        search = bisect_right if right else bisect_left
+        return search(self._data, value, self._start, self._stop) - self._start
+
+    def __repr__(self) -> str:
+        return f"RingColumn({self.tolist()!r})"
 
 
 @dataclass
@@ -146,7 +247,7 @@ class _Rings:
     """The writer's bookkeeping of one agent beside its record (`AgentView`, the one record the
     store keeps of it, replaced whole on each write): each device's history and step marks, its
     host memory's, the `sites` readings, and what its action log has told.  Readers never see
-    these: `Store.view` copies their windows into the round's records."""
+    these: `Store.view` publishes their windows (`Ring.published`) beside the round's records."""
 
     first_seen: float = field(default_factory=time.time)
     devices: dict[int, tuple[Ring, Ring]] = field(default_factory=dict)  # history, marks
@@ -533,8 +634,7 @@ class Store:
                     generation=self.generation,
                     driver=self._nvml,
                     device_used={
-                        uuid: (ring.window("time"), ring.window("used"))
-                        for uuid, ring in self._device_used.items()
+                        uuid: _used(ring.published()) for uuid, ring in self._device_used.items()
                     },
                     agents=tuple(self._agents[pid] for pid in sorted(self._agents)),
                     processes=dict(self._processes),
@@ -678,8 +778,12 @@ def _snapshot_kept(reply: AgentSnapshot, stamp: float) -> dict[str, Any] | None:
     }
 
 
-def _windows(ring: Ring | None, last: int | None = None) -> dict[str, array[float]]:
-    return {name: ring.window(name, last) for name in ring.names} if ring is not None else {}
+def _windows(ring: Ring | None, last: int | None = None) -> Mapping[str, Sequence[float]]:
+    return ring.published(last) if ring is not None else {}
+
+
+def _used(window: RingWindow) -> tuple[Sequence[float], Sequence[float]]:
+    return (window["time"], window["used"])
 
 
 def keep_sites(kept: deque[AgentSites], reading: AgentSites) -> None:

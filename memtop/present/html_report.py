@@ -219,8 +219,8 @@ def _actions(final: dict[str, Any], start: float) -> str:
 
 def _gpu_section(
     gpu: dict[str, Any],
-    times: array[float],
-    used: array[float],
+    times: Sequence[float],
+    used: Sequence[float],
     start: float,
     duration: float,
     moments: Sequence[Moment],
