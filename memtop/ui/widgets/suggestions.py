@@ -22,7 +22,7 @@ from memtop.ui.fixes import fix_lines
 from memtop.ui.render import FREE, SEVERITY_STYLES, slow_tick
 from memtop.ui.renewal import Renewal
 from memtop.ui.view import SuggestionItem
-from memtop.ui.widgets.lines import cells, looks_alike, text_strip
+from memtop.ui.widgets.lines import cells, changed_cells, looks_alike, text_strip
 
 BADGES = {
     Severity.EMERGENCY: "EMERG",
@@ -135,6 +135,11 @@ def _option_strip(strip: Strip, length: int, y: int, option: int) -> Strip:
         segments.append(Segment(segment.text, style))
         x += len(segment.text)
     return Strip(segments, strip.cell_length)
+
+
+def _fits(prompt: Text, width: int) -> bool:
+    """Whether each line of `prompt` fits in `width` cells (none would wrap)."""
+    return all(cells(line) <= width for line in prompt.plain.split("\n"))
 
 
 class LaidOutPrompt(Visual):
@@ -357,7 +362,53 @@ class SuggestionsPane(OptionList):
         # An LRUCache has keys() but cannot be iterated itself.
         for key in [key for key in cache.keys() if key[0] is option]:  # noqa: SIM118
             cache.discard(key)
-        self.refresh_lines(self._index_to_line[index], self._heights[index])
+        self.refresh(*self._changed_regions(index, old, prompt))
+
+    def _changed_regions(self, index: int, old: Text, new: Text) -> list[Region]:
+        """Where the option at `index` draws differently now that its prompt `old` is `new`
+        (of as many lines), in the pane's content coordinates: of each line that changed, the
+        cells that moved (a figure: "5805 steps" → "5806 steps"), else the line across the
+        text's width.  Never the scrollbar beside the text: ScrollView.refresh_lines marks the
+        lines across the whole content region, the scrollbar's column too, and the scrollbar
+        (a widget of its own) drew again for each reworded option (39 lines in 30 s of the
+        mixed demo, and ~2 lines of the pane's a round that no figure changed; issue 35 item 8).
+        An option drawn otherwise than a row per line of its prompt (Textual's pipeline
+        wrapped it): all its lines, across the text's width."""
+        top = self._index_to_line[index] - self.scroll_offset.y
+        height = self._heights[index]
+        gutter = self._get_left_gutter_width()
+        width = self.scrollable_content_region.width - gutter  # an option's rows are this wide
+        option = self.get_option_at_index(index)
+        padding = self.get_component_styles("option-list--option").padding
+        old_lines = old.split("\n", allow_blank=True)
+        new_lines = new.split("\n", allow_blank=True)
+        if not (
+            self._drawn_here(option, width, padding)
+            and _fits(new, width)
+            and len(new_lines) == height
+        ):
+            return [Region(gutter, top, max(0, width), height)]
+        regions = []
+        for y, (before, after) in enumerate(zip(old_lines, new_lines, strict=True)):
+            if looks_alike(before, after):
+                continue
+            x0, x1 = changed_cells(before, after) or (0, width)
+            regions.append(Region(gutter + x0, top + y, min(x1, width) - x0, 1))
+        return regions
+
+    def _drawn_here(self, option: Option, width: int, padding: object) -> bool:
+        """Whether `_get_option_render` draws the option itself (a row per line of its prompt,
+        each character where it stands in its line, where the lines `_fits`), not Textual's
+        content pipeline (a tab, a selection, padding, a divider)."""
+        prompt = option.prompt
+        return (
+            isinstance(prompt, Text)
+            and not padding
+            and not option._divider
+            and self.text_selection is None
+            and "\t" not in prompt.plain
+            and width > 0
+        )
 
     def _get_option_render(self, option: Option, style: VisualStyle) -> list[Strip]:
         """An option's lines through Rich only (memtop.ui.widgets.lines), as the GPU cards'
@@ -371,20 +422,14 @@ class SuggestionsPane(OptionList):
         prompt = option.prompt
         padding = self.get_component_styles("option-list--option").padding
         width = self.scrollable_content_region.width - self._get_left_gutter_width()
-        if (
-            not isinstance(prompt, Text)
-            or padding
-            or option._divider
-            or self.text_selection is not None
-            or "\t" in prompt.plain
-            or width <= 0
-        ):
+        if not self._drawn_here(option, width, padding):
             return super()._get_option_render(option, style)
+        assert isinstance(prompt, Text)
         cache_key = (option, style, padding)
         if (strips := self._option_render_cache.get(cache_key)) is None:
-            lines = prompt.split("\n", allow_blank=True)
-            if any(cells(line.plain) > width for line in lines):
+            if not _fits(prompt, width):  # a line would wrap
                 return super()._get_option_render(option, style)
+            lines = prompt.split("\n", allow_blank=True)
             base = style.rich_style
             index = self._option_to_index[option]
             console = self.app.console
