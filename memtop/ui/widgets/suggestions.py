@@ -43,8 +43,10 @@ URGENT = ("critical", "emergency")
 
 def clip(text: Text, width: int) -> Text:
     """One row: cut at a word boundary with an ellipsis, so a figure is never cut in half
-    ("488 samples" must not read "488 s…")."""
-    if text.cell_len <= width:
+    ("488 samples" must not read "488 s…").  Measured by `cells`, not Rich's `cell_len`, whose
+    cache keeps every line it measures: a suggestion's lines quote figures that move, so it
+    filled with them (issue 35 item 8)."""
+    if cells(text.plain) <= width:
         return text
     plain = text.plain
     cut = plain.rfind(" ", 0, max(1, width - 1))
@@ -89,7 +91,7 @@ def suggestion_text(item: SuggestionItem, compact: bool, width: int | None = Non
         title.append("  ")
     words = item.title
     if width is not None:
-        words = fit_title(words, width - title.cell_len)
+        words = fit_title(words, width - cells(title.plain))
     title.append(words, style="bold")
     if item.effect:
         title.append(f"  {item.effect}", style=EFFECT_STYLES.get(item.effect_kind, "green"))
