@@ -370,3 +370,46 @@ def test_a_table_row_is_laid_out_to_the_tables_width_and_drawn_without_a_cut(
     widths, width, crops = asyncio.run(run())
     assert len(widths) >= 3 and set(widths) == {width}
     assert crops == 0, f"{crops} rows cut to the table's width"
+
+
+def test_the_pane_brings_its_lines_up_to_date_once_a_drawing_not_once_a_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Textual's OptionList brings its lines up to date (new options measured, its virtual size
+    # checked) and looks its width up again for every line it draws: most of drawing a line of
+    # an option already laid out (issue 35 item 8).  The pane does both once a drawing; its
+    # lines are Textual's (the terminal shows what a full frame shows).
+    from textual.geometry import Region
+    from textual.widgets import OptionList
+    from ui_helpers import full_frame, play_into_terminal
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW + 0.5, host="gpu-box", my_uid=MY_UID)
+    terminal = play_into_terminal(app)
+    updates = [0]
+    original = OptionList._update_lines
+
+    def counted(self):  # type: ignore[no-untyped-def]
+        updates[0] += 1
+        return original(self)
+
+    async def run() -> tuple[int, int, bool, list]:  # type: ignore[type-arg]
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.2)
+            pane = app.query_one(SuggestionsPane)
+            height = pane.outer_size.height - 2
+            monkeypatch.setattr(OptionList, "_update_lines", counted)
+            pane._styles_cache.clear()
+            strips = pane.render_lines(Region(0, 1, pane.outer_size.width, height))
+            drawn = updates[0]
+            monkeypatch.setattr(OptionList, "_update_lines", original)
+            pane._styles_cache.clear()
+            again = pane.render_lines(Region(0, 1, pane.outer_size.width, height))
+            pane.refresh()
+            await pilot.pause(0.2)
+            return drawn, height, terminal.cells == full_frame(app).cells, [strips, again]
+
+    drawn, height, same, (strips, again) = asyncio.run(run())
+    assert height >= 10
+    assert drawn == 1, f"{drawn} updates of the pane's lines to draw {height} of them"
+    assert [strip.text for strip in strips] == [strip.text for strip in again]
+    assert same

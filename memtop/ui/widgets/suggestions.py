@@ -184,6 +184,7 @@ class SuggestionsPane(OptionList):
     """Rebuilt when the set of suggestions changes; the highlight follows its item by key."""
 
     _lines_only = False  # inside _update_lines: a new line count is no new layout
+    _drawn_width: int | None = None  # inside render_lines: the options' width, lines up to date
 
     def __init__(self) -> None:
         super().__init__(id="suggestions")
@@ -269,7 +270,17 @@ class SuggestionsPane(OptionList):
 
     def render_lines(self, crop: Region) -> list[Strip]:
         self._word_at_width()
-        return super().render_lines(crop)
+        # The lines brought up to date once for the lines drawn, and the options' width looked
+        # up once: Textual's OptionList does both again for every line it draws (its `_lines`
+        # updates them; the width is a walk of the CSS gutter and the scrollbars), most of
+        # drawing a line of an option already laid out (~105 → ~65 µs a line, frozen
+        # dashboard).  Nothing changes the options while they are drawn.
+        self._update_lines()
+        self._drawn_width = self.scrollable_content_region.width - self._get_left_gutter_width()
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._drawn_width = None
 
     def _word_at_width(self) -> None:
         """The suggestions worded for the width the pane is drawn at, before any line of it is
@@ -309,6 +320,8 @@ class SuggestionsPane(OptionList):
         screen is laid out again only if its scrollbar appears or goes (its place is the
         compositor's) or the pane's size depends on its content after all (height: auto).
         (c9d3596 did this and was undone when the options' drawing hid what it saves.)"""
+        if self._drawn_width is not None:
+            return  # up to date: render_lines brought them up to date before drawing
         if self.styles.auto_dimensions:
             super()._update_lines()
             return
@@ -423,7 +436,9 @@ class SuggestionsPane(OptionList):
         through Textual's own."""
         prompt = option.prompt
         padding = self.get_component_styles("option-list--option").padding
-        width = self.scrollable_content_region.width - self._get_left_gutter_width()
+        width = self._drawn_width
+        if width is None:  # (an option drawn on its own, not by render_lines)
+            width = self.scrollable_content_region.width - self._get_left_gutter_width()
         if not self._drawn_here(option, width, padding):
             return super()._get_option_render(option, style)
         assert isinstance(prompt, Text)
