@@ -219,7 +219,9 @@ def test_a_tall_widget_renders_only_its_dirty_lines():
 
 def test_the_lean_screen_keeps_rich_and_textual_line_caches_bounded():
     """Issue 36 item 10: Rich's and Textual's caches keyed by a line's content (16,384 entries
-    each) grew for most of an hour on a dashboard whose figures change every second."""
+    each) grew for most of an hour on a dashboard whose figures change every second; Rich's
+    cached_cell_len (4,096) in an hour or two (issue 35 item 8)."""
+    from rich.cells import cached_cell_len
     from rich.segment import Segment
     from rich.style import Style
     from textual.strip import Strip
@@ -233,7 +235,9 @@ def test_the_lean_screen_keeps_rich_and_textual_line_caches_bounded():
         style = Style(color=f"#{n:06x}")
         Segment(f"漢 step {n} │ 38.7 GiB", style).split_cells(5)
         Strip.render_ansi(style, ColorSystem.TRUECOLOR)
+        cached_cell_len(f"  {n / 7:.1f} GiB stuck in splits")  # (Rich's: 4,096 at most)
     assert split_cells.cache_info().currsize > bound < render_ansi.cache_info().currsize
+    assert cached_cell_len.cache_info().currsize > bound
 
     async def frames() -> None:
         app = Board(lean=True)
@@ -245,6 +249,7 @@ def test_the_lean_screen_keeps_rich_and_textual_line_caches_bounded():
     asyncio.run(frames())
     assert split_cells.cache_info().currsize <= bound
     assert render_ansi.cache_info().currsize <= bound
+    assert cached_cell_len.cache_info().currsize <= bound
 
 
 class CountedBox(Vertical):

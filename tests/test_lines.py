@@ -303,3 +303,79 @@ def test_rewording_one_suggestion_renders_that_one_again_not_every_one():
             assert "1.5 GiB" in pane.get_option_at_index(2).prompt.plain
 
     asyncio.run(run())
+
+
+def test_a_cards_and_a_suggestions_new_figures_add_nothing_to_richs_cell_length_cache():
+    """Rich's `cached_cell_len` (an LRU of 4,096 strings) keeps every string it is asked to
+    measure.  A GPU card's line and a suggestion's hold figures that move every second, and
+    each new one was measured there when the line was cut to its width (Text.truncate,
+    Text.cell_len): the cache filled with them (~2 MB when full, issue 35 item 8).  memtop
+    measures its own lines (lines.cells), and lays out the same lines."""
+    from dataclasses import replace
+
+    from rich.cells import cached_cell_len
+    from ui_helpers import a_gpu_row
+
+    from memtop.model import Severity
+    from memtop.ui.view import SuggestionItem
+    from memtop.ui.widgets.gpu_panel import GpuCard
+    from memtop.ui.widgets.suggestions import suggestion_text
+
+    gib = 1 << 30
+    row = a_gpu_row()
+    card = GpuCard(row)
+    item = SuggestionItem(
+        key="leak:1:0",
+        severity=Severity.CRITICAL,
+        pid=4101,
+        device=0,
+        title="Leak: +8.0 MiB per step (3.7 GiB/min), full in ~12 min (5805 steps)",
+        evidence="allocated grew 221.6 GiB/hour over 488 samples",
+        fix=None,
+        effect="+221.6 GiB/hour",
+        detail="tensors kept across steps",
+    )
+
+    def lay_out(round_: int) -> list[tuple[str, int]]:
+        """This round's lines, each with the width it was laid out for."""
+        grown = round_ * gib // 7
+        card.row = replace(row, used=row.used + grown, allocated=row.allocated + grown)
+        title = item.title.replace("5805", str(5805 - round_)).replace("+8.0", f"+{8 + round_}.0")
+        steps = replace(item, title=title)
+        return [
+            (card._first_line(120, False).plain, 120),
+            (card._second_line(120, False).plain, 120),
+            (card._first_line(30, True).plain, 30),  # cut to the width
+            (suggestion_text(steps, False, 100).plain, 100),
+            (suggestion_text(steps, False, 40).plain, 40),  # cut to the width: an ellipsis
+        ]
+
+    lay_out(0)
+    misses = cached_cell_len.cache_info().misses
+    lines = [line for round_ in range(1, 21) for line in lay_out(round_)]
+    assert cached_cell_len.cache_info().misses == misses  # no string measured there
+    assert len(set(lines)) == len(lines)  # (each round's lines were new)
+    assert all(cell_len(row) <= width for text, width in lines for row in text.split("\n"))
+    assert any(cell_len(row) == width for text, width in lines for row in text.split("\n"))
+
+
+def test_cut_cuts_as_text_truncate_does():
+    """lines.cut: the characters, spans and style Text.truncate leaves, on lines of ASCII,
+    memtop's one-cell symbols, wide and zero-width characters, cut or not."""
+    from memtop.ui.widgets.lines import cut
+
+    rng = random.Random(7)
+    alphabet = "ab 1.%…—·▕▏█┃▁" + "界" + "\u0301" + "\x1b"
+    for _ in range(3000):
+        plain = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 30)))
+        spans = []
+        for _ in range(rng.randrange(0, 4)):
+            start = rng.randrange(0, len(plain) + 1)
+            spans.append(Span(start, rng.randrange(start, len(plain) + 2), rng.choice(STYLES)))
+        overflow = rng.choice([None, "fold", "crop", "ellipsis"])
+        width = rng.randrange(0, 32)
+        made = [Text(plain, style="bold", spans=spans, overflow=overflow) for _ in range(2)]
+        made[0].truncate(width)
+        ours = cut(made[1], width)
+        assert ours is made[1]
+        assert (ours.plain, ours.spans, ours.style) == (made[0].plain, made[0].spans, "bold")

@@ -222,18 +222,28 @@ def _more_than_fit(items):  # type: ignore[no-untyped-def]
     )
 
 
-def test_a_reworded_suggestion_repaints_its_own_lines_not_the_pane() -> None:
+def _a_word(title: str) -> str:
+    """The first word of letters in a suggestion's title."""
+    return next(word for word in title.split() if word.isalpha())
+
+
+def test_a_reworded_suggestion_repaints_the_cells_that_changed_not_the_pane() -> None:
     # Each slow period a suggestion whose figures moved is worded again: the pane repainted
     # all of itself for it (its every option, its border, its scrollbar: 59 repaints in 29 s of
-    # the mixed demo, issue 35 item 8), where that option's lines are what changed.  Scrolled
-    # or not, the terminal then shows what a full frame of the screen shows.
+    # the mixed demo, issue 35 item 8), then all of that option's lines across the pane, its
+    # scrollbar's column too (the scrollbar drew again with each: 39 lines in 30 s), where a
+    # figure in one of its lines is what changed.  Now: the cells that moved in the lines that
+    # changed (a line whose length changed: that line across the text), never the scrollbar.
+    # Scrolled or not, the terminal then shows what a full frame of the screen shows.
     from textual.geometry import Region
+    from textual.scrollbar import ScrollBar
     from ui_helpers import full_frame, play_into_terminal
 
     app = MemtopApp(frozen_store(), None, clock=lambda: NOW + 0.5, host="gpu-box", my_uid=MY_UID)
     terminal = play_into_terminal(app)
     regions: list[list[Region]] = []
     drawn: list[Region] = []
+    scrollbar_lines = [0]
 
     class Watched(SuggestionsPane):
         def refresh(self, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -244,51 +254,87 @@ def test_a_reworded_suggestion_repaints_its_own_lines_not_the_pane() -> None:
             drawn.append(crop)
             return super().render_lines(crop)
 
-    def reword(pane: SuggestionsPane, index: int, old: str, new: str) -> tuple[int, int]:
+    class CountedBar(ScrollBar):
+        def render_lines(self, crop):  # type: ignore[no-untyped-def]
+            scrollbar_lines[0] += crop.height
+            return super().render_lines(crop)
+
+    def reword(pane: SuggestionsPane, index: int, old: str, new: str) -> tuple[int, int, int]:
+        """The option's prompt with `old` made `new`; the pane's line where it is (in the
+        pane's own coordinates, under its border) and the cells [x0, x1) that differ there."""
         prompt = pane._prompts[index].copy()
         assert old in prompt.plain, prompt.plain
-        prompt.plain = prompt.plain.replace(old, new)
+        before = prompt.plain.split("\n")
+        prompt.plain = prompt.plain.replace(old, new, 1)
+        after = prompt.plain.split("\n")
+        line = next(y for y, (a, b) in enumerate(zip(before, after, strict=True)) if a != b)
+        a, b = before[line], after[line]
+        differ = [x for x in range(max(len(a), len(b))) if a[x : x + 1] != b[x : x + 1]]
         pane._prompts[index] = prompt
         regions.clear()
         drawn.clear()
+        scrollbar_lines[0] = 0
         pane.replace_option_prompt_at_index(index, prompt)
-        # Its first line in the pane's own coordinates (under its border), and how many.
         first = pane.content_offset.y + pane._index_to_line[index] - pane.scroll_offset.y
-        return first, pane._heights[index]
+        return first + line, differ[0], differ[-1] + 1
 
-    async def run() -> list[tuple[int, int, list[list[Region]], list[Region], bool]]:
+    text_width = 120 - 4 - 2  # less its borders and padding, and its scrollbar's gutter (right)
+
+    async def run() -> list[tuple[int, int, int, list[list[Region]], list[Region], int, bool]]:
         async with app.run_test(size=(120, 36)) as pilot:
             await pilot.pause(0.2)
             pane = app.query_one(SuggestionsPane)
             pane.__class__ = Watched  # the same pane, its repaints recorded
+            assert pane.scrollable_content_region.width == text_width
             seen = []
+
+            def same_as_full() -> bool:  # (a full frame draws every line: counted no more)
+                pane.__class__ = SuggestionsPane
+                try:
+                    return terminal.cells == full_frame(app).cells
+                finally:
+                    pane.__class__ = Watched
+
             items = pane.items
             assert len(items) >= 2, items
-            word = items[1].title.split()[0]
-            first, height = reword(pane, 1, word, word.upper())
+            word = _a_word(items[1].title)
+            y, x0, x1 = reword(pane, 1, word, word.swapcase())  # as long: cells in place
             await pilot.pause(0.2)
-            seen.append(
-                (first, height, regions[:], drawn[:], terminal.cells == full_frame(app).cells)
-            )
-            # Scrolled: a longer list, three lines down, its fourth option reworded.
+            seen.append((y, x0, x1, regions[:], drawn[:], scrollbar_lines[0], same_as_full()))
+            # Scrolled: a longer list (its scrollbar shown), three lines down, its fourth
+            # option reworded, once in place and once a word longer (the line across).
             many = _more_than_fit(items)
             pane.show(many, False, True)
             await pilot.pause(0.2)
             pane.scroll_to(y=3, animate=False, immediate=True)
             await pilot.pause(0.2)
             assert pane.scroll_offset.y == 3
-            word = many[3].title.split()[0]
-            first, height = reword(pane, 3, word, word.lower())
+            assert pane.show_vertical_scrollbar
+            pane.vertical_scrollbar.__class__ = CountedBar
+            word = _a_word(many[3].title)
+            y, x0, x1 = reword(pane, 3, word, word.swapcase())
+            await pilot.pause(0.2)
+            seen.append((y, x0, x1, regions[:], drawn[:], scrollbar_lines[0], same_as_full()))
+            # (Its spans stay where they were: the lines after it in the option differ too.)
+            y, _, _ = reword(pane, 3, word.swapcase(), word + "s")
             await pilot.pause(0.2)
             seen.append(
-                (first, height, regions[:], drawn[:], terminal.cells == full_frame(app).cells)
+                (y, 0, text_width, regions[:], drawn[:], scrollbar_lines[0], same_as_full())
             )
             return seen
 
-    for first, height, refreshed, lines, same in asyncio.run(run()):
-        assert refreshed and all(len(args) == 1 for args in refreshed), refreshed  # a region
+    for y, x0, x1, refreshed, lines, bar_lines, same in asyncio.run(run()):
+        assert len(refreshed) == 1, refreshed  # one repaint
+        marked = refreshed[0]
+        if x1 < text_width:  # the same length: the cells that differ, on its line
+            assert marked == [Region(x0, y - 1, x1 - x0, 1)], marked
+        else:  # longer: its line across the text (and any other that differs), no further
+            assert Region(0, y - 1, text_width, 1) in marked, marked
+            assert all(region.x == 0 and region.right == text_width for region in marked)
         drawn_lines = sorted(y for crop in lines for y in range(crop.y, crop.bottom))
-        assert drawn_lines == list(range(first, first + height)), lines  # its lines, no others
+        # Those lines (under the pane's border), no others.
+        assert drawn_lines == sorted(region.y + 1 for region in marked), lines
+        assert bar_lines == 0  # the scrollbar beside it drew nothing
         assert same  # the terminal shows what a full frame does
 
 
@@ -324,3 +370,46 @@ def test_a_table_row_is_laid_out_to_the_tables_width_and_drawn_without_a_cut(
     widths, width, crops = asyncio.run(run())
     assert len(widths) >= 3 and set(widths) == {width}
     assert crops == 0, f"{crops} rows cut to the table's width"
+
+
+def test_the_pane_brings_its_lines_up_to_date_once_a_drawing_not_once_a_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Textual's OptionList brings its lines up to date (new options measured, its virtual size
+    # checked) and looks its width up again for every line it draws: most of drawing a line of
+    # an option already laid out (issue 35 item 8).  The pane does both once a drawing; its
+    # lines are Textual's (the terminal shows what a full frame shows).
+    from textual.geometry import Region
+    from textual.widgets import OptionList
+    from ui_helpers import full_frame, play_into_terminal
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW + 0.5, host="gpu-box", my_uid=MY_UID)
+    terminal = play_into_terminal(app)
+    updates = [0]
+    original = OptionList._update_lines
+
+    def counted(self):  # type: ignore[no-untyped-def]
+        updates[0] += 1
+        return original(self)
+
+    async def run() -> tuple[int, int, bool, list]:  # type: ignore[type-arg]
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.2)
+            pane = app.query_one(SuggestionsPane)
+            height = pane.outer_size.height - 2
+            monkeypatch.setattr(OptionList, "_update_lines", counted)
+            pane._styles_cache.clear()
+            strips = pane.render_lines(Region(0, 1, pane.outer_size.width, height))
+            drawn = updates[0]
+            monkeypatch.setattr(OptionList, "_update_lines", original)
+            pane._styles_cache.clear()
+            again = pane.render_lines(Region(0, 1, pane.outer_size.width, height))
+            pane.refresh()
+            await pilot.pause(0.2)
+            return drawn, height, terminal.cells == full_frame(app).cells, [strips, again]
+
+    drawn, height, same, (strips, again) = asyncio.run(run())
+    assert height >= 10
+    assert drawn == 1, f"{drawn} updates of the pane's lines to draw {height} of them"
+    assert [strip.text for strip in strips] == [strip.text for strip in again]
+    assert same

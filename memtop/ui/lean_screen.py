@@ -29,9 +29,12 @@ cell (`Segment._split_cells`, on every crop and every division of a line into ch
 escape sequence of each style (`Strip.render_ansi`).  Their keys are the lines' contents, and a
 dashboard's figures change every second: each new figure is a new entry, ~1 KiB each, ~300 a
 minute on a dashboard with trainers coming and going, so the caches grew for most of an hour
-(0.5-0.7 MB a minute, issue 36) before Rich's cap held them, at ~16 MB.  A frame that finds one
-holding more than TEXT_CACHE_ENTRIES empties it (`trim_text_caches`): what is drawn again next
-second is cached again at once.
+(0.5-0.7 MB a minute, issue 36) before Rich's cap held them, at ~16 MB.  Rich's `cached_cell_len`
+(4,096 entries, ~320 B each) measures every segment of a line the compositor divides into chops
+(the suggestions pane's, at its scrollbar): ~40 new strings a minute in the mixed demo once
+memtop measured its own lines (issue 35 item 8), so it too filled in an hour or two, to ~1.3 MB.
+A frame that finds one of them holding more than TEXT_CACHE_ENTRIES empties it
+(`trim_text_caches`): what is drawn again next second is cached again at once.
 
 Everything else is Textual's own (`Compositor._get_renders`, `_render_chops`,
 `_regions_to_spans`, `ChopsUpdate`, textual 8.x);
@@ -44,6 +47,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+import rich.cells
 from rich.cells import get_character_cell_size
 from rich.color import ColorSystem
 from rich.console import Console
@@ -61,14 +65,17 @@ TEXT_CACHE_ENTRIES = 2048
 def _text_caches() -> tuple[Any, ...]:
     """The functools LRU caches of Rich and Textual keyed by what a line contains (any that a
     later Rich or Textual renamed or dropped is left out)."""
-    found = []
-    for owner, name in ((Segment, "_split_cells"), (Strip, "render_ansi")):
-        cached = getattr(vars(owner).get(name), "__func__", None)
-        if callable(getattr(cached, "cache_info", None)) and callable(
-            getattr(cached, "cache_clear", None)
-        ):
-            found.append(cached)
-    return tuple(found)
+    candidates = [
+        getattr(vars(owner).get(name), "__func__", None)
+        for owner, name in ((Segment, "_split_cells"), (Strip, "render_ansi"))
+    ]
+    candidates.append(getattr(rich.cells, "cached_cell_len", None))
+    return tuple(
+        cached
+        for cached in candidates
+        if callable(getattr(cached, "cache_info", None))
+        and callable(getattr(cached, "cache_clear", None))
+    )
 
 
 TEXT_CACHES = _text_caches()

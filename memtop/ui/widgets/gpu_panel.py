@@ -33,7 +33,7 @@ from memtop.ui.render import (
 )
 from memtop.ui.renewal import Renewal
 from memtop.ui.view import GpuRow
-from memtop.ui.widgets.lines import changed_cells, looks_alike, text_strip
+from memtop.ui.widgets.lines import changed_cells, cut, looks_alike, text_strip
 
 # Below this width the second line uses short sizes (30.2G), so the trend keeps its room.
 WIDE_NUMBERS = 136
@@ -226,8 +226,7 @@ class GpuCard(Widget, can_focus=True):
         line = head.append(Text("▕", FREE)).append(bar).append(Text("▏", FREE)).append(tail)
         if row.error:
             line.append(f"  {row.error}", style="red")
-        line.truncate(width)
-        return line
+        return cut(line, width)
 
     def _second_line(self, width: int, compact: bool) -> Text:
         row = self.row
@@ -247,8 +246,7 @@ class GpuCard(Widget, can_focus=True):
         room = width - len(line) - 2
         if room >= 10:
             line.append("  ").append(self._trend(room, short=room < trend_min))
-        line.truncate(width)
-        return line
+        return cut(line, width)
 
     def _numbers(
         self, indent: str, fmt: Callable[[int | None], str], gap: str, with_fragmentation: bool

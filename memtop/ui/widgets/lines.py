@@ -50,6 +50,20 @@ def cells(text: str) -> int:
     return len(text) + sum(cell_len(char) - 1 for char in special)
 
 
+def cut(text: Text, width: int) -> Text:
+    """`text` cut to `width` cells, as `Text.truncate(width)` cuts it, but measured here:
+    Rich's `cell_len` keeps each string it measures in its cache (an LRU of 4,096), and
+    memtop's lines hold figures that move every second (a GPU card's line was a new entry a
+    card a second; issue 35 item 8).  A line of one-cell characters is cut by characters."""
+    plain = text.plain
+    if _SPECIAL.search(plain) is None and text.overflow in (None, "fold", "crop"):
+        if len(plain) > width:
+            text.right_crop(len(plain) - width)  # (Text.truncate: set_cell_size, the same)
+    elif cells(plain) > width:
+        text.truncate(width)
+    return text
+
+
 def looks_alike(a: Text, b: Text) -> bool:
     """Whether two texts draw the same: characters, spans and their own style (Rich's
     `Text.__eq__` leaves the last out)."""

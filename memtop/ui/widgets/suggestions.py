@@ -22,7 +22,7 @@ from memtop.ui.fixes import fix_lines
 from memtop.ui.render import FREE, SEVERITY_STYLES, slow_tick
 from memtop.ui.renewal import Renewal
 from memtop.ui.view import SuggestionItem
-from memtop.ui.widgets.lines import cells, looks_alike, text_strip
+from memtop.ui.widgets.lines import cells, changed_cells, looks_alike, text_strip
 
 BADGES = {
     Severity.EMERGENCY: "EMERG",
@@ -43,8 +43,10 @@ URGENT = ("critical", "emergency")
 
 def clip(text: Text, width: int) -> Text:
     """One row: cut at a word boundary with an ellipsis, so a figure is never cut in half
-    ("488 samples" must not read "488 s…")."""
-    if text.cell_len <= width:
+    ("488 samples" must not read "488 s…").  Measured by `cells`, not Rich's `cell_len`, whose
+    cache keeps every line it measures: a suggestion's lines quote figures that move, so it
+    filled with them (issue 35 item 8)."""
+    if cells(text.plain) <= width:
         return text
     plain = text.plain
     cut = plain.rfind(" ", 0, max(1, width - 1))
@@ -89,7 +91,7 @@ def suggestion_text(item: SuggestionItem, compact: bool, width: int | None = Non
         title.append("  ")
     words = item.title
     if width is not None:
-        words = fit_title(words, width - title.cell_len)
+        words = fit_title(words, width - cells(title.plain))
     title.append(words, style="bold")
     if item.effect:
         title.append(f"  {item.effect}", style=EFFECT_STYLES.get(item.effect_kind, "green"))
@@ -137,6 +139,11 @@ def _option_strip(strip: Strip, length: int, y: int, option: int) -> Strip:
     return Strip(segments, strip.cell_length)
 
 
+def _fits(prompt: Text, width: int) -> bool:
+    """Whether each line of `prompt` fits in `width` cells (none would wrap)."""
+    return all(cells(line) <= width for line in prompt.plain.split("\n"))
+
+
 class LaidOutPrompt(Visual):
     """A suggestion's prompt as the pane lays it out (suggestion_text: one row per line, each
     cut to the pane's width): its height is its number of lines wherever none is wider than
@@ -177,6 +184,7 @@ class SuggestionsPane(OptionList):
     """Rebuilt when the set of suggestions changes; the highlight follows its item by key."""
 
     _lines_only = False  # inside _update_lines: a new line count is no new layout
+    _drawn_width: int | None = None  # inside render_lines: the options' width, lines up to date
 
     def __init__(self) -> None:
         super().__init__(id="suggestions")
@@ -269,7 +277,17 @@ class SuggestionsPane(OptionList):
 
     def render_lines(self, crop: Region) -> list[Strip]:
         self._word_at_width()
-        return super().render_lines(crop)
+        # The lines brought up to date once for the lines drawn, and the options' width looked
+        # up once: Textual's OptionList does both again for every line it draws (its `_lines`
+        # updates them; the width is a walk of the CSS gutter and the scrollbars), most of
+        # drawing a line of an option already laid out (~105 → ~65 µs a line, frozen
+        # dashboard).  Nothing changes the options while they are drawn.
+        self._update_lines()
+        self._drawn_width = self.scrollable_content_region.width - self._get_left_gutter_width()
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._drawn_width = None
 
     def _word_at_width(self) -> None:
         """The suggestions worded for the width the pane is drawn at, before any line of it is
@@ -309,6 +327,8 @@ class SuggestionsPane(OptionList):
         screen is laid out again only if its scrollbar appears or goes (its place is the
         compositor's) or the pane's size depends on its content after all (height: auto).
         (c9d3596 did this and was undone when the options' drawing hid what it saves.)"""
+        if self._drawn_width is not None:
+            return  # up to date: render_lines brought them up to date before drawing
         if self.styles.auto_dimensions:
             super()._update_lines()
             return
@@ -364,7 +384,53 @@ class SuggestionsPane(OptionList):
         # An LRUCache has keys() but cannot be iterated itself.
         for key in [key for key in cache.keys() if key[0] is option]:  # noqa: SIM118
             cache.discard(key)
-        self.refresh_lines(self._index_to_line[index], self._heights[index])
+        self.refresh(*self._changed_regions(index, old, prompt))
+
+    def _changed_regions(self, index: int, old: Text, new: Text) -> list[Region]:
+        """Where the option at `index` draws differently now that its prompt `old` is `new`
+        (of as many lines), in the pane's content coordinates: of each line that changed, the
+        cells that moved (a figure: "5805 steps" → "5806 steps"), else the line across the
+        text's width.  Never the scrollbar beside the text: ScrollView.refresh_lines marks the
+        lines across the whole content region, the scrollbar's column too, and the scrollbar
+        (a widget of its own) drew again for each reworded option (39 lines in 30 s of the
+        mixed demo, and ~2 lines of the pane's a round that no figure changed; issue 35 item 8).
+        An option drawn otherwise than a row per line of its prompt (Textual's pipeline
+        wrapped it): all its lines, across the text's width."""
+        top = self._index_to_line[index] - self.scroll_offset.y
+        height = self._heights[index]
+        gutter = self._get_left_gutter_width()
+        width = self.scrollable_content_region.width - gutter  # an option's rows are this wide
+        option = self.get_option_at_index(index)
+        padding = self.get_component_styles("option-list--option").padding
+        old_lines = old.split("\n", allow_blank=True)
+        new_lines = new.split("\n", allow_blank=True)
+        if not (
+            self._drawn_here(option, width, padding)
+            and _fits(new, width)
+            and len(new_lines) == height
+        ):
+            return [Region(gutter, top, max(0, width), height)]
+        regions = []
+        for y, (before, after) in enumerate(zip(old_lines, new_lines, strict=True)):
+            if looks_alike(before, after):
+                continue
+            x0, x1 = changed_cells(before, after) or (0, width)
+            regions.append(Region(gutter + x0, top + y, min(x1, width) - x0, 1))
+        return regions
+
+    def _drawn_here(self, option: Option, width: int, padding: object) -> bool:
+        """Whether `_get_option_render` draws the option itself (a row per line of its prompt,
+        each character where it stands in its line, where the lines `_fits`), not Textual's
+        content pipeline (a tab, a selection, padding, a divider)."""
+        prompt = option.prompt
+        return (
+            isinstance(prompt, Text)
+            and not padding
+            and not option._divider
+            and self.text_selection is None
+            and "\t" not in prompt.plain
+            and width > 0
+        )
 
     def _get_option_render(self, option: Option, style: VisualStyle) -> list[Strip]:
         """An option's lines through Rich only (memtop.ui.widgets.lines), as the GPU cards'
@@ -377,21 +443,17 @@ class SuggestionsPane(OptionList):
         through Textual's own."""
         prompt = option.prompt
         padding = self.get_component_styles("option-list--option").padding
-        width = self.scrollable_content_region.width - self._get_left_gutter_width()
-        if (
-            not isinstance(prompt, Text)
-            or padding
-            or option._divider
-            or self.text_selection is not None
-            or "\t" in prompt.plain
-            or width <= 0
-        ):
+        width = self._drawn_width
+        if width is None:  # (an option drawn on its own, not by render_lines)
+            width = self.scrollable_content_region.width - self._get_left_gutter_width()
+        if not self._drawn_here(option, width, padding):
             return super()._get_option_render(option, style)
+        assert isinstance(prompt, Text)
         cache_key = (option, style, padding)
         if (strips := self._option_render_cache.get(cache_key)) is None:
-            lines = prompt.split("\n", allow_blank=True)
-            if any(cells(line.plain) > width for line in lines):
+            if not _fits(prompt, width):  # a line would wrap
                 return super()._get_option_render(option, style)
+            lines = prompt.split("\n", allow_blank=True)
             base = style.rich_style
             index = self._option_to_index[option]
             console = self.app.console
