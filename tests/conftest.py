@@ -76,6 +76,24 @@ def socket_dir() -> Iterator[Path]:
     shutil.rmtree(directory, ignore_errors=True)
 
 
+@pytest.fixture
+def replay_parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many lines memtop.sources.replay has parsed into an event, in [0] (a test sets it
+    back to 0 between the readings it compares): a recording read twice shows as twice the
+    parses of one reading."""
+    import memtop.sources.replay as replay
+
+    parsed = [0]
+    agent_event = replay._agent_event
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        parsed[0] += 1
+        return agent_event(*args, **kwargs)
+
+    monkeypatch.setattr(replay, "_agent_event", counted)
+    return parsed
+
+
 @pytest.fixture(autouse=True)
 def _private_socket_dir_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     # No test may see (or clean up) the sockets of real trainers on this machine.

@@ -1039,7 +1039,7 @@ def test_from_a_recording_of_several_trainers_asks_which(capsys):
 
 
 @pytest.mark.skipif(not TRACES.is_dir(), reason="shared/traces not present")
-def test_from_reads_the_recording_once(capsys, monkeypatch, tmp_path):
+def test_from_reads_the_recording_once(capsys, tmp_path, replay_parses):
     """`--from` read the recording twice, once for its trainers and once for the chosen one,
     and held every event of the first reading in a list (30 MB for the 0.9 MB of gzip of the
     six traces)."""
@@ -1051,14 +1051,7 @@ def test_from_reads_the_recording_once(capsys, monkeypatch, tmp_path):
     two.mkdir()
     for name in ("healthy.jsonl.gz", "hf-trainer.jsonl.gz"):
         shutil.copy(TRACES / name, two / name)
-    parsed = [0]
-    agent_event = replay._agent_event
-
-    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        parsed[0] += 1
-        return agent_event(*args, **kwargs)
-
-    monkeypatch.setattr(replay, "_agent_event", counted)
+    parsed = replay_parses
     assert replay.load(two).events  # one whole reading
     once, parsed[0] = parsed[0], 0
     out = run_json(capsys, "--from", str(two), "--measured-batch", "8", "--pid", "434")

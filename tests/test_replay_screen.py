@@ -211,27 +211,18 @@ def run_replay(path: Path, script) -> None:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("at", ["50", None])
-def test_the_report_at_a_moment_parses_each_line_once(monkeypatch, capsys, tmp_path, at):
+def test_the_report_at_a_moment_parses_each_line_once(capsys, tmp_path, at, replay_parses):
     # `memtop replay FILE --once --at T` (each check above asks it): the first event was read
     # for "holds nothing to replay" (every file's reorder window: all of a small recording),
     # then again by the player, and the skipped lines counted by a third reading to the end.
     import gzip
-
-    import memtop.sources.replay as replay
 
     # The leak recording with a line it skips at its end, after the moment asked for.
     path = tmp_path / "leak.jsonl.gz"
     path.write_bytes(
         gzip.compress(gzip.decompress((TRACES / path.name).read_bytes()) + b'{"cmd": "sample"}\n')
     )
-    parsed = [0]
-    agent_event = replay._agent_event
-
-    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        parsed[0] += 1
-        return agent_event(*args, **kwargs)
-
-    monkeypatch.setattr(replay, "_agent_event", counted)
+    parsed = replay_parses
     recording = load(path)
     lines = len(recording.events)  # one whole reading: a parse a line that can be an event
     once = parsed[0]
