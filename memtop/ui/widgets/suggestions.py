@@ -46,9 +46,9 @@ def clip(text: Text, width: int) -> Text:
     ("488 samples" must not read "488 s…").  Measured by `cells`, not Rich's `cell_len`, whose
     cache keeps every line it measures: a suggestion's lines quote figures that move, so it
     filled with them (issue 35 item 8)."""
-    if cells(text.plain) <= width:
-        return text
     plain = text.plain
+    if cells(plain) <= width:
+        return text
     cut = plain.rfind(" ", 0, max(1, width - 1))
     if cut < width // 2:  # no space near the end: cut where it falls
         cut = max(0, width - 1)
