@@ -24,6 +24,7 @@ from memtop.agent.probe import ProbeDevice
 from memtop.agent.server import Agent
 from memtop.base import children
 from memtop.cli import main
+from memtop.model import bare_uuid
 from memtop.oom.diagnose import diagnose
 from memtop.sim.allocator import SimulatedCachingAllocator, SimulatedOutOfMemoryError
 from memtop.sim.device import LocalDeviceMemory
@@ -470,7 +471,10 @@ def test_real_cuda_oom_leaves_a_report(tmp_path):
     assert report["reserved_bytes"] + report["requested_bytes"] > limit
     assert report["step"] == result["steps"]
     assert report["phase"] in ("forward", "backward", "optimizer")
-    assert report["device_uuid"].startswith(("GPU-", "MIG-"))
+    # The GPU as the agent's samples name it (torch's UUID, bare: an H200 gave
+    # "ec3a5944-…"), which the viewer joins to the driver's "GPU-ec3a5944-…" through bare_uuid.
+    own = bare_uuid(str(torch.cuda.get_device_properties(0).uuid))
+    assert len(own) == 36 and bare_uuid(report["device_uuid"]) == own
     assert report["largest_free_block_bytes"] is not None
     assert report["allocated_bytes"] >= 256 << 20
     verdict = diagnose(report)
