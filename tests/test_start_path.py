@@ -1027,3 +1027,54 @@ def test_the_first_gpu_cards_are_styled_once_dense_or_not(monkeypatch) -> None: 
             assert not any(c.has_class("-dense") for c in cards) and len(restyled) == 8
 
     asyncio.run(run())
+
+
+def test_the_dashboard_is_styled_once_before_its_first_frame() -> None:
+    # Textual styles each widget as it mounts; the screen's first ScreenResume, just after,
+    # restyled every node of it again (refresh_styles: for what changed while it was
+    # suspended, at the start nothing), before the first frame, drawn within that handler.
+    # A later resume (back from the help screen) still restyles the dashboard.
+    import asyncio
+
+    from textual import events
+    from textual.app import App
+    from ui_frozen import MY_UID, NOW, frozen_store
+
+    from memtop.ui.app import DashboardScreen, MemtopApp
+    from memtop.ui.screens.help import HelpScreen
+
+    restyled: list[str] = []  # each restyle of the whole dashboard screen, and each frame
+    update_styles, display = App.update_styles, App._display
+
+    def logged_update(self, node, animate=True):  # type: ignore[no-untyped-def]
+        if isinstance(node, DashboardScreen):
+            restyled.append("screen")
+        return update_styles(self, node, animate)
+
+    def logged_display(self, screen, renderable):  # type: ignore[no-untyped-def]
+        if renderable is not None:
+            restyled.append("frame")
+        return display(self, screen, renderable)
+
+    async def run() -> None:
+        app = MemtopApp(frozen_store(), None, clock=lambda: NOW, my_uid=MY_UID)
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.2)
+            assert "frame" in restyled
+            first = restyled.index("frame")
+            assert "screen" not in restyled[:first], restyled
+            restyled.clear()
+            await pilot.press("question_mark")
+            assert isinstance(app.screen, HelpScreen)
+            await pilot.press("escape")
+            await pilot.pause(0.1)
+            assert isinstance(app.screen, DashboardScreen)
+            app.screen.post_message(events.ScreenResume())  # as switching back to it posts
+            await pilot.pause(0.1)
+            assert "screen" in restyled, restyled
+
+    App.update_styles, App._display = logged_update, logged_display  # type: ignore[method-assign]
+    try:
+        asyncio.run(run())
+    finally:
+        App.update_styles, App._display = update_styles, display  # type: ignore[method-assign]

@@ -78,6 +78,20 @@ class DashboardScreen(LeanScreen):
     waited for them (issue 35 item 8: docs/architecture.md, the dashboard's start)."""
 
     AUTO_FOCUS = "#processes"
+    # Whether the screen has been shown: its first ScreenResume comes right after its mount.
+    _shown_once = False
+
+    def _on_screen_resume(self, event: events.ScreenResume) -> None:
+        """The first resume (Textual's ScreenResume, the dashboard's first frame drawn within
+        its handler) keeps the styles the widgets were given as they mounted, just before:
+        Textual restyled every node of the screen again (refresh_styles), for what had changed
+        while it was suspended, which at the start is nothing (~8 ms of the start's main
+        thread on a loaded box; docs/architecture.md).  Every later resume (back from the
+        detail, GPU or help screen) restyles as Textual does.  Screen's own handler runs after
+        this one (Textual calls each class's in the MRO) and reads `refresh_styles`."""
+        if not self._shown_once:
+            self._shown_once = True
+            event.refresh_styles = False
 
 
 class MemtopApp(App[None]):
