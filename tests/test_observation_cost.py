@@ -1,0 +1,68 @@
+"""What one round's observation does again that it need not (issue 35 item 8, the `mixed` CPU):
+each cut measured as a count of work that a round with nothing new to judge no longer does,
+with the outputs the same."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from helpers.observations import HOST
+from ui_frozen import MY_UID, NOW, TRAINERS, frozen_store, poll_at
+
+import memtop.diagnosis as diagnosis
+from memtop.diagnosis import Diagnoser
+from memtop.engine.observation import Observer
+from memtop.sources.agents import EXITED, AgentView
+
+LEAKER = 4102  # the frozen store's leaking trainer
+
+
+@pytest.fixture
+def analyses(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Each leak analysis the diagnoser runs (its call of `detect`)."""
+    calls: list[Any] = []
+    real = diagnosis.detect
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(diagnosis, "detect", counted)
+    return calls
+
+
+def test_a_leak_verdict_due_again_on_the_same_marks_is_not_analysed_again(
+    analyses: list[Any],
+) -> None:
+    """A verdict is due again every `leak_refresh_s` (here every round); a device whose marks
+    and headroom did not change since (an exited trainer, whose row stays; a stalled one) keeps
+    it without the analysis, and a device with a new mark is analysed again."""
+    store = frozen_store()
+    clock = [NOW]
+    observer = Observer(
+        store, Diagnoser(leak_refresh_s=0.0), clock=lambda: clock[0], host=HOST, uid=MY_UID
+    )
+    first = observer.latest()
+    devices = len(first.diagnosis.devices)
+    assert len(analyses) == devices == 3
+    leak = first.device(LEAKER, 0).leak  # type: ignore[union-attr]
+    assert leak.detected
+
+    # The leaker exits: its row and its marks stay; the others sent nothing new either.
+    hello = store.agent(LEAKER).hello  # type: ignore[union-attr]
+    store.update_agents([AgentView(LEAKER, EXITED, hello, error="gone")], NOW + 1)
+    clock[0] = NOW + 1
+    gone = observer.latest()
+    assert len(analyses) == devices, "the same marks were analysed again"
+    assert gone.device(LEAKER, 0).leak is leak  # type: ignore[union-attr]
+
+    # One trainer steps on: its marks change, and only it is judged again.
+    (healthy, *_) = [t for t in TRAINERS if t.pid != LEAKER]
+    store.update_agents([poll_at(healthy, 301, 40 << 30)], NOW + 2)
+    clock[0] = NOW + 2
+    stepped = observer.latest()
+    assert len(analyses) == devices + 1
+    again = stepped.device(healthy.pid, 0).leak  # type: ignore[union-attr]
+    fresh = Observer(store, Diagnoser(), clock=lambda: clock[0], host=HOST, uid=MY_UID).latest()
+    assert again == fresh.device(healthy.pid, 0).leak  # type: ignore[union-attr]
