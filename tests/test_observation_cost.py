@@ -66,3 +66,20 @@ def test_a_leak_verdict_due_again_on_the_same_marks_is_not_analysed_again(
     again = stepped.device(healthy.pid, 0).leak  # type: ignore[union-attr]
     fresh = Observer(store, Diagnoser(), clock=lambda: clock[0], host=HOST, uid=MY_UID).latest()
     assert again == fresh.device(healthy.pid, 0).leak  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("exited", [None, LEAKER])
+def test_suggest_judges_per_agent_rules_as_the_rules_themselves_do(exited: int | None) -> None:
+    """`suggest` calls a per-agent rule's judge on each device straight (no generator per GPU
+    and rule): its suggestions are those of every rule called on every GPU, in the same order,
+    held or not (the exit limits of hysteresis)."""
+    from memtop.diagnosis.suggestions import RULES, PerAgent, most_severe_first, suggest
+
+    assert sum(isinstance(rule.judge, PerAgent) for rule in RULES) >= 8
+    gpus = Observer(frozen_store(exited=exited), host=HOST, uid=MY_UID).latest().gpus
+    for held in (set(), {s.key for s in suggest(gpus)}):
+        one_by_one = most_severe_first(
+            s for gpu in gpus for rule in RULES for s in rule(gpu, held=held)
+        )
+        assert suggest(gpus, RULES, held=held) == one_by_one
+        assert one_by_one
