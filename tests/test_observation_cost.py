@@ -83,3 +83,35 @@ def test_suggest_judges_per_agent_rules_as_the_rules_themselves_do(exited: int |
         )
         assert suggest(gpus, RULES, held=held) == one_by_one
         assert one_by_one
+
+
+def test_a_rows_words_from_its_hello_are_made_once_not_every_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a row says from its agent's hello (command and its label, ranks, job, ROCm) is made
+    when the hello, the command line or the workload is another, not every round: the rows of
+    a second round with the same agents are those a new observer makes, and their command lines
+    are not cut again."""
+    import memtop.engine.observation as observation
+
+    cut: list[tuple[str, ...]] = []
+    real = observation.short_command
+
+    def counted(argv: Any) -> str:
+        cut.append(tuple(argv))
+        return real(argv)
+
+    monkeypatch.setattr(observation, "short_command", counted)
+    store = frozen_store()
+    clock = [NOW]
+    observer = Observer(store, clock=lambda: clock[0], host=HOST, uid=MY_UID)
+    first = observer.latest()
+    agents_argv = {tuple(a.argv) for a in first.agents}
+    assert agents_argv and sum(argv in agents_argv for argv in cut) == len(first.agents)
+    cut.clear()
+    clock[0] = NOW + 1
+    second = observer.publish()
+    assert not [argv for argv in cut if argv in agents_argv], "the same command lines cut again"
+    assert [r.command for r in second.entries] == [r.command for r in first.entries]
+    fresh = Observer(store, clock=lambda: clock[0], host=HOST, uid=MY_UID).latest()
+    assert [repr(r) for r in second.entries] == [repr(r) for r in fresh.entries]
