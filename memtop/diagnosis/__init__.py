@@ -30,7 +30,7 @@ from memtop.diagnosis.fragmentation import (
     fragmentation,
     pressure,
 )
-from memtop.diagnosis.leak import MAX_MARKS, LeakEstimate, detect
+from memtop.diagnosis.leak import MAX_MARKS, MIN_MARKS, LeakEstimate, detect
 from memtop.diagnosis.ranks import JobPeers, job_peers
 from memtop.diagnosis.sites import site_trends
 from memtop.diagnosis.suggestions import Suggestion
@@ -63,6 +63,10 @@ Placement = tuple[str, int, int | None]
 # device at most this often (a trend judged over minutes of steps does not change in ten
 # seconds, and eight devices judged every 5 s were a twentieth of the dashboard's CPU).
 LEAK_REFRESH_S = 10.0
+# What a leak verdict was judged on: the marks (step, time, allocated), the headroom, and, where
+# the marks are too few for the step basis, the sampled history (time, allocated, floor).
+LeakInputs = tuple[Any, ...]
+
 # The step marks a growing batch is judged on when OOMs show only as a counter (a recording):
 # the OOM report's `recent` holds about as many.
 GROWTH_MARKS = 60
@@ -86,16 +90,26 @@ class Diagnosis:
 
 @dataclass
 class Diagnoser:
-    """Keeps the last leak estimate per device so repeated diagnoses stay cheap."""
+    """Keeps the last leak estimate per device so repeated diagnoses stay cheap: judged again
+    every `leak_refresh_s`, and then only where what it is judged on changed since (`detect`
+    is a function of its inputs: the same inputs give the same verdict)."""
 
     leak_refresh_s: float = LEAK_REFRESH_S
     _leaks: dict[tuple[int, int], tuple[float, LeakEstimate]] = field(default_factory=dict)
     _host_leaks: dict[int, tuple[float, LeakEstimate]] = field(default_factory=dict)
+    # What each verdict in `_leaks` / `_host_leaks` was judged on: a device whose marks and
+    # headroom are the same when its verdict is due again (an exited or stalled trainer, whose
+    # row stays) keeps it without the analysis, which is most of the leak test's cost.
+    _leak_inputs: dict[tuple[int, int], LeakInputs] = field(default_factory=dict)
+    _host_leak_inputs: dict[int, LeakInputs] = field(default_factory=dict)
+    analyses: int = 0  # leak analyses run (`detect` called), for the tests and the bench
 
     def forget(self) -> None:
         """Judge every device anew next time (see Observer.forget)."""
         self._leaks.clear()
         self._host_leaks.clear()
+        self._leak_inputs.clear()
+        self._host_leak_inputs.clear()
 
     def diagnose_hosts(self, view: RoundView, now: float) -> dict[int, HostDiagnosis]:
         """The host memory of each agent that uses no CUDA device (a CPU trainer), by pid: its
@@ -113,20 +127,35 @@ class Diagnoser:
                 headroom = (
                     max(0, memory.total_bytes - memory.rss_bytes) if memory.total_bytes else None
                 )
-                leak = detect(
-                    _newest(marks, "step", MAX_MARKS),
-                    _newest(marks, "time", MAX_MARKS),
-                    _newest(marks, "rss", MAX_MARKS),
-                    _newest(history, "time"),
-                    _newest(history, "rss"),
-                    headroom_bytes=headroom,
-                )
+                inputs = _leak_inputs(marks, "rss", history, "rss", None, headroom)
+                if cached is not None and self._host_leak_inputs.get(agent.pid) == inputs:
+                    leak = cached[1]
+                else:
+                    leak = self._detect(inputs)
                 self._host_leaks[agent.pid] = (now, leak)
+                self._host_leak_inputs[agent.pid] = inputs
             hosts[agent.pid] = HostDiagnosis(
                 agent.pid, memory.rss_bytes, memory.peak_rss_bytes, memory.total_bytes, leak
             )
         self._host_leaks = {k: v for k, v in self._host_leaks.items() if k in hosts}
+        self._host_leak_inputs = {
+            k: v for k, v in self._host_leak_inputs.items() if k in self._host_leaks
+        }
         return hosts
+
+    def _detect(self, inputs: LeakInputs) -> LeakEstimate:
+        """The leak test on `inputs` (`_leak_inputs`)."""
+        self.analyses += 1
+        steps, times, values, headroom, history_time, history_values, history_floor = inputs
+        return detect(
+            steps,
+            times,
+            values,
+            history_time,
+            history_values,
+            headroom_bytes=headroom,
+            history_floor=history_floor,
+        )
 
     def diagnose_devices(
         self,
@@ -154,6 +183,7 @@ class Diagnoser:
                     windows=view.windows(agent.pid, dev.index),
                 )
         self._leaks = {k: v for k, v in self._leaks.items() if k in devices}
+        self._leak_inputs = {k: v for k, v in self._leak_inputs.items() if k in self._leaks}
         return devices
 
     def _device(
@@ -187,16 +217,20 @@ class Diagnoser:
         if cached is not None and 0 <= now - cached[0] < self.leak_refresh_s:
             leak = cached[1]
         else:
-            leak = detect(
-                _newest(marks, "step", MAX_MARKS),
-                _newest(marks, "time", MAX_MARKS),
-                _newest(marks, "allocated", MAX_MARKS),
-                _newest(history, "time"),
-                _newest(history, "allocated"),
-                headroom_bytes=latest.free_bytes + latest.cached,
-                history_floor=_newest(history, "allocated_floor"),
+            inputs = _leak_inputs(
+                marks,
+                "allocated",
+                history,
+                "allocated",
+                "allocated_floor",
+                latest.free_bytes + latest.cached,
             )
+            if cached is not None and self._leak_inputs.get(key) == inputs:
+                leak = cached[1]
+            else:
+                leak = self._detect(inputs)
             self._leaks[key] = (now, leak)
+            self._leak_inputs[key] = inputs
         reported = agent.last_oom is not None and agent.last_oom.get("device") == dev.index
         pressure_now = pressure(
             latest,
@@ -272,6 +306,35 @@ def _workload(
         launcher_argv,
         stepped,
         pattern,
+    )
+
+
+def _leak_inputs(
+    marks: Mapping[str, Sequence[float]],
+    marked: str,
+    history: Mapping[str, Sequence[float]],
+    sampled: str,
+    floor: str | None,
+    headroom: float | None,
+) -> LeakInputs:
+    """What `detect` judges one series on, as `Diagnoser._detect` takes it: the newest MAX_MARKS
+    step marks of column `marked`, the headroom, and the whole sampled history of column
+    `sampled` (with its floor readings) only where the marks are too few for the step basis:
+    with MIN_MARKS marks `detect` reads no history, and listing an hour of it (3600 rows of
+    three columns per device) was most of the cost of asking whether anything changed."""
+    steps = _newest(marks, "step", MAX_MARKS)
+    times = _newest(marks, "time", MAX_MARKS)
+    values = _newest(marks, marked, MAX_MARKS)
+    if len(steps) >= MIN_MARKS:
+        return steps, times, values, headroom, [], [], None
+    return (
+        steps,
+        times,
+        values,
+        headroom,
+        _newest(history, "time"),
+        _newest(history, sampled),
+        _newest(history, floor) if floor is not None else None,
     )
 
 

@@ -49,6 +49,7 @@ from memtop.model import (
     AccountPart,
     ActionRecord,
     AgentDeviceSample,
+    AgentHello,
     AgentStatus,
     AgentView,
     Choice,
@@ -253,6 +254,8 @@ class Observer:
         self.builds = 0
         self._lock = threading.Lock()
         self._latest: Observation | None = None
+        # What each agent's rows said of it from its hello last round (`_entries`), by pid.
+        self._said: dict[int, _Said] = {}
         # Called with each new observation, on the thread that built it (`--on-alert`): each
         # must be quick and must not raise.
         self.listeners: list[Callable[[Observation], None]] = []
@@ -275,6 +278,7 @@ class Observer:
         with self._lock:
             self.diagnoser.forget()
             self.stabilizer.forget()
+            self._said.clear()
             self._latest = None
 
     def publish(self) -> Observation:
@@ -352,7 +356,9 @@ class Observer:
             driver_version=reading.driver_version,
             gpus=gpus,
             agents=views,
-            entries=_entries(reading, views, diagnosed, infos, gpus, hosts, self.uid, now),
+            entries=_entries(
+                reading, views, diagnosed, infos, gpus, hosts, self.uid, now, self._said
+            ),
             diagnosis=diagnosis,
             problems=view.problems,
             events=tuple(message for _, message in view.events[-EVENTS:]),
@@ -713,12 +719,15 @@ def _entries(
     hosts: Mapping[int, HostDiagnosis] | None = None,
     my_uid: int = -1,
     now: float = 0.0,
+    said: dict[int, _Said] | None = None,
 ) -> tuple[ProcessRow, ...]:
     """Agent devices joined with the driver's processes on (pid, GPU UUID); then the driver's
-    processes that have no agent: each one row, made once."""
+    processes that have no agent: each one row, made once.  `said`: what the previous round's
+    rows said of each agent from its hello (`_said`), by pid, kept up to date here."""
     # A process on a MIG instance shows its GPU as "0:1" (GPU 0, GPU instance 1).
     instances = {g.uuid: g.mig.gpu_instance_id for g in gpus if g.mig is not None}
     hosts = hosts or {}
+    said = {} if said is None else said
     rows: list[ProcessRow] = []
     seen: set[tuple[int, str]] = set()
     for agent in agents:
@@ -726,9 +735,13 @@ def _entries(
         for sampled in agent.devices:
             dev = diagnosed[(agent.pid, sampled.index)]
             seen.add((agent.pid, dev.uuid))
-            rows.append(_agent_row(agent, info, dev, my_uid, now, instances.get(dev.uuid), hosts))
+            rows.append(
+                _agent_row(agent, info, dev, my_uid, now, instances.get(dev.uuid), hosts, said)
+            )
         if not agent.devices:  # not sampled yet, or unreachable
-            rows.append(_agent_row(agent, info, None, my_uid, now, None, hosts))
+            rows.append(_agent_row(agent, info, None, my_uid, now, None, hosts, said))
+    for gone in said.keys() - {agent.pid for agent in agents}:
+        del said[gone]
     if reading.available:
         for d in reading.devices:
             for p in d.processes:
@@ -798,13 +811,22 @@ def _agent_row(
     now: float,
     mig_instance: int | None,
     hosts: Mapping[int, HostDiagnosis],
+    said: dict[int, _Said] | None = None,
 ) -> ProcessRow:
     """An agent's device (or, `dev` None, an agent without one yet: the row keeps its process
     and agent columns and leaves the GPU's blank)."""
     workload = dev.workload if dev is not None else None
     argv = agent.argv or (info.cmdline if info else ())
-    extra = agent.hello.extra if agent.hello is not None else {}
-    job = agent.job
+    words = said.get(agent.pid) if said is not None else None
+    if (
+        words is None
+        or words.hello is not agent.hello
+        or words.argv != argv
+        or words.workload != workload
+    ):
+        words = _said(agent, argv, workload)
+        if said is not None:
+            said[agent.pid] = words
     state = STATE_LABELS[agent.status]
     trend = ""
     if dev is not None and dev.leak.detected and state == ProcessState.AGENT:
@@ -830,14 +852,14 @@ def _agent_row(
         pid=agent.pid,
         host=_where(agent.pid),
         user=_user(info),
-        command=_labelled(workload, short_command(argv) if argv else "?"),
-        full_command=" ".join(argv) if argv else "?",
-        rank=_int_or_none(extra.get("rank")),
-        local_rank=_int_or_none(extra.get("local_rank")),
-        world_size=_int_or_none(extra.get("world_size")),
-        launcher=getattr(info, "ppid", None) if extra.get("rank") is not None else None,
+        command=words.command,
+        full_command=words.full_command,
+        rank=words.rank,
+        local_rank=words.local_rank,
+        world_size=words.world_size,
+        launcher=getattr(info, "ppid", None) if words.ranked else None,
         **_host_usage(info, now),
-        job=job.label if job is not None else "",
+        job=words.job,
         gpu=dev.gpu if dev else None,
         mig_instance=mig_instance if dev else None,
         device=dev.index if dev else None,
@@ -849,13 +871,51 @@ def _agent_row(
         state=state,
         trend=trend,
         own=info is not None and info.uid == my_uid,
-        rocm=agent.hip,
+        rocm=words.rocm,
         cpu_only=agent.cpu_only,
         uuid=dev.uuid if dev else None,
         workload=workload,
         agent=agent,
         agent_device=dev,
         info=info,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Said:
+    """What an agent's row says of it that only its hello, its command line and its workload
+    decide: made again only when one of them is another (`_entries`' `said`), not every round
+    for every device (job identity, the command's label and its ranks were a tenth of the
+    rows' making in the `mixed` demo)."""
+
+    hello: AgentHello | None  # the hello it was said from (compared by identity)
+    argv: Sequence[str]
+    workload: Workload | None
+    command: str
+    full_command: str
+    rank: int | None
+    local_rank: int | None
+    world_size: int | None
+    ranked: bool  # its hello names a rank: its launcher is its group
+    job: str
+    rocm: str | None
+
+
+def _said(agent: AgentView, argv: Sequence[str], workload: Workload | None) -> _Said:
+    extra = agent.hello.extra if agent.hello is not None else {}
+    job = agent.job
+    return _Said(
+        hello=agent.hello,
+        argv=argv,
+        workload=workload,
+        command=_labelled(workload, short_command(argv) if argv else "?"),
+        full_command=" ".join(argv) if argv else "?",
+        rank=_int_or_none(extra.get("rank")),
+        local_rank=_int_or_none(extra.get("local_rank")),
+        world_size=_int_or_none(extra.get("world_size")),
+        ranked=extra.get("rank") is not None,
+        job=job.label if job is not None else "",
+        rocm=agent.hip,
     )
 
 
