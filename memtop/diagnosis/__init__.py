@@ -66,6 +66,8 @@ LEAK_REFRESH_S = 10.0
 # What a leak verdict was judged on: the marks (step, time, allocated), the headroom, and, where
 # the marks are too few for the step basis, the sampled history (time, allocated, floor).
 LeakInputs = tuple[Any, ...]
+# Which inputs a verdict was judged on, told apart without listing them (`_leak_key`).
+LeakKey = tuple[Any, ...]
 
 # The step marks a growing batch is judged on when OOMs show only as a counter (a recording):
 # the OOM report's `recent` holds about as many.
@@ -100,8 +102,10 @@ class Diagnoser:
     # What each verdict in `_leaks` / `_host_leaks` was judged on: a device whose marks and
     # headroom are the same when its verdict is due again (an exited or stalled trainer, whose
     # row stays) keeps it without the analysis, which is most of the leak test's cost.
-    _leak_inputs: dict[tuple[int, int], LeakInputs] = field(default_factory=dict)
-    _host_leak_inputs: dict[int, LeakInputs] = field(default_factory=dict)
+    # Only a key of a few numbers is held (`_leak_key`), not the inputs: these were ~100 kB of
+    # listed floats per device.
+    _leak_inputs: dict[tuple[int, int], LeakKey] = field(default_factory=dict)
+    _host_leak_inputs: dict[int, LeakKey] = field(default_factory=dict)
     analyses: int = 0  # leak analyses run (`detect` called), for the tests and the bench
 
     def forget(self) -> None:
@@ -127,13 +131,13 @@ class Diagnoser:
                 headroom = (
                     max(0, memory.total_bytes - memory.rss_bytes) if memory.total_bytes else None
                 )
-                inputs = _leak_inputs(marks, "rss", history, "rss", None, headroom)
-                if cached is not None and self._host_leak_inputs.get(agent.pid) == inputs:
+                judged_on = _leak_key(marks, "rss", history, None, headroom)
+                if cached is not None and self._host_leak_inputs.get(agent.pid) == judged_on:
                     leak = cached[1]
                 else:
-                    leak = self._detect(inputs)
+                    leak = self._detect(_leak_inputs(marks, "rss", history, "rss", None, headroom))
                 self._host_leaks[agent.pid] = (now, leak)
-                self._host_leak_inputs[agent.pid] = inputs
+                self._host_leak_inputs[agent.pid] = judged_on
             hosts[agent.pid] = HostDiagnosis(
                 agent.pid, memory.rss_bytes, memory.peak_rss_bytes, memory.total_bytes, leak
             )
@@ -217,20 +221,18 @@ class Diagnoser:
         if cached is not None and 0 <= now - cached[0] < self.leak_refresh_s:
             leak = cached[1]
         else:
-            inputs = _leak_inputs(
-                marks,
-                "allocated",
-                history,
-                "allocated",
-                "allocated_floor",
-                latest.free_bytes + latest.cached,
-            )
-            if cached is not None and self._leak_inputs.get(key) == inputs:
+            headroom = latest.free_bytes + latest.cached
+            judged_on = _leak_key(marks, "allocated", history, "allocated_floor", headroom)
+            if cached is not None and self._leak_inputs.get(key) == judged_on:
                 leak = cached[1]
             else:
-                leak = self._detect(inputs)
+                leak = self._detect(
+                    _leak_inputs(
+                        marks, "allocated", history, "allocated", "allocated_floor", headroom
+                    )
+                )
             self._leaks[key] = (now, leak)
-            self._leak_inputs[key] = inputs
+            self._leak_inputs[key] = judged_on
         reported = agent.last_oom is not None and agent.last_oom.get("device") == dev.index
         pressure_now = pressure(
             latest,
@@ -307,6 +309,30 @@ def _workload(
         stepped,
         pattern,
     )
+
+
+def _leak_key(
+    marks: Mapping[str, Sequence[float]],
+    marked: str,
+    history: Mapping[str, Sequence[float]],
+    floor: str | None,
+    headroom: float | None,
+) -> LeakKey:
+    """Which inputs `_leak_inputs` would give, told apart by a few numbers: the store's mark and
+    history rings only append (a row is never written again), so a window whose row count and
+    newest row are the same holds the same rows.  The history counts only where the marks are
+    too few for the step basis (`detect` reads it only then)."""
+    count = len(marks.get("step", ()))
+    newest = (_last(marks, "step"), _last(marks, "time"), _last(marks, marked))
+    if count >= MIN_MARKS:
+        return count, newest, headroom
+    sampled = (_last(history, "time"), _last(history, marked), floor and _last(history, floor))
+    return count, newest, headroom, len(history.get("time", ())), sampled
+
+
+def _last(columns: Mapping[str, Sequence[float]], name: str) -> float | None:
+    column = columns.get(name, ())
+    return column[-1] if len(column) else None
 
 
 def _leak_inputs(
