@@ -413,3 +413,73 @@ def test_the_pane_brings_its_lines_up_to_date_once_a_drawing_not_once_a_line(
     assert drawn == 1, f"{drawn} updates of the pane's lines to draw {height} of them"
     assert [strip.text for strip in strips] == [strip.text for strip in again]
     assert same
+
+
+# --- The GPU cards, the suggestions pane and the round's view-model (w15-cards) ------------
+
+
+def test_a_renewed_card_looks_its_width_and_style_up_once_not_per_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each slow period every card takes its new figures, and the cards with news every round.
+    # A card looked its width up (a walk to the screen's map of widgets) for its layout, again
+    # for its lines and again for each region it marked, and its own style (every ancestor's
+    # styles walked) each time it drew its line again: a third of a card's round (issue 35
+    # item 8).  Now its width once a round, its style once until its CSS changes; the terminal
+    # shows what a full frame shows.
+    from dataclasses import replace
+
+    from textual.app import App, ComposeResult
+    from textual.dom import DOMNode
+    from ui_helpers import a_gpu_row, full_frame, play_into_terminal
+
+    from memtop.ui.widgets.gpu_panel import GpuCard
+
+    gib = 1 << 30
+    row = a_gpu_row()
+
+    class One(App[None]):
+        def compose(self) -> ComposeResult:
+            yield GpuCard(row)
+
+    sizes = [0]
+    styles = [0]
+    size = Widget.size.fget  # type: ignore[attr-defined]
+    rich_style = DOMNode.rich_style.fget  # type: ignore[attr-defined]
+
+    def counted_size(self: Widget):  # type: ignore[no-untyped-def]
+        sizes[0] += isinstance(self, GpuCard)
+        return size(self)
+
+    def counted_style(self: DOMNode):  # type: ignore[no-untyped-def]
+        styles[0] += isinstance(self, GpuCard)
+        return rich_style(self)
+
+    async def run() -> tuple[list[tuple[int, int]], str, bool]:
+        app = One()
+        terminal = play_into_terminal(app)
+        async with app.run_test(size=(120, 4)) as pilot:
+            card = app.query_one(GpuCard)
+            await pilot.pause()
+            monkeypatch.setattr(Widget, "size", property(counted_size))
+            monkeypatch.setattr(DOMNode, "rich_style", property(counted_style))
+            counts = []
+            for round_ in range(1, 4):  # both lines move: used, allocated, the utilisation
+                grown = round_ * gib
+                sizes[0] = styles[0] = 0
+                card.show(
+                    replace(row, used=row.used + grown, allocated=row.allocated + grown),
+                    renew=True,
+                )
+                shown = sizes[0]
+                await pilot.pause()
+                counts.append((shown, styles[0]))
+            monkeypatch.undo()
+            drawn = "".join(seg.text for strip in card._strips or [] for seg in strip)
+            return counts, drawn, terminal.cells == full_frame(app).cells
+
+    counts, drawn, same = asyncio.run(run())
+    assert "43.0 GiB" in drawn  # the third round's used, drawn
+    assert same
+    assert all(shown == 1 for shown, _ in counts), counts  # its width once a round
+    assert all(style == 0 for _, style in counts), counts  # its style as it was

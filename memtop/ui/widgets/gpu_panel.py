@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import fields, replace
 from operator import attrgetter
 
+from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
@@ -107,6 +108,7 @@ class GpuCard(Widget, can_focus=True):
         self._lines_width = -1
         self._lines_row = row
         self._blank = Strip.blank(0)
+        self._base: Style | None = None  # the card's own style, until its CSS changes
         self._bar_edges = BarEdges()  # where the bar's edges were drawn: held across a wobble
 
     def show(self, row: GpuRow, renew: bool | None = None) -> None:
@@ -129,8 +131,12 @@ class GpuCard(Widget, can_focus=True):
         if row == self.row:
             return
         self.row = row
+        # The card's width looked up once a round: each look-up is a walk to the screen's map
+        # of widgets (Widget.size), and a card asked it again for each line it laid out and
+        # each region it marked (a fifth of the cards' showing; issue 35 item 8).
+        width = self.size.width
         drawn = self._lines if self._strips is not None else None
-        lines = self._laid_out()
+        lines = self._laid_out(width)
         if drawn is None or self._strips_width != self._lines_width or len(lines) != len(drawn):
             self._strips = None  # not drawn yet, or at another width: all of it
             self.refresh()
@@ -140,7 +146,7 @@ class GpuCard(Widget, can_focus=True):
         # cells that moved (a sparkline, a gauge's figure) are repainted, not whole lines: every
         # card changes in the same frame each slow period.
         regions = [
-            _changed_region(y, old, new, self.size.width)
+            _changed_region(y, old, new, width)
             for y, (old, new) in enumerate(zip(drawn, lines, strict=True))
             if not looks_alike(old, new)
         ]
@@ -150,6 +156,7 @@ class GpuCard(Widget, can_focus=True):
 
     def notify_style_update(self) -> None:
         self._strips = None  # the CSS changed (theme, -dense): draw again
+        self._base = None
         self._lines_width = -1
         super().notify_style_update()
 
@@ -158,29 +165,36 @@ class GpuCard(Widget, can_focus=True):
         content pipeline cost ~1 ms a card, and all cards repaint together each slow period."""
         width = self.size.width
         if self._strips is None or self._strips_width != width:
-            base = self.rich_style
-            lines = self._laid_out()
+            # The card's own style (its colours over its ancestors') kept until its CSS changes,
+            # as the strips drawn in it are: DOMNode.rich_style walks every ancestor's styles,
+            # a third of drawing a card's line again (issue 35 item 8).
+            base = self._base
+            if base is None:
+                base = self._base = self.rich_style
+            lines = self._laid_out(width)
             self._strips = [text_strip(self.app.console, line, width, base) for line in lines]
             self._strips_width = width
             self._blank = Strip.blank(width, base)
         return self._strips[y] if y < len(self._strips) else self._blank
 
-    def _laid_out(self) -> list[Text]:
-        """The card's lines for the current row and width (made again only after a change)."""
-        width = self.size.width
+    def _laid_out(self, width: int) -> list[Text]:
+        """The card's lines for the current row at `width` (made again only after a change)."""
         if self._lines_width != width or self._lines_row is not self.row:
-            self._lines = list(self.render().split("\n", allow_blank=True))
+            self._lines = self._lay_out(width)
             self._lines_width = width
             self._lines_row = self.row
         return self._lines
 
     def render(self) -> Text:
-        width = self.size.width
+        return Text("\n").join(self._lay_out(self.size.width))
+
+    def _lay_out(self, width: int) -> list[Text]:
+        """The card's lines, each its own Text (not one Text of both, split again)."""
         compact = width < 100
         first = self._first_line(width, compact)
         if self.has_class("-dense"):
-            return first
-        return Text("\n").join([first, self._second_line(width, compact)])
+            return [first]
+        return [first, self._second_line(width, compact)]
 
     def _first_line(self, width: int, compact: bool) -> Text:
         row = self.row
