@@ -483,3 +483,74 @@ def test_a_renewed_card_looks_its_width_and_style_up_once_not_per_line(
     assert same
     assert all(shown == 1 for shown, _ in counts), counts  # its width once a round
     assert all(style == 0 for _, style in counts), counts  # its style as it was
+
+
+def test_suggestions_reworded_together_are_placed_once_and_split_once_each(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each slow period the suggestions whose figures moved are worded again together.  Each
+    # one looked the pane's lines up again (brought up to date twice: where it starts, its
+    # height) and its width, and split its old and new prompts into lines to compare them (and
+    # the new one again to draw it): most of a reworded suggestion's cost (issue 35 item 8).
+    # Now the pane's lines and width are looked up once a round, and each new prompt is split
+    # once; the terminal shows what a full frame shows.
+    from rich.text import Text
+    from textual.widgets import OptionList
+    from ui_helpers import full_frame, play_into_terminal
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW + 0.5, host="gpu-box", my_uid=MY_UID)
+    terminal = play_into_terminal(app)
+    updates = [0]
+    splits = [0]
+    widths = [0]
+    update_lines = OptionList._update_lines
+    split = Text.split
+    region = Widget.scrollable_content_region.fget  # type: ignore[attr-defined]
+
+    def counted_update(self):  # type: ignore[no-untyped-def]
+        updates[0] += 1
+        return update_lines(self)
+
+    def counted_split(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        splits[0] += 1
+        return split(self, *args, **kwargs)
+
+    def counted_region(self):  # type: ignore[no-untyped-def]
+        widths[0] += isinstance(self, SuggestionsPane)
+        return region(self)
+
+    async def run() -> tuple[int, int, int, int, list[str], str, bool]:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.2)
+            pane = app.query_one(SuggestionsPane)
+            items = pane.items
+            assert len(items) >= 3, items
+            words = [_a_word(item.title) for item in items]
+            reworded = tuple(
+                dataclasses.replace(item, title=item.title.replace(word, word.swapcase(), 1))
+                for item, word in zip(items, words, strict=True)
+            )
+            monkeypatch.setattr(OptionList, "_update_lines", counted_update)
+            monkeypatch.setattr(Text, "split", counted_split)
+            monkeypatch.setattr(Widget, "scrollable_content_region", property(counted_region))
+            pane.show(reworded, False, True)
+            shown = (updates[0], splits[0], widths[0])
+            await pilot.pause(0.2)
+            drawn_splits = splits[0]
+            monkeypatch.undo()
+            return (
+                *shown,
+                drawn_splits,
+                [word.swapcase() for word in words],
+                screen_text(app.export_screenshot()),
+                terminal.cells == full_frame(app).cells,
+            )
+
+    updates_, splits_, widths_, drawn_splits, words, text, same = asyncio.run(run())
+    assert all(word in text for word in words), words  # every one reworded, drawn
+    assert same
+    assert updates_ == 1, f"the pane's lines brought up to date {updates_} times"
+    # show's own, and the lines' and the options' width once (5 reworded: 26 before)
+    assert widths_ <= 4, f"the pane's width looked up {widths_} times"
+    # each new prompt split once, in the round (its lines compared), and drawn from them
+    assert splits_ == drawn_splits == len(words), f"{drawn_splits} splits, {len(words)} prompts"

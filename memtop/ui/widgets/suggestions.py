@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 from rich.segment import Segment
 from rich.style import Style as RichStyle
@@ -23,6 +25,9 @@ from memtop.ui.render import FREE, SEVERITY_STYLES, slow_tick
 from memtop.ui.renewal import Renewal
 from memtop.ui.view import SuggestionItem
 from memtop.ui.widgets.lines import cells, changed_cells, looks_alike, text_strip
+
+if TYPE_CHECKING:
+    from textual.widgets._option_list import _LineCache
 
 BADGES = {
     Severity.EMERGENCY: "EMERG",
@@ -160,6 +165,19 @@ class LaidOutPrompt(Visual):
         fits = bool(plain) and "\t" not in plain
         self._widest = max(cells(line) for line in plain.split("\n")) if fits else None
         self._textual: Visual | None = None
+        self._lines: list[Text] | None = None
+
+    @property
+    def prompt(self) -> Text:
+        return self._prompt
+
+    @property
+    def lines(self) -> list[Text]:
+        """The prompt's lines, split once: the pane compares them when the prompt is reworded
+        and draws them, and splitting a Text is no cheap copy (Text.split: its spans divided)."""
+        if self._lines is None:
+            self._lines = list(self._prompt.split("\n", allow_blank=True))
+        return self._lines
 
     def _content(self) -> Visual:
         if self._textual is None:
@@ -178,6 +196,16 @@ class LaidOutPrompt(Visual):
         if self._widest is not None and self._widest <= width:
             return self._rows
         return self._content().get_height(rules, width)
+
+
+class _Placement(NamedTuple):
+    """Where a pane's options lie and the width they are drawn at (SuggestionsPane._reword)."""
+
+    lines: _LineCache  # each option's first line and its height
+    scroll_y: int
+    gutter: int
+    width: int  # an option's rows
+    plain: bool  # no padding, no selection, a width: options may be drawn through Rich
 
 
 class SuggestionsPane(OptionList):
@@ -224,6 +252,7 @@ class SuggestionsPane(OptionList):
             if not partial:
                 self._worded_at = tick
             kept = list(items)
+            reworded: list[tuple[int, Text]] = []
             for index, (new, old) in enumerate(zip(items, self.items, strict=True)):
                 if new == old:
                     continue
@@ -235,7 +264,9 @@ class SuggestionsPane(OptionList):
                 text = suggestion_text(new, compact, width)
                 if not looks_alike(text, self._prompts[index]):
                     self._prompts[index] = text
-                    self.replace_option_prompt_at_index(index, text)
+                    reworded.append((index, text))
+            if reworded:
+                self._reword(reworded)
             self.items = tuple(kept)
             return
         self._worded_at = slow_tick()
@@ -369,44 +400,79 @@ class SuggestionsPane(OptionList):
         and only its lines are repainted: a whole-pane repaint drew every option's lines, the
         pane's border and its scrollbar again for one prompt's figures (59 repaints in 29 s of
         the mixed demo; issue 35 item 8)."""
-        option = self.get_option_at_index(index)
-        old = option.prompt
-        if not (isinstance(old, Text) and isinstance(prompt, Text)) or old.plain.count(
-            "\n"
-        ) != prompt.plain.count("\n"):
-            super()._replace_option_prompt(index, prompt)
-            if isinstance(prompt, Text):
-                option._visual = LaidOutPrompt(self, prompt)
-            return
-        option._set_prompt(prompt)
-        option._visual = LaidOutPrompt(self, prompt)
-        cache = self._option_render_cache
-        # An LRUCache has keys() but cannot be iterated itself.
-        for key in [key for key in cache.keys() if key[0] is option]:  # noqa: SIM118
-            cache.discard(key)
-        self.refresh(*self._changed_regions(index, old, prompt))
+        self._reword([(index, prompt)])
 
-    def _changed_regions(self, index: int, old: Text, new: Text) -> list[Region]:
-        """Where the option at `index` draws differently now that its prompt `old` is `new`
-        (of as many lines), in the pane's content coordinates: of each line that changed, the
-        cells that moved (a figure: "5805 steps" → "5806 steps"), else the line across the
-        text's width.  Never the scrollbar beside the text: ScrollView.refresh_lines marks the
-        lines across the whole content region, the scrollbar's column too, and the scrollbar
-        (a widget of its own) drew again for each reworded option (39 lines in 30 s of the
-        mixed demo, and ~2 lines of the pane's a round that no figure changed; issue 35 item 8).
-        An option drawn otherwise than a row per line of its prompt (Textual's pipeline
-        wrapped it): all its lines, across the text's width."""
-        top = self._index_to_line[index] - self.scroll_offset.y
-        height = self._heights[index]
+    def _reword(self, prompts: Sequence[tuple[int, VisualType]]) -> None:
+        """Each (index, prompt) replaced as `_replace_option_prompt` says, with one repaint of
+        the cells that changed in them all.  Where the options lie and how wide they are drawn
+        is looked up once for them all, not once an option: each look-up walked the screen's
+        map of widgets and brought the list's lines up to date, most of a reworded option's
+        cost (several are reworded together each slow period; issue 35 item 8)."""
+        regions: list[Region] = []
+        whole = False  # a prompt of another number of lines: the whole pane repaints
+        at: _Placement | None = None
+        for index, prompt in prompts:
+            option = self.get_option_at_index(index)
+            old = option.prompt
+            if not (isinstance(old, Text) and isinstance(prompt, Text)) or old.plain.count(
+                "\n"
+            ) != prompt.plain.count("\n"):
+                super()._replace_option_prompt(index, prompt)
+                if isinstance(prompt, Text):
+                    option._visual = LaidOutPrompt(self, prompt)
+                whole = True
+                continue
+            was = option._visual
+            option._set_prompt(prompt)
+            option._visual = now = LaidOutPrompt(self, prompt)
+            cache = self._option_render_cache
+            # An LRUCache has keys() but cannot be iterated itself.
+            for key in [key for key in cache.keys() if key[0] is option]:  # noqa: SIM118
+                cache.discard(key)
+            if whole:
+                continue  # (its lines are repainted with the whole pane)
+            if at is None:
+                at = self._placement()
+            old_lines = (
+                was.lines
+                if isinstance(was, LaidOutPrompt) and was.prompt is old
+                else list(old.split("\n", allow_blank=True))
+            )
+            regions += self._changed_regions(index, old_lines, now, at)
+        if regions and not whole:
+            self.refresh(*regions)
+
+    def _placement(self) -> _Placement:
+        """Where the options lie and the width they are drawn at, as `_changed_regions` reads
+        them (the lines brought up to date first)."""
+        self._update_lines()
         gutter = self._get_left_gutter_width()
         width = self.scrollable_content_region.width - gutter  # an option's rows are this wide
-        option = self.get_option_at_index(index)
         padding = self.get_component_styles("option-list--option").padding
-        old_lines = old.split("\n", allow_blank=True)
-        new_lines = new.split("\n", allow_blank=True)
+        plain = not padding and self.text_selection is None and width > 0
+        return _Placement(self._line_cache, self.scroll_offset.y, gutter, width, plain)
+
+    def _changed_regions(
+        self, index: int, old_lines: list[Text], new: LaidOutPrompt, at: _Placement
+    ) -> list[Region]:
+        """Where the option at `index` draws differently now that its prompt's lines
+        `old_lines` are `new`'s (as many), in the pane's content coordinates: of each line that
+        changed, the cells that moved (a figure: "5805 steps" → "5806 steps"), else the line
+        across the text's width.  Never the scrollbar beside the text: ScrollView.refresh_lines
+        marks the lines across the whole content region, the scrollbar's column too, and the
+        scrollbar (a widget of its own) drew again for each reworded option (39 lines in 30 s of
+        the mixed demo, and ~2 lines of the pane's a round that no figure changed; issue 35
+        item 8).  An option drawn otherwise than a row per line of its prompt (Textual's
+        pipeline wrapped it): all its lines, across the text's width."""
+        top = at.lines.index_to_line[index] - at.scroll_y
+        height = at.lines.heights[index]
+        gutter, width = at.gutter, at.width
+        option = self.get_option_at_index(index)
+        new_lines = new.lines
         if not (
-            self._drawn_here(option, width, padding)
-            and _fits(new, width)
+            at.plain
+            and self._drawn_here(option, width, None)
+            and _fits(new.prompt, width)
             and len(new_lines) == height
         ):
             return [Region(gutter, top, max(0, width), height)]
@@ -421,15 +487,12 @@ class SuggestionsPane(OptionList):
     def _drawn_here(self, option: Option, width: int, padding: object) -> bool:
         """Whether `_get_option_render` draws the option itself (a row per line of its prompt,
         each character where it stands in its line, where the lines `_fits`), not Textual's
-        content pipeline (a tab, a selection, padding, a divider)."""
+        content pipeline (a tab, a selection, padding, a divider).  `padding` None: the pane's
+        (no padding, no selection, a width) already known to allow it."""
         prompt = option.prompt
+        pane = padding is None or (not padding and self.text_selection is None and width > 0)
         return (
-            isinstance(prompt, Text)
-            and not padding
-            and not option._divider
-            and self.text_selection is None
-            and "\t" not in prompt.plain
-            and width > 0
+            isinstance(prompt, Text) and pane and not option._divider and "\t" not in prompt.plain
         )
 
     def _get_option_render(self, option: Option, style: VisualStyle) -> list[Strip]:
@@ -453,7 +516,11 @@ class SuggestionsPane(OptionList):
         if (strips := self._option_render_cache.get(cache_key)) is None:
             if not _fits(prompt, width):  # a line would wrap
                 return super()._get_option_render(option, style)
-            lines = prompt.split("\n", allow_blank=True)
+            visual = option._visual
+            if isinstance(visual, LaidOutPrompt) and visual.prompt is prompt:
+                lines = visual.lines
+            else:
+                lines = list(prompt.split("\n", allow_blank=True))
             base = style.rich_style
             index = self._option_to_index[option]
             console = self.app.console
