@@ -143,7 +143,7 @@ def test_the_suggestions_pane_rewords_only_what_reads_differently(monkeypatch):
             replaced: list[int] = []
             original = pane._reword  # (the reworded prompts of a round, replaced together)
             pane._reword = lambda prompts: (
-                replaced.extend(i for i, _ in prompts) or original(prompts)
+                replaced.extend(i for i, *_ in prompts) or original(prompts)
             )  # type: ignore[method-assign]
             tick["now"] = 1
             pane.show((replace(item, detail="other prose, not shown with a fix"),), False)

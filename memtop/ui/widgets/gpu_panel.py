@@ -372,6 +372,7 @@ class GpuPanel(VerticalScroll):
                 new.append(card)
                 continue
             card.show(row, renew.gpu(row) if isinstance(renew, Renewal) else renew)
-            card.set_class(dense, "-dense")
+            if card.has_class("-dense") != dense:  # (set_class checks its names each call)
+                card.set_class(dense, "-dense")
         if new:
             self.mount_all(new)

@@ -80,6 +80,11 @@ def fit_title(title: str, room: int) -> str:
 
 
 def suggestion_text(item: SuggestionItem, compact: bool, width: int | None = None) -> Text:
+    """`suggestion_lines` as one Text, a line each."""
+    return Text("\n").join(suggestion_lines(item, compact, width))
+
+
+def suggestion_lines(item: SuggestionItem, compact: bool, width: int | None = None) -> list[Text]:
     """Title line (the pid and GPU first: they must survive any width), then what to do (a
     copyable fix, or for an urgent item with none the prose detail: a leak's culprits), then the
     evidence.  Compact layouts keep two rows: the title and what to do."""
@@ -118,7 +123,7 @@ def suggestion_text(item: SuggestionItem, compact: bool, width: int | None = Non
     # its indent and push the next suggestion out of view; the detail screen has the full text.
     if width is not None:
         lines = [clip(line, width) for line in lines]
-    return Text("\n").join(lines)
+    return lines
 
 
 # A suggestion's wording carries live figures ("full in ~9 min (5672 steps)"); rewording it
@@ -156,7 +161,9 @@ class LaidOutPrompt(Visual):
     ran over every option to measure it (0.2 ms an option, 6 µs here; issue 35 item 8);
     anything else (another width, a rendering) is Textual's own visual of it."""
 
-    def __init__(self, widget: Widget, prompt: Text) -> None:
+    def __init__(self, widget: Widget, prompt: Text, lines: list[Text] | None = None) -> None:
+        """`lines`: the prompt's lines as they were joined into it (suggestion_lines), if
+        known."""
         self._widget = widget
         self._prompt = prompt
         plain = prompt.plain
@@ -165,7 +172,11 @@ class LaidOutPrompt(Visual):
         fits = bool(plain) and "\t" not in plain
         self._widest = max(cells(line) for line in plain.split("\n")) if fits else None
         self._textual: Visual | None = None
-        self._lines: list[Text] | None = None
+        # (A line holding a newline of its own is more than one row: then split.)
+        self._lines = lines if lines is not None and len(lines) == self._rows else None
+        # Lines as worded keep each line's own style as its style; split from the whole, as a
+        # span: two lines compare alike (looks_alike) only when both are made the same way.
+        self.worded = self._lines is not None
 
     @property
     def prompt(self) -> Text:
@@ -173,8 +184,9 @@ class LaidOutPrompt(Visual):
 
     @property
     def lines(self) -> list[Text]:
-        """The prompt's lines, split once: the pane compares them when the prompt is reworded
-        and draws them, and splitting a Text is no cheap copy (Text.split: its spans divided)."""
+        """The prompt's lines, as worded or else split once: the pane compares them when the
+        prompt is reworded and draws them, and splitting a Text is no cheap copy (Text.split:
+        its spans divided; most of a reworded suggestion's cost after its wording)."""
         if self._lines is None:
             self._lines = list(self._prompt.split("\n", allow_blank=True))
         return self._lines
@@ -252,7 +264,7 @@ class SuggestionsPane(OptionList):
             if not partial:
                 self._worded_at = tick
             kept = list(items)
-            reworded: list[tuple[int, Text]] = []
+            reworded: list[tuple[int, Text, list[Text] | None]] = []
             for index, (new, old) in enumerate(zip(items, self.items, strict=True)):
                 if new == old:
                     continue
@@ -261,10 +273,11 @@ class SuggestionsPane(OptionList):
                     continue
                 # Figures that moved below what the pane prints ("39.5 GiB unused" again)
                 # leave the prompt as it is: no re-layout of the list, no repaint.
-                text = suggestion_text(new, compact, width)
+                lines = suggestion_lines(new, compact, width)
+                text = Text("\n").join(lines)
                 if not looks_alike(text, self._prompts[index]):
                     self._prompts[index] = text
-                    reworded.append((index, text))
+                    reworded.append((index, text, lines))
             if reworded:
                 self._reword(reworded)
             self.items = tuple(kept)
@@ -275,8 +288,10 @@ class SuggestionsPane(OptionList):
         self._compact = compact
         self._width = width
         self._quiet = quiet
+        worded: list[list[Text] | None] = [None] * len(items)
         if width > 0:
-            self._prompts = [suggestion_text(item, compact, width) for item in items]
+            worded = [suggestion_lines(item, compact, width) for item in items]
+            self._prompts = [Text("\n").join(lines) for lines in worded]  # type: ignore[arg-type]
         else:
             # No width yet: the dashboard's first build runs before Textual's first layout.
             # Worded for none, each line was a "…" (every line fitted and clipped to nothing,
@@ -293,7 +308,10 @@ class SuggestionsPane(OptionList):
             self.border_subtitle = ""
             return
         self.set_options(
-            [self._option(text, item.key) for text, item in zip(self._prompts, items, strict=True)]
+            [
+                self._option(text, item.key, lines)
+                for text, item, lines in zip(self._prompts, items, worded, strict=True)
+            ]
         )
         counts = [
             f"{sum(i.severity == s for i in items)} {s}"
@@ -338,11 +356,12 @@ class SuggestionsPane(OptionList):
         if not self.items or self._compact is None:
             return  # (the quiet line is the same at any width)
         for index, item in enumerate(self.items):
-            text = suggestion_text(item, self._compact, width)
+            lines = suggestion_lines(item, self._compact, width)
+            text = Text("\n").join(lines)
             self._prompts[index] = text
             option = self.get_option_at_index(index)
             option._set_prompt(text)
-            option._visual = LaidOutPrompt(self, text)
+            option._visual = LaidOutPrompt(self, text, lines)
         # Each option's lines and its height were those of the old wording (none yet, in the
         # first frame: OptionList measures them in its render_lines, next).
         self._option_render_cache.clear()
@@ -386,9 +405,10 @@ class SuggestionsPane(OptionList):
             *regions, repaint=repaint, layout=layout and not self._lines_only, recompose=recompose
         )
 
-    def _option(self, prompt: Text, key: str) -> Option:
+    def _option(self, prompt: Text, key: str, lines: list[Text] | None = None) -> Option:
         option = Option(prompt, id=key)
-        option._visual = LaidOutPrompt(self, prompt)  # what OptionList would visualise lazily
+        # What OptionList would visualise lazily.
+        option._visual = LaidOutPrompt(self, prompt, lines)
         return option
 
     def _replace_option_prompt(self, index: int, prompt: VisualType) -> None:
@@ -400,18 +420,19 @@ class SuggestionsPane(OptionList):
         and only its lines are repainted: a whole-pane repaint drew every option's lines, the
         pane's border and its scrollbar again for one prompt's figures (59 repaints in 29 s of
         the mixed demo; issue 35 item 8)."""
-        self._reword([(index, prompt)])
+        self._reword([(index, prompt, None)])
 
-    def _reword(self, prompts: Sequence[tuple[int, VisualType]]) -> None:
-        """Each (index, prompt) replaced as `_replace_option_prompt` says, with one repaint of
-        the cells that changed in them all.  Where the options lie and how wide they are drawn
-        is looked up once for them all, not once an option: each look-up walked the screen's
-        map of widgets and brought the list's lines up to date, most of a reworded option's
-        cost (several are reworded together each slow period; issue 35 item 8)."""
+    def _reword(self, prompts: Sequence[tuple[int, VisualType, list[Text] | None]]) -> None:
+        """Each (index, prompt, its lines if known) replaced as `_replace_option_prompt` says,
+        with one repaint of the cells that changed in them all.  Where the options lie and how
+        wide they are drawn is looked up once for them all, not once an option: each look-up
+        walked the screen's map of widgets and brought the list's lines up to date, most of a
+        reworded option's cost (several are reworded together each slow period; issue 35
+        item 8)."""
         regions: list[Region] = []
         whole = False  # a prompt of another number of lines: the whole pane repaints
         at: _Placement | None = None
-        for index, prompt in prompts:
+        for index, prompt, lines in prompts:
             option = self.get_option_at_index(index)
             old = option.prompt
             if not (isinstance(old, Text) and isinstance(prompt, Text)) or old.plain.count(
@@ -419,12 +440,12 @@ class SuggestionsPane(OptionList):
             ) != prompt.plain.count("\n"):
                 super()._replace_option_prompt(index, prompt)
                 if isinstance(prompt, Text):
-                    option._visual = LaidOutPrompt(self, prompt)
+                    option._visual = LaidOutPrompt(self, prompt, lines)
                 whole = True
                 continue
             was = option._visual
             option._set_prompt(prompt)
-            option._visual = now = LaidOutPrompt(self, prompt)
+            option._visual = now = LaidOutPrompt(self, prompt, lines)
             cache = self._option_render_cache
             # An LRUCache has keys() but cannot be iterated itself.
             for key in [key for key in cache.keys() if key[0] is option]:  # noqa: SIM118
@@ -433,19 +454,22 @@ class SuggestionsPane(OptionList):
                 continue  # (its lines are repainted with the whole pane)
             if at is None:
                 at = self._placement()
-            old_lines = (
-                was.lines
-                if isinstance(was, LaidOutPrompt) and was.prompt is old
-                else list(old.split("\n", allow_blank=True))
-            )
-            regions += self._changed_regions(index, old_lines, now, at)
+            if isinstance(was, LaidOutPrompt) and was.prompt is old and was.worded == now.worded:
+                old_lines, new_lines = was.lines, now.lines
+            else:  # (a prompt set from elsewhere: both split, so that they compare alike)
+                old_lines = list(old.split("\n", allow_blank=True))
+                new_lines = list(prompt.split("\n", allow_blank=True)) if now.worded else now.lines
+            regions += self._changed_regions(index, old_lines, new_lines, now.prompt, at)
         if regions and not whole:
             self.refresh(*regions)
 
     def _placement(self) -> _Placement:
         """Where the options lie and the width they are drawn at, as `_changed_regions` reads
-        them (the lines brought up to date first)."""
-        self._update_lines()
+        them (the lines brought up to date first, where an option is not measured yet: with
+        every option measured, the same suggestions at the same width, there is nothing to
+        bring up to date, and Textual's update looked the pane's width up twice to find it)."""
+        if len(self._line_cache.heights) < len(self.options):
+            self._update_lines()
         gutter = self._get_left_gutter_width()
         width = self.scrollable_content_region.width - gutter  # an option's rows are this wide
         padding = self.get_component_styles("option-list--option").padding
@@ -453,26 +477,25 @@ class SuggestionsPane(OptionList):
         return _Placement(self._line_cache, self.scroll_offset.y, gutter, width, plain)
 
     def _changed_regions(
-        self, index: int, old_lines: list[Text], new: LaidOutPrompt, at: _Placement
+        self, index: int, old_lines: list[Text], new_lines: list[Text], new: Text, at: _Placement
     ) -> list[Region]:
         """Where the option at `index` draws differently now that its prompt's lines
-        `old_lines` are `new`'s (as many), in the pane's content coordinates: of each line that
-        changed, the cells that moved (a figure: "5805 steps" → "5806 steps"), else the line
-        across the text's width.  Never the scrollbar beside the text: ScrollView.refresh_lines
-        marks the lines across the whole content region, the scrollbar's column too, and the
-        scrollbar (a widget of its own) drew again for each reworded option (39 lines in 30 s of
-        the mixed demo, and ~2 lines of the pane's a round that no figure changed; issue 35
-        item 8).  An option drawn otherwise than a row per line of its prompt (Textual's
-        pipeline wrapped it): all its lines, across the text's width."""
+        `old_lines` are `new_lines` (as many; its prompt now `new`), in the pane's content
+        coordinates: of each line that changed, the cells that moved (a figure: "5805 steps" →
+        "5806 steps"), else the line across the text's width.  Never the scrollbar beside the
+        text: ScrollView.refresh_lines marks the lines across the whole content region, the
+        scrollbar's column too, and the scrollbar (a widget of its own) drew again for each
+        reworded option (39 lines in 30 s of the mixed demo, and ~2 lines of the pane's a round
+        that no figure changed; issue 35 item 8).  An option drawn otherwise than a row per line
+        of its prompt (Textual's pipeline wrapped it): all its lines, across the text's width."""
         top = at.lines.index_to_line[index] - at.scroll_y
         height = at.lines.heights[index]
         gutter, width = at.gutter, at.width
         option = self.get_option_at_index(index)
-        new_lines = new.lines
         if not (
             at.plain
             and self._drawn_here(option, width, None)
-            and _fits(new.prompt, width)
+            and _fits(new, width)
             and len(new_lines) == height
         ):
             return [Region(gutter, top, max(0, width), height)]
