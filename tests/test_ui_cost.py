@@ -555,3 +555,38 @@ def test_suggestions_reworded_together_are_placed_once_and_never_split_again(
     assert updates_ == 0, f"the pane's lines brought up to date {updates_} times"
     assert widths_ <= 2, f"the pane's width looked up {widths_} times"
     assert splits_ == drawn_splits == 0, f"{splits_} splits, {drawn_splits} once drawn"
+
+
+def test_a_cards_line_is_made_from_its_pieces_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every card is laid out again together each slow period, and the cards with news every
+    # round.  Its line was ~19 `Text.append`s (each piece checked, cleaned of control codes,
+    # measured, its spans made through a generator): a quarter of laying a card out.  Now its
+    # pieces are gathered and made one Text (LineText), but for the memory bar's runs; the
+    # same characters and spans, the bold head the line's own style.
+    from rich.text import Text
+    from ui_helpers import a_gpu_row
+
+    from memtop.ui.view import TrendLine
+    from memtop.ui.widgets.gpu_panel import GpuCard
+
+    gib = 1 << 30
+    row = a_gpu_row(TrendLine(tuple(40.0 * gib + i for i in range(200)), 80 * gib))
+    card = GpuCard(row, dense=True)
+    appends = [0]
+    append = Text.append
+
+    def counted(self: Text, *args, **kwargs):  # type: ignore[no-untyped-def]
+        appends[0] += 1
+        return append(self, *args, **kwargs)
+
+    monkeypatch.setattr(Text, "append", counted)
+    line = card._first_line(120, compact=False)
+    monkeypatch.undo()
+    bar_runs = 5  # allocated, cached, the peak's mark, other, free
+    assert appends[0] <= bar_runs + 1, f"{appends[0]} appends"  # (19 before)
+    assert line.plain.startswith("GPU 0  H100 ▕") and " frag 0.05 " in line.plain
+    assert line.style == "bold" and line.plain.endswith(" steady")
+    assert [(s.start, s.end, s.style) for s in line.spans][:2] == [
+        (12, 13, "bright_black"),
+        (13, 28, "green"),
+    ]

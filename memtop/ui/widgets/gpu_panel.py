@@ -34,7 +34,7 @@ from memtop.ui.render import (
 )
 from memtop.ui.renewal import Renewal
 from memtop.ui.view import GpuRow
-from memtop.ui.widgets.lines import changed_cells, cut, looks_alike, text_strip
+from memtop.ui.widgets.lines import LineText, changed_cells, cut, looks_alike, text_strip
 
 # Below this width the second line uses short sizes (30.2G), so the trend keeps its room.
 WIDE_NUMBERS = 136
@@ -207,25 +207,25 @@ class GpuCard(Widget, can_focus=True):
             )
         if compact and row.host:  # the fleet: the card without its name still names its host
             label = f"GPU{row.index} {row.host} "
-        # Each piece is appended in place to a Text made here, never `a + b`: that copies `a`
+        if row.error and row.used is None:
+            return Text(label, style="bold").append(Text(row.error, style="bold red"))
+        # Each piece is added to the line's pieces (LineText), never `a + b`: that copies `a`
         # whole (its text cleaned of control codes again, its spans copied) for each piece,
         # and the cards are laid out again together each slow period.  The same text and
-        # spans as the sums (each sum's left operand was a Text no one else holds).
-        head = Text(label, style="bold")
-        if row.error and row.used is None:
-            return head.append(Text(row.error, style="bold red"))
+        # spans as the sums, the bold head the line's own style.
+        head = LineText().add(label)
         share = row.used_share
         if compact:
             numbers = f" {short_bytes(row.used)}/{short_bytes(row.total)}"
         else:
             numbers = f" {format_bytes(row.used)} / {format_bytes(row.total)}"
-        pct = Text(f" {100 * share:5.1f} %" if share is not None else "    — ", usage_style(share))
-        tail = Text(numbers).append(pct)
+        pct = f" {100 * share:5.1f} %" if share is not None else "    — "
+        tail = LineText().add(numbers).add(pct, usage_style(share))
         if (compact or dense) and row.agents:
-            tail.append(self._fragmentation(" "))
+            tail.add_text(self._fragmentation(" "))
         if dense:
             # One line: a leak's pid and time to full, not its sparkline, must fit 80 columns.
-            tail.append(Text(" ").append(self._trend(28, short=True, spark=not row.trend.leak)))
+            tail.add(" ").add_text(self._trend(28, short=True, spark=not row.trend.leak))
         bar_width = max(8, width - len(head) - len(tail) - 2)
         bar = memory_bar(
             bar_width,
@@ -237,10 +237,10 @@ class GpuCard(Widget, can_focus=True):
             row.used,
             self._bar_edges,
         )
-        line = head.append(Text("▕", FREE)).append(bar).append(Text("▏", FREE)).append(tail)
+        line = head.add("▕", FREE).add_text(bar).add("▏", FREE).add_text(tail)
         if row.error:
-            line.append(f"  {row.error}", style="red")
-        return cut(line, width)
+            line.add(f"  {row.error}", "red")
+        return cut(line.text("bold"), width)
 
     def _second_line(self, width: int, compact: bool) -> Text:
         row = self.row
@@ -259,7 +259,7 @@ class GpuCard(Widget, can_focus=True):
             line = Text.assemble(line, " ", device)
         room = width - len(line) - 2
         if room >= 10:
-            line.append("  ").append(self._trend(room, short=room < trend_min))
+            line.append("  ").append(self._trend(room, short=room < trend_min).text())
         return cut(line, width)
 
     def _numbers(
@@ -276,17 +276,18 @@ class GpuCard(Widget, can_focus=True):
             line.append(name, style=FREE)
             line.append(fmt(value) + gap)
         if with_fragmentation:
-            line.append(self._fragmentation(""))
+            line.append(self._fragmentation("").text())
         return line
 
-    def _fragmentation(self, lead: str) -> Text:
+    def _fragmentation(self, lead: str) -> LineText:
         frag = self.row.fragmentation
         style = fragmentation_style(frag)
         if style == "bold red" and not self.row.fragmentation_flagged:
             style = "yellow"  # red only with a suggestion saying it is worth fixing
-        return Text.assemble(
-            (f"{lead}frag ", FREE),
-            (f"{frag:.2f}" if frag is not None else "—", style),
+        return (
+            LineText()
+            .add(f"{lead}frag ", FREE)
+            .add(f"{frag:.2f}" if frag is not None else "—", style)
         )
 
     def _device(self) -> Text:
@@ -302,17 +303,16 @@ class GpuCard(Widget, can_focus=True):
             ("util ", FREE), util, " ", (temp, "bold red" if hot else ""), " ", power
         )
 
-    def _trend(self, room: int, short: bool, spark: bool = True) -> Text:
+    def _trend(self, room: int, short: bool, spark: bool = True) -> LineText:
         trend = self.row.trend
         label = trend.label(short)
-        text = Text()
+        text = LineText()
         if spark and room - len(label) - 1 >= 6:  # else the label alone: it is the news
             spark_width = min(32, room - len(label) - 1)
             style = "bold red" if trend.leak else ("cyan" if trend.values else FREE)
-            text.append(sparkline(trend.values, spark_width, trend.floor, trend.span), style=style)
-            text.append(" ")
-        text.append(label, style="bold red" if trend.leak else FREE)
-        return text
+            text.add(sparkline(trend.values, spark_width, trend.floor, trend.span), style)
+            text.add(" ")
+        return text.add(label, "bold red" if trend.leak else FREE)
 
 
 WAITING = "Reading devices and agents…"
