@@ -590,3 +590,48 @@ def test_a_cards_line_is_made_from_its_pieces_at_once(monkeypatch: pytest.Monkey
         (12, 13, "bright_black"),
         (13, 28, "green"),
     ]
+
+
+def test_a_reworded_suggestion_draws_again_only_its_lines_that_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A suggestion's figure moved ("full in ~49 min" → "~48 min", on its title line): all its
+    # lines were made into strips again (each segment's style with its place's meta), where
+    # its evidence and its fix read as before (issue 35 item 8).  Now the lines that read as
+    # before keep their strips; the terminal shows what a full frame shows.
+    from ui_helpers import full_frame, play_into_terminal
+
+    from memtop.ui.widgets import suggestions
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW + 0.5, host="gpu-box", my_uid=MY_UID)
+    terminal = play_into_terminal(app)
+    made: list[int] = []
+    option_strip = suggestions._option_strip
+
+    def counted(strip, length, y, option):  # type: ignore[no-untyped-def]
+        made.append(y)
+        return option_strip(strip, length, y, option)
+
+    async def run() -> tuple[int, list[int], str, bool]:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.2)
+            pane = app.query_one(SuggestionsPane)
+            prompt = pane._prompts[0].copy()
+            assert "full in ~49 min" in prompt.plain, prompt.plain
+            prompt.plain = prompt.plain.replace("~49 min", "~48 min")
+            pane._prompts[0] = prompt
+            monkeypatch.setattr(suggestions, "_option_strip", counted)
+            pane.replace_option_prompt_at_index(0, prompt)
+            await pilot.pause(0.2)
+            monkeypatch.undo()
+            return (
+                prompt.plain.count("\n") + 1,
+                made,
+                screen_text(app.export_screenshot()),
+                terminal.cells == full_frame(app).cells,
+            )
+
+    lines, made_again, text, same = asyncio.run(run())
+    assert lines >= 3 and "full in ~48 min" in text
+    assert same
+    assert made_again == [0], f"lines {made_again} of the option's {lines} made again"

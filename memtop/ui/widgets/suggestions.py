@@ -234,6 +234,9 @@ class SuggestionsPane(OptionList):
         self._width = 0
         self._worded_at = -1
         self._quiet = ""  # the line shown when there is nothing to suggest
+        # By an option's rendering key: its lines' strips that a rewording left as they were
+        # (None: a line reworded), until the option is drawn again (_reword).
+        self._kept_strips: dict[tuple[object, ...], list[Strip | None]] = {}
 
     def on_mount(self) -> None:
         self.border_title = "Suggestions"
@@ -303,6 +306,7 @@ class SuggestionsPane(OptionList):
         # re-laid the whole screen out and drew it all (a fifth of the dashboard's CPU in the
         # `mixed` demo, where suggestions come and go; bench/tui_cost.py, issue 35).  Now the
         # screen is laid out again only if the pane's number of lines changed.
+        self._kept_strips.clear()  # (of options gone with the old set)
         if not items:
             self.set_options([Option(Text(f"  {quiet}", FREE))])
             self.border_subtitle = ""
@@ -365,6 +369,7 @@ class SuggestionsPane(OptionList):
         # Each option's lines and its height were those of the old wording (none yet, in the
         # first frame: OptionList measures them in its render_lines, next).
         self._option_render_cache.clear()
+        self._kept_strips.clear()
         self._line_cache.clear()
 
     def _update_lines(self) -> None:
@@ -448,9 +453,12 @@ class SuggestionsPane(OptionList):
             option._visual = now = LaidOutPrompt(self, prompt, lines)
             cache = self._option_render_cache
             # An LRUCache has keys() but cannot be iterated itself.
-            for key in [key for key in cache.keys() if key[0] is option]:  # noqa: SIM118
+            drawn = {key: cache.get(key) for key in cache.keys() if key[0] is option}  # noqa: SIM118
+            for key in drawn:
                 cache.discard(key)
+            kept = self._kept_strips
             if whole:
+                kept.clear()
                 continue  # (its lines are repainted with the whole pane)
             if at is None:
                 at = self._placement()
@@ -459,7 +467,19 @@ class SuggestionsPane(OptionList):
             else:  # (a prompt set from elsewhere: both split, so that they compare alike)
                 old_lines = list(old.split("\n", allow_blank=True))
                 new_lines = list(prompt.split("\n", allow_blank=True)) if now.worded else now.lines
-            regions += self._changed_regions(index, old_lines, new_lines, now.prompt, at)
+            changed, moved = self._changed_regions(index, old_lines, new_lines, now.prompt, at)
+            regions += changed
+            # Its lines that read as before keep their strips (the same characters in the same
+            # places of the same option), kept apart from the options' rendering (which
+            # Textual's own drawing reads too): only the lines that changed are drawn again,
+            # where a reworded suggestion's one figure made all its lines again.
+            kept.update((key, list(made)) for key, made in drawn.items() if made is not None)
+            for held in [held for held in kept if held[0] is option]:
+                if moved is None or len(kept[held]) != len(new_lines):
+                    del kept[held]
+                else:
+                    for y in moved:
+                        kept[held][y] = None
         if regions and not whole:
             self.refresh(*regions)
 
@@ -478,7 +498,7 @@ class SuggestionsPane(OptionList):
 
     def _changed_regions(
         self, index: int, old_lines: list[Text], new_lines: list[Text], new: Text, at: _Placement
-    ) -> list[Region]:
+    ) -> tuple[list[Region], set[int] | None]:
         """Where the option at `index` draws differently now that its prompt's lines
         `old_lines` are `new_lines` (as many; its prompt now `new`), in the pane's content
         coordinates: of each line that changed, the cells that moved (a figure: "5805 steps" →
@@ -487,7 +507,8 @@ class SuggestionsPane(OptionList):
         scrollbar's column too, and the scrollbar (a widget of its own) drew again for each
         reworded option (39 lines in 30 s of the mixed demo, and ~2 lines of the pane's a round
         that no figure changed; issue 35 item 8).  An option drawn otherwise than a row per line
-        of its prompt (Textual's pipeline wrapped it): all its lines, across the text's width."""
+        of its prompt (Textual's pipeline wrapped it): all its lines, across the text's width.
+        With them, the lines (of the option's) that changed; None: all of them."""
         top = at.lines.index_to_line[index] - at.scroll_y
         height = at.lines.heights[index]
         gutter, width = at.gutter, at.width
@@ -498,14 +519,16 @@ class SuggestionsPane(OptionList):
             and _fits(new, width)
             and len(new_lines) == height
         ):
-            return [Region(gutter, top, max(0, width), height)]
+            return [Region(gutter, top, max(0, width), height)], None
         regions = []
+        moved = set()
         for y, (before, after) in enumerate(zip(old_lines, new_lines, strict=True)):
             if looks_alike(before, after):
                 continue
             x0, x1 = changed_cells(before, after) or (0, width)
             regions.append(Region(gutter + x0, top + y, min(x1, width) - x0, 1))
-        return regions
+            moved.add(y)
+        return regions, moved
 
     def _drawn_here(self, option: Option, width: int, padding: object) -> bool:
         """Whether `_get_option_render` draws the option itself (a row per line of its prompt,
@@ -547,8 +570,14 @@ class SuggestionsPane(OptionList):
             base = style.rich_style
             index = self._option_to_index[option]
             console = self.app.console
+            # The lines a rewording left as they were, drawn already (None: drawn here).
+            kept = self._kept_strips.pop(cache_key, None) or [None] * len(lines)
             strips = [
-                _option_strip(text_strip(console, line, width, base), len(line.plain), y, index)
+                strip
+                if (strip := kept[y]) is not None
+                else _option_strip(
+                    text_strip(console, line, width, base), len(line.plain), y, index
+                )
                 for y, line in enumerate(lines)
             ]
             self._option_render_cache[cache_key] = strips
