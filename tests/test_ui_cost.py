@@ -418,15 +418,16 @@ def test_the_pane_brings_its_lines_up_to_date_once_a_drawing_not_once_a_line(
 # --- The GPU cards, the suggestions pane and the round's view-model (w15-cards) ------------
 
 
-def test_a_renewed_card_looks_its_width_and_style_up_once_not_per_line(
+def test_a_renewed_card_looks_neither_its_width_nor_its_style_up_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Each slow period every card takes its new figures, and the cards with news every round.
     # A card looked its width up (a walk to the screen's map of widgets) for its layout, again
     # for its lines and again for each region it marked, and its own style (every ancestor's
     # styles walked) each time it drew its line again: a third of a card's round (issue 35
-    # item 8).  Now its width once a round, its style once until its CSS changes; the terminal
-    # shows what a full frame shows.
+    # item 8).  Now it lays itself out at the width it was drawn at (render_line lays it out
+    # again at another), and keeps its style until its CSS changes; the terminal shows what a
+    # full frame shows.
     from dataclasses import replace
 
     from textual.app import App, ComposeResult
@@ -481,7 +482,7 @@ def test_a_renewed_card_looks_its_width_and_style_up_once_not_per_line(
     counts, drawn, same = asyncio.run(run())
     assert "43.0 GiB" in drawn  # the third round's used, drawn
     assert same
-    assert all(shown == 1 for shown, _ in counts), counts  # its width once a round
+    assert all(shown == 0 for shown, _ in counts), counts  # (4 a round before)
     assert all(style == 0 for _, style in counts), counts  # its style as it was
 
 

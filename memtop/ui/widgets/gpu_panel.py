@@ -131,14 +131,18 @@ class GpuCard(Widget, can_focus=True):
         if row == self.row:
             return
         self.row = row
-        # The card's width looked up once a round: each look-up is a walk to the screen's map
-        # of widgets (Widget.size), and a card asked it again for each line it laid out and
-        # each region it marked (a fifth of the cards' showing; issue 35 item 8).
-        width = self.size.width
-        drawn = self._lines if self._strips is not None else None
+        if self._strips is None:
+            self.refresh()  # not drawn yet, or all of it again: laid out where it is drawn
+            return
+        # Compared with what is drawn, at the width it was drawn at (render_line lays the card
+        # out again at another): its width is not looked up here, a walk to the screen's map
+        # of widgets (Widget.size) that a card did for its layout, again for its lines and
+        # again for each region it marked (a fifth of the cards' showing; issue 35 item 8).
+        width = self._strips_width
+        drawn = self._lines if self._lines_width == width else None
         lines = self._laid_out(width)
-        if drawn is None or self._strips_width != self._lines_width or len(lines) != len(drawn):
-            self._strips = None  # not drawn yet, or at another width: all of it
+        if drawn is None or len(lines) != len(drawn):
+            self._strips = None  # drawn otherwise: all of it
             self.refresh()
             return
         # A figure that moved below what the card prints (38.71 → 38.74 GiB, a flat sparkline's
