@@ -141,8 +141,10 @@ def test_the_suggestions_pane_rewords_only_what_reads_differently(monkeypatch):
             pane.show((item,), compact=False)
             await pilot.pause()
             replaced: list[int] = []
-            original = pane.replace_option_prompt_at_index
-            pane.replace_option_prompt_at_index = lambda i, p: replaced.append(i) or original(i, p)
+            original = pane._reword  # (the reworded prompts of a round, replaced together)
+            pane._reword = lambda prompts: (
+                replaced.extend(i for i, *_ in prompts) or original(prompts)
+            )  # type: ignore[method-assign]
             tick["now"] = 1
             pane.show((replace(item, detail="other prose, not shown with a fix"),), False)
             assert replaced == [] and pane.items[0].detail.startswith("other")

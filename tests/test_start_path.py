@@ -967,13 +967,13 @@ def test_the_first_build_words_no_suggestion_for_a_pane_without_a_width(monkeypa
     from memtop.ui.widgets import suggestions
 
     widths: list[int | None] = []
-    word = suggestions.suggestion_text
+    word = suggestions.suggestion_lines
 
     def logged(item, compact, width=None):  # type: ignore[no-untyped-def]
         widths.append(width)
         return word(item, compact, width)
 
-    monkeypatch.setattr(suggestions, "suggestion_text", logged)
+    monkeypatch.setattr(suggestions, "suggestion_lines", logged)
 
     async def run() -> None:
         app = MemtopApp(frozen_store(), None, clock=lambda: NOW, my_uid=MY_UID)

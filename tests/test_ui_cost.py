@@ -413,3 +413,226 @@ def test_the_pane_brings_its_lines_up_to_date_once_a_drawing_not_once_a_line(
     assert drawn == 1, f"{drawn} updates of the pane's lines to draw {height} of them"
     assert [strip.text for strip in strips] == [strip.text for strip in again]
     assert same
+
+
+# --- The GPU cards, the suggestions pane and the round's view-model (w15-cards) ------------
+
+
+def test_a_renewed_card_looks_neither_its_width_nor_its_style_up_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each slow period every card takes its new figures, and the cards with news every round.
+    # A card looked its width up (a walk to the screen's map of widgets) for its layout, again
+    # for its lines and again for each region it marked, and its own style (every ancestor's
+    # styles walked) each time it drew its line again: a third of a card's round (issue 35
+    # item 8).  Now it lays itself out at the width it was drawn at (render_line lays it out
+    # again at another), and keeps its style until its CSS changes; the terminal shows what a
+    # full frame shows.
+    from dataclasses import replace
+
+    from textual.app import App, ComposeResult
+    from textual.dom import DOMNode
+    from ui_helpers import a_gpu_row, full_frame, play_into_terminal
+
+    from memtop.ui.widgets.gpu_panel import GpuCard
+
+    gib = 1 << 30
+    row = a_gpu_row()
+
+    class One(App[None]):
+        def compose(self) -> ComposeResult:
+            yield GpuCard(row)
+
+    sizes = [0]
+    styles = [0]
+    size = Widget.size.fget  # type: ignore[attr-defined]
+    rich_style = DOMNode.rich_style.fget  # type: ignore[attr-defined]
+
+    def counted_size(self: Widget):  # type: ignore[no-untyped-def]
+        sizes[0] += isinstance(self, GpuCard)
+        return size(self)
+
+    def counted_style(self: DOMNode):  # type: ignore[no-untyped-def]
+        styles[0] += isinstance(self, GpuCard)
+        return rich_style(self)
+
+    async def run() -> tuple[list[tuple[int, int]], str, bool]:
+        app = One()
+        terminal = play_into_terminal(app)
+        async with app.run_test(size=(120, 4)) as pilot:
+            card = app.query_one(GpuCard)
+            await pilot.pause()
+            monkeypatch.setattr(Widget, "size", property(counted_size))
+            monkeypatch.setattr(DOMNode, "rich_style", property(counted_style))
+            counts = []
+            for round_ in range(1, 4):  # both lines move: used, allocated, the utilisation
+                grown = round_ * gib
+                sizes[0] = styles[0] = 0
+                card.show(
+                    replace(row, used=row.used + grown, allocated=row.allocated + grown),
+                    renew=True,
+                )
+                shown = sizes[0]
+                await pilot.pause()
+                counts.append((shown, styles[0]))
+            monkeypatch.undo()
+            drawn = "".join(seg.text for strip in card._strips or [] for seg in strip)
+            return counts, drawn, terminal.cells == full_frame(app).cells
+
+    counts, drawn, same = asyncio.run(run())
+    assert "43.0 GiB" in drawn  # the third round's used, drawn
+    assert same
+    assert all(shown == 0 for shown, _ in counts), counts  # (4 a round before)
+    assert all(style == 0 for _, style in counts), counts  # its style as it was
+
+
+def test_suggestions_reworded_together_are_placed_once_and_never_split_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each slow period the suggestions whose figures moved are worded again together.  Each
+    # one looked the pane's lines up again (brought up to date twice: where it starts, its
+    # height) and its width, and split its old and new prompts into lines to compare them (and
+    # the new one again to draw it): most of a reworded suggestion's cost (issue 35 item 8).
+    # Now the pane's width is looked up once a round (its lines are up to date: every option
+    # is measured), and the lines are compared and drawn as they were worded, never split from
+    # the prompt; the terminal shows what a full frame shows.
+    from rich.text import Text
+    from textual.widgets import OptionList
+    from ui_helpers import full_frame, play_into_terminal
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW + 0.5, host="gpu-box", my_uid=MY_UID)
+    terminal = play_into_terminal(app)
+    updates = [0]
+    splits = [0]
+    widths = [0]
+    update_lines = OptionList._update_lines
+    split = Text.split
+    region = Widget.scrollable_content_region.fget  # type: ignore[attr-defined]
+
+    def counted_update(self):  # type: ignore[no-untyped-def]
+        updates[0] += 1
+        return update_lines(self)
+
+    def counted_split(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        splits[0] += 1
+        return split(self, *args, **kwargs)
+
+    def counted_region(self):  # type: ignore[no-untyped-def]
+        widths[0] += isinstance(self, SuggestionsPane)
+        return region(self)
+
+    async def run() -> tuple[int, int, int, int, list[str], str, bool]:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.2)
+            pane = app.query_one(SuggestionsPane)
+            items = pane.items
+            assert len(items) >= 3, items
+            words = [_a_word(item.title) for item in items]
+            reworded = tuple(
+                dataclasses.replace(item, title=item.title.replace(word, word.swapcase(), 1))
+                for item, word in zip(items, words, strict=True)
+            )
+            monkeypatch.setattr(OptionList, "_update_lines", counted_update)
+            monkeypatch.setattr(Text, "split", counted_split)
+            monkeypatch.setattr(Widget, "scrollable_content_region", property(counted_region))
+            pane.show(reworded, False, True)
+            shown = (updates[0], splits[0], widths[0])
+            await pilot.pause(0.2)
+            drawn_splits = splits[0]
+            monkeypatch.undo()
+            return (
+                *shown,
+                drawn_splits,
+                [word.swapcase() for word in words],
+                screen_text(app.export_screenshot()),
+                terminal.cells == full_frame(app).cells,
+            )
+
+    updates_, splits_, widths_, drawn_splits, words, text, same = asyncio.run(run())
+    assert all(word in text for word in words), words  # every one reworded, drawn
+    assert same
+    # 5 reworded: their lines brought up to date 10 times before, the width looked up 26 times
+    # (now show's own and once for them all), their prompts split 15 times
+    assert updates_ == 0, f"the pane's lines brought up to date {updates_} times"
+    assert widths_ <= 2, f"the pane's width looked up {widths_} times"
+    assert splits_ == drawn_splits == 0, f"{splits_} splits, {drawn_splits} once drawn"
+
+
+def test_a_cards_line_is_made_from_its_pieces_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every card is laid out again together each slow period, and the cards with news every
+    # round.  Its line was ~19 `Text.append`s (each piece checked, cleaned of control codes,
+    # measured, its spans made through a generator): a quarter of laying a card out.  Now its
+    # pieces are gathered and made one Text (LineText), but for the memory bar's runs; the
+    # same characters and spans, the bold head the line's own style.
+    from rich.text import Text
+    from ui_helpers import a_gpu_row
+
+    from memtop.ui.view import TrendLine
+    from memtop.ui.widgets.gpu_panel import GpuCard
+
+    gib = 1 << 30
+    row = a_gpu_row(TrendLine(tuple(40.0 * gib + i for i in range(200)), 80 * gib))
+    card = GpuCard(row, dense=True)
+    appends = [0]
+    append = Text.append
+
+    def counted(self: Text, *args, **kwargs):  # type: ignore[no-untyped-def]
+        appends[0] += 1
+        return append(self, *args, **kwargs)
+
+    monkeypatch.setattr(Text, "append", counted)
+    line = card._first_line(120, compact=False)
+    monkeypatch.undo()
+    bar_runs = 5  # allocated, cached, the peak's mark, other, free
+    assert appends[0] <= bar_runs + 1, f"{appends[0]} appends"  # (19 before)
+    assert line.plain.startswith("GPU 0  H100 ▕") and " frag 0.05 " in line.plain
+    assert line.style == "bold" and line.plain.endswith(" steady")
+    assert [(s.start, s.end, s.style) for s in line.spans][:2] == [
+        (12, 13, "bright_black"),
+        (13, 28, "green"),
+    ]
+
+
+def test_a_reworded_suggestion_draws_again_only_its_lines_that_changed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A suggestion's figure moved ("full in ~49 min" → "~48 min", on its title line): all its
+    # lines were made into strips again (each segment's style with its place's meta), where
+    # its evidence and its fix read as before (issue 35 item 8).  Now the lines that read as
+    # before keep their strips; the terminal shows what a full frame shows.
+    from ui_helpers import full_frame, play_into_terminal
+
+    from memtop.ui.widgets import suggestions
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW + 0.5, host="gpu-box", my_uid=MY_UID)
+    terminal = play_into_terminal(app)
+    made: list[int] = []
+    option_strip = suggestions._option_strip
+
+    def counted(strip, length, y, option):  # type: ignore[no-untyped-def]
+        made.append(y)
+        return option_strip(strip, length, y, option)
+
+    async def run() -> tuple[int, list[int], str, bool]:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.2)
+            pane = app.query_one(SuggestionsPane)
+            prompt = pane._prompts[0].copy()
+            assert "full in ~49 min" in prompt.plain, prompt.plain
+            prompt.plain = prompt.plain.replace("~49 min", "~48 min")
+            pane._prompts[0] = prompt
+            monkeypatch.setattr(suggestions, "_option_strip", counted)
+            pane.replace_option_prompt_at_index(0, prompt)
+            await pilot.pause(0.2)
+            monkeypatch.undo()
+            return (
+                prompt.plain.count("\n") + 1,
+                made,
+                screen_text(app.export_screenshot()),
+                terminal.cells == full_frame(app).cells,
+            )
+
+    lines, made_again, text, same = asyncio.run(run())
+    assert lines >= 3 and "full in ~48 min" in text
+    assert same
+    assert made_again == [0], f"lines {made_again} of the option's {lines} made again"

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import fields, replace
 from operator import attrgetter
 
+from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
@@ -33,7 +34,7 @@ from memtop.ui.render import (
 )
 from memtop.ui.renewal import Renewal
 from memtop.ui.view import GpuRow
-from memtop.ui.widgets.lines import changed_cells, cut, looks_alike, text_strip
+from memtop.ui.widgets.lines import LineText, changed_cells, cut, looks_alike, text_strip
 
 # Below this width the second line uses short sizes (30.2G), so the trend keeps its room.
 WIDE_NUMBERS = 136
@@ -107,6 +108,7 @@ class GpuCard(Widget, can_focus=True):
         self._lines_width = -1
         self._lines_row = row
         self._blank = Strip.blank(0)
+        self._base: Style | None = None  # the card's own style, until its CSS changes
         self._bar_edges = BarEdges()  # where the bar's edges were drawn: held across a wobble
 
     def show(self, row: GpuRow, renew: bool | None = None) -> None:
@@ -129,10 +131,18 @@ class GpuCard(Widget, can_focus=True):
         if row == self.row:
             return
         self.row = row
-        drawn = self._lines if self._strips is not None else None
-        lines = self._laid_out()
-        if drawn is None or self._strips_width != self._lines_width or len(lines) != len(drawn):
-            self._strips = None  # not drawn yet, or at another width: all of it
+        if self._strips is None:
+            self.refresh()  # not drawn yet, or all of it again: laid out where it is drawn
+            return
+        # Compared with what is drawn, at the width it was drawn at (render_line lays the card
+        # out again at another): its width is not looked up here, a walk to the screen's map
+        # of widgets (Widget.size) that a card did for its layout, again for its lines and
+        # again for each region it marked (a fifth of the cards' showing; issue 35 item 8).
+        width = self._strips_width
+        drawn = self._lines if self._lines_width == width else None
+        lines = self._laid_out(width)
+        if drawn is None or len(lines) != len(drawn):
+            self._strips = None  # drawn otherwise: all of it
             self.refresh()
             return
         # A figure that moved below what the card prints (38.71 → 38.74 GiB, a flat sparkline's
@@ -140,7 +150,7 @@ class GpuCard(Widget, can_focus=True):
         # cells that moved (a sparkline, a gauge's figure) are repainted, not whole lines: every
         # card changes in the same frame each slow period.
         regions = [
-            _changed_region(y, old, new, self.size.width)
+            _changed_region(y, old, new, width)
             for y, (old, new) in enumerate(zip(drawn, lines, strict=True))
             if not looks_alike(old, new)
         ]
@@ -150,6 +160,7 @@ class GpuCard(Widget, can_focus=True):
 
     def notify_style_update(self) -> None:
         self._strips = None  # the CSS changed (theme, -dense): draw again
+        self._base = None
         self._lines_width = -1
         super().notify_style_update()
 
@@ -158,29 +169,36 @@ class GpuCard(Widget, can_focus=True):
         content pipeline cost ~1 ms a card, and all cards repaint together each slow period."""
         width = self.size.width
         if self._strips is None or self._strips_width != width:
-            base = self.rich_style
-            lines = self._laid_out()
+            # The card's own style (its colours over its ancestors') kept until its CSS changes,
+            # as the strips drawn in it are: DOMNode.rich_style walks every ancestor's styles,
+            # a third of drawing a card's line again (issue 35 item 8).
+            base = self._base
+            if base is None:
+                base = self._base = self.rich_style
+            lines = self._laid_out(width)
             self._strips = [text_strip(self.app.console, line, width, base) for line in lines]
             self._strips_width = width
             self._blank = Strip.blank(width, base)
         return self._strips[y] if y < len(self._strips) else self._blank
 
-    def _laid_out(self) -> list[Text]:
-        """The card's lines for the current row and width (made again only after a change)."""
-        width = self.size.width
+    def _laid_out(self, width: int) -> list[Text]:
+        """The card's lines for the current row at `width` (made again only after a change)."""
         if self._lines_width != width or self._lines_row is not self.row:
-            self._lines = list(self.render().split("\n", allow_blank=True))
+            self._lines = self._lay_out(width)
             self._lines_width = width
             self._lines_row = self.row
         return self._lines
 
     def render(self) -> Text:
-        width = self.size.width
+        return Text("\n").join(self._lay_out(self.size.width))
+
+    def _lay_out(self, width: int) -> list[Text]:
+        """The card's lines, each its own Text (not one Text of both, split again)."""
         compact = width < 100
         first = self._first_line(width, compact)
         if self.has_class("-dense"):
-            return first
-        return Text("\n").join([first, self._second_line(width, compact)])
+            return [first]
+        return [first, self._second_line(width, compact)]
 
     def _first_line(self, width: int, compact: bool) -> Text:
         row = self.row
@@ -193,25 +211,25 @@ class GpuCard(Widget, can_focus=True):
             )
         if compact and row.host:  # the fleet: the card without its name still names its host
             label = f"GPU{row.index} {row.host} "
-        # Each piece is appended in place to a Text made here, never `a + b`: that copies `a`
+        if row.error and row.used is None:
+            return Text(label, style="bold").append(Text(row.error, style="bold red"))
+        # Each piece is added to the line's pieces (LineText), never `a + b`: that copies `a`
         # whole (its text cleaned of control codes again, its spans copied) for each piece,
         # and the cards are laid out again together each slow period.  The same text and
-        # spans as the sums (each sum's left operand was a Text no one else holds).
-        head = Text(label, style="bold")
-        if row.error and row.used is None:
-            return head.append(Text(row.error, style="bold red"))
+        # spans as the sums, the bold head the line's own style.
+        head = LineText().add(label)
         share = row.used_share
         if compact:
             numbers = f" {short_bytes(row.used)}/{short_bytes(row.total)}"
         else:
             numbers = f" {format_bytes(row.used)} / {format_bytes(row.total)}"
-        pct = Text(f" {100 * share:5.1f} %" if share is not None else "    — ", usage_style(share))
-        tail = Text(numbers).append(pct)
+        pct = f" {100 * share:5.1f} %" if share is not None else "    — "
+        tail = LineText().add(numbers).add(pct, usage_style(share))
         if (compact or dense) and row.agents:
-            tail.append(self._fragmentation(" "))
+            tail.add_text(self._fragmentation(" "))
         if dense:
             # One line: a leak's pid and time to full, not its sparkline, must fit 80 columns.
-            tail.append(Text(" ").append(self._trend(28, short=True, spark=not row.trend.leak)))
+            tail.add(" ").add_text(self._trend(28, short=True, spark=not row.trend.leak))
         bar_width = max(8, width - len(head) - len(tail) - 2)
         bar = memory_bar(
             bar_width,
@@ -223,10 +241,10 @@ class GpuCard(Widget, can_focus=True):
             row.used,
             self._bar_edges,
         )
-        line = head.append(Text("▕", FREE)).append(bar).append(Text("▏", FREE)).append(tail)
+        line = head.add("▕", FREE).add_text(bar).add("▏", FREE).add_text(tail)
         if row.error:
-            line.append(f"  {row.error}", style="red")
-        return cut(line, width)
+            line.add(f"  {row.error}", "red")
+        return cut(line.text("bold"), width)
 
     def _second_line(self, width: int, compact: bool) -> Text:
         row = self.row
@@ -245,7 +263,7 @@ class GpuCard(Widget, can_focus=True):
             line = Text.assemble(line, " ", device)
         room = width - len(line) - 2
         if room >= 10:
-            line.append("  ").append(self._trend(room, short=room < trend_min))
+            line.append("  ").append(self._trend(room, short=room < trend_min).text())
         return cut(line, width)
 
     def _numbers(
@@ -262,17 +280,18 @@ class GpuCard(Widget, can_focus=True):
             line.append(name, style=FREE)
             line.append(fmt(value) + gap)
         if with_fragmentation:
-            line.append(self._fragmentation(""))
+            line.append(self._fragmentation("").text())
         return line
 
-    def _fragmentation(self, lead: str) -> Text:
+    def _fragmentation(self, lead: str) -> LineText:
         frag = self.row.fragmentation
         style = fragmentation_style(frag)
         if style == "bold red" and not self.row.fragmentation_flagged:
             style = "yellow"  # red only with a suggestion saying it is worth fixing
-        return Text.assemble(
-            (f"{lead}frag ", FREE),
-            (f"{frag:.2f}" if frag is not None else "—", style),
+        return (
+            LineText()
+            .add(f"{lead}frag ", FREE)
+            .add(f"{frag:.2f}" if frag is not None else "—", style)
         )
 
     def _device(self) -> Text:
@@ -288,17 +307,16 @@ class GpuCard(Widget, can_focus=True):
             ("util ", FREE), util, " ", (temp, "bold red" if hot else ""), " ", power
         )
 
-    def _trend(self, room: int, short: bool, spark: bool = True) -> Text:
+    def _trend(self, room: int, short: bool, spark: bool = True) -> LineText:
         trend = self.row.trend
         label = trend.label(short)
-        text = Text()
+        text = LineText()
         if spark and room - len(label) - 1 >= 6:  # else the label alone: it is the news
             spark_width = min(32, room - len(label) - 1)
             style = "bold red" if trend.leak else ("cyan" if trend.values else FREE)
-            text.append(sparkline(trend.values, spark_width, trend.floor, trend.span), style=style)
-            text.append(" ")
-        text.append(label, style="bold red" if trend.leak else FREE)
-        return text
+            text.add(sparkline(trend.values, spark_width, trend.floor, trend.span), style)
+            text.add(" ")
+        return text.add(label, "bold red" if trend.leak else FREE)
 
 
 WAITING = "Reading devices and agents…"
@@ -358,6 +376,7 @@ class GpuPanel(VerticalScroll):
                 new.append(card)
                 continue
             card.show(row, renew.gpu(row) if isinstance(renew, Renewal) else renew)
-            card.set_class(dense, "-dense")
+            if card.has_class("-dense") != dense:  # (set_class checks its names each call)
+                card.set_class(dense, "-dense")
         if new:
             self.mount_all(new)

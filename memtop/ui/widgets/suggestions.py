@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 from rich.segment import Segment
 from rich.style import Style as RichStyle
@@ -23,6 +25,9 @@ from memtop.ui.render import FREE, SEVERITY_STYLES, slow_tick
 from memtop.ui.renewal import Renewal
 from memtop.ui.view import SuggestionItem
 from memtop.ui.widgets.lines import cells, changed_cells, looks_alike, text_strip
+
+if TYPE_CHECKING:
+    from textual.widgets._option_list import _LineCache
 
 BADGES = {
     Severity.EMERGENCY: "EMERG",
@@ -75,6 +80,11 @@ def fit_title(title: str, room: int) -> str:
 
 
 def suggestion_text(item: SuggestionItem, compact: bool, width: int | None = None) -> Text:
+    """`suggestion_lines` as one Text, a line each."""
+    return Text("\n").join(suggestion_lines(item, compact, width))
+
+
+def suggestion_lines(item: SuggestionItem, compact: bool, width: int | None = None) -> list[Text]:
     """Title line (the pid and GPU first: they must survive any width), then what to do (a
     copyable fix, or for an urgent item with none the prose detail: a leak's culprits), then the
     evidence.  Compact layouts keep two rows: the title and what to do."""
@@ -113,7 +123,7 @@ def suggestion_text(item: SuggestionItem, compact: bool, width: int | None = Non
     # its indent and push the next suggestion out of view; the detail screen has the full text.
     if width is not None:
         lines = [clip(line, width) for line in lines]
-    return Text("\n").join(lines)
+    return lines
 
 
 # A suggestion's wording carries live figures ("full in ~9 min (5672 steps)"); rewording it
@@ -151,7 +161,9 @@ class LaidOutPrompt(Visual):
     ran over every option to measure it (0.2 ms an option, 6 µs here; issue 35 item 8);
     anything else (another width, a rendering) is Textual's own visual of it."""
 
-    def __init__(self, widget: Widget, prompt: Text) -> None:
+    def __init__(self, widget: Widget, prompt: Text, lines: list[Text] | None = None) -> None:
+        """`lines`: the prompt's lines as they were joined into it (suggestion_lines), if
+        known."""
         self._widget = widget
         self._prompt = prompt
         plain = prompt.plain
@@ -160,6 +172,24 @@ class LaidOutPrompt(Visual):
         fits = bool(plain) and "\t" not in plain
         self._widest = max(cells(line) for line in plain.split("\n")) if fits else None
         self._textual: Visual | None = None
+        # (A line holding a newline of its own is more than one row: then split.)
+        self._lines = lines if lines is not None and len(lines) == self._rows else None
+        # Lines as worded keep each line's own style as its style; split from the whole, as a
+        # span: two lines compare alike (looks_alike) only when both are made the same way.
+        self.worded = self._lines is not None
+
+    @property
+    def prompt(self) -> Text:
+        return self._prompt
+
+    @property
+    def lines(self) -> list[Text]:
+        """The prompt's lines, as worded or else split once: the pane compares them when the
+        prompt is reworded and draws them, and splitting a Text is no cheap copy (Text.split:
+        its spans divided; most of a reworded suggestion's cost after its wording)."""
+        if self._lines is None:
+            self._lines = list(self._prompt.split("\n", allow_blank=True))
+        return self._lines
 
     def _content(self) -> Visual:
         if self._textual is None:
@@ -180,6 +210,16 @@ class LaidOutPrompt(Visual):
         return self._content().get_height(rules, width)
 
 
+class _Placement(NamedTuple):
+    """Where a pane's options lie and the width they are drawn at (SuggestionsPane._reword)."""
+
+    lines: _LineCache  # each option's first line and its height
+    scroll_y: int
+    gutter: int
+    width: int  # an option's rows
+    plain: bool  # no padding, no selection, a width: options may be drawn through Rich
+
+
 class SuggestionsPane(OptionList):
     """Rebuilt when the set of suggestions changes; the highlight follows its item by key."""
 
@@ -194,6 +234,9 @@ class SuggestionsPane(OptionList):
         self._width = 0
         self._worded_at = -1
         self._quiet = ""  # the line shown when there is nothing to suggest
+        # By an option's rendering key: its lines' strips that a rewording left as they were
+        # (None: a line reworded), until the option is drawn again (_reword).
+        self._kept_strips: dict[tuple[object, ...], list[Strip | None]] = {}
 
     def on_mount(self) -> None:
         self.border_title = "Suggestions"
@@ -224,6 +267,7 @@ class SuggestionsPane(OptionList):
             if not partial:
                 self._worded_at = tick
             kept = list(items)
+            reworded: list[tuple[int, Text, list[Text] | None]] = []
             for index, (new, old) in enumerate(zip(items, self.items, strict=True)):
                 if new == old:
                     continue
@@ -232,10 +276,13 @@ class SuggestionsPane(OptionList):
                     continue
                 # Figures that moved below what the pane prints ("39.5 GiB unused" again)
                 # leave the prompt as it is: no re-layout of the list, no repaint.
-                text = suggestion_text(new, compact, width)
+                lines = suggestion_lines(new, compact, width)
+                text = Text("\n").join(lines)
                 if not looks_alike(text, self._prompts[index]):
                     self._prompts[index] = text
-                    self.replace_option_prompt_at_index(index, text)
+                    reworded.append((index, text, lines))
+            if reworded:
+                self._reword(reworded)
             self.items = tuple(kept)
             return
         self._worded_at = slow_tick()
@@ -244,8 +291,10 @@ class SuggestionsPane(OptionList):
         self._compact = compact
         self._width = width
         self._quiet = quiet
+        worded: list[list[Text] | None] = [None] * len(items)
         if width > 0:
-            self._prompts = [suggestion_text(item, compact, width) for item in items]
+            worded = [suggestion_lines(item, compact, width) for item in items]
+            self._prompts = [Text("\n").join(lines) for lines in worded]  # type: ignore[arg-type]
         else:
             # No width yet: the dashboard's first build runs before Textual's first layout.
             # Worded for none, each line was a "…" (every line fitted and clipped to nothing,
@@ -257,12 +306,16 @@ class SuggestionsPane(OptionList):
         # re-laid the whole screen out and drew it all (a fifth of the dashboard's CPU in the
         # `mixed` demo, where suggestions come and go; bench/tui_cost.py, issue 35).  Now the
         # screen is laid out again only if the pane's number of lines changed.
+        self._kept_strips.clear()  # (of options gone with the old set)
         if not items:
             self.set_options([Option(Text(f"  {quiet}", FREE))])
             self.border_subtitle = ""
             return
         self.set_options(
-            [self._option(text, item.key) for text, item in zip(self._prompts, items, strict=True)]
+            [
+                self._option(text, item.key, lines)
+                for text, item, lines in zip(self._prompts, items, worded, strict=True)
+            ]
         )
         counts = [
             f"{sum(i.severity == s for i in items)} {s}"
@@ -307,14 +360,16 @@ class SuggestionsPane(OptionList):
         if not self.items or self._compact is None:
             return  # (the quiet line is the same at any width)
         for index, item in enumerate(self.items):
-            text = suggestion_text(item, self._compact, width)
+            lines = suggestion_lines(item, self._compact, width)
+            text = Text("\n").join(lines)
             self._prompts[index] = text
             option = self.get_option_at_index(index)
             option._set_prompt(text)
-            option._visual = LaidOutPrompt(self, text)
+            option._visual = LaidOutPrompt(self, text, lines)
         # Each option's lines and its height were those of the old wording (none yet, in the
         # first frame: OptionList measures them in its render_lines, next).
         self._option_render_cache.clear()
+        self._kept_strips.clear()
         self._line_cache.clear()
 
     def _update_lines(self) -> None:
@@ -355,9 +410,10 @@ class SuggestionsPane(OptionList):
             *regions, repaint=repaint, layout=layout and not self._lines_only, recompose=recompose
         )
 
-    def _option(self, prompt: Text, key: str) -> Option:
+    def _option(self, prompt: Text, key: str, lines: list[Text] | None = None) -> Option:
         option = Option(prompt, id=key)
-        option._visual = LaidOutPrompt(self, prompt)  # what OptionList would visualise lazily
+        # What OptionList would visualise lazily.
+        option._visual = LaidOutPrompt(self, prompt, lines)
         return option
 
     def _replace_option_prompt(self, index: int, prompt: VisualType) -> None:
@@ -369,67 +425,120 @@ class SuggestionsPane(OptionList):
         and only its lines are repainted: a whole-pane repaint drew every option's lines, the
         pane's border and its scrollbar again for one prompt's figures (59 repaints in 29 s of
         the mixed demo; issue 35 item 8)."""
-        option = self.get_option_at_index(index)
-        old = option.prompt
-        if not (isinstance(old, Text) and isinstance(prompt, Text)) or old.plain.count(
-            "\n"
-        ) != prompt.plain.count("\n"):
-            super()._replace_option_prompt(index, prompt)
-            if isinstance(prompt, Text):
-                option._visual = LaidOutPrompt(self, prompt)
-            return
-        option._set_prompt(prompt)
-        option._visual = LaidOutPrompt(self, prompt)
-        cache = self._option_render_cache
-        # An LRUCache has keys() but cannot be iterated itself.
-        for key in [key for key in cache.keys() if key[0] is option]:  # noqa: SIM118
-            cache.discard(key)
-        self.refresh(*self._changed_regions(index, old, prompt))
+        self._reword([(index, prompt, None)])
 
-    def _changed_regions(self, index: int, old: Text, new: Text) -> list[Region]:
-        """Where the option at `index` draws differently now that its prompt `old` is `new`
-        (of as many lines), in the pane's content coordinates: of each line that changed, the
-        cells that moved (a figure: "5805 steps" → "5806 steps"), else the line across the
-        text's width.  Never the scrollbar beside the text: ScrollView.refresh_lines marks the
-        lines across the whole content region, the scrollbar's column too, and the scrollbar
-        (a widget of its own) drew again for each reworded option (39 lines in 30 s of the
-        mixed demo, and ~2 lines of the pane's a round that no figure changed; issue 35 item 8).
-        An option drawn otherwise than a row per line of its prompt (Textual's pipeline
-        wrapped it): all its lines, across the text's width."""
-        top = self._index_to_line[index] - self.scroll_offset.y
-        height = self._heights[index]
+    def _reword(self, prompts: Sequence[tuple[int, VisualType, list[Text] | None]]) -> None:
+        """Each (index, prompt, its lines if known) replaced as `_replace_option_prompt` says,
+        with one repaint of the cells that changed in them all.  Where the options lie and how
+        wide they are drawn is looked up once for them all, not once an option: each look-up
+        walked the screen's map of widgets and brought the list's lines up to date, most of a
+        reworded option's cost (several are reworded together each slow period; issue 35
+        item 8)."""
+        regions: list[Region] = []
+        whole = False  # a prompt of another number of lines: the whole pane repaints
+        at: _Placement | None = None
+        for index, prompt, lines in prompts:
+            option = self.get_option_at_index(index)
+            old = option.prompt
+            if not (isinstance(old, Text) and isinstance(prompt, Text)) or old.plain.count(
+                "\n"
+            ) != prompt.plain.count("\n"):
+                super()._replace_option_prompt(index, prompt)
+                if isinstance(prompt, Text):
+                    option._visual = LaidOutPrompt(self, prompt, lines)
+                whole = True
+                continue
+            was = option._visual
+            option._set_prompt(prompt)
+            option._visual = now = LaidOutPrompt(self, prompt, lines)
+            cache = self._option_render_cache
+            # An LRUCache has keys() but cannot be iterated itself.
+            drawn = {key: cache.get(key) for key in cache.keys() if key[0] is option}  # noqa: SIM118
+            for key in drawn:
+                cache.discard(key)
+            kept = self._kept_strips
+            if whole:
+                kept.clear()
+                continue  # (its lines are repainted with the whole pane)
+            if at is None:
+                at = self._placement()
+            if isinstance(was, LaidOutPrompt) and was.prompt is old and was.worded == now.worded:
+                old_lines, new_lines = was.lines, now.lines
+            else:  # (a prompt set from elsewhere: both split, so that they compare alike)
+                old_lines = list(old.split("\n", allow_blank=True))
+                new_lines = list(prompt.split("\n", allow_blank=True)) if now.worded else now.lines
+            changed, moved = self._changed_regions(index, old_lines, new_lines, now.prompt, at)
+            regions += changed
+            # Its lines that read as before keep their strips (the same characters in the same
+            # places of the same option), kept apart from the options' rendering (which
+            # Textual's own drawing reads too): only the lines that changed are drawn again,
+            # where a reworded suggestion's one figure made all its lines again.
+            kept.update((key, list(made)) for key, made in drawn.items() if made is not None)
+            for held in [held for held in kept if held[0] is option]:
+                if moved is None or len(kept[held]) != len(new_lines):
+                    del kept[held]
+                else:
+                    for y in moved:
+                        kept[held][y] = None
+        if regions and not whole:
+            self.refresh(*regions)
+
+    def _placement(self) -> _Placement:
+        """Where the options lie and the width they are drawn at, as `_changed_regions` reads
+        them (the lines brought up to date first, where an option is not measured yet: with
+        every option measured, the same suggestions at the same width, there is nothing to
+        bring up to date, and Textual's update looked the pane's width up twice to find it)."""
+        if len(self._line_cache.heights) < len(self.options):
+            self._update_lines()
         gutter = self._get_left_gutter_width()
         width = self.scrollable_content_region.width - gutter  # an option's rows are this wide
-        option = self.get_option_at_index(index)
         padding = self.get_component_styles("option-list--option").padding
-        old_lines = old.split("\n", allow_blank=True)
-        new_lines = new.split("\n", allow_blank=True)
+        plain = not padding and self.text_selection is None and width > 0
+        return _Placement(self._line_cache, self.scroll_offset.y, gutter, width, plain)
+
+    def _changed_regions(
+        self, index: int, old_lines: list[Text], new_lines: list[Text], new: Text, at: _Placement
+    ) -> tuple[list[Region], set[int] | None]:
+        """Where the option at `index` draws differently now that its prompt's lines
+        `old_lines` are `new_lines` (as many; its prompt now `new`), in the pane's content
+        coordinates: of each line that changed, the cells that moved (a figure: "5805 steps" →
+        "5806 steps"), else the line across the text's width.  Never the scrollbar beside the
+        text: ScrollView.refresh_lines marks the lines across the whole content region, the
+        scrollbar's column too, and the scrollbar (a widget of its own) drew again for each
+        reworded option (39 lines in 30 s of the mixed demo, and ~2 lines of the pane's a round
+        that no figure changed; issue 35 item 8).  An option drawn otherwise than a row per line
+        of its prompt (Textual's pipeline wrapped it): all its lines, across the text's width.
+        With them, the lines (of the option's) that changed; None: all of them."""
+        top = at.lines.index_to_line[index] - at.scroll_y
+        height = at.lines.heights[index]
+        gutter, width = at.gutter, at.width
+        option = self.get_option_at_index(index)
         if not (
-            self._drawn_here(option, width, padding)
+            at.plain
+            and self._drawn_here(option, width, None)
             and _fits(new, width)
             and len(new_lines) == height
         ):
-            return [Region(gutter, top, max(0, width), height)]
+            return [Region(gutter, top, max(0, width), height)], None
         regions = []
+        moved = set()
         for y, (before, after) in enumerate(zip(old_lines, new_lines, strict=True)):
             if looks_alike(before, after):
                 continue
             x0, x1 = changed_cells(before, after) or (0, width)
             regions.append(Region(gutter + x0, top + y, min(x1, width) - x0, 1))
-        return regions
+            moved.add(y)
+        return regions, moved
 
     def _drawn_here(self, option: Option, width: int, padding: object) -> bool:
         """Whether `_get_option_render` draws the option itself (a row per line of its prompt,
         each character where it stands in its line, where the lines `_fits`), not Textual's
-        content pipeline (a tab, a selection, padding, a divider)."""
+        content pipeline (a tab, a selection, padding, a divider).  `padding` None: the pane's
+        (no padding, no selection, a width) already known to allow it."""
         prompt = option.prompt
+        pane = padding is None or (not padding and self.text_selection is None and width > 0)
         return (
-            isinstance(prompt, Text)
-            and not padding
-            and not option._divider
-            and self.text_selection is None
-            and "\t" not in prompt.plain
-            and width > 0
+            isinstance(prompt, Text) and pane and not option._divider and "\t" not in prompt.plain
         )
 
     def _get_option_render(self, option: Option, style: VisualStyle) -> list[Strip]:
@@ -453,12 +562,22 @@ class SuggestionsPane(OptionList):
         if (strips := self._option_render_cache.get(cache_key)) is None:
             if not _fits(prompt, width):  # a line would wrap
                 return super()._get_option_render(option, style)
-            lines = prompt.split("\n", allow_blank=True)
+            visual = option._visual
+            if isinstance(visual, LaidOutPrompt) and visual.prompt is prompt:
+                lines = visual.lines
+            else:
+                lines = list(prompt.split("\n", allow_blank=True))
             base = style.rich_style
             index = self._option_to_index[option]
             console = self.app.console
+            # The lines a rewording left as they were, drawn already (None: drawn here).
+            kept = self._kept_strips.pop(cache_key, None) or [None] * len(lines)
             strips = [
-                _option_strip(text_strip(console, line, width, base), len(line.plain), y, index)
+                strip
+                if (strip := kept[y]) is not None
+                else _option_strip(
+                    text_strip(console, line, width, base), len(line.plain), y, index
+                )
                 for y, line in enumerate(lines)
             ]
             self._option_render_cache[cache_key] = strips
