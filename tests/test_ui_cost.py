@@ -413,3 +413,123 @@ def test_the_pane_brings_its_lines_up_to_date_once_a_drawing_not_once_a_line(
     assert drawn == 1, f"{drawn} updates of the pane's lines to draw {height} of them"
     assert [strip.text for strip in strips] == [strip.text for strip in again]
     assert same
+
+
+# ---------------------------------------------------------------- the process table's rounds
+# (issue 35 item 8: the table's `show` and drawing, a fifth of the dashboard's work in `mixed`)
+
+
+def _fits_counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many cells the process table fits to their columns (each cell of a row laid out)."""
+    from memtop.ui.widgets import process_table
+
+    count = [0]
+    fit = process_table._fit
+
+    def counted(text: str, width: int, right: bool) -> str:
+        count[0] += 1
+        return fit(text, width, right)
+
+    monkeypatch.setattr(process_table, "_fit", counted)
+    return count
+
+
+def _laid_out_anew(table):  # type: ignore[no-untyped-def]
+    """Each of the table's lines as a layout from scratch draws it (a row: `_row_line`)."""
+    from rich.text import Text
+
+    _, columns, widths = table._lay_out(table.content_region.width)
+    return [
+        drawn.plain if isinstance(drawn, Text) else drawn
+        for drawn in (
+            line.text() if not hasattr(line, "pid") else table._row_line(line, columns, widths, 1)
+            for line in table.lines
+        )
+    ]
+
+
+def _shown(table):  # type: ignore[no-untyped-def]
+    from rich.text import Text
+
+    return [drawn.plain if isinstance(drawn, Text) else drawn for drawn in table._drawn]
+
+
+def test_a_round_where_only_steps_moved_lays_out_only_the_step_cells(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every row's STEP moves every STEP_S, most other figures are held to their slow period:
+    # each row was laid out anew every round, thirteen cells fit to their columns a row (3.5 %
+    # of the dashboard's samples in `mixed`).  A row whose other cells show what they showed
+    # keeps its line, its STEP set into it: one cell a row, and the same lines.
+    from ui_helpers import steps_moved
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW, host="gpu-box", my_uid=MY_UID)
+
+    async def run() -> tuple[int, int, list, list]:  # type: ignore[type-arg]
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.2)
+            table = app.table
+            # (No await from here on: the dashboard's own round would show its rows again.)
+            table.show(steps_moved(table), False, True)
+            fits = _fits_counted(monkeypatch)
+            table.show(steps_moved(table), False, True)
+            counted = fits[0]
+            monkeypatch.undo()
+            return counted, len(table.rows), _shown(table), _laid_out_anew(table)
+
+    fits, rows, shown, anew = asyncio.run(run())
+    assert rows >= 4
+    assert fits == rows, f"{fits} cells laid out for {rows} rows whose STEP alone moved"
+    assert shown == anew
+
+
+def test_a_rows_line_follows_every_field_it_shows_and_no_other() -> None:
+    # The table keeps each row's line by the fields its cells read (LINE_FIELDS, TIME's
+    # minute) and sets its STEP into it: changing any field of a row, one at a time, draws the
+    # line a layout from scratch draws (a field a cell reads and LINE_FIELDS left out would
+    # leave last round's line on screen).
+    import dataclasses
+
+    from memtop.engine.observation import ProcessRow, ProcessState
+
+    def other(name: str, value: object) -> object:
+        if name == "state":
+            return ProcessState.EXITED if value != ProcessState.EXITED else ProcessState.HUNG
+        if name in ("workload", "agent", "agent_device", "info"):
+            return None
+        if isinstance(value, bool):
+            return not value
+        if isinstance(value, int | float):
+            return value * 3 + 3600
+        if isinstance(value, str):
+            return "x" + value if value else "+9.0M/step"
+        return 7  # None: a figure now known
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW, host="gpu-box", my_uid=MY_UID)
+
+    async def run() -> list[tuple[str, bool, bool]]:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.2)
+            table = app.table
+            base = table.source
+            seen = []
+            for field in dataclasses.fields(ProcessRow):
+                index = next(i for i, row in enumerate(base) if row.step is not None)
+                row = base[index]
+                changed = dataclasses.replace(
+                    row, **{field.name: other(field.name, getattr(row, field.name))}
+                )
+                rows = (*base[:index], changed, *base[index + 1 :])
+                table.show(base, False, True)
+                before = _shown(table)
+                table.show(rows, False, True)
+                seen.append(
+                    (field.name, _shown(table) == _laid_out_anew(table), _shown(table) != before)
+                )
+            return seen
+
+    seen = asyncio.run(run())
+    assert len(seen) >= 30
+    assert all(same for _, same, _ in seen), [name for name, same, _ in seen if not same]
+    moved = {name for name, _, differs in seen if differs}
+    assert {"used", "step", "trend", "state", "command", "run_seconds"} <= moved, moved

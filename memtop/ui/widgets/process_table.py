@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from operator import attrgetter
 
 from rich.style import Style
 from rich.text import Text
@@ -219,6 +220,30 @@ RowLook = tuple[str, str, str]
 Drawn = tuple[str, RowLook] | Text
 # The row's cells whose look is their own (the row's `RowLook` after its own style).
 STYLED = ("step", "trend")
+# A row laid out: its characters before its STEP cell, those after it, its look.
+RowParts = tuple[str, str, RowLook]
+# Every field of a row that its cells (but STEP and TIME) and its look read: a row whose
+# fields these are, and whose TIME is the same minute, is drawn as last round, but for its
+# STEP (tests/test_ui_cost.py changes each other field and finds its line the same).
+LINE_FIELDS = (
+    "pid",
+    "user",
+    "gpu",
+    "mig_instance",
+    "used",
+    "allocated",
+    "reserved",
+    "peak",
+    "cpu_percent",
+    "rss",
+    "state",
+    "trend",
+    "command",
+    "rocm",
+    "rank",
+    "host",
+)
+_line_fields = attrgetter(*LINE_FIELDS)
 
 
 class ProcessTable(Widget, can_focus=True):
@@ -259,6 +284,10 @@ class ProcessTable(Widget, can_focus=True):
         self._borders: tuple[str, str] | None = None  # the title and subtitle set, as words
         self._compact = False
         self._drawn: list[Drawn] = []
+        # The rows' lines laid out in the last round (`_drawn_lines`), by what they show, and
+        # the layout (columns, widths, compact) they were laid out in.
+        self._row_parts: dict[tuple[object, ...], RowParts] = {}
+        self._row_parts_layout: tuple[object, ...] = ()
         # The STYLED columns shown: (x0, x1, where in a RowLook its style is), left to right.
         self._styled_at: tuple[tuple[int, int, int], ...] = ()
         self._header = Text()
@@ -446,12 +475,33 @@ class ProcessTable(Widget, can_focus=True):
         return layout_key, columns, widths
 
     def _drawn_lines(self, columns: list[Column], widths: list[int]) -> list[Drawn]:
-        return [
-            line.text()
-            if isinstance(line, Group | JobLine)
-            else self._row_line(line, columns, widths, GAP)
-            for line in self.lines
-        ]
+        """Each line as drawn.  A row is laid out anew only when what its cells show moved
+        (LINE_FIELDS, its TIME's minute): most rounds its line is last round's, but for its STEP
+        (every row's, every STEP_S), which is set between the row's cells laid out around it."""
+        layout = (tuple(column.key for column in columns), tuple(widths), self._compact)
+        if layout != self._row_parts_layout:
+            self._row_parts_layout, self._row_parts = layout, {}
+        step_at = next((i for i, c in enumerate(columns) if c.key == "step"), None)
+        step_width = widths[step_at] if step_at is not None else 0
+        known = self._row_parts
+        kept: dict[tuple[object, ...], RowParts] = {}  # this round's rows only: it never grows
+        drawn: list[Drawn] = []
+        for line in self.lines:
+            if isinstance(line, Group | JobLine):
+                drawn.append(line.text())
+                continue
+            key = (_line_fields(line), _runtime(line, False))
+            parts = known.get(key)
+            if parts is None:
+                parts = self._row_parts_of(line, columns, widths, GAP, step_at)
+            kept[key] = parts
+            before, after, look = parts
+            if step_at is None:
+                drawn.append((before, look))
+            else:
+                drawn.append((before + _fit(_step(line, False), step_width, True) + after, look))
+        self._row_parts = kept
+        return drawn
 
     def _take_layout(
         self,
@@ -534,23 +584,42 @@ class ProcessTable(Widget, can_focus=True):
         self, row: ProcessRow, columns: list[Column], widths: list[int], gap: int
     ) -> tuple[str, RowLook]:
         """The row's characters as drawn (one string: every cell fit to its column's width, the
-        columns `gap` apart) and its look.  Every row, every second: built as one string,
-        styled by name, no Rich Text (its spans, its copy when drawn) made for it."""
+        columns `gap` apart) and its look.  Styled by name, no Rich Text (its spans, its copy
+        when drawn) made for it."""
+        before, after, look = self._row_parts_of(row, columns, widths, gap, None)
+        return before + after, look
+
+    def _row_parts_of(
+        self,
+        row: ProcessRow,
+        columns: list[Column],
+        widths: list[int],
+        gap: int,
+        step_at: int | None,
+    ) -> RowParts:
+        """The row laid out (`_row_line`) as the characters before its STEP cell and those
+        after it (`step_at`: that column's index; None: every cell in the first part)."""
         compact = self._compact
+        cells = [
+            _fit(column.cell(row, compact), width, column.right)
+            for column, width in zip(columns, widths, strict=True)
+        ]
+        sep = " " * gap
         # No gap after the last column: the row is then the table's width (its last column
         # takes the room left), and drawing it cuts nothing (cutting the gap off every row
         # drawn was most of the table's drawing, Strip.crop; issue 35 item 8).
-        plain = " " + (" " * gap).join(
-            _fit(column.cell(row, compact), width, column.right)
-            for column, width in zip(columns, widths, strict=True)
-        )
+        if step_at is None:
+            before, after = " " + sep.join(cells), ""
+        else:
+            before = " " + "".join(cell + sep for cell in cells[:step_at])
+            after = "".join(sep + cell for cell in cells[step_at + 1 :])
         # An exited process is drawn dim: its figures are the last ones seen (marked ~).
         look = (
             FREE if row.last_known else "",
             "yellow" if row.state == "exited" else "",
             "bold red" if row.trend else "",
         )
-        return plain, look
+        return before, after, look
 
     def _row_strip(self, plain: str, look: RowLook, width: int, base: Style) -> Strip:
         """A row's line as Textual's segments: its characters in runs between its STYLED cells,
