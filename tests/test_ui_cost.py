@@ -533,3 +533,133 @@ def test_a_rows_line_follows_every_field_it_shows_and_no_other() -> None:
     assert all(same for _, same, _ in seen), [name for name, same, _ in seen if not same]
     moved = {name for name, _, differs in seen if differs}
     assert {"used", "step", "trend", "state", "command", "run_seconds"} <= moved, moved
+
+
+def _cells(strips):  # type: ignore[no-untyped-def]
+    """Each line's cells: its character and its style as drawn."""
+    return [[(ch, seg.style) for seg in strip for ch in seg.text] for strip in strips]
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 36)])
+def test_a_table_line_is_framed_as_textual_frames_it_without_its_per_line_work(
+    monkeypatch: pytest.MonkeyPatch, size: tuple[int, int]
+) -> None:
+    # Textual works a widget's frame (border edges and colours, padding, tint, opacity) out
+    # again for every line it draws: ~25 us of each ~35 us table row, a row per STEP that
+    # moved, every row every 2 s (issue 35 item 8).  The table frames its rows as Textual
+    # framed a stand-in line, learnt once: the same cells on every line of the table (its
+    # border, its header, its rows, the cursor's), focused or not, in the full layout and the
+    # compact one (80x24: no side borders, no padding); a round's rows drawn without Textual's
+    # per-line frame, and the terminal shows what a full frame shows.
+    from textual._styles_cache import StylesCache
+    from textual.geometry import Region
+    from ui_helpers import full_frame, play_into_terminal, steps_moved
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW, host="gpu-box", my_uid=MY_UID)
+    terminal = play_into_terminal(app)
+    framed = [0]
+    render_line = StylesCache.render_line
+
+    def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        table = app.table
+        y, size, content_line = args[1], args[2], args[7]
+        gutter = table.styles.gutter
+        if (
+            getattr(content_line, "__self__", None) is table  # (not the stand-in line)
+            and gutter.top <= y < size.height - gutter.bottom  # a content line, not a border
+        ):
+            framed[0] += 1
+        return render_line(self, *args, **kwargs)
+
+    async def run() -> list[tuple[list, list]]:  # type: ignore[type-arg]
+        async with app.run_test(size=size) as pilot:
+            await pilot.pause(0.2)
+            table = app.table
+            app.refresh_view = lambda *a, **k: None  # type: ignore[method-assign]  # ours only
+            whole = Region(0, 0, table.outer_size.width, table.outer_size.height)
+            compared = []
+            for focused in (True, False):
+                if not focused:
+                    app.set_focus(None)
+                    await pilot.pause(0.2)
+                table._styles_cache.clear()
+                ours = table.render_lines(whole)
+                textuals = StylesCache()
+                table._styles_cache, kept = textuals, table._styles_cache
+                try:
+                    compared.append((_cells(ours), _cells(table.render_lines(whole))))
+                finally:
+                    table._styles_cache = kept
+            monkeypatch.setattr(StylesCache, "render_line", counted)
+            table.show(steps_moved(table), False, True)
+            await pilot.pause(0.2)
+            monkeypatch.undo()
+            compared.append(([terminal.cells], [full_frame(app).cells]))
+            return compared
+
+    compared = asyncio.run(run())
+    assert len(compared[0][0]) >= 6  # every line of the table
+    for ours, textuals in compared:
+        assert ours == textuals
+    assert compared[0][0] != compared[1][0]  # (focus shows: the border's colour, the cursor's)
+    assert framed[0] == 0, f"Textual framed {framed[0]} of the round's lines itself"
+
+
+def test_a_round_looks_up_no_component_style_and_blur_still_shows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Textual keeps a widget's component styles (the header's, the cursor's) until its next
+    # refresh(), which the table does every round: the cursor's row looked its style up
+    # through the CSS again each time it was drawn (~35 us, issue 35 item 8).  The table keeps
+    # them until its CSS changes: a blurred table draws its cursor in the blurred style, as a
+    # look-up afresh does.
+    from textual.dom import DOMNode
+    from ui_helpers import steps_moved
+
+    from memtop.ui.widgets.process_table import ProcessTable
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW, host="gpu-box", my_uid=MY_UID)
+    counts = {"looked up": 0, "restyled": 0}  # the table's, this round
+    get_component_styles = DOMNode.get_component_styles
+    notify_style_update = ProcessTable.notify_style_update
+
+    def looked_up(self, *names):  # type: ignore[no-untyped-def]
+        if self is app.table:
+            counts["looked up"] += 1
+        return get_component_styles(self, *names)
+
+    def restyled(self):  # type: ignore[no-untyped-def]
+        counts["restyled"] += 1  # (its CSS applied again: a look-up is due)
+        return notify_style_update(self)
+
+    async def run() -> tuple[list, list, list, list]:  # type: ignore[type-arg]
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.2)
+            table = app.table
+            app.refresh_view = lambda *a, **k: None  # type: ignore[method-assign]  # ours only
+            cursor_y = table._line_of(table.cursor_row) - table._top + 1
+            assert table.has_focus
+            focused = _cells([table.render_line(cursor_y)])
+            monkeypatch.setattr(DOMNode, "get_component_styles", looked_up)
+            monkeypatch.setattr(ProcessTable, "notify_style_update", restyled)
+            rounds = []
+            for _ in range(3):
+                counts.update({"looked up": 0, "restyled": 0})
+                table.show(steps_moved(table), False, True)
+                await pilot.pause(0.1)
+                rounds.append((counts["looked up"], counts["restyled"]))
+            monkeypatch.undo()
+            app.set_focus(None)
+            await pilot.pause(0.2)
+            blurred = _cells([table.render_line(cursor_y)])
+            getattr(table, "_component_style_kept", {}).clear()  # (the old table: none)
+            table._rich_style_cache.clear()
+            table._base_style = None
+            return rounds, focused, blurred, _cells([table.render_line(cursor_y)])
+
+    rounds, focused, blurred, afresh = asyncio.run(run())
+    quiet = [looked for looked, restyled in rounds if not restyled]
+    assert quiet, rounds  # (a round where the table's CSS was not applied again)
+    assert not any(quiet), f"component styles looked up in rounds {rounds} (looked up, restyled)"
+    assert blurred != focused
+    assert blurred == afresh
