@@ -2,10 +2,11 @@
 
 A line-API widget rather than a DataTable: a DataTable repaints itself whole (and drops its
 row caches) on every cell update, and this table changes every second.  Here each row's line is
-its characters and the names of its styles, laid out from its ProcessRow each round and drawn
-straight into Textual's segments (no Rich Text per row); only the lines that changed are
-repainted, so the border and header never go back over the wire.  Columns have fixed widths
-(a value that grows never shifts its neighbours).
+its characters and the names of its styles, laid out from its ProcessRow when what its cells
+show moved (its STEP, which moves on every row, set into it) and drawn straight into Textual's
+segments (no Rich Text per row), framed by the border Textual drew once (framed_lines); only the
+lines that changed are repainted, so the border and header never go back over the wire.
+Columns have fixed widths (a value that grows never shifts its neighbours).
 
 What htop and nvitop users expect: sort by any column (`<` `>` move the sort column, `I`
 inverts, a click on a header sorts by it), a filter (`/`), and the ranks of a torchrun job
