@@ -663,3 +663,56 @@ def test_a_round_looks_up_no_component_style_and_blur_still_shows(
     assert not any(quiet), f"component styles looked up in rounds {rounds} (looked up, restyled)"
     assert blurred != focused
     assert blurred == afresh
+
+
+def test_a_held_row_is_the_row_replace_makes_without_replace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Between slow periods the table shows each row's STEP and slow figures as it showed them
+    # last: most rows are held every round (a STEP moves every round, a sawtooth's allocated
+    # bytes too).  dataclasses.replace made each held copy by keyword, ~9 us a row (issue 35
+    # item 8); the table makes it from the row's fields in order: the same row.
+    import dataclasses
+
+    from memtop.ui.widgets import process_table
+    from memtop.ui.widgets.process_table import SLOW_FIELDS, STEP_FIELDS
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW, host="gpu-box", my_uid=MY_UID)
+    replaced = [0]
+    replace = dataclasses.replace
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        replaced[0] += 1
+        return replace(*args, **kwargs)
+
+    async def run() -> tuple[int, list, list]:  # type: ignore[type-arg]
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.2)
+            table = app.table
+            shown = table.source
+            moved = tuple(
+                replace(
+                    row,
+                    step=None if row.step is None else row.step + 5,
+                    allocated=None if row.allocated is None else row.allocated * 2 + 1,
+                    rss=7,
+                )
+                for row in shown
+            )
+            monkeypatch.setattr(process_table, "replace", counted)
+            held = [
+                process_table._hold(row, old, SLOW_FIELDS + STEP_FIELDS)
+                for row, old in zip(moved, shown, strict=True)
+            ]
+            monkeypatch.undo()
+            expected = [
+                replace(row, **{name: getattr(old, name) for name in SLOW_FIELDS + STEP_FIELDS})
+                for row, old in zip(moved, shown, strict=True)
+            ]
+            return replaced[0], held, expected
+
+    replaced_rows, held, expected = asyncio.run(run())
+    assert len(held) >= 4
+    assert held == expected
+    assert all(h.agent is e.agent and h.info is e.info for h, e in zip(held, expected, strict=True))
+    assert replaced_rows == 0, f"{replaced_rows} rows held through dataclasses.replace"

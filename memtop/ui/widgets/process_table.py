@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from dataclasses import fields as record_fields
 from operator import attrgetter
 
 from rich.style import Style
@@ -833,15 +834,32 @@ def _runs(indexes: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
+# Every field of a row, in the order its record's __init__ takes them: a held row is made from
+# them positionally.  dataclasses.replace builds its keywords and calls __init__ by name, twice
+# the cost, and the table holds most rows every round (their STEP, a sawtooth's allocated).
+_ROW_FIELDS = tuple(f.name for f in record_fields(ProcessRow))
+_row_values = attrgetter(*_ROW_FIELDS)
+_ROW_AT = {name: index for index, name in enumerate(_ROW_FIELDS)}
+_POSITIONAL = all(f.init and not f.kw_only for f in record_fields(ProcessRow))
+
+
 def _hold(
     row: ProcessRow, shown: ProcessRow | None, fields: tuple[str, ...] = SLOW_FIELDS
 ) -> ProcessRow:
     """`row` with the `fields` it showed last (a new or exited row shows its own)."""
     if not fields or shown is None or row.state != shown.state:
         return row
-    if all(getattr(row, name) == getattr(shown, name) for name in fields):
+    held = [
+        (name, value) for name in fields if getattr(row, name) != (value := getattr(shown, name))
+    ]
+    if not held:
         return row
-    return replace(row, **{name: getattr(shown, name) for name in fields})
+    if not _POSITIONAL:  # (a field only its keyword sets)
+        return replace(row, **dict(held))
+    values = list(_row_values(row))
+    for name, value in held:
+        values[_ROW_AT[name]] = value
+    return ProcessRow(*values)
 
 
 def _fit(text: str, width: int, right: bool) -> str:
