@@ -636,3 +636,306 @@ def test_a_reworded_suggestion_draws_again_only_its_lines_that_changed(
     assert lines >= 3 and "full in ~48 min" in text
     assert same
     assert made_again == [0], f"lines {made_again} of the option's {lines} made again"
+
+
+# ---------------------------------------------------------------- the process table's rounds
+# (issue 35 item 8: the table's `show` and drawing, a fifth of the dashboard's work in `mixed`)
+
+
+def _fits_counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many cells the process table fits to their columns (each cell of a row laid out)."""
+    from memtop.ui.widgets import process_table
+
+    count = [0]
+    fit = process_table._fit
+
+    def counted(text: str, width: int, right: bool) -> str:
+        count[0] += 1
+        return fit(text, width, right)
+
+    monkeypatch.setattr(process_table, "_fit", counted)
+    return count
+
+
+def _laid_out_anew(table):  # type: ignore[no-untyped-def]
+    """Each of the table's lines as a layout from scratch draws it (a row: `_row_line`)."""
+    from rich.text import Text
+
+    _, columns, widths = table._lay_out(table.content_region.width)
+    return [
+        drawn.plain if isinstance(drawn, Text) else drawn
+        for drawn in (
+            line.text() if not hasattr(line, "pid") else table._row_line(line, columns, widths, 1)
+            for line in table.lines
+        )
+    ]
+
+
+def _shown(table):  # type: ignore[no-untyped-def]
+    from rich.text import Text
+
+    return [drawn.plain if isinstance(drawn, Text) else drawn for drawn in table._drawn]
+
+
+def test_a_round_where_only_steps_moved_lays_out_only_the_step_cells(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every row's STEP moves every STEP_S, most other figures are held to their slow period:
+    # each row was laid out anew every round, thirteen cells fit to their columns a row (3.5 %
+    # of the dashboard's samples in `mixed`).  A row whose other cells show what they showed
+    # keeps its line, its STEP set into it: one cell a row, and the same lines.
+    from ui_helpers import steps_moved
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW, host="gpu-box", my_uid=MY_UID)
+
+    async def run() -> tuple[int, int, list, list]:  # type: ignore[type-arg]
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.2)
+            table = app.table
+            # (No await from here on: the dashboard's own round would show its rows again.)
+            table.show(steps_moved(table), False, True)
+            fits = _fits_counted(monkeypatch)
+            table.show(steps_moved(table), False, True)
+            counted = fits[0]
+            monkeypatch.undo()
+            return counted, len(table.rows), _shown(table), _laid_out_anew(table)
+
+    fits, rows, shown, anew = asyncio.run(run())
+    assert rows >= 4
+    assert fits == rows, f"{fits} cells laid out for {rows} rows whose STEP alone moved"
+    assert shown == anew
+
+
+def test_a_rows_line_follows_every_field_it_shows_and_no_other() -> None:
+    # The table keeps each row's line by the fields its cells read (LINE_FIELDS, TIME's
+    # minute) and sets its STEP into it: changing any field of a row, one at a time, draws the
+    # line a layout from scratch draws (a field a cell reads and LINE_FIELDS left out would
+    # leave last round's line on screen).
+    import dataclasses
+
+    from memtop.engine.observation import ProcessRow, ProcessState
+
+    def other(name: str, value: object) -> object:
+        if name == "state":
+            return ProcessState.EXITED if value != ProcessState.EXITED else ProcessState.HUNG
+        if name in ("workload", "agent", "agent_device", "info"):
+            return None
+        if isinstance(value, bool):
+            return not value
+        if isinstance(value, int | float):
+            return value * 3 + 3600
+        if isinstance(value, str):
+            return "x" + value if value else "+9.0M/step"
+        return 7  # None: a figure now known
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW, host="gpu-box", my_uid=MY_UID)
+
+    async def run() -> list[tuple[str, bool, bool]]:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.2)
+            table = app.table
+            base = table.source
+            seen = []
+            for field in dataclasses.fields(ProcessRow):
+                index = next(i for i, row in enumerate(base) if row.step is not None)
+                row = base[index]
+                changed = dataclasses.replace(
+                    row, **{field.name: other(field.name, getattr(row, field.name))}
+                )
+                rows = (*base[:index], changed, *base[index + 1 :])
+                table.show(base, False, True)
+                before = _shown(table)
+                table.show(rows, False, True)
+                seen.append(
+                    (field.name, _shown(table) == _laid_out_anew(table), _shown(table) != before)
+                )
+            return seen
+
+    seen = asyncio.run(run())
+    assert len(seen) >= 30
+    assert all(same for _, same, _ in seen), [name for name, same, _ in seen if not same]
+    moved = {name for name, _, differs in seen if differs}
+    assert {"used", "step", "trend", "state", "command", "run_seconds"} <= moved, moved
+
+
+def _cells(strips):  # type: ignore[no-untyped-def]
+    """Each line's cells: its character and its style as drawn."""
+    return [[(ch, seg.style) for seg in strip for ch in seg.text] for strip in strips]
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 36)])
+def test_a_table_line_is_framed_as_textual_frames_it_without_its_per_line_work(
+    monkeypatch: pytest.MonkeyPatch, size: tuple[int, int]
+) -> None:
+    # Textual works a widget's frame (border edges and colours, padding, tint, opacity) out
+    # again for every line it draws: ~25 us of each ~35 us table row, a row per STEP that
+    # moved, every row every 2 s (issue 35 item 8).  The table frames its rows as Textual
+    # framed a stand-in line, learnt once: the same cells on every line of the table (its
+    # border, its header, its rows, the cursor's), focused or not, in the full layout and the
+    # compact one (80x24: no side borders, no padding); a round's rows drawn without Textual's
+    # per-line frame, and the terminal shows what a full frame shows.
+    from textual._styles_cache import StylesCache
+    from textual.geometry import Region
+    from ui_helpers import full_frame, play_into_terminal, steps_moved
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW, host="gpu-box", my_uid=MY_UID)
+    terminal = play_into_terminal(app)
+    framed = [0]
+    render_line = StylesCache.render_line
+
+    def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        table = app.table
+        y, size, content_line = args[1], args[2], args[7]
+        gutter = table.styles.gutter
+        if (
+            getattr(content_line, "__self__", None) is table  # (not the stand-in line)
+            and gutter.top <= y < size.height - gutter.bottom  # a content line, not a border
+        ):
+            framed[0] += 1
+        return render_line(self, *args, **kwargs)
+
+    async def run() -> list[tuple[list, list]]:  # type: ignore[type-arg]
+        async with app.run_test(size=size) as pilot:
+            await pilot.pause(0.2)
+            table = app.table
+            app.refresh_view = lambda *a, **k: None  # type: ignore[method-assign]  # ours only
+            whole = Region(0, 0, table.outer_size.width, table.outer_size.height)
+            compared = []
+            for focused in (True, False):
+                if not focused:
+                    app.set_focus(None)
+                    await pilot.pause(0.2)
+                table._styles_cache.clear()
+                ours = table.render_lines(whole)
+                textuals = StylesCache()
+                table._styles_cache, kept = textuals, table._styles_cache
+                try:
+                    compared.append((_cells(ours), _cells(table.render_lines(whole))))
+                finally:
+                    table._styles_cache = kept
+            monkeypatch.setattr(StylesCache, "render_line", counted)
+            table.show(steps_moved(table), False, True)
+            await pilot.pause(0.2)
+            monkeypatch.undo()
+            compared.append(([terminal.cells], [full_frame(app).cells]))
+            return compared
+
+    compared = asyncio.run(run())
+    assert len(compared[0][0]) >= 6  # every line of the table
+    for ours, textuals in compared:
+        assert ours == textuals
+    assert compared[0][0] != compared[1][0]  # (focus shows: the border's colour, the cursor's)
+    assert framed[0] == 0, f"Textual framed {framed[0]} of the round's lines itself"
+
+
+def test_a_round_looks_up_no_component_style_and_blur_still_shows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Textual keeps a widget's component styles (the header's, the cursor's) until its next
+    # refresh(), which the table does every round: the cursor's row looked its style up
+    # through the CSS again each time it was drawn (~35 us, issue 35 item 8).  The table keeps
+    # them until its CSS changes: a blurred table draws its cursor in the blurred style, as a
+    # look-up afresh does.
+    from textual.dom import DOMNode
+    from ui_helpers import steps_moved
+
+    from memtop.ui.widgets.process_table import ProcessTable
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW, host="gpu-box", my_uid=MY_UID)
+    counts = {"looked up": 0, "restyled": 0}  # the table's, this round
+    get_component_styles = DOMNode.get_component_styles
+    notify_style_update = ProcessTable.notify_style_update
+
+    def looked_up(self, *names):  # type: ignore[no-untyped-def]
+        if self is app.table:
+            counts["looked up"] += 1
+        return get_component_styles(self, *names)
+
+    def restyled(self):  # type: ignore[no-untyped-def]
+        counts["restyled"] += 1  # (its CSS applied again: a look-up is due)
+        return notify_style_update(self)
+
+    async def run() -> tuple[list, list, list, list]:  # type: ignore[type-arg]
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.2)
+            table = app.table
+            app.refresh_view = lambda *a, **k: None  # type: ignore[method-assign]  # ours only
+            cursor_y = table._line_of(table.cursor_row) - table._top + 1
+            assert table.has_focus
+            focused = _cells([table.render_line(cursor_y)])
+            monkeypatch.setattr(DOMNode, "get_component_styles", looked_up)
+            monkeypatch.setattr(ProcessTable, "notify_style_update", restyled)
+            rounds = []
+            for _ in range(3):
+                counts.update({"looked up": 0, "restyled": 0})
+                table.show(steps_moved(table), False, True)
+                await pilot.pause(0.1)
+                rounds.append((counts["looked up"], counts["restyled"]))
+            monkeypatch.undo()
+            app.set_focus(None)
+            await pilot.pause(0.2)
+            blurred = _cells([table.render_line(cursor_y)])
+            getattr(table, "_component_style_kept", {}).clear()  # (the old table: none)
+            table._rich_style_cache.clear()
+            table._base_style = None
+            return rounds, focused, blurred, _cells([table.render_line(cursor_y)])
+
+    rounds, focused, blurred, afresh = asyncio.run(run())
+    quiet = [looked for looked, restyled in rounds if not restyled]
+    assert quiet, rounds  # (a round where the table's CSS was not applied again)
+    assert not any(quiet), f"component styles looked up in rounds {rounds} (looked up, restyled)"
+    assert blurred != focused
+    assert blurred == afresh
+
+
+def test_a_held_row_is_the_row_replace_makes_without_replace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Between slow periods the table shows each row's STEP and slow figures as it showed them
+    # last: most rows are held every round (a STEP moves every round, a sawtooth's allocated
+    # bytes too).  dataclasses.replace made each held copy by keyword, ~9 us a row (issue 35
+    # item 8); the table makes it from the row's fields in order: the same row.
+    import dataclasses
+
+    from memtop.ui.widgets import process_table
+    from memtop.ui.widgets.process_table import SLOW_FIELDS, STEP_FIELDS
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW, host="gpu-box", my_uid=MY_UID)
+    replaced = [0]
+    replace = dataclasses.replace
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        replaced[0] += 1
+        return replace(*args, **kwargs)
+
+    async def run() -> tuple[int, list, list]:  # type: ignore[type-arg]
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.2)
+            table = app.table
+            shown = table.source
+            moved = tuple(
+                replace(
+                    row,
+                    step=None if row.step is None else row.step + 5,
+                    allocated=None if row.allocated is None else row.allocated * 2 + 1,
+                    rss=7,
+                )
+                for row in shown
+            )
+            monkeypatch.setattr(process_table, "replace", counted)
+            held = [
+                process_table._hold(row, old, SLOW_FIELDS + STEP_FIELDS)
+                for row, old in zip(moved, shown, strict=True)
+            ]
+            monkeypatch.undo()
+            expected = [
+                replace(row, **{name: getattr(old, name) for name in SLOW_FIELDS + STEP_FIELDS})
+                for row, old in zip(moved, shown, strict=True)
+            ]
+            return replaced[0], held, expected
+
+    replaced_rows, held, expected = asyncio.run(run())
+    assert len(held) >= 4
+    assert held == expected
+    assert all(h.agent is e.agent and h.info is e.info for h, e in zip(held, expected, strict=True))
+    assert replaced_rows == 0, f"{replaced_rows} rows held through dataclasses.replace"

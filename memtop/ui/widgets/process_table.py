@@ -2,10 +2,11 @@
 
 A line-API widget rather than a DataTable: a DataTable repaints itself whole (and drops its
 row caches) on every cell update, and this table changes every second.  Here each row's line is
-its characters and the names of its styles, laid out from its ProcessRow each round and drawn
-straight into Textual's segments (no Rich Text per row); only the lines that changed are
-repainted, so the border and header never go back over the wire.  Columns have fixed widths
-(a value that grows never shifts its neighbours).
+its characters and the names of its styles, laid out from its ProcessRow when what its cells
+show moved (its STEP, which moves on every row, set into it) and drawn straight into Textual's
+segments (no Rich Text per row), framed by the border Textual drew once (framed_lines); only the
+lines that changed are repainted, so the border and header never go back over the wire.
+Columns have fixed widths (a value that grows never shifts its neighbours).
 
 What htop and nvitop users expect: sort by any column (`<` `>` move the sort column, `I`
 inverts, a click on a header sorts by it), a filter (`/`), and the ranks of a torchrun job
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from dataclasses import fields as record_fields
+from operator import attrgetter
 
 from rich.style import Style
 from rich.text import Text
@@ -30,6 +33,7 @@ from memtop.ui import actions
 from memtop.ui.render import FREE, short_bytes, slow_tick
 from memtop.ui.renewal import Renewal
 from memtop.ui.view import JobHeader, ProcessRow, process_key
+from memtop.ui.widgets.framed_lines import FramedLinesCache
 from memtop.ui.widgets.lines import (
     changed_cells,
     looks_alike,
@@ -219,6 +223,30 @@ RowLook = tuple[str, str, str]
 Drawn = tuple[str, RowLook] | Text
 # The row's cells whose look is their own (the row's `RowLook` after its own style).
 STYLED = ("step", "trend")
+# A row laid out: its characters before its STEP cell, those after it, its look.
+RowParts = tuple[str, str, RowLook]
+# Every field of a row that its cells (but STEP and TIME) and its look read: a row whose
+# fields these are, and whose TIME is the same minute, is drawn as last round, but for its
+# STEP (tests/test_ui_cost.py changes each other field and finds its line the same).
+LINE_FIELDS = (
+    "pid",
+    "user",
+    "gpu",
+    "mig_instance",
+    "used",
+    "allocated",
+    "reserved",
+    "peak",
+    "cpu_percent",
+    "rss",
+    "state",
+    "trend",
+    "command",
+    "rocm",
+    "rank",
+    "host",
+)
+_line_fields = attrgetter(*LINE_FIELDS)
 
 
 class ProcessTable(Widget, can_focus=True):
@@ -246,6 +274,10 @@ class ProcessTable(Widget, can_focus=True):
 
     def __init__(self) -> None:
         super().__init__(id="processes")
+        # Each row's line put in the table's border and padding as Textual would, without
+        # Textual working that frame out again for every line (widgets.framed_lines).
+        self._framed_lines = FramedLinesCache()
+        self._styles_cache = self._framed_lines
         self.source: tuple[ProcessRow, ...] = ()  # as the observation lists them
         self.jobs: tuple[JobHeader, ...] = ()  # the fleet view's jobs across hosts
         self.rows: tuple[ProcessRow, ...] = ()  # shown, in display order (cursor moves here)
@@ -259,6 +291,10 @@ class ProcessTable(Widget, can_focus=True):
         self._borders: tuple[str, str] | None = None  # the title and subtitle set, as words
         self._compact = False
         self._drawn: list[Drawn] = []
+        # The rows' lines laid out in the last round (`_drawn_lines`), by what they show, and
+        # the layout (columns, widths, compact) they were laid out in.
+        self._row_parts: dict[tuple[object, ...], RowParts] = {}
+        self._row_parts_layout: tuple[object, ...] = ()
         # The STYLED columns shown: (x0, x1, where in a RowLook its style is), left to right.
         self._styled_at: tuple[tuple[int, int, int], ...] = ()
         self._header = Text()
@@ -268,6 +304,9 @@ class ProcessTable(Widget, can_focus=True):
         self._slow_tick = -1
         self._step_tick = -1
         self._base_style: Style | None = None
+        # The header's and the cursor's styles, by name, with the component styles they were
+        # made from (`_component_style`).
+        self._component_style_kept: dict[str, tuple[object, Style]] = {}
         self._drawing_width: int | None = None  # while render_lines draws
 
     def on_mount(self) -> None:
@@ -446,12 +485,33 @@ class ProcessTable(Widget, can_focus=True):
         return layout_key, columns, widths
 
     def _drawn_lines(self, columns: list[Column], widths: list[int]) -> list[Drawn]:
-        return [
-            line.text()
-            if isinstance(line, Group | JobLine)
-            else self._row_line(line, columns, widths, GAP)
-            for line in self.lines
-        ]
+        """Each line as drawn.  A row is laid out anew only when what its cells show moved
+        (LINE_FIELDS, its TIME's minute): most rounds its line is last round's, but for its STEP
+        (every row's, every STEP_S), which is set between the row's cells laid out around it."""
+        layout = (tuple(column.key for column in columns), tuple(widths), self._compact)
+        if layout != self._row_parts_layout:
+            self._row_parts_layout, self._row_parts = layout, {}
+        step_at = next((i for i, c in enumerate(columns) if c.key == "step"), None)
+        step_width = widths[step_at] if step_at is not None else 0
+        known = self._row_parts
+        kept: dict[tuple[object, ...], RowParts] = {}  # this round's rows only: it never grows
+        drawn: list[Drawn] = []
+        for line in self.lines:
+            if isinstance(line, Group | JobLine):
+                drawn.append(line.text())
+                continue
+            key = (_line_fields(line), _runtime(line, False))
+            parts = known.get(key)
+            if parts is None:
+                parts = self._row_parts_of(line, columns, widths, GAP, step_at)
+            kept[key] = parts
+            before, after, look = parts
+            if step_at is None:
+                drawn.append((before, look))
+            else:
+                drawn.append((before + _fit(_step(line, False), step_width, True) + after, look))
+        self._row_parts = kept
+        return drawn
 
     def _take_layout(
         self,
@@ -534,23 +594,42 @@ class ProcessTable(Widget, can_focus=True):
         self, row: ProcessRow, columns: list[Column], widths: list[int], gap: int
     ) -> tuple[str, RowLook]:
         """The row's characters as drawn (one string: every cell fit to its column's width, the
-        columns `gap` apart) and its look.  Every row, every second: built as one string,
-        styled by name, no Rich Text (its spans, its copy when drawn) made for it."""
+        columns `gap` apart) and its look.  Styled by name, no Rich Text (its spans, its copy
+        when drawn) made for it."""
+        before, after, look = self._row_parts_of(row, columns, widths, gap, None)
+        return before + after, look
+
+    def _row_parts_of(
+        self,
+        row: ProcessRow,
+        columns: list[Column],
+        widths: list[int],
+        gap: int,
+        step_at: int | None,
+    ) -> RowParts:
+        """The row laid out (`_row_line`) as the characters before its STEP cell and those
+        after it (`step_at`: that column's index; None: every cell in the first part)."""
         compact = self._compact
+        cells = [
+            _fit(column.cell(row, compact), width, column.right)
+            for column, width in zip(columns, widths, strict=True)
+        ]
+        sep = " " * gap
         # No gap after the last column: the row is then the table's width (its last column
         # takes the room left), and drawing it cuts nothing (cutting the gap off every row
         # drawn was most of the table's drawing, Strip.crop; issue 35 item 8).
-        plain = " " + (" " * gap).join(
-            _fit(column.cell(row, compact), width, column.right)
-            for column, width in zip(columns, widths, strict=True)
-        )
+        if step_at is None:
+            before, after = " " + sep.join(cells), ""
+        else:
+            before = " " + "".join(cell + sep for cell in cells[:step_at])
+            after = "".join(sep + cell for cell in cells[step_at + 1 :])
         # An exited process is drawn dim: its figures are the last ones seen (marked ~).
         look = (
             FREE if row.last_known else "",
             "yellow" if row.state == "exited" else "",
             "bold red" if row.trend else "",
         )
-        return plain, look
+        return before, after, look
 
     def _row_strip(self, plain: str, look: RowLook, width: int, base: Style) -> Strip:
         """A row's line as Textual's segments: its characters in runs between its STYLED cells,
@@ -574,6 +653,8 @@ class ProcessTable(Widget, can_focus=True):
 
     def notify_style_update(self) -> None:
         self._base_style = None  # the CSS changed (theme, focus, a class): look it up again
+        self._component_style_kept.clear()
+        self._framed_lines.forget_frame()
         super().notify_style_update()
 
     def render_lines(self, crop: Region) -> list[Strip]:
@@ -608,7 +689,7 @@ class ProcessTable(Widget, can_focus=True):
         if base is None:
             base = self._base_style = self.rich_style
         if y == 0:
-            style = self.get_component_rich_style("process-table--header")
+            style = self._component_style("process-table--header")
             return text_strip(self.app.console, self._header, width, base + style)
         index = self._top + y - 1
         if index >= len(self._drawn):
@@ -617,11 +698,24 @@ class ProcessTable(Widget, can_focus=True):
         if isinstance(line, ProcessRow) and self._is_cursor(line):
             # Under the row's own styles, so a red trend keeps its colour on the cursor.
             name = "process-table--cursor" if self.has_focus else "process-table--cursor-blurred"
-            base = base + self.get_component_rich_style(name)
+            base = base + self._component_style(name)
         drawn = self._drawn[index]
         if isinstance(drawn, Text):
             return text_strip(self.app.console, drawn, width, base)
         return self._row_strip(*drawn, width, base)
+
+    def _component_style(self, name: str) -> Style:
+        """A component's Rich style (the header's, the cursor's), looked up once until the CSS
+        changes.  Textual keeps its own copy only until the next refresh(), which the table
+        does every round: the cursor's row was a look-up through the CSS (~35 us) each time."""
+        styles = self._component_styles.get(name)  # Textual's, replaced when the CSS changes
+        kept = self._component_style_kept.get(name)
+        if kept is None or kept[0] is not styles:
+            kept = self._component_style_kept[name] = (
+                styles,
+                self.get_component_rich_style(name),
+            )
+        return kept[1]
 
     def _is_cursor(self, row: ProcessRow) -> bool:
         # By identity: `lines` holds the very objects of `rows`.  (Searching `rows` for the line
@@ -740,15 +834,32 @@ def _runs(indexes: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
+# Every field of a row, in the order its record's __init__ takes them: a held row is made from
+# them positionally.  dataclasses.replace builds its keywords and calls __init__ by name, twice
+# the cost, and the table holds most rows every round (their STEP, a sawtooth's allocated).
+_ROW_FIELDS = tuple(f.name for f in record_fields(ProcessRow))
+_row_values = attrgetter(*_ROW_FIELDS)
+_ROW_AT = {name: index for index, name in enumerate(_ROW_FIELDS)}
+_POSITIONAL = all(f.init and not f.kw_only for f in record_fields(ProcessRow))
+
+
 def _hold(
     row: ProcessRow, shown: ProcessRow | None, fields: tuple[str, ...] = SLOW_FIELDS
 ) -> ProcessRow:
     """`row` with the `fields` it showed last (a new or exited row shows its own)."""
     if not fields or shown is None or row.state != shown.state:
         return row
-    if all(getattr(row, name) == getattr(shown, name) for name in fields):
+    held = [
+        (name, value) for name in fields if getattr(row, name) != (value := getattr(shown, name))
+    ]
+    if not held:
         return row
-    return replace(row, **{name: getattr(shown, name) for name in fields})
+    if not _POSITIONAL:  # (a field only its keyword sets)
+        return replace(row, **dict(held))
+    values = list(_row_values(row))
+    for name, value in held:
+        values[_ROW_AT[name]] = value
+    return ProcessRow(*values)
 
 
 def _fit(text: str, width: int, right: bool) -> str:
