@@ -235,6 +235,36 @@ def test_bad_mark_columns_are_refused(columns):
         protocol.parse_sample({"time": 1.0, "step": 1, "devices": [], "step_mark_columns": columns})
 
 
+def test_a_samples_stats_are_its_finite_numbers_by_clean_names():
+    from memtop.protocol import schema
+
+    stats = {
+        "allocated_bytes.all.current": 5,
+        "reserved_bytes.all.current": 7.9,
+        "num_ooms": True,  # not a number here
+        "name\x1b[2J": 3,  # a name is cleaned before any terminal sees it
+        "huge": 10**400,  # an int beyond a float: kept (the sanity checks judge it)
+        "text": "12",
+        "nothing": None,
+        "infinite": float("inf"),
+    }
+    device = {"index": 0, "stats": stats, "free_bytes": 1, "total_bytes": 2}
+    for _ in range(2):  # the second time from the names already cleaned
+        sample = protocol.parse_sample({"time": 1.0, "step": None, "devices": [device]})
+        assert sample.devices[0].stats == {
+            "allocated_bytes.all.current": 5,
+            "reserved_bytes.all.current": 7,
+            "name?[2J": 3,
+            "huge": 10**400,
+        }
+    # An agent minting new names every second never grows the names kept past their bound.
+    for n in range(3):
+        minted = {f"stat{n}.{i}": i for i in range(1000)}
+        device = {"index": 0, "stats": minted, "free_bytes": 1, "total_bytes": 2}
+        protocol.parse_sample({"time": 1.0, "step": None, "devices": [device] * 4})
+    assert len(schema._STAT_NAMES) <= schema._STAT_NAMES_KEPT
+
+
 def test_sample_with_bool_step_is_refused():
     with pytest.raises(protocol.ProtocolError):
         protocol.parse_sample({"time": 1.0, "step": True, "devices": []})

@@ -260,6 +260,32 @@ def _floor_reading(raw: dict[str, Any]) -> dict[str, int]:
     return {}
 
 
+# Stat names as clean_text makes them, by the name an agent sent: every agent sends the same
+# ~15 names for each device every second.  Bounded: an agent minting names empties it.
+_STAT_NAMES: dict[str, str] = {}
+_STAT_NAMES_KEPT = 4096
+
+
+def _stats(stats: dict[str, Any]) -> dict[str, int]:
+    """A sample device's `stats`: the finite numbers (as ints) by their cleaned names; anything
+    else (a bool, a string, null) left out."""
+    kept = {}
+    names = _STAT_NAMES
+    for key, value in stats.items():
+        kind = type(value)
+        if kind is not int:
+            if kind is not float or not math.isfinite(value):
+                continue  # (JSON makes no subclass of int or float: a bool is its own type)
+            value = int(value)
+        name = names.get(key)
+        if name is None:
+            if len(names) >= _STAT_NAMES_KEPT:
+                names.clear()
+            name = names[key] = clean_text(key, 200)
+        kept[name] = value
+    return kept
+
+
 def parse_sample(result: Mapping[str, Any]) -> AgentSample:
     """Validate a `sample` result against the wire schema and turn it into an AgentSample.
 
@@ -281,11 +307,7 @@ def parse_sample(result: Mapping[str, Any]) -> AgentSample:
         devices.append(
             AgentDeviceSample(
                 index=_count(raw, "index", "sample device"),
-                stats={
-                    clean_text(k, 200): int(v)
-                    for k, v in stats.items()
-                    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-                },
+                stats=_stats(stats),
                 free_bytes=_count(raw, "free_bytes", "sample device"),
                 total_bytes=_count(raw, "total_bytes", "sample device"),
                 **_floor_reading(raw),
