@@ -264,6 +264,7 @@ def _floor_reading(raw: dict[str, Any]) -> dict[str, int]:
 # ~15 names for each device every second.  Bounded: an agent minting names empties it.
 _STAT_NAMES: dict[str, str] = {}
 _STAT_NAMES_KEPT = 4096
+_INT64_LOW, _INT64_HIGH = -(1 << 63), (1 << 63) - 1
 
 
 def _stats(stats: dict[str, Any]) -> dict[str, int]:
@@ -273,10 +274,13 @@ def _stats(stats: dict[str, Any]) -> dict[str, int]:
     names = _STAT_NAMES
     for key, value in stats.items():
         kind = type(value)
-        if kind is not int:
-            if kind is not float or not math.isfinite(value):
-                continue  # (JSON makes no subclass of int or float: a bool is its own type)
+        if kind is int:
+            if not _INT64_LOW <= value <= _INT64_HIGH:
+                continue  # no count is; the store's float() of one beyond a double raises
+        elif kind is float and math.isfinite(value):
             value = int(value)
+        else:
+            continue  # a bool (JSON makes no subclass of int or float), a string, null
         name = names.get(key)
         if name is None:
             if len(names) >= _STAT_NAMES_KEPT:
