@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -327,6 +327,125 @@ class StepMark:
         return max(0, self.host_rss - self.host_heap_free)
 
 
+# A figure a step mark does not have, in StepMarks' integer columns (every figure is >= 0).
+MISSING_FIGURE = -1
+
+
+class StepMarks(Sequence[StepMark]):
+    """A sample's step marks, oldest first, held as columns of machine numbers: a `StepMark` is
+    made only when one is read (`marks[i]`, iterating).
+
+    A connection's first sample carries up to MARK_WINDOW marks per agent (its backlog).  One
+    record (and a mapping, a float) per mark was ~90 bytes each, 1 MB for the `mixed` demo's 11
+    agents at once, which raised the dashboard's heap for good (CPython keeps the arenas it
+    grew); as columns they are 8 bytes a figure.  The store appends the columns to its rings as
+    they are (`device_rows`, `host_rows`); the few other readers (estimate, the conformance
+    check, tests) read marks as before.  Treat it as immutable, as every record here.
+
+    `steps`: int64; `times`: doubles; `allocated`: device index -> int64 allocated bytes,
+    MISSING_FIGURE where that mark has no figure for the device; `host_rss` and
+    `host_heap_free`: int64 (MISSING_FIGURE where a mark has none), or None where no mark has
+    one."""
+
+    __slots__ = ("allocated", "host_heap_free", "host_rss", "steps", "times")
+
+    def __init__(
+        self,
+        steps: array[int],
+        times: array[float],
+        allocated: Mapping[int, array[int]],
+        host_rss: array[int] | None = None,
+        host_heap_free: array[int] | None = None,
+    ) -> None:
+        self.steps = steps
+        self.times = times
+        self.allocated = allocated
+        self.host_rss = host_rss
+        self.host_heap_free = host_heap_free
+
+    @classmethod
+    def of(cls, marks: Sequence[StepMark]) -> StepMarks:
+        """`marks` as columns (itself if it is StepMarks already): the marks of rows (an agent
+        that predates the columns layout, a record made in code) take the same path."""
+        if isinstance(marks, StepMarks):
+            return marks
+        indices = sorted({index for mark in marks for index in mark.allocated})
+        host_rss = [MISSING_FIGURE if m.host_rss is None else m.host_rss for m in marks]
+        heap = [MISSING_FIGURE if m.host_heap_free is None else m.host_heap_free for m in marks]
+        return cls(
+            array("q", [m.step for m in marks]),
+            array("d", [m.time for m in marks]),
+            {
+                index: array("q", [m.allocated.get(index, MISSING_FIGURE) for m in marks])
+                for index in indices
+            },
+            array("q", host_rss) if any(m.host_rss is not None for m in marks) else None,
+            array("q", heap) if any(m.host_heap_free is not None for m in marks) else None,
+        )
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def _mark(self, i: int) -> StepMark:
+        rss = self.host_rss[i] if self.host_rss is not None else MISSING_FIGURE
+        heap = self.host_heap_free[i] if self.host_heap_free is not None else MISSING_FIGURE
+        return StepMark(
+            self.steps[i],
+            self.times[i],
+            {index: column[i] for index, column in self.allocated.items() if column[i] >= 0},
+            None if rss < 0 else rss,
+            None if heap < 0 else heap,
+        )
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return tuple(self._mark(j) for j in range(*i.indices(len(self))))
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError("step mark index out of range")
+        return self._mark(i)
+
+    def __iter__(self) -> Iterator[StepMark]:
+        return (self._mark(i) for i in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        """The same marks (a tuple of StepMark included: what a sample's marks always were)."""
+        if not isinstance(other, Sequence) or isinstance(other, str | bytes):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    def __repr__(self) -> str:
+        return f"StepMarks({list(self)!r})"
+
+    def device_rows(self, index: int) -> tuple[array[float], array[float], array[float]]:
+        """Step, time and allocated bytes (doubles: the store's ring columns) of the marks that
+        have a figure for device `index`, oldest first."""
+        column = self.allocated.get(index)
+        if column is None:
+            return array("d"), array("d"), array("d")
+        return self._rows(column)
+
+    def host_rows(self) -> tuple[array[float], array[float], array[float]]:
+        """Step, time and resident set (doubles) of the marks that have one, oldest first."""
+        if self.host_rss is None:
+            return array("d"), array("d"), array("d")
+        return self._rows(self.host_rss)
+
+    def _rows(self, column: array[int]) -> tuple[array[float], array[float], array[float]]:
+        if MISSING_FIGURE not in column:  # nearly always: every mark has it
+            return array("d", self.steps), self.times, array("d", column)
+        kept = [i for i, value in enumerate(column) if value >= 0]
+        return (
+            array("d", [self.steps[i] for i in kept]),
+            array("d", [self.times[i] for i in kept]),
+            array("d", [column[i] for i in kept]),
+        )
+
+
+NO_STEP_MARKS = StepMarks(array("q"), array("d"), {})
+
+
 @dataclass(frozen=True, slots=True)
 class HostMemory:
     """A trainer process's own host (CPU) memory, as the kernel counts it (`sample`'s
@@ -344,7 +463,9 @@ class AgentSample:
     time: float
     step: int | None
     devices: tuple[AgentDeviceSample, ...]
-    step_marks: tuple[StepMark, ...] = ()
+    # Oldest first; a parsed reply's are StepMarks (columns), a record made in code may hold a
+    # tuple: StepMarks.of reads either.
+    step_marks: Sequence[StepMark] = ()
     # The agent's OOM flight recorder: {"ooms", "reports", "last": the newest report's
     # headline (time, step, phase, device, requested_bytes, free_bytes, path, diagnosis)}.
     oom: Mapping[str, Any] | None = None

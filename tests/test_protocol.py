@@ -177,9 +177,10 @@ def _kept_bytes(make):  # type: ignore[no-untyped-def]
 
 
 def test_a_first_samples_thousand_marks_are_kept_compact():
-    # A first sample carries up to 1024 marks per agent, which the store keeps for minutes: a
-    # mapping and numbers of its own for each was ~300 bytes a mark (3.3 MB for 11 agents),
-    # though a trainer's baseline and RSS seldom move from one step to the next.
+    # A first sample carries up to 1024 marks per agent, all the agents' held at once in the
+    # dashboard's first round: a record, a mapping and numbers of its own for each was ~300
+    # bytes a mark (3.3 MB for 11 agents), ~130 bytes with the mappings shared; as columns of
+    # machine numbers (model.StepMarks) 8 bytes a figure.
     rows = [
         {
             "step": n,
@@ -196,8 +197,11 @@ def test_a_first_samples_thousand_marks_are_kept_compact():
     kept, sample = _kept_bytes(lambda: protocol.parse_sample({**base, **json.loads(wire)}))
     marks = sample.step_marks
     assert marks == protocol.parse_sample({**base, "step_marks": rows}).step_marks
-    assert marks[0].allocated is marks[999].allocated and marks[1000].allocated[0] == 15479186432
-    assert kept < 180 * 1024, kept  # 412 KB with a mapping and numbers for each
+    assert marks[999].allocated == {0: 15478137856} and marks[1000].allocated[0] == 15479186432
+    assert (marks[0].host_heap_free, marks[1].host_heap_free) == (612_336, None)
+    # 412 KB with a mapping and numbers for each, 132 KB with the mappings shared; 5 columns
+    # of 1024 numbers are 40 KB.
+    assert kept < 48 * 1024, kept
 
 
 @pytest.mark.parametrize(
@@ -214,6 +218,14 @@ def test_a_first_samples_thousand_marks_are_kept_compact():
         {"step": [1], "time": [1.0], "allocated_bytes": {"x": [1]}},
         {"step": [1], "time": [1.0], "allocated_bytes": {"0": [-5]}},
         {"step": [1], "time": [1.0], "allocated_bytes": {"0": ["5"]}},
+        {"step": [1], "time": [1.0], "allocated_bytes": {"0": [5.0]}},
+        {"step": [1, 2], "time": [1.0, 2.0], "allocated_bytes": {"0": [None, -1]}},
+        # Beyond int64 (the columns' numbers): no step or byte count is; an agent saying so
+        # lies, as one saying -5 does.
+        {"step": [1], "time": [1.0], "allocated_bytes": {"0": [2**63]}},
+        {"step": [2**63], "time": [1.0], "allocated_bytes": {}},
+        {"step": [1], "time": [1e400], "allocated_bytes": {}},
+        {"step": [1], "time": [None], "allocated_bytes": {}},
         {"step": [1] * 9000, "time": [1.0] * 9000, "allocated_bytes": {}},  # over MAX_MARKS
         {"time": [1.0], "allocated_bytes": {}},
     ],
@@ -221,6 +233,37 @@ def test_a_first_samples_thousand_marks_are_kept_compact():
 def test_bad_mark_columns_are_refused(columns):
     with pytest.raises(protocol.ProtocolError):
         protocol.parse_sample({"time": 1.0, "step": 1, "devices": [], "step_mark_columns": columns})
+
+
+def test_a_samples_stats_are_its_finite_numbers_by_clean_names():
+    from memtop.protocol import schema
+
+    stats = {
+        "allocated_bytes.all.current": 5,
+        "reserved_bytes.all.current": 7.9,
+        "num_ooms": True,  # not a number here
+        "name\x1b[2J": 3,  # a name is cleaned before any terminal sees it
+        "huge": 10**400,  # beyond a double (and int64): no count is (it raised OverflowError)
+        "large": 2**62,
+        "text": "12",
+        "nothing": None,
+        "infinite": float("inf"),
+    }
+    device = {"index": 0, "stats": stats, "free_bytes": 1, "total_bytes": 2}
+    for _ in range(2):  # the second time from the names already cleaned
+        sample = protocol.parse_sample({"time": 1.0, "step": None, "devices": [device]})
+        assert sample.devices[0].stats == {
+            "allocated_bytes.all.current": 5,
+            "reserved_bytes.all.current": 7,
+            "name?[2J": 3,
+            "large": 2**62,
+        }
+    # An agent minting new names every second never grows the names kept past their bound.
+    for n in range(3):
+        minted = {f"stat{n}.{i}": i for i in range(1000)}
+        device = {"index": 0, "stats": minted, "free_bytes": 1, "total_bytes": 2}
+        protocol.parse_sample({"time": 1.0, "step": None, "devices": [device] * 4})
+    assert len(schema._STAT_NAMES) <= schema._STAT_NAMES_KEPT
 
 
 def test_sample_with_bool_step_is_refused():

@@ -43,6 +43,7 @@ from memtop.model import (
     ProcessInfo,
     RoundView,
     SiteUsage,
+    StepMarks,
     host_of,
 )
 
@@ -116,6 +117,24 @@ class Ring:
                 self._first = 0
         for column, value in zip(columns, values, strict=True):
             column.append(value)
+
+    def extend(self, *columns: array[float]) -> None:
+        """Many rows at once, a column each (equally long), as that many `append`s would leave
+        the ring: the newest `capacity` rows kept, a compaction into new arrays once the
+        oldest gone reach `slack`.  A connection's first sample (an agent's 1,024 step marks)
+        costs one C call a column, not a call a row."""
+        count = len(columns[0])
+        if count == 0:
+            return
+        skip = max(0, count - self.capacity)  # rows older than the newest `capacity` given
+        self._first += max(0, len(self) + count - skip - self.capacity)
+        if self._first >= self._slack:
+            # New arrays, never the published ones written over (RingWindow); when `count`
+            # replaces every kept row, compacted to nothing at all.
+            self._columns = [column[min(self._first, len(column)) :] for column in self._columns]
+            self._first = 0
+        for column, values in zip(self._columns, columns, strict=True):
+            column.extend(values[skip:] if skip else values)
 
     def __len__(self) -> int:
         return len(self._columns[0]) - self._first
@@ -458,15 +477,19 @@ class Store:
             if rings.host_history is None:
                 rings.host_history = Ring(self._history, ("time", "rss"))
             rings.host_history.append(sample.time, float(sample.host_memory.rss_bytes))
-        for mark in sample.step_marks:
-            if mark.host_rss is not None:
+        # The step marks, a column at a time (a first sample's backlog: 1,024 marks an agent).
+        marks = StepMarks.of(sample.step_marks)
+        if marks.host_rss is not None:
+            host_rows = marks.host_rows()
+            if len(host_rows[0]):
                 if rings.host_marks is None:
                     rings.host_marks = Ring(self._step_marks, ("step", "time", "rss"))
-                rings.host_marks.append(float(mark.step), mark.time, float(mark.host_rss))
-            for index, allocated in mark.allocated.items():
-                if index in devices:
-                    rings.devices[index][1].append(float(mark.step), mark.time, float(allocated))
-                    peaks[index] = max(peaks[index], allocated)
+                rings.host_marks.extend(*host_rows)
+        for index, column in marks.allocated.items():
+            if index in devices:
+                rings.devices[index][1].extend(*marks.device_rows(index))
+                # (a mark without the device holds MISSING_FIGURE: below any peak)
+                peaks[index] = max(peaks[index], max(column, default=0))
         kept.update(
             step=sample.step,
             last_oom=last_oom,

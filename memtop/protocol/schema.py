@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from array import array
 from collections.abc import Mapping
-from itertools import repeat
 from typing import Any, TypeGuard
 
 from memtop.model import (
     ACTION_FROM_AGENT,
     ACTION_OK,
     ACTION_REFUSED,
+    MISSING_FIGURE,
+    NO_STEP_MARKS,
     ActionRecord,
     AgentBreakdown,
     AgentCleanup,
@@ -30,6 +32,7 @@ from memtop.model import (
     Site,
     SiteUsage,
     StepMark,
+    StepMarks,
 )
 from memtop.protocol.framing import ProtocolError
 from memtop.protocol.text import canonical_pci_bus_id, clean_text, clean_value, decimal
@@ -131,13 +134,15 @@ def _finite(obj: Mapping[str, Any], key: str, where: str) -> float:
     return value
 
 
-def _marks_from_columns(columns: object) -> list[StepMark]:
-    """The step marks of `sample`'s columns, each column checked whole.
+def _marks_from_columns(columns: object) -> StepMarks:
+    """The step marks of `sample`'s columns, each column checked whole and kept as a column of
+    machine numbers (model.StepMarks): no object per mark.
 
-    A trainer's baseline seldom moves from one step to the next: a row whose allocated bytes
-    (or host figures) are the row before's shares that row's mapping (and numbers).  A first
-    sample holds up to a thousand marks per agent, which the store keeps for minutes: a mapping
-    and three numbers each were ~300 bytes a mark (3.3 MB for the mixed demo's 11 agents)."""
+    A first sample holds up to a thousand marks per agent (MARK_WINDOW), which the store appends
+    to its rings: a record, a mapping and a float per mark were ~90 bytes each, 1 MB for the
+    mixed demo's 11 agents, held at once in the dashboard's first round (its heap's high-water
+    mark, which CPython does not give back); columns are 8 bytes a figure, and the checks run
+    over each column in C (`set(map(type, …))`, `array`, `min`), not a Python test per value."""
     where = "sample step_mark_columns"
     if not isinstance(columns, dict):
         raise ProtocolError("bad_reply", f"{where}: must be an object")
@@ -147,44 +152,59 @@ def _marks_from_columns(columns: object) -> list[StepMark]:
     count = len(_bounded(steps, MAX_MARKS, where))
     if len(times) != count or len(allocated) > MAX_DEVICES:
         raise ProtocolError("bad_reply", f"{where}: columns of different lengths")
-    # The optional host memory columns (agents before them, or off Linux, send none).
-    no_column = [None] * count
-    host_rss = _optional_column(columns, "host_rss_bytes", count, where) or no_column
-    heap_free = _optional_column(columns, "host_heap_free_bytes", count, where) or no_column
-    indices: list[int] = []
-    per_device: list[list[Any]] = []
+    per_device: dict[int, array[int]] = {}
     for key, values in allocated.items():
         if not _index(key) or not isinstance(values, list) or len(values) != count:
             raise ProtocolError("bad_reply", f"{where}: bad 'allocated_bytes'")
-        if not all(v is None or _byte_count(v) for v in values):
-            raise ProtocolError("bad_reply", f"{where}: bad 'allocated_bytes'")
-        indices.append(int(key))
-        per_device.append(values)
-    if not all(_integer(step) for step in steps):
-        raise ProtocolError("bad_reply", f"{where}: 'step' must hold ints")
-    if not all(_integer(t) or (isinstance(t, float) and math.isfinite(t)) for t in times):
+        per_device[int(key)] = _byte_column(values, f"{where}: bad 'allocated_bytes'")
+    try:
+        # (a bool, a float, a str, null: not an int; beyond int64: not a step)
+        if not set(map(type, steps)) <= {int}:
+            raise TypeError
+        step_column = array("q", steps)
+    except (TypeError, OverflowError):
+        raise ProtocolError("bad_reply", f"{where}: 'step' must hold ints") from None
+    try:
+        if not set(map(type, times)) <= {int, float}:
+            raise TypeError
+        time_column = array("d", times)
+    except (TypeError, OverflowError):
+        time_column = None
+    if time_column is None or not all(map(math.isfinite, time_column)):
         raise ProtocolError("bad_reply", f"{where}: 'time' must hold finite numbers")
-    for column, key in ((host_rss, "host_rss_bytes"), (heap_free, "host_heap_free_bytes")):
-        if not all(v is None or _byte_count(v) for v in column):
-            raise ProtocolError("bad_reply", f"{where}: bad {key!r}")
-    marks = []
-    # (Every column is `count` long: checked above.)
-    rows = zip(*per_device, strict=True) if per_device else repeat((), count)
-    last_row: tuple[Any, ...] | None = None
-    mapping: dict[int, int] = {}
-    rss, heap = None, None
-    for step, when, row, row_rss, row_heap in zip(
-        steps, times, rows, host_rss, heap_free, strict=True
-    ):
-        if row != last_row:
-            mapping = {i: v for i, v in zip(indices, row, strict=True) if v is not None}
-            last_row = row
-        if row_rss != rss:
-            rss = row_rss
-        if row_heap != heap:
-            heap = row_heap
-        marks.append(StepMark(step, float(when), mapping, rss, heap))
-    return marks
+    # The optional host memory columns (agents before them, or off Linux, send none).
+    host = {}
+    for key in ("host_rss_bytes", "host_heap_free_bytes"):
+        column = _optional_column(columns, key, count, where)
+        host[key] = _byte_column(column, f"{where}: bad {key!r}") if column else None
+    return StepMarks(
+        step_column,
+        time_column,
+        dict(sorted(per_device.items())),
+        host["host_rss_bytes"],
+        host["host_heap_free_bytes"],
+    )
+
+
+def _byte_column(values: list[Any], problem: str) -> array[int]:
+    """A column of optional byte counts (ints >= 0, or null) as int64, MISSING_FIGURE for a
+    null; ProtocolError(`problem`) for anything else (a bool, a float, a negative, a count
+    beyond int64: 8 EiB)."""
+    kinds = set(map(type, values))
+    if not kinds <= {int, type(None)}:
+        raise ProtocolError("bad_reply", problem)
+    nulls = values.count(None) if type(None) in kinds else 0
+    if nulls:
+        values = [MISSING_FIGURE if v is None else v for v in values]
+    try:
+        column = array("q", values)
+    except OverflowError:
+        raise ProtocolError("bad_reply", problem) from None
+    lowest = min(column, default=0)
+    # No negative but the nulls' stand-ins.
+    if lowest < 0 and (lowest < MISSING_FIGURE or column.count(MISSING_FIGURE) != nulls):
+        raise ProtocolError("bad_reply", problem)
+    return column
 
 
 def _integer(value: object) -> TypeGuard[int]:
@@ -240,6 +260,36 @@ def _floor_reading(raw: dict[str, Any]) -> dict[str, int]:
     return {}
 
 
+# Stat names as clean_text makes them, by the name an agent sent: every agent sends the same
+# ~15 names for each device every second.  Bounded: an agent minting names empties it.
+_STAT_NAMES: dict[str, str] = {}
+_STAT_NAMES_KEPT = 4096
+_INT64_LOW, _INT64_HIGH = -(1 << 63), (1 << 63) - 1
+
+
+def _stats(stats: dict[str, Any]) -> dict[str, int]:
+    """A sample device's `stats`: the finite numbers (as ints) by their cleaned names; anything
+    else (a bool, a string, null) left out."""
+    kept = {}
+    names = _STAT_NAMES
+    for key, value in stats.items():
+        kind = type(value)
+        if kind is int:
+            if not _INT64_LOW <= value <= _INT64_HIGH:
+                continue  # no count is; the store's float() of one beyond a double raises
+        elif kind is float and math.isfinite(value):
+            value = int(value)
+        else:
+            continue  # a bool (JSON makes no subclass of int or float), a string, null
+        name = names.get(key)
+        if name is None:
+            if len(names) >= _STAT_NAMES_KEPT:
+                names.clear()
+            name = names[key] = clean_text(key, 200)
+        kept[name] = value
+    return kept
+
+
 def parse_sample(result: Mapping[str, Any]) -> AgentSample:
     """Validate a `sample` result against the wire schema and turn it into an AgentSample.
 
@@ -261,18 +311,15 @@ def parse_sample(result: Mapping[str, Any]) -> AgentSample:
         devices.append(
             AgentDeviceSample(
                 index=_count(raw, "index", "sample device"),
-                stats={
-                    clean_text(k, 200): int(v)
-                    for k, v in stats.items()
-                    if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-                },
+                stats=_stats(stats),
                 free_bytes=_count(raw, "free_bytes", "sample device"),
                 total_bytes=_count(raw, "total_bytes", "sample device"),
                 **_floor_reading(raw),
             )
         )
     columns = result.get("step_mark_columns")
-    marks = [] if columns is None else _marks_from_columns(columns)
+    by_columns = NO_STEP_MARKS if columns is None else _marks_from_columns(columns)
+    marks: list[StepMark] = []  # of rows (an agent that predates the columns layout)
     raw_marks = result.get("step_marks") or []
     if not isinstance(raw_marks, list):
         raise ProtocolError("bad_reply", "sample: 'step_marks' must be a list")
@@ -304,7 +351,7 @@ def parse_sample(result: Mapping[str, Any]) -> AgentSample:
         time=when,
         step=step,
         devices=tuple(devices),
-        step_marks=tuple(marks),
+        step_marks=StepMarks.of([*by_columns, *marks]) if marks else by_columns,
         oom=clean_value(oom) if isinstance(oom, dict) and oom.get("ooms") else None,
         host_memory=_host_memory(result.get("host_memory")),
         allocator_settings=_settings(result, "sample"),

@@ -15,10 +15,11 @@ import math
 import os
 import select
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from memtop import protocol
 from memtop.model import AgentHello, AgentSample
@@ -54,6 +55,14 @@ HELLO_REFRESH_S = 5.0
 
 
 RECV_CHUNK = 1 << 16
+# Held while a reply waited for on a thread (PendingReply.wait_then) is decoded and made into its
+# record: one reply's JSON objects in memory at a time, however many workers wait.
+_DECODING = threading.Lock()
+R = TypeVar("R")
+
+
+def _as_it_is(result: dict[str, Any]) -> dict[str, Any]:
+    return result
 
 
 class PendingReply:
@@ -110,17 +119,40 @@ class PendingReply:
 
     def wait(self) -> dict[str, Any]:
         """Block until the reply is complete or the deadline passes; the result."""
-        with self.client._failures(self):
-            self._take(b"")  # frames read with an earlier reply first
-            while self._reply is None:
-                sock = self.client._connected_socket()
-                try:
-                    data = sock.recv(RECV_CHUNK)
-                except BlockingIOError:
-                    _wait_for(sock, select.POLLIN, self.deadline)
-                    continue
-                self._take(data, at_end=not data)
-        return self.client._result(self.cmd, self._reply, self._inert)
+        return self.wait_then(_as_it_is)
+
+    def wait_then(self, then: Callable[[dict[str, Any]], R]) -> R:
+        """`wait`, and what `then` makes of the result (AgentClient.sample: the parsed sample).
+
+        The reply's frame is decoded and `then` runs under one lock (_DECODING) that every
+        thread waiting this way shares; bytes are received outside it.  A connection's first
+        sample decodes to ~200 KB of JSON objects (an agent's backlog of step marks): the
+        dashboard's first round connects to every agent at once on the pool's workers, and
+        eleven such replies decoded side by side held ~1.5 MB at once, what the heap's
+        high-water mark (the process's RSS for good) grew by.  One at a time, each reply's
+        objects are gone (made into `then`'s compact value) before the next is decoded; the
+        GIL ran them one at a time anyway."""
+        data: bytes | None = None  # first, the frames read with an earlier reply
+        while True:
+            with _DECODING:
+                with self.client._failures(self):
+                    self._take(data or b"", at_end=data == b"")
+                reply = self._reply
+                if reply is not None:
+                    self._reply = None  # (read once: its objects go with `then`'s return)
+                    return then(self.client._result(self.cmd, reply, self._inert))
+            with self.client._failures(self):
+                data = self._receive()
+
+    def _receive(self) -> bytes:
+        """The bytes the socket has (b"": the agent closed it), waiting for some up to the
+        deadline."""
+        while True:
+            sock = self.client._connected_socket()
+            try:
+                return sock.recv(RECV_CHUNK)
+            except BlockingIOError:
+                _wait_for(sock, select.POLLIN, self.deadline)
 
     def _result(self) -> dict[str, Any] | None:
         if self._reply is None:
@@ -137,7 +169,11 @@ class PendingReply:
             if reply_id == self.request_id or (reply_id is None and "error" in message):
                 self._reply = message
                 # (asked of the reply's frame only: strays are dropped unread)
-                self._inert = inert_json(self.client._decoder.last_body)
+                decoder = self.client._decoder
+                self._inert = inert_json(decoder.last_body)
+                # Its bytes are not held until the connection's next frame: a first sample's
+                # are ~40 KB an agent, all the agents' held at once through the first round.
+                decoder.last_body = b""
                 return  # bytes after it stay in the decoder, for the next request to read
             self._stray += 1
             if self._stray >= MAX_STRAY_FRAMES:
@@ -400,7 +436,7 @@ class AgentClient:
         still buffered, or the newest `max_marks` of them; `columns`: sent as columns, not an
         object per mark (the same marks; an agent that predates the layout sends rows)."""
         deadline = time.monotonic() + (timeout or self.timeout)
-        return parse_sample(self.send_sample(deadline, max_marks, columns).wait())
+        return self.send_sample(deadline, max_marks, columns).wait_then(parse_sample)
 
     def send_sample(
         self,

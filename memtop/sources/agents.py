@@ -621,7 +621,7 @@ class AgentPool:
 
     def _finish_sample(self, agent: _Agent, pending: PendingReply) -> Callable[[], None]:
         def job() -> None:
-            _into_inbox(agent.inbox, pending.client, parse_sample(pending.wait()))
+            _into_inbox(agent.inbox, pending.client, pending.wait_then(parse_sample))
 
         return job
 
