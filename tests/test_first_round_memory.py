@@ -13,10 +13,12 @@ from __future__ import annotations
 import gc
 import json
 import socket
+import subprocess
 import sys
 import threading
 import tracemalloc
 from array import array
+from collections.abc import Callable
 
 import pytest
 
@@ -76,7 +78,22 @@ def _step_marks_alive() -> int:
     return sum(1 for o in gc.get_objects() if type(o) is StepMark)
 
 
+def _alone(measure: Callable[[], None]) -> None:
+    """Run `measure` (a test's body) in an interpreter of its own: tracemalloc counts every
+    thread's allocations and gc.get_objects every live object, so in an xdist worker the
+    modules run before this one (a thread of theirs winding down, marks they still hold)
+    would count as this round's (one failure in the whole suite, none alone)."""
+    done = subprocess.run(
+        [sys.executable, __file__, measure.__name__], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
 def test_a_first_rounds_backlogs_are_held_and_kept_as_columns() -> None:
+    _alone(_first_rounds_backlogs_held_as_columns)
+
+
+def _first_rounds_backlogs_held_as_columns() -> None:
     wires = {pid: json.dumps(_backlog_reply(pid)).encode() for pid in range(9001, 9001 + AGENTS)}
     protocol.parse_sample(json.loads(wires[9001]))  # what a first parse imports
     store = Store()
@@ -125,6 +142,10 @@ def _client_with_reply(pid: int, reply: dict[str, object]) -> tuple[AgentClient,
 
 
 def test_first_samples_waited_for_side_by_side_are_decoded_one_at_a_time() -> None:
+    _alone(_first_samples_decoded_one_at_a_time)
+
+
+def _first_samples_decoded_one_at_a_time() -> None:
     # The pool's workers each wait for an agent's first sample (AgentClient.sample); decoded
     # side by side, each reply's ~250 KB of JSON objects were held at once until parsed.
     pairs = [_client_with_reply(pid, _backlog_reply(pid)) for pid in range(9001, 9001 + 8)]
@@ -198,3 +219,7 @@ def test_step_marks_as_columns_read_as_the_marks_they_hold() -> None:
     assert [list(c) for c in marks.device_rows(2)] == [[], [], []]
     assert [list(c) for c in marks.host_rows()] == [[7.0, 9.0], [1.5, 2.5], [100.0, 120.0]]
     assert StepMarks.of(()) == () and list(StepMarks.of(()).host_rows()[0]) == []
+
+
+if __name__ == "__main__":  # (_alone: one measurement, by its function's name)
+    globals()[sys.argv[1]]()

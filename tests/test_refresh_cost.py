@@ -125,13 +125,15 @@ def test_a_row_that_holds_its_slow_figures_and_its_step_is_copied_once(
         if module is not None and hasattr(module, "slow_tick"):
             monkeypatch.setattr(module, "slow_tick", lambda period=0: 7)
     copies: list[str] = []
-    replace = process_table.replace
+    hold = process_table._hold
 
-    def counted(row, **changes):  # type: ignore[no-untyped-def]
-        copies.append(row.key)
-        return replace(row, **changes)
+    def counted(row, shown, fields=process_table.SLOW_FIELDS):  # type: ignore[no-untyped-def]
+        held = hold(row, shown, fields)
+        if held is not row:  # (a copy: the row with what it showed last)
+            copies.append(row.key)
+        return held
 
-    monkeypatch.setattr(process_table, "replace", counted)
+    monkeypatch.setattr(process_table, "_hold", counted)
     store = frozen_store()
     clock = [NOW + 0.5]
     app = MemtopApp(store, None, clock=lambda: clock[0], host="gpu-box", my_uid=MY_UID)
