@@ -225,26 +225,15 @@ Drawn = tuple[str, RowLook] | Text
 STYLED = ("step", "trend")
 # A row laid out: its characters before its STEP cell, those after it, its look.
 RowParts = tuple[str, str, RowLook]
-# Every field of a row that its cells (but STEP and TIME) and its look read: a row whose
-# fields these are, and whose TIME is the same minute, is drawn as last round, but for its
-# STEP (tests/test_ui_cost.py changes each other field and finds its line the same).
-LINE_FIELDS = (
-    "pid",
-    "user",
-    "gpu",
-    "mig_instance",
-    "used",
-    "allocated",
-    "reserved",
-    "peak",
-    "cpu_percent",
-    "rss",
-    "state",
-    "trend",
-    "command",
-    "rocm",
-    "rank",
-    "host",
+# The fields of a row its line is kept by: every field the record compares (those held by
+# reference, its agent and the like, are not shown), but its STEP, which is set into the line
+# laid out around it, and its run time, whose TIME cell is kept by the minute (`_runtime`).  A
+# row whose fields these are is drawn as last round but for its STEP.  Derived from the record
+# rather than listed: a field added to ProcessRow is counted until it is named here, so a new
+# cell can never show last round's figure (tests/test_ui_cost.py changes each field in turn).
+_NOT_IN_LINE_KEY = ("step", "run_seconds")
+LINE_FIELDS = tuple(
+    f.name for f in record_fields(ProcessRow) if f.compare and f.name not in _NOT_IN_LINE_KEY
 )
 _line_fields = attrgetter(*LINE_FIELDS)
 
