@@ -21,16 +21,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ui_helpers import notifications, wait_for
+from ui_helpers import live_app, notifications, wait_for
 
-from memtop.engine.sampler import Sampler
-from memtop.engine.store import Store
 from memtop.protocol import namespaces
 from memtop.sim.demo import registry_dir
 from memtop.sim.device import SimGpuRegistry, simulated_gpu_specs
-from memtop.sources.agents import AgentPool
-from memtop.sources.devices import DefaultDeviceSource
-from memtop.ui.app import MemtopApp
 from memtop.ui.screens.confirm import ConfirmScreen
 from memtop.ui.widgets.process_table import ProcessTable
 
@@ -174,15 +169,7 @@ def test_contained_trainer_is_shown_under_the_host_pid_with_its_gpu_usage(
 
 
 def test_kill_key_signals_the_host_process(contained: Contained, socket_dir: Path) -> None:
-    store = Store()
-    sampler = Sampler(
-        store,
-        DefaultDeviceSource(socket_dir, simulated_only=True),
-        AgentPool(socket_dir),
-        interval=0.25,
-    )
-    sampler.start()
-    app = MemtopApp(store, sampler, interval=0.25)
+    app, sampler = live_app(socket_dir)
 
     def row_keys() -> list[int]:
         table = app.query_one(ProcessTable)

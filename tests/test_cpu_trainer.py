@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ui_helpers import notifications, wait_for
+from ui_helpers import live_app, notifications, wait_for
 
 from memtop.diagnosis import Diagnoser
 from memtop.engine.observation import Observer
@@ -47,7 +47,8 @@ def cpu_trainer_dir() -> Iterator[Path]:
 # first, on the trainer as it starts (its row CPU-only; every key is refused before the agent
 # is asked, so it changes nothing), then the leak test judges the same trainer from a store of
 # its own.  (The other way round, a new dashboard on a trainer whose host leak was already
-# found showed nothing at all for `c` within 15 s here: left for the lead, see the report.)
+# found once showed nothing at all for `c` within 15 s, at load ~25; on a quiet box that order
+# passed 3 runs of 3: not reproduced, noted in stop 44's closing note.)
 @pytest.fixture(scope="module")
 def leaking_cpu_trainer(cpu_trainer_dir: Path) -> Iterator[int]:
     pytest.importorskip("torch")
@@ -66,19 +67,10 @@ def leaking_cpu_trainer(cpu_trainer_dir: Path) -> Iterator[int]:
 
 
 def test_cuda_keys_on_a_cpu_trainer_say_why_they_do_nothing(leaking_cpu_trainer, cpu_trainer_dir):
-    from memtop.ui.app import MemtopApp
     from memtop.ui.widgets.process_table import ProcessTable
 
     pid, socket_dir = leaking_cpu_trainer, cpu_trainer_dir
-    store = Store()
-    sampler = Sampler(
-        store,
-        DefaultDeviceSource(socket_dir, simulated_only=True),
-        AgentPool(socket_dir),
-        interval=0.25,
-    )
-    sampler.start()
-    app = MemtopApp(store, sampler, interval=0.25)
+    app, sampler = live_app(socket_dir)
 
     async def main() -> None:
         async with app.run_test(size=(120, 36)) as pilot:

@@ -161,13 +161,8 @@ def test_a_relative_path_is_joined_to_the_current_directory_not_resolved(
 
 
 def test_the_s_key_never_follows_a_link_at_its_file_name(trainer, tmp_path: Path) -> None:
-    from ui_helpers import notifications, wait_for
+    from ui_helpers import live_app, notifications, wait_for
 
-    from memtop.engine.sampler import Sampler
-    from memtop.engine.store import Store
-    from memtop.sources.agents import AgentPool
-    from memtop.sources.devices import DefaultDeviceSource
-    from memtop.ui.app import MemtopApp
     from memtop.ui.widgets.process_table import ProcessTable
 
     pid, socket_dir = trainer
@@ -179,15 +174,7 @@ def test_the_s_key_never_follows_a_link_at_its_file_name(trainer, tmp_path: Path
     for second in range(now - 2, now + 60):
         stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(second))
         (tmp_path / f"memtop-snapshot-{pid}-{stamp}.pickle").symlink_to(named / stamp)
-    store = Store()
-    sampler = Sampler(
-        store,
-        DefaultDeviceSource(socket_dir, simulated_only=True),
-        AgentPool(socket_dir),
-        interval=0.25,
-    )
-    sampler.start()
-    app = MemtopApp(store, sampler, interval=0.25, snapshot_dir=tmp_path)
+    app, sampler = live_app(socket_dir, snapshot_dir=tmp_path)
 
     async def main() -> None:
         async with app.run_test(size=(120, 36)) as pilot:

@@ -12,14 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from ui_helpers import notifications, screen_text, wait_for
+from ui_helpers import live_app, notifications, screen_text, wait_for
 
-from memtop.engine.sampler import Sampler
-from memtop.engine.store import Store
 from memtop.figures.units import format_bytes
 from memtop.sim.demo import Demo
-from memtop.sources.agents import AgentPool
-from memtop.sources.devices import DefaultDeviceSource
 from memtop.ui.app import MemtopApp
 from memtop.ui.screens.confirm import ConfirmScreen
 from memtop.ui.screens.detail import DetailScreen
@@ -54,20 +50,6 @@ def mixed_demo(module_socket_dir: Path) -> Iterator[Demo]:
         demo.stop()
 
 
-def live_app(
-    socket_dir: Path, snapshot_dir: Path | None = None, app_interval: float = INTERVAL
-) -> tuple[MemtopApp, Sampler]:
-    store = Store()
-    sampler = Sampler(
-        store,
-        DefaultDeviceSource(socket_dir, simulated_only=True),
-        AgentPool(socket_dir),
-        interval=INTERVAL,
-    )
-    sampler.start()
-    return MemtopApp(store, sampler, interval=app_interval, snapshot_dir=snapshot_dir), sampler
-
-
 def agent_rows(app: MemtopApp) -> list[ProcessRow]:
     return [r for r in app.query_one(ProcessTable).rows_by_key.values() if r.state == "agent"]
 
@@ -79,7 +61,7 @@ async def select(app: MemtopApp, pid: int) -> None:
 
 
 def run(coro_factory, socket_dir: Path, snapshot_dir: Path | None = None) -> MemtopApp:  # type: ignore[no-untyped-def]
-    app, sampler = live_app(socket_dir, snapshot_dir)
+    app, sampler = live_app(socket_dir, snapshot_dir=snapshot_dir)
 
     async def main() -> None:
         async with app.run_test(size=(120, 36)) as pilot:

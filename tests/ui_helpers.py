@@ -7,15 +7,40 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 from textual._compositor import CompositorUpdate
 from textual.app import App
 from textual.pilot import Pilot
 
+from memtop.engine.sampler import Sampler
+from memtop.engine.store import Store
+from memtop.sources.agents import AgentPool
+from memtop.sources.devices import DefaultDeviceSource
 from memtop.ui.app import MemtopApp
 from memtop.ui.cell_diff import CellDiff
 from memtop.ui.view import GpuRow, ProcessRow, Trend, TrendLine
 from memtop.ui.widgets.process_table import ProcessTable
+
+LIVE_INTERVAL = 0.25  # a live test's sampler round (and its dashboard's, unless told)
+
+
+def live_app(
+    socket_dir: Path, app_interval: float = LIVE_INTERVAL, **app_options: Any
+) -> tuple[MemtopApp, Sampler]:
+    """The dashboard on the agents (and simulated GPUs) under `socket_dir`, its sampler
+    started: the caller stops it (`sampler.stop()`) when the app is done."""
+    store = Store()
+    sampler = Sampler(
+        store,
+        DefaultDeviceSource(socket_dir, simulated_only=True),
+        AgentPool(socket_dir),
+        interval=LIVE_INTERVAL,
+    )
+    sampler.start()
+    return MemtopApp(store, sampler, interval=app_interval, **app_options), sampler
+
 
 # Rich's SVG export places each run of text at x = column × 0.61 × its 20 px font.
 CHAR_WIDTH = 12.2
