@@ -693,6 +693,9 @@ class Holder:
 
 @dataclass(frozen=True, slots=True)
 class PidFacts:
+    """What memtop can say of a pid the driver charges: where it runs, whether it can take an
+    agent and why, and what holds its memory."""
+
     pid: int
     state: str  # HERE, OTHER_NAMESPACE, HIDDEN, GONE
     container: str | None = None  # "container 3f2a9c1b7d4e", "pod 1b2c…" where cgroup says
@@ -731,6 +734,8 @@ class AccountedProcess:
 
 @dataclass(frozen=True, slots=True)
 class AccountPart:
+    """One part of a GPU's used bytes (a key of PART_LABELS) and the processes it counts."""
+
     name: str  # a key of PART_LABELS
     bytes: int
     pids: tuple[int, ...] = ()

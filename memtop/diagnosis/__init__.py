@@ -76,6 +76,9 @@ GROWTH_MARKS = 60
 
 @dataclass(frozen=True)
 class Diagnosis:
+    """One round's diagnosis: each agent's devices, the GPUs, the suggestions, the CPU trainers'
+    host memory."""
+
     time: float
     devices: dict[tuple[int, int], DeviceDiagnosis]  # by (pid, device index)
     gpus: tuple[GpuObservation, ...]

@@ -31,6 +31,9 @@ MIN_PRESSURE_WINDOW_S = 30.0  # with less history than this, judge the totals in
 
 @dataclass(frozen=True, slots=True)
 class Fragmentation:
+    """How fragmented one device's caching allocator is: the gauge, its median and the bytes
+    behind it."""
+
     gauge: float  # latest sample
     gauge_smoothed: float  # median of the recent samples: the value rules judge
     inactive_split_bytes: int
@@ -63,6 +66,8 @@ class Fragmentation:
 
 @dataclass(frozen=True, slots=True)
 class Pressure:
+    """One device's allocation retries and OOMs: since the trainer started and recently."""
+
     retries: int  # since the trainer started (torch's cumulative counters)
     ooms: int
     retries_recent: int | None  # over the last `window_s` of history; None with too little

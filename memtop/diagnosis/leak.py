@@ -510,6 +510,8 @@ def _replace_reason(estimate: LeakEstimate, reason: str) -> LeakEstimate:
 
 @dataclass(frozen=True, slots=True)
 class _Trend:
+    """The leak test's fit of one regime's binned floor: its slope, how sure, and how noisy."""
+
     xs: list[float]  # the bins of the analysed regime
     ys: list[float]
     slope: float

@@ -45,6 +45,8 @@ GRACE_S = 30.0
 
 @dataclass
 class _Shown:
+    """A suggestion on screen and when it appeared, last fired and was last raised."""
+
     suggestion: Suggestion
     since: float  # when it appeared
     fired: float  # when its rule last fired

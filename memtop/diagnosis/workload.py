@@ -45,6 +45,9 @@ class BudgetBasis(Choice):
 
 @dataclass(frozen=True, slots=True)
 class Engine:
+    """An inference engine that takes a share of its GPU on purpose, and how it is told that
+    share."""
+
     id: str  # the JSON's `engine`
     name: str  # as people write it
     programs: tuple[str, ...]  # program basenames, `python -m` modules (their first part) …
@@ -90,6 +93,9 @@ PATTERN_SAMPLES = 10
 
 @dataclass(frozen=True, slots=True)
 class Workload:
+    """What a process is (a trainer, or an engine that preallocates) and the share of its GPU
+    it takes on purpose."""
+
     kind: WorkloadKind
     engine: str | None = None  # an ENGINES id or "jax"; None: not recognised
     budget_share: float | None = None  # the share of the GPU it takes on purpose

@@ -24,6 +24,8 @@ from memtop.model import AgentView, host_of
 
 @dataclass(frozen=True, slots=True)
 class RankView:
+    """One rank of a distributed job, as its group shows it."""
+
     host: str
     pid: int
     rank: int | None  # RANK, else SLURM_PROCID
@@ -34,6 +36,8 @@ class RankView:
 
 @dataclass(frozen=True, slots=True)
 class JobGroup:
+    """The ranks of one distributed job, one user's, across hosts."""
+
     key: tuple[str, ...]
     label: str
     ranks: tuple[RankView, ...]

@@ -165,6 +165,9 @@ class ProcessRow:
 
 @dataclass(frozen=True)
 class Observation:
+    """Everything one round shows: the GPUs, the agents and processes on them, and their
+    diagnosis."""
+
     time: float
     generation: int  # the store generation it was built from
     host: str

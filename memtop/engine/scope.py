@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Scope:
+    """What the user asked to see (--only, --user, --pid): every panel renders an observation
+    through it."""
+
     gpus: frozenset[int] | None = None  # the driver's numbers
     # MIG instances asked for (`--only 0:1`: GPU 0's GPU instance 1), as (GPU, GPU instance id):
     # shown without the rest of their GPU (a number in `gpus` shows the whole GPU).

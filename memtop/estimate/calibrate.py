@@ -29,6 +29,9 @@ DEFAULT_CACHE_SHARE = 0.165
 
 @dataclass(frozen=True, slots=True)
 class BatchModel:
+    """A step's memory as a part that grows with the batch and one that does not, and the cache
+    above it."""
+
     batch: float  # the measured batch (1 when only factors of it are asked)
     fixed_bytes: int  # what does not grow with the batch
     growing_bytes: int  # what the step adds at its peak, at the measured batch

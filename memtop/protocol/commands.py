@@ -31,6 +31,8 @@ ON_KEY = "on a key"  # only when the user asks (a key; `memtop cleanup`, `memtop
 
 @dataclass(frozen=True, slots=True)
 class Command:
+    """One command the agent serves: its arguments, when the viewer asks it, what it answers."""
+
     name: str
     # Each argument the agent reads → what it takes, in words (the handler checks it and
     # answers bad_request otherwise).

@@ -33,6 +33,9 @@ RUN_USER_ROOT = (Path("/run/user"), "", "memtop")
 
 @dataclass(frozen=True, slots=True)
 class _Verdict:
+    """Whether a socket directory's entry was accepted, as judged from its owner at
+    `judged_at`."""
+
     path: Path  # the socket directory this entry stands for
     owner: int | None  # its owner as lstat says (None: nothing there)
     accepted: bool  # read (its name is its owner's uid, written as memtop writes it)
@@ -41,6 +44,9 @@ class _Verdict:
 
 @dataclass
 class _Root:
+    """A directory where root looks for users' socket directories (TMP_ROOT, RUN_USER_ROOT),
+    and the entries last listed there."""
+
     directory: Path
     prefix: str
     below: str

@@ -165,6 +165,8 @@ def send_message(sock: socket.socket, message: Mapping[str, Any]) -> None:
 
 @dataclass(frozen=True, slots=True)
 class Request:
+    """A request as read from a peer, its shape checked (parse_request)."""
+
     id: int | str
     cmd: str
     args: Mapping[str, Any]

@@ -28,6 +28,8 @@ LOGS_KEPT = 5  # the newest demo logs kept in the state directory's demo/
 
 @dataclass(frozen=True)
 class TrainerPlan:
+    """One simulated trainer the demo starts: its GPU, scenario, scale and seed."""
+
     gpu: int
     scenario: str
     scale: float = 1.0

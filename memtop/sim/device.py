@@ -393,6 +393,8 @@ VENDORS = ("nvidia", "amd")
 
 @dataclass(frozen=True)
 class SimGpuSpec:
+    """One simulated GPU as its driver would report it."""
+
     index: int
     uuid: str  # as the driver reports it (NVML's GPU-… form, or amdsmi's)
     name: str

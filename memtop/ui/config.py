@@ -36,6 +36,9 @@ def config_path() -> Path:
 
 @dataclass(frozen=True)
 class UiConfig:
+    """The dashboard's settings from config.toml: theme, read-only, key bindings, and what was
+    wrong in it."""
+
     theme: str = "memtop"
     readonly: bool = False
     keys: dict[str, str] = field(default_factory=dict)  # binding id → "key,key"

@@ -140,6 +140,8 @@ class Trend:
 
 @dataclass(frozen=True, slots=True)
 class GpuRow:
+    """One GPU's card on the dashboard: the driver's figures and its agents' summed."""
+
     index: int
     uuid: str
     name: str
@@ -187,6 +189,8 @@ class JobHeader:
 
 @dataclass(frozen=True, slots=True)
 class SuggestionItem:
+    """One suggestion as the dashboard's pane words it."""
+
     key: str
     severity: Severity
     pid: int | None
@@ -205,6 +209,8 @@ class SuggestionItem:
 
 @dataclass(frozen=True, slots=True)
 class Dashboard:
+    """The dashboard's view of one observation: its GPUs, processes, suggestions and status."""
+
     state: str
     host: str
     source: str  # "NVML 550.54", "simulated GPUs", "agents only"
@@ -607,6 +613,8 @@ CHART_POINTS = 240
 
 @dataclass(frozen=True)
 class Series:
+    """One line (or band) of a chart: its points over the window held."""
+
     name: str
     xs: tuple[float, ...]  # seconds relative to the newest sample (≤ 0)
     ys: tuple[float, ...]  # bytes (a band's highs)
@@ -815,6 +823,8 @@ class GpuDetailLine:
 
 @dataclass(frozen=True, slots=True)
 class GpuDetail:
+    """The GPU screen of one GPU (or MIG instance): its accounting and its chart."""
+
     title: str  # "GPU 0 · MIG 3g.40gb #1  NVIDIA A100-SXM4-80GB MIG 3g.40gb"
     used: int | None
     total: int | None

@@ -45,6 +45,8 @@ from memtop.ui.widgets.lines import (
 
 @dataclass(frozen=True)
 class Column:
+    """One column of the process table: its label, cell, widths, alignment and sort."""
+
     key: str
     label: str
     cell: Callable[[ProcessRow, bool], str]
