@@ -112,7 +112,8 @@ class EffectKind(Choice):
 
 @dataclass(frozen=True, slots=True)
 class Suggestion:
-    """One finding of the rules for one process or GPU: what, how sure, and what to do."""
+    """One finding of the rules for one process or GPU: what, how severe, its evidence, and
+    what to do."""
 
     rule: str  # a RuleId (a str enum): plain strings from a test or a recording compare equal
     severity: Severity
