@@ -939,3 +939,59 @@ def test_a_held_row_is_the_row_replace_makes_without_replace(
     assert held == expected
     assert all(h.agent is e.agent and h.info is e.info for h, e in zip(held, expected, strict=True))
     assert replaced_rows == 0, f"{replaced_rows} rows held through dataclasses.replace"
+
+
+def test_a_card_laid_out_again_for_its_used_memory_draws_its_held_trend_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A card is laid out again each round its used memory moved (most rounds of the `mixed`
+    # demo), with its trend held as shown until the slow period's: its sparkline (~1,000 step
+    # baselines binned, then binned again to its cells) was made again each time, most of
+    # laying the card out.  Now the trend's piece is kept by the trend record and the room it
+    # was made for; another trend, or another room, is drawn anew, and the line reads the same.
+    from dataclasses import replace
+
+    from ui_helpers import a_gpu_row
+
+    from memtop.ui.view import TrendLine, TrendStatus
+    from memtop.ui.widgets import gpu_panel
+    from memtop.ui.widgets.gpu_panel import GpuCard
+
+    gib = 1 << 30
+    row = a_gpu_row(
+        TrendLine(tuple(40.0 * gib + (i % 7) * gib / 10 for i in range(1000)), 80 * gib)
+    )
+    drawn = [0]
+    sparkline = gpu_panel.sparkline
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        drawn[0] += 1
+        return sparkline(*args, **kwargs)
+
+    monkeypatch.setattr(gpu_panel, "sparkline", counted)
+    for dense in (True, False):
+        card = GpuCard(row, dense=dense)
+        drawn[0] = 0
+        lines = []
+        for used in range(3):  # its used memory moved, its trend held (the same record)
+            card.row = replace(row, used=row.used + used * gib)
+            lines.append([line.plain for line in card._lay_out(120)])
+        assert drawn[0] == 1, (dense, drawn[0])  # (3 before)
+        fresh = GpuCard(card.row, dense=dense)._lay_out(120)
+        assert lines[-1] == [line.plain for line in fresh]
+        assert "42.0 GiB" in lines[-1][0]
+        # Another trend (a new record, other points) or another room: drawn anew (a dense
+        # card's trend has the same room at any width).
+        drawn[0] = 0
+        other = replace(
+            row.trend, line=TrendLine(tuple(30.0 * gib + i for i in range(500)), 80 * gib)
+        )
+        card.row = replace(card.row, trend=other)
+        assert (
+            card._lay_out(120)[-1].plain == GpuCard(card.row, dense=dense)._lay_out(120)[-1].plain
+        )
+        card._lay_out(90)
+        assert drawn[0] == (2 if dense else 3), (dense, drawn[0])
+        leaking = replace(other, status=TrendStatus.LEAK, pid=4102, bytes_per_step=8e6)
+        card.row = replace(card.row, trend=leaking)
+        assert "pid 4102" in "".join(line.plain for line in card._lay_out(120))
