@@ -314,9 +314,13 @@ class GpuCard(Widget, can_focus=True):
         is laid out again each round a figure it shows at once moved (its used memory), with
         its trend held as shown until the slow period's (its sparkline was most of that)."""
         trend = self.row.trend
-        made = (trend, room, short, spark)  # (a held trend is the same record: `is`, at once)
-        if self._trend_made is not None and self._trend_made[0] == made:
-            return self._trend_made[1]
+        made = (trend, room, short, spark)
+        kept = self._trend_made
+        # The same record (a held trend: frozen, so the same fields), not an equal one: telling
+        # two trends equal bins both lines' step marks, which a leaking dense card (its label
+        # only) never needs.
+        if kept is not None and kept[0][0] is trend and kept[0][1:] == made[1:]:
+            return kept[1]
         text = self._trend_text(trend, room, short, spark)
         self._trend_made = (made, text)
         return text
