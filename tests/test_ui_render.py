@@ -70,48 +70,6 @@ def test_a_figure_wavering_across_a_cells_middle_does_not_flip_that_cell() -> No
     assert memory_bar(20, total, int(4.55 * GiB), 0, 0, None, None, edges).plain.count("█") == 2
 
 
-def _bins_by_hand(values: list[float], points: int, reduce=min) -> list[float]:  # type: ignore[no-untyped-def]
-    """bin_reduce as it was written first: each bin's bounds summed by hand."""
-    if len(values) <= points:
-        return list(values)
-    return [
-        reduce(values[i * len(values) // points : (i + 1) * len(values) // points])
-        for i in range(points)
-    ]
-
-
-def test_bin_reduce_bins_as_by_hand_and_measures_the_values_once() -> None:
-    import array
-    import random
-
-    from memtop.ui import render
-
-    rng = random.Random(35)
-    for count in (0, 1, 7, 119, 120, 121, 240, 899, 900, 1023, 1024, 4000):
-        values = [rng.uniform(-1e9, 1e12) for _ in range(count)]
-        for points in (1, 5, 21, 28, 120, 240):
-            for reduce in (min, max):
-                want = _bins_by_hand(values, points, reduce)
-                assert render.bin_reduce(values, points, reduce) == want
-                assert render.bin_reduce(array.array("d", values), points, reduce) == want
-                assert render.bin_reduce(tuple(values), points, reduce) == want
-
-    # A GPU card's trend bins ~1,000 step baselines into 120 each time it is laid out: the
-    # bins' bounds are not worked out again per bin (each asked the values' length twice).
-    class Counted(list):  # type: ignore[type-arg]
-        lengths = 0
-
-        def __len__(self) -> int:
-            Counted.lengths += 1
-            return super().__len__()
-
-    baselines = Counted(float(i % 97) for i in range(1024))
-    want = _bins_by_hand(list(baselines), 120)
-    Counted.lengths = 0
-    assert render.bin_reduce(baselines, 120) == want
-    assert Counted.lengths <= 2
-
-
 def test_a_size_is_written_once_and_reads_as_it_did() -> None:
     import pytest
 

@@ -6,7 +6,6 @@ few and fixed (every colour change costs escape bytes on the wire).
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -133,16 +132,12 @@ def bin_reduce(values: Sequence[float], points: int, reduce=min) -> list[float]:
     """At most `points` values, each the reduction of one equal bin (oldest first)."""
     if len(values) <= points:
         return list(values)
-    # Each bin's slice taken by C (map), not by a loop of index sums: a GPU card's trend bins
-    # ~1,000 step baselines into TREND_POINTS each time it is laid out (several cards a round).
-    return list(map(reduce, map(values.__getitem__, _bins(len(values), points))))
-
-
-@functools.lru_cache(maxsize=32)
-def _bins(count: int, points: int) -> tuple[slice, ...]:
-    """The `points` equal bins of `count` values, as slices (the same few sizes every round:
-    a trend's history and a card's width)."""
-    return tuple(slice(i * count // points, (i + 1) * count // points) for i in range(points))
+    out = []
+    for i in range(points):
+        start = i * len(values) // points
+        end = (i + 1) * len(values) // points
+        out.append(reduce(values[start:end]))
+    return out
 
 
 def sparkline(values: Sequence[float], width: int, floor: float, span: float) -> str:

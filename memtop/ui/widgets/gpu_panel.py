@@ -33,7 +33,7 @@ from memtop.ui.render import (
     usage_style,
 )
 from memtop.ui.renewal import Renewal
-from memtop.ui.view import GpuRow, Trend
+from memtop.ui.view import GpuRow
 from memtop.ui.widgets.lines import LineText, changed_cells, cut, looks_alike, text_strip
 
 # Below this width the second line uses short sizes (30.2G), so the trend keeps its room.
@@ -110,8 +110,6 @@ class GpuCard(Widget, can_focus=True):
         self._blank = Strip.blank(0)
         self._base: Style | None = None  # the card's own style, until its CSS changes
         self._bar_edges = BarEdges()  # where the bar's edges were drawn: held across a wobble
-        # The trend's piece of the line, by what it was made from (`_trend`); read, never changed.
-        self._trend_made: tuple[tuple[Trend, int, bool, bool], LineText] | None = None
 
     def show(self, row: GpuRow, renew: bool | None = None) -> None:
         """Repaint when something a user must see at once changed (used memory, an error, a
@@ -310,23 +308,7 @@ class GpuCard(Widget, can_focus=True):
         )
 
     def _trend(self, room: int, short: bool, spark: bool = True) -> LineText:
-        """The trend's sparkline and label, made again only for another trend or room: a card
-        is laid out again each round a figure it shows at once moved (its used memory), with
-        its trend held as shown until the slow period's (its sparkline was most of that)."""
         trend = self.row.trend
-        made = (trend, room, short, spark)
-        kept = self._trend_made
-        # The same record (a held trend: frozen, so the same fields), not an equal one: telling
-        # two trends equal bins both lines' step marks, which a leaking dense card (its label
-        # only) never needs.
-        if kept is not None and kept[0][0] is trend and kept[0][1:] == made[1:]:
-            return kept[1]
-        text = self._trend_text(trend, room, short, spark)
-        self._trend_made = (made, text)
-        return text
-
-    @staticmethod
-    def _trend_text(trend: Trend, room: int, short: bool, spark: bool) -> LineText:
         label = trend.label(short)
         text = LineText()
         if spark and room - len(label) - 1 >= 6:  # else the label alone: it is the news
