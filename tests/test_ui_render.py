@@ -68,3 +68,155 @@ def test_a_figure_wavering_across_a_cells_middle_does_not_flip_that_cell() -> No
     assert draw(5.9, edges) == draw(5.9, None)
     # A bar at another width or total starts afresh (the card was resized).
     assert memory_bar(20, total, int(4.55 * GiB), 0, 0, None, None, edges).plain.count("█") == 2
+
+
+def test_a_size_is_written_once_and_reads_as_it_did() -> None:
+    import pytest
+
+    from memtop.figures import units
+
+    made: list[object] = []
+    real = units._format_bytes, units._short_bytes
+
+    def counted(which: int):  # type: ignore[no-untyped-def]
+        def write(n):  # type: ignore[no-untyped-def]
+            made.append(n)
+            return real[which](n)
+
+        return write
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(units, "_format_bytes", counted(0))
+        patch.setattr(units, "_short_bytes", counted(1))
+        patch.setattr(units, "_written", {})
+        patch.setattr(units, "_written_short", {})
+        size = 38 * GiB + 123_456_789
+        assert units.format_bytes(size) == units.format_bytes(size) == "38.1 GiB"
+        assert units.short_bytes(size) == units.short_bytes(size) == "38.1G"
+        assert made == [size, size]  # once each: the second call is the first's words
+        # Equal keys, the same words (the figure is written from float(n) either way) ...
+        assert units.format_bytes(1024.0) == units.format_bytes(1024) == "1.0 KiB"
+        assert units.short_bytes(100.0) == units.short_bytes(100) == "100B"
+        # ... but for a zero's sign, which its words show.
+        assert units.format_bytes(0) == "0 B" and units.format_bytes(-0.0) == "-0 B"
+        assert units.format_bytes(None) == "n/a" and units.short_bytes(None) == "—"
+        # Bounded: a viewer running for days writes sizes without end.
+        for n in range(units._WRITTEN_MAX + 50):
+            units.format_bytes(n + 1)
+        assert len(units._written) <= units._WRITTEN_MAX
+        assert units.format_bytes(units._WRITTEN_MAX + 10) == "4.0 KiB"
+
+
+def _bar_cell_by_cell(width, total, allocated, reserved, other, peak, used, edges):  # type: ignore[no-untyped-def]
+    """memory_bar as it was first written: a glyph and a style a cell, appended run by run."""
+    from rich.text import Text
+
+    from memtop.ui import render
+
+    text = Text()
+    if width <= 0:
+        return text
+    if not total:
+        return Text("·" * width, style=render.FREE)
+    if other is None and not reserved:
+        other = used or 0
+    held = edges is not None and edges.width == width and edges.total == total
+
+    def cells(n, last=-1):  # type: ignore[no-untyped-def]
+        exact = width * n / total
+        if held and last >= 0 and abs(exact - last) < 0.5 + render.BAR_HOLD_CELLS:
+            return last
+        return max(0, min(width, round(exact)))
+
+    a_end = cells(allocated, edges.allocated if edges else -1)
+    r_end = cells(reserved, edges.reserved if edges else -1)
+    o_cells = cells(other or 0, edges.other if edges else -1)
+    if edges is not None:
+        edges.width, edges.total = width, total
+        edges.allocated, edges.reserved, edges.other = a_end, r_end, o_cells
+    a = a_end
+    c = max(0, r_end - a)
+    o = max(0, min(width - a - c, o_cells))
+    f = width - a - c - o
+    glyphs = ["█"] * (a + c + o) + ["·"] * f
+    styles = [render.ALLOCATED] * a + [render.CACHED] * c + [render.OTHER] * o + [render.FREE] * f
+    if peak:
+        mark = min(width - 1, max(0, cells(peak) - 1))
+        glyphs[mark] = "┃"
+        styles[mark] = render.PEAK
+    start = 0
+    for i in range(1, width + 1):
+        if i == width or styles[i] != styles[start] or glyphs[i] != glyphs[start]:
+            text.append("".join(glyphs[start:i]), style=styles[start])
+            start = i
+    return text
+
+
+def test_a_memory_bar_is_made_by_runs_at_once_and_reads_as_cell_by_cell(
+    monkeypatch: object,
+) -> None:
+    # Every card's bar is made again each time the card is laid out (most rounds, for its used
+    # memory).  It was a glyph and a style a cell, then a Text.append a run, each run cleaned
+    # of control codes (a dict look-up a character of a run of █): a third of laying a dense
+    # card out.  Now it is its runs, one Text made from them; the same characters and spans.
+    import random
+
+    import pytest
+    from rich.text import Text
+
+    from memtop.ui import render
+
+    rng = random.Random(8)
+    for case in range(3000):
+        width = rng.choice([0, 1, 2, 3, 8, 9, 40, 79, 80, 120])
+        total = rng.choice([0, None, 80 * GiB, 7, 1000])
+        top = (total or 1) * 2
+
+        allocated = rng.randint(0, top // 2)
+        reserved = allocated + rng.randint(0, top // 2)
+        other, peak, used = (
+            rng.choice([0, None, rng.randint(0, top), rng.randint(0, top // 2)]) for _ in range(3)
+        )
+        mine, theirs = BarEdges(), BarEdges()
+        for _ in range(3):  # held edges too: the same bar a round later
+            args = (width, total, allocated, reserved, other, peak, used)
+            want = _bar_cell_by_cell(*args, theirs if case % 2 else None)
+            got = memory_bar(*args, mine if case % 2 else None)
+            assert (got.plain, got.spans, got.style) == (want.plain, want.spans, want.style), args
+            allocated = max(0, allocated + rng.randint(-top // 8, top // 8))
+    appended = [0]
+    append = Text.append
+
+    def counted(self: Text, *args, **kwargs):  # type: ignore[no-untyped-def]
+        appended[0] += 1
+        return append(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Text, "append", counted)
+        bar = render.memory_bar(80, 80 * GiB, 20 * GiB, 30 * GiB, 10 * GiB, 26 * GiB)
+    assert appended[0] == 0  # (6 before: a run each)
+    assert len(bar.spans) == 6 and bar.plain.count("┃") == 1  # the mark cuts the cached run
+
+
+def test_a_lines_pieces_are_cleaned_of_control_codes_only_where_they_have_any() -> None:
+    import pytest
+
+    from memtop.ui.widgets import lines
+
+    cleaned: list[str] = []
+    strip = lines.strip_control_codes
+
+    def counted(text: str) -> str:
+        cleaned.append(text)
+        return strip(text)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lines, "strip_control_codes", counted)
+        line = lines.LineText().add("GPU 0  H100 ").add("▕" + "█" * 40, "green").add(" 38.1 GiB")
+        assert cleaned == []  # printable pieces (a bar's █ run) are not looked at again
+        # A name as a driver or an agent said it: its control codes still go.
+        line.add("\x07rogue\rname\x08", "bold")
+    assert cleaned == ["\x07rogue\rname\x08"]
+    text = line.text()
+    assert text.plain == "GPU 0  H100 ▕" + "█" * 40 + " 38.1 GiBroguename"
+    assert [(s.start, s.end, s.style) for s in text.spans] == [(12, 53, "green"), (62, 71, "bold")]

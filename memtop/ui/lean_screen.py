@@ -208,11 +208,14 @@ class LeanCompositor(Compositor):
             if not shown.area or not overlaps(shown):
                 continue  # paints no cell of the update
             left, right = shown.x, shown.right
+            top, bottom = shown.y, shown.bottom
             lines = []
-            for y in shown.line_range:
-                spans = uncovered.get(y)
-                if spans is None or not any(x1 < right and x2 > left for x1, x2 in spans):
-                    continue  # no dirty cell here, or each one under a widget above
+            # Its lines that hold dirty cells, top down: a few of the dirty lines, not each
+            # line of the widget looked up (the screen's and its containers' dozens a frame).
+            for y in sorted(y for y in uncovered if top <= y < bottom):
+                spans = uncovered[y]
+                if not any(x1 < right and x2 > left for x1, x2 in spans):
+                    continue  # each dirty cell here lies under a widget above
                 lines.append(y)
                 # Its cells are this widget's now: what is left of the spans either side.
                 rest = [(x1, min(x2, left)) for x1, x2 in spans if x1 < left]

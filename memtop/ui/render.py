@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from rich.text import Text
+from rich.text import Span, Text
 
 from memtop.figures.units import short_bytes
 
@@ -89,19 +89,33 @@ def memory_bar(
     c = max(0, r_end - a)
     o = max(0, min(width - a - c, o_cells))
     f = width - a - c - o
-    glyphs = ["█"] * (a + c + o) + ["·"] * f
-    styles = [ALLOCATED] * a + [CACHED] * c + [OTHER] * o + [FREE] * f
+    # Runs of one style, one span each (far fewer escape sequences than one per cell); the
+    # four styles differ, so no two runs merge.  The peak's mark is a cell of its own style,
+    # cut out of the run it falls in.
+    runs = [(n, glyph, style) for n, glyph, style in _bar_runs(a, c, o, f) if n]
     if peak:
         mark = min(width - 1, max(0, cells(peak) - 1))
-        glyphs[mark] = "┃"
-        styles[mark] = PEAK
-    # One span per run of a style: far fewer escape sequences than one per cell.
+        at = 0
+        for index, (n, glyph, style) in enumerate(runs):
+            if at <= mark < at + n:
+                cut = [(mark - at, glyph, style), (1, "┃", PEAK), (at + n - mark - 1, glyph, style)]
+                runs[index : index + 1] = [run for run in cut if run[0]]
+                break
+            at += n
+    # The Text made at once from its characters and spans, as appending each run made it
+    # (Text.append cleans each run of control codes: the bar has none, and a run of █ cost a
+    # dict look-up a character).
+    spans = []
     start = 0
-    for i in range(1, width + 1):
-        if i == width or styles[i] != styles[start] or glyphs[i] != glyphs[start]:
-            text.append("".join(glyphs[start:i]), style=styles[start])
-            start = i
-    return text
+    for n, _, style in runs:
+        spans.append(Span(start, start + n, style))
+        start += n
+    return Text("".join(glyph * n for n, glyph, _ in runs), spans=spans)
+
+
+def _bar_runs(a: int, c: int, o: int, f: int) -> tuple[tuple[int, str, str], ...]:
+    """A bar's runs of cells, left to right: allocated, cached, other, free."""
+    return ((a, "█", ALLOCATED), (c, "█", CACHED), (o, "█", OTHER), (f, "·", FREE))
 
 
 SLOW_S = 4.0  # how often figures that move without news are shown anew

@@ -182,7 +182,11 @@ class LineText:
     def add(self, text: str, style: StyleType = "") -> LineText:
         """As `Text.append(text, style)`."""
         if text:
-            text = strip_control_codes(text)
+            if not text.isprintable():  # (the control codes it strips are not printable)
+                # Most pieces are the card's own words and glyphs: str.translate looks each
+                # character of a non-ASCII piece (a bar's █ run) up in a dict, ~a sixth of
+                # laying a card out, where isprintable is one pass in C.
+                text = strip_control_codes(text)
             end = self._length + len(text)
             if style:
                 self._spans.append(Span(self._length, end, style))

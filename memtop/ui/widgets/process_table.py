@@ -16,10 +16,12 @@ job across hosts grouped under that job (view.JobHeader).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from dataclasses import fields as record_fields
 from operator import attrgetter
+from typing import Any
 
 from rich.style import Style
 from rich.text import Text
@@ -840,17 +842,29 @@ def _hold(
     """`row` with the `fields` it showed last (a new or exited row shows its own)."""
     if not fields or shown is None or row.state != shown.state:
         return row
-    held = [
-        (name, value) for name in fields if getattr(row, name) != (value := getattr(shown, name))
-    ]
-    if not held:
+    read, places = _held_fields(fields)
+    new, old = read(row), read(shown)
+    if new == old:
         return row
     if not _POSITIONAL:  # (a field only its keyword sets)
-        return replace(row, **dict(held))
+        return replace(row, **{n: o for n, a, o in zip(fields, new, old, strict=True) if a != o})
     values = list(_row_values(row))
-    for name, value in held:
-        values[_ROW_AT[name]] = value
+    for at, value, was in zip(places, new, old, strict=True):
+        if value != was:
+            values[at] = was
     return ProcessRow(*values)
+
+
+@functools.lru_cache(maxsize=8)
+def _held_fields(
+    fields: tuple[str, ...],
+) -> tuple[Callable[[ProcessRow], tuple[Any, ...]], tuple[int, ...]]:
+    """What reads `fields` of a row at once (a tuple, even of one), and their places in the
+    record's order: the table holds most rows every round, and a getattr a field, twice, was
+    most of it.  (The few tuples of fields a round holds: SLOW_FIELDS, STEP_FIELDS, both.)"""
+    getter = attrgetter(*fields)
+    read = getter if len(fields) > 1 else lambda row: (getter(row),)
+    return read, tuple(_ROW_AT[name] for name in fields)
 
 
 def _fit(text: str, width: int, right: bool) -> str:
