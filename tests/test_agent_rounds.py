@@ -404,7 +404,7 @@ def test_a_steady_round_makes_no_selector_and_no_future_per_agent(
 ) -> None:
     # Every agent every second: a `selectors` selector a round (an epoll made and closed, two
     # epoll_ctl calls per agent) and a Future (a lock and a condition) per agent to say "done"
-    # were a fifth of the poll thread's work.  The replies are read as before.
+    # were ~1/8 of the poll thread's work.  The replies are read as before.
     import selectors
     from concurrent.futures import Future
 
