@@ -1,4 +1,4 @@
-"""A sampling round reads every connected agent's `sample` on the poll thread, on one selector
+"""A sampling round reads every connected agent's `sample` on the poll thread, in one poll(2) set
 (memtop.sources.agents.AgentPool._read_samples), and still keeps every promise a thread per
 agent kept: a reply slower than the round is finished later, an agent that stops answering is
 marked hung, and a hello gone stale is asked again before its sample is used."""
@@ -397,3 +397,40 @@ def test_a_reply_of_printable_ascii_is_not_walked_to_clean_it(
     assert [s.step for s in samples] == [1, 2, 3, 4, 5]
     assert len(walks) == 2, walks  # the samples with the escape (json.dumps wrote \u001b)
     assert "?[2Jnum_ooms" in samples[-1].devices[0].stats
+
+
+def test_a_steady_round_makes_no_selector_and_no_future_per_agent(
+    socket_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every agent every second: a `selectors` selector a round (an epoll made and closed, two
+    # epoll_ctl calls per agent) and a Future (a lock and a condition) per agent to say "done"
+    # were ~1/8 of the poll thread's work.  The replies are read as before.
+    import selectors
+    from concurrent.futures import Future
+
+    from memtop.sources import agents
+
+    made = {"selectors": 0, "futures": 0}
+
+    class CountedSelector(selectors.DefaultSelector):  # type: ignore[misc,valid-type]
+        def __init__(self) -> None:
+            made["selectors"] += 1
+            super().__init__()
+
+    class CountedFuture(Future):  # type: ignore[type-arg]
+        def __init__(self) -> None:
+            made["futures"] += 1
+            super().__init__()
+
+    agent = Agent(socket_dir, lambda n: (1, 0.0, 2), lambda: 2)
+    pool = AgentPool(socket_dir, timeout=1.0)
+    try:
+        rounds(pool, 2, budget=0.5, period=0.05)  # connected (on a worker)
+        monkeypatch.setattr(selectors, "DefaultSelector", CountedSelector)
+        monkeypatch.setattr(agents, "Future", CountedFuture)
+        seen = rounds(pool, 5, budget=0.5, period=0.05)
+        assert [row.sample.step for _, row in seen] == [3, 4, 5, 6, 7]  # type: ignore[union-attr]
+        assert made == {"selectors": 0, "futures": 0}
+    finally:
+        pool.close()
+        agent.close()

@@ -480,11 +480,21 @@ def test_the_agent_loads_no_viewer_side_of_the_protocol():
     "body, inert",
     [
         (b'{"id": 3, "result": {"name": "H100", "argv": ["train.py", "--lr=1e-3"]}}', True),
-        (b'{"a": "\\u001b[2J"}', False),  # an escape may spell any character
-        (b'{"a": "x\\"y"}', False),  # (even a harmless one: no guessing)
+        (b'{"a": "\\u001b[2J"}', False),  # an escape may spell any character: a control
+        (b'{"a": "x\\ny"}', False),
+        (b'{"a": "\\u202eevil"}', False),  # a bidi override
+        (b'{"a": "\\ud83d\\ude00"}', False),  # surrogates: walked (a pair, or a lone one)
+        (b'{"a": "\\udc80"}', False),
+        # Escapes of printable characters spell clean text: an OOM report's advice (`→`),
+        # a quote, a backslash (and what follows it is text: not an escape)
+        (b'{"advice": "move one job \\u2192 stop it", "caf\\u00e9": 1}', True),
+        (b'{"a": "x\\"y", "b": "\\\\u001b", "c": "\\/"}', True),
         ('{"a": "café"}'.encode(), False),  # not ASCII
         (b'{"a": "del\x7f"}', False),  # a raw control byte
         (b'{"a": "' + b"x" * 5000 + b'"}', False),  # a string past MAX_TEXT is cut
+        (b'{"a": "\\u2192' + b"x" * 5000 + b'"}', False),
+        # Past MAX_TEXT bytes in all, every string within it (an agent with eight GPUs)
+        (b'{"a": [' + b",".join([b'"' + b"x" * 100 + b'"'] * 60) + b"]}", True),
     ],
 )
 def test_a_frame_that_needs_no_cleaning_is_known_by_its_bytes(body, inert):

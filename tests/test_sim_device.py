@@ -362,3 +362,51 @@ def test_a_trainers_model_and_optimizer_state_are_published_in_one_write_each(
     assert read_ledger(ledger) == {os.getpid(): allocator.memory_reserved()}
     memory.close()
     assert read_ledger(ledger) == {}
+
+
+def test_the_viewer_parses_a_ledger_again_only_when_its_bytes_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The demo's stand-in for NVML reads every GPU's ledger every second; a steady demo's
+    # ledgers change a few times a minute.  The same bytes are the same ledger: parsed once.
+    # What the reading says stays what the ledger and the processes say, read by read.
+    from memtop.sim import device
+    from memtop.sim.devices_view import SimulatedDeviceSource
+
+    registry = SimGpuRegistry(tmp_path / f"sim-{os.getpid()}")
+    registry.create(simulated_gpu_specs(2, total_bytes=16 * GiB, seed="t"))
+    other = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=-1)
+    registry.ledger_path(0).write_text(json.dumps({str(os.getpid()): GiB, str(other.pid): 2 * GiB}))
+    registry.ledger_path(1).write_text(json.dumps({str(other.pid): 3 * GiB}))
+    parsed: list[bytes | str] = []
+    parse = device._parse_ledger
+    monkeypatch.setattr(device, "_parse_ledger", lambda text: parsed.append(text) or parse(text))
+    source = SimulatedDeviceSource(tmp_path)
+
+    def usage() -> list[dict[int, int]]:
+        return [{p.pid: p.used_bytes for p in d.processes} for d in source.read().devices]
+
+    try:
+        assert usage() == [{os.getpid(): GiB, other.pid: 2 * GiB}, {other.pid: 3 * GiB}]
+        assert len(parsed) == 2
+        for _ in range(3):
+            assert usage() == [{os.getpid(): GiB, other.pid: 2 * GiB}, {other.pid: 3 * GiB}]
+        assert len(parsed) == 2  # the old reader: 8 parses
+        # A ledger written anew (another size, or the same size): read as it is now.
+        registry.ledger_path(1).write_text(json.dumps({str(other.pid): 4 * GiB}))
+        assert usage() == [{os.getpid(): GiB, other.pid: 2 * GiB}, {other.pid: 4 * GiB}]
+        registry.ledger_path(1).write_text(json.dumps({str(other.pid): 5 * GiB}))
+        assert usage() == [{os.getpid(): GiB, other.pid: 2 * GiB}, {other.pid: 5 * GiB}]
+        assert len(parsed) == 4
+        # A process that died leaves its entry in unchanged bytes: gone from the reading at once,
+        # as NVML lists no dead process.
+        other.kill()
+        other.wait()
+        assert usage() == [{os.getpid(): GiB}, {}]
+        assert len(parsed) == 4
+        # A ledger that disappears reads as empty, as before.
+        registry.ledger_path(0).unlink()
+        assert usage() == [{}, {}]
+    finally:
+        other.kill()
+        other.wait()

@@ -75,16 +75,33 @@ def pci_bus_id_of(domain: int, bus: int, device: int, function: int = 0) -> str:
 
 _SCALARS = frozenset({int, float, bool, type(None)})  # nothing in them to clean
 _PRINTABLE_ASCII = bytes(range(0x20, 0x7F))
+# A JSON escape: \uXXXX, or a backslash and the character it escapes (\" \\ \/ \b \f \n \r \t).
+_JSON_ESCAPE = re.compile(rb"\\(?:u([0-9a-fA-F]{4})|(.))", re.DOTALL)
+_PLAIN_ESCAPES = frozenset(b'"\\/')  # the escapes that spell printable ASCII
 
 
 def inert_json(body: bytes) -> bool:
     """Whether every string the JSON text `body` holds is clean as it is (clean_value would
-    return its object unchanged): printable ASCII bytes only, no backslash (an escape can spell
-    any character), and no longer than MAX_TEXT in all (no string in it can be longer).  A
-    steady `sample` is ~2 KB of such bytes: checked in C here, its ~70 strings need no walk."""
-    return (
-        len(body) <= MAX_TEXT and b"\\" not in body and not body.translate(None, _PRINTABLE_ASCII)
-    )
+    return its object unchanged): printable ASCII bytes only, every escape one of a printable
+    character (\\", \\\\, \\/, or \\uXXXX of a character str.isprintable() takes, which is
+    clean_text's test: `→` in an OOM report's advice; not \\n, not a bidi override, not a
+    surrogate), and no string longer than MAX_TEXT.  A steady `sample` is 2-3 KB of such bytes:
+    checked in C here (and the escapes, where there are some, one by one), its ~70 strings need
+    no walk.  An OOM-ed trainer's every sample carried an escaped `→` and was walked whole, every
+    second, as was any reply past MAX_TEXT bytes (an agent with several GPUs)."""
+    if body.translate(None, _PRINTABLE_ASCII):
+        return False  # a byte beyond printable ASCII: UTF-8 text, a raw control
+    if b"\\" not in body:
+        # No escape: every string is one run between two quotes, so none is longer than the
+        # longest run.
+        return len(body) <= MAX_TEXT or max(map(len, body.split(b'"'))) <= MAX_TEXT
+    for code, char in _JSON_ESCAPE.findall(body):
+        if code:
+            if not chr(int(code, 16)).isprintable():  # controls, Cf, surrogates (Cs), ...
+                return False
+        elif char[0] not in _PLAIN_ESCAPES:
+            return False
+    return len(body) <= MAX_TEXT  # (an escaped quote hides where a string ends)
 
 
 def clean_value(value: Any, depth: int = 0) -> Any:

@@ -26,6 +26,7 @@ from memtop.protocol import namespaces, pid_alive
 
 __all__ = [
     "DeviceMemory",
+    "LedgerReader",
     "LocalDeviceMemory",
     "SharedDeviceMemory",
     "SimGpuRegistry",
@@ -121,13 +122,19 @@ def _key_parts(key: str) -> tuple[int, int | None] | None:
     return namespaces.parse_socket_name(key + ".sock")
 
 
-def visible_pid(key: str) -> int | None:
-    """The pid this process sees for the ledger entry `key` (None: not visible from here)."""
+_OWN_NAMESPACE_UNREAD = -1  # visible_pid's `own` when its caller did not read it
+
+
+def visible_pid(key: str, own: int | None = _OWN_NAMESPACE_UNREAD) -> int | None:
+    """The pid this process sees for the ledger entry `key` (None: not visible from here).
+    `own`: this process's pid namespace (namespaces.own_pid_namespace), read once by a caller
+    asking of many keys (a stat of /proc/self/ns/pid each)."""
     parts = _key_parts(key)
     if parts is None:
         return None
     pid, namespace = parts
-    own = namespaces.own_pid_namespace()
+    if own == _OWN_NAMESPACE_UNREAD:
+        own = namespaces.own_pid_namespace()
     here = namespace == own or (namespace is None and own in (None, namespaces.INIT_PID_NAMESPACE))
     if here:
         return pid
@@ -179,19 +186,23 @@ LEDGER_MAX_BYTES = 1 << 20  # a ledger holds one small entry per process
 
 
 def _read_ledger_file(path: Path | str) -> dict[str, int]:
+    return _parse_ledger(_ledger_bytes(path))  # bytes that are not UTF-8 JSON read as empty
+
+
+def _ledger_bytes(path: Path | str) -> bytes:
+    """A ledger's bytes (b"": missing or unreadable, which parses as an empty ledger)."""
     # os.open/read: a viewer reads every simulated GPU's ledger every second, and a buffered
     # text file object costs more than the read itself.
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
-        return {}
+        return b""
     try:
-        data = os.read(fd, LEDGER_MAX_BYTES)
+        return os.read(fd, LEDGER_MAX_BYTES)
     except OSError:
-        return {}
+        return b""
     finally:
         os.close(fd)
-    return _parse_ledger(data)  # bytes that are not UTF-8 JSON read as empty there
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -252,6 +263,46 @@ def read_ledger(path: Path, live_only: bool = True, locked: bool = True) -> dict
     if live_only:
         pids = {pid: used for pid, used in pids.items() if pid_alive(pid)}
     return pids
+
+
+class LedgerReader:
+    """A viewer's reads of device ledgers, every simulated GPU every second: what
+    `read_ledger(path, locked=False)` returns, for many ledgers at a time (`usage`).
+
+    Each ledger is read whole every time (an open and a read), and parsed again only when its
+    bytes differ from this reader's last read of it: the same bytes are the same ledger, so
+    nothing is guessed (a steady demo's ledgers change a few times a minute; their JSON and
+    the checks of their keys were most of a read).  Whether each entry's process still runs is
+    asked at every `usage`, once per pid however many GPUs it is on: a trainer that died
+    leaves its entry behind, and NVML lists no dead process."""
+
+    def __init__(self) -> None:
+        self._parsed: dict[str, tuple[bytes, dict[str, int]]] = {}  # path -> (bytes, ledger)
+
+    def usage(self, paths: Sequence[str]) -> list[list[tuple[int, int]]]:
+        """For each ledger of `paths`: (pid as seen here, used bytes) of its live processes,
+        by pid (a missing or unreadable ledger: none)."""
+        own = namespaces.own_pid_namespace()
+        alive: dict[int, bool] = {}
+        parsed: dict[str, tuple[bytes, dict[str, int]]] = {}
+        usages = []
+        for path in paths:
+            data = _ledger_bytes(path)
+            known = self._parsed.get(path)
+            if known is None or known[0] != data:
+                known = (data, _parse_ledger(data))
+            parsed[path] = known
+            by_pid: dict[int, int] = {}
+            for key, used in known[1].items():
+                seen = visible_pid(key, own)
+                if seen is not None:
+                    by_pid[seen] = used
+            for pid in by_pid:
+                if pid not in alive:
+                    alive[pid] = pid_alive(pid)
+            usages.append(sorted((pid, used) for pid, used in by_pid.items() if alive[pid]))
+        self._parsed = parsed  # the ledgers asked this time only (a demo gone: forgotten)
+        return usages
 
 
 class SharedDeviceMemory:

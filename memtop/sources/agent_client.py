@@ -17,7 +17,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -70,7 +70,7 @@ class PendingReply:
 
     Read either all at once on the calling thread (`wait`, blocking until the request's one
     deadline), or a piece at a time as bytes arrive (`read_available`, never blocking: the
-    sampler's poll thread reads many agents' replies this way on one selector, and hands a
+    sampler's poll thread reads many agents' replies this way in one poll(2) set, and hands a
     reply still unfinished when its round ends to a worker, which `wait`s for the rest).  One
     reader at a time.  The reply's failures are the request's: AgentTimeout (no reply by the
     deadline, or a flood of frames answering nothing), AgentUnreachable (the connection broke
@@ -197,6 +197,42 @@ def _wait_for(sock: socket.socket, event: int, deadline: float) -> None:
     poller.register(sock, event)
     if not poller.poll(max(1, math.ceil(remaining * 1000))) and time.monotonic() >= deadline:
         raise TimeoutError
+
+
+class _Failures:
+    """AgentClient._failures: a class, not a generator's context manager (made, entered and
+    left two or three times per agent per round: a generator and its frame each time)."""
+
+    __slots__ = ("client", "pending")
+
+    def __init__(self, client: AgentClient, pending: PendingReply) -> None:
+        self.client = client
+        self.pending = pending
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, _: object
+    ) -> None:
+        if exc is None or not isinstance(exc, Exception):
+            return  # nothing went wrong (or a KeyboardInterrupt, SystemExit: not ours)
+        client = self.client
+        if isinstance(exc, AgentTimeout | AgentUnreachable):
+            client.close()
+            return  # raised as it is
+        client.close()
+        if isinstance(exc, TimeoutError):
+            raise self.pending.timed_out() from None
+        if isinstance(exc, OSError | protocol.ConnectionClosed):
+            reason = str(exc) or type(exc).__name__
+            raise AgentUnreachable(f"agent of pid {client.pid}: {reason}") from None
+        if isinstance(exc, protocol.ProtocolError):
+            raise AgentUnreachable(f"agent of pid {client.pid} sent a bad frame: {exc}") from None
+        # RecursionError, MemoryError on a hostile reply, …
+        raise AgentUnreachable(
+            f"agent of pid {client.pid} sent an unreadable reply ({type(exc).__name__})"
+        ) from None
 
 
 def parse_sample(result: dict[str, Any]) -> AgentSample:
@@ -372,30 +408,10 @@ class AgentClient:
             raise AgentUnreachable(f"not connected to the agent of pid {self.pid}")
         return self._sock
 
-    @contextlib.contextmanager
-    def _failures(self, pending: PendingReply) -> Iterator[None]:
+    def _failures(self, pending: PendingReply) -> _Failures:
         """What goes wrong on the wire, as the one-line errors a request raises; the connection
         is closed on all but an agent's own error frame."""
-        try:
-            yield
-        except (AgentTimeout, AgentUnreachable):
-            self.close()
-            raise
-        except TimeoutError:
-            self.close()
-            raise pending.timed_out() from None
-        except (OSError, protocol.ConnectionClosed) as exc:
-            self.close()
-            reason = str(exc) or type(exc).__name__
-            raise AgentUnreachable(f"agent of pid {self.pid}: {reason}") from None
-        except protocol.ProtocolError as exc:
-            self.close()
-            raise AgentUnreachable(f"agent of pid {self.pid} sent a bad frame: {exc}") from None
-        except Exception as exc:  # RecursionError, MemoryError on a hostile reply, …
-            self.close()
-            raise AgentUnreachable(
-                f"agent of pid {self.pid} sent an unreadable reply ({type(exc).__name__})"
-            ) from None
+        return _Failures(self, pending)
 
     def _result(self, cmd: str, reply: dict[str, Any], inert: bool = False) -> dict[str, Any]:
         """The result of a reply (every string in it cleaned), or its error as AgentError.

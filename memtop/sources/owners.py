@@ -141,7 +141,9 @@ class GpuOwners:
         facts: dict[int, PidFacts] = {}
         gone: list[int] = []
         for pid in pids:
-            if not os.path.exists(f"/proc/{pid}"):
+            # Its pid namespace read first: read, /proc has the pid (one stat, not two a pid).
+            theirs = namespaces.pid_namespace(pid)
+            if theirs is None and not os.path.exists(f"/proc/{pid}"):
                 if hidden is None:
                     hidden = _hidepid()
                 if hidden:
@@ -158,7 +160,6 @@ class GpuOwners:
                 else:
                     gone.append(pid)
                 continue
-            theirs = namespaces.pid_namespace(pid)
             ours = self._own_namespace
             if theirs is not None and ours is not None and theirs != ours:
                 inside = namespaces.innermost_pid(pid)
