@@ -168,6 +168,11 @@ def pressure(
 def _increase(values: Sequence[float]) -> int:
     if not values:
         return 0
+    # Most counters did not move over the window (no retry, no OOM): told at C speed, without
+    # listing and sorting the window's rows for every device every round.
+    first = values[0]
+    if values[-1] == first and values.count(first) == len(values):
+        return 0
     # A counter that never went down (nearly always: it only resets with the peak stats)
     # increased by last − first; telling so takes C-speed passes, not a Python loop per row.
     ordered = list(values)
