@@ -180,3 +180,18 @@ def test_summary_matches_torch_memory_viz_on_real_h100_snapshots(path: Path) -> 
     inactive = ours["inactive_large_bytes"]
     old = 1 - ours["largest_inactive_large_bytes"] / inactive if inactive else 0.0
     assert ours["external_fragmentation"] <= old
+
+
+def test_a_counter_that_did_not_move_counts_no_increase_as_a_moving_one_is_counted():
+    """The window of a counter that did not move is told at once (no increase); one that
+    moved, or went down and back to where it was, is counted as before."""
+    from array import array
+
+    from memtop.diagnosis.fragmentation import _increase
+
+    assert _increase(array("d", [3.0] * 600)) == 0
+    assert _increase([3.0, 3.0, 3.0]) == 0
+    assert _increase(array("d", [3.0, 5.0, 3.0])) == 5  # after a reset it counts from its value
+    assert _increase(array("d", [3.0, 1.0, 3.0])) == 3
+    assert _increase(array("d", [1.0, 2.0, 4.0])) == 3
+    assert _increase(array("d", [])) == 0

@@ -4,6 +4,7 @@ with the outputs the same."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import pytest
@@ -115,3 +116,123 @@ def test_a_rows_words_from_its_hello_are_made_once_not_every_round(
     assert [r.command for r in second.entries] == [r.command for r in first.entries]
     fresh = Observer(store, clock=lambda: clock[0], host=HOST, uid=MY_UID).latest()
     assert [repr(r) for r in second.entries] == [repr(r) for r in fresh.entries]
+
+
+def _made(monkeypatch: pytest.MonkeyPatch, cls: type) -> list[Any]:
+    """Each record of `cls` made from now on (its `__init__` called)."""
+    made: list[Any] = []
+    real = cls.__init__
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
+        made.append(self)
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "__init__", counted)
+    return made
+
+
+def test_a_gpu_is_made_once_a_round_with_its_workloads_and_accounting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One GpuObservation per GPU a round (they were made, then made again by `replace` with
+    their accounting and workloads); its accounting, joined when read, is the same as before
+    (the parts sum to the driver's used bytes)."""
+    from memtop.diagnosis import GpuObservation
+
+    made = _made(monkeypatch, GpuObservation)
+    observation = Observer(frozen_store(), host=HOST, uid=MY_UID).latest()
+    assert len(made) == len(observation.gpus) == 2
+    for gpu in observation.gpus:
+        accounting = gpu.accounting
+        assert accounting is not None and gpu.used_bytes is not None
+        assert sum(p.bytes for p in accounting.parts) == gpu.used_bytes
+        agents = accounting.part("agents_reserved")
+        assert agents is not None and agents.pids == tuple(sorted({a.pid for a in gpu.agents}))
+
+
+def test_a_suggestion_that_reads_the_same_is_not_made_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A round whose rules find what they found last round (the judgement kept: the same
+    finding) keeps last round's suggestions, and the records of those on screen (`_Shown`) are
+    brought up to date where they are: neither is made again, and the suggestions are those a
+    new observer makes of the same round."""
+    from memtop.diagnosis.stability import _Shown
+    from memtop.diagnosis.suggestions import Suggestion
+
+    store = frozen_store()
+    clock = [NOW]
+    observer = Observer(store, clock=lambda: clock[0], host=HOST, uid=MY_UID)
+    observer.latest()
+    clock[0] = NOW + 1
+    first = observer.publish()  # the suggestions now on screen are judged as held
+    assert len(first.suggestions) >= 3
+    suggestions = _made(monkeypatch, Suggestion)
+    shown = _made(monkeypatch, _Shown)
+    clock[0] = NOW + 2
+    second = observer.publish()
+    assert not shown, "records of suggestions on screen made again"
+    # The rules that keep their judgement on the same figures (`_judged_once`) find the same
+    # finding again; the others (here the leak and expandable segments) word theirs anew.
+    kept = {"8bit_optimizer", "bf16_parameters", "bigger_batch"}
+    assert {s.rule for s in first.suggestions} & kept
+    assert not [s for s in suggestions if s.rule in kept], "suggestions made again"
+    assert len(suggestions) == sum(s.rule not in kept for s in first.suggestions)
+    assert second.suggestions == first.suggestions
+    assert all(
+        a is b for a, b in zip(second.suggestions, first.suggestions, strict=True) if a.rule in kept
+    )
+    fresh = Observer(store, clock=lambda: clock[0], host=HOST, uid=MY_UID).latest()
+    assert second.suggestions == fresh.suggestions
+
+
+def test_a_snapshot_summary_is_read_once_not_every_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device's snapshot summary (read from its agent once a snapshot interval) is worked
+    into its fragmentation figures once, not every round; the figures are the same."""
+    fragmentation = importlib.import_module("memtop.diagnosis.fragmentation")
+
+    snapshot_figures = fragmentation.snapshot_figures
+    reads: list[Any] = []
+
+    def counted(summary: Any) -> Any:
+        reads.append(summary)
+        return snapshot_figures(summary)
+
+    monkeypatch.setattr(fragmentation, "snapshot_figures", counted)
+    monkeypatch.setattr(diagnosis, "snapshot_figures", counted, raising=False)
+
+    from memtop.model import AgentSnapshot
+
+    store = frozen_store()
+    summary = {"stranded_bytes": 3 << 30, "reserved_large_bytes": 12 << 30}
+    summary["largest_request_bytes"] = 1 << 30
+    with store.round():
+        for trainer in TRAINERS:
+            store.update_snapshot_summary(trainer.pid, AgentSnapshot(NOW, False, {0: summary}), NOW)
+    clock = [NOW]
+    observer = Observer(store, clock=lambda: clock[0], host=HOST, uid=MY_UID)
+    first = observer.latest()
+    with_summary = [
+        d
+        for a in first.agents
+        for d in first.devices_of(a)
+        if (a.snapshot_summary or {}).get(d.index) is not None
+    ]
+    assert with_summary
+    assert len(reads) == len(with_summary)
+    for t in (301, 302, 303):  # the trainers step on: new samples, the same summary
+        store.update_agents([poll_at(trainer, t, 40 << 30) for trainer in TRAINERS], NOW + t)
+        clock[0] = NOW + t
+        later = observer.latest()
+    assert len(reads) == len(with_summary), "the same summaries read again"
+    for dev in with_summary:
+        again = later.device(dev.pid, dev.index)
+        assert again is not None
+        summary = (again.process.snapshot_summary or {})[dev.index]  # type: ignore[union-attr]
+        external, largest, stranded = snapshot_figures(summary)
+        frag = again.fragmentation
+        assert (frag.external, frag.largest_free_block_bytes, frag.stranded_bytes) == (
+            external,
+            largest,
+            stranded,
+        )

@@ -27,8 +27,10 @@ from memtop.diagnosis.facts import (
 from memtop.diagnosis.fragmentation import (
     GAUGE_SAMPLES,
     PRESSURE_WINDOW_S,
+    SnapshotFigures,
     fragmentation,
     pressure,
+    snapshot_figures,
 )
 from memtop.diagnosis.leak import MAX_MARKS, MIN_MARKS, LeakEstimate, detect
 from memtop.diagnosis.ranks import JobPeers, job_peers
@@ -110,6 +112,12 @@ class Diagnoser:
     _leak_inputs: dict[tuple[int, int], LeakKey] = field(default_factory=dict)
     _host_leak_inputs: dict[int, LeakKey] = field(default_factory=dict)
     analyses: int = 0  # leak analyses run (`detect` called), for the tests and the bench
+    # Each device's snapshot summary (its process's record's, by reference: a summary is read
+    # once a snapshot interval) with its figures (`snapshot_figures`), worked out once per
+    # summary rather than every round.
+    _snapshots: dict[tuple[int, int], tuple[Mapping[str, Any], SnapshotFigures]] = field(
+        default_factory=dict
+    )
 
     def forget(self) -> None:
         """Judge every device anew next time (see Observer.forget)."""
@@ -117,6 +125,7 @@ class Diagnoser:
         self._host_leaks.clear()
         self._leak_inputs.clear()
         self._host_leak_inputs.clear()
+        self._snapshots.clear()
 
     def diagnose_hosts(self, view: RoundView, now: float) -> dict[int, HostDiagnosis]:
         """The host memory of each agent that uses no CUDA device (a CPU trainer), by pid: its
@@ -191,7 +200,20 @@ class Diagnoser:
                 )
         self._leaks = {k: v for k, v in self._leaks.items() if k in devices}
         self._leak_inputs = {k: v for k, v in self._leak_inputs.items() if k in self._leaks}
+        if len(self._snapshots) > len(devices):
+            self._snapshots = {k: v for k, v in self._snapshots.items() if k in devices}
         return devices
+
+    def _snapshot_figures(
+        self, key: tuple[int, int], summary: Mapping[str, Any] | None
+    ) -> SnapshotFigures | None:
+        """`snapshot_figures` of a device's summary, worked out when the summary is another."""
+        if summary is None:
+            return None
+        kept = self._snapshots.get(key)
+        if kept is None or kept[0] is not summary:
+            kept = self._snapshots[key] = (summary, snapshot_figures(summary))
+        return kept[1]
 
     def _device(
         self,
@@ -247,7 +269,7 @@ class Diagnoser:
         ooms = pressure_now.ooms if pressure_now.ooms_recent is None else pressure_now.ooms_recent
         if not reported and ooms > 0:
             oom_growth = _growth_from_marks(marks, recent)
-        summaries = agent.snapshot_summary or {}
+        summary = (agent.snapshot_summary or {}).get(dev.index)
         snapshot_age = now - agent.snapshot_time if agent.snapshot_time is not None else None
         declared_uuid, name = agent.device_identity(dev.index)
         uuid, gpu, charged = place if place is not None else (declared_uuid, dev.index, None)
@@ -258,7 +280,9 @@ class Diagnoser:
             sample=latest,
             baseline_bytes=int(newest[-1]) if newest else None,
             leak=leak,
-            fragmentation=fragmentation(latest, gauge, summaries.get(dev.index), snapshot_age),
+            fragmentation=fragmentation(
+                latest, gauge, summary, snapshot_age, self._snapshot_figures(key, summary)
+            ),
             pressure=pressure_now,
             breakdown=(agent.breakdown or {}).get(dev.index),
             breakdown_measured=agent.breakdown is not None,

@@ -89,12 +89,19 @@ def _stat(stats: Mapping[str, int], key: str) -> int | None:
     return int(value) if isinstance(value, int | float) else None
 
 
+# `snapshot_figures` of one snapshot summary: (external, largest request, stranded bytes).
+SnapshotFigures = tuple[float | None, int | None, int | None]
+
+
 def fragmentation(
     latest: AgentDeviceSample,
     gauge_history: Sequence[float],
     snapshot: Mapping[str, Any] | None,
     snapshot_age_s: float | None,
+    figures: SnapshotFigures | None = None,
 ) -> Fragmentation:
+    """`figures`: `snapshot_figures(snapshot)` where the caller kept them (a summary is read
+    once a snapshot interval and judged every round)."""
     recent = list(gauge_history[-GAUGE_SAMPLES:]) or [latest.fragmentation]
     allocated = _stat(latest.stats, "allocated_bytes.all.current")
     requested = _stat(latest.stats, "requested_bytes.all.current")
@@ -103,7 +110,7 @@ def fragmentation(
     )
     external = largest = stranded = None
     if snapshot is not None:
-        external, largest, stranded = snapshot_figures(snapshot)
+        external, largest, stranded = figures or snapshot_figures(snapshot)
     return Fragmentation(
         gauge=latest.fragmentation,
         gauge_smoothed=median(recent),
@@ -118,7 +125,7 @@ def fragmentation(
     )
 
 
-def snapshot_figures(summary: Mapping[str, Any]) -> tuple[float | None, int | None, int | None]:
+def snapshot_figures(summary: Mapping[str, Any]) -> SnapshotFigures:
     """(external fragmentation, largest request served from the cache, stranded bytes) of one
     device's snapshot summary, from whichever fields it has: an agent that sends the figures of
     `summarize_segments` gives the exact ones; an older summary (inactive bytes of the large
@@ -165,6 +172,11 @@ def pressure(
 
 def _increase(values: Sequence[float]) -> int:
     if not values:
+        return 0
+    # Most counters did not move over the window (no retry, no OOM): told at C speed, without
+    # listing and sorting the window's rows for every device every round.
+    first = values[0]
+    if values[-1] == first and values.count(first) == len(values):
         return 0
     # A counter that never went down (nearly always: it only resets with the peak stats)
     # increased by last − first; telling so takes C-speed passes, not a Python loop per row.

@@ -33,6 +33,7 @@ from memtop.diagnosis.suggestions import (
     RULES,
     SEVERITY_RANK,
     VETOES,
+    Finding,
     Key,
     Rule,
     Suggestion,
@@ -66,10 +67,15 @@ class Stabilizer:
         self.min_dwell_s = min_dwell_s
         self.grace_s = grace_s
         self._shown: dict[Key, _Shown] = {}
+        # Last round's suggestions as the rules made them, by key, with the finding each was
+        # made of: one made of the same finding again (a rule's judgement kept, see
+        # `suggestions._judged_once`) is that suggestion, not a new record (`suggest`'s `made`).
+        self._made: dict[Key, tuple[Finding, Suggestion]] = {}
 
     def forget(self) -> None:
         """Nothing is on screen any more: the next round is judged as a first one."""
         self._shown.clear()
+        self._made.clear()
 
     def suggest(self, gpus: Iterable[GpuObservation], now: float) -> tuple[Suggestion, ...]:
         """What to show now, most severe first, judged on this round's facts."""
@@ -80,23 +86,30 @@ class Stabilizer:
             (a.pid, a.index): a for g in gpus for a in g.agents
         }
         gpu_indexes = {g.index for g in gpus}
-        fired = {s.key: s for s in suggest(gpus, self.rules, held=self._shown.keys())}
+        fired = {
+            s.key: s for s in suggest(gpus, self.rules, held=self._shown.keys(), made=self._made)
+        }
         shown: dict[Key, _Shown] = {}
         for key, new in fired.items():
             old = self._shown.get(key)
             if old is None:
                 shown[key] = _Shown(new, now, now, now)
                 continue
+            # A suggestion shown last round and fired again: its record is brought up to date
+            # where it is (this round's figures, fired now), not made again.
+            shown[key] = old
             rank_new, rank_old = SEVERITY_RANK[new.severity], SEVERITY_RANK[old.suggestion.severity]
             if rank_new >= rank_old:
-                raised = now if rank_new > rank_old else old.severity_since
-                shown[key] = _Shown(new, old.since, now, raised)
+                if rank_new > rank_old:
+                    old.severity_since = now
+                old.suggestion = new
             elif now - old.severity_since < self.min_dwell_s:
                 # Lower now, but the higher level has not held its dwell: keep it.
-                kept = replace(new, severity=old.suggestion.severity)
-                shown[key] = _Shown(kept, old.since, now, old.severity_since)
+                old.suggestion = replace(new, severity=old.suggestion.severity)
             else:
-                shown[key] = _Shown(new, old.since, now, now)
+                old.suggestion = new
+                old.severity_since = now
+            old.fired = now
         for key, old in self._shown.items():
             if key in shown:
                 continue

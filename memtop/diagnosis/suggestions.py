@@ -867,22 +867,48 @@ def _bigger_batch(agent: DeviceDiagnosis, gpu: GpuObservation, was: bool) -> Fin
     transient = agent.transient_bytes
     if bigger_batch_vetoed(agent) or transient is None or transient < 64 * MiB:
         return None
-    free = gpu.judged_total_bytes - (gpu.used_bytes or 0)
+    return _bigger_batch_finding(
+        gpu.index,
+        gpu.judged_total_bytes,
+        gpu.used_bytes or 0,
+        share,
+        agent.reserved_bytes,
+        agent.peak_bytes,
+        agent.baseline_bytes or 0,
+        transient,
+        was,
+    )
+
+
+@_judged_once
+def _bigger_batch_finding(
+    gpu_index: int,
+    total: int,
+    used: int,
+    share: float,
+    reserved: int,
+    peak: int,
+    baseline: int,
+    transient: int,
+    was: bool,
+) -> Finding | None:
+    """The room for a bigger batch of a trainer alone on its GPU, judged on these figures
+    alone (a trainer's peak, baseline and reserved bytes and its GPU's usage hold still for
+    many rounds: the same words were made again, and the batch model fitted again, each)."""
+    free = total - used
     # The room at the step's peak, not at this sample's moment: between peaks the transient's
     # memory waits in the cache, so the cache of the moment counted it twice (the batch factor
     # came out too large, and the headroom jumped by up to the transient from one sample to
     # the next).  At the peak, what the cache holds beyond the peak is all that is spare.  (The
     # split blocks of the moment are not taken off: their share moves within a step too.)
-    cache_at_peak = max(0, agent.reserved_bytes - agent.peak_bytes)
-    safety = int(SAFETY_SHARE * gpu.judged_total_bytes)
+    cache_at_peak = max(0, reserved - peak)
+    safety = int(SAFETY_SHARE * total)
     headroom = free + cache_at_peak - safety
     # How many times this batch fits: `memtop estimate --from`'s model of the step (one home),
     # where the cache's overhead above the peak grows with the transient (a batch twice as
     # large strands twice the cached blocks), not a fixed spare.
-    model = BatchModel.fit(
-        1, agent.peak_bytes, agent.reserved_bytes, agent.baseline_bytes or agent.peak_bytes
-    )
-    factor = model.factor(agent.reserved_bytes + free - safety)
+    model = BatchModel.fit(1, peak, reserved, baseline or peak)
+    factor = model.factor(reserved + free - safety)
     if not _at_least(factor - 1, BATCH_FACTOR_MIN - 1, was):
         return None
     return Finding(
@@ -894,8 +920,8 @@ def _bigger_batch(agent: DeviceDiagnosis, gpu: GpuObservation, was: bool) -> Fin
             "activations grow with the batch."
         ),
         evidence=(
-            f"peak {format_bytes(agent.peak_bytes)}, baseline "
-            f"{format_bytes(agent.baseline_bytes)}, GPU {gpu.index} at {_pct(share)}"
+            f"peak {format_bytes(peak)}, baseline "
+            f"{format_bytes(baseline)}, GPU {gpu_index} at {_pct(share)}"
         ),
         effect_bytes=headroom,
     )
@@ -1063,11 +1089,17 @@ def suggest(
     gpus: Iterable[GpuObservation],
     rules: Iterable[Rule] = RULES,
     held: Container[Key] = NOTHING_HELD,
+    made: dict[Key, tuple[Finding, Suggestion]] | None = None,
 ) -> list[Suggestion]:
     """Every rule over every GPU, most severe first.  `held`: the suggestions on screen now,
-    judged against their exit limits (hysteresis)."""
+    judged against their exit limits (hysteresis).  `made`: the per-agent rules' suggestions
+    of the last call, by key, with the finding each was made of; a rule that returns that same
+    finding again (a judgement kept: `_judged_once`) gives that suggestion, not a new record
+    equal to it.  Replaced by this call's."""
     rules = tuple(rules)
     found: list[Suggestion] = []
+    last = made if made is not None else {}
+    now: dict[Key, tuple[Finding, Suggestion]] = {}
     for gpu in gpus:
         for rule in rules:
             judge = rule.judge
@@ -1076,9 +1108,20 @@ def suggest(
                 continue
             # What `rule(gpu, held)` yields for a per-agent rule, in the same order.
             for agent in gpu.agents:
-                f = judge.judge(agent, gpu, (rule.id, agent.pid, agent.index) in held)
-                if f is not None:
-                    found.append(rule.suggestion(agent.pid, agent.index, f))
+                key = (rule.id, agent.pid, agent.index)
+                f = judge.judge(agent, gpu, key in held)
+                if f is None:
+                    continue
+                before = last.get(key)
+                if before is not None and before[0] is f:
+                    suggestion = before[1]
+                else:
+                    suggestion = rule.suggestion(agent.pid, agent.index, f)
+                now[key] = (f, suggestion)
+                found.append(suggestion)
+    if made is not None:
+        made.clear()
+        made.update(now)
     return most_severe_first(found)
 
 
