@@ -50,7 +50,12 @@ async def wait_for(pilot: Pilot, predicate: Callable[[], object], timeout: float
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {getattr(predicate, '__name__', '')}")
+            # What the app said meanwhile: a refusal or a failure ("cleanup in pid N failed:
+            # ...") is what a wait for a notification that never came needs to show.
+            said = notifications(pilot.app) if isinstance(pilot.app, MemtopApp) else []
+            raise AssertionError(
+                f"timed out waiting for {getattr(predicate, '__name__', '')}; notifications: {said}"
+            )
         await pilot.pause(0.05)
 
 
