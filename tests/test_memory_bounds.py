@@ -19,6 +19,7 @@ import gc
 import sys
 import tracemalloc
 
+import pytest
 from test_churn_bounds import _round
 from ui_frozen import MY_UID, T0, Trainer
 
@@ -67,12 +68,18 @@ async def _rounds(app: MemtopApp, store: Store, clock: list[float]) -> tuple[int
             clock[0] = T0 + t + 0.5
             _round(store, t, trainers, [])
             app.refresh_view()
-            await pilot.pause()
+            # The round's messages handled and its frame drawn now, every round (pause(0)
+            # draws as pause() does); pause() also waited for the process to idle, 20 ms sleeps
+            # at a time: most of the module's wall, and ~10 % of its CPU under tracemalloc.
+            await pilot.pause(0)
             if t in (SETTLED, SETTLED + MEASURED):
                 measures.append(_retained())
     return measures[0], measures[1]
 
 
+# 400 rounds under tracemalloc are ~12 CPU-s (~30 ms a round, ~8 without it): past the suite's
+# 120 s when two suites share 2 cores.
+@pytest.mark.timeout(300)
 def test_once_the_rings_are_full_a_live_dashboard_keeps_no_more_memory() -> None:
     clock = [T0]
     store = Store(history=HISTORY_ROWS, step_marks=STEP_MARKS)

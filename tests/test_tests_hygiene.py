@@ -38,3 +38,28 @@ def test_the_order_the_workers_take_the_modules_in_is_longest_first() -> None:
     order = sorted(queue, key=lambda m: -module_seconds.weight(m, queue[m], seconds))
     assert order == ["tests/test_soak.py", "tests/test_estimate.py", "tests/test_unlisted.py"]
     assert module_seconds.weight("tests/test_unlisted.py", 10, seconds) == pytest.approx(3.0)
+
+
+def test_a_live_apps_notification_that_expired_before_a_wait_began_is_still_seen(
+    tmp_path: Path,
+) -> None:
+    # The `-n 2` flake of the live terminate test: at load ~35 its key press returned ~5.7 s
+    # after the app notified "sent SIGKILL", the notification had left the screen, and the
+    # wait for it timed out with nothing shown.  A live_app keeps every notification it made.
+    import asyncio
+
+    from ui_helpers import live_app, notifications, wait_for
+
+    app, sampler = live_app(tmp_path)
+
+    async def main() -> None:
+        async with app.run_test(size=(80, 24)) as pilot:
+            app.notify("sent SIGKILL to pid 1 (python)", timeout=0.1)
+            await pilot.pause(0.5)
+            assert not app._notifications  # gone from the screen
+            await wait_for(pilot, lambda: any("SIGKILL" in n for n in notifications(app)), 2)
+
+    try:
+        asyncio.run(main())
+    finally:
+        sampler.stop()

@@ -39,7 +39,27 @@ def live_app(
         interval=LIVE_INTERVAL,
     )
     sampler.start()
-    return MemtopApp(store, sampler, interval=app_interval, **app_options), sampler
+    app = MemtopApp(store, sampler, interval=app_interval, **app_options)
+    _keep_notified(app)
+    return app, sampler
+
+
+def _keep_notified(app: MemtopApp) -> None:
+    """Every notification a live test's app makes, kept on it (`notified`: when, and the words
+    as `notifications` gives them).  A notification lives ~5 s on screen; on a loaded box the
+    key press that caused it can take longer than that to return (pilot.press waits for the
+    app to idle), and a wait for it that starts then never sees it: `-n 2` over the CPU
+    trainer, containers, snapshot-path and live modules, "sent SIGKILL" was made ~5.7 s
+    before the terminate test's wait for it began (load ~35)."""
+    said: list[tuple[float, str]] = []
+    app.notified = said  # type: ignore[attr-defined]
+    notify = app.notify
+
+    def kept(message: str, *, title: str = "", **kwargs: Any) -> None:
+        said.append((time.monotonic(), f"{title}: {message}"))
+        notify(message, title=title, **kwargs)
+
+    app.notify = kept  # type: ignore[method-assign]
 
 
 # Rich's SVG export places each run of text at x = column × 0.61 × its 20 px font.
@@ -50,11 +70,23 @@ async def wait_for(pilot: Pilot, predicate: Callable[[], object], timeout: float
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {getattr(predicate, '__name__', '')}")
+            # What the app said meanwhile: a refusal or a failure ("cleanup in pid N failed:
+            # ...") is what a wait for a notification that never came needs to show.
+            app = pilot.app
+            said = notifications(app) if isinstance(app, MemtopApp) else []
+            raise AssertionError(
+                f"timed out waiting for {getattr(predicate, '__name__', '')} at "
+                f"{time.monotonic():.1f}; notifications: {said}"
+            )
         await pilot.pause(0.05)
 
 
 def notifications(app: MemtopApp) -> list[str]:
+    """What the app notified: every notification a live_app made (expired ones too, with
+    when), else those on screen now."""
+    kept = getattr(app, "notified", None)
+    if kept is not None:
+        return [words for _, words in kept]
     return [f"{n.title}: {n.message}" for n in app._notifications]
 
 
