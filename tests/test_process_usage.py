@@ -16,7 +16,14 @@ from memtop.sources import processes
 def test_cpu_and_rss_come_from_one_read_of_proc_and_agree_with_psutil(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    # Read only once it runs its loop: between fork and exec /proc shows the forking parent's
+    # name, no command line and a resident set of 0 (seen under load).
+    busy = subprocess.Popen(
+        [sys.executable, "-c", "print('running', flush=True)\nwhile True: pass"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert busy.stdout is not None and busy.stdout.readline() == "running\n"
     made: list[int] = []
     real = psutil.Process
 
@@ -48,3 +55,4 @@ def test_cpu_and_rss_come_from_one_read_of_proc_and_agree_with_psutil(
     finally:
         busy.kill()
         busy.wait()
+        busy.stdout.close()

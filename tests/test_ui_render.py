@@ -70,43 +70,6 @@ def test_a_figure_wavering_across_a_cells_middle_does_not_flip_that_cell() -> No
     assert memory_bar(20, total, int(4.55 * GiB), 0, 0, None, None, edges).plain.count("█") == 2
 
 
-def test_a_size_is_written_once_and_reads_as_it_did() -> None:
-    import pytest
-
-    from memtop.figures import units
-
-    made: list[object] = []
-    real = units._format_bytes, units._short_bytes
-
-    def counted(which: int):  # type: ignore[no-untyped-def]
-        def write(n):  # type: ignore[no-untyped-def]
-            made.append(n)
-            return real[which](n)
-
-        return write
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(units, "_format_bytes", counted(0))
-        patch.setattr(units, "_short_bytes", counted(1))
-        patch.setattr(units, "_written", {})
-        patch.setattr(units, "_written_short", {})
-        size = 38 * GiB + 123_456_789
-        assert units.format_bytes(size) == units.format_bytes(size) == "38.1 GiB"
-        assert units.short_bytes(size) == units.short_bytes(size) == "38.1G"
-        assert made == [size, size]  # once each: the second call is the first's words
-        # Equal keys, the same words (the figure is written from float(n) either way) ...
-        assert units.format_bytes(1024.0) == units.format_bytes(1024) == "1.0 KiB"
-        assert units.short_bytes(100.0) == units.short_bytes(100) == "100B"
-        # ... but for a zero's sign, which its words show.
-        assert units.format_bytes(0) == "0 B" and units.format_bytes(-0.0) == "-0 B"
-        assert units.format_bytes(None) == "n/a" and units.short_bytes(None) == "—"
-        # Bounded: a viewer running for days writes sizes without end.
-        for n in range(units._WRITTEN_MAX + 50):
-            units.format_bytes(n + 1)
-        assert len(units._written) <= units._WRITTEN_MAX
-        assert units.format_bytes(units._WRITTEN_MAX + 10) == "4.0 KiB"
-
-
 def _bar_cell_by_cell(width, total, allocated, reserved, other, peak, used, edges):  # type: ignore[no-untyped-def]
     """memory_bar as it was first written: a glyph and a style a cell, appended run by run."""
     from rich.text import Text

@@ -9,29 +9,10 @@ GiB = 1 << 30
 TiB = 1 << 40
 
 
-# The words already made for a size, by the size: a round writes the same ones again and again
-# (a GPU's total, a process's peak, each suggestion's figures: ~110 calls a round of the `mixed`
-# demo's dashboard, 9 in 10 for a size written before).  Emptied when full, never grown past it.
-_WRITTEN_MAX = 4096
-_written: dict[int | float, str] = {}
-_written_short: dict[int | float, str] = {}
-
-
 def format_bytes(n: int | float | None) -> str:
     """512 B, 8.0 KiB, 263.0 MiB, 30.2 GiB, 1.0 GiB for 1023.9 MiB; "n/a" for None."""
     if n is None:
         return "n/a"
-    if not n:
-        return _format_bytes(n)  # (-0.0 reads "-0 B", 0 "0 B": equal keys, other words)
-    words = _written.get(n)
-    if words is None:
-        if len(_written) >= _WRITTEN_MAX:
-            _written.clear()
-        words = _written[n] = _format_bytes(n)
-    return words
-
-
-def _format_bytes(n: int | float) -> str:
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
         # A figure moves to the next unit once it reads 1.0 there (1023.9 MiB is "1.0 GiB",
@@ -46,15 +27,6 @@ def short_bytes(n: int | float | None) -> str:
     """Byte counts in at most 6 characters: 512B, 8.0K, 263M, 30.2G, 1.5T; "—" for None."""
     if n is None:
         return "—"
-    words = _written_short.get(n)
-    if words is None:
-        if len(_written_short) >= _WRITTEN_MAX:
-            _written_short.clear()
-        words = _written_short[n] = _short_bytes(n)
-    return words
-
-
-def _short_bytes(n: int | float) -> str:
     value = float(n)
     for unit in ("B", "K", "M", "G", "T"):
         if abs(value) < 1024 or unit == "T":
