@@ -315,10 +315,18 @@ class Observer:
         host_histories = _HostHistories(view.host_windows)
 
         gpus = _gpus(
-            view,
-            reading,
-            [diagnosed[(a.pid, d.index)] for a in views if a.live for d in a.devices],
-            self.uid,
+            view, reading, [diagnosed[(a.pid, d.index)] for a in views if a.live for d in a.devices]
+        )
+        # Each GPU made again with its accounting (joined when a screen reads it) over the
+        # GPUs as first made: never over these, which would hold it (a cycle: every round's
+        # records left to the cyclic collector, which the dashboard runs rarely).
+        gpus = tuple(
+            replace(
+                g,
+                accounted=partial(_accounting, g, gpus, view.owners, view.processes, self.uid),
+                workloads=_workloads(g, infos),
+            )
+            for g in gpus
         )
         hosts = self.diagnoser.diagnose_hosts(view, now)
         suggestions = (*self.stabilizer.suggest(gpus, now), *host_leak_suggestions(hosts.values()))
@@ -512,40 +520,23 @@ def _placement(
 
 
 def _gpus(
-    view: RoundView, reading: DriverReading, devices: Sequence[DeviceDiagnosis], my_uid: int = -1
+    view: RoundView, reading: DriverReading, devices: Sequence[DeviceDiagnosis]
 ) -> tuple[GpuObservation, ...]:
     """The driver's GPUs, each with the live agent devices on it (by UUID); then the GPUs only
     agents know about (no driver view, or a UUID the driver does not list), whose account is
-    the agents' own mem_get_info.  Each is made once, with what each process without an agent
-    on it is (`_workloads`) and its accounting to be joined when first read (`_Accounted`)."""
+    the agents' own mem_get_info."""
     on_gpu: dict[str, list[DeviceDiagnosis]] = {}
     for dev in devices:
         on_gpu.setdefault(dev.uuid or f"{dev.pid}:{dev.index}", []).append(dev)
-    gpus: list[GpuObservation] = []
-    account = _Accounted(gpus, view.owners, view.processes, my_uid)
-
-    def gpu(
-        d: DeviceReading,
-        processes: tuple[GpuProcess, ...],
-        on_it: Sequence[DeviceDiagnosis],
-        uuid: str,
-    ) -> GpuObservation:
-        return GpuObservation(
-            d,
-            processes,
-            tuple(on_it),
-            _used_window(view, uuid),
-            accounted=partial(account, d),
-            workloads=_workloads(processes, on_it, view.processes),
-        )
-
+    gpus = []
     if reading.available:
         for d in reading.devices:
-            gpus.append(gpu(d, d.processes, on_gpu.pop(d.uuid, []), d.uuid))
+            on_it = on_gpu.pop(d.uuid, [])
+            gpus.append(GpuObservation(d, d.processes, tuple(on_it), _used_window(view, d.uuid)))
     for uuid, on_it in on_gpu.items():
         first = on_it[0].sample
         processes = tuple(GpuProcess(a.pid, None) for a in on_it)
-        reading_of_agents = DeviceReading(  # the agents' own mem_get_info stands in for a driver's
+        account = DeviceReading(  # the agents' own mem_get_info stands in for a driver's
             index=on_it[0].index,
             uuid=on_it[0].uuid,
             name=on_it[0].name,
@@ -556,39 +547,17 @@ def _gpus(
             source=SOURCE_AGENT,
             host=host_of(on_it[0].pid),
         )
-        gpus.append(gpu(reading_of_agents, processes, on_it, uuid))
+        gpus.append(GpuObservation(account, processes, tuple(on_it), _used_window(view, uuid)))
     # A MIG instance right after its parent (its index is the parent's), by instance ids.
-    gpus[:] = sorted(gpus, key=lambda g: (g.source == SOURCE_AGENT, g.index, _mig_ids(g), g.uuid))
+    gpus.sort(
+        key=lambda g: (
+            g.source == SOURCE_AGENT,
+            g.index,
+            (g.mig.gpu_instance_id, g.mig.compute_instance_id) if g.mig else (-1, -1),
+            g.uuid,
+        )
+    )
     return tuple(gpus)
-
-
-def _mig_ids(gpu: GpuObservation) -> tuple[int, int]:
-    mig = gpu.mig
-    return (mig.gpu_instance_id, mig.compute_instance_id) if mig else (-1, -1)
-
-
-class _Accounted:
-    """The accounting of one round's GPUs (`_accounting`), joined when a screen first reads a
-    GPU's (`GpuObservation.accounted`, called with the GPU's reading): of the round's GPUs as
-    `_gpus` made them, which a GPU in MIG mode reads for its instances."""
-
-    __slots__ = ("_gpus", "_infos", "_my_uid", "_owners")
-
-    def __init__(
-        self,
-        gpus: Sequence[GpuObservation],
-        owners: Mapping[int, PidFacts],
-        infos: Mapping[int, ProcessInfo],
-        my_uid: int,
-    ) -> None:
-        self._gpus = gpus
-        self._owners = owners
-        self._infos = infos
-        self._my_uid = my_uid
-
-    def __call__(self, reading: DeviceReading) -> Accounting | None:
-        gpu = next(g for g in self._gpus if g.reading is reading)
-        return _accounting(gpu, self._gpus, self._owners, self._infos, self._my_uid)
 
 
 def _accounting(
@@ -737,16 +706,12 @@ def process_workload(info: ProcessInfo | None) -> Workload | None:
     return recognise(info.cmdline, info.engine_environ, info.launcher_cmdline)
 
 
-def _workloads(
-    processes: Sequence[GpuProcess],
-    agents: Sequence[DeviceDiagnosis],
-    infos: Mapping[int, ProcessInfo],
-) -> dict[int, Workload]:
-    """What each process on a GPU without an agent is, where it says (the rules read it)."""
-    with_agent = {a.pid for a in agents}
+def _workloads(gpu: GpuObservation, infos: Mapping[int, ProcessInfo]) -> dict[int, Workload]:
+    """What each process on `gpu` without an agent is, where it says (the rules read it)."""
+    with_agent = {a.pid for a in gpu.agents}
     return {
         p.pid: found
-        for p in processes
+        for p in gpu.processes
         if p.pid not in with_agent and (found := process_workload(infos.get(p.pid))) is not None
     }
 
