@@ -178,7 +178,11 @@ def _first_samples_decoded_one_at_a_time() -> None:
             agents.close()
     assert len(samples) == len(pairs)
     assert all(len(s.step_marks) == MARK_WINDOW for s in samples)  # type: ignore[attr-defined]
-    assert peak < 1_000_000, f"{peak / 1e6:.2f} MB at the peak of {len(pairs)} first samples"
+    # One reply decoded at a time (~0.45 MB of JSON objects at its peak), beside the samples
+    # already made (their columns, ~35 KB each) and, on a loaded box, every reply's bytes read
+    # before the first is decoded (~50 KB each; reading is not serialised, decoding is): ~0.7 MB
+    # on a quiet box, 1.01 MB seen under two suites at once; decoded side by side it was 4.0 MB.
+    assert peak < 1_500_000, f"{peak / 1e6:.2f} MB at the peak of {len(pairs)} first samples"
 
 
 @pytest.mark.parametrize("capacity", [1, 10, 64])
