@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from test_ui_nvitop import drive
-from ui_helpers import notifications, screen_text, wait_for
+from ui_helpers import live_app, notifications, screen_text, wait_for
 
 from memtop.engine.playback import Player
 from memtop.engine.store import Store
@@ -28,25 +28,14 @@ TRACES = Path(__file__).parent / "data" / "traces"
 def test_readonly_refuses_the_stacks_key_and_the_trainer_records_no_stacks(
     socket_dir: Path,
 ) -> None:
-    from test_ui_live import INTERVAL, agent_rows, select
+    from test_ui_live import agent_rows, select
 
-    from memtop.engine.sampler import Sampler
     from memtop.sim.demo import Demo
     from memtop.sources.agent_client import AgentClient
-    from memtop.sources.agents import AgentPool
-    from memtop.sources.devices import DefaultDeviceSource
 
     demo = Demo(gpus=1, scenario="leak", step_time=0.05, socket_dir=socket_dir)
     demo.start()
-    store = Store()
-    sampler = Sampler(
-        store,
-        DefaultDeviceSource(socket_dir, simulated_only=True),
-        AgentPool(socket_dir),
-        interval=INTERVAL,
-    )
-    sampler.start()
-    app = MemtopApp(store, sampler, interval=INTERVAL, readonly=True)
+    app, sampler = live_app(socket_dir, readonly=True)
     seen: dict[str, object] = {}
 
     async def main() -> None:
