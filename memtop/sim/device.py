@@ -173,10 +173,15 @@ def _parse_ledger(text: str | bytes) -> dict[str, int]:
     return out
 
 
-def _by_visible_pid(ledger: dict[str, int]) -> dict[int, int]:
+def _by_visible_pid(
+    ledger: dict[str, int], own: int | None = _OWN_NAMESPACE_UNREAD
+) -> dict[int, int]:
+    """The ledger's entries by the pid this process sees (`own`: as visible_pid's)."""
+    if own == _OWN_NAMESPACE_UNREAD and ledger:
+        own = namespaces.own_pid_namespace()  # read once for all the keys
     out: dict[int, int] = {}
     for key, used in ledger.items():
-        seen = visible_pid(key)
+        seen = visible_pid(key, own)
         if seen is not None:
             out[seen] = used
     return out
@@ -292,11 +297,7 @@ class LedgerReader:
             if known is None or known[0] != data:
                 known = (data, _parse_ledger(data))
             parsed[path] = known
-            by_pid: dict[int, int] = {}
-            for key, used in known[1].items():
-                seen = visible_pid(key, own)
-                if seen is not None:
-                    by_pid[seen] = used
+            by_pid = _by_visible_pid(known[1], own)
             for pid in by_pid:
                 if pid not in alive:
                     alive[pid] = pid_alive(pid)
