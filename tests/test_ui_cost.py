@@ -338,6 +338,44 @@ def test_a_reworded_suggestion_repaints_the_cells_that_changed_not_the_pane() ->
         assert same  # the terminal shows what a full frame does
 
 
+def test_a_round_of_the_table_looks_its_size_up_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A round whose STEPs moved (every row, every 2 s) looked the table's size up for its
+    # width, again for its layout's key, and twice for each run of lines it repainted: each a
+    # search of the screen's map of widgets (Widget.region) and the CSS gutter (issue 35 item
+    # 8).  Once now; the frame is still what a full frame shows.
+    from ui_helpers import full_frame, play_into_terminal, steps_moved
+
+    from memtop.ui.widgets.process_table import ProcessTable
+
+    app = MemtopApp(frozen_store(), None, clock=lambda: NOW, host="gpu-box", my_uid=MY_UID)
+    terminal = play_into_terminal(app)
+    lookups = [0]
+    region = Widget.region.fget  # type: ignore[attr-defined]
+
+    def counted_region(self: Widget):  # type: ignore[no-untyped-def]
+        lookups[0] += isinstance(self, ProcessTable)
+        return region(self)
+
+    async def run() -> tuple[list[int], bool]:
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.pause(0.2)
+            table = app.table
+            counts = []
+            for _ in range(3):
+                moved = steps_moved(table)
+                monkeypatch.setattr(Widget, "region", property(counted_region))
+                lookups[0] = 0
+                table.show(moved, False, True)
+                counts.append(lookups[0])
+                monkeypatch.undo()
+                await pilot.pause(0.1)
+            return counts, terminal.cells == full_frame(app).cells
+
+    counts, same = asyncio.run(run())
+    assert counts == [1, 1, 1], f"the table's size looked up {counts} times a round"
+    assert same
+
+
 @pytest.mark.parametrize("size", [(80, 24), (120, 36)])
 def test_a_table_row_is_laid_out_to_the_tables_width_and_drawn_without_a_cut(
     monkeypatch: pytest.MonkeyPatch, size: tuple[int, int]

@@ -36,7 +36,11 @@ memtop measured its own lines (issue 35 item 8), so it too filled in an hour or 
 A frame that finds one of them holding more than TEXT_CACHE_ENTRIES empties it
 (`trim_text_caches`): what is drawn again next second is cached again at once.
 
-Everything else is Textual's own (`Compositor._get_renders`, `_render_chops`,
+A line that is one chop whole is taken as it is, not through `Strip.divide`, which keeps its
+answer (a list of the strip itself) in the strip's own cache: a reference cycle a line drawn
+anew, left to the cyclic collector (`LeanCompositor._render_chops`, issue 35 item 8).
+
+Everything else is Textual's own (`Compositor._get_renders`, `_render_chops`' loop,
 `_regions_to_spans`, `ChopsUpdate`, textual 8.x);
 should a later Textual change what this relies on, the screen falls back to Textual's compositor.
 """
@@ -44,8 +48,8 @@ should a later Textual change what this relies on, the screen falls back to Text
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, cast
 
 import rich.cells
 from rich.cells import get_character_cell_size
@@ -186,6 +190,38 @@ class LeanCompositor(Compositor):
         chop_ends = [cut_set[1:] for cut_set in self.cuts]
         return SpanUpdate(chops, spans, chop_ends)
 
+    def _render_chops(
+        self, crop: Region, is_rendered_line: Callable[[int], bool]
+    ) -> Sequence[Mapping[int, Strip]]:
+        """Textual's `_render_chops` (textual 8.x), but for a line that is one chop whole: that
+        is the strip itself, as `Strip.divide` returns it, without asking `divide`, which keeps
+        its answer `[strip]` in the strip's own cache, a reference cycle.  Each such strip (a
+        widget's line drawn anew: ~9 a round in the `mixed` demo, each with its seven caches
+        and its segments, ~170 objects) was then freed only by the cyclic collector, which the
+        dashboard runs rarely (memtop.ui.app: GC_GEN0_THRESHOLD); one still drawn when a
+        collection ran was moved to an older generation and waited there for a full one."""
+        cuts = self.cuts
+        chops: list[dict[int, Strip | None]] = [dict.fromkeys(cut_set[:-1]) for cut_set in cuts]
+        intersection = Region.intersection
+        for region, clip, strips in self._get_renders(crop):
+            render_region = intersection(region, clip)
+            render_x = render_region.x
+            first_cut, last_cut = render_region.column_span
+            for y, strip in zip(render_region.line_range, strips, strict=False):
+                if not is_rendered_line(y):
+                    continue
+                chops_line = chops[y]
+                final_cuts = [cut for cut in cuts[y] if last_cut >= cut >= first_cut]
+                length = strip.cell_length
+                inner = [cut - render_x for cut in final_cuts[1:] if cut - render_x <= length]
+                cut_strips = (strip,) if inner == [length] else strip.divide(inner)
+                # Front to back: the first strip given for a chop is the one that shows.
+                get_chops_line = chops_line.get
+                for cut, piece in zip(final_cuts, cut_strips, strict=False):
+                    if get_chops_line(cut) is None:
+                        chops_line[cut] = piece
+        return cast("Sequence[Mapping[int, Strip]]", chops)
+
     def _get_renders(
         self, crop: Region | None = None
     ) -> Iterable[tuple[Region, Region, list[Strip]]]:
@@ -249,6 +285,7 @@ def lean_compositor_fits() -> bool:
         and callable(getattr(Compositor, "_render_chops", None))
         and callable(getattr(Compositor, "_regions_to_spans", None))
         and hasattr(Compositor(), "_dirty_regions")
+        and isinstance(getattr(Compositor, "cuts", None), property)  # _render_chops reads it
         and isinstance(getattr(Compositor, "visible_widgets", None), property)
         and callable(getattr(ChopsUpdate, "render_segments", None))
         and callable(getattr(Strip, "render_style", None))  # render_cells' writer

@@ -459,9 +459,12 @@ class ProcessTable(Widget, can_focus=True):
             columns = [c for c in columns if c.key != key]
         return columns
 
-    def _lay_out(self, width: int) -> tuple[tuple[object, ...], list[Column], list[int]]:
+    def _lay_out(
+        self, width: int, size: Size | None = None
+    ) -> tuple[tuple[object, ...], list[Column], list[int]]:
         """The columns and their widths at a content `width`, and the key of that layout (a
-        new one is a new header and a repaint of every line)."""
+        new one is a new header and a repaint of every line).  `size`: the table's content
+        size, if the caller has it (else looked up)."""
         columns = self.columns(width)
         slot = 1 if self._compact else 0
         widths = [c.width[slot] for c in columns]
@@ -471,7 +474,7 @@ class ProcessTable(Widget, can_focus=True):
             tuple(widths),
             self._compact,
             len(self.lines),
-            self.size,
+            self.size if size is None else size,
             self.sort_key,
             self.sort_reverse,  # the header's ▲/▼
         )
@@ -525,8 +528,12 @@ class ProcessTable(Widget, can_focus=True):
 
     def _render_rows(self) -> None:
         """Rebuild each line's text; repaint only the lines that differ from what is shown."""
-        width = self.content_region.width
-        layout_key, columns, widths = self._lay_out(width)
+        # The table's size looked up once a round, not again for the layout's key and twice for
+        # each run of lines repainted: each is a search of the screen's map of widgets and the
+        # CSS gutter (Widget.size, Widget.content_region).
+        size = self.size
+        width = size.width
+        layout_key, columns, widths = self._lay_out(width, size)
         drawn = self._drawn_lines(columns, widths)
         if layout_key != self._layout_key:
             self._take_layout(layout_key, columns, widths, drawn, width)
@@ -557,11 +564,11 @@ class ProcessTable(Widget, can_focus=True):
         for first, last in _runs(changed):
             spans = [cells[index] for index in range(first, last + 1)]
             if any(span is None for span in spans):
-                self._refresh_lines(first, last)
+                self._refresh_lines(first, last, size=size)
             else:
                 x0 = min(span[0] for span in spans if span is not None)
                 x1 = max(span[1] for span in spans if span is not None)
-                self._refresh_lines(first, last, x0, x1)
+                self._refresh_lines(first, last, x0, x1, size)
 
     def _header_text(
         self, columns: list[Column], widths: list[int], gap: int
@@ -724,12 +731,16 @@ class ProcessTable(Widget, can_focus=True):
         row = self.rows[min(row_index, len(self.rows) - 1)]
         return next(i for i, line in enumerate(self.lines) if line is row)
 
-    def _refresh_lines(self, first: int, last: int, x0: int = 0, x1: int | None = None) -> None:
+    def _refresh_lines(
+        self, first: int, last: int, x0: int = 0, x1: int | None = None, size: Size | None = None
+    ) -> None:
         """Repaint lines first..last (indexes into `lines`) where they are in view; only their
-        cells x0..x1 when given."""
+        cells x0..x1 when given.  `size`: the table's content size, if the caller has it."""
+        if size is None:
+            size = self.size
         top = max(1, first - self._top + 1)
-        bottom = min(self.size.height - 1, last - self._top + 1)
-        right = self.size.width if x1 is None else min(x1, self.size.width)
+        bottom = min(size.height - 1, last - self._top + 1)
+        right = size.width if x1 is None else min(x1, size.width)
         if top <= bottom and x0 < right:
             self.refresh(Region(x0, top, right - x0, bottom - top + 1))
 
