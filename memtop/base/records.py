@@ -16,7 +16,7 @@ A class that writes any of those methods itself, or asks for `order` or `unsafe_
 to `dataclass` for them.  The guards come from dataclasses' own `_frozen_get_del_attr` (its
 signature as of 3.10-3.12), which `record` answers for the one class it is making, under a lock,
 and only there: every other class, on any thread, gets dataclasses' own.  Python 3.13 makes a
-class's methods in one `exec` and changed that function: there `record` leaves the guards to it.
+class's methods in one `exec` (and compares field by field): there `record` is `dataclass`.
 
 mypy reads `record` as `dataclasses.dataclass` (the same arguments, the same class).
 """
@@ -32,7 +32,10 @@ from reprlib import recursive_repr
 from types import CodeType, FunctionType
 from typing import TYPE_CHECKING, Any
 
-_GUARDS_FROM_DATACLASSES = sys.version_info < (3, 13) and callable(
+# 3.13's dataclasses compile a class's methods in one exec (little left to save) and compare
+# field by field, not as tuples: there `record` is dataclasses' `dataclass` itself.
+_COMPILES_EACH_METHOD = sys.version_info < (3, 13)
+_GUARDS_FROM_DATACLASSES = _COMPILES_EACH_METHOD and callable(
     getattr(dataclasses, "_frozen_get_del_attr", None)
 )
 _making = threading.RLock()
@@ -140,6 +143,8 @@ _generated_guards: Any = getattr(dataclasses, "_frozen_get_del_attr", None)
 
 
 def _record(cls: type, options: dict[str, Any]) -> type:
+    if not _COMPILES_EACH_METHOD:
+        return dataclasses.dataclass(cls, **options)  # type: ignore[no-any-return]
     own = cls.__dict__
     frozen = options.get("frozen", False)
     shares_repr = options.get("repr", True) and "__repr__" not in own
