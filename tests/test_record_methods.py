@@ -237,3 +237,26 @@ def test_other_classes_get_dataclasses_own_guards_while_a_record_is_made() -> No
 
     assert Plain.__setattr__.__code__.co_filename == "<string>"
     assert getattr(dataclasses, "_frozen_get_del_attr", None) is records._generated_guards
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 13), reason="3.13's dataclasses: one exec a class")
+def test_while_a_record_is_made_another_class_gets_dataclasses_guards() -> None:
+    # What another thread making a frozen dataclass meanwhile would be answered: the guards
+    # dataclasses compiles for it, not the record's closures.
+    @record(frozen=True)
+    class Mine:
+        a: int
+
+    class Other:
+        a: int
+
+    fields = list(dataclasses.fields(Mine))
+    records._class_being_made.append(Mine)
+    try:
+        theirs = records._frozen_guards(Other, fields, {})
+        ours = records._frozen_guards(Mine, fields, {})
+    finally:
+        records._class_being_made.pop()
+    assert [g.__code__.co_filename for g in theirs] == ["<string>", "<string>"]
+    assert [g.__code__.co_filename for g in ours] == [records.__file__] * 2
+    assert Mine.__setattr__.__code__.co_filename == records.__file__
