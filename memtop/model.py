@@ -9,11 +9,12 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from enum import Enum
 from typing import Any
 
 from memtop.base.jobs import JobIdentity, job_identity
+from memtop.base.records import record
 
 # The newest per-step baselines memtop judges a trend by: the leak verdict's window, the rows the
 # observation reads, and so all a viewer asks an agent for (DESIGN §6, `sample` `max_marks`).
@@ -124,7 +125,7 @@ def host_of(pid: int | None) -> str | None:
     return pid.host if isinstance(pid, HostPid) else None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class GpuProcess:
     """One process NVML lists on a device."""
 
@@ -145,7 +146,7 @@ def bare_uuid(uuid: str | None) -> str:
     return text.lower()
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class MigInfo:
     """Where a MIG instance sits: its parent GPU's index, its GPU and compute instance ids
     (DCGM's GPU_I_ID and the CI id), and its profile ("3g.40gb")."""
@@ -168,7 +169,7 @@ class MigInfo:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class DeviceReading:
     """What the driver reports for one GPU at one moment."""
 
@@ -201,7 +202,7 @@ class DeviceReading:
     mig_mode: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class DriverReading:
     """One poll of the driver: every device, or why there are none.  NVML, AMD's amdsmi and the
     simulator each give one; `source` says which (the JSON report still calls it "nvml")."""
@@ -213,7 +214,7 @@ class DriverReading:
     source: str = SOURCE_NVML
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class AgentDevice:
     """A device as an agent's `hello` describes it."""
 
@@ -226,7 +227,7 @@ class AgentDevice:
     pci_bus_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class AgentHello:
     """The first reply of an agent: who it is and what it sees."""
 
@@ -255,7 +256,7 @@ def _stat(stats: Mapping[str, Any], key: str) -> int:
     return int(value) if isinstance(value, int | float) else 0
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class AgentDeviceSample:
     """torch.cuda.memory_stats() of one device in one agent, with the metrics DESIGN §4 defines."""
 
@@ -306,7 +307,7 @@ class AgentDeviceSample:
         return _stat(self.stats, "num_ooms")
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class StepMark:
     """Allocated bytes per device right after one optimizer step: the per-step baseline."""
 
@@ -446,7 +447,7 @@ class StepMarks(Sequence[StepMark]):
 NO_STEP_MARKS = StepMarks(array("q"), array("d"), {})
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class HostMemory:
     """A trainer process's own host (CPU) memory, as the kernel counts it (`sample`'s
     `host_memory` block): a CPU trainer's only memory figure, torch keeping no CPU counters."""
@@ -456,7 +457,7 @@ class HostMemory:
     total_bytes: int | None  # the machine's memory (MemTotal)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class AgentSample:
     """One `sample` reply."""
 
@@ -482,7 +483,7 @@ class AgentSample:
 # dict from the wire goes past protocol.py.
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class AgentBreakdown:
     """A `breakdown` reply: bytes by role (parameters, gradients, optimizer_state, other,
     allocated, ...) per device, measured on the trainer's thread right after a step."""
@@ -494,7 +495,7 @@ class AgentBreakdown:
     measured: str | None = None  # when in the step it was measured ("after_step")
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class AgentSnapshot:
     """A `snapshot` reply: the per-device summary of a trace-free snapshot (DESIGN §4), and the
     file written when one was asked for."""
@@ -520,7 +521,7 @@ def snapshot_note(devices: Mapping[Any, Mapping[str, float]]) -> str:
     )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class AgentCleanup:
     """A `cleanup` reply: what gc.collect + empty_cache released, and where it ran."""
 
@@ -533,7 +534,7 @@ class AgentCleanup:
     took_s: float | None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class AgentTune:
     """A `tune` reply: the allocator's whole option string before and after the change, the keys
     changed, and the step it ran after; with the cache emptied, reserved bytes around it."""
@@ -557,7 +558,7 @@ ACTION_BY_VIEWER = "viewer"
 ACTION_FROM_AGENT = "agent"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ActionRecord:
     """An action memtop performed in a trainer (cleanup, tune, reset_peak, a snapshot file,
     stacks switched): what, when, in which pid, with which arguments.  Its effect is read from
@@ -598,14 +599,14 @@ class ActionRecord:
         return f"by uid {self.by_uid}"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class AgentResetPeak:
     """A `reset_peak` reply: the devices whose torch peak restarted."""
 
     devices: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Site:
     """A line of the user's code that allocated live memory (DESIGN §12); strings cleaned."""
 
@@ -615,7 +616,7 @@ class Site:
     text: str
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class SiteUsage:
     """One site's live blocks on one device: old blocks were alive at the previous reading."""
 
@@ -626,7 +627,7 @@ class SiteUsage:
     old_blocks: int
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class AgentSites:
     """A `sites` reply: whether stacks are recorded, and the newest grouping (top N)."""
 
@@ -641,7 +642,7 @@ class AgentSites:
     history: tuple[AgentSites, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ProcessInfo:
     """A process as the host shows it (memtop.sources.processes reads it with psutil)."""
 
@@ -681,7 +682,7 @@ HIDDEN = "hidden"
 GONE = "gone"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Holder:
     """A live process that holds a GPU device file open and that the driver does not list."""
 
@@ -691,7 +692,7 @@ class Holder:
     kin: bool  # in the gone pid's process group or session: one of its children, likely
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class PidFacts:
     """What memtop can say of a pid the driver charges: where it runs, whether it can take an
     agent and why, and what holds its memory."""
@@ -719,7 +720,7 @@ PART_LABELS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class AccountedProcess:
     """One process in a part of a GPU's accounting, and what memtop can say of it."""
 
@@ -732,7 +733,7 @@ class AccountedProcess:
     holders: tuple[Holder, ...] = ()  # a gone pid: live processes holding GPU device files
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class AccountPart:
     """One part of a GPU's used bytes (a key of PART_LABELS) and the processes it counts."""
 
@@ -747,7 +748,7 @@ class AccountPart:
         return PART_LABELS.get(self.name, self.name)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Accounting:
     """Every byte the driver counts as used on one GPU, by who holds it: parts that sum exactly
     to `used_bytes` (the last, `unattributed`, is what no listed process is charged)."""
@@ -771,7 +772,7 @@ STORE_KEPT: Mapping[str, bool] = {"store_kept": True}
 # out as one `RoundView`; the diagnosis, the observation and the renderers read these.
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class AgentView:
     """One agent: what its poll read this round, and what the store keeps of it across rounds
     (each device's newest sample, the parsed reply's record itself; where the hello says the
@@ -911,7 +912,7 @@ def search_column(column: Sequence[float], value: float, right: bool = False) ->
     return (bisect_right if right else bisect_left)(column, value)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class RoundView:
     """Everything the store holds of one generation, taken under one lock: what the
     observation joins and the diagnosis judges.  Nothing in it changes afterwards: the agents'

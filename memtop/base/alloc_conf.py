@@ -24,7 +24,8 @@ reader all use it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+
+from memtop.base.records import record
 
 ASYNC_BACKENDS = ("cudaMallocAsync", "hipMallocAsync")  # they replace the caching allocator
 _SEPARATORS = ",:[]"
@@ -96,7 +97,7 @@ def _past_next_comma(tokens: list[str], i: int) -> int:
     return i
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class AllocConf:
     """One trainer's allocator options, as torch reads them."""
 

@@ -8,8 +8,9 @@ bounded and named.  An agent that sends something else for these fields has no j
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from memtop.base.records import record
 
 MAX_CHARS = 128  # of any one identity string shown or exported
 
@@ -30,7 +31,7 @@ def _int(raw: Mapping[str, Any], key: str) -> int | None:
     return None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class JobIdentity:
     """Where one trainer runs.  Every field None when unknown."""
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from memtop.base.records import record
 from memtop.diagnosis.facts import (
     DeviceDiagnosis,
     GpuObservation,
@@ -76,7 +77,7 @@ LeakKey = tuple[Any, ...]
 GROWTH_MARKS = 60
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Diagnosis:
     """One round's diagnosis: each agent's devices, the GPUs, the suggestions, the CPU trainers'
     host memory."""

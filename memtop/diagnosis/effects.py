@@ -16,9 +16,9 @@ Pure: arrays in, a record out.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from memtop.base.records import record
 from memtop.figures.median import median
 from memtop.model import ACTION_BY_VIEWER, ActionRecord, search_column
 
@@ -27,7 +27,7 @@ BASIS_SAMPLES = "samples"
 BASIS_AGENT = "agent"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Window:
     """The figures of one window of a device's history."""
 
@@ -60,7 +60,7 @@ class Window:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ActionEffect:
     """One action on one device of its trainer: the windows before and after it."""
 

@@ -9,10 +9,11 @@ the screens, the report and the exporter read that same record.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from memtop.base import alloc_conf
+from memtop.base.records import record
 from memtop.diagnosis.fragmentation import Fragmentation, Pressure
 from memtop.diagnosis.leak import LeakEstimate
 from memtop.diagnosis.sites import SiteTrend
@@ -69,7 +70,7 @@ class ReadsSample:
         return self.sample.total_bytes
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class DeviceHistory:
     """The newest sampled rows and step marks of one agent device, oldest first.
 
@@ -104,7 +105,7 @@ def device_history(
     )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class DeviceDiagnosis(ReadsSample):
     """One CUDA device of one agent, as everything above the store sees it: where it is (the
     GPU as the driver names and numbers it, what the driver charges the process there), the
@@ -237,7 +238,7 @@ class DeviceDiagnosis(ReadsSample):
         return max(0, self.cached_bytes - self.fragmentation.inactive_split_bytes)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class HostDiagnosis:
     """A process's own host memory (a CPU trainer's only memory): its resident set now, and the
     leak verdict on its RSS right after each step (the host's per-step baseline), or over time
@@ -250,7 +251,7 @@ class HostDiagnosis:
     leak: LeakEstimate
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class GpuObservation:
     """One physical GPU: the driver's reading of it (or, without one, the agents' account,
     as a reading of source "agent"), the processes the driver lists on it, and the devices of

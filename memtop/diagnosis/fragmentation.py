@@ -18,9 +18,9 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from memtop.base.records import record
 from memtop.figures.median import median
 from memtop.model import AgentDeviceSample
 
@@ -29,7 +29,7 @@ PRESSURE_WINDOW_S = 600.0  # "recent" retries and OOMs: the last 10 minutes
 MIN_PRESSURE_WINDOW_S = 30.0  # with less history than this, judge the totals instead
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Fragmentation:
     """How fragmented one device's caching allocator is: the gauge, its median and the bytes
     behind it."""
@@ -64,7 +64,7 @@ class Fragmentation:
         }
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Pressure:
     """One device's allocation retries and OOMs: since the trainer started and recently."""
 

@@ -35,10 +35,10 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from operator import mul
 from typing import Any
 
+from memtop.base.records import record
 from memtop.figures.median import median
 from memtop.figures.units import MiB, format_bytes, format_duration, short_bytes
 from memtop.model import MARK_WINDOW, Choice
@@ -114,7 +114,7 @@ class LeakBasis(Choice):
     NONE = "none"  # too little data for either
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class LeakEstimate:
     """The verdict on one agent device.  The rates are the measured trend of the baseline even
     when it is not called a leak (then the time-to-full fields are None)."""
@@ -508,7 +508,7 @@ def _replace_reason(estimate: LeakEstimate, reason: str) -> LeakEstimate:
 # ------------------------------------------------------------------------------ the test
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _Trend:
     """The leak test's fit of one regime's binned floor: its slope, how sure, and how noisy."""
 
@@ -612,7 +612,7 @@ def _persists(steps: Sequence[float], allocated: Sequence[float], reason: str) -
     return True, reason
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _Breaks:
     """The best single break of each kind added to a line, from one pass over the bins."""
 

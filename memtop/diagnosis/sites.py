@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
 
+from memtop.base.records import record
 from memtop.diagnosis.leak import LeakEstimate
 from memtop.model import AgentSites, Site
 
@@ -25,7 +25,7 @@ LEAK_SHARE = 0.25  # a leak's site grows by at least this share of the process's
 MAX_FALLS = 0  # readings at which a leaking site's bytes went down
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class SiteTrend:
     """One site of one device, as the newest reading has it, with its trend."""
 

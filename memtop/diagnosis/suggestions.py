@@ -12,9 +12,10 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Container, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
+from memtop.base.records import record
 from memtop.base.user_frame import site_name, stack_phrase
 from memtop.diagnosis.facts import (
     DeviceDiagnosis,
@@ -110,7 +111,7 @@ class EffectKind(Choice):
     ROOM = "room"  # memory not used yet (cyan): never summed with savings
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Suggestion:
     """One finding of the rules for one process or GPU: what, how severe, its evidence, and
     what to do."""
@@ -177,7 +178,7 @@ class Suggestion:
 SAVES = "saves {}"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Finding:
     """What a rule found at one place: a suggestion without its rule, pid and device."""
 
@@ -223,7 +224,7 @@ def per_agent(judge: AgentJudge) -> Judge:
     return PerAgent(judge)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Rule:
     """One suggestion rule: its id, its predicate, and the words the view says it in.  A new
     rule is one record here (and in RULES), plus its tests."""

@@ -23,9 +23,9 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from memtop.base.records import record
 from memtop.model import Choice
 
 
@@ -43,7 +43,7 @@ class BudgetBasis(Choice):
     FREE = "free"  # a share of the memory free when it started (TensorRT-LLM's KV cache)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Engine:
     """An inference engine that takes a share of its GPU on purpose, and how it is told that
     share."""
@@ -91,7 +91,7 @@ FLAT_SHARE = 0.02
 PATTERN_SAMPLES = 10
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Workload:
     """What a process is (a trainer, or an engine that preallocates) and the share of its GPU
     it takes on purpose."""

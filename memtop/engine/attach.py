@@ -51,6 +51,7 @@ from pathlib import Path
 
 from memtop import protocol
 from memtop.base.errors import MemtopError
+from memtop.base.records import record
 
 # Seams for the tests (and for systems that keep these elsewhere).
 YAMA_PTRACE_SCOPE = Path("/proc/sys/kernel/yama/ptrace_scope")
@@ -74,7 +75,7 @@ class AttachRefused(AttachError):
     """memtop will not (or cannot) attach; one line saying why."""
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Attached:
     pid: int
     socket: str

@@ -21,9 +21,10 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from memtop.base.records import record
 from memtop.engine.store import Store
 from memtop.model import ProcessInfo
 
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ActionReply:
     """What an action on a pid came to: the agent's reply (as sent, and parsed into its model
     object), what a signal did, or why it failed (one line)."""

@@ -11,10 +11,10 @@ apart is judged from these groups (memtop.diagnosis rule `rank_drift`, fed by `r
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from memtop.base.jobs import JobIdentity
+from memtop.base.records import record
 from memtop.diagnosis import DeviceDiagnosis
 from memtop.diagnosis.suggestions import RANK_DRIFT_MIN_BYTES, RANK_DRIFT_SHARE
 from memtop.engine.observation import Observation
@@ -22,7 +22,7 @@ from memtop.figures.median import median
 from memtop.model import AgentView, host_of
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class RankView:
     """One rank of a distributed job, as its group shows it."""
 
@@ -34,7 +34,7 @@ class RankView:
     phase: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class JobGroup:
     """The ranks of one distributed job, one user's, across hosts."""
 

@@ -26,10 +26,11 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from functools import partial
 from typing import Any
 
+from memtop.base.records import record
 from memtop.diagnosis import DeviceDiagnosis, Diagnoser, Diagnosis, GpuObservation, HostDiagnosis
 from memtop.diagnosis.effects import ActionEffect, effect
 from memtop.diagnosis.facts import HISTORY_ROWS, MARK_ROWS, DeviceHistory
@@ -91,7 +92,7 @@ STATE_LABELS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ProcessRow:
     """One line of the process table, and the one record of a process on a GPU above the
     store: an agent device, an agent that has no device yet, or a process the driver lists
@@ -163,7 +164,7 @@ class ProcessRow:
         return self.state == ProcessState.AGENT
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Observation:
     """Everything one round shows: the GPUs, the agents and processes on them, and their
     diagnosis."""
@@ -887,7 +888,7 @@ def _agent_row(
     )
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _Said:
     """What an agent's row says of it that only its hello, its command line and its workload
     decide: made again only when one of them is another (`_entries`' `said`), not every round

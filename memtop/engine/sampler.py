@@ -17,11 +17,11 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from memtop import protocol
+from memtop.base.records import record
 from memtop.engine.feed import ActionReply, FeedLoop
 from memtop.engine.store import Store
 from memtop.model import (
@@ -362,7 +362,7 @@ class Sampler(FeedLoop):
             return ActionReply(pid, "signal", error=str(exc))
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class AgentAddress:
     """Where the agent of a pid listens and who must own it (its socket's directory, the uid
     behind it, and its name when the process runs in a container)."""

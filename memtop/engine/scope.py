@@ -7,10 +7,11 @@ suggestions, the report and the metrics.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from memtop.base.records import record
 from memtop.model import Accounting, AgentView
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     )
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Scope:
     """What the user asked to see (--only, --user, --pid): every panel renders an observation
     through it."""

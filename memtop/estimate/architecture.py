@@ -10,11 +10,12 @@ parameter count gets an assumed Llama-like shape (said so in the output).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from memtop.base import untrusted
+from memtop.base.records import record
 from memtop.estimate.config_keys import MOE_TYPES, checkpoint_weights, unread_size_keys
 
 GPT, LLAMA = "gpt", "llama"
@@ -36,7 +37,7 @@ class ArchitectureError(ValueError):
     """A model that cannot be described: the message is one line for the user."""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Architecture:
     name: str
     family: str  # GPT or LLAMA

@@ -19,15 +19,16 @@ to.  Pure arithmetic: no I/O.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
+
+from memtop.base.records import record
 
 # When the run's cache overhead cannot be measured (the dashboard's first seconds): the share
 # measured on shared/traces/cuda-h100/healthy (see memtop.estimate.memory.CACHE_SHARE).
 DEFAULT_CACHE_SHARE = 0.165
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class BatchModel:
     """A step's memory as a part that grows with the batch and one that does not, and the cache
     above it."""

@@ -13,9 +13,10 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
+from memtop.base.records import record
 from memtop.estimate.architecture import Architecture, ArchitectureError
 from memtop.estimate.memory import Estimate, Setup, estimate, max_batch, usable_bytes
 
@@ -26,7 +27,7 @@ GPU_COUNTS = (2, 4, 8, 16, 32, 64, 128, 256)
 ADAPTER_RANK = 16
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Way:
     change: str  # the flags to add, as `memtop estimate` takes them
     what: str  # the change in words

@@ -9,10 +9,10 @@ one measured.  The arithmetic on it is memtop.estimate.calibrate's.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memtop.base.records import record
 from memtop.model import AgentBreakdown, AgentSample, HostMemory, StepMark
 from memtop.sources.agent_sanity import host_memory_problem, this_machine_bytes
 from memtop.sources.recording import RecordError
@@ -34,7 +34,7 @@ class Leaking(MeasuredError):
     batch fit can tell from activations."""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Measured:
     pid: int
     device: int

@@ -15,9 +15,10 @@ and which the paper leaves out, and autocast's cache of 16-bit weight copies.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from memtop.base.records import record
 from memtop.estimate.architecture import Architecture, ArchitectureError
 from memtop.figures.units import MiB
 
@@ -57,7 +58,7 @@ BNB_BLOCK = 2048  # bitsandbytes' 8-bit optimizers: one fp32 absmax per 2048 val
 BNB_MIN_8BIT_SIZE = 4096  # ... and tensors of fewer values keep 32-bit states
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Setup:
     """How the model is trained.  `batch` is the micro-batch per GPU."""
 
@@ -122,7 +123,7 @@ class Setup:
         return self.lora_rank > 0
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Estimate:
     """Bytes per GPU; `details` names the terms each part is made of."""
 

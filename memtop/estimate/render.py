@@ -4,9 +4,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
+from memtop.base.records import record
 from memtop.estimate.architecture import Architecture
 from memtop.estimate.calibrate import BatchModel
 from memtop.estimate.fit import ways_to_fit
@@ -32,7 +33,7 @@ from memtop.estimate.serving import verdict as serve_verdict
 from memtop.figures.units import format_bytes
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Target:
     """A GPU to fit in: a named one, or one of this machine's (source "nvml", "amdsmi"), whose
     memory free now (`free_now_bytes`) is what a run started now gets."""

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from memtop.base.records import record
 from memtop.estimate.architecture import LLAMA, Architecture, ArchitectureError
 from memtop.estimate.memory import (
     CACHE_SHARE,
@@ -51,7 +52,7 @@ PCIE_BYTES_PER_S = 25e9
 GPU_COUNTS = (2, 4, 8, 16)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ServeSetup:
     """How the model is served.  `context`: tokens a sequence holds (prompt and output);
     `concurrency`: sequences at once; `prefill_tokens`: the most tokens one forward pass takes
@@ -221,7 +222,7 @@ def prefill_bytes(arch: Architecture, setup: ServeSetup) -> dict[str, int]:
     }
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ServeEstimate:
     arch: Architecture
     setup: ServeSetup

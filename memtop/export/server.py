@@ -30,7 +30,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from socketserver import ThreadingMixIn
 from typing import Any
@@ -39,6 +39,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from memtop import protocol
 from memtop.base import untrusted
 from memtop.base.errors import MemtopError
+from memtop.base.records import record
 from memtop.engine.observation import Observer
 from memtop.engine.sampler import Sampler
 from memtop.engine.scope import Scope
@@ -73,7 +74,7 @@ def is_loopback(host: str) -> bool:
         return False  # a name: it may resolve anywhere
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class WebConfig:
     cert_file: Path | None = None
     key_file: Path | None = None

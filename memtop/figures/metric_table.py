@@ -17,9 +17,10 @@ row of a real observation.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import cache
 from typing import Any, Final, Literal
+
+from memtop.base.records import record
 
 # Where the fleet's reader puts a series it reads back (DeviceMetric.fleet):
 STATS: Final = "stats"  # into the rebuilt sample's torch memory_stats(), under this key
@@ -31,7 +32,7 @@ DEVICE: Final = "device"  # the agent device's own figure: "free", "total" or "i
 FleetPlace = Literal["stats", "verdict", "breakdown", "device"]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class DeviceMetric:
     """One figure of one agent device."""
 
@@ -396,7 +397,7 @@ def _by_series(table: tuple[DeviceMetric, ...]) -> dict[str, DeviceMetric]:
 # one row here; the names are contracts like the agent devices' above.
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class GpuMetric:
     """One figure the driver reports for one GPU."""
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from memtop.base.records import record
 from memtop.figures.units import format_bytes
 from memtop.oom.diagnose import diagnose
 from memtop.oom.reports import Report
@@ -44,7 +44,7 @@ def command_of(data: dict[str, Any]) -> str:
     return " ".join(str(a) for a in data.get("argv") or [])
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class OomGroup:
     command: str
     cause: str

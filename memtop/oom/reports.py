@@ -10,13 +10,13 @@ import contextlib
 import os
 import re
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from memtop import protocol
 from memtop.base import untrusted
 from memtop.base.errors import MemtopError
+from memtop.base.records import record
 
 REPORT_NAME = re.compile(r"^oom-(\d+)-(\d+)\.json$")  # as memtop.agent.oom writes them
 MAX_READ_BYTES = 1 << 20
@@ -37,7 +37,7 @@ class ReportError(MemtopError):
     """A report that cannot be read: one line for the user."""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Report:
     path: Path
     data: dict[str, Any]

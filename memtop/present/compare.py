@@ -18,9 +18,10 @@ Noise, per figure:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from memtop.base.records import record
 from memtop.engine.store import Store
 from memtop.figures.median import median
 from memtop.figures.units import MiB, format_bytes
@@ -34,7 +35,7 @@ SIGMAS = 3.0
 PARTS = ("parameters", "gradients", "optimizer_state", "other", "fp32_parameter_bytes")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Run:
     label: str
     pid: int
@@ -64,7 +65,7 @@ class Run:
         return count / self.duration_s * 60
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Difference:
     figure: str
     a: float | None
@@ -95,7 +96,7 @@ class Difference:
         }
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Comparison:
     a: Run
     b: Run

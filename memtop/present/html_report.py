@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from memtop.base.records import record
 from memtop.engine.observation import Observer
 from memtop.engine.playback import Player
 from memtop.engine.store import Store
@@ -47,7 +48,7 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Moment:
     at_s: float
     data: dict[str, Any]  # report.build() of that moment: `replay --once --json --at`

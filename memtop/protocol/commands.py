@@ -19,8 +19,10 @@ A new command is its record here, its builder and parser, its handler, and its u
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
+
+from memtop.base.records import record
 
 # How the viewer asks a command.
 ON_CONNECT = "on connect"  # hello: on connecting, and again when the trainer's devices change
@@ -29,7 +31,7 @@ LOW_RATE = "low rate"  # at its own interval (viewer_every_s), a few agents at a
 ON_KEY = "on a key"  # only when the user asks (a key; `memtop cleanup`, `memtop snapshot`)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Command:
     """One command the agent serves: its arguments, when the viewer asks it, what it answers."""
 

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from memtop.base.records import record
 from memtop.protocol.text import decimal
 
 # Where root looks: (the directory listed, the prefix of an entry's name, the path under it).
@@ -31,7 +32,7 @@ TMP_ROOT = (Path("/tmp"), "memtop-", "")
 RUN_USER_ROOT = (Path("/run/user"), "", "memtop")
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _Verdict:
     """Whether a socket directory's entry was accepted, as judged from its owner at
     `judged_at`."""
@@ -54,7 +55,7 @@ class _Root:
     entries: list[tuple[str, int]] = field(default_factory=list)  # (name, inode)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Discovery:
     """The socket directories to read (each with the uid that owns it) and, one line each, what
     was not read and why."""

@@ -11,9 +11,9 @@ import json
 import socket
 import struct
 from collections.abc import Collection, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from memtop.base.records import record
 from memtop.protocol import nesting
 
 PROTOCOL_VERSION = 1
@@ -163,7 +163,7 @@ def send_message(sock: socket.socket, message: Mapping[str, Any]) -> None:
 # Requests
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Request:
     """A request as read from a peer, its shape checked (parse_request)."""
 

@@ -24,11 +24,12 @@ import math
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from memtop.agent import stacks
 from memtop.base import alloc_conf
+from memtop.base.records import record
 from memtop.sim.device import DeviceMemory
 
 __all__ = [
@@ -115,7 +116,7 @@ def _parse_bool(key: str, value: str) -> bool:
     return found
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class AllocatorConfig:
     """A parsed PYTORCH_CUDA_ALLOC_CONF (same keys, checks and defaults as torch)."""
 

@@ -14,11 +14,11 @@ import signal
 import stat
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from memtop import protocol
 from memtop.base.children import python_command, stop_all
+from memtop.base.records import record
 from memtop.sim.device import VENDORS, SimGpuRegistry, simulated_gpu_specs
 from memtop.sim.scenario_names import DEMO_SCENARIOS
 
@@ -26,7 +26,7 @@ GiB = 1 << 30
 LOGS_KEPT = 5  # the newest demo logs kept in the state directory's demo/
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class TrainerPlan:
     """One simulated trainer the demo starts: its GPU, scenario, scale and seed."""
 

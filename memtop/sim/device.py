@@ -18,10 +18,10 @@ import os
 import tempfile
 import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
+from memtop.base.records import record
 from memtop.protocol import namespaces, pid_alive
 
 __all__ = [
@@ -443,7 +443,7 @@ class SharedDeviceMemory:
 VENDORS = ("nvidia", "amd")
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class SimGpuSpec:
     """One simulated GPU as its driver would report it."""
 

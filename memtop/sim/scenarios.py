@@ -32,10 +32,10 @@ import contextlib
 import random
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from memtop.agent import stacks
 from memtop.agent.probe import Breakdown
+from memtop.base.records import record
 from memtop.sim.allocator import SimulatedCachingAllocator, SimulatedOutOfMemoryError
 from memtop.sim.scenario_names import TRAINER_SCENARIOS
 
@@ -47,7 +47,7 @@ SERVER_SCENARIOS = ("server", "server-overrun")
 OOM_GROWTH = 1.25  # the oom scenario's batch growth per step
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class ModelShape:
     """A transformer-ish model: `layers` blocks of `params_per_layer` bytes (fp32)."""
 

@@ -41,6 +41,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from memtop.base import untrusted
 from memtop.base.errors import MemtopError
 from memtop.base.jobs import hello_fields_from_labels
+from memtop.base.records import record
 from memtop.figures import metric_table
 from memtop.model import (
     SOURCE_AGENT,
@@ -90,7 +91,7 @@ class PrometheusHTTPError(PrometheusError):
         self.status = status
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class HostReading:
     """Everything one host's exporter reported, as readings of the local kinds."""
 
@@ -104,7 +105,7 @@ class HostReading:
     instance: str | None = None  # the scrape target, as Prometheus names it
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class FleetReading:
     time: float
     hosts: tuple[HostReading, ...]

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from memtop import protocol
+from memtop.base.records import record
 from memtop.model import AgentDevice, AgentHello, AgentSample, AgentStatus
 from memtop.protocol import commands
 from memtop.sources.recording import (
@@ -42,7 +43,7 @@ LATEST_TIME = 253_402_300_799.0
 RECORDING_SUFFIXES = (".memtop", ".jsonl.gz", ".jsonl", ".gz")
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ReplayEvent:
     t: float
     kind: str  # "nvml", "processes", "state", or a recorded command: "hello", "sample", …
@@ -58,7 +59,7 @@ class ReplayEvent:
 REORDER_WINDOW = 1024
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class _FileScan:
     """What the first reading of one file found: its kind, how many lines to read of it, and the
     shift for pids another file of the folder holds too."""

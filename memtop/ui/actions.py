@@ -13,14 +13,15 @@ Imports Textual's Binding only: no app, no widget (the help screen and the tests
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 from textual.binding import Binding, BindingType
+
+from memtop.base.records import record
 
 READONLY_ID = "readonly"  # --readonly's stand-in for the keys that act on a process
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Action:
     """One key that does something.
 

@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 
 from rich.text import Text
 
+from memtop.base.records import record
+
 # Dot bits of a braille cell by (row, column) of its 4 × 2 dots.
 _DOTS = ((0x01, 0x08), (0x02, 0x10), (0x04, 0x20), (0x40, 0x80))
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Line:
     name: str
     xs: Sequence[float]

@@ -16,11 +16,12 @@ nesting was a RecursionError); anything else is one warning and the defaults.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 from platformdirs import user_config_dir
 
+from memtop.base.records import record
 from memtop.base.untrusted import UntrustedInput, loads_toml, read_regular
 
 MAX_CONFIG_BYTES = 64 << 10  # a theme and a few dozen keys: far less
@@ -34,7 +35,7 @@ def config_path() -> Path:
     return Path(user_config_dir("memtop", appauthor=False)) / "config.toml"
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class UiConfig:
     """The dashboard's settings from config.toml: theme, read-only, key bindings, and what was
     wrong in it."""

@@ -26,8 +26,9 @@ renew nothing; a suggestion's words are compared as built (its figures already p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 
+from memtop.base.records import record
 from memtop.figures.units import format_bytes
 from memtop.ui.render import slow_tick
 from memtop.ui.view import Dashboard, GpuRow, ProcessRow, SuggestionItem
@@ -40,7 +41,7 @@ GpuScope = int | None
 RowNews = tuple[GpuScope, str, str, str, str]
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Renewal:
     """This round's decision: every held figure (`everything`), or those of the cards of
     `gpus`, the rows of `pids` and the suggestions keyed in `suggestions`."""

@@ -25,11 +25,11 @@ import itertools
 import time as _time
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from rich.style import Style
 from rich.text import Text
 
+from memtop.base.records import record
 from memtop.figures.median import median
 
 HOLD_INTERVALS = 3.0  # a sample stays in force this many of its series' intervals after it
@@ -38,7 +38,7 @@ _INTERVALS_READ = 64  # the sampling interval is the median of the newest ones (
 _LOWER = " ▁▂▃▄▅▆▇█"  # a lower block of n eighths
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Timeline:
     """One series as sampled, in unix time, oldest first: a process's reserved bytes on a GPU,
     or the GPU's used bytes.  `ended`: the process left after its last sample (it contributes
@@ -75,7 +75,7 @@ class Timeline:
         return out
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Band:
     """One band of the stack: one process, or several summed ("3 more pids")."""
 
@@ -84,7 +84,7 @@ class Band:
     parts: tuple[Timeline, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Stack:
     """The chart's data on its column grid: what the cells draw, and what tests check."""
 
@@ -233,7 +233,7 @@ _RANK = {"oom": 0, "left": 2, "arrived": 3}  # actions rank 1
 LABEL_TRIES = 24  # the events tried for a label (a row holds a few; an OOM storm has hundreds)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class ChartEvent:
     """Something that happened on a GPU, to mark on its chart's time axis."""
 

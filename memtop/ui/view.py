@@ -8,9 +8,10 @@ them needs no Textual, so tests can check the joins and the wording without a te
 from __future__ import annotations
 
 from collections.abc import MutableMapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from memtop.base.records import record
 from memtop.diagnosis import DeviceDiagnosis, Suggestion
 from memtop.diagnosis.effects import BASIS_AGENT, EFFECT_WINDOW_S, ActionEffect
 from memtop.diagnosis.facts import HISTORY_ROWS, MARK_ROWS, DeviceHistory
@@ -101,7 +102,7 @@ class TrendStatus(Choice):
     NO_AGENT = "no PyTorch agent"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Trend:
     """The leak-trend sparkline of one GPU and what it says."""
 
@@ -138,7 +139,7 @@ class Trend:
         return label if self.pid is None else f"pid {self.pid} {label}"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class GpuRow:
     """One GPU's card on the dashboard: the driver's figures and its agents' summed."""
 
@@ -172,7 +173,7 @@ class GpuRow:
         return self.used / self.total
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class JobHeader:
     """One job's ranks across hosts in the fleet view (issue 25.3): the header line the process
     table draws above them, with memtop.engine.job_groups' own figures (never recomputed here)."""
@@ -187,7 +188,7 @@ class JobHeader:
     leaking: str = ""  # "r1 on node-b leaks +8.0M/step"
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class SuggestionItem:
     """One suggestion as the dashboard's pane words it."""
 
@@ -207,7 +208,7 @@ class SuggestionItem:
     fix_is_prose: bool = False  # the fix is advice in words, not a line to paste
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Dashboard:
     """The dashboard's view of one observation: its GPUs, processes, suggestions and status."""
 
@@ -611,7 +612,7 @@ DETAIL_SAMPLES = 1 << 30  # the chart's window: the whole history the store hold
 CHART_POINTS = 240
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Series:
     """One line (or band) of a chart: its points over the window held."""
 
@@ -621,7 +622,7 @@ class Series:
     lows: tuple[float, ...] | None = None  # a band (allocated): each bin's minimum
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Detail:
     """The detail screen of one process on one GPU."""
 
@@ -810,7 +811,7 @@ def _trend_line(
 # ------------------------------------------------------------------------------ GPU detail
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class GpuDetailLine:
     """One line of a GPU's own detail: a part of its used bytes, or a process in one."""
 
@@ -821,7 +822,7 @@ class GpuDetailLine:
     note: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class GpuDetail:
     """The GPU screen of one GPU (or MIG instance): its accounting and its chart."""
 

@@ -10,12 +10,12 @@ screen only: its cost is the columns × the bands' samples found by bisection).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from rich.console import Group, RenderableType
 from rich.text import Text
 from textual.widget import Widget
 
+from memtop.base.records import record
 from memtop.figures.units import GiB
 from memtop.ui import stacked
 from memtop.ui.view import GpuDetail
@@ -27,7 +27,7 @@ AXIS_ROWS = 1
 MARKER_MIN_ROWS = 4  # below this many rows, no marker row (the plot needs them)
 
 
-@dataclass(frozen=True, slots=True)
+@record(frozen=True, slots=True)
 class Drawn:
     lines: list[Text]
     stack: stacked.Stack | None = None

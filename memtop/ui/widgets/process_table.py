@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from dataclasses import fields as record_fields
+from dataclasses import replace
 from operator import attrgetter
 from typing import Any
 
@@ -31,6 +31,7 @@ from textual.message import Message
 from textual.strip import Strip
 from textual.widget import Widget
 
+from memtop.base.records import record
 from memtop.ui import actions
 from memtop.ui.render import FREE, short_bytes, slow_tick
 from memtop.ui.renewal import Renewal
@@ -45,7 +46,7 @@ from memtop.ui.widgets.lines import (
 )
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Column:
     """One column of the process table: its label, cell, widths, alignment and sort."""
 
@@ -155,7 +156,7 @@ COMMAND_ROOM = 24
 COMPACT_LABELS = {"reserved": "RSVD"}
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class Group:
     """The header line of a torchrun job: its launcher and the spread between its ranks."""
 
@@ -184,7 +185,7 @@ class Group:
         return text
 
 
-@dataclass(frozen=True)
+@record(frozen=True)
 class JobLine:
     """The header line of one job's ranks across hosts (the fleet view): its label, how many
     of its ranks are shown, its hosts, the spread of the ranks' peaks and the rank that drifts
