@@ -9,6 +9,10 @@ from memtop.base import start_gc
 
 start_gc.hold()  # before memtop.cli and its imports; main() gives it back (memtop.cli)
 
+from memtop.base import records  # noqa: E402
+
+records.make_records_quickly()  # the viewer's records only: never in a trainer's process
+
 from memtop.cli import main  # noqa: E402
 
 __all__ = ["main"]

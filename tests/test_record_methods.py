@@ -37,34 +37,42 @@ def modules_with_records() -> list[str]:
 MODULES = modules_with_records()
 
 
-def reference_copy(name: str) -> types.ModuleType:
-    """The module's source run again with `record` as dataclasses' own `dataclass`: its classes
-    as they were before `record`."""
+def copy_made_by(name: str, maker: Any, quickly: bool) -> types.ModuleType:
+    """The module's source run again with `record` as `maker`, quickly or not (in-process, the
+    suite's own memtop modules were made as a trainer makes them: dataclasses' own)."""
     module = importlib.import_module(name)
-    copy = types.ModuleType(name + "_as_dataclasses_made_it")
+    copy = types.ModuleType(f"{name}_made_by_{maker.__name__}_{quickly}")
     copy.__file__ = module.__file__
     source = Path(module.__file__ or "").read_text()
-    real_record = records.record
-    records.record = dataclasses.dataclass  # type: ignore[assignment]
+    real_record, real_quickly = records.record, records._quickly
+    records.record, records._quickly = maker, quickly
     sys.modules[copy.__name__] = copy
     try:
         exec(compile(source, str(module.__file__), "exec"), copy.__dict__)
     finally:
-        records.record = real_record
+        records.record, records._quickly = real_record, real_quickly
     return copy
 
 
 def record_pairs(name: str) -> Iterator[tuple[type, type]]:
-    module = importlib.import_module(name)
-    copy = reference_copy(name)
-    for attribute, made in vars(module).items():
+    """Each frozen record of the module as the viewer makes it, beside the class dataclasses
+    makes of the same source."""
+    made_quickly = copy_made_by(name, record, quickly=records._COMPILES_EACH_METHOD)
+    reference = copy_made_by(name, dataclasses.dataclass, quickly=False)
+    for attribute, made in vars(made_quickly).items():
         if (
             isinstance(made, type)
             and dataclasses.is_dataclass(made)
-            and made.__module__ == name
+            and made.__module__ == made_quickly.__name__
             and made.__dataclass_params__.frozen  # type: ignore[attr-defined]
         ):
-            yield made, getattr(copy, attribute)
+            yield made, getattr(reference, attribute)
+
+
+@pytest.fixture(autouse=True)
+def quickly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`record` as the viewer has it (memtop/__main__.py asks for it), for this module's tests."""
+    monkeypatch.setattr(records, "_quickly", records._COMPILES_EACH_METHOD)
 
 
 def bare(cls: type, values: dict[str, Any]) -> Any:
@@ -215,6 +223,7 @@ def test_memtops_records_are_made_without_compiling_their_methods() -> None:
         "    finally:\n"
         "        making.pop()\n"
         "dataclasses._process_class = process\n"
+        "import memtop.__main__\n"  # the viewer's entry: asks for its records made quickly
         "import memtop.engine.observation, memtop.ui.view, memtop.model\n"
         "print(len(frozen), sum(frozen.values()))\n"
     )
@@ -260,3 +269,24 @@ def test_while_a_record_is_made_another_class_gets_dataclasses_guards() -> None:
     assert [g.__code__.co_filename for g in theirs] == ["<string>", "<string>"]
     assert [g.__code__.co_filename for g in ours] == [records.__file__] * 2
     assert Mine.__setattr__.__code__.co_filename == records.__file__
+
+
+def test_a_trainer_that_imports_memtops_records_gets_dataclasses_own_untouched() -> None:
+    # The agent's process is the trainer's: memtop's records there are made by dataclasses as
+    # Python makes them, and dataclasses' module is never changed, not even for a moment.
+    code = (
+        "import dataclasses\n"
+        "real = dataclasses._frozen_get_del_attr\n"
+        "import memtop\n"
+        "memtop.start_agent()\n"  # what a trainer does: the agent and the records it imports
+        "import memtop.base.records as records\n"
+        "from memtop.protocol.framing import Request\n"
+        "from memtop.base.alloc_conf import AllocConf\n"
+        "print(dataclasses._frozen_get_del_attr is real, records._quickly,\n"
+        "      Request.__setattr__.__code__.co_filename,\n"
+        "      AllocConf.__eq__.__code__.co_filename)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.split() == ["True", "False", "<string>", "<string>"], result.stdout

@@ -18,6 +18,12 @@ signature as of 3.10-3.12), which `record` answers for the one class it is makin
 and only there: every other class, on any thread, gets dataclasses' own.  Python 3.13 makes a
 class's methods in one `exec` (and compares field by field): there `record` is `dataclass`.
 
+Only the viewer asks for this (`make_records_quickly`, from memtop/__main__.py's first lines,
+before memtop.cli is imported): in a trainer, whose process is someone else's, the agent's
+records are dataclasses' own and `dataclasses` is never touched.  So are the records of a
+program that imports memtop's modules itself (the test suite's in-process tests; the tests of
+`record` ask for it).
+
 mypy reads `record` as `dataclasses.dataclass` (the same arguments, the same class).
 """
 
@@ -38,8 +44,16 @@ _COMPILES_EACH_METHOD = sys.version_info < (3, 13)
 _GUARDS_FROM_DATACLASSES = _COMPILES_EACH_METHOD and callable(
     getattr(dataclasses, "_frozen_get_del_attr", None)
 )
+_quickly = False  # make_records_quickly() was called: this process is memtop's viewer
 _making = threading.RLock()
 _class_being_made: list[type] = []
+
+
+def make_records_quickly() -> None:
+    """From now on `record` makes a frozen record's methods without compiling them (on Python
+    3.10-3.12; a no-op on 3.13+).  For the viewer's start only: memtop/__main__.py."""
+    global _quickly
+    _quickly = _COMPILES_EACH_METHOD
 
 
 def _repr_of(cls: type, names: Sequence[str]) -> Callable[[Any], str]:
@@ -143,7 +157,7 @@ _generated_guards: Any = getattr(dataclasses, "_frozen_get_del_attr", None)
 
 
 def _record(cls: type, options: dict[str, Any]) -> type:
-    if not _COMPILES_EACH_METHOD:
+    if not _quickly:
         return dataclasses.dataclass(cls, **options)  # type: ignore[no-any-return]
     own = cls.__dict__
     frozen = options.get("frozen", False)
