@@ -32,10 +32,11 @@ The test has to be right more than clever, so it is built from robust, boring pi
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from operator import mul
+from operator import le, mul
 from typing import Any
 
 from memtop.base.records import record
@@ -670,13 +671,14 @@ def _find_breaks(xs: list[float], ys: list[float]) -> _Breaks:
     mx = sum(xs) / n
     xc = [x - mx for x in xs]
     sxx = sum(c**2 for c in xc)
+    # Bin medians of marks whose steps ascend (nearly always): the rows below each knee are a
+    # first run, so each candidate's regressors, less their means, are made of runs (C-speed
+    # list repeats) rather than a Python line per row: the same values (`_centred_regressors`).
+    ascending = all(map(le, xs, xs[1:]))  # False with a NaN
     for k in range(2, n - 2):
-        knee = xs[k]
-        for kind, regressor in (
-            ("jump", [0.0 if x < knee else 1.0 for x in xs]),
-            ("bend", [d if (d := x - knee) > 0.0 else 0.0 for x in xs]),  # max(0.0, x - knee)
-        ):
-            rd = _residuals_centred(xc, sxx, regressor)
+        jump, bend = _centred_regressors(xs, k, ascending)
+        for kind, centred in (("jump", jump), ("bend", bend)):
+            rd = _residuals_of_centred(xc, sxx, centred)
             # map(mul, …) rather than generators: the same products summed in the same order
             # (the same bits), without a generator frame per term; this loop is O(n²) and runs
             # on the dashboard's thread for every agent device every LEAK_REFRESH_S.
@@ -699,11 +701,38 @@ def _residuals_on(xs: Sequence[float], ys: Sequence[float]) -> list[float]:
     return [y - my - b * (x - mx) for x, y in zip(xs, ys, strict=True)]
 
 
-def _residuals_centred(xc: Sequence[float], sxx: float, ys: Sequence[float]) -> list[float]:
-    """_residuals_on, given x already centred (xc = x - mean) and its sum of squares."""
-    my = sum(ys) / len(xc)
-    b = sum(map(mul, xc, [y - my for y in ys])) / sxx if sxx else 0.0  # c * (y - my), summed
-    return [y - my - b * c for c, y in zip(xc, ys, strict=True)]
+def _residuals_of_centred(xc: Sequence[float], sxx: float, centred: Sequence[float]) -> list[float]:
+    """_residuals_on, given x already centred (xc = x - mean) and its sum of squares, and y
+    less its mean (`centred`, each y - my): the same operations, `y - my - b * c` being
+    (y - my) - b * c."""
+    b = sum(map(mul, xc, centred)) / sxx if sxx else 0.0  # c * (y - my), summed
+    return [d - b * c for c, d in zip(xc, centred, strict=True)]
+
+
+def _centred_regressors(
+    xs: list[float], k: int, ascending: bool
+) -> tuple[list[float], list[float]]:
+    """The two regressors of the break candidate at bin k, each less its mean, as
+    `_residuals_on` centres them: a jump (0.0 where x < xs[k], else 1.0) and a bend
+    (max(0.0, x - xs[k])).  With `ascending` x the rows under the knee are a first run, made
+    once and repeated: the same numbers, the same bits (a sum of 0.0s and 1.0s is their
+    count exactly; 0.0 - mean is made as each row makes it)."""
+    n = len(xs)
+    knee = xs[k]
+    if not ascending:
+        jump = [0.0 if x < knee else 1.0 for x in xs]
+        bend = [d if (d := x - knee) > 0.0 else 0.0 for x in xs]  # max(0.0, x - knee)
+        my_jump, my_bend = sum(jump) / n, sum(bend) / n
+        return [y - my_jump for y in jump], [y - my_bend for y in bend]
+    below = bisect.bisect_left(xs, knee)  # the rows with x < knee
+    my_jump = sum([0.0] * below + [1.0] * (n - below)) / n
+    flat = bisect.bisect_right(xs, knee)  # the rows with x <= knee: x - knee <= 0.0
+    rising = [x - knee for x in xs[flat:]]
+    my_bend = sum([0.0] * flat + rising) / n
+    return (
+        [0.0 - my_jump] * below + [1.0 - my_jump] * (n - below),
+        [0.0 - my_bend] * flat + [d - my_bend for d in rising],
+    )
 
 
 def _robust_spread(xs: Sequence[float], ys: Sequence[float], slope: float) -> float:
@@ -728,14 +757,7 @@ def _mann_kendall_z(ys: Sequence[float], inflation: float = 1.0) -> float:
     n = len(ys)
     if n < 3:
         return 0.0
-    s = 0
-    for i in range(n - 1):
-        yi = ys[i]
-        for j in range(i + 1, n):
-            if ys[j] > yi:
-                s += 1
-            elif ys[j] < yi:
-                s -= 1
+    s = _kendall_s(ys)
     ties: dict[float, int] = {}
     for y in ys:
         ties[y] = ties.get(y, 0) + 1
@@ -746,6 +768,30 @@ def _mann_kendall_z(ys: Sequence[float], inflation: float = 1.0) -> float:
     if variance <= 0 or s == 0:
         return 0.0
     return (s - 1 if s > 0 else s + 1) / math.sqrt(variance)
+
+
+def _kendall_s(ys: Sequence[float]) -> int:
+    """Mann–Kendall's S: over every pair i < j, +1 where y_j > y_i, −1 where y_j < y_i (ties
+    count 0).  Each point is compared with the later ones kept sorted, by bisection: two C
+    calls a point, not a Python line a pair (this runs two or three times per leak verdict,
+    on the dashboard's thread).  The same integer; a NaN, which compares false with
+    everything and so breaks the sorted order, is counted pair by pair."""
+    if any(map(math.isnan, ys)):
+        s = 0
+        for i, yi in enumerate(ys):
+            for yj in ys[i + 1 :]:
+                if yj > yi:
+                    s += 1
+                elif yj < yi:
+                    s -= 1
+        return s
+    later: list[float] = []  # the points after i, sorted
+    s = 0
+    for yi in reversed(ys):
+        # later points above yi, less later points below it
+        s += len(later) - bisect.bisect_right(later, yi) - bisect.bisect_left(later, yi)
+        bisect.insort(later, yi)
+    return s
 
 
 def _autocorrelation_inflation(xs: Sequence[float], ys: Sequence[float], slope: float) -> float:
