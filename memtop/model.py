@@ -10,27 +10,15 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import field
-from enum import Enum
 from typing import Any
 
+from memtop.base.choice import Choice as Choice  # re-exported: memtop.model is its usual home
 from memtop.base.jobs import JobIdentity, job_identity
 from memtop.base.records import record
 
 # The newest per-step baselines memtop judges a trend by: the leak verdict's window, the rows the
 # observation reads, and so all a viewer asks an agent for (DESIGN §6, `sample` `max_marks`).
 MARK_WINDOW = 1024
-
-
-class Choice(str, Enum):
-    """A closed set of words (a str enum): its members compare, hash and serialise (JSON, the
-    wire, recordings) as the plain strings they stand for, and print as them too.  `StrEnum`
-    would do, but memtop runs on Python 3.10."""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
 
 
 class SourceKind(Choice):

@@ -410,3 +410,20 @@ def test_the_viewer_parses_a_ledger_again_only_when_its_bytes_change(
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_simulated_trainer_starts_without_memtops_records() -> None:
+    """Each simulated trainer (hundreds a suite run, eight a demo) reads the scenario names at
+    start: they are a Choice from memtop.base, not a reason to import memtop.model's ~80 records
+    (~30 ms of CPU a start on this 2-core box, most of what the trainer's imports cost)."""
+    probe = (
+        "import memtop.sim.scenario_names as n; from memtop.model import Choice; "
+        "assert issubclass(n.Scenario, Choice) and f'{n.Scenario.LEAK}' == 'leak'"
+    )
+    # The trainer's imports alone; then the scenarios are still memtop.model's Choice.
+    before = "import sys, memtop.sim.trainer; print('memtop.model' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", before], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False", "memtop.sim.trainer imports memtop.model"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

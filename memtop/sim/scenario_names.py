@@ -1,11 +1,12 @@
 """The simulator's workload scenarios by name: one list for the trainer, the demo and the CLI.
 
-Light on purpose (the CLI's parser reads it on every start): the workloads themselves are in
+Light on purpose (the CLI's parser and every simulated trainer read it at start; Choice from
+memtop.base, not memtop.model's records): the workloads themselves are in
 memtop.sim.scenarios, the demo's plans in memtop.sim.demo."""
 
 from __future__ import annotations
 
-from memtop.model import Choice
+from memtop.base.choice import Choice
 
 
 class Scenario(Choice):
