@@ -803,13 +803,18 @@ def _painted(frame: str, size: tuple[int, int]) -> list[str]:
     return ["".join(line) for line in screen]
 
 
-def _frames_and_events(tmp_path: Path) -> list[tuple[str, str]]:
-    log, _, _ = _dashboard_with(FRAMES_WATCH, tmp_path, until=None, linger=1.5)
+@pytest.fixture(scope="module")
+def frames_and_events(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, str]]:
+    """What one dashboard under FRAMES_WATCH painted and did, in order: one run for the two
+    tests below (its first frame, and what came after it), not one each (~0.5 CPU-s, 3 s)."""
+    log, _, _ = _dashboard_with(
+        FRAMES_WATCH, tmp_path_factory.mktemp("frames"), until=None, linger=1.5
+    )
     return [tuple(json.loads(line)) for line in log.read_text().splitlines()]  # type: ignore[misc]
 
 
 def test_textuals_first_frame_is_the_whole_dashboard_laid_out_for_its_width(
-    tmp_path: Path,
+    frames_and_events: list[tuple[str, str]],
 ) -> None:
     # The view's first build runs in on_mount, before Textual lays anything out: the table's
     # rows were laid out for a table of no width (no USER, CPU%, RSS or TIME column, the command
@@ -817,7 +822,7 @@ def test_textuals_first_frame_is_the_whole_dashboard_laid_out_for_its_width(
     # Textual's first frame showed them so; the table laid itself out again on its own Resize
     # and the suggestions were worded again once the frame was out (on_ready), ~40-75 ms later.
     # Each is now laid out for the width it is drawn at, in the frame that first draws it.
-    events = _frames_and_events(tmp_path)
+    events = frames_and_events
     frames = [text for kind, text in events if kind == "frame"]
     assert frames, events
     screen = _painted(frames[0], (120, 36))
@@ -839,11 +844,13 @@ def test_textuals_first_frame_is_the_whole_dashboard_laid_out_for_its_width(
     assert not wrong, f"{wrong}\n{shown}"
 
 
-def test_nothing_is_laid_out_again_after_the_first_frame_for_its_width(tmp_path: Path) -> None:
+def test_nothing_is_laid_out_again_after_the_first_frame_for_its_width(
+    frames_and_events: list[tuple[str, str]],
+) -> None:
     # Without a round after it (--interval 5), the first frame stands: the table asks for no
     # new layout (its own Resize laid its rows out again and asked for one, and a frame), and
     # the suggestions are not set anew (on_ready worded them again, and repainted the pane).
-    events = _frames_and_events(tmp_path)
+    events = frames_and_events
     after_first = [kind for kind, _ in events if kind != "frame"]
     assert after_first == [], [kind for kind, _ in events]
 
