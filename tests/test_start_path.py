@@ -34,22 +34,34 @@ def imported_by(code: str) -> set[str]:
     return set(result.stdout.split())
 
 
+def imported_after(*steps: str) -> list[set[str]]:
+    """The memtop modules one fresh interpreter has imported after each of `steps`, run in
+    turn: a start and then what it adds (a screen opened, another command's parser) in one
+    interpreter, not a second one that imports the start again (~0.1-0.4 CPU-s each)."""
+    code = "import sys\n" + "".join(
+        f"{step}\nprint('modules', ' '.join(sorted(sys.modules)))\n" for step in steps
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    found = [line.split()[1:] for line in result.stdout.splitlines() if line.startswith("modules ")]
+    assert len(found) == len(steps), result.stdout
+    return [set(modules) for modules in found]
+
+
 def test_the_dashboards_command_line_does_not_import_the_estimator() -> None:
     # `memtop estimate`'s arguments come from its tables (architectures, GPUs, dtypes): ~30 ms
     # of the dashboard's start went to importing them to build a parser it never used.
-    modules = imported_by(
+    dashboard, estimate = imported_after(
         "from memtop.commands.parser import build_parser\n"
         "args = build_parser().parse_args(['--interval', '2'])\n"
-        "assert args.command is None and args.interval == 2.0"
-    )
-    assert not {m for m in modules if m.startswith("memtop.estimate")}
-    # ... and `memtop estimate` still has them all.
-    modules = imported_by(
-        "from memtop.commands.parser import build_parser\n"
+        "assert args.command is None and args.interval == 2.0",
+        # ... and `memtop estimate` still has them all.
         "args = build_parser().parse_args(['estimate', '--preset', 'llama-7b', '--gpus', '2'])\n"
-        "assert args.preset == 'llama-7b' and args.gpus == 2, args"
+        "assert args.preset == 'llama-7b' and args.gpus == 2, args",
     )
-    assert "memtop.estimate.command" in modules
+    assert not {m for m in dashboard if m.startswith("memtop.estimate")}
+    assert "memtop.estimate.command" in estimate
 
 
 class TwoGpus:
@@ -389,12 +401,11 @@ def test_what_only_an_opened_screen_shows_is_imported_when_it_opens() -> None:
         "import memtop.commands.watch, memtop.engine.sampler, memtop.sources.devices\n"
         "import memtop.engine.observation, memtop.ui.app, memtop.ui.splash, memtop.ui.view\n"
     )
-    modules = imported_by(start)
+    modules, with_gpu_screen = imported_after(start, "import memtop.ui.screens.gpu")
     opened_later = {m for m in modules if m.startswith(("memtop.ui.screens", "memtop.ui.stacked"))}
     assert not opened_later and "memtop.ui.widgets.gpu_chart" not in modules, opened_later
     # ... and a GPU's screen still has its chart.
-    modules = imported_by(start + "import memtop.ui.screens.gpu")
-    assert "memtop.ui.stacked" in modules
+    assert "memtop.ui.stacked" in with_gpu_screen
 
 
 def test_the_gpus_are_read_before_the_diagnosis_is_imported() -> None:
@@ -403,24 +414,22 @@ def test_the_gpus_are_read_before_the_diagnosis_is_imported() -> None:
     # the whole diagnosis (leak, workload, fragmentation, suggestions: ~40 ms of CPU), before
     # that reading could be taken.  The observer is imported after the rows are on screen
     # (memtop.commands.watch).
-    modules = imported_by(
+    modules, with_observer = imported_after(
         "from memtop.commands import common\n"
         "from memtop.commands.parser import build_parser\n"
         "args = build_parser().parse_args(['--only', '0', '--user', 'root'])\n"
         "sampler = common.make_sampler(args)\n"
         "scope = common.scope(args)\n"
-        "sampler.stop()"
+        "sampler.stop()",
+        # ... and a feed still makes its observer (the dashboard's and the replay's).
+        "from memtop.engine.feed import FeedLoop\n"
+        "from memtop.engine.store import Store\n"
+        "assert FeedLoop(Store()).observer(host='h', uid=0).host == 'h'",
     )
     assert "memtop.engine.sampler" in modules
     early = {m for m in modules if m.startswith(("memtop.diagnosis", "memtop.engine.observation"))}
     assert not early, early
-    # ... and a feed still makes its observer (the dashboard's and the replay's).
-    modules = imported_by(
-        "from memtop.engine.feed import FeedLoop\n"
-        "from memtop.engine.store import Store\n"
-        "assert FeedLoop(Store()).observer(host='h', uid=0).host == 'h'"
-    )
-    assert "memtop.engine.observation" in modules
+    assert "memtop.engine.observation" in with_observer
 
 
 def test_the_toml_parser_is_imported_only_for_a_config_file(tmp_path: Path) -> None:
