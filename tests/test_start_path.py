@@ -210,22 +210,32 @@ def test_the_dashboards_start_asks_for_one_malloc_arena() -> None:
     assert text.index("one_malloc_arena()") < text.index("common.make_sampler(args, simulated")
 
 
-# Logs, from inside `python -m memtop`, each collection the cyclic collector starts and when it
-# is turned off and back on (a thread looks every 5 ms), with time.monotonic (one clock for the
-# whole machine).
-GC_WATCH = """
+# Logs, from inside `python -m memtop`, what the three collector tests below read from one
+# dashboard's start (not one start each: ~0.5 CPU-s and 3 s of wall a start): each collection the
+# cyclic collector starts, with its generation, the objects it walks (those of its generation
+# and the younger ones) and when; when the collector is turned off and back on; and the frozen
+# objects and gen-0 budget each time they change.  A thread looks every 5 ms; the times are
+# time.monotonic (one clock for the whole machine).
+GC_LOG = """
 import gc, runpy, sys, threading, time
 log = open(sys.argv[1], "w", buffering=1)
-def collecting(phase, _):
+def collecting(phase, info):
     if phase == "start":
-        log.write(f"collect {time.monotonic()}\\n")
+        at = time.monotonic()
+        young = range(info["generation"] + 1)
+        walked = sum(len(gc.get_objects(g)) for g in young)
+        log.write(f"collect {info['generation']} {walked} {at}\\n")
 gc.callbacks.append(collecting)
 def watch():
-    on = True
+    on, settled = True, None
     while True:
         if gc.isenabled() != on:
             on = not on
             log.write(f"{'on' if on else 'off'} {time.monotonic()}\\n")
+        now = (gc.get_freeze_count(), gc.get_threshold()[0])
+        if now != settled:
+            settled = now
+            log.write(f"gc {now[0]} {now[1]}\\n")
         time.sleep(0.005)
 threading.Thread(target=watch, daemon=True).start()
 sys.argv[1:] = []
@@ -237,13 +247,14 @@ def _dashboard_with(
     watch: str,
     tmp_path: Path,
     linger: float = 0.0,
-    until: str | None = "on ",
+    until: str | tuple[str, ...] | None = "on ",
     **env_extra: str,
 ) -> tuple[Path, float, float]:
     """Runs the dashboard in a terminal under `watch` (a script given its log file), until its
     first frame, ten seconds more at most for `until` to be in the log (by default: the
-    collector back on; None: no wait), and `linger` s more; the log, when the header was seen
-    and when the frame was.  `env_extra`: more of the dashboard's environment."""
+    collector back on; several: all of them; None: no wait), and `linger` s more; the log,
+    when the header was seen and when the frame was.  `env_extra`: more of the dashboard's
+    environment."""
     import os
 
     from memtop.base import children
@@ -272,8 +283,10 @@ def _dashboard_with(
             if b"Processes" in seen or b"memtop demo" in seen:
                 frame_at = time.monotonic()
         assert header_at is not None and frame_at is not None, seen[-400:]
-        while until is not None and time.monotonic() < frame_at + 10:
-            if until in log.read_text():
+        wanted = (until,) if isinstance(until, str) else until or ()
+        while wanted and time.monotonic() < frame_at + 10:
+            text = log.read_text()
+            if all(w in text for w in wanted):
                 break
             time.sleep(0.05)
         time.sleep(linger)
@@ -287,14 +300,29 @@ def _dashboard_with(
     return log, header_at, frame_at
 
 
-def test_the_collector_is_held_until_the_dashboards_first_frame(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def gc_log(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[list[str]], float, float]:
+    """One dashboard's start under GC_LOG, until the collector is back on and settled and a
+    second more (the collections after it): the log's lines split in fields, when the header
+    was seen and when the first frame was."""
+    from memtop.ui.app import GC_GEN0_THRESHOLD
+
+    log, header_at, frame_at = _dashboard_with(
+        GC_LOG,
+        tmp_path_factory.mktemp("gc"),
+        until=("on ", f" {GC_GEN0_THRESHOLD}\n"),
+        linger=1.0,
+    )
+    return [line.split() for line in log.read_text().splitlines() if line], header_at, frame_at
+
+
+def test_the_collector_is_held_until_the_dashboards_first_frame(
+    gc_log: tuple[list[list[str]], float, float],
+) -> None:
     # ~100 collections ran while Textual and memtop were imported, 15-25 % of the CPU before the
     # first frame, for under a thousand objects freed (memtop.base.start_gc).
-    log, header_at, frame_at = _dashboard_with(GC_WATCH, tmp_path)
-    events = [
-        (name, float(at))
-        for name, at in (line.split() for line in log.read_text().split("\n") if line)
-    ]
+    lines, header_at, frame_at = gc_log
+    events = [(f[0], float(f[-1])) for f in lines if f[0] in ("on", "off", "collect")]
     names = [name for name, _ in events]
     # Off from the start (before memtop's header was painted), on again once the frame is out.
     assert "off" in names and "on" in names, names
@@ -307,61 +335,24 @@ def test_the_collector_is_held_until_the_dashboards_first_frame(tmp_path: Path) 
     assert len(during_start) < 10, events
 
 
-# Logs each collection the cyclic collector starts with the objects it walks (those of its
-# generation and the younger ones), and when the collector is turned back on.
-GC_WALKS = """
-import gc, runpy, sys, threading, time
-log = open(sys.argv[1], "w", buffering=1)
-def collecting(phase, info):
-    if phase == "start":
-        young = range(info["generation"] + 1)
-        log.write(f"collect {info['generation']} {sum(len(gc.get_objects(g)) for g in young)}\\n")
-gc.callbacks.append(collecting)
-def watch():
-    while gc.isenabled():
-        time.sleep(0.005)
-    while not gc.isenabled():
-        time.sleep(0.005)
-    log.write("on 0 0\\n")
-threading.Thread(target=watch, daemon=True).start()
-sys.argv[1:] = []
-runpy.run_module("memtop", run_name="__main__", alter_sys=True)
-"""
-
-
-# Logs, from inside `python -m memtop`, the collector's frozen objects and gen-0 budget each time
-# they change (a thread looks every 20 ms).
-GC_SETTLE_WATCH = """
-import gc, runpy, sys, threading, time
-log = open(sys.argv[1], "w", buffering=1)
-def watch():
-    seen = None
-    while True:
-        now = (gc.get_freeze_count(), gc.get_threshold()[0])
-        if now != seen:
-            seen = now
-            log.write(f"{now[0]} {now[1]}\\n")
-        time.sleep(0.02)
-threading.Thread(target=watch, daemon=True).start()
-sys.argv[1:] = []
-runpy.run_module("memtop", run_name="__main__", alter_sys=True)
-"""
-
-
-def test_the_starts_objects_are_not_walked_when_the_collector_is_back(tmp_path: Path) -> None:
+def test_the_starts_objects_are_not_walked_when_the_collector_is_back(
+    gc_log: tuple[list[list[str]], float, float],
+) -> None:
     # Held through the start, the collector left every object of it in its youngest generation:
     # the first collections once it was back walked them all (~200 000 objects, three times:
     # young, middle, old), tens of milliseconds in the dashboard's first second.  They are
     # frozen when it comes back (memtop.base.start_gc.release).
-    log, _, _ = _dashboard_with(GC_WALKS, tmp_path, linger=1.0)
-    lines = log.read_text().splitlines()
-    assert "on 0 0" in lines, lines
-    after = [line.split() for line in lines[lines.index("on 0 0") :] if line.startswith("collect")]
-    walked = [int(objects) for _, _, objects in after]
+    lines, _, _ = gc_log
+    names = [f[0] for f in lines]
+    assert "on" in names, lines
+    after = [f for f in lines[names.index("on") :] if f[0] == "collect"]
+    walked = [int(objects) for _, _, objects, _ in after]
     assert walked and max(walked) < 20_000, after
 
 
-def test_the_dashboard_settles_the_collector_after_its_first_frame(tmp_path: Path) -> None:
+def test_the_dashboard_settles_the_collector_after_its_first_frame(
+    gc_log: tuple[list[list[str]], float, float],
+) -> None:
     # Once the first frame with data is out, what the start made is frozen out of every
     # collection and gen 0 gets a budget fit for a long-lived UI (memtop.ui.app._settle_gc).
     # It was done only where the first round landed after the app mounted; the dashboard's
@@ -370,8 +361,7 @@ def test_the_dashboard_settles_the_collector_after_its_first_frame(tmp_path: Pat
     # few seconds, ~10 % of its CPU under the mixed demo.
     from memtop.ui.app import GC_GEN0_THRESHOLD
 
-    log, _, _ = _dashboard_with(GC_SETTLE_WATCH, tmp_path, until=f" {GC_GEN0_THRESHOLD}\n")
-    states = [tuple(map(int, line.split())) for line in log.read_text().split("\n") if line]
+    states = [(int(f[1]), int(f[2])) for f in gc_log[0] if f[0] == "gc"]
     assert any(frozen > 0 and budget == GC_GEN0_THRESHOLD for frozen, budget in states), states
 
 
