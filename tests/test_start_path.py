@@ -34,22 +34,34 @@ def imported_by(code: str) -> set[str]:
     return set(result.stdout.split())
 
 
+def imported_after(*steps: str) -> list[set[str]]:
+    """The memtop modules one fresh interpreter has imported after each of `steps`, run in
+    turn: a start and then what it adds (a screen opened, another command's parser) in one
+    interpreter, not a second one that imports the start again (~0.1-0.4 CPU-s each)."""
+    code = "import sys\n" + "".join(
+        f"{step}\nprint('modules', ' '.join(sorted(sys.modules)))\n" for step in steps
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    found = [line.split()[1:] for line in result.stdout.splitlines() if line.startswith("modules ")]
+    assert len(found) == len(steps), result.stdout
+    return [set(modules) for modules in found]
+
+
 def test_the_dashboards_command_line_does_not_import_the_estimator() -> None:
     # `memtop estimate`'s arguments come from its tables (architectures, GPUs, dtypes): ~30 ms
     # of the dashboard's start went to importing them to build a parser it never used.
-    modules = imported_by(
+    dashboard, estimate = imported_after(
         "from memtop.commands.parser import build_parser\n"
         "args = build_parser().parse_args(['--interval', '2'])\n"
-        "assert args.command is None and args.interval == 2.0"
-    )
-    assert not {m for m in modules if m.startswith("memtop.estimate")}
-    # ... and `memtop estimate` still has them all.
-    modules = imported_by(
-        "from memtop.commands.parser import build_parser\n"
+        "assert args.command is None and args.interval == 2.0",
+        # ... and `memtop estimate` still has them all.
         "args = build_parser().parse_args(['estimate', '--preset', 'llama-7b', '--gpus', '2'])\n"
-        "assert args.preset == 'llama-7b' and args.gpus == 2, args"
+        "assert args.preset == 'llama-7b' and args.gpus == 2, args",
     )
-    assert "memtop.estimate.command" in modules
+    assert not {m for m in dashboard if m.startswith("memtop.estimate")}
+    assert "memtop.estimate.command" in estimate
 
 
 class TwoGpus:
@@ -198,22 +210,32 @@ def test_the_dashboards_start_asks_for_one_malloc_arena() -> None:
     assert text.index("one_malloc_arena()") < text.index("common.make_sampler(args, simulated")
 
 
-# Logs, from inside `python -m memtop`, each collection the cyclic collector starts and when it
-# is turned off and back on (a thread looks every 5 ms), with time.monotonic (one clock for the
-# whole machine).
-GC_WATCH = """
+# Logs, from inside `python -m memtop`, what the three collector tests below read from one
+# dashboard's start (not one start each: ~0.5 CPU-s and 3 s of wall a start): each collection the
+# cyclic collector starts, with its generation, the objects it walks (those of its generation
+# and the younger ones) and when; when the collector is turned off and back on; and the frozen
+# objects and gen-0 budget each time they change.  A thread looks every 5 ms; the times are
+# time.monotonic (one clock for the whole machine).
+GC_LOG = """
 import gc, runpy, sys, threading, time
 log = open(sys.argv[1], "w", buffering=1)
-def collecting(phase, _):
+def collecting(phase, info):
     if phase == "start":
-        log.write(f"collect {time.monotonic()}\\n")
+        at = time.monotonic()
+        young = range(info["generation"] + 1)
+        walked = sum(len(gc.get_objects(g)) for g in young)
+        log.write(f"collect {info['generation']} {walked} {at}\\n")
 gc.callbacks.append(collecting)
 def watch():
-    on = True
+    on, settled = True, None
     while True:
         if gc.isenabled() != on:
             on = not on
             log.write(f"{'on' if on else 'off'} {time.monotonic()}\\n")
+        now = (gc.get_freeze_count(), gc.get_threshold()[0])
+        if now != settled:
+            settled = now
+            log.write(f"gc {now[0]} {now[1]}\\n")
         time.sleep(0.005)
 threading.Thread(target=watch, daemon=True).start()
 sys.argv[1:] = []
@@ -225,13 +247,14 @@ def _dashboard_with(
     watch: str,
     tmp_path: Path,
     linger: float = 0.0,
-    until: str | None = "on ",
+    until: str | tuple[str, ...] | None = "on ",
     **env_extra: str,
 ) -> tuple[Path, float, float]:
     """Runs the dashboard in a terminal under `watch` (a script given its log file), until its
     first frame, ten seconds more at most for `until` to be in the log (by default: the
-    collector back on; None: no wait), and `linger` s more; the log, when the header was seen
-    and when the frame was.  `env_extra`: more of the dashboard's environment."""
+    collector back on; several: all of them; None: no wait), and `linger` s more; the log,
+    when the header was seen and when the frame was.  `env_extra`: more of the dashboard's
+    environment."""
     import os
 
     from memtop.base import children
@@ -260,8 +283,10 @@ def _dashboard_with(
             if b"Processes" in seen or b"memtop demo" in seen:
                 frame_at = time.monotonic()
         assert header_at is not None and frame_at is not None, seen[-400:]
-        while until is not None and time.monotonic() < frame_at + 10:
-            if until in log.read_text():
+        wanted = (until,) if isinstance(until, str) else until or ()
+        while wanted and time.monotonic() < frame_at + 10:
+            text = log.read_text()
+            if all(w in text for w in wanted):
                 break
             time.sleep(0.05)
         time.sleep(linger)
@@ -275,14 +300,29 @@ def _dashboard_with(
     return log, header_at, frame_at
 
 
-def test_the_collector_is_held_until_the_dashboards_first_frame(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def gc_log(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[list[str]], float, float]:
+    """One dashboard's start under GC_LOG, until the collector is back on and settled and a
+    second more (the collections after it): the log's lines split in fields, when the header
+    was seen and when the first frame was."""
+    from memtop.ui.app import GC_GEN0_THRESHOLD
+
+    log, header_at, frame_at = _dashboard_with(
+        GC_LOG,
+        tmp_path_factory.mktemp("gc"),
+        until=("on ", f" {GC_GEN0_THRESHOLD}\n"),
+        linger=1.0,
+    )
+    return [line.split() for line in log.read_text().splitlines() if line], header_at, frame_at
+
+
+def test_the_collector_is_held_until_the_dashboards_first_frame(
+    gc_log: tuple[list[list[str]], float, float],
+) -> None:
     # ~100 collections ran while Textual and memtop were imported, 15-25 % of the CPU before the
     # first frame, for under a thousand objects freed (memtop.base.start_gc).
-    log, header_at, frame_at = _dashboard_with(GC_WATCH, tmp_path)
-    events = [
-        (name, float(at))
-        for name, at in (line.split() for line in log.read_text().split("\n") if line)
-    ]
+    lines, header_at, frame_at = gc_log
+    events = [(f[0], float(f[-1])) for f in lines if f[0] in ("on", "off", "collect")]
     names = [name for name, _ in events]
     # Off from the start (before memtop's header was painted), on again once the frame is out.
     assert "off" in names and "on" in names, names
@@ -295,61 +335,24 @@ def test_the_collector_is_held_until_the_dashboards_first_frame(tmp_path: Path) 
     assert len(during_start) < 10, events
 
 
-# Logs each collection the cyclic collector starts with the objects it walks (those of its
-# generation and the younger ones), and when the collector is turned back on.
-GC_WALKS = """
-import gc, runpy, sys, threading, time
-log = open(sys.argv[1], "w", buffering=1)
-def collecting(phase, info):
-    if phase == "start":
-        young = range(info["generation"] + 1)
-        log.write(f"collect {info['generation']} {sum(len(gc.get_objects(g)) for g in young)}\\n")
-gc.callbacks.append(collecting)
-def watch():
-    while gc.isenabled():
-        time.sleep(0.005)
-    while not gc.isenabled():
-        time.sleep(0.005)
-    log.write("on 0 0\\n")
-threading.Thread(target=watch, daemon=True).start()
-sys.argv[1:] = []
-runpy.run_module("memtop", run_name="__main__", alter_sys=True)
-"""
-
-
-# Logs, from inside `python -m memtop`, the collector's frozen objects and gen-0 budget each time
-# they change (a thread looks every 20 ms).
-GC_SETTLE_WATCH = """
-import gc, runpy, sys, threading, time
-log = open(sys.argv[1], "w", buffering=1)
-def watch():
-    seen = None
-    while True:
-        now = (gc.get_freeze_count(), gc.get_threshold()[0])
-        if now != seen:
-            seen = now
-            log.write(f"{now[0]} {now[1]}\\n")
-        time.sleep(0.02)
-threading.Thread(target=watch, daemon=True).start()
-sys.argv[1:] = []
-runpy.run_module("memtop", run_name="__main__", alter_sys=True)
-"""
-
-
-def test_the_starts_objects_are_not_walked_when_the_collector_is_back(tmp_path: Path) -> None:
+def test_the_starts_objects_are_not_walked_when_the_collector_is_back(
+    gc_log: tuple[list[list[str]], float, float],
+) -> None:
     # Held through the start, the collector left every object of it in its youngest generation:
     # the first collections once it was back walked them all (~200 000 objects, three times:
     # young, middle, old), tens of milliseconds in the dashboard's first second.  They are
     # frozen when it comes back (memtop.base.start_gc.release).
-    log, _, _ = _dashboard_with(GC_WALKS, tmp_path, linger=1.0)
-    lines = log.read_text().splitlines()
-    assert "on 0 0" in lines, lines
-    after = [line.split() for line in lines[lines.index("on 0 0") :] if line.startswith("collect")]
-    walked = [int(objects) for _, _, objects in after]
+    lines, _, _ = gc_log
+    names = [f[0] for f in lines]
+    assert "on" in names, lines
+    after = [f for f in lines[names.index("on") :] if f[0] == "collect"]
+    walked = [int(objects) for _, _, objects, _ in after]
     assert walked and max(walked) < 20_000, after
 
 
-def test_the_dashboard_settles_the_collector_after_its_first_frame(tmp_path: Path) -> None:
+def test_the_dashboard_settles_the_collector_after_its_first_frame(
+    gc_log: tuple[list[list[str]], float, float],
+) -> None:
     # Once the first frame with data is out, what the start made is frozen out of every
     # collection and gen 0 gets a budget fit for a long-lived UI (memtop.ui.app._settle_gc).
     # It was done only where the first round landed after the app mounted; the dashboard's
@@ -358,8 +361,7 @@ def test_the_dashboard_settles_the_collector_after_its_first_frame(tmp_path: Pat
     # few seconds, ~10 % of its CPU under the mixed demo.
     from memtop.ui.app import GC_GEN0_THRESHOLD
 
-    log, _, _ = _dashboard_with(GC_SETTLE_WATCH, tmp_path, until=f" {GC_GEN0_THRESHOLD}\n")
-    states = [tuple(map(int, line.split())) for line in log.read_text().split("\n") if line]
+    states = [(int(f[1]), int(f[2])) for f in gc_log[0] if f[0] == "gc"]
     assert any(frozen > 0 and budget == GC_GEN0_THRESHOLD for frozen, budget in states), states
 
 
@@ -389,12 +391,11 @@ def test_what_only_an_opened_screen_shows_is_imported_when_it_opens() -> None:
         "import memtop.commands.watch, memtop.engine.sampler, memtop.sources.devices\n"
         "import memtop.engine.observation, memtop.ui.app, memtop.ui.splash, memtop.ui.view\n"
     )
-    modules = imported_by(start)
+    modules, with_gpu_screen = imported_after(start, "import memtop.ui.screens.gpu")
     opened_later = {m for m in modules if m.startswith(("memtop.ui.screens", "memtop.ui.stacked"))}
     assert not opened_later and "memtop.ui.widgets.gpu_chart" not in modules, opened_later
     # ... and a GPU's screen still has its chart.
-    modules = imported_by(start + "import memtop.ui.screens.gpu")
-    assert "memtop.ui.stacked" in modules
+    assert "memtop.ui.stacked" in with_gpu_screen
 
 
 def test_the_gpus_are_read_before_the_diagnosis_is_imported() -> None:
@@ -403,24 +404,22 @@ def test_the_gpus_are_read_before_the_diagnosis_is_imported() -> None:
     # the whole diagnosis (leak, workload, fragmentation, suggestions: ~40 ms of CPU), before
     # that reading could be taken.  The observer is imported after the rows are on screen
     # (memtop.commands.watch).
-    modules = imported_by(
+    modules, with_observer = imported_after(
         "from memtop.commands import common\n"
         "from memtop.commands.parser import build_parser\n"
         "args = build_parser().parse_args(['--only', '0', '--user', 'root'])\n"
         "sampler = common.make_sampler(args)\n"
         "scope = common.scope(args)\n"
-        "sampler.stop()"
+        "sampler.stop()",
+        # ... and a feed still makes its observer (the dashboard's and the replay's).
+        "from memtop.engine.feed import FeedLoop\n"
+        "from memtop.engine.store import Store\n"
+        "assert FeedLoop(Store()).observer(host='h', uid=0).host == 'h'",
     )
     assert "memtop.engine.sampler" in modules
     early = {m for m in modules if m.startswith(("memtop.diagnosis", "memtop.engine.observation"))}
     assert not early, early
-    # ... and a feed still makes its observer (the dashboard's and the replay's).
-    modules = imported_by(
-        "from memtop.engine.feed import FeedLoop\n"
-        "from memtop.engine.store import Store\n"
-        "assert FeedLoop(Store()).observer(host='h', uid=0).host == 'h'"
-    )
-    assert "memtop.engine.observation" in modules
+    assert "memtop.engine.observation" in with_observer
 
 
 def test_the_toml_parser_is_imported_only_for_a_config_file(tmp_path: Path) -> None:
@@ -803,13 +802,18 @@ def _painted(frame: str, size: tuple[int, int]) -> list[str]:
     return ["".join(line) for line in screen]
 
 
-def _frames_and_events(tmp_path: Path) -> list[tuple[str, str]]:
-    log, _, _ = _dashboard_with(FRAMES_WATCH, tmp_path, until=None, linger=1.5)
+@pytest.fixture(scope="module")
+def frames_and_events(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, str]]:
+    """What one dashboard under FRAMES_WATCH painted and did, in order: one run for the two
+    tests below (its first frame, and what came after it), not one each (~0.5 CPU-s, 3 s)."""
+    log, _, _ = _dashboard_with(
+        FRAMES_WATCH, tmp_path_factory.mktemp("frames"), until=None, linger=1.5
+    )
     return [tuple(json.loads(line)) for line in log.read_text().splitlines()]  # type: ignore[misc]
 
 
 def test_textuals_first_frame_is_the_whole_dashboard_laid_out_for_its_width(
-    tmp_path: Path,
+    frames_and_events: list[tuple[str, str]],
 ) -> None:
     # The view's first build runs in on_mount, before Textual lays anything out: the table's
     # rows were laid out for a table of no width (no USER, CPU%, RSS or TIME column, the command
@@ -817,7 +821,7 @@ def test_textuals_first_frame_is_the_whole_dashboard_laid_out_for_its_width(
     # Textual's first frame showed them so; the table laid itself out again on its own Resize
     # and the suggestions were worded again once the frame was out (on_ready), ~40-75 ms later.
     # Each is now laid out for the width it is drawn at, in the frame that first draws it.
-    events = _frames_and_events(tmp_path)
+    events = frames_and_events
     frames = [text for kind, text in events if kind == "frame"]
     assert frames, events
     screen = _painted(frames[0], (120, 36))
@@ -839,11 +843,13 @@ def test_textuals_first_frame_is_the_whole_dashboard_laid_out_for_its_width(
     assert not wrong, f"{wrong}\n{shown}"
 
 
-def test_nothing_is_laid_out_again_after_the_first_frame_for_its_width(tmp_path: Path) -> None:
+def test_nothing_is_laid_out_again_after_the_first_frame_for_its_width(
+    frames_and_events: list[tuple[str, str]],
+) -> None:
     # Without a round after it (--interval 5), the first frame stands: the table asks for no
     # new layout (its own Resize laid its rows out again and asked for one, and a frame), and
     # the suggestions are not set anew (on_ready worded them again, and repainted the pane).
-    events = _frames_and_events(tmp_path)
+    events = frames_and_events
     after_first = [kind for kind, _ in events if kind != "frame"]
     assert after_first == [], [kind for kind, _ in events]
 
