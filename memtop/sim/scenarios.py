@@ -139,8 +139,13 @@ class Workload:
     def _one_publish(self) -> contextlib.AbstractContextManager[None]:
         # A shared simulated GPU publishes each segment reserved; a model's hundreds of
         # segments in a row are published once (SharedDeviceMemory.batch).
-        batch = getattr(self.alloc.device, "batch", None)
-        return batch() if batch is not None else contextlib.nullcontext()
+        return _one_publish(self.alloc)
+
+    def _pause(self) -> None:
+        """Between layers: what the layer reserved and released is published in one write
+        (the GPU as it is now, for a viewer), then the trainer may wait (pace)."""
+        _publish_so_far(self.alloc)
+        self.pace()
 
     # ------------------------------------------------------------------ one step
 
@@ -158,7 +163,10 @@ class Workload:
     def step(self) -> bool:
         """Run one training step; False when it hit OOM (the batch was skipped)."""
         try:
-            self._train_step()
+            # The first step's ~200 new segments (and an OOM's released cache) are published a
+            # layer at a time, not a write each.
+            with self._one_publish():
+                self._train_step()
         except SimulatedOutOfMemoryError as exc:
             self.ooms += 1
             self._recover_from_oom(exc)
@@ -214,7 +222,7 @@ class Workload:
                 buffer = self._m(self.rng.uniform(1.1, 2.5) * MiB)
                 self._step_live.discard(buffer)
                 self.long_lived.append(buffer)
-            self.pace()
+            self._pause()
         activations = [address for saved in layers for address in saved]
         per_tensor = self.shape.activation_per_layer // 6
         logits = self._m(per_tensor * 2 * factor)
@@ -233,7 +241,7 @@ class Workload:
             for address in reversed(layers[layer]):
                 if address not in keep:
                     self._f(address)
-            self.pace()
+            self._pause()
         self.grads.append(self._m(self._param_sizes[0]))  # the embedding's, last
         self._grad_bytes += self._param_sizes[0]
         # optimizer step: Adam's two moments appear on the first step and stay
@@ -308,6 +316,20 @@ class Workload:
         }
 
 
+def _one_publish(alloc: SimulatedCachingAllocator) -> contextlib.AbstractContextManager[None]:
+    """The allocator's reserves and releases inside, published in one write when its device
+    is a shared simulated GPU (SharedDeviceMemory.batch); otherwise nothing to publish."""
+    batch = getattr(alloc.device, "batch", None)
+    return batch() if batch is not None else contextlib.nullcontext()
+
+
+def _publish_so_far(alloc: SimulatedCachingAllocator) -> None:
+    """Inside _one_publish: what it reserved and released so far, published now."""
+    publish = getattr(alloc.device, "publish_batch", None)
+    if publish is not None:
+        publish()
+
+
 class ServerWorkload:
     """An inference server on one simulated device, as vLLM runs: at start it loads its weights,
     profiles one batch (whose activations go back to the cache), and takes the rest of its share
@@ -347,18 +369,23 @@ class ServerWorkload:
         self.ooms = 0
         self.current_pass = "idle"
         self.kept: list[int] = []
-        self.weights = [
-            self.alloc.malloc(int(total_bytes * self.WEIGHTS_SHARE / 8)) for _ in range(8)
-        ]
-        self.chunk = int(total_bytes * self.ACTIVATION_SHARE / self.CHUNKS)
-        profile = [self.alloc.malloc(self.chunk) for _ in range(self.CHUNKS)]
-        for address in profile:
-            self.alloc.free(address)  # the profiling batch: its activations stay cached
-        pool = int(share * total_bytes) - overhead_bytes - self.alloc.memory_reserved()
-        self.kv_cache = self.alloc.malloc(max(self.chunk, pool))
+        with _one_publish(self.alloc):  # the server's start, in one write
+            self.weights = [
+                self.alloc.malloc(int(total_bytes * self.WEIGHTS_SHARE / 8)) for _ in range(8)
+            ]
+            self.chunk = int(total_bytes * self.ACTIVATION_SHARE / self.CHUNKS)
+            profile = [self.alloc.malloc(self.chunk) for _ in range(self.CHUNKS)]
+            for address in profile:
+                self.alloc.free(address)  # the profiling batch: its activations stay cached
+            pool = int(share * total_bytes) - overhead_bytes - self.alloc.memory_reserved()
+            self.kv_cache = self.alloc.malloc(max(self.chunk, pool))
 
     def step(self) -> bool:
         """Serve one burst of requests; False when it ran out of memory."""
+        with _one_publish(self.alloc):  # an overrun's retry frees the cache in one write
+            return self._serve_burst()
+
+    def _serve_burst(self) -> bool:
         self.current_pass = "forward"
         try:
             live = [self.alloc.malloc(self.chunk) for _ in range(self.rng.randrange(4, 17))]
