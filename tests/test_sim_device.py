@@ -415,6 +415,19 @@ def test_a_steps_new_segments_are_published_a_layer_at_a_time(
         workload.step()
     assert (writes, locks) == ([], [])
     assert all(seen == held for seen, held in at_pauses) and len(at_pauses) == 6 * shape.layers
+    # The trainer's cadence (a pause every 4th layer): a write a pause, the ledger as the
+    # allocator says at each.
+    fresh = SharedDeviceMemory(tmp_path / "fresh.json", 80 * GiB, overhead_bytes=overhead)
+    steady_allocator, allocator = allocator, SimulatedCachingAllocator(fresh)  # pause() reads these
+    ledger = fresh.ledger_path
+    trainer = Workload("healthy", allocator, shape, seed=0, pace=pause, layers_per_pause=4)
+    writes.clear()
+    at_pauses.clear()
+    trainer.step()
+    assert len(at_pauses) == 2 * shape.layers // 4 and len(writes) <= len(at_pauses) + 1
+    assert all(seen == held for seen, held in at_pauses), at_pauses
+    fresh.close()
+    allocator, ledger = steady_allocator, memory.ledger_path
     # The lock is taken at a batch's first reserve or release and let go at its publish: another
     # process reserves in between (here: another object of the ledger, which would wait forever
     # on a lock the batch kept).

@@ -29,6 +29,7 @@ out (`server-overrun`).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import random
 from collections import deque
 from collections.abc import Callable
@@ -92,6 +93,7 @@ class Workload:
         leak_bytes_per_step: int = 8 * MiB,
         log: Callable[[str], None] | None = None,
         pace: Callable[[], object] | None = None,
+        layers_per_pause: int = 1,
     ) -> None:
         if scenario not in SCENARIOS or scenario in SERVER_SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
@@ -101,9 +103,12 @@ class Workload:
         self.rng = random.Random(seed)
         self.leak_bytes_per_step = leak_bytes_per_step
         self.log = log or (lambda message: None)
-        # Called between layers, so that the step's work is spread over the step time and an
-        # observer samples mid-step states, as it would on a GPU that is always busy.
+        # Called after every `layers_per_pause` layers (forward and backward each visit every
+        # layer), so that the step's work is spread over the step time and an observer samples
+        # mid-step states, as it would on a GPU that is always busy.
         self.pace = pace or (lambda: None)
+        self.layers_per_pause = max(1, layers_per_pause)
+        self._visits = itertools.count(1)  # layers visited, across steps
         self.steps = 0
         self.ooms = 0
         self.batch_factor = 1.0  # the oom scenario's growing batch, relative to the first
@@ -142,10 +147,12 @@ class Workload:
         return _one_publish(self.alloc)
 
     def _pause(self) -> None:
-        """Between layers: what the layer reserved and released is published in one write
-        (the GPU as it is now, for a viewer), then the trainer may wait (pace)."""
-        _publish_so_far(self.alloc)
-        self.pace()
+        """After a layer; at every `layers_per_pause`th, what was reserved and released since
+        the last pause is published in one write (the GPU as it is now, for a viewer), then
+        the trainer waits (pace)."""
+        if next(self._visits) % self.layers_per_pause == 0:
+            _publish_so_far(self.alloc)
+            self.pace()
 
     # ------------------------------------------------------------------ one step
 
