@@ -428,6 +428,13 @@ def test_a_steps_new_segments_are_published_a_layer_at_a_time(
     assert all(seen == held for seen, held in at_pauses), at_pauses
     fresh.close()
     allocator, ledger = steady_allocator, memory.ledger_path
+    # empty_cache (the agent's action, at a step boundary): its cudaFrees in one write.
+    writes.clear()
+    cached = len(allocator.memory_snapshot())
+    assert allocator.empty_cache() > 0 and len(allocator.memory_snapshot()) < cached - 50
+    assert len(writes) == 1, len(writes)  # the old simulator: a write per segment released
+    assert read_ledger(ledger) == {os.getpid(): allocator.memory_reserved() + overhead}
+    workload.step()  # and the cache is made again
     # The lock is taken at a batch's first reserve or release and let go at its publish: another
     # process reserves in between (here: another object of the ledger, which would wait forever
     # on a lock the batch kept).

@@ -30,6 +30,8 @@ __all__ = [
     "SharedDeviceMemory",
     "SimGpuRegistry",
     "SimGpuSpec",
+    "publish_so_far",
+    "published_once",
     "read_ledger",
     "simulated_gpu_specs",
 ]
@@ -489,6 +491,20 @@ class SharedDeviceMemory:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def published_once(device: DeviceMemory) -> contextlib.AbstractContextManager[None]:
+    """The reserves and releases on `device` inside, published in one write where the device
+    publishes them (a shared simulated GPU: SharedDeviceMemory.batch); else nothing to do."""
+    batch = getattr(device, "batch", None)
+    return batch() if batch is not None else contextlib.nullcontext()
+
+
+def publish_so_far(device: DeviceMemory) -> None:
+    """Inside published_once: what it reserved and released so far, published now."""
+    publish = getattr(device, "publish_batch", None)
+    if publish is not None:
+        publish()
 
 
 # --------------------------------------------------------------------------------------------

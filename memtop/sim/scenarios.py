@@ -38,6 +38,7 @@ from memtop.agent import stacks
 from memtop.agent.probe import Breakdown
 from memtop.base.records import record
 from memtop.sim.allocator import SimulatedCachingAllocator, SimulatedOutOfMemoryError
+from memtop.sim.device import publish_so_far, published_once
 from memtop.sim.scenario_names import TRAINER_SCENARIOS
 
 MiB = 1 << 20
@@ -144,14 +145,14 @@ class Workload:
     def _one_publish(self) -> contextlib.AbstractContextManager[None]:
         # A shared simulated GPU publishes each segment reserved; a model's hundreds of
         # segments in a row are published once (SharedDeviceMemory.batch).
-        return _one_publish(self.alloc)
+        return published_once(self.alloc.device)
 
     def _pause(self) -> None:
         """After a layer; at every `layers_per_pause`th, what was reserved and released since
         the last pause is published in one write (the GPU as it is now, for a viewer), then
         the trainer waits (pace)."""
         if next(self._visits) % self.layers_per_pause == 0:
-            _publish_so_far(self.alloc)
+            publish_so_far(self.alloc.device)
             self.pace()
 
     # ------------------------------------------------------------------ one step
@@ -323,20 +324,6 @@ class Workload:
         }
 
 
-def _one_publish(alloc: SimulatedCachingAllocator) -> contextlib.AbstractContextManager[None]:
-    """The allocator's reserves and releases inside, published in one write when its device
-    is a shared simulated GPU (SharedDeviceMemory.batch); otherwise nothing to publish."""
-    batch = getattr(alloc.device, "batch", None)
-    return batch() if batch is not None else contextlib.nullcontext()
-
-
-def _publish_so_far(alloc: SimulatedCachingAllocator) -> None:
-    """Inside _one_publish: what it reserved and released so far, published now."""
-    publish = getattr(alloc.device, "publish_batch", None)
-    if publish is not None:
-        publish()
-
-
 class ServerWorkload:
     """An inference server on one simulated device, as vLLM runs: at start it loads its weights,
     profiles one batch (whose activations go back to the cache), and takes the rest of its share
@@ -376,7 +363,7 @@ class ServerWorkload:
         self.ooms = 0
         self.current_pass = "idle"
         self.kept: list[int] = []
-        with _one_publish(self.alloc):  # the server's start, in one write
+        with published_once(self.alloc.device):  # the server's start, in one write
             self.weights = [
                 self.alloc.malloc(int(total_bytes * self.WEIGHTS_SHARE / 8)) for _ in range(8)
             ]
@@ -389,7 +376,7 @@ class ServerWorkload:
 
     def step(self) -> bool:
         """Serve one burst of requests; False when it ran out of memory."""
-        with _one_publish(self.alloc):  # an overrun's retry frees the cache in one write
+        with published_once(self.alloc.device):  # an overrun's retry frees the cache in one write
             return self._serve_burst()
 
     def _serve_burst(self) -> bool:
