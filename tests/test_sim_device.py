@@ -534,3 +534,36 @@ def test_a_simulated_trainer_starts_without_memtops_records() -> None:
     assert done.stdout.strip() == "False", "memtop.sim.trainer imports memtop.model"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_empty_cache_from_another_thread_waits_for_a_steps_batch_without_deadlock(
+    tmp_path: Path,
+) -> None:
+    # A trainer's step is one batch (the allocator's lock taken by each malloc inside it);
+    # empty_cache from another thread (an agent's action run off the trainer's thread) takes
+    # the batch before the allocator's lock, so it waits for the step and never crosses it.
+    import threading
+
+    from memtop.sim.scenarios import Workload, model_for
+
+    memory = SharedDeviceMemory(tmp_path / "ledger.json", 80 * GiB)
+    allocator = SimulatedCachingAllocator(memory)
+    in_step = threading.Event()
+    emptied = threading.Event()
+
+    def pace() -> None:
+        if not in_step.is_set():
+            in_step.set()
+            time.sleep(0.2)  # the other thread asks now, mid-step
+            assert not emptied.is_set()  # it waits for the step's batch
+
+    workload = Workload("healthy", allocator, model_for("healthy", 80 * GiB), pace=pace)
+    worker = threading.Thread(
+        target=lambda: (in_step.wait(), allocator.empty_cache(), emptied.set())
+    )
+    worker.start()
+    workload.step()
+    worker.join(timeout=10)
+    assert emptied.is_set() and not worker.is_alive()
+    assert read_ledger(memory.ledger_path) == {os.getpid(): allocator.memory_reserved()}
+    memory.close()

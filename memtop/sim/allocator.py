@@ -581,8 +581,9 @@ class SimulatedCachingAllocator:
 
         Returns the number of bytes released."""
         # A segment a cudaFree: published to a shared GPU's ledger in one write (a trainer's
-        # cache is ~150 segments after its first step).
-        with self._lock, published_once(self.device):
+        # cache is ~150 segments after its first step).  The batch first, then the lock: the
+        # order of a trainer's step (a batch in which each malloc takes the lock).
+        with published_once(self.device), self._lock:
             before = self._total_allocated_memory
             self._release_cached_blocks()
             return before - self._total_allocated_memory

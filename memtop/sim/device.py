@@ -352,7 +352,8 @@ class SharedDeviceMemory:
         # Reentrant: a batch holds it from its first reserve or release to its publish, and the
         # reserves and releases after that take it again.
         self._lock = threading.RLock()
-        self._batch_thread: int | None = None  # the thread inside batch(), if any
+        self._one_batch = threading.Lock()  # held by the thread inside batch()
+        self._batch_thread: int | None = None  # that thread
         # What a batch took at its first reserve or release and holds until it publishes: the
         # object's lock and the ledger's exclusive lock (to let go of), and the ledger it read.
         self._batch_held: contextlib.ExitStack | None = None
@@ -379,14 +380,17 @@ class SharedDeviceMemory:
         if self._batch_thread == threading.get_ident():
             yield
             return
-        self._batch_thread = threading.get_ident()  # one thread batches (the trainer's)
-        try:
-            yield
-        finally:
+        # One batch at a time: another thread's waits for this one to end (take it before any
+        # lock a reserve inside would take, as the allocator does: its lock comes after).
+        with self._one_batch:
+            self._batch_thread = threading.get_ident()
             try:
-                self.publish_batch()
+                yield
             finally:
-                self._batch_thread = None
+                try:
+                    self.publish_batch()
+                finally:
+                    self._batch_thread = None
 
     def publish_batch(self) -> None:
         """Inside batch(), on its thread: publish what it reserved and released so far and let
