@@ -364,6 +364,113 @@ def test_a_trainers_model_and_optimizer_state_are_published_in_one_write_each(
     assert read_ledger(ledger) == {}
 
 
+def test_a_steps_new_segments_are_published_a_layer_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A trainer's first step reserves ~200 segments (its activations and gradients): a ledger
+    # write each was ~45 ms of CPU of every simulated trainer's start on this ext4 box, and an
+    # OOM's retry released the cache a write a segment.  Now one write a layer, made before
+    # the trainer may pause: at every pause the ledger says what the allocator holds, as
+    # before, and a steady step (nothing reserved or released) takes no lock and writes nothing.
+    from memtop.sim import device
+    from memtop.sim.scenarios import Workload, model_for
+
+    ledger = tmp_path / "ledger.json"
+    overhead = 518 * MiB
+    memory = SharedDeviceMemory(ledger, 80 * GiB, overhead_bytes=overhead)
+    allocator = SimulatedCachingAllocator(memory)
+    writes: list[str] = []
+    locks: list[bool] = []
+    write, flocked = device._write_atomically, device._flocked
+    monkeypatch.setattr(device, "_write_atomically", lambda p, t: writes.append(t) or write(p, t))
+    monkeypatch.setattr(
+        device,
+        "_flocked",
+        lambda path, exclusive: locks.append(exclusive) or flocked(path, exclusive),
+    )
+    at_pauses: list[tuple[int, int]] = []
+
+    def pause() -> None:
+        seen = read_ledger(ledger, locked=False)[os.getpid()]
+        at_pauses.append((seen, allocator.memory_reserved() + overhead))
+
+    shape = model_for("healthy", 80 * GiB)
+    workload = Workload("healthy", allocator, shape, seed=0, pace=pause)
+    before = len(allocator.memory_snapshot())
+    writes.clear()
+    workload.step()
+    new_segments = len(allocator.memory_snapshot()) - before
+    assert new_segments > 150, new_segments
+    # The old simulator: a write per new segment (199 here).
+    assert len(writes) <= 2 * shape.layers + 1, (len(writes), new_segments)
+    assert len(at_pauses) == 2 * shape.layers
+    assert all(seen == held for seen, held in at_pauses), at_pauses
+    assert read_ledger(ledger) == {os.getpid(): allocator.memory_reserved() + overhead}
+    workload.step()
+    workload.step()  # the cache has what a step asks from here on
+    writes.clear()
+    locks.clear()
+    at_pauses.clear()
+    for _ in range(3):
+        workload.step()
+    assert (writes, locks) == ([], [])
+    assert all(seen == held for seen, held in at_pauses) and len(at_pauses) == 6 * shape.layers
+    # The trainer's cadence (a pause every 4th layer): a write a pause, the ledger as the
+    # allocator says at each.
+    fresh = SharedDeviceMemory(tmp_path / "fresh.json", 80 * GiB, overhead_bytes=overhead)
+    steady_allocator, allocator = allocator, SimulatedCachingAllocator(fresh)  # pause() reads these
+    ledger = fresh.ledger_path
+    trainer = Workload("healthy", allocator, shape, seed=0, pace=pause, layers_per_pause=4)
+    writes.clear()
+    at_pauses.clear()
+    trainer.step()
+    assert len(at_pauses) == 2 * shape.layers // 4 and len(writes) <= len(at_pauses) + 1
+    assert all(seen == held for seen, held in at_pauses), at_pauses
+    fresh.close()
+    allocator, ledger = steady_allocator, memory.ledger_path
+    # empty_cache (the agent's action, at a step boundary): its cudaFrees in one write.
+    writes.clear()
+    cached = len(allocator.memory_snapshot())
+    assert allocator.empty_cache() > 0 and len(allocator.memory_snapshot()) < cached - 50
+    assert len(writes) == 1, len(writes)  # the old simulator: a write per segment released
+    assert read_ledger(ledger) == {os.getpid(): allocator.memory_reserved() + overhead}
+    workload.step()  # and the cache is made again
+    # The lock is taken at a batch's first reserve or release and let go at its publish: another
+    # process reserves in between (here: another object of the ledger, which would wait forever
+    # on a lock the batch kept).
+    other = SharedDeviceMemory(ledger, 80 * GiB, pid=os.getppid())  # a live process
+    with memory.batch():
+        assert memory.try_reserve(GiB)
+        memory.publish_batch()
+        assert other.try_reserve(GiB)
+        assert memory.try_reserve(GiB)
+    assert read_ledger(ledger, live_only=False) == {
+        os.getpid(): allocator.memory_reserved() + overhead + 2 * GiB,
+        os.getppid(): GiB,
+    }
+
+
+def test_a_ledger_write_never_follows_a_planted_symlink_and_outlives_a_killed_writer(
+    tmp_path: Path,
+) -> None:
+    import threading
+
+    from memtop.sim import device
+
+    ledger = tmp_path / "gpu0.ledger.json"
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    temporary = tmp_path / f".{ledger.name}.{os.getpid()}.{threading.get_ident()}.tmp"
+    temporary.symlink_to(victim)  # a writer's temporary name, planted
+    device._write_atomically(ledger, '{"1": 2}')
+    assert victim.read_text() == "keep" and not temporary.exists()
+    assert json.loads(ledger.read_text()) == {"1": 2}
+    temporary.write_text("half a led")  # what a writer killed mid-write leaves
+    device._write_atomically(ledger, '{"1": 3}')
+    assert json.loads(ledger.read_text()) == {"1": 3} and not temporary.exists()
+    assert stat.S_IMODE(ledger.stat().st_mode) == 0o600  # as mkstemp made it
+
+
 def test_the_viewer_parses_a_ledger_again_only_when_its_bytes_change(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -427,3 +534,36 @@ def test_a_simulated_trainer_starts_without_memtops_records() -> None:
     assert done.stdout.strip() == "False", "memtop.sim.trainer imports memtop.model"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_empty_cache_from_another_thread_waits_for_a_steps_batch_without_deadlock(
+    tmp_path: Path,
+) -> None:
+    # A trainer's step is one batch (the allocator's lock taken by each malloc inside it);
+    # empty_cache from another thread (an agent's action run off the trainer's thread) takes
+    # the batch before the allocator's lock, so it waits for the step and never crosses it.
+    import threading
+
+    from memtop.sim.scenarios import Workload, model_for
+
+    memory = SharedDeviceMemory(tmp_path / "ledger.json", 80 * GiB)
+    allocator = SimulatedCachingAllocator(memory)
+    in_step = threading.Event()
+    emptied = threading.Event()
+
+    def pace() -> None:
+        if not in_step.is_set():
+            in_step.set()
+            time.sleep(0.2)  # the other thread asks now, mid-step
+            assert not emptied.is_set()  # it waits for the step's batch
+
+    workload = Workload("healthy", allocator, model_for("healthy", 80 * GiB), pace=pace)
+    worker = threading.Thread(
+        target=lambda: (in_step.wait(), allocator.empty_cache(), emptied.set())
+    )
+    worker.start()
+    workload.step()
+    worker.join(timeout=10)
+    assert emptied.is_set() and not worker.is_alive()
+    assert read_ledger(memory.ledger_path) == {os.getpid(): allocator.memory_reserved()}
+    memory.close()

@@ -30,7 +30,7 @@ from typing import Any
 from memtop.agent import stacks
 from memtop.base import alloc_conf
 from memtop.base.records import record
-from memtop.sim.device import DeviceMemory
+from memtop.sim.device import DeviceMemory, published_once
 
 __all__ = [
     "K_LARGE_BUFFER",
@@ -580,7 +580,10 @@ class SimulatedCachingAllocator:
         """Release every wholly free cached segment (and free expandable pages) to the device.
 
         Returns the number of bytes released."""
-        with self._lock:
+        # A segment a cudaFree: published to a shared GPU's ledger in one write (a trainer's
+        # cache is ~150 segments after its first step).  The batch first, then the lock: the
+        # order of a trainer's step (a batch in which each malloc takes the lock).
+        with published_once(self.device), self._lock:
             before = self._total_allocated_memory
             self._release_cached_blocks()
             return before - self._total_allocated_memory

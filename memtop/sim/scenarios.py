@@ -29,6 +29,7 @@ out (`server-overrun`).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import random
 from collections import deque
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from memtop.agent import stacks
 from memtop.agent.probe import Breakdown
 from memtop.base.records import record
 from memtop.sim.allocator import SimulatedCachingAllocator, SimulatedOutOfMemoryError
+from memtop.sim.device import publish_so_far, published_once
 from memtop.sim.scenario_names import TRAINER_SCENARIOS
 
 MiB = 1 << 20
@@ -92,6 +94,7 @@ class Workload:
         leak_bytes_per_step: int = 8 * MiB,
         log: Callable[[str], None] | None = None,
         pace: Callable[[], object] | None = None,
+        layers_per_pause: int = 1,
     ) -> None:
         if scenario not in SCENARIOS or scenario in SERVER_SCENARIOS:
             raise ValueError(f"unknown scenario {scenario!r}; choose from {', '.join(SCENARIOS)}")
@@ -101,9 +104,12 @@ class Workload:
         self.rng = random.Random(seed)
         self.leak_bytes_per_step = leak_bytes_per_step
         self.log = log or (lambda message: None)
-        # Called between layers, so that the step's work is spread over the step time and an
-        # observer samples mid-step states, as it would on a GPU that is always busy.
+        # Called after every `layers_per_pause` layers (forward and backward each visit every
+        # layer), so that the step's work is spread over the step time and an observer samples
+        # mid-step states, as it would on a GPU that is always busy.
         self.pace = pace or (lambda: None)
+        self.layers_per_pause = max(1, layers_per_pause)
+        self._visits = itertools.count(1)  # layers visited, across steps
         self.steps = 0
         self.ooms = 0
         self.batch_factor = 1.0  # the oom scenario's growing batch, relative to the first
@@ -139,8 +145,15 @@ class Workload:
     def _one_publish(self) -> contextlib.AbstractContextManager[None]:
         # A shared simulated GPU publishes each segment reserved; a model's hundreds of
         # segments in a row are published once (SharedDeviceMemory.batch).
-        batch = getattr(self.alloc.device, "batch", None)
-        return batch() if batch is not None else contextlib.nullcontext()
+        return published_once(self.alloc.device)
+
+    def _pause(self) -> None:
+        """After a layer; at every `layers_per_pause`th, what was reserved and released since
+        the last pause is published in one write (the GPU as it is now, for a viewer), then
+        the trainer waits (pace)."""
+        if next(self._visits) % self.layers_per_pause == 0:
+            publish_so_far(self.alloc.device)
+            self.pace()
 
     # ------------------------------------------------------------------ one step
 
@@ -158,7 +171,10 @@ class Workload:
     def step(self) -> bool:
         """Run one training step; False when it hit OOM (the batch was skipped)."""
         try:
-            self._train_step()
+            # The first step's ~200 new segments (and an OOM's released cache) are published a
+            # layer at a time, not a write each.
+            with self._one_publish():
+                self._train_step()
         except SimulatedOutOfMemoryError as exc:
             self.ooms += 1
             self._recover_from_oom(exc)
@@ -214,7 +230,7 @@ class Workload:
                 buffer = self._m(self.rng.uniform(1.1, 2.5) * MiB)
                 self._step_live.discard(buffer)
                 self.long_lived.append(buffer)
-            self.pace()
+            self._pause()
         activations = [address for saved in layers for address in saved]
         per_tensor = self.shape.activation_per_layer // 6
         logits = self._m(per_tensor * 2 * factor)
@@ -233,7 +249,7 @@ class Workload:
             for address in reversed(layers[layer]):
                 if address not in keep:
                     self._f(address)
-            self.pace()
+            self._pause()
         self.grads.append(self._m(self._param_sizes[0]))  # the embedding's, last
         self._grad_bytes += self._param_sizes[0]
         # optimizer step: Adam's two moments appear on the first step and stay
@@ -347,18 +363,23 @@ class ServerWorkload:
         self.ooms = 0
         self.current_pass = "idle"
         self.kept: list[int] = []
-        self.weights = [
-            self.alloc.malloc(int(total_bytes * self.WEIGHTS_SHARE / 8)) for _ in range(8)
-        ]
-        self.chunk = int(total_bytes * self.ACTIVATION_SHARE / self.CHUNKS)
-        profile = [self.alloc.malloc(self.chunk) for _ in range(self.CHUNKS)]
-        for address in profile:
-            self.alloc.free(address)  # the profiling batch: its activations stay cached
-        pool = int(share * total_bytes) - overhead_bytes - self.alloc.memory_reserved()
-        self.kv_cache = self.alloc.malloc(max(self.chunk, pool))
+        with published_once(self.alloc.device):  # the server's start, in one write
+            self.weights = [
+                self.alloc.malloc(int(total_bytes * self.WEIGHTS_SHARE / 8)) for _ in range(8)
+            ]
+            self.chunk = int(total_bytes * self.ACTIVATION_SHARE / self.CHUNKS)
+            profile = [self.alloc.malloc(self.chunk) for _ in range(self.CHUNKS)]
+            for address in profile:
+                self.alloc.free(address)  # the profiling batch: its activations stay cached
+            pool = int(share * total_bytes) - overhead_bytes - self.alloc.memory_reserved()
+            self.kv_cache = self.alloc.malloc(max(self.chunk, pool))
 
     def step(self) -> bool:
         """Serve one burst of requests; False when it ran out of memory."""
+        with published_once(self.alloc.device):  # an overrun's retry frees the cache in one write
+            return self._serve_burst()
+
+    def _serve_burst(self) -> bool:
         self.current_pass = "forward"
         try:
             live = [self.alloc.malloc(self.chunk) for _ in range(self.rng.randrange(4, 17))]

@@ -10,7 +10,6 @@ gone, however it ended (memtop.base.children.die_with_parent).
 from __future__ import annotations
 
 import argparse
-import itertools
 import os
 import signal
 import sys
@@ -123,13 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     # Forward and backward visit 24 layers each: a pause at every 4th visit, 12 a step, spreads
     # the step's work over its time for an observer to sample mid-step.  Each pause is a wakeup,
     # and a pause at every visit (48 a step) cost a trainer a sixth of its CPU.
+    # The step's new segments reach the GPU's ledger before each pause, a write a pause.
     visits_per_pause = 4
     layer_pause = args.step_time * 0.8 / (48 // visits_per_pause)
-    visits = itertools.count(1)
 
     def pace() -> None:
-        if next(visits) % visits_per_pause == 0:
-            stop.wait(layer_pause)
+        stop.wait(layer_pause)
 
     def log(message: str) -> None:
         print(f"[pid {os.getpid()}] {message}", file=sys.stderr, flush=True)
@@ -163,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             leak_bytes_per_step=int(args.leak_mib * MiB),
             log=log,
             pace=pace,
+            layers_per_pause=visits_per_pause,
         )
         # What the process table shows: the workload, not the simulator's plumbing.
         shown_argv = ["sim_train.py", f"--scenario={args.scenario}", f"--gpu={args.gpu}"]
