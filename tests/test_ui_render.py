@@ -71,7 +71,8 @@ def test_a_figure_wavering_across_a_cells_middle_does_not_flip_that_cell() -> No
 
 
 def _bar_cell_by_cell(width, total, allocated, reserved, other, peak, used, edges):  # type: ignore[no-untyped-def]
-    """memory_bar as it was first written: a glyph and a style a cell, appended run by run."""
+    """memory_bar's drawing as it was first written: a glyph and a style a cell, appended run by
+    run."""
     from rich.text import Text
 
     from memtop.ui import render
@@ -81,30 +82,12 @@ def _bar_cell_by_cell(width, total, allocated, reserved, other, peak, used, edge
         return text
     if not total:
         return Text("·" * width, style=render.FREE)
-    if other is None and not reserved:
-        other = used or 0
-    held = edges is not None and edges.width == width and edges.total == total
-
-    def cells(n, last=-1):  # type: ignore[no-untyped-def]
-        exact = width * n / total
-        if held and last >= 0 and abs(exact - last) < 0.5 + render.BAR_HOLD_CELLS:
-            return last
-        return max(0, min(width, round(exact)))
-
-    a_end = cells(allocated, edges.allocated if edges else -1)
-    r_end = cells(reserved, edges.reserved if edges else -1)
-    o_cells = cells(other or 0, edges.other if edges else -1)
-    if edges is not None:
-        edges.width, edges.total = width, total
-        edges.allocated, edges.reserved, edges.other = a_end, r_end, o_cells
-    a = a_end
-    c = max(0, r_end - a)
-    o = max(0, min(width - a - c, o_cells))
-    f = width - a - c - o
+    # The cells counted as memory_bar counts them (render.bar_cells): what is compared here is
+    # how the bar is drawn from them.
+    a, c, o, f, mark = render.bar_cells(width, total, allocated, reserved, other, peak, used, edges)
     glyphs = ["█"] * (a + c + o) + ["·"] * f
     styles = [render.ALLOCATED] * a + [render.CACHED] * c + [render.OTHER] * o + [render.FREE] * f
-    if peak:
-        mark = min(width - 1, max(0, cells(peak) - 1))
+    if mark is not None:
         glyphs[mark] = "┃"
         styles[mark] = render.PEAK
     start = 0

@@ -64,11 +64,47 @@ def memory_bar(
     driver's used memory fills the bar as `other`.  With `edges` (what this bar showed last,
     updated here), an edge moves only when its figure is `BAR_HOLD_CELLS` past the middle of
     the cell it would leave."""
-    text = Text()
     if width <= 0:
-        return text
+        return Text()
     if not total:
         return Text("·" * width, style=FREE)
+    a, c, o, f, mark = bar_cells(width, total, allocated, reserved, other, peak, used, edges)
+    # Runs of one style, one span each (far fewer escape sequences than one per cell); the
+    # four styles differ, so no two runs merge.  The peak's mark is a cell of its own style,
+    # cut out of the run it falls in.
+    runs = [(n, glyph, style) for n, glyph, style in _bar_runs(a, c, o, f) if n]
+    if mark is not None:
+        at = 0
+        for index, (n, glyph, style) in enumerate(runs):
+            if at <= mark < at + n:
+                cut = [(mark - at, glyph, style), (1, "┃", PEAK), (at + n - mark - 1, glyph, style)]
+                runs[index : index + 1] = [run for run in cut if run[0]]
+                break
+            at += n
+    # The Text made at once from its characters and spans, as appending each run made it
+    # (Text.append cleans each run of control codes: the bar has none, and a run of █ cost a
+    # dict look-up a character).
+    spans = []
+    start = 0
+    for n, _, style in runs:
+        spans.append(Span(start, start + n, style))
+        start += n
+    return Text("".join(glyph * n for n, glyph, _ in runs), spans=spans)
+
+
+def bar_cells(
+    width: int,
+    total: int,
+    allocated: int,
+    reserved: int,
+    other: int | None,
+    peak: int | None,
+    used: int | None = None,
+    edges: BarEdges | None = None,
+) -> tuple[int, int, int, int, int | None]:
+    """A bar's cells (width > 0, total > 0): how many are allocated, cached, other and free,
+    and the peak's cell (None without a peak), with `edges` held and updated as memory_bar
+    says."""
     if other is None and not reserved:
         other = used or 0
     held = edges is not None and edges.width == width and edges.total == total
@@ -88,29 +124,8 @@ def memory_bar(
     a = a_end
     c = max(0, r_end - a)
     o = max(0, min(width - a - c, o_cells))
-    f = width - a - c - o
-    # Runs of one style, one span each (far fewer escape sequences than one per cell); the
-    # four styles differ, so no two runs merge.  The peak's mark is a cell of its own style,
-    # cut out of the run it falls in.
-    runs = [(n, glyph, style) for n, glyph, style in _bar_runs(a, c, o, f) if n]
-    if peak:
-        mark = min(width - 1, max(0, cells(peak) - 1))
-        at = 0
-        for index, (n, glyph, style) in enumerate(runs):
-            if at <= mark < at + n:
-                cut = [(mark - at, glyph, style), (1, "┃", PEAK), (at + n - mark - 1, glyph, style)]
-                runs[index : index + 1] = [run for run in cut if run[0]]
-                break
-            at += n
-    # The Text made at once from its characters and spans, as appending each run made it
-    # (Text.append cleans each run of control codes: the bar has none, and a run of █ cost a
-    # dict look-up a character).
-    spans = []
-    start = 0
-    for n, _, style in runs:
-        spans.append(Span(start, start + n, style))
-        start += n
-    return Text("".join(glyph * n for n, glyph, _ in runs), spans=spans)
+    mark = min(width - 1, max(0, cells(peak) - 1)) if peak else None
+    return a, c, o, width - a - c - o, mark
 
 
 def _bar_runs(a: int, c: int, o: int, f: int) -> tuple[tuple[int, str, str], ...]:
