@@ -64,9 +64,12 @@ def test_a_round_that_moves_only_gpu_0_leaves_gpu_1s_held_figures_and_cells(one_
             app.refresh_view()
             await pilot.pause()
             after = {row.pid: row.allocated for row in table.rows}
-            rows = {row for (row, _) in terminal.cells}
+            # CellDiff.cells builds its dict anew at each read: once here, not once a cell
+            # (36 x 120 copies of the screen were 10 of this module's 11 CPU-s).
+            cells = terminal.cells
+            rows = {row for (row, _) in cells}
             screen = [
-                "".join(terminal.cells.get((row, col), (" ", ""))[0] for col in range(1, 121))
+                "".join(cells.get((row, col), (" ", ""))[0] for col in range(1, 121))
                 for row in sorted(rows)
             ]
             return before, after, next(line for line in screen if f" {fragment.pid} " in line)
