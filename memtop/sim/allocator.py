@@ -73,7 +73,6 @@ STAT_NAMES = (
     "inactive_split_bytes",
     "requested_bytes",
 )
-_POOL_KEYS = ("all", "small_pool", "large_pool")
 _FIELDS = ("current", "peak", "allocated", "freed")
 _COUNTERS = (
     "num_alloc_retries",
@@ -297,6 +296,12 @@ class AllocatorConfig:
 
 
 class _Stat:
+    """One figure of torch's statistics (for one pool, or all pools).
+
+    A statistic of the allocator is a triple (all, small pool, large pool).  The all-pools one
+    keeps `current` and `peak` only: its `allocated` and `freed` are the pools' sums, added up
+    when read (memory_stats), one update fewer per figure on every malloc and free."""
+
     __slots__ = ("allocated", "current", "freed", "peak")
 
     def __init__(self) -> None:
@@ -530,6 +535,8 @@ class SimulatedCachingAllocator:
         self._all_allocation = self._allocation[0]
         self._all_allocated_bytes = self._allocated_bytes[0]
         self._all_requested_bytes = self._requested_bytes[0]
+        self._all_inactive_split = self._inactive_split[0]
+        self._all_inactive_split_bytes = self._inactive_split_bytes[0]
         self._oom_observers: list[Callable[[int, int, int, int], Any]] = []
         self._last_oom = (device_index, 0, 0, 0)
         # History (torch's _record_memory_history(enabled="state", context="alloc",
@@ -538,6 +545,10 @@ class SimulatedCachingAllocator:
         self._frames: dict[int, list[dict[str, Any]]] = {}
 
     # -- public API ----------------------------------------------------------------------------
+
+    # malloc and free run ~3,500 times a second each in a simulated trainer, most of its CPU:
+    # their common case is written out in one function each (no call per step of it, the
+    # statistics updated in place); the rarer paths are calls.
 
     def malloc(self, nbytes: int, stream: int = 0) -> int:
         """Allocate `nbytes` on `stream`; returns the block's address (0 for 0 bytes, no stats)."""
@@ -551,10 +562,146 @@ class SimulatedCachingAllocator:
         # second (malloc and free alike).
         self._lock.acquire()
         try:
-            address = self._malloc(int(nbytes), int(stream))
+            orig_size = int(nbytes)
+            stream = int(stream)
+            # round_size, written out for the common settings
+            if orig_size < K_MIN_BLOCK_SIZE:
+                size = K_MIN_BLOCK_SIZE
+            elif self._power2_rounding:
+                size = self.round_size(orig_size)
+            else:
+                size = (orig_size + K_MIN_BLOCK_SIZE - 1) & -K_MIN_BLOCK_SIZE
+            pool = self._small if size <= K_SMALL_SIZE else self._large
+            # get_free_block: the best fit, the smallest (size, address) that is large enough
+            if self._gc:
+                pool.free_calls += 1
+            keys = pool.keys[stream]
+            i = bisect.bisect_left(keys, size << _ADDR_BITS)
+            block: _Block | None = None
+            if i < len(keys):
+                blocks = pool.blocks
+                block = blocks[keys[i] & _ADDR_MASK]
+                if block.seg.expandable:
+                    block, i = self._expandable_best_fit(pool, keys, i)
+                # Oversize blocks (>= max_split_size) serve only large requests, and only when the
+                # waste stays under max_non_split_rounding_size.
+                max_split = self._max_split
+                if size < max_split:
+                    if block.size >= max_split:
+                        block = None
+                elif block.size >= size + self.config.max_non_split_rounding_size:
+                    block = None
+                if block is not None:
+                    del keys[i]  # pool.remove(block), the key's place known
+                    del blocks[block.addr]
+            if block is None:
+                block = self._new_block(pool, stream, size)
+
+            # alloc_found_block
+            seg = block.seg
+            remaining_size = block.size - size
+            # Whether to split (torch's shouldSplit)
+            if pool.is_small or self.config.expandable_segments:
+                split = remaining_size >= K_MIN_BLOCK_SIZE
+            else:
+                split = size < self._max_split and remaining_size > K_SMALL_SIZE
+            if split:
+                remaining = block
+                addr = remaining.addr
+                prev = remaining.prev
+                block = _Block(addr, size, seg)
+                block.prev = prev
+                if prev is not None:
+                    prev.next = block
+                elif seg.head is remaining:
+                    seg.head = block
+                block.next = remaining
+                remaining.prev = block
+                remaining.addr = rest = addr + size
+                remaining.size = remaining_size
+                # pool.insert(remaining), written out (same stream: the key list is at hand)
+                bisect.insort(keys, remaining_size << _ADDR_BITS | rest)
+                pool.blocks[rest] = remaining
+                remaining.gc_base = pool.free_calls
+                if not seg.expandable:
+                    if prev is not None or remaining.next is not None:  # it was split already
+                        # An already-split inactive block shrinks by `size` (_dec, written out).
+                        self._all_inactive_split_bytes.current -= size
+                        stat = pool.inactive_split_bytes
+                        stat.current -= size
+                        stat.freed += size
+                    else:
+                        # A whole free segment becomes split: its remainder is now stranded
+                        # (_inc of the bytes and the count, written out).
+                        stat = self._all_inactive_split_bytes
+                        current = stat.current = stat.current + remaining_size
+                        if current > stat.peak:
+                            stat.peak = current
+                        stat = pool.inactive_split_bytes
+                        current = stat.current = stat.current + remaining_size
+                        if current > stat.peak:
+                            stat.peak = current
+                        stat.allocated += remaining_size
+                        stat = self._all_inactive_split
+                        current = stat.current = stat.current + 1
+                        if current > stat.peak:
+                            stat.peak = current
+                        stat = pool.inactive_split
+                        current = stat.current = stat.current + 1
+                        if current > stat.peak:
+                            stat.peak = current
+                        stat.allocated += 1
+            elif not seg.expandable and (block.prev is not None or block.next is not None):
+                # A whole inactive split block is taken (_dec, written out).
+                stranded = block.size
+                self._all_inactive_split_bytes.current -= stranded
+                stat = pool.inactive_split_bytes
+                stat.current -= stranded
+                stat.freed += stranded
+                self._all_inactive_split.current -= 1
+                stat = pool.inactive_split
+                stat.current -= 1
+                stat.freed += 1
+
+            block.allocated = True
+            block.requested = orig_size
+            addr = block.addr
+            self._active[addr] = block
+            size = block.size
+            # _inc of allocation (and active: the same counters), allocated_bytes (and
+            # active_bytes) and requested_bytes, all pools' and the pool's, written out
+            stat = self._all_allocation
+            current = stat.current = stat.current + 1
+            if current > stat.peak:
+                stat.peak = current
+            stat = pool.allocation
+            current = stat.current = stat.current + 1
+            if current > stat.peak:
+                stat.peak = current
+            stat.allocated += 1
+            stat = self._all_allocated_bytes
+            current = stat.current = stat.current + size
+            if current > stat.peak:
+                stat.peak = current
+            stat = pool.allocated_bytes
+            current = stat.current = stat.current + size
+            if current > stat.peak:
+                stat.peak = current
+            stat.allocated += size
+            stat = self._all_requested_bytes
+            current = stat.current = stat.current + orig_size
+            if current > stat.peak:
+                stat.peak = current
+            stat = pool.requested_bytes
+            current = stat.current = stat.current + orig_size
+            if current > stat.peak:
+                stat.peak = current
+            stat.allocated += orig_size
+            if size >= self._max_split:
+                self._oversize_allocations.inc(1)
             if frames is not None:
-                self._frames[address] = frames
-            return address
+                self._frames[addr] = frames
+            return addr
         except SimulatedOutOfMemoryError as exc:
             error, observed = exc, self._last_oom
         finally:
@@ -610,7 +757,117 @@ class SimulatedCachingAllocator:
                 raise ValueError(f"{address:#x} is not an allocated block of this allocator")
             if self._frames:  # history on (or its frames not yet freed)
                 self._frames.pop(address, None)
-            self._free(block)
+            seg = block.seg
+            small = seg.is_small
+            pool = self._small if small else self._large
+            block.allocated = False
+            size = block.size
+            requested = block.requested
+            # _dec of allocation (and active), allocated_bytes (and active_bytes) and
+            # requested_bytes, all pools' and the pool's, written out
+            self._all_allocation.current -= 1
+            stat = pool.allocation
+            stat.current -= 1
+            stat.freed += 1
+            self._all_allocated_bytes.current -= size
+            stat = pool.allocated_bytes
+            stat.current -= size
+            stat.freed += size
+            self._all_requested_bytes.current -= requested
+            stat = pool.requested_bytes
+            stat.current -= requested
+            stat.freed += requested
+            if size >= self._max_split:
+                self._oversize_allocations.dec(1)
+
+            # Freed blocks keep no request size (torch keeps a stale one; 0 reads better in a
+            # snapshot, and no statistic depends on it).
+            block.requested = 0
+            # Coalesce with free neighbours (try_merge_blocks, written out: an allocated block is
+            # mapped, so a free neighbour merges when it is mapped too).
+            keys = pool.keys[block.stream]
+            blocks = pool.blocks
+            subsumed = 0  # bytes of the free blocks merged into this one
+            merged = 0  # how many
+            prev = block.prev
+            nxt = block.next  # merging the block before leaves the one after in place
+            if prev is not None and not prev.allocated and prev.mapped:
+                # pool.remove(prev)
+                key = prev.size << _ADDR_BITS | prev.addr
+                i = bisect.bisect_left(keys, key)
+                if i == len(keys) or keys[i] != key:
+                    raise AssertionError(f"block {prev.addr:#x} is not in the pool")
+                del keys[i]
+                del blocks[prev.addr]
+                block.addr = prev.addr  # [prev block]
+                before = block.prev = prev.prev
+                if before is not None:
+                    before.next = block
+                if seg.head is prev:
+                    seg.head = block
+                size += prev.size
+                subsumed += prev.size
+                merged += 1
+            if nxt is not None and not nxt.allocated and nxt.mapped:
+                key = nxt.size << _ADDR_BITS | nxt.addr
+                i = bisect.bisect_left(keys, key)
+                if i == len(keys) or keys[i] != key:
+                    raise AssertionError(f"block {nxt.addr:#x} is not in the pool")
+                del keys[i]
+                del blocks[nxt.addr]
+                after = block.next = nxt.next  # [block nxt]
+                if after is not None:
+                    after.prev = block
+                size += nxt.size
+                subsumed += nxt.size
+                merged += 1
+            block.size = size
+            # pool.insert(block), written out
+            addr = block.addr
+            bisect.insort(keys, size << _ADDR_BITS | addr)
+            blocks[addr] = block
+            block.gc_base = pool.free_calls
+            # As in torch, expandable segments stay out of inactive_split: their free pages can
+            # always be unmapped, so they are not the stranded memory the statistic is about.
+            if seg.expandable:
+                return
+            if block.prev is not None or block.next is not None:  # block.is_split()
+                net_blocks = 1 - merged
+                net_bytes = size - subsumed
+            else:
+                net_blocks = -merged
+                net_bytes = -subsumed
+            # _inc or _dec of inactive_split and inactive_split_bytes, written out
+            if net_blocks > 0:
+                stat = self._all_inactive_split
+                current = stat.current = stat.current + net_blocks
+                if current > stat.peak:
+                    stat.peak = current
+                stat = pool.inactive_split
+                current = stat.current = stat.current + net_blocks
+                if current > stat.peak:
+                    stat.peak = current
+                stat.allocated += net_blocks
+            elif net_blocks < 0:
+                self._all_inactive_split.current += net_blocks
+                stat = pool.inactive_split
+                stat.current += net_blocks
+                stat.freed -= net_blocks
+            if net_bytes > 0:
+                stat = self._all_inactive_split_bytes
+                current = stat.current = stat.current + net_bytes
+                if current > stat.peak:
+                    stat.peak = current
+                stat = pool.inactive_split_bytes
+                current = stat.current = stat.current + net_bytes
+                if current > stat.peak:
+                    stat.peak = current
+                stat.allocated += net_bytes
+            elif net_bytes < 0:
+                self._all_inactive_split_bytes.current += net_bytes
+                stat = pool.inactive_split_bytes
+                stat.current += net_bytes
+                stat.freed -= net_bytes
         finally:
             self._lock.release()
 
@@ -630,8 +887,13 @@ class SimulatedCachingAllocator:
         """torch.cuda.memory_stats(): a flat dict with torch's keys, sorted as torch sorts them."""
         with self._lock:
             out: dict[str, int] = {}
-            for name, stats in self._stats.items():
-                for pool_key, stat in zip(_POOL_KEYS, stats, strict=True):
+            for name, (every, small, large) in self._stats.items():
+                prefix = f"{name}.all."
+                out[prefix + "current"] = every.current
+                out[prefix + "peak"] = every.peak
+                out[prefix + "allocated"] = small.allocated + large.allocated
+                out[prefix + "freed"] = small.freed + large.freed
+                for pool_key, stat in (("small_pool", small), ("large_pool", large)):
                     prefix = f"{name}.{pool_key}."
                     out[prefix + "current"] = stat.current
                     out[prefix + "peak"] = stat.peak
@@ -715,8 +977,8 @@ class SimulatedCachingAllocator:
     def allocated_counts(self) -> tuple[int, int, int]:
         """(allocated now, peak, bytes ever allocated): `allocated_bytes.all.{current, peak,
         allocated}`, read without the lock like memory_allocated()."""
-        stat = self._allocated_bytes[0]
-        return stat.current, stat.peak, stat.allocated
+        every, small, large = self._allocated_bytes
+        return every.current, every.peak, small.allocated + large.allocated
 
     def memory_reserved(self) -> int:
         return self._reserved_bytes[0].current
@@ -782,11 +1044,10 @@ class SimulatedCachingAllocator:
 
     @staticmethod
     def _inc(stats: tuple[_Stat, _Stat, _Stat], small: bool, n: int) -> None:
-        stat = stats[0]
+        stat = stats[0]  # all pools: current and peak (see _Stat)
         current = stat.current = stat.current + n
         if current > stat.peak:
             stat.peak = current
-        stat.allocated += n
         stat = stats[1] if small else stats[2]
         current = stat.current = stat.current + n
         if current > stat.peak:
@@ -795,129 +1056,10 @@ class SimulatedCachingAllocator:
 
     @staticmethod
     def _dec(stats: tuple[_Stat, _Stat, _Stat], small: bool, n: int) -> None:
-        stat = stats[0]
-        stat.current -= n
-        stat.freed += n
+        stats[0].current -= n  # all pools: current (see _Stat)
         stat = stats[1] if small else stats[2]
         stat.current -= n
         stat.freed += n
-
-    # malloc and free below run ~3,500 times a second each in a simulated trainer, most of its
-    # CPU: their common case is written out in one function each (no call per step of it, the
-    # statistics updated in place); the rarer paths are calls.
-
-    def _malloc(self, orig_size: int, stream: int) -> int:
-        # round_size, written out for the common settings
-        if orig_size < K_MIN_BLOCK_SIZE:
-            size = K_MIN_BLOCK_SIZE
-        elif self._power2_rounding:
-            size = self.round_size(orig_size)
-        else:
-            size = (orig_size + K_MIN_BLOCK_SIZE - 1) & -K_MIN_BLOCK_SIZE
-        pool = self._small if size <= K_SMALL_SIZE else self._large
-        # get_free_block: the best fit, the smallest (size, address) that is large enough
-        if self._gc:
-            pool.free_calls += 1
-        keys = pool.keys[stream]
-        i = bisect.bisect_left(keys, size << _ADDR_BITS)
-        block: _Block | None = None
-        if i < len(keys):
-            blocks = pool.blocks
-            block = blocks[keys[i] & _ADDR_MASK]
-            if block.seg.expandable:
-                block, i = self._expandable_best_fit(pool, keys, i)
-            # Oversize blocks (>= max_split_size) serve only large requests, and only when the
-            # waste stays under max_non_split_rounding_size.
-            max_split = self._max_split
-            if size < max_split:
-                if block.size >= max_split:
-                    block = None
-            elif block.size >= size + self.config.max_non_split_rounding_size:
-                block = None
-            if block is not None:
-                del keys[i]  # pool.remove(block), the key's place known
-                del blocks[block.addr]
-        if block is None:
-            block = self._new_block(pool, stream, size)
-
-        # alloc_found_block
-        seg = block.seg
-        remaining_size = block.size - size
-        # Whether to split (torch's shouldSplit)
-        if pool.is_small or self.config.expandable_segments:
-            split = remaining_size >= K_MIN_BLOCK_SIZE
-        else:
-            split = size < self._max_split and remaining_size > K_SMALL_SIZE
-        if split:
-            remaining = block
-            addr = remaining.addr
-            prev = remaining.prev
-            block = _Block(addr, size, seg)
-            block.prev = prev
-            if prev is not None:
-                prev.next = block
-            elif seg.head is remaining:
-                seg.head = block
-            block.next = remaining
-            remaining.prev = block
-            remaining.addr = rest = addr + size
-            remaining.size = remaining_size
-            # pool.insert(remaining), written out (same stream: the key list is at hand)
-            bisect.insort(keys, remaining_size << _ADDR_BITS | rest)
-            pool.blocks[rest] = remaining
-            remaining.gc_base = pool.free_calls
-            if not seg.expandable:
-                if prev is not None or remaining.next is not None:  # it was split already
-                    # An already-split inactive block shrinks by `size`.
-                    self._dec(self._inactive_split_bytes, pool.is_small, size)
-                else:
-                    # A whole free segment becomes split: its remainder is now stranded.
-                    self._inc(self._inactive_split_bytes, pool.is_small, remaining_size)
-                    self._inc(self._inactive_split, pool.is_small, 1)
-        elif not seg.expandable and (block.prev is not None or block.next is not None):
-            self._dec(self._inactive_split_bytes, pool.is_small, block.size)
-            self._dec(self._inactive_split, pool.is_small, 1)
-
-        block.allocated = True
-        block.requested = orig_size
-        addr = block.addr
-        self._active[addr] = block
-        size = block.size
-        # _inc of allocation (and active: the same counters), allocated_bytes (and
-        # active_bytes) and requested_bytes, all and the pool's, written out
-        stat = self._all_allocation
-        current = stat.current = stat.current + 1
-        if current > stat.peak:
-            stat.peak = current
-        stat.allocated += 1
-        stat = pool.allocation
-        current = stat.current = stat.current + 1
-        if current > stat.peak:
-            stat.peak = current
-        stat.allocated += 1
-        stat = self._all_allocated_bytes
-        current = stat.current = stat.current + size
-        if current > stat.peak:
-            stat.peak = current
-        stat.allocated += size
-        stat = pool.allocated_bytes
-        current = stat.current = stat.current + size
-        if current > stat.peak:
-            stat.peak = current
-        stat.allocated += size
-        stat = self._all_requested_bytes
-        current = stat.current = stat.current + orig_size
-        if current > stat.peak:
-            stat.peak = current
-        stat.allocated += orig_size
-        stat = pool.requested_bytes
-        current = stat.current = stat.current + orig_size
-        if current > stat.peak:
-            stat.peak = current
-        stat.allocated += orig_size
-        if size >= self._max_split:
-            self._oversize_allocations.inc(1)
-        return addr
 
     @staticmethod
     def _expandable_best_fit(pool: _Pool, keys: list[int], i: int) -> tuple[_Block, int]:
@@ -964,102 +1106,6 @@ class SimulatedCachingAllocator:
             )
             raise SimulatedOutOfMemoryError(self._oom_message(alloc_size))
         return block
-
-    def _free(self, block: _Block) -> None:
-        seg = block.seg
-        small = seg.is_small
-        pool = self._small if small else self._large
-        block.allocated = False
-        size = block.size
-        requested = block.requested
-        # _dec of allocation (and active), allocated_bytes (and active_bytes) and
-        # requested_bytes, all and the pool's, written out
-        stat = self._all_allocation
-        stat.current -= 1
-        stat.freed += 1
-        stat = pool.allocation
-        stat.current -= 1
-        stat.freed += 1
-        stat = self._all_allocated_bytes
-        stat.current -= size
-        stat.freed += size
-        stat = pool.allocated_bytes
-        stat.current -= size
-        stat.freed += size
-        stat = self._all_requested_bytes
-        stat.current -= requested
-        stat.freed += requested
-        stat = pool.requested_bytes
-        stat.current -= requested
-        stat.freed += requested
-        if size >= self._max_split:
-            self._oversize_allocations.dec(1)
-
-        # Freed blocks keep no request size (torch keeps a stale one; 0 reads better in a
-        # snapshot, and no statistic depends on it).
-        block.requested = 0
-        # Coalesce with free neighbours (try_merge_blocks, written out: an allocated block is
-        # mapped, so a free neighbour merges when it is mapped too).
-        keys = pool.keys[block.stream]
-        blocks = pool.blocks
-        subsumed = 0  # bytes of the free blocks merged into this one
-        merged = 0  # how many
-        prev = block.prev
-        nxt = block.next  # merging the block before leaves the one after in place
-        if prev is not None and not prev.allocated and prev.mapped:
-            # pool.remove(prev)
-            key = prev.size << _ADDR_BITS | prev.addr
-            i = bisect.bisect_left(keys, key)
-            if i == len(keys) or keys[i] != key:
-                raise AssertionError(f"block {prev.addr:#x} is not in the pool")
-            del keys[i]
-            del blocks[prev.addr]
-            block.addr = prev.addr  # [prev block]
-            before = block.prev = prev.prev
-            if before is not None:
-                before.next = block
-            if seg.head is prev:
-                seg.head = block
-            size += prev.size
-            subsumed += prev.size
-            merged += 1
-        if nxt is not None and not nxt.allocated and nxt.mapped:
-            key = nxt.size << _ADDR_BITS | nxt.addr
-            i = bisect.bisect_left(keys, key)
-            if i == len(keys) or keys[i] != key:
-                raise AssertionError(f"block {nxt.addr:#x} is not in the pool")
-            del keys[i]
-            del blocks[nxt.addr]
-            after = block.next = nxt.next  # [block nxt]
-            if after is not None:
-                after.prev = block
-            size += nxt.size
-            subsumed += nxt.size
-            merged += 1
-        block.size = size
-        # pool.insert(block), written out
-        addr = block.addr
-        bisect.insort(keys, size << _ADDR_BITS | addr)
-        blocks[addr] = block
-        block.gc_base = pool.free_calls
-        # As in torch, expandable segments stay out of inactive_split: their free pages can
-        # always be unmapped, so they are not the stranded memory the statistic is about.
-        if seg.expandable:
-            return
-        if block.prev is not None or block.next is not None:  # block.is_split()
-            net_blocks = 1 - merged
-            net_bytes = size - subsumed
-        else:
-            net_blocks = -merged
-            net_bytes = -subsumed
-        if net_blocks > 0:
-            self._inc(self._inactive_split, small, net_blocks)
-        elif net_blocks < 0:
-            self._dec(self._inactive_split, small, -net_blocks)
-        if net_bytes > 0:
-            self._inc(self._inactive_split_bytes, small, net_bytes)
-        elif net_bytes < 0:
-            self._dec(self._inactive_split_bytes, small, -net_bytes)
 
     def _try_merge_blocks(self, dst: _Block, src: _Block | None, pool: _Pool) -> int:
         if src is None or src.allocated or src.mapped != dst.mapped:
