@@ -20,9 +20,9 @@ other simulated processes hold memory, just as on a shared GPU.
 from __future__ import annotations
 
 import bisect
-import math
 import sys
 import threading
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import field
 from typing import Any
@@ -59,6 +59,8 @@ K_ROUNDUP_POWER2_INTERVALS = 16  # roundup_power2_divisions covers 1 MiB .. 64 G
 
 # torch reports an unset max_split_size as SIZE_MAX cast to int64.
 _UNSET_MAX_SPLIT_SIZE = -1
+# The allocator's bound for oversize blocks when max_split_size is unset: larger than any size.
+_NO_MAX_SPLIT = 1 << 127
 
 STAT_NAMES = (
     "allocation",
@@ -71,7 +73,6 @@ STAT_NAMES = (
     "inactive_split_bytes",
     "requested_bytes",
 )
-_POOL_KEYS = ("all", "small_pool", "large_pool")
 _FIELDS = ("current", "peak", "allocated", "freed")
 _COUNTERS = (
     "num_alloc_retries",
@@ -295,6 +296,12 @@ class AllocatorConfig:
 
 
 class _Stat:
+    """One figure of torch's statistics (for one pool, or all pools).
+
+    A statistic of the allocator is a triple (all, small pool, large pool).  The all-pools one
+    keeps `current` and `peak` only: its `allocated` and `freed` are the pools' sums, added up
+    when read (memory_stats), one update fewer per figure on every malloc and free."""
+
     __slots__ = ("allocated", "current", "freed", "peak")
 
     def __init__(self) -> None:
@@ -361,47 +368,80 @@ class _Block:
         return self.prev is not None or self.next is not None
 
 
+# A free block's place in its pool's order: (size, address) as one int, size in the high bits.
+# Device addresses are 64-bit, so the order of these ints is the order of the pairs, and bisect
+# compares two ints where it compared two tuples element by element (half the instructions of
+# a search in a trainer's pool).
+_ADDR_BITS = 64
+_ADDR_MASK = (1 << _ADDR_BITS) - 1
+
+
 class _Pool:
     """The free blocks of one pool, ordered as torch's BlockComparatorSize: (stream, size, addr).
 
-    A sorted list with bisect is O(log n) to search and a memmove to update, which beats a
-    balanced tree in Python for the few thousand cached blocks a trainer has.
+    One sorted list of (size, addr) keys per stream (see _ADDR_BITS) with bisect: O(log n) to
+    search and a memmove to update, which beats a balanced tree in Python for the few thousand
+    cached blocks a trainer has.  `blocks` holds the same blocks by address, in the order they
+    were cached (releasing the cache walks it in that order, which decides the addresses that
+    are freed, and so reused, first).
+
+    The pool's own statistics (its half of each _Stat triple) are attributes here, so that the
+    hot path reads them without picking the pool's element of a tuple.
     """
 
-    __slots__ = ("blocks", "free_calls", "is_small", "keys", "unmapped", "unmapped_keys")
+    __slots__ = (
+        "allocated_bytes",
+        "allocation",
+        "blocks",
+        "free_calls",
+        "inactive_split",
+        "inactive_split_bytes",
+        "is_small",
+        "keys",
+        "requested_bytes",
+        "unmapped",
+        "unmapped_keys",
+    )
 
-    def __init__(self, is_small: bool) -> None:
+    def __init__(self, is_small: bool, stats: dict[str, tuple[_Stat, _Stat, _Stat]]) -> None:
         self.is_small = is_small
-        self.keys: list[tuple[int, int, int]] = []
+        self.keys: defaultdict[int, list[int]] = defaultdict(list)  # stream -> sorted keys
         self.blocks: dict[int, _Block] = {}
-        # Unmapped parts of expandable segments, in (stream, address) order.
-        self.unmapped_keys: list[tuple[int, int]] = []
+        # Unmapped parts of expandable segments: stream -> sorted addresses.
+        self.unmapped_keys: defaultdict[int, list[int]] = defaultdict(list)
         self.unmapped: dict[int, _Block] = {}
         self.free_calls = 0  # get_free_block calls, the clock of the GC's block ages
+        mine = 1 if is_small else 2
+        self.allocation = stats["allocation"][mine]
+        self.allocated_bytes = stats["allocated_bytes"][mine]
+        self.requested_bytes = stats["requested_bytes"][mine]
+        self.inactive_split = stats["inactive_split"][mine]
+        self.inactive_split_bytes = stats["inactive_split_bytes"][mine]
 
     def insert(self, b: _Block) -> None:
-        bisect.insort(self.keys, (b.stream, b.size, b.addr))
+        bisect.insort(self.keys[b.stream], b.size << _ADDR_BITS | b.addr)
         self.blocks[b.addr] = b
         b.gc_base = self.free_calls
 
     def remove(self, b: _Block) -> None:
-        key = (b.stream, b.size, b.addr)
-        i = bisect.bisect_left(self.keys, key)
-        if i == len(self.keys) or self.keys[i] != key:
+        keys = self.keys[b.stream]
+        key = b.size << _ADDR_BITS | b.addr
+        i = bisect.bisect_left(keys, key)
+        if i == len(keys) or keys[i] != key:
             raise AssertionError(f"block {b.addr:#x} is not in the pool")
-        del self.keys[i]
+        del keys[i]
         del self.blocks[b.addr]
 
     def insert_unmapped(self, b: _Block) -> None:
-        bisect.insort(self.unmapped_keys, (b.stream, b.addr))
+        bisect.insort(self.unmapped_keys[b.stream], b.addr)
         self.unmapped[b.addr] = b
 
     def remove_unmapped(self, b: _Block) -> None:
-        key = (b.stream, b.addr)
-        i = bisect.bisect_left(self.unmapped_keys, key)
-        if i == len(self.unmapped_keys) or self.unmapped_keys[i] != key:
+        keys = self.unmapped_keys[b.stream]
+        i = bisect.bisect_left(keys, b.addr)
+        if i == len(keys) or keys[i] != b.addr:
             raise AssertionError(f"unmapped block {b.addr:#x} is not in the pool")
-        del self.unmapped_keys[i]
+        del keys[i]
         del self.unmapped[b.addr]
 
 
@@ -461,19 +501,13 @@ class SimulatedCachingAllocator:
     ) -> None:
         self.device = device
         self.device_index = device_index
-        self.config = AllocatorConfig.parse(allocator_conf)
-        self._power2_rounding = _rounds_to_power2_divisions(self.config)
-        self._max_split = (
-            self.config.max_split_size if self.config.max_split_size is not None else math.inf
-        )
         self._lock = threading.Lock()
-        self._small = _Pool(is_small=True)
-        self._large = _Pool(is_small=False)
         self._active: dict[int, _Block] = {}
         self._segments: dict[int, _Segment] = {}
         self._va = _AddressSpace(_VA_BASE)
         self._total_allocated_memory = 0  # what this allocator holds on the device
         self._allowed_max: int | None = None
+        self._apply_config(AllocatorConfig.parse(allocator_conf))
         if self.config.per_process_memory_fraction is not None:
             self._set_fraction(self.config.per_process_memory_fraction)
         self._stats: dict[str, tuple[_Stat, _Stat, _Stat]] = {
@@ -485,6 +519,8 @@ class SimulatedCachingAllocator:
         # figure: one set of counters serves both names, and malloc/free keep three, not five.
         self._stats["active"] = self._stats["allocation"]
         self._stats["active_bytes"] = self._stats["allocated_bytes"]
+        self._small = _Pool(True, self._stats)
+        self._large = _Pool(False, self._stats)
         self._oversize_allocations = _Stat()
         self._oversize_segments = _Stat()
         self._counters = dict.fromkeys(_COUNTERS, 0)
@@ -496,6 +532,12 @@ class SimulatedCachingAllocator:
         self._reserved_bytes = s["reserved_bytes"]
         self._inactive_split_bytes = s["inactive_split_bytes"]
         self._requested_bytes = s["requested_bytes"]
+        # The figures of all pools, which every malloc and free updates in place
+        self._all_allocation = self._allocation[0]
+        self._all_allocated_bytes = self._allocated_bytes[0]
+        self._all_requested_bytes = self._requested_bytes[0]
+        self._all_inactive_split = self._inactive_split[0]
+        self._all_inactive_split_bytes = self._inactive_split_bytes[0]
         self._oom_observers: list[Callable[[int, int, int, int], Any]] = []
         self._last_oom = (device_index, 0, 0, 0)
         # History (torch's _record_memory_history(enabled="state", context="alloc",
@@ -505,6 +547,10 @@ class SimulatedCachingAllocator:
 
     # -- public API ----------------------------------------------------------------------------
 
+    # malloc and free run ~3,500 times a second each in a simulated trainer, most of its CPU:
+    # their common case is written out in one function each (no call per step of it, the
+    # statistics updated in place); the rarer paths are calls.
+
     def malloc(self, nbytes: int, stream: int = 0) -> int:
         """Allocate `nbytes` on `stream`; returns the block's address (0 for 0 bytes, no stats)."""
         if nbytes < 0:
@@ -513,14 +559,154 @@ class SimulatedCachingAllocator:
             return 0
         # Off the lock, and only with history on: a bounded walk of the caller's frames.
         frames = stacks.user_frames(sys._getframe(1)) if self._history else None
-        with self._lock:
-            try:
-                address = self._malloc(int(nbytes), int(stream))
-                if frames is not None:
-                    self._frames[address] = frames
-                return address
-            except SimulatedOutOfMemoryError as exc:
-                error, observed = exc, self._last_oom
+        # acquire/release, not `with`: half the cost, on a path a trainer takes ~3,500 times a
+        # second (malloc and free alike).
+        self._lock.acquire()
+        try:
+            orig_size = int(nbytes)
+            stream = int(stream)
+            # round_size, written out for the common settings
+            if orig_size < K_MIN_BLOCK_SIZE:
+                size = K_MIN_BLOCK_SIZE
+            elif self._power2_rounding:
+                size = self.round_size(orig_size)
+            else:
+                size = (orig_size + K_MIN_BLOCK_SIZE - 1) & -K_MIN_BLOCK_SIZE
+            pool = self._small if size <= K_SMALL_SIZE else self._large
+            # get_free_block: the best fit, the smallest (size, address) that is large enough
+            if self._gc:
+                pool.free_calls += 1
+            keys = pool.keys[stream]
+            i = bisect.bisect_left(keys, size << _ADDR_BITS)
+            block: _Block | None = None
+            if i < len(keys):
+                blocks = pool.blocks
+                block = blocks[keys[i] & _ADDR_MASK]
+                if block.seg.expandable:
+                    block, i = self._expandable_best_fit(pool, keys, i)
+                # Oversize blocks (>= max_split_size) serve only large requests, and only when the
+                # waste stays under max_non_split_rounding_size.
+                max_split = self._max_split
+                if size < max_split:
+                    if block.size >= max_split:
+                        block = None
+                elif block.size >= size + self.config.max_non_split_rounding_size:
+                    block = None
+                if block is not None:
+                    del keys[i]  # pool.remove(block), the key's place known
+                    del blocks[block.addr]
+            if block is None:
+                block = self._new_block(pool, stream, size)
+
+            # alloc_found_block
+            seg = block.seg
+            remaining_size = block.size - size
+            # Whether to split (torch's shouldSplit)
+            if pool.is_small or self.config.expandable_segments:
+                split = remaining_size >= K_MIN_BLOCK_SIZE
+            else:
+                split = size < self._max_split and remaining_size > K_SMALL_SIZE
+            if split:
+                remaining = block
+                addr = remaining.addr
+                prev = remaining.prev
+                block = _Block(addr, size, seg)
+                block.prev = prev
+                if prev is not None:
+                    prev.next = block
+                elif seg.head is remaining:
+                    seg.head = block
+                block.next = remaining
+                remaining.prev = block
+                remaining.addr = rest = addr + size
+                remaining.size = remaining_size
+                # pool.insert(remaining), written out (same stream: the key list is at hand)
+                bisect.insort(keys, remaining_size << _ADDR_BITS | rest)
+                pool.blocks[rest] = remaining
+                remaining.gc_base = pool.free_calls
+                if not seg.expandable:
+                    if prev is not None or remaining.next is not None:  # it was split already
+                        # An already-split inactive block shrinks by `size` (_dec, written out).
+                        self._all_inactive_split_bytes.current -= size
+                        stat = pool.inactive_split_bytes
+                        stat.current -= size
+                        stat.freed += size
+                    else:
+                        # A whole free segment becomes split: its remainder is now stranded
+                        # (_inc of the bytes and the count, written out).
+                        stat = self._all_inactive_split_bytes
+                        current = stat.current = stat.current + remaining_size
+                        if current > stat.peak:
+                            stat.peak = current
+                        stat = pool.inactive_split_bytes
+                        current = stat.current = stat.current + remaining_size
+                        if current > stat.peak:
+                            stat.peak = current
+                        stat.allocated += remaining_size
+                        stat = self._all_inactive_split
+                        current = stat.current = stat.current + 1
+                        if current > stat.peak:
+                            stat.peak = current
+                        stat = pool.inactive_split
+                        current = stat.current = stat.current + 1
+                        if current > stat.peak:
+                            stat.peak = current
+                        stat.allocated += 1
+            elif not seg.expandable and (block.prev is not None or block.next is not None):
+                # A whole inactive split block is taken (_dec, written out).
+                stranded = block.size
+                self._all_inactive_split_bytes.current -= stranded
+                stat = pool.inactive_split_bytes
+                stat.current -= stranded
+                stat.freed += stranded
+                self._all_inactive_split.current -= 1
+                stat = pool.inactive_split
+                stat.current -= 1
+                stat.freed += 1
+
+            block.allocated = True
+            block.requested = orig_size
+            addr = block.addr
+            self._active[addr] = block
+            size = block.size
+            # _inc of allocation (and active: the same counters), allocated_bytes (and
+            # active_bytes) and requested_bytes, all pools' and the pool's, written out
+            stat = self._all_allocation
+            current = stat.current = stat.current + 1
+            if current > stat.peak:
+                stat.peak = current
+            stat = pool.allocation
+            current = stat.current = stat.current + 1
+            if current > stat.peak:
+                stat.peak = current
+            stat.allocated += 1
+            stat = self._all_allocated_bytes
+            current = stat.current = stat.current + size
+            if current > stat.peak:
+                stat.peak = current
+            stat = pool.allocated_bytes
+            current = stat.current = stat.current + size
+            if current > stat.peak:
+                stat.peak = current
+            stat.allocated += size
+            stat = self._all_requested_bytes
+            current = stat.current = stat.current + orig_size
+            if current > stat.peak:
+                stat.peak = current
+            stat = pool.requested_bytes
+            current = stat.current = stat.current + orig_size
+            if current > stat.peak:
+                stat.peak = current
+            stat.allocated += orig_size
+            if size >= self._max_split:
+                self._oversize_allocations.inc(1)
+            if frames is not None:
+                self._frames[addr] = frames
+            return addr
+        except SimulatedOutOfMemoryError as exc:
+            error, observed = exc, self._last_oom
+        finally:
+            self._lock.release()
         # As torch does: the observers run on the allocating thread, with the allocator's lock
         # released, before the error is raised (torch.cuda.memory's out-of-memory observers).
         for observer in list(self._oom_observers):
@@ -540,11 +726,7 @@ class SimulatedCachingAllocator:
         are expandable where the option now says so."""
         config = AllocatorConfig.parse(conf)
         with self._lock:
-            self.config = config
-            self._power2_rounding = _rounds_to_power2_divisions(config)
-            self._max_split = (
-                config.max_split_size if config.max_split_size is not None else math.inf
-            )
+            self._apply_config(config)
 
     def record_history(self, enabled: bool) -> None:
         """torch.cuda.memory._record_memory_history(enabled="state" or None, context="alloc",
@@ -569,12 +751,126 @@ class SimulatedCachingAllocator:
         """Return a block to the cache (free(0) is a no-op, like freeing a null pointer)."""
         if address == 0:
             return
-        with self._lock:
+        self._lock.acquire()  # not `with`: see malloc
+        try:
             block = self._active.pop(address, None)
             if block is None:
                 raise ValueError(f"{address:#x} is not an allocated block of this allocator")
-            self._frames.pop(address, None)
-            self._free(block)
+            if self._frames:  # history on (or its frames not yet freed)
+                self._frames.pop(address, None)
+            seg = block.seg
+            small = seg.is_small
+            pool = self._small if small else self._large
+            block.allocated = False
+            size = block.size
+            requested = block.requested
+            # _dec of allocation (and active), allocated_bytes (and active_bytes) and
+            # requested_bytes, all pools' and the pool's, written out
+            self._all_allocation.current -= 1
+            stat = pool.allocation
+            stat.current -= 1
+            stat.freed += 1
+            self._all_allocated_bytes.current -= size
+            stat = pool.allocated_bytes
+            stat.current -= size
+            stat.freed += size
+            self._all_requested_bytes.current -= requested
+            stat = pool.requested_bytes
+            stat.current -= requested
+            stat.freed += requested
+            if size >= self._max_split:
+                self._oversize_allocations.dec(1)
+
+            # Freed blocks keep no request size (torch keeps a stale one; 0 reads better in a
+            # snapshot, and no statistic depends on it).
+            block.requested = 0
+            # Coalesce with free neighbours (try_merge_blocks, written out: an allocated block is
+            # mapped, so a free neighbour merges when it is mapped too).
+            keys = pool.keys[block.stream]
+            blocks = pool.blocks
+            subsumed = 0  # bytes of the free blocks merged into this one
+            merged = 0  # how many
+            prev = block.prev
+            nxt = block.next  # merging the block before leaves the one after in place
+            if prev is not None and not prev.allocated and prev.mapped:
+                # pool.remove(prev)
+                key = prev.size << _ADDR_BITS | prev.addr
+                i = bisect.bisect_left(keys, key)
+                if i == len(keys) or keys[i] != key:
+                    raise AssertionError(f"block {prev.addr:#x} is not in the pool")
+                del keys[i]
+                del blocks[prev.addr]
+                block.addr = prev.addr  # [prev block]
+                before = block.prev = prev.prev
+                if before is not None:
+                    before.next = block
+                if seg.head is prev:
+                    seg.head = block
+                size += prev.size
+                subsumed += prev.size
+                merged += 1
+            if nxt is not None and not nxt.allocated and nxt.mapped:
+                key = nxt.size << _ADDR_BITS | nxt.addr
+                i = bisect.bisect_left(keys, key)
+                if i == len(keys) or keys[i] != key:
+                    raise AssertionError(f"block {nxt.addr:#x} is not in the pool")
+                del keys[i]
+                del blocks[nxt.addr]
+                after = block.next = nxt.next  # [block nxt]
+                if after is not None:
+                    after.prev = block
+                size += nxt.size
+                subsumed += nxt.size
+                merged += 1
+            block.size = size
+            # pool.insert(block), written out
+            addr = block.addr
+            bisect.insort(keys, size << _ADDR_BITS | addr)
+            blocks[addr] = block
+            block.gc_base = pool.free_calls
+            # As in torch, expandable segments stay out of inactive_split: their free pages can
+            # always be unmapped, so they are not the stranded memory the statistic is about.
+            if seg.expandable:
+                return
+            if block.prev is not None or block.next is not None:  # block.is_split()
+                net_blocks = 1 - merged
+                net_bytes = size - subsumed
+            else:
+                net_blocks = -merged
+                net_bytes = -subsumed
+            # _inc or _dec of inactive_split and inactive_split_bytes, written out
+            if net_blocks > 0:
+                stat = self._all_inactive_split
+                current = stat.current = stat.current + net_blocks
+                if current > stat.peak:
+                    stat.peak = current
+                stat = pool.inactive_split
+                current = stat.current = stat.current + net_blocks
+                if current > stat.peak:
+                    stat.peak = current
+                stat.allocated += net_blocks
+            elif net_blocks < 0:
+                self._all_inactive_split.current += net_blocks
+                stat = pool.inactive_split
+                stat.current += net_blocks
+                stat.freed -= net_blocks
+            if net_bytes > 0:
+                stat = self._all_inactive_split_bytes
+                current = stat.current = stat.current + net_bytes
+                if current > stat.peak:
+                    stat.peak = current
+                stat = pool.inactive_split_bytes
+                current = stat.current = stat.current + net_bytes
+                if current > stat.peak:
+                    stat.peak = current
+                stat.allocated += net_bytes
+            elif net_bytes < 0:
+                self._all_inactive_split_bytes.current += net_bytes
+                stat = pool.inactive_split_bytes
+                stat.current += net_bytes
+                stat.freed -= net_bytes
+        finally:
+            self._lock.release()
 
     def empty_cache(self) -> int:
         """Release every wholly free cached segment (and free expandable pages) to the device.
@@ -592,8 +888,13 @@ class SimulatedCachingAllocator:
         """torch.cuda.memory_stats(): a flat dict with torch's keys, sorted as torch sorts them."""
         with self._lock:
             out: dict[str, int] = {}
-            for name, stats in self._stats.items():
-                for pool_key, stat in zip(_POOL_KEYS, stats, strict=True):
+            for name, (every, small, large) in self._stats.items():
+                prefix = f"{name}.all."
+                out[prefix + "current"] = every.current
+                out[prefix + "peak"] = every.peak
+                out[prefix + "allocated"] = small.allocated + large.allocated
+                out[prefix + "freed"] = small.freed + large.freed
+                for pool_key, stat in (("small_pool", small), ("large_pool", large)):
                     prefix = f"{name}.{pool_key}."
                     out[prefix + "current"] = stat.current
                     out[prefix + "peak"] = stat.peak
@@ -677,8 +978,8 @@ class SimulatedCachingAllocator:
     def allocated_counts(self) -> tuple[int, int, int]:
         """(allocated now, peak, bytes ever allocated): `allocated_bytes.all.{current, peak,
         allocated}`, read without the lock like memory_allocated()."""
-        stat = self._allocated_bytes[0]
-        return stat.current, stat.peak, stat.allocated
+        every, small, large = self._allocated_bytes
+        return every.current, every.peak, small.allocated + large.allocated
 
     def memory_reserved(self) -> int:
         return self._reserved_bytes[0].current
@@ -719,20 +1020,35 @@ class SimulatedCachingAllocator:
 
     # -- internals (called with the lock held) -------------------------------------------------
 
+    def _apply_config(self, config: AllocatorConfig) -> None:
+        """`config` in force, and what the hot path reads of it precomputed."""
+        self.config = config
+        self._power2_rounding = _rounds_to_power2_divisions(config)
+        # No max_split_size: a bound no block reaches (an int, which compares faster than inf).
+        self._max_split = (
+            config.max_split_size if config.max_split_size is not None else _NO_MAX_SPLIT
+        )
+        self._update_gc_clock()
+
     def _set_fraction(self, fraction: float) -> None:
         self._allowed_max = int(fraction * self.device.total_bytes)
+        self._update_gc_clock()
 
-    # The bookkeeping below runs eight times per malloc and free (a simulated trainer makes
-    # ~7,000 of each a second): _Stat.inc/dec written out in place, one call where there were
-    # three.
+    def _update_gc_clock(self) -> None:
+        # The GC's clock (and the GC) run only with a threshold and a memory fraction, as in
+        # torch (set by the settings and by set_memory_fraction).
+        self._gc = self._allowed_max is not None and self.config.garbage_collection_threshold > 0
+
+    # A statistic's update on the rarer paths (segments, oversize and expandable blocks, the
+    # GC); malloc and free write the same out in place.  The all-pools figure keeps current
+    # and peak only (see _Stat).
 
     @staticmethod
     def _inc(stats: tuple[_Stat, _Stat, _Stat], small: bool, n: int) -> None:
-        stat = stats[0]
+        stat = stats[0]  # all pools: current and peak (see _Stat)
         current = stat.current = stat.current + n
         if current > stat.peak:
             stat.peak = current
-        stat.allocated += n
         stat = stats[1] if small else stats[2]
         current = stat.current = stat.current + n
         if current > stat.peak:
@@ -741,152 +1057,56 @@ class SimulatedCachingAllocator:
 
     @staticmethod
     def _dec(stats: tuple[_Stat, _Stat, _Stat], small: bool, n: int) -> None:
-        stat = stats[0]
-        stat.current -= n
-        stat.freed += n
+        stats[0].current -= n  # all pools: current (see _Stat)
         stat = stats[1] if small else stats[2]
         stat.current -= n
         stat.freed += n
 
-    def _malloc(self, orig_size: int, stream: int) -> int:
-        size = self.round_size(orig_size)
-        pool = self._small if size <= K_SMALL_SIZE else self._large
-        block = self._get_free_block(pool, stream, size)
-        if block is None:
-            alloc_size = self.allocation_size_for(size)
-            if self._allowed_max is not None and self.config.garbage_collection_threshold > 0:
-                self._garbage_collect_cached_blocks()
+    @staticmethod
+    def _expandable_best_fit(pool: _Pool, keys: list[int], i: int) -> tuple[_Block, int]:
+        """From the first block large enough (keys[i], in an expandable segment): the best fit
+        and its place.  Best fit counts the unmapped space a free tail block can still grow
+        into, so a larger free block may be a tighter fit than the first one found."""
+
+        def expandable_size(b: _Block) -> int:
+            nxt = b.next
+            return b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
+
+        blocks = pool.blocks
+        block = blocks[keys[i] & _ADDR_MASK]
+        j = i + 1
+        while block.seg.expandable and j < len(keys):
+            candidate = blocks[keys[j] & _ADDR_MASK]
+            if expandable_size(candidate) >= expandable_size(block):
+                break
+            block = candidate
+            i = j
+            j += 1
+        return block, i
+
+    def _new_block(self, pool: _Pool, stream: int, size: int) -> _Block:
+        """A cache miss: a new segment (after the GC, freeing oversize blocks, then the whole
+        cache and a retry, as torch does), else SimulatedOutOfMemoryError."""
+        alloc_size = self.allocation_size_for(size)
+        if self._gc:
+            self._garbage_collect_cached_blocks()
+        block = self._alloc_block(pool, stream, size, alloc_size, is_retry=False)
+        if block is None and self._release_available_cached_blocks(pool, stream, size):
             block = self._alloc_block(pool, stream, size, alloc_size, is_retry=False)
-            if block is None and self._release_available_cached_blocks(pool, stream, size):
-                block = self._alloc_block(pool, stream, size, alloc_size, is_retry=False)
-            if block is None:
-                self._release_cached_blocks()
-                block = self._alloc_block(pool, stream, size, alloc_size, is_retry=True)
-            if block is None:
-                self._counters["num_ooms"] += 1
-                limit = self._allowed_max
-                self._last_oom = (
-                    self.device_index,
-                    alloc_size,
-                    limit if limit is not None else self.device.total_bytes,
-                    self.device.free_bytes(),
-                )
-                raise SimulatedOutOfMemoryError(self._oom_message(alloc_size))
-        return self._alloc_found_block(block, pool, size, orig_size)
-
-    def _get_free_block(self, pool: _Pool, stream: int, size: int) -> _Block | None:
-        if self._allowed_max is not None and self.config.garbage_collection_threshold > 0:
-            pool.free_calls += 1
-        keys = pool.keys
-        i = bisect.bisect_left(keys, (stream, size, 0))
-        if i == len(keys) or keys[i][0] != stream:
-            return None
-        block = pool.blocks[keys[i][2]]
-        if block.seg.expandable:
-            # Best fit counts the unmapped space a free tail block can still grow into, so a
-            # larger free block may be a tighter fit than the first one found.
-            def expandable_size(b: _Block) -> int:
-                nxt = b.next
-                return b.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
-
-            j = i + 1
-            while block.seg.expandable and j < len(keys) and keys[j][0] == stream:
-                candidate = pool.blocks[keys[j][2]]
-                if expandable_size(candidate) >= expandable_size(block):
-                    break
-                block = candidate
-                j += 1
-        # Oversize blocks (>= max_split_size) serve only large requests, and only when the
-        # waste stays under max_non_split_rounding_size.
-        if size < self._max_split and block.size >= self._max_split:
-            return None
-        if size >= self._max_split and block.size >= size + self.config.max_non_split_rounding_size:
-            return None
-        pool.remove(block)
+        if block is None:
+            self._release_cached_blocks()
+            block = self._alloc_block(pool, stream, size, alloc_size, is_retry=True)
+        if block is None:
+            self._counters["num_ooms"] += 1
+            limit = self._allowed_max
+            self._last_oom = (
+                self.device_index,
+                alloc_size,
+                limit if limit is not None else self.device.total_bytes,
+                self.device.free_bytes(),
+            )
+            raise SimulatedOutOfMemoryError(self._oom_message(alloc_size))
         return block
-
-    def _should_split(self, block: _Block, pool: _Pool, size: int) -> bool:
-        remaining = block.size - size
-        if pool.is_small or self.config.expandable_segments:
-            return remaining >= K_MIN_BLOCK_SIZE
-        return size < self._max_split and remaining > K_SMALL_SIZE
-
-    def _alloc_found_block(self, block: _Block, pool: _Pool, size: int, orig_size: int) -> int:
-        small = pool.is_small
-        already_split = block.prev is not None or block.next is not None  # block.is_split()
-        expandable = block.seg.expandable
-        if self._should_split(block, pool, size):
-            remaining = block
-            block = _Block(remaining.addr, size, remaining.seg)
-            block.prev = remaining.prev
-            if block.prev is not None:
-                block.prev.next = block
-            elif remaining.seg.head is remaining:
-                remaining.seg.head = block
-            block.next = remaining
-            remaining.prev = block
-            remaining.addr += size
-            remaining.size -= size
-            pool.insert(remaining)
-            if not expandable:
-                if already_split:
-                    # An already-split inactive block shrinks by `size`.
-                    self._dec(self._inactive_split_bytes, small, size)
-                else:
-                    # A whole free segment becomes split: its remainder is now stranded.
-                    self._inc(self._inactive_split_bytes, small, remaining.size)
-                    self._inc(self._inactive_split, small, 1)
-        elif already_split and not expandable:
-            self._dec(self._inactive_split_bytes, small, block.size)
-            self._dec(self._inactive_split, small, 1)
-
-        block.allocated = True
-        block.requested = orig_size
-        self._active[block.addr] = block
-        self._inc(self._allocation, small, 1)  # and active (the same counters)
-        self._inc(self._allocated_bytes, small, block.size)  # and active_bytes
-        self._inc(self._requested_bytes, small, orig_size)
-        if block.size >= self._max_split:
-            self._oversize_allocations.inc(1)
-        return block.addr
-
-    def _free(self, block: _Block) -> None:
-        small = block.seg.is_small
-        pool = self._small if small else self._large
-        block.allocated = False
-        self._dec(self._allocation, small, 1)  # and active (the same counters)
-        self._dec(self._allocated_bytes, small, block.size)  # and active_bytes
-        self._dec(self._requested_bytes, small, block.requested)
-        if block.size >= self._max_split:
-            self._oversize_allocations.dec(1)
-
-        # Freed blocks keep no request size (torch keeps a stale one; 0 reads better in a
-        # snapshot, and no statistic depends on it).
-        block.requested = 0
-        net_blocks = 0
-        net_bytes = 0
-        for candidate in (block.prev, block.next):
-            if candidate is None or candidate.allocated:
-                continue  # nothing to merge with (_try_merge_blocks's first test, saved a call)
-            subsumed = self._try_merge_blocks(block, candidate, pool)
-            if subsumed:
-                net_blocks -= 1
-                net_bytes -= subsumed
-        pool.insert(block)
-        if block.prev is not None or block.next is not None:  # block.is_split()
-            net_blocks += 1
-            net_bytes += block.size
-        # As in torch, expandable segments stay out of inactive_split: their free pages can
-        # always be unmapped, so they are not the stranded memory the statistic is about.
-        if not block.seg.expandable:
-            if net_blocks > 0:
-                self._inc(self._inactive_split, small, net_blocks)
-            elif net_blocks < 0:
-                self._dec(self._inactive_split, small, -net_blocks)
-            if net_bytes > 0:
-                self._inc(self._inactive_split_bytes, small, net_bytes)
-            elif net_bytes < 0:
-                self._dec(self._inactive_split_bytes, small, -net_bytes)
 
     def _try_merge_blocks(self, dst: _Block, src: _Block | None, pool: _Pool) -> int:
         if src is None or src.allocated or src.mapped != dst.mapped:
@@ -943,13 +1163,12 @@ class SimulatedCachingAllocator:
         if self.config.max_split_size is None:
             return False
         key_size = max(size, self.config.max_split_size)
-        keys = pool.keys
-        i = bisect.bisect_left(keys, (stream, key_size, 0))
+        keys = pool.keys[stream]
+        i = bisect.bisect_left(keys, key_size << _ADDR_BITS)
         if (
             i == len(keys)
-            or keys[i][0] != stream
-            or pool.blocks[keys[i][2]].seg.expandable
-            or pool.blocks[keys[i][2]].is_split()
+            or pool.blocks[keys[i] & _ADDR_MASK].seg.expandable
+            or pool.blocks[keys[i] & _ADDR_MASK].is_split()
         ):
             # No single block is large enough: free oversize blocks, largest first.
             released = 0
@@ -957,16 +1176,15 @@ class SimulatedCachingAllocator:
             while (
                 released < key_size
                 and i >= 0
-                and keys[i][0] == stream
-                and keys[i][1] >= self.config.max_split_size
+                and keys[i] >> _ADDR_BITS >= self.config.max_split_size
             ):
-                block = pool.blocks[keys[i][2]]
+                block = pool.blocks[keys[i] & _ADDR_MASK]
                 i -= 1  # entries after i may move; those before it stay put
                 if not block.seg.expandable and not block.is_split():
                     released += block.size
                     self._release_block(block, pool)
             return released >= key_size
-        self._release_block(pool.blocks[keys[i][2]], pool)
+        self._release_block(pool.blocks[keys[i] & _ADDR_MASK], pool)
         return True
 
     def _release_cached_blocks(self) -> None:
@@ -1044,16 +1262,13 @@ class SimulatedCachingAllocator:
                 b = b.next
             return total >= size
 
-        keys = pool.unmapped_keys
-        i = bisect.bisect_left(keys, (stream, 0))
-        while i < len(keys) and keys[i][0] == stream:
-            candidate = pool.unmapped[keys[i][1]]
+        for address in pool.unmapped_keys[stream]:
+            candidate = pool.unmapped[address]
             if allocatable(candidate.prev):
                 assert candidate.prev is not None
                 candidate = candidate.prev
             if has_room(candidate):
                 return candidate
-            i += 1
         page = K_SMALL_BUFFER if pool.is_small else K_LARGE_BUFFER
         total = self.device.total_bytes
         va_size = -(-(total + total // 8) // page) * page
