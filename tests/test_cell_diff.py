@@ -18,6 +18,26 @@ def screen(stream: str) -> dict[tuple[int, int], tuple[str, str]]:
     return model.cells
 
 
+class Terminals:
+    """Two terminals, one sent the full frames and one the diffed ones, fed a frame at a time:
+    what `screen` of each stream so far would give, without parsing the whole stream again
+    after every frame (which made these tests quadratic: 300 frames were 10 CPU-s).  A
+    terminal's state carries over from one write to the next, and every frame and every diffed
+    write ends on a whole sequence (the synchronized-output end), so feeding them one by one is
+    feeding their concatenation; `screen` of the whole streams checks that at the end."""
+
+    def __init__(self) -> None:
+        self.full = CellDiff()
+        self.sent = CellDiff()
+
+    def feed(self, full: str, sent: str) -> None:
+        self.full.feed(full)
+        self.sent.feed(sent)
+
+    def same(self) -> bool:
+        return self.sent.cells == self.full.cells
+
+
 def frame(lines: dict[int, list[tuple[str, str]]]) -> str:
     """A stream as Textual writes one: per line a cursor move, then styled segments."""
     out = ["\x1b[?2026h"]
@@ -79,6 +99,7 @@ def test_random_frames_of_mixed_widths_end_on_the_same_screen():
     full: list[str] = []
     sent: list[str] = []
     lines: dict[int, list[tuple[str, str]]] = {}
+    terminals = Terminals()
     for _ in range(200):
         row = rng.randrange(1, 6)
         lines[row] = [
@@ -88,7 +109,9 @@ def test_random_frames_of_mixed_widths_end_on_the_same_screen():
         stream = frame(lines)
         full.append(stream)
         sent.append(diff.feed(stream))
-        assert screen("".join(sent)) == screen("".join(full))
+        terminals.feed(full[-1], sent[-1])
+        assert terminals.same()
+    assert screen("".join(sent)) == screen("".join(full))
     assert diff.feed(frame(lines)) == "\x1b[?2026h\x1b[?2026l"  # nothing changed: nothing drawn
 
 
@@ -155,6 +178,7 @@ def test_random_frames_in_colours_on_backgrounds_end_on_the_same_screen():
     full: list[str] = []
     sent: list[str] = []
     lines: dict[int, list[tuple[str, str]]] = {}
+    terminals = Terminals()
     for _ in range(300):
         row = rng.randrange(1, 6)
         lines[row] = [
@@ -164,5 +188,7 @@ def test_random_frames_in_colours_on_backgrounds_end_on_the_same_screen():
         stream = frame(lines)
         full.append(stream)
         sent.append(diff.feed(stream))
-        assert screen("".join(sent)) == screen("".join(full))
+        terminals.feed(full[-1], sent[-1])
+        assert terminals.same()
+    assert screen("".join(sent)) == screen("".join(full))
     assert sum(map(len, sent[1:])) < sum(map(len, full[1:])) / 2
