@@ -19,13 +19,17 @@ so" (a tip's "peak 48.3 GiB" stood beside the table's 76.1 GiB with nothing to t
 
 A suggestion of a process that is gone goes at once: there is nothing left to act on. So does
 one whose rule's veto now holds (`suggestions.VETOES`): an event contradicts it (an OOM ends
-"room for a bigger batch"), where the dwell is for a measure hovering at a line.
+"room for a bigger batch"), where the dwell is for a measure hovering at a line.  A process
+whose agent did not answer this round (hung, unreachable: `silent`) is not gone: a step holding
+the GIL, or a loaded box, made it miss one deadline, and its suggestions went and came back the
+next round; they are kept as those of a rule that stopped firing are (dwell, grace, "no longer
+so").
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, replace
 
 from memtop.diagnosis.facts import DeviceDiagnosis, GpuObservation
@@ -77,11 +81,16 @@ class Stabilizer:
         self._shown.clear()
         self._made.clear()
 
-    def suggest(self, gpus: Iterable[GpuObservation], now: float) -> tuple[Suggestion, ...]:
-        """What to show now, most severe first, judged on this round's facts."""
-        return self._judge(tuple(gpus), now)
+    def suggest(
+        self, gpus: Iterable[GpuObservation], now: float, silent: Collection[int] = ()
+    ) -> tuple[Suggestion, ...]:
+        """What to show now, most severe first, judged on this round's facts.  `silent`: the
+        pids whose agents are still there but did not answer this round (not gone)."""
+        return self._judge(tuple(gpus), now, silent)
 
-    def _judge(self, gpus: tuple[GpuObservation, ...], now: float) -> tuple[Suggestion, ...]:
+    def _judge(
+        self, gpus: tuple[GpuObservation, ...], now: float, silent: Collection[int] = ()
+    ) -> tuple[Suggestion, ...]:
         live: dict[tuple[int, int], DeviceDiagnosis] = {
             (a.pid, a.index): a for g in gpus for a in g.agents
         }
@@ -114,9 +123,9 @@ class Stabilizer:
             if key in shown:
                 continue
             s = old.suggestion
-            gone = (s.pid is not None and (s.pid, s.device) not in live) or (
-                s.pid is None and s.device is not None and s.device not in gpu_indexes
-            )
+            gone = (
+                s.pid is not None and (s.pid, s.device) not in live and s.pid not in silent
+            ) or (s.pid is None and s.device is not None and s.device not in gpu_indexes)
             if gone:
                 continue
             veto = VETOES.get(s.rule)

@@ -330,7 +330,12 @@ class Observer:
             for g in gpus
         )
         hosts = self.diagnoser.diagnose_hosts(view, now)
-        suggestions = (*self.stabilizer.suggest(gpus, now), *host_leak_suggestions(hosts.values()))
+        # Agents still there that did not answer this round: their suggestions are not gone.
+        silent = {a.pid for a in views if not a.live and a.status != AgentStatus.EXITED}
+        suggestions = (
+            *self.stabilizer.suggest(gpus, now, silent),
+            *host_leak_suggestions(hosts.values()),
+        )
         diagnosis = Diagnosis(
             time=now,
             devices=diagnosed,
