@@ -838,37 +838,16 @@ class SimulatedCachingAllocator:
             else:
                 net_blocks = -merged
                 net_bytes = -subsumed
-            # _inc or _dec of inactive_split and inactive_split_bytes, written out
+            # The net change of the stranded blocks and bytes: a call each (not written out as
+            # malloc's are: a free changes them only when it frees into a split segment).
             if net_blocks > 0:
-                stat = self._all_inactive_split
-                current = stat.current = stat.current + net_blocks
-                if current > stat.peak:
-                    stat.peak = current
-                stat = pool.inactive_split
-                current = stat.current = stat.current + net_blocks
-                if current > stat.peak:
-                    stat.peak = current
-                stat.allocated += net_blocks
+                self._inc(self._inactive_split, pool.is_small, net_blocks)
             elif net_blocks < 0:
-                self._all_inactive_split.current += net_blocks
-                stat = pool.inactive_split
-                stat.current += net_blocks
-                stat.freed -= net_blocks
+                self._dec(self._inactive_split, pool.is_small, -net_blocks)
             if net_bytes > 0:
-                stat = self._all_inactive_split_bytes
-                current = stat.current = stat.current + net_bytes
-                if current > stat.peak:
-                    stat.peak = current
-                stat = pool.inactive_split_bytes
-                current = stat.current = stat.current + net_bytes
-                if current > stat.peak:
-                    stat.peak = current
-                stat.allocated += net_bytes
+                self._inc(self._inactive_split_bytes, pool.is_small, net_bytes)
             elif net_bytes < 0:
-                self._all_inactive_split_bytes.current += net_bytes
-                stat = pool.inactive_split_bytes
-                stat.current += net_bytes
-                stat.freed -= net_bytes
+                self._dec(self._inactive_split_bytes, pool.is_small, -net_bytes)
         finally:
             self._lock.release()
 
