@@ -357,7 +357,9 @@ def test_memtop_run_example_is_visible_to_a_viewer(socket_dir: Path):
     )
     try:
         sock = socket_dir / f"{trainer.pid}.sock"
-        deadline = time.monotonic() + 30
+        # A guard against a hang, not a bound: importing torch and its first optimizer step
+        # (which imports torch._dynamo, ~2 CPU-s) took over 30 s with two suites at once.
+        deadline = time.monotonic() + 120
         while not sock.exists():
             assert trainer.poll() is None, trainer.communicate()
             assert time.monotonic() < deadline, "the agent socket never appeared"
