@@ -520,9 +520,7 @@ def test_a_test_lowers_limits_through_the_environment_and_nothing_else_changes_t
     assert default._connect_exempt_burst == agent_server.CONNECT_EXEMPT_BURST
 
 
-def test_the_agent_does_not_govern_its_own_start(
-    socket_dir: Path, monkeypatch: pytest.MonkeyPatch
-):
+def test_the_agent_does_not_govern_its_own_start(socket_dir: Path, monkeypatch: pytest.MonkeyPatch):
     # The first sweep once came at the thread's start, where any CPU at all was over a share
     # of no time: the governor paused, and refused a dashboard's connections as churn.  The
     # share is raised here to 10 % of a core (50 ms a sweep): a first sweep at the start still
