@@ -34,6 +34,11 @@ nvitop 2 s), stdin/stdout/stderr on the pty slave; a reader thread drains the ma
   "Processes" on screen, Textual's first frame, right or not (equal to full_frame_s, give or
   take a read of the pty, when the first frame is the right one).  For nvitop all of them are
   one time.
+- The floor, a control in the same run (bench/textual_floor.py; --no-floor skips it): a Textual
+  app with one line of text and nothing of memtop's, started once a pair until its first frame.
+  No Textual dashboard draws sooner on the same box, so the summary also gives memtop's full
+  frame and start_cpu_s (its process's CPU, all threads, by the full frame) less the floor's:
+  what memtop's own start adds, a figure that moves less with the box than the absolute goal.
 - The runs begin --settle s (30) after the demo: its first half minute (the leak detector
   gathering samples, suggestions coming and re-ranking, sparklines filling) would otherwise be
   charged to whichever tool goes first.
@@ -377,6 +382,7 @@ def measure(
                 + reader.screen_tail()[-2000:]
             )
         full_at = reader.wait_for("full", FIRST_DATA_TIMEOUT_S)
+        start_cpu = proc.cpu_times()  # all threads' CPU by the full frame (read just after it)
         textual_at = reader.wait_for("textual", FIRST_DATA_TIMEOUT_S)
         data_at = reader.wait_for("data", FIRST_DATA_TIMEOUT_S)
         time.sleep(args.warmup)
@@ -404,6 +410,7 @@ def measure(
         "full_frame_s": round(full_at - spawned, 3) if full_at is not None else None,
         "textual_frame_s": round(textual_at - spawned, 3) if textual_at is not None else None,
         "first_data_s": round(data_at - spawned, 3) if data_at is not None else None,
+        "start_cpu_s": round(start_cpu.user + start_cpu.system, 3),
         "cpu_percent": round(100 * cpu_s / wall, 3),
         "tty_bytes_per_s": round(window_bytes / wall, 1),
         "tty_bursts_per_s": round(bursts / wall, 2),
@@ -411,6 +418,32 @@ def measure(
         "seconds": round(wall, 2),
         "load_1min": load,
         "exit_code": exit_code,
+    }
+
+
+def measure_floor(args: argparse.Namespace, env: dict[str, str]) -> dict[str, object]:
+    """One start of the control (bench/textual_floor.py, a Textual app with nothing of
+    memtop's) until its first frame: its wall time and its CPU by then."""
+    load = round(os.getloadavg()[0], 2)
+    spawned = time.monotonic()
+    process, master = children.start_in_terminal(
+        [sys.executable, str(Path(__file__).with_name("textual_floor.py"))], args.size, env
+    )
+    reader = PtyReader(master, {"frame": re.compile(rb"textual floor USER")})
+    reader.start()
+    try:
+        frame_at = reader.wait_for("frame", FIRST_FRAME_TIMEOUT_S)
+        cpu = psutil.Process(process.pid).cpu_times()
+        if frame_at is None:
+            raise SystemExit("no first frame from the bare Textual app:\n" + reader.screen_tail())
+    finally:
+        process.kill()
+        process.wait()
+        os.close(master)
+    return {
+        "first_frame_s": round(frame_at - spawned, 3),
+        "start_cpu_s": round(cpu.user + cpu.system, 3),
+        "load_1min": load,
     }
 
 
@@ -447,6 +480,7 @@ def run(args: argparse.Namespace, scenario: str) -> dict[str, object]:
     trainer_pids: list[int] = []
     mirror: Mirror | None = None
     runs: dict[str, list[dict[str, object]]] = {tool: [] for tool in args.tools}
+    floors: list[dict[str, object]] = []
     try:
         demo, trainer_pids = start_demo(args.gpus, scenario, env)
         print(
@@ -469,6 +503,14 @@ def run(args: argparse.Namespace, scenario: str) -> dict[str, object]:
                 FAKE_NVML_STATE=str(state),
             )
         for pair in range(args.pairs):
+            if args.floor:
+                floors.append(measure_floor(args, env))
+                print(
+                    f"  run {pair + 1} floor : a bare Textual app's first frame "
+                    f"{floors[-1]['first_frame_s']:.3f} s, cpu by then "
+                    f"{floors[-1]['start_cpu_s']} s, load {floors[-1]['load_1min']}",
+                    flush=True,
+                )
             order = list(args.tools) if pair % 2 == 0 else list(reversed(args.tools))
             for tool in order:
                 record = args.record / f"{scenario}-{tool}-{pair + 1}.tty" if args.record else None
@@ -497,6 +539,7 @@ def run(args: argparse.Namespace, scenario: str) -> dict[str, object]:
         "first_data_s",
         "full_frame_s",
         "textual_frame_s",
+        "start_cpu_s",
         "cpu_percent",
         "tty_bytes_per_s",
         "rss_mb",
@@ -504,11 +547,11 @@ def run(args: argparse.Namespace, scenario: str) -> dict[str, object]:
     )
     medians = {
         tool: {
-            k: median([float(r[k]) for r in rs if r[k] is not None])  # type: ignore[arg-type]
+            k: median([float(r[k]) for r in rs if r.get(k) is not None])  # type: ignore[arg-type]
             for k in keys
-            if any(r[k] is not None for r in rs)
+            if any(r.get(k) is not None for r in rs)
         }
-        for tool, rs in runs.items()
+        for tool, rs in (*runs.items(), *((("floor", floors),) if floors else ()))
     }
     result: dict[str, object] = {
         "scenario": scenario,
@@ -519,6 +562,7 @@ def run(args: argparse.Namespace, scenario: str) -> dict[str, object]:
         "seconds": args.seconds,
         "pairs": args.pairs,
         "runs": runs,
+        "floor_runs": floors,
         "median": medians,
     }
     m = medians.get("memtop")
@@ -564,6 +608,7 @@ def print_summary(args: argparse.Namespace, result: dict[str, object]) -> None:
         ("first_data_s", "first data", "s"),
         ("full_frame_s", "full frame", "s"),
         ("textual_frame_s", "Textual", "s"),
+        ("start_cpu_s", "start cpu", "s"),
         ("rss_mb", "rss", "MB"),
     ):
         row = f"{label + ' (' + unit + ')':<14}" + "".join(
@@ -577,6 +622,13 @@ def print_summary(args: argparse.Namespace, result: dict[str, object]) -> None:
         if key in ratios:
             row += f"{ratios[key]:>11}×"
         print(row)
+    floor, own = medians.get("floor"), medians.get("memtop")
+    if floor and own and "full_frame_s" in own:
+        print(
+            f"memtop's full frame less a bare Textual app's first frame (the floor, same box, "
+            f"same run): {own['full_frame_s'] - floor['first_frame_s']:.3f} s, "
+            f"cpu {own['start_cpu_s'] - floor['start_cpu_s']:.3f} s"
+        )
     goals = result.get("goals_met") or {}
     assert isinstance(goals, dict)
     print(
@@ -621,6 +673,13 @@ def main() -> int:
     )
     parser.add_argument(
         "--quick", action="store_true", help="1 pair of 10 s windows, 2 s warm-up (iterating)"
+    )
+    parser.add_argument(
+        "--no-floor",
+        dest="floor",
+        action="store_false",
+        help="skip the control: a bare Textual app's first frame, once a pair (the floor of any "
+        "Textual dashboard's start on this box)",
     )
     args = parser.parse_args()
     if args.quick:
