@@ -514,17 +514,17 @@ def run(args: argparse.Namespace, scenario: str) -> dict[str, object]:
             order = list(args.tools) if pair % 2 == 0 else list(reversed(args.tools))
             for tool in order:
                 record = args.record / f"{scenario}-{tool}-{pair + 1}.tty" if args.record else None
-                result = measure(
+                one = measure(
                     tool, args, nvitop_env if tool == "nvitop" else env, args.gpus - 1, record
                 )
-                runs[tool].append(result)
+                runs[tool].append(one)
                 print(
-                    f"  run {pair + 1} {tool:<6}: first frame {result['first_frame_s']:.3f} s "
-                    f"(full {result['full_frame_s']} s, Textual's first "
-                    f"{result['textual_frame_s']} s, data {result['first_data_s']} s), "
-                    f"cpu {result['cpu_percent']:.2f} %, "
-                    f"{float(result['tty_bytes_per_s']) / 1000:.2f} KB/s, "  # type: ignore[arg-type]
-                    f"rss {result['rss_mb']} MB, load {result['load_1min']}",
+                    f"  run {pair + 1} {tool:<6}: first frame {one['first_frame_s']:.3f} s "
+                    f"(full {one['full_frame_s']} s, Textual's first "
+                    f"{one['textual_frame_s']} s, data {one['first_data_s']} s), "
+                    f"cpu {one['cpu_percent']:.2f} %, "
+                    f"{float(one['tty_bytes_per_s']) / 1000:.2f} KB/s, "  # type: ignore[arg-type]
+                    f"rss {one['rss_mb']} MB, load {one['load_1min']}",
                     flush=True,
                 )
     finally:
