@@ -1,15 +1,20 @@
-"""memtop.base.untrusted.loads parses integers with json's own parser where none can be out of
-range (a Python hook per number was a third of replay's decoding): its answers must be exactly
-those of the decoder that checks every number, line by line and recording by recording.
+"""What replay reads, read faster, must be what it read before:
 
-The reference is that decoder itself (`_DECODER`, every number through the range hooks),
-swapped in for the fast one.  Compared: the value of every line (types too: 1 is not 1.0), or
-the error's class and message; and for whole recordings, what `load` finds (span, kind, driver
-flag, notes, the pid clashes of a folder) and every event of the stream, with the skipped lines.
+- memtop.base.untrusted.loads parses integers with json's own parser where none can be out of
+  range (a Python hook per number was a third of replay's decoding): its answers must be
+  exactly those of the decoder that checks every number (`_DECODER`, swapped in as the
+  reference);
+- replay cleans no string of a line whose bytes say every string is clean already
+  (text.inert_json, as the live client does per frame): the reference walks every line.
+
+Compared: the value of every line (types too: 1 is not 1.0), or the error's class and message;
+and for whole recordings, what `load` finds (span, kind, driver flag, notes, the pid clashes of
+a folder) and every event of the stream, with the skipped lines.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import random
@@ -21,6 +26,9 @@ import pytest
 from test_viewer_inputs import hello_result, sample_result
 
 from memtop.base import untrusted
+from memtop.model import DeviceReading, DriverReading
+from memtop.sources import recording as recording_module
+from memtop.sources.processes import ProcessInfo
 from memtop.sources.recording import RecordError
 from memtop.sources.replay import Recording, load
 
@@ -31,8 +39,9 @@ HEADER = b'{"memtop_record": 1, "version": "x", "host": "h", "started": 17000000
 
 
 def _reference(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every number through the hooks, as before the fast path."""
+    """Every number through the hooks, every line's strings walked: as before."""
     monkeypatch.setattr(untrusted, "_SHORT_INT_DECODER", untrusted._DECODER)
+    monkeypatch.setattr(recording_module, "inert_json", lambda body: False)
 
 
 def _outcome(data: bytes) -> tuple[str, str]:
@@ -179,6 +188,26 @@ def _odd_record(path: Path) -> None:
         sample = sample_result(T0 + n)
         line = {"t": T0 + n, "src": "agent", "pid": 7, "cmd": "sample", "reply": {"result": sample}}
         lines.append(json.dumps(line).encode())
+    # Strings to clean (a control, a bidi override, a line break, not ASCII) and clean ones,
+    # in every kind of line.
+    for n, name in enumerate(["H100", "H100\x1b[2J", "caf\u00e9 \u202e"]):
+        device = DeviceReading(0, "GPU-a", name, 80 << 30, 2 << 30)
+        reading = {
+            "t": T0 + n,
+            "src": "nvml",
+            "reading": dataclasses.asdict(DriverReading(True, (device,))),
+        }
+        info = ProcessInfo(7, 1000, "me", ("train.py", name), name, T0)
+        rows = {"t": T0 + n, "src": "processes", "processes": [dataclasses.asdict(info)]}
+        sample = sample_result(T0 + n)
+        sample["devices"][0]["name"] = name  # type: ignore[index]
+        line = {"t": T0 + n, "src": "agent", "pid": 7, "cmd": "sample", "reply": {"result": sample}}
+        lines += [
+            json.dumps(reading).encode(),
+            json.dumps(rows).encode(),
+            json.dumps(line).encode(),
+        ]
+        lines.append(json.dumps(line, ensure_ascii=False).encode())
     # The earliest and latest times on lines that are skipped: they must not widen the span.
     lines += [
         b'{"t": 1600000000, "src": "agent", "pid": 7, "state": "exited", "n": 18446744073709551617}',  # noqa: E501
@@ -211,4 +240,7 @@ def test_recordings_load_and_play_as_with_the_checking_decoder(
     assert fast["span"] == (T0, 1_700_000_400.0)
     assert fast["skipped"][0] == 6  # in each file: 2 out of range, 1 past the year 9999
     assert [scan.clash for scan in fast["scans"]] == [frozenset(), {7, 8, 9, BIG}]
+    events = "\n".join(fast["events"])  # cleaned in all three kinds of line; clean ones kept
+    assert "H100?[2J" in events and "caf\u00e9 ?" in events and "'H100'" in events
+    assert "\\x1b" not in events and "\\u202e" not in events  # (as repr writes them)
     assert _both_loads(broken, monkeypatch)[0] == f"{broken}: line 2 is not JSON"

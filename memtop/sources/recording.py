@@ -42,7 +42,7 @@ from memtop._version import __version__
 from memtop.base import untrusted
 from memtop.base.errors import MemtopError
 from memtop.model import DeviceReading, DriverReading, GpuProcess, MigInfo
-from memtop.protocol.text import clean_text, clean_value
+from memtop.protocol.text import clean_text, clean_value, inert_json
 from memtop.sources.processes import ProcessInfo
 
 RECORD_FORMAT = 1
@@ -184,7 +184,17 @@ class LineTally:
 def read_lines(
     path: Path, tally: LineTally | None = None, max_lines: int | None = None
 ) -> Iterator[dict[str, Any]]:
-    """Every whole JSON line of a gzip'd (or plain) JSON-lines file, tolerating a cut tail.
+    """Every whole JSON line of a gzip'd (or plain) JSON-lines file, tolerating a cut tail
+    (see read_marked_lines)."""
+    return (line for line, _ in _read_lines(path, tally, max_lines, mark=False))
+
+
+def read_marked_lines(
+    path: Path, tally: LineTally | None = None, max_lines: int | None = None
+) -> Iterator[tuple[dict[str, Any], bool]]:
+    """Every whole JSON line of a gzip'd (or plain) JSON-lines file, tolerating a cut tail,
+    each with whether every string in it is clean as it is (text.inert_json of its bytes:
+    clean_value would return any part of it unchanged, and replay spares the walk).
 
     Concatenated gzip members are read one after the other; a member cut short (a recorder that
     crashed) yields what was flushed before the cut.  A line that is not a JSON object ends the
@@ -195,6 +205,12 @@ def read_lines(
     lines of this file were read; `max_lines` reads no more than that many (a second reading
     of a file stops where the first did).
     """
+    return _read_lines(path, tally, max_lines, mark=True)
+
+
+def _read_lines(
+    path: Path, tally: LineTally | None, max_lines: int | None, *, mark: bool
+) -> Iterator[tuple[dict[str, Any], bool]]:
     tally = tally if tally is not None else LineTally()
     try:
         handle = untrusted.open_regular(path)
@@ -239,14 +255,14 @@ def read_lines(
                 if raw.strip():
                     line = _parse_line(raw, path, number, tally)
                     if line is not None:
-                        yield line
+                        yield line, mark and inert_json(raw)
         # A last line without its newline: whole if it parses, else the cut of a crash.
         if pending.strip() and (max_lines is None or number < max_lines):
             tally.file_lines = number + 1
             with contextlib.suppress(RecordError):
                 line = _parse_line(pending, path, number + 1, tally)
                 if line is not None:
-                    yield line
+                    yield line, mark and inert_json(pending)
 
 
 def _parse_line(raw: bytes, path: Path, number: int, tally: LineTally) -> dict[str, Any] | None:
@@ -296,8 +312,9 @@ def _gunzip(handle: IO[bytes], path: Path) -> Iterator[bytes]:
 # output mode sees it.  A line that breaks this raises ValueError or TypeError (a skipped line).
 
 
-def decode_reading(data: dict[str, Any]) -> DriverReading:
-    data = clean_value(data)
+def decode_reading(data: dict[str, Any], *, inert: bool = False) -> DriverReading:
+    """`inert`: every string in `data` is clean already (read_marked_lines)."""
+    data = data if inert else clean_value(data)
     devices = tuple(
         DeviceReading(
             **{
@@ -320,9 +337,9 @@ def _mig(raw: Any) -> MigInfo | None:
     return MigInfo(**_typed(MigInfo, raw))
 
 
-def decode_processes(rows: list[dict[str, Any]]) -> dict[int, ProcessInfo]:
+def decode_processes(rows: list[dict[str, Any]], *, inert: bool = False) -> dict[int, ProcessInfo]:
     out = {}
-    for info in _list(ProcessInfo, clean_value(rows)):
+    for info in _list(ProcessInfo, rows if inert else clean_value(rows)):
         out[info.pid] = info
     return out
 
