@@ -14,11 +14,15 @@ a folder) and every event of the stream, with the skipped lines.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import gzip
 import json
+import math
 import random
 import shutil
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -244,3 +248,73 @@ def test_recordings_load_and_play_as_with_the_checking_decoder(
     assert "H100?[2J" in events and "caf\u00e9 ?" in events and "'H100'" in events
     assert "\\x1b" not in events and "\\u202e" not in events  # (as repr writes them)
     assert _both_loads(broken, monkeypatch)[0] == f"{broken}: line 2 is not JSON"
+
+
+def _fits_as_before(value: Any, hint: Any) -> bool:
+    """recording._typed's check as it was, asking typing of the hint at every value."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits_as_before(value, arg) for arg in args)
+    if hint is type(None):
+        return value is None
+    if origin is tuple:
+        return isinstance(value, list) and all(_fits_as_before(v, args[0]) for v in value)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return (
+            isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        )
+    if hint is str:
+        return isinstance(value, str)
+    if origin is collections.abc.Mapping:
+        return isinstance(value, dict) and all(
+            _fits_as_before(k, args[0]) and _fits_as_before(v, args[1]) for k, v in value.items()
+        )
+    return False
+
+
+def test_the_field_checks_made_once_answer_as_the_checks_asked_each_time():
+    # Every field of the record types a record file's lines are decoded into, against values
+    # of every JSON shape (and the ones that sit at a type's edge: bool is an int, inf a float).
+    scalars = [
+        0,
+        7,
+        -1,
+        2**70,
+        True,
+        False,
+        1.5,
+        -0.0,
+        math.inf,
+        -math.inf,
+        math.nan,
+        "",
+        "x",
+        None,
+    ]
+    values = [
+        *scalars,
+        *([s] for s in scalars),
+        [1, "a"],
+        [1, 2.5],
+        ["a", "b"],
+        [[1]],
+        [None],
+        {},
+        {"a": "b"},
+        {"a": 1},
+        {"a": None},
+        {1: "a"},
+        {"a": "b", "c": ["d"]},
+    ]
+    checked = 0
+    for cls, checks in recording_module._CHECKS.items():
+        hints = typing.get_type_hints(cls)
+        for name, fits in checks.items():
+            for value in values:
+                assert fits(value) is _fits_as_before(value, hints[name]), (cls, name, value)
+                checked += 1
+    assert checked > 1000

@@ -34,7 +34,7 @@ import time
 import types
 import typing
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -357,44 +357,55 @@ def _list(cls: type[Any], raw: Any) -> list[Any]:
 def _typed(cls: type[Any], raw: dict[str, Any]) -> dict[str, Any]:
     """The fields of `cls` in `raw`, each checked against its annotation (nested dataclasses,
     `processes` and `devices`, are left to the caller)."""
-    hints = _HINTS[cls]
+    checks = _CHECKS[cls]
     out = {}
     for name, value in raw.items():
-        hint = hints.get(name)
-        if hint is None or name in ("processes", "devices", "mig"):
+        fits = checks.get(name)
+        if fits is None:
             continue
-        if not _fits(value, hint):
+        if not fits(value):
             raise TypeError(f"{cls.__name__}.{name} has the wrong type")
         out[name] = tuple(value) if isinstance(value, list) else value
     return out
 
 
-def _fits(value: Any, hint: Any) -> bool:
+def _check(hint: Any) -> Callable[[Any], bool]:
+    """Whether a value has the type `hint` names, as a function made once per field: asking
+    typing.get_origin and get_args of every field of every line was most of the time of
+    reading a record file's driver readings and process lists."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        return any(_fits(value, arg) for arg in args)
+        alternatives = tuple(_check(arg) for arg in args)
+        return lambda value: any(fits(value) for fits in alternatives)
     if hint is type(None):
-        return value is None
+        return lambda value: value is None
     if origin is tuple:
-        return isinstance(value, list) and all(_fits(v, args[0]) for v in value)
+        item = _check(args[0])
+        return lambda value: isinstance(value, list) and all(map(item, value))
     if hint is bool:
-        return isinstance(value, bool)
+        return lambda value: isinstance(value, bool)
     if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return lambda value: isinstance(value, int) and not isinstance(value, bool)
     if hint is float:
-        return (
+        return lambda value: (
             isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
         )
     if hint is str:
-        return isinstance(value, str)
+        return lambda value: isinstance(value, str)
     if origin is collections.abc.Mapping:  # a few named strings (a server's environment)
-        return isinstance(value, dict) and all(
-            _fits(k, args[0]) and _fits(v, args[1]) for k, v in value.items()
+        key, item = _check(args[0]), _check(args[1])
+        return lambda value: (
+            isinstance(value, dict) and all(key(k) and item(v) for k, v in value.items())
         )
-    return False
+    return lambda value: False
 
 
-_HINTS = {
-    cls: typing.get_type_hints(cls)
+# Per record type, a check per field; the nested records are the caller's.
+_CHECKS: dict[type[Any], dict[str, Callable[[Any], bool]]] = {
+    cls: {
+        name: _check(hint)
+        for name, hint in typing.get_type_hints(cls).items()
+        if name not in ("processes", "devices", "mig")
+    }
     for cls in (DeviceReading, GpuProcess, DriverReading, ProcessInfo, MigInfo)
 }
