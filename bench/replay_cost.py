@@ -113,7 +113,8 @@ def main() -> int:
         for made in (wire, record):
             size = len(gzip.decompress(made.read_bytes())) >> 20
             print(f"{made.name}: {made.stat().st_size >> 20} MiB gzip, {size} MiB of lines")
-        print(f"{'recording':22} {'mode':7} {'old CPU-s':>10} {'new CPU-s':>10} "
+        print("CPU-s: median (min) of the runs; MiB: the largest peak RSS")
+        print(f"{'recording':16} {'mode':7} {'old CPU-s':>12} {'new CPU-s':>12} "
               f"{'old MiB':>8} {'new MiB':>8}  load (1 min)")  # fmt: skip
         for recording in (TRACES, wire, record):
             for mode in ([], ["--json"]):
@@ -125,10 +126,12 @@ def main() -> int:
                     old.append(measure(args.old.resolve(), recording, mode))
                     new.append(measure(args.new.resolve(), recording, mode))
                 loads.append(os.getloadavg()[0])
+                cpu = [
+                    f"{statistics.median(c for c, _ in runs):5.2f} ({min(c for c, _ in runs):.2f})"
+                    for runs in (old, new)
+                ]
                 print(
-                    f"{recording.name:22} {' '.join(mode) or 'text':7} "
-                    f"{statistics.median(c for c, _ in old):10.2f} "
-                    f"{statistics.median(c for c, _ in new):10.2f} "
+                    f"{recording.name:16} {' '.join(mode) or 'text':7} {cpu[0]:>12} {cpu[1]:>12} "
                     f"{max(p for _, p in old) / 1024:8.1f} {max(p for _, p in new) / 1024:8.1f}"
                     f"  {min(loads):.1f}-{max(loads):.1f}"
                 )
