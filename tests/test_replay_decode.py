@@ -5,7 +5,9 @@
   exactly those of the decoder that checks every number (`_DECODER`, swapped in as the
   reference);
 - replay cleans no string of a line whose bytes say every string is clean already
-  (text.inert_json, as the live client does per frame): the reference walks every line.
+  (text.inert_json, as the live client does per frame): the reference walks every line;
+- a record file's fields are type-checked by a function made once per field
+  (recording._CHECKS): the reference asks typing of the hint at every value, as before.
 
 Compared: the value of every line (types too: 1 is not 1.0), or the error's class and message;
 and for whole recordings, what `load` finds (span, kind, driver flag, notes, the pid clashes of
