@@ -476,6 +476,19 @@ def test_the_agent_loads_no_viewer_side_of_the_protocol():
     assert out.stdout.split() == ["[]", "True"]
 
 
+def test_a_string_past_max_text_is_found_wherever_it_starts():
+    # inert_json looks for a quote in each aligned block of (MAX_TEXT + 1) // 2 bytes, which a
+    # run of MAX_TEXT + 1 bytes holds wherever it starts: every start over two blocks, for a
+    # string of MAX_TEXT characters (clean) and one more (cut).  Blocks of 2050 bytes (planted)
+    # miss the long string at start 2035.
+    from memtop.protocol.text import MAX_TEXT, inert_json
+
+    for start in range(MAX_TEXT + 1):  # the first string, of `start` characters, is clean
+        for more in (0, 1):
+            body = b'{"p": "' + b"y" * start + b'", "a": "' + b"x" * (MAX_TEXT + more) + b'"}'
+            assert inert_json(body) is (more == 0), (start, more)
+
+
 @pytest.mark.parametrize(
     "body, inert",
     [
@@ -495,6 +508,8 @@ def test_the_agent_loads_no_viewer_side_of_the_protocol():
         (b'{"a": "\\u2192' + b"x" * 5000 + b'"}', False),
         # Past MAX_TEXT bytes in all, every string within it (an agent with eight GPUs)
         (b'{"a": [' + b",".join([b'"' + b"x" * 100 + b'"'] * 60) + b"]}", True),
+        # Numbers past MAX_TEXT bytes without a quote: walked, as a string that long would be
+        (b'{"a": [' + b",".join([b"1"] * 3000) + b'], "b": "x"}', False),
     ],
 )
 def test_a_frame_that_needs_no_cleaning_is_known_by_its_bytes(body, inert):

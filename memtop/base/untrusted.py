@@ -159,19 +159,29 @@ def _no_constant(name: str) -> Any:
 
 
 # Made once: json.loads with any keyword builds a new decoder per call (5 us, per line of a
-# recording of millions).  The hooks cost about a fifth more than json's own numbers; a regex
-# that looked for long numbers first cost more than that on megabytes.
+# recording of millions).  A hook is a Python call per number: a sample reply holds ~125
+# integers, and parse_int was a third of the time of parsing one (a regex that looked for long
+# numbers first cost more than that on megabytes).  So integers are left to json's own parser
+# where none can be out of range, known by one C pass over the bytes: an integer beyond 2^64
+# has 20 digits or more, and data without 20 digits in a row (in strings or not) has none.
+# Data with such a run, a long number or a long string of digits, goes through the hook.
+# Floats (a few a reply) and NaN / Infinity keep theirs: a float's range needs its exponent.
 _DECODER = json.JSONDecoder(
     parse_int=_bounded_int, parse_float=_bounded_float, parse_constant=_no_constant
 )
+_SHORT_INT_DECODER = json.JSONDecoder(parse_float=_bounded_float, parse_constant=_no_constant)
+_DIGITS_AS_ZERO = bytes(ord("0") if 0x30 <= b <= 0x39 else ord(" ") for b in range(256))
+_UNBOUNDED_INT = b"0" * len(str(MAX_NUMBER))  # 20 digits: 2^64 itself, and every int above
 
 
 def loads(data: bytes | bytearray, *, max_depth: int = MAX_DEPTH) -> Any:
     """`data` parsed as JSON (UTF-8), bounded in depth and in the range of its numbers; any
     problem is one UntrustedInput (OutOfRange for a number)."""
     check_depth(data, max_depth)
+    long_digits = _UNBOUNDED_INT in data.translate(_DIGITS_AS_ZERO)
+    decoder = _DECODER if long_digits else _SHORT_INT_DECODER
     try:
-        return _DECODER.decode(data.decode("utf-8"))
+        return decoder.decode(data.decode("utf-8"))
     except _OutOfRange as exc:
         raise OutOfRange(f"holds a number out of range ({exc})") from None
     except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError

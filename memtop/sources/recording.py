@@ -34,7 +34,7 @@ import time
 import types
 import typing
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -42,7 +42,7 @@ from memtop._version import __version__
 from memtop.base import untrusted
 from memtop.base.errors import MemtopError
 from memtop.model import DeviceReading, DriverReading, GpuProcess, MigInfo
-from memtop.protocol.text import clean_text, clean_value
+from memtop.protocol.text import clean_text, clean_value, inert_json
 from memtop.sources.processes import ProcessInfo
 
 RECORD_FORMAT = 1
@@ -184,7 +184,17 @@ class LineTally:
 def read_lines(
     path: Path, tally: LineTally | None = None, max_lines: int | None = None
 ) -> Iterator[dict[str, Any]]:
-    """Every whole JSON line of a gzip'd (or plain) JSON-lines file, tolerating a cut tail.
+    """Every whole JSON line of a gzip'd (or plain) JSON-lines file, tolerating a cut tail
+    (see read_marked_lines)."""
+    return (line for line, _ in _read_lines(path, tally, max_lines, mark=False))
+
+
+def read_marked_lines(
+    path: Path, tally: LineTally | None = None, max_lines: int | None = None
+) -> Iterator[tuple[dict[str, Any], bool]]:
+    """Every whole JSON line of a gzip'd (or plain) JSON-lines file, tolerating a cut tail,
+    each with whether every string in it is clean as it is (text.inert_json of its bytes:
+    clean_value would return any part of it unchanged, and replay spares the walk).
 
     Concatenated gzip members are read one after the other; a member cut short (a recorder that
     crashed) yields what was flushed before the cut.  A line that is not a JSON object ends the
@@ -195,6 +205,12 @@ def read_lines(
     lines of this file were read; `max_lines` reads no more than that many (a second reading
     of a file stops where the first did).
     """
+    return _read_lines(path, tally, max_lines, mark=True)
+
+
+def _read_lines(
+    path: Path, tally: LineTally | None, max_lines: int | None, *, mark: bool
+) -> Iterator[tuple[dict[str, Any], bool]]:
     tally = tally if tally is not None else LineTally()
     try:
         handle = untrusted.open_regular(path)
@@ -239,14 +255,14 @@ def read_lines(
                 if raw.strip():
                     line = _parse_line(raw, path, number, tally)
                     if line is not None:
-                        yield line
+                        yield line, mark and inert_json(raw)
         # A last line without its newline: whole if it parses, else the cut of a crash.
         if pending.strip() and (max_lines is None or number < max_lines):
             tally.file_lines = number + 1
             with contextlib.suppress(RecordError):
                 line = _parse_line(pending, path, number + 1, tally)
                 if line is not None:
-                    yield line
+                    yield line, mark and inert_json(pending)
 
 
 def _parse_line(raw: bytes, path: Path, number: int, tally: LineTally) -> dict[str, Any] | None:
@@ -296,8 +312,9 @@ def _gunzip(handle: IO[bytes], path: Path) -> Iterator[bytes]:
 # output mode sees it.  A line that breaks this raises ValueError or TypeError (a skipped line).
 
 
-def decode_reading(data: dict[str, Any]) -> DriverReading:
-    data = clean_value(data)
+def decode_reading(data: dict[str, Any], *, inert: bool = False) -> DriverReading:
+    """`inert`: every string in `data` is clean already (read_marked_lines)."""
+    data = data if inert else clean_value(data)
     devices = tuple(
         DeviceReading(
             **{
@@ -320,9 +337,9 @@ def _mig(raw: Any) -> MigInfo | None:
     return MigInfo(**_typed(MigInfo, raw))
 
 
-def decode_processes(rows: list[dict[str, Any]]) -> dict[int, ProcessInfo]:
+def decode_processes(rows: list[dict[str, Any]], *, inert: bool = False) -> dict[int, ProcessInfo]:
     out = {}
-    for info in _list(ProcessInfo, clean_value(rows)):
+    for info in _list(ProcessInfo, rows if inert else clean_value(rows)):
         out[info.pid] = info
     return out
 
@@ -340,44 +357,55 @@ def _list(cls: type[Any], raw: Any) -> list[Any]:
 def _typed(cls: type[Any], raw: dict[str, Any]) -> dict[str, Any]:
     """The fields of `cls` in `raw`, each checked against its annotation (nested dataclasses,
     `processes` and `devices`, are left to the caller)."""
-    hints = _HINTS[cls]
+    checks = _CHECKS[cls]
     out = {}
     for name, value in raw.items():
-        hint = hints.get(name)
-        if hint is None or name in ("processes", "devices", "mig"):
+        fits = checks.get(name)
+        if fits is None:
             continue
-        if not _fits(value, hint):
+        if not fits(value):
             raise TypeError(f"{cls.__name__}.{name} has the wrong type")
         out[name] = tuple(value) if isinstance(value, list) else value
     return out
 
 
-def _fits(value: Any, hint: Any) -> bool:
+def _check(hint: Any) -> Callable[[Any], bool]:
+    """Whether a value has the type `hint` names, as a function made once per field: asking
+    typing.get_origin and get_args of every field of every line was most of the time of
+    reading a record file's driver readings and process lists."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        return any(_fits(value, arg) for arg in args)
+        alternatives = tuple(_check(arg) for arg in args)
+        return lambda value: any(fits(value) for fits in alternatives)
     if hint is type(None):
-        return value is None
+        return lambda value: value is None
     if origin is tuple:
-        return isinstance(value, list) and all(_fits(v, args[0]) for v in value)
+        item = _check(args[0])
+        return lambda value: isinstance(value, list) and all(map(item, value))
     if hint is bool:
-        return isinstance(value, bool)
+        return lambda value: isinstance(value, bool)
     if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+        return lambda value: isinstance(value, int) and not isinstance(value, bool)
     if hint is float:
-        return (
+        return lambda value: (
             isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
         )
     if hint is str:
-        return isinstance(value, str)
+        return lambda value: isinstance(value, str)
     if origin is collections.abc.Mapping:  # a few named strings (a server's environment)
-        return isinstance(value, dict) and all(
-            _fits(k, args[0]) and _fits(v, args[1]) for k, v in value.items()
+        key, item = _check(args[0]), _check(args[1])
+        return lambda value: (
+            isinstance(value, dict) and all(key(k) and item(v) for k, v in value.items())
         )
-    return False
+    return lambda value: False
 
 
-_HINTS = {
-    cls: typing.get_type_hints(cls)
+# Per record type, a check per field; the nested records are the caller's.
+_CHECKS: dict[type[Any], dict[str, Callable[[Any], bool]]] = {
+    cls: {
+        name: _check(hint)
+        for name, hint in typing.get_type_hints(cls).items()
+        if name not in ("processes", "devices", "mig")
+    }
     for cls in (DeviceReading, GpuProcess, DriverReading, ProcessInfo, MigInfo)
 }

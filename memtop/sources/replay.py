@@ -33,6 +33,7 @@ from memtop.sources.recording import (
     decode_processes,
     decode_reading,
     read_lines,
+    read_marked_lines,
 )
 
 # The commands whose replies a recording keeps (memtop.protocol.commands): sites too, which this
@@ -159,7 +160,7 @@ def _in_time_order(events: Iterable[ReplayEvent]) -> Iterator[ReplayEvent]:
 
 
 def _file_events(scan: _FileScan, tally: LineTally) -> Iterator[ReplayEvent]:
-    lines = read_lines(scan.path, tally, max_lines=scan.lines)
+    lines = read_marked_lines(scan.path, tally, max_lines=scan.lines)
     first = next(lines, None)
     if first is None:
         return
@@ -311,12 +312,21 @@ def _time(line: dict[str, Any]) -> float | None:
 
 
 def _agent_event(
-    t: float, pid: int, cmd: str, result: Any, where: tuple[Path, int], tally: LineTally
+    t: float,
+    pid: int,
+    cmd: str,
+    result: Any,
+    where: tuple[Path, int],
+    tally: LineTally,
+    inert: bool = False,
 ) -> ReplayEvent | None:
+    """`inert`: every string of the line is clean as it is (read_marked_lines), as the live
+    client knows of a frame: the walk that cleans them would change nothing."""
     if not isinstance(result, dict):
         tally.skip(*where, f"{cmd} without a result")
         return None
-    result = protocol.clean_value(result)  # as the live client does to every reply
+    if not inert:
+        result = protocol.clean_value(result)  # as the live client does to every reply
     try:
         if cmd == "hello":
             hello: AgentHello = protocol.parse_hello(result)
@@ -339,8 +349,12 @@ def _agent_event(
 
 
 def _wire_events(
-    first: dict[str, Any], lines: Iterable[dict[str, Any]], file: Path, tally: LineTally
+    marked_first: tuple[dict[str, Any], bool],
+    lines: Iterable[tuple[dict[str, Any], bool]],
+    file: Path,
+    tally: LineTally,
 ) -> Iterable[ReplayEvent]:
+    first, first_inert = marked_first
     reply = first.get("reply")
     result = reply.get("result") if isinstance(reply, dict) else None
     pid = result.get("pid") if isinstance(result, dict) else None
@@ -348,12 +362,12 @@ def _wire_events(
     if not isinstance(pid, int) or t0 is None:
         raise RecordError(f"{file}: the hello line names no pid or time")
     refused = LineTally()
-    event = _agent_event(t0, pid, "hello", result, (file, 1), refused)
+    event = _agent_event(t0, pid, "hello", result, (file, 1), refused, first_inert)
     if event is None:
         raise RecordError(f"bad hello ({refused.examples[-1]})")
     yield event
     hello: AgentHello = event.value
-    for number, line in enumerate(lines, start=2):
+    for number, (line, inert) in enumerate(lines, start=2):
         t = _time(line)
         if t is None:
             tally.skip(file, number, "no time")
@@ -368,7 +382,7 @@ def _wire_events(
             continue
         if "error" in reply:
             continue  # a refused or failed request: the live viewer keeps nothing of it either
-        event = _agent_event(t, pid, cmd, reply.get("result"), (file, number), tally)
+        event = _agent_event(t, pid, cmd, reply.get("result"), (file, number), tally, inert)
         if event is None:
             continue
         if event.kind == "sample":
@@ -400,9 +414,9 @@ def _hello_with_sampled_devices(hello: AgentHello, result: dict[str, Any]) -> Ag
 
 
 def _record_events(
-    lines: Iterable[dict[str, Any]], file: Path, tally: LineTally
+    lines: Iterable[tuple[dict[str, Any], bool]], file: Path, tally: LineTally
 ) -> Iterable[ReplayEvent]:
-    for number, line in enumerate(lines, start=2):
+    for number, (line, inert) in enumerate(lines, start=2):
         t = _time(line)
         src = line.get("src")
         where = (file, number)
@@ -411,9 +425,11 @@ def _record_events(
             continue
         try:
             if src == "nvml":
-                yield ReplayEvent(t, "nvml", None, decode_reading(line["reading"]))
+                reading = decode_reading(line["reading"], inert=inert)
+                yield ReplayEvent(t, "nvml", None, reading)
             elif src == "processes":
-                yield ReplayEvent(t, "processes", None, decode_processes(line["processes"]))
+                processes = decode_processes(line["processes"], inert=inert)
+                yield ReplayEvent(t, "processes", None, processes)
             elif src == "agent":
                 pid = line.get("pid")
                 if not isinstance(pid, int):
@@ -427,7 +443,7 @@ def _record_events(
                     cmd = line.get("cmd")
                     result = (line.get("reply") or {}).get("result")
                     if cmd in AGENT_COMMANDS:
-                        event = _agent_event(t, pid, cmd, result, where, tally)
+                        event = _agent_event(t, pid, cmd, result, where, tally, inert)
                         if event is not None:
                             yield event
             else:
