@@ -156,9 +156,14 @@ def viewer_main(pids: list[int], directory: Path, seconds: float, out_dir: Path)
             counts[f"{cmd}:ok"] += 1
         return result if isinstance(result, dict) else {}
 
+    # Every trainer exited (crashed: the --inject-race run's at its first steps): nothing is left
+    # to hammer, and the rest of the window went on connect attempts every 2 ms to sockets
+    # nobody serves (the race soak's viewer: ~5 s of a busy core).
+    everyone_gone = threading.Event()
+
     def sampler() -> None:
         next_sample = time.monotonic()
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not everyone_gone.is_set():
             for pid in pids:
                 # As the dashboard asks (max_marks: the window it reads).
                 ask(
@@ -173,7 +178,13 @@ def viewer_main(pids: list[int], directory: Path, seconds: float, out_dir: Path)
     sampling = threading.Thread(target=sampler, daemon=True)
     sampling.start()
     turn = 0
+    next_look = time.monotonic()
     while time.monotonic() < deadline:
+        if time.monotonic() >= next_look:
+            if all(map(_exited, pids)):
+                everyone_gone.set()
+                break
+            next_look = time.monotonic() + 0.2
         for pid in pids:
             cmd = extra[turn % len(extra)]
             args: dict[str, Any] = {}
@@ -206,6 +217,15 @@ def viewer_main(pids: list[int], directory: Path, seconds: float, out_dir: Path)
         client.close()
     print(json.dumps({"counts": counts, "breakdowns": breakdowns}), flush=True)
     return 0
+
+
+def _exited(pid: int) -> bool:
+    """The process has exited: gone, or a zombie its parent (the soak) has not reaped yet."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True
 
 
 # ---------------------------------------------------------------------------------- hostile
