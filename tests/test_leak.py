@@ -355,10 +355,11 @@ def _leak_eval():
     return leak_eval
 
 
-# Per (seed, floors): the evaluation's generators and the server-shaped series drawn so far.
-# Three tests take seed 5's servers #26, #40 and #67: each drew all the series before its own
-# (~30 ms each), so they are drawn once for the module.
-_SERVERS: dict[tuple[int, bool], tuple[random.Random, random.Random | None, list]] = {}
+# Per (seed, floors): the evaluation's generators, their states at the start of each server-shaped
+# series so far, and the series drawn in full.  The tests take seed 5's servers #26, #40 and #67
+# and seed 6's #55: the series before them are drawn without their floor readings (the readings'
+# generator advanced past them all the same), a third of a full draw, once for the module.
+_SERVERS: dict[tuple[int, bool], tuple[random.Random, random.Random | None, list, dict]] = {}
 
 
 def _eval_server(seed: int, index: int, floors: bool = False):
@@ -367,11 +368,24 @@ def _eval_server(seed: int, index: int, floors: bool = False):
     bench = _leak_eval()
     if (seed, floors) not in _SERVERS:
         readings = random.Random(seed + 3_000_003) if floors else None
-        _SERVERS[(seed, floors)] = (random.Random(seed + 1_000_003), readings, [])
-    rng, readings, drawn = _SERVERS[(seed, floors)]
-    while len(drawn) <= index:
-        kind = bench.SERVER_KINDS[len(drawn) % len(bench.SERVER_KINDS)]
-        drawn.append(bench.server_series(rng, kind, readings))
+        _SERVERS[(seed, floors)] = (random.Random(seed + 1_000_003), readings, [], {})
+    rng, readings, starts, drawn = _SERVERS[(seed, floors)]
+    kinds = bench.SERVER_KINDS
+    while len(starts) <= index:
+        starts.append((rng.getstate(), readings.getstate() if readings else None))
+        # The main generator's draws are the same with floor readings or without.
+        skipped = bench.server_series(rng, kinds[(len(starts) - 1) % len(kinds)])
+        if readings is not None:
+            bench.skip_server_floor_readings(readings, skipped.times)
+    if index not in drawn:
+        state, reading_state = starts[index]
+        again = random.Random()
+        again.setstate(state)
+        again_readings = None
+        if reading_state is not None:
+            again_readings = random.Random()
+            again_readings.setstate(reading_state)
+        drawn[index] = bench.server_series(again, kinds[index % len(kinds)], again_readings)
     return drawn[index]
 
 
