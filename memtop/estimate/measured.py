@@ -230,14 +230,15 @@ def from_recording(path: Path, pid: int | None = None) -> Measured:
     marks_of: dict[tuple[int, int], dict[int, tuple[float, int]]] = {}
     # The pids that sent samples: the trainers a recording holds.  Every pid's figures are
     # gathered in the one reading, and the trainer chosen after it (reading the recording once
-    # for its trainers and again for one of them parsed it twice, and held it all in a list).
+    # for its trainers and again for one of them parsed it twice, and held it all in a list);
+    # with --pid, the reading is of the files that hold that pid's events.
     trainers: set[int] = set()
     breakdowns: dict[tuple[int, int], dict[str, int]] = {}
     # Per pid, its newest host memory reading (its peak only grows) and the resident set after
     # each step: what a CPU trainer is measured by.
     hosts: dict[int, HostMemory] = {}
     host_marks: dict[int, HostMarks] = {}
-    for event in recording.stream():
+    for event in recording.stream(None if pid is None else {pid}):
         if event.pid is None:
             continue
         if event.kind == "sample" and isinstance(event.value, AgentSample):
@@ -269,6 +270,14 @@ def from_recording(path: Path, pid: int | None = None) -> Measured:
                 if parts.get("optimizer_state", 0) > 0:
                     breakdowns[(event.pid, index)] = dict(parts)
     if pid is not None and pid not in trainers:
+        # Which trainers there are, for the message: the whole recording, read for it alone.
+        trainers = {
+            event.pid
+            for event in recording.stream()
+            if event.pid is not None
+            and event.kind == "sample"
+            and isinstance(event.value, AgentSample)
+        }
         listed = ", ".join(str(p) for p in sorted(trainers)) or "none"
         raise ChooseTrainer(
             f"--pid {pid}: no trainer of that pid in {path} (its trainers: {listed})"

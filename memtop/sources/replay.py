@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +70,7 @@ class _FileScan:
     lines: int
     clash: frozenset[int] = frozenset()
     shift: int = 0
+    pids: frozenset[int] = frozenset()  # the pids its events carry, shifted where they clash
 
 
 class Recording:
@@ -107,12 +108,17 @@ class Recording:
     def duration(self) -> float:
         return self.end - self.start
 
-    def stream(self) -> Iterator[ReplayEvent]:
-        """Every event in time order, parsed and checked as the live viewer checks a reply."""
+    def stream(self, pids: Collection[int] | None = None) -> Iterator[ReplayEvent]:
+        """Every event in time order, parsed and checked as the live viewer checks a reply.
+        `pids`: only the files that hold events of one of them are read (a folder of one
+        recording per trainer: `memtop estimate --from DIR --pid P` parsed every trainer's);
+        their other events come too."""
         tally = LineTally()
-        per_file = [_in_time_order(_file_events(scan, tally)) for scan in self._scans]
+        scans = [s for s in self._scans if pids is None or not s.pids.isdisjoint(pids)]
+        per_file = [_in_time_order(_file_events(scan, tally)) for scan in scans]
         yield from heapq.merge(*per_file, key=_when)
-        self._passed_over = tally
+        if pids is None:  # every line read: what was passed over is known
+            self._passed_over = tally
 
     def holds_events(self) -> bool:
         """Whether any line is an event, read only up to the first one: the first event of
@@ -219,7 +225,8 @@ def load(path: Path) -> Recording:
         clash = span.pids & taken
         shift = (max(taken | span.pids) // 1_000_000 + 1) * 1_000_000 if clash else 0
         taken |= span.pids if not clash else {p + shift if p in clash else p for p in span.pids}
-        scans.append(_FileScan(file, kind, tally.file_lines, frozenset(clash), shift))
+        pids = frozenset(p + shift if p in clash else p for p in span.pids)
+        scans.append(_FileScan(file, kind, tally.file_lines, frozenset(clash), shift, pids))
     if unread:
         tally.notes.append(
             f"{len(unread)} of the {len(files)} files not read ({unread[0].name}, …): "
