@@ -403,7 +403,11 @@ def test_device_reads_share_one_thread_and_recover_after_a_hang() -> None:
         source.gate.clear()  # the driver wedges
         assert devices.read(0.05).error == "read 3"  # the last reading stands in
         assert devices.stalled_since is not None
-        assert devices.read(0.05).error == "read 3"  # and no second read is asked meanwhile
+        # ... and no second read is asked meanwhile, nor is the one in flight waited for again:
+        # with the driver wedged, each round's budget is the agents'.
+        asked = time.monotonic()
+        assert devices.read(5.0).error == "read 3"
+        assert time.monotonic() - asked < 1.0
         source.gate.set()
         time.sleep(0.1)
         assert devices.read(1.0).error == "read 4" and devices.stalled_since is None

@@ -75,6 +75,13 @@ class IsolatedDevices:
         self.stalled_since: float | None = None
 
     def read(self, wait: float) -> DriverReading:
+        """The newest reading within `wait` seconds, else the last one.  A read still in flight
+        from an earlier round that already waited for it is not waited for again, only taken
+        if it has come back: with the driver wedged, waiting again every round took each round's
+        budget from the agents (each left the 50 ms floor, and on a busy box some replies
+        missed it).  So a read slower than a round lands a round later."""
+        if self.stalled_since is not None:
+            wait = 0.0
         if self._running_since is None:
             self._done.clear()
             self._running_since = time.time()
