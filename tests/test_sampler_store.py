@@ -269,10 +269,18 @@ def test_sampler_joins_devices_and_agents_and_notices_exits(demo: Demo):
         store, DefaultDeviceSource(directory, simulated_only=True), AgentPool(directory)
     )
     sampler.sample_once()
+
     # A breakdown is measured at the trainer's next step ("pending" first): a few rounds on a
-    # quiet box; a loaded one (two suites at once on two slow cores) took more than 40.
-    deadline = time.monotonic() + 30
-    while not all(a.breakdown for a in store.agents()) and time.monotonic() < deadline:
+    # quiet box; a loaded one (two suites at once on two slow cores) took more than 40.  The
+    # wait is for what is asserted below (each agent's device measured, with its parameters),
+    # and its deadline a guard against a hang: 30 s was not enough once with two suites at once.
+    def measured(agent: AgentView) -> bool:
+        index = agent.devices[0].index if agent.devices else None
+        part = (agent.breakdown or {}).get(index) if index is not None else None
+        return isinstance(part, dict) and (part.get("parameters") or 0) > 0
+
+    deadline = time.monotonic() + 90
+    while not all(map(measured, store.agents())) and time.monotonic() < deadline:
         time.sleep(0.05)
         sampler.sample_once()
     reading = store.driver()
@@ -283,7 +291,7 @@ def test_sampler_joins_devices_and_agents_and_notices_exits(demo: Demo):
     assert all(a.state == CONNECTED for a in agents)
     uuids = {d.uuid for d in reading.devices}
     assert {a.device_identity(a.devices[0].index)[0] for a in agents} == uuids
-    assert all(a.breakdown and a.breakdown[a.devices[0].index]["parameters"] > 0 for a in agents)
+    assert all(map(measured, agents)), [(a.pid, a.breakdown) for a in agents]
 
     victim = demo.processes[0]
     os.kill(victim.pid, signal.SIGKILL)
